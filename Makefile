@@ -1,0 +1,39 @@
+# Two commands on a fresh machine: `make demo` (set up + main job) and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint bench clean node
+
+setup: $(STAMP) node
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first, pinned: the local CPU build; anything later that wants torch finds it satisfied.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev,bench]'
+	touch $(STAMP)
+
+node: node_modules/.bin/anvil
+
+node_modules/.bin/anvil: package.json
+	npm install --no-audit --no-fund --loglevel=error
+	touch $@
+
+demo: setup
+	$(BIN)/meshrl train configs/arithmetic.toml
+
+test: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/pytest -q tests
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+
+bench: setup
+	@for f in benchmarks/bench_*.py; do echo "# $$f"; $(BIN)/python $$f; done
+
+clean:
+	rm -rf $(VENV) node_modules runs

@@ -1,0 +1,5 @@
+"""meshrl: permissionless, decentralized, asynchronous RL training of language models."""
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__"]

@@ -1,0 +1,146 @@
+"""Typed configuration: pydantic models loaded from TOML files plus dotted command-line overrides.
+
+Every role's config is a tree of `Config` models. Unknown keys are errors that name the key
+(with a close match when there is one); values from overrides are parsed as TOML literals, so
+`--trainer.lr 3e-6`, `--tasks.names '["arithmetic"]'` and `--run.name demo` all work.
+This module must stay light (no torch) so `--help` answers fast.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+__all__ = ["Config", "ConfigError", "config_help", "load_config", "parse_overrides"]
+
+C = TypeVar("C", bound="Config")
+
+
+class Config(BaseModel):
+    """Base of every config model: unknown keys are refused, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be loaded: bad TOML, unknown key, or invalid value."""
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw  # a bare string such as a path or a name
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """Turn `--a.b value` / `--a.b=value` / `--flag` (=true) into a nested dict."""
+    nested: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or len(arg) == 2:
+            raise ConfigError(f"expected an override like --section.key value, got {arg!r}")
+        key, sep, value = arg[2:].partition("=")
+        if not sep:
+            if i + 1 < len(args) and not args[i + 1].startswith("--"):
+                value, i = args[i + 1], i + 1
+            else:
+                value = "true"
+        _set_dotted(nested, key.replace("-", "_"), _parse_value(value))
+        i += 1
+    return nested
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"cannot set {dotted!r}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _dotted_fields(cls: type[BaseModel], prefix: str = "") -> list[str]:
+    names = []
+    for name, field in cls.model_fields.items():
+        sub = _model_type(field.annotation)
+        names.append(prefix + name)
+        if sub is not None:
+            names.extend(_dotted_fields(sub, prefix + name + "."))
+    return names
+
+
+def _model_type(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        models = [a for a in typing.get_args(annotation) if _model_type(a)]
+        if len(models) == 1:
+            return _model_type(models[0])
+    return None
+
+
+def _explain(cls: type[BaseModel], err: ValidationError) -> str:
+    known = _dotted_fields(cls)
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            hint = difflib.get_close_matches(key, known, n=1)
+            lines.append(f"unknown key {key!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+        else:
+            lines.append(f"{key}: {e['msg']}")
+    return "invalid config: " + "; ".join(lines)
+
+
+def load_config(cls: type[C], files: list[str | Path] = (), overrides: list[str] = ()) -> C:  # type: ignore[assignment]
+    """Build `cls` from TOML files (merged in order) and dotted overrides (applied last)."""
+    data: dict[str, Any] = {}
+    for path in files:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            data = _merge(data, tomllib.loads(path.read_text()))
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: {e}") from e
+    data = _merge(data, parse_overrides(list(overrides)))
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_explain(cls, e)) from None
+
+
+def config_help(cls: type[BaseModel], prefix: str = "") -> str:
+    """One line per option: `--dotted.key  (type, default)  description`."""
+    lines = []
+    for name, field in cls.model_fields.items():
+        sub = _model_type(field.annotation)
+        if sub is not None:
+            lines.append(config_help(sub, prefix + name + "."))
+            continue
+        tname = getattr(field.annotation, "__name__", None) or str(field.annotation)
+        tname = tname.replace("typing.", "")
+        default = field.get_default(call_default_factory=True)
+        desc = f"  {field.description}" if field.description else ""
+        lines.append(f"  --{prefix}{name}  ({tname}, default: {default!r}){desc}")
+    return "\n".join(line for line in lines if line)

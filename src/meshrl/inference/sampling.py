@@ -1,0 +1,174 @@
+"""Replayable sampling: Gumbel-max with noise that is a pure function of (seed, sequence, position).
+
+Sampling `argmax(logits / T + g)` with standard Gumbel noise `g` draws exactly from
+`softmax(logits / T)`. Deriving `g` from a counter-based hash instead of a stateful RNG makes
+every token checkable: a validator that knows the seed recomputes `g`, recomputes the logits with
+one prefill, and checks that the claimed token is (within a floating-point tolerance) the argmax.
+
+Noise derivation (documented in ARCHITECTURE.md, stable across versions and devices):
+    m(x)  = 32-bit integer mixer: x ^= x>>16; x *= 0x7FEB352D; x ^= x>>15; x *= 0x846CA68B;
+            x ^= x>>16   (all mod 2^32)
+    s     = m((seed mod 2^32) ^ m(seed >> 32) ^ 0x9E3779B9)
+    key   = m(m(s ^ m(seq_id mod 2^32)) ^ (position mod 2^32))
+    h[v]  = m(key ^ m(v + 0x632BE5AB))                       for each vocabulary index v
+    u[v]  = (h[v] + 0.5) / 2^32                              (never 0 or 1)
+    g[v]  = -log(-log(u[v]))                                 computed in float64
+`seq_id` identifies the completion (the caller's choice, e.g. prompt_index * n + completion) and
+`position` is the index of the generated token within its completion (0 for the first).
+Top-p keeps the smallest prefix of tokens sorted by probability whose mass reaches p (the token
+that crosses p included); the rest are masked to -inf before the argmax. Temperature 0 is greedy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["check_sampled_tokens", "gumbel_noise", "sample_tokens", "token_margins", "top_p_mask"]
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    # int64 arithmetic on values < 2^32; products may wrap in int64 but their low 32 bits are exact.
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def _i64(values: int | torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(values, dtype=torch.int64) & _M32
+
+
+_vocab_hash_cache: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _vocab_hash(vocab_size: int, device: torch.device) -> torch.Tensor:
+    key = (vocab_size, str(device))
+    if key not in _vocab_hash_cache:
+        v = torch.arange(vocab_size, dtype=torch.int64, device=device)
+        _vocab_hash_cache[key] = _mix32((v + 0x632BE5AB) & _M32)
+    return _vocab_hash_cache[key]
+
+
+def gumbel_noise(
+    seed: int,
+    seq_ids: torch.Tensor | list[int],
+    positions: torch.Tensor | list[int],
+    vocab_size: int,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """Gumbel noise of shape [N, vocab_size] (float64) for N (seq_id, position) pairs."""
+    device = torch.device(device)
+    seq = torch.as_tensor(seq_ids, dtype=torch.int64, device=device).reshape(-1) & _M32
+    pos = torch.as_tensor(positions, dtype=torch.int64, device=device).reshape(-1) & _M32
+    if seq.shape != pos.shape:
+        raise ValueError(f"seq_ids and positions differ in length: {seq.shape} vs {pos.shape}")
+    s = _mix32(_i64(seed & _M32) ^ _mix32(_i64((seed >> 32) & _M32)) ^ 0x9E3779B9).to(device)
+    key = _mix32(_mix32(s ^ _mix32(seq)) ^ pos)
+    h = _mix32(key[:, None] ^ _vocab_hash(vocab_size, device)[None, :])
+    u = (h.to(torch.float64) + 0.5) / 4294967296.0
+    return -torch.log(-torch.log(u))
+
+
+def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Boolean mask [N, V] of the tokens inside the top-p nucleus of softmax(logits)."""
+    if top_p >= 1.0:
+        return torch.ones_like(logits, dtype=torch.bool)
+    probs = torch.softmax(logits.float(), dim=-1)
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_p.cumsum(-1) - sorted_p
+    keep_sorted = mass_before < top_p
+    keep_sorted[..., 0] = True
+    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+
+
+def _scores(logits, seed, seq_ids, positions, temperature, top_p):
+    scaled = logits.double() / temperature
+    noise = gumbel_noise(seed, seq_ids, positions, logits.shape[-1], logits.device)
+    scores = scaled + noise
+    if top_p < 1.0:
+        scores = scores.masked_fill(~top_p_mask(scaled, top_p), float("-inf"))
+    return scores
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    seed: int,
+    seq_ids: torch.Tensor | list[int],
+    positions: torch.Tensor | list[int],
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+) -> torch.Tensor:
+    """Pick one token per row of `logits` [N, V]; deterministic given (seed, seq_id, position)."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    return _scores(logits, seed, seq_ids, positions, temperature, top_p).argmax(dim=-1)
+
+
+def token_margins(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    seed: int,
+    seq_ids: torch.Tensor | list[int],
+    positions: torch.Tensor | list[int],
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """How far (in score units) each claimed token falls below the sampler's argmax; 0 = exact.
+
+    Computed without the top-p mask (the nucleus is checked separately), so a token outside
+    the nucleus still gets a finite margin.
+    """
+    tokens = torch.as_tensor(tokens, dtype=torch.int64, device=logits.device).reshape(-1, 1)
+    if temperature == 0:
+        scores = logits.double()
+    else:
+        scores = logits.double() / temperature + gumbel_noise(
+            seed, seq_ids, positions, logits.shape[-1], logits.device
+        )
+    return scores.max(dim=-1).values - scores.gather(-1, tokens).squeeze(-1)
+
+
+def check_sampled_tokens(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    seed: int,
+    seq_ids: torch.Tensor | list[int],
+    positions: torch.Tensor | list[int],
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    tolerance: float = 0.05,
+    top_p_slack: float = 0.02,
+) -> torch.Tensor:
+    """Per-token booleans: is each claimed token what the seeded sampler had to pick?
+
+    A token passes if, among the tokens the (slightly widened) nucleus admits, its score is
+    within `tolerance` of the best score: recomputed logits differ from the generator's by
+    floating-point noise, so ties closer than that cannot be told apart.
+    """
+    tokens = torch.as_tensor(tokens, dtype=torch.int64, device=logits.device).reshape(-1, 1)
+    if tokens.shape[0] != logits.shape[0]:
+        raise ValueError(f"{tokens.shape[0]} tokens for {logits.shape[0]} rows of logits")
+    if temperature == 0:
+        scores = logits.double()
+    else:
+        scores = logits.double() / temperature + gumbel_noise(
+            seed, seq_ids, positions, logits.shape[-1], logits.device
+        )
+    if top_p < 1.0:
+        scaled = logits.double() / max(temperature, 1e-6)
+        nucleus = top_p_mask(scaled, min(1.0, top_p + top_p_slack))
+        in_nucleus = nucleus.gather(-1, tokens).squeeze(-1)
+        strict = top_p_mask(scaled, max(1e-6, top_p - top_p_slack))
+        # the best competitor is any token certainly in the nucleus
+        scores_best = scores.masked_fill(~strict, float("-inf")).max(dim=-1).values
+    else:
+        in_nucleus = torch.ones(tokens.shape[0], dtype=torch.bool, device=logits.device)
+        scores_best = scores.max(dim=-1).values
+    margin = scores_best - scores.gather(-1, tokens).squeeze(-1)
+    return in_nucleus & (margin <= tolerance)

