@@ -1,0 +1,56 @@
+"""Asynchronous GRPO-family RL: trainer, rollout pipeline, warm-start, evaluation, checkpoints.
+
+Names are resolved lazily (PEP 562) so that importing `meshrl.rl.cli` for `meshrl --help` does
+not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "EvalCommandConfig": "config",
+    "EvalConfig": "config",
+    "ModelConfig": "config",
+    "RLConfig": "config",
+    "RolloutConfig": "config",
+    "RunConfig": "config",
+    "SFTConfig": "config",
+    "TrainerConfig": "config",
+    "GenParams": "generation",
+    "Generated": "generation",
+    "RolloutGenerator": "generation",
+    "TorchGenerator": "generation",
+    "make_generator": "generation",
+    "RolloutBatch": "rollouts",
+    "collate": "rollouts",
+    "generate_batch": "rollouts",
+    "RolloutPipeline": "pipeline",
+    "is_fresh": "pipeline",
+    "required_version": "pipeline",
+    "Trainer": "trainer",
+    "token_logprobs": "trainer",
+    "warm_start": "sft",
+    "evaluate": "evaluate",
+    "evaluate_checkpoint": "evaluate",
+    "heldout_problems": "evaluate",
+    "latest_checkpoint": "checkpoint",
+    "save_checkpoint": "checkpoint",
+    "MetricsWriter": "metrics",
+    "plot_curves": "metrics",
+    "RLRun": "loop",
+    "train": "loop",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'meshrl.rl' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"meshrl.rl.{_EXPORTS[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

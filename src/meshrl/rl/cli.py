@@ -1,0 +1,36 @@
+"""`meshrl train` and `meshrl eval` (top-level commands; light imports only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshrl.rl.config import EvalCommandConfig, RLConfig
+
+__all__ = ["register"]
+
+
+def _train(cfg: RLConfig) -> int:
+    import json
+
+    from meshrl.rl.loop import train
+
+    print(json.dumps(train(cfg)))
+    return 0
+
+
+def _eval(cfg: EvalCommandConfig) -> int:
+    import json
+
+    from meshrl.rl.evaluate import evaluate_checkpoint
+
+    print(json.dumps(evaluate_checkpoint(cfg)))
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    from meshrl.cli import add_config_command
+
+    add_config_command(subparsers, "train", RLConfig, _train,
+                       "supervised warm-start, then asynchronous RL (resumes a run's checkpoint)")
+    add_config_command(subparsers, "eval", EvalCommandConfig, _eval,
+                       "greedy held-out accuracy of a model, checkpoint or run, as JSON")

@@ -1,0 +1,116 @@
+"""Configuration of `meshrl train` / `meshrl eval`: one pydantic model per component.
+
+Kept free of torch imports so `meshrl train --help` answers fast; each class documents the
+component it configures (trainer.py, rollouts.py, sft.py, evaluate.py, loop.py).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from meshrl.config import Config
+from meshrl.rl.losses import LossConfig
+from meshrl.tasks import TasksConfig
+
+__all__ = [
+    "EvalCommandConfig",
+    "EvalConfig",
+    "ModelConfig",
+    "RLConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "SFTConfig",
+    "TrainerConfig",
+]
+
+
+class TrainerConfig(Config):
+    """The optimizer side of RL (trainer.py)."""
+
+    lr: float = Field(3e-4, gt=0, description="AdamW learning rate after warm-up")
+    warmup_steps: int = Field(5, ge=0, description="linear learning-rate warm-up steps")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient-norm clipping threshold")
+    micro_batch_size: int = Field(128, ge=1, description="sequences per forward/backward")
+
+
+class RolloutConfig(Config):
+    """How each batch of rollouts is drawn and sampled (rollouts.py)."""
+
+    prompts_per_step: int = Field(16, ge=1, description="groups (distinct prompts) per batch")
+    group_size: int = Field(8, ge=2, description="completions per prompt")
+    max_new_tokens: int = Field(8, ge=1, description="completion length cap")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
+    backend: Literal["torch", "engine"] = Field("torch", description="rollout generator")
+    node_id: str = Field("trainer", description="node id mixed into problem sampling")
+
+
+class SFTConfig(Config):
+    """The supervised warm-start (sft.py)."""
+
+    max_steps: int = Field(400, ge=0, description="step budget (0 disables the warm-start)")
+    batch_size: int = Field(64, ge=1, description="problems per step")
+    lr: float = Field(2e-3, gt=0, description="AdamW learning rate")
+    warmup_steps: int = Field(10, ge=0, description="linear learning-rate warm-up steps")
+    eval_every: int = Field(10, ge=1, description="held-out evaluation every N steps")
+    target_accuracy: float = Field(0.3, ge=0, le=1, description="stop once accuracy reaches this")
+    max_accuracy: float = Field(0.4, ge=0, le=1, description="never hand RL a policy above this")
+
+
+class EvalConfig(Config):
+    """Held-out greedy evaluation (evaluate.py)."""
+
+    num_problems: int = Field(256, ge=1, description="held-out problems (fixed set)")
+    seed: int = Field(1_000_003, description="held-out seed, distinct from the training seed")
+    every: int = Field(25, ge=1, description="evaluate every N RL steps")
+    batch_size: int = Field(512, ge=1, description="problems per generation batch")
+    max_new_tokens: int = Field(8, ge=1, description="completion length cap")
+
+
+class RunConfig(Config):
+    """Where a run lives and what it reports (loop.py)."""
+
+    name: str = Field("arithmetic", description="run directory name under run.dir")
+    dir: str = Field("runs", description="parent directory of runs")
+    seed: int = Field(0, description="seed of data, sampling and model initialisation")
+    resume: bool = Field(True, description="continue from the run's latest checkpoint")
+    checkpoint_every: int = Field(50, ge=1, description="checkpoint every N RL steps")
+    keep_checkpoints: int = Field(2, ge=1, description="newest checkpoints kept on disk")
+    threads: int = Field(2, ge=1, description="torch threads (split trainer/generator if async)")
+    progress: bool = Field(True, description="show a progress bar")
+    plot: bool = Field(True, description="write curves.png at the end")
+    wandb_project: str | None = Field(None, description="also log to this wandb project")
+
+
+class ModelConfig(Config):
+    preset: str = Field("qwen2-tiny", description="model preset to start from")
+    path: str | None = Field(None, description="start from this model directory instead")
+
+
+class RLConfig(Config):
+    """`meshrl train`: warm-start, then asynchronous GRPO-family RL."""
+
+    steps: int = Field(300, ge=0, description="RL optimizer steps")
+    async_level: int = Field(2, ge=0, description="max policy-version lag of a rollout (0 = sync)")
+    stop_at_accuracy: float | None = Field(None, description="stop once held-out accuracy >= this")
+    run: RunConfig = RunConfig()
+    model: ModelConfig = ModelConfig()
+    tasks: TasksConfig = TasksConfig()
+    sft: SFTConfig = SFTConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    loss: LossConfig = LossConfig()
+    eval: EvalConfig = EvalConfig()
+
+
+class EvalCommandConfig(Config):
+    """`meshrl eval`: greedy accuracy of a model or trainer checkpoint on held-out problems."""
+
+    checkpoint: str = Field("runs/arithmetic", description="model dir, checkpoint dir or run dir")
+    threads: int = Field(2, ge=1, description="torch threads")
+    tasks: TasksConfig = TasksConfig()
+    eval: EvalConfig = EvalConfig()

@@ -1,0 +1,81 @@
+"""Held-out evaluation: greedy decoding on a fixed set of problems the trainer never sees."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from meshrl.rl.config import EvalCommandConfig, EvalConfig
+from meshrl.rl.generation import GenParams, RolloutGenerator, TorchGenerator
+from meshrl.rl.rollouts import encode_prompt
+
+__all__ = ["evaluate", "evaluate_checkpoint", "heldout_problems", "resolve_model_dir"]
+
+
+def heldout_problems(tasks_cfg: Any, cfg: EvalConfig) -> list[Any]:
+    """`cfg.num_problems` distinct problems from the held-out seed (deterministic)."""
+    from meshrl.tasks import sample_problems
+
+    seen: dict[str, Any] = {}
+    for counter in range(256):
+        for p in sample_problems(tasks_cfg, cfg.seed, "heldout", 0, counter, cfg.num_problems):
+            seen.setdefault(p.prompt, p)
+        if len(seen) >= cfg.num_problems:
+            break
+    return list(seen.values())[: cfg.num_problems]
+
+
+def evaluate(
+    generator: RolloutGenerator,
+    tokenizer: Any,
+    problems: list[Any],
+    tasks_cfg: Any,
+    cfg: EvalConfig,
+) -> dict[str, float]:
+    """Greedy accuracy (verifier score 1.0) and mean completion length on `problems`."""
+    from meshrl.tasks import compute_reward
+
+    correct, tokens = 0.0, 0
+    params = GenParams(cfg.max_new_tokens, temperature=0.0)
+    for start in range(0, len(problems), cfg.batch_size):
+        chunk = problems[start : start + cfg.batch_size]
+        prompts = [encode_prompt(tokenizer, p.prompt) for p in chunk]
+        outs = generator.generate(prompts, params, seq_ids=list(range(len(chunk))))
+        for p, o in zip(chunk, outs, strict=True):
+            text = tokenizer.decode(o.token_ids)
+            correct += compute_reward(p, text, len(o.token_ids), tasks_cfg).task
+            tokens += len(o.token_ids)
+    n = max(1, len(problems))
+    return {"accuracy": correct / n, "mean_tokens": tokens / n, "n": float(len(problems))}
+
+
+
+def resolve_model_dir(path: str | Path) -> Path:
+    """A model directory from a model dir, a trainer checkpoint dir, or a run dir (latest)."""
+    from meshrl.rl.checkpoint import latest_checkpoint
+
+    path = Path(path)
+    if (path / "config.json").is_file():
+        return path
+    if (path / "model" / "config.json").is_file():
+        return path / "model"
+    latest = latest_checkpoint(path / "checkpoints")
+    if latest is None:
+        raise FileNotFoundError(f"{path}: no model directory, checkpoint or run with checkpoints")
+    return latest / "model"
+
+
+def evaluate_checkpoint(cfg: EvalCommandConfig) -> dict[str, Any]:
+    """Load the model `cfg.checkpoint` points at and evaluate it on the held-out set."""
+    import torch
+
+    from meshrl.model import load_model, load_tokenizer
+
+    torch.set_num_threads(cfg.threads)
+    model_dir = resolve_model_dir(cfg.checkpoint)
+    tokenizer = load_tokenizer(model_dir)
+    generator = TorchGenerator(load_model(model_dir), tokenizer.pad_token_id,
+                               tokenizer.eos_token_id)
+    result = evaluate(generator, tokenizer, heldout_problems(cfg.tasks, cfg.eval), cfg.tasks,
+                      cfg.eval)
+    return {"model": str(model_dir), **result}

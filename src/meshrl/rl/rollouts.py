@@ -1,0 +1,159 @@
+"""Rollout batches: draw problems, generate groups of completions, score them.
+
+A batch is identified by its index `k` (the trainer step meant to consume it) and carries the
+policy `version` that generated it. Problems for batch `k` are a pure function of
+(seed, node_id, step=k, counter), and sampling noise of (seed, k, seq_id, position), so a batch is
+reproducible from its index and the generating weights alone: this is what lets a resumed run
+match an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from meshrl.rl.config import RolloutConfig
+from meshrl.rl.generation import GenParams, RolloutGenerator
+
+__all__ = [
+    "RolloutBatch",
+    "RolloutConfig",
+    "collate",
+    "draw_problems",
+    "encode_prompt",
+    "generate_batch",
+]
+
+
+def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    """Prompt token ids: BOS (when the tokenizer has one) + the prompt text."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return ([bos] if bos is not None else []) + tokenizer.encode(prompt)
+
+
+def draw_problems(
+    tasks_cfg: Any,
+    seed: int,
+    node_id: str,
+    step: int,
+    n: int,
+    exclude: frozenset[str] = frozenset(),
+) -> list[Any]:
+    """`n` problems for `step`, skipping held-out prompts by drawing again with the next counter."""
+    from meshrl.tasks import sample_problems
+
+    out: list[Any] = []
+    counter = 0
+    while len(out) < n:
+        if counter > 64:
+            raise RuntimeError("could not draw training problems outside the held-out set")
+        fresh = sample_problems(tasks_cfg, seed, node_id, step, counter, n)
+        out.extend(p for p in fresh if p.prompt not in exclude)
+        counter += 1
+    return out[:n]
+
+
+@dataclass
+class RolloutBatch:
+    index: int
+    version: int
+    problems: list[dict[str, Any]]  # one per group (task, prompt, answer, meta)
+    prompt_ids: list[list[int]]  # one per completion: groups * group_size rows
+    completion_ids: list[list[int]]
+    inference_logprobs: list[list[float]]
+    rewards: torch.Tensor  # [groups, group_size] total reward
+    task_rewards: torch.Tensor  # [groups, group_size] verifier score (accuracy)
+    truncated: int
+    gen_seconds: float
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return sum(len(c) for c in self.completion_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_completion_tokens + sum(len(p) for p in self.prompt_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RolloutBatch:
+        return cls(**data)
+
+
+def batch_seed(seed: int, index: int) -> int:
+    """The sampling seed of batch `index` (distinct per batch, fixed by the run seed)."""
+    return (seed * 1_000_003 + index) % 2**63
+
+
+def generate_batch(
+    generator: RolloutGenerator,
+    tokenizer: Any,
+    cfg: RolloutConfig,
+    tasks_cfg: Any,
+    seed: int,
+    index: int,
+    version: int,
+    exclude: frozenset[str] = frozenset(),
+) -> RolloutBatch:
+    """Draw batch `index`'s problems, sample `group_size` completions each, and score them."""
+    from meshrl.tasks import Problem, compute_reward
+
+    t0 = time.perf_counter()
+    problems = draw_problems(tasks_cfg, seed, cfg.node_id, index, cfg.prompts_per_step, exclude)
+    g = cfg.group_size
+    prompts = [encode_prompt(tokenizer, p.prompt) for p in problems for _ in range(g)]
+    params = GenParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, seed=batch_seed(seed, index))
+    samples = generator.generate(prompts, params, seq_ids=list(range(len(prompts))))
+    rewards, scores = [], []
+    for i, s in enumerate(samples):
+        text = tokenizer.decode(s.token_ids)
+        r = compute_reward(problems[i // g], text, len(s.token_ids), tasks_cfg)
+        rewards.append(r.total)
+        scores.append(r.task)
+    return RolloutBatch(
+        index=index,
+        version=version,
+        problems=[asdict(p) if isinstance(p, Problem) else dict(p) for p in problems],
+        prompt_ids=prompts,
+        completion_ids=[s.token_ids for s in samples],
+        inference_logprobs=[s.logprobs for s in samples],
+        rewards=torch.tensor(rewards, dtype=torch.float32).view(-1, g),
+        task_rewards=torch.tensor(scores, dtype=torch.float32).view(-1, g),
+        truncated=sum(s.finish_reason == "length" for s in samples),
+        gen_seconds=time.perf_counter() - t0,
+    )
+
+
+def collate(
+    prompt_ids: list[list[int]],
+    completion_ids: list[list[int]],
+    inference_logprobs: list[list[float]],
+    pad_token_id: int,
+) -> dict[str, torch.Tensor]:
+    """Right-padded [B, L] `input_ids`/`attention_mask`, and per-target tensors [B, L-1].
+
+    Target position t holds token t+1; `loss_mask` marks completion tokens, `inference_logprobs`
+    sits at the same positions (0 elsewhere).
+    """
+    rows = [p + c for p, c in zip(prompt_ids, completion_ids, strict=True)]
+    n, width = len(rows), max(len(r) for r in rows)
+    input_ids = torch.full((n, width), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    loss_mask = torch.zeros((n, width - 1), dtype=torch.bool)
+    inf_lp = torch.zeros((n, width - 1), dtype=torch.float32)
+    for i, (row, p, c) in enumerate(zip(rows, prompt_ids, completion_ids, strict=True)):
+        input_ids[i, : len(row)] = torch.tensor(row)
+        attention[i, : len(row)] = 1
+        loss_mask[i, len(p) - 1 : len(p) - 1 + len(c)] = True
+        inf_lp[i, len(p) - 1 : len(p) - 1 + len(c)] = torch.tensor(inference_logprobs[i])
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "loss_mask": loss_mask,
+        "inference_logprobs": inf_lp,
+    }

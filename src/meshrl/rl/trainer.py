@@ -1,0 +1,109 @@
+"""The policy-gradient trainer: AdamW, warm-up, gradient clipping, micro-batched accumulation.
+
+One optimizer step per rollout batch. The "old" log-probs of the clipped objective are the
+*inference* log-probs the generator recorded (the behaviour policy, as in prime-rl): with
+asynchronous generation the batch comes from a policy up to `async_level` versions old, and the
+ratio against the behaviour policy is what the clip must bound. Recomputing old log-probs with
+the current weights (textbook GRPO with one update per batch) would make every ratio exactly 1
+and hide that staleness.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from meshrl.rl.config import TrainerConfig
+
+__all__ = ["Trainer", "TrainerConfig", "token_logprobs"]
+
+
+def token_logprobs(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs [B, L-1] of each next token under softmax(logits / T), and the entropy there."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    chosen = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return chosen, entropy
+
+
+class Trainer:
+    """Owns the policy's optimizer and schedule; `train_step` takes one RL step on a batch."""
+
+    def __init__(
+        self, model: Any, cfg: TrainerConfig, loss_cfg: Any, temperature: float = 1.0
+    ) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.loss_cfg = loss_cfg
+        self.temperature = temperature
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+        )
+        warmup = cfg.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)) if warmup else 1.0
+        )
+
+    def forward_backward(
+        self, micro: dict[str, torch.Tensor], advantages: torch.Tensor, weight: float
+    ) -> dict[str, float]:
+        """Loss on one micro-batch, backpropagated scaled by `weight` (its share of the batch)."""
+        from meshrl.rl.losses import policy_loss
+
+        logprobs, entropy = token_logprobs(
+            self.model, micro["input_ids"], micro["attention_mask"], self.temperature
+        )
+        mask = micro["loss_mask"]
+        inference = torch.where(mask, micro["inference_logprobs"], logprobs.detach())
+        loss, metrics = policy_loss(
+            logprobs, inference, advantages, mask, self.loss_cfg,
+            inference_logprobs=inference, entropy=entropy,
+        )
+        (loss * weight).backward()
+        with torch.no_grad():
+            m = mask.float()
+            diff = (logprobs.detach() - inference) * m
+            metrics["mismatch_kl"] = float((diff.exp() - 1 - diff).sum() / m.sum().clamp(min=1))
+        return {"loss": float(loss.detach()), **{k: float(v) for k, v in metrics.items()}}
+
+    def train_step(
+        self, batch: dict[str, torch.Tensor], advantages: torch.Tensor
+    ) -> dict[str, float]:
+        """One optimizer step over `batch` (rows = completions) split into micro-batches."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        n = batch["input_ids"].shape[0]
+        totals: dict[str, float] = {}
+        for start in range(0, n, self.cfg.micro_batch_size):
+            rows = slice(start, min(n, start + self.cfg.micro_batch_size))
+            micro = _trim({k: v[rows] for k, v in batch.items()})
+            weight = (rows.stop - rows.start) / n
+            for k, v in self.forward_backward(micro, advantages[rows], weight).items():
+                totals[k] = totals.get(k, 0.0) + v * weight
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        totals["lr"] = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.model.eval()
+        totals["grad_norm"] = float(grad_norm)
+        return totals
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+def _trim(micro: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop columns that are padding in every row of this micro-batch."""
+    width = int(micro["attention_mask"].sum(-1).max())
+    return {
+        k: v[:, :width] if k in ("input_ids", "attention_mask") else v[:, : width - 1]
+        for k, v in micro.items()
+    }
