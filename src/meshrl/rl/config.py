@@ -97,6 +97,7 @@ class RLConfig(Config):
     steps: int = Field(300, ge=0, description="RL optimizer steps")
     async_level: int = Field(2, ge=0, description="max policy-version lag of a rollout (0 = sync)")
     stop_at_accuracy: float | None = Field(None, description="stop once held-out accuracy >= this")
+    filter_groups: bool = Field(True, description="skip groups whose advantages are all zero")
     run: RunConfig = RunConfig()
     model: ModelConfig = ModelConfig()
     tasks: TasksConfig = TasksConfig()

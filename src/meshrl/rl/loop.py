@@ -72,8 +72,10 @@ class RLRun:
                 t_step = time.perf_counter()
                 batch = pipeline.get(self.step)
                 wait = time.perf_counter() - t_step
+                t_train = time.perf_counter()
                 advantages, keep = self.advantages(batch)
                 stats = self.train_on(batch, advantages, keep)
+                stats["train_seconds"] = time.perf_counter() - t_train
                 self.step += 1
                 pipeline.publish(self.step, self.model.state_dict())
                 self._log_step(batch, stats, keep, wait, time.perf_counter() - t_step, pipeline)
@@ -94,6 +96,8 @@ class RLRun:
         from meshrl.rl.advantages import group_advantages, nonzero_groups
 
         adv = group_advantages(batch.rewards)
+        if not self.cfg.filter_groups:
+            return adv, torch.ones(adv.shape[0], dtype=torch.bool)
         return adv, nonzero_groups(adv)
 
     def train_on(
@@ -114,11 +118,12 @@ class RLRun:
         )
         return {**stats, **self.trainer.train_step(tensors, advantages.reshape(-1)[rows])}
 
-    def evaluate(self, phase: str) -> float:
+    def evaluate(self, phase: str, step: int | None = None) -> float:
         result = evaluate(self.eval_generator, self.tokenizer, self.heldout, self.cfg.tasks,
                           self.cfg.eval)
         self.accuracy = result["accuracy"]
-        self.metrics.log({"kind": "eval", "phase": phase, "step": self.step,
+        step = self.step if step is None else step
+        self.metrics.log({"kind": "eval", "phase": phase, "step": step,
                           "elapsed": self.elapsed(), **result})
         return self.accuracy
 
@@ -149,9 +154,14 @@ class RLRun:
     def _resume_or_warm_start(self) -> list[RolloutBatch]:
         ckpt = latest_checkpoint(self.dir / "checkpoints") if self.cfg.run.resume else None
         if ckpt is None:
-            self.evaluate("sft")
-            warm_start(self.model, self.tokenizer, self.cfg.sft, self.cfg.tasks,
-                       lambda: self.evaluate("sft"), self.cfg.run.seed, self.exclude)
+            def on_eval(step: int, accuracy: float, loss: float) -> None:
+                self.metrics.log({"kind": "sft", "step": step, "loss": loss,
+                                  "accuracy": accuracy, "elapsed": self.elapsed()})
+
+            result = warm_start(self.model, self.tokenizer, self.cfg.sft, self.cfg.tasks,
+                                lambda step: self.evaluate("sft", step), self.cfg.run.seed,
+                                self.exclude, on_eval=on_eval)
+            self.metrics.log({"kind": "warm_start", **result, "elapsed": self.elapsed()})
             self.evaluate("rl")
             return []
         from meshrl.model import load_model

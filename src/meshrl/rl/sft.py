@@ -40,19 +40,22 @@ def warm_start(
     tokenizer: Any,
     cfg: SFTConfig,
     tasks_cfg: Any,
-    evaluate_fn: Callable[[], float],
+    evaluate_fn: Callable[[int], float],
     seed: int,
     exclude: frozenset[str] = frozenset(),
     on_eval: Callable[[int, float, float], None] | None = None,
 ) -> dict[str, float]:
-    """Train `model` in place; returns {"steps", "accuracy", "loss"} of the policy handed to RL."""
+    """Train `model` in place; returns {"steps", "accuracy", "loss"} of the policy handed to RL.
+
+    `evaluate_fn(step)` returns held-out accuracy; `on_eval(step, accuracy, loss)` observes it.
+    """
     if cfg.max_steps == 0:
-        return {"steps": 0.0, "accuracy": evaluate_fn(), "loss": float("nan")}
+        return {"steps": 0.0, "accuracy": evaluate_fn(0), "loss": float("nan")}
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99))
     warm = cfg.warmup_steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (warm + 1)))
     best_state = copy.deepcopy(model.state_dict())
-    best = {"steps": 0.0, "accuracy": evaluate_fn(), "loss": float("nan")}
+    best = {"steps": 0.0, "accuracy": evaluate_fn(0), "loss": float("nan")}
     loss_value = float("nan")
     for step in range(1, cfg.max_steps + 1):
         problems = draw_problems(tasks_cfg, seed, "sft", step, cfg.batch_size, exclude)
@@ -67,7 +70,7 @@ def warm_start(
         loss_value = float(loss.detach())
         if step % cfg.eval_every and step != cfg.max_steps:
             continue
-        acc = evaluate_fn()
+        acc = evaluate_fn(step)
         if on_eval is not None:
             on_eval(step, acc, loss_value)
         if acc > cfg.max_accuracy:

@@ -1,0 +1,106 @@
+"""RL trainer benchmarks (one JSON object per line).
+
+1. `trainer_vs_trl`: the same work (qwen2-tiny, char tokenizer, 2-digit addition, 8 prompts x 8
+   completions, <= 8 new tokens, one optimizer step per batch, no group filtering) through
+   meshrl's trainer (async_level 2) and TRL's GRPOTrainer, in this process: `speedup` = our
+   steps/s over TRL's.
+2. `rollout`: TorchGenerator throughput (generated tokens/s) for the same batch shape.
+3. `async_vs_sync`: wall time per step of async_level 2 vs synchronous on the same config.
+
+Usage: python benchmarks/bench_rl.py [--steps 30] [--skip-trl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def ours(steps: int, async_level: int, threads: int, prompts: int, group: int,
+         tokens: int) -> dict[str, float]:
+    from meshrl.config import load_config
+    from meshrl.rl.config import RLConfig
+    from meshrl.rl.loop import train
+    from meshrl.rl.metrics import read_metrics
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config(RLConfig, [], [
+            "--run.dir", tmp, "--run.progress", "false", "--run.plot", "false",
+            "--run.threads", str(threads), "--run.checkpoint_every", "100000",
+            "--sft.max_steps", "0", "--eval.num_problems", "8", "--eval.every", "100000",
+            "--steps", str(steps), "--async_level", str(async_level), "--filter_groups", "false",
+            "--rollout.prompts_per_step", str(prompts), "--rollout.group_size", str(group),
+            "--rollout.max_new_tokens", str(tokens), "--trainer.lr", "1e-4",
+        ])
+        train(cfg)
+        rows = [r for r in read_metrics(Path(tmp) / cfg.run.name / "metrics.jsonl")
+                if r["kind"] == "step"][2:]
+    return {
+        "step_seconds": statistics.mean(r["step_seconds"] for r in rows),
+        "tokens_per_s": sum(r["tokens"] for r in rows) / sum(r["step_seconds"] for r in rows),
+        "gen_seconds": statistics.mean(r["gen_seconds"] for r in rows),
+        "wait_seconds": statistics.mean(r["wait_seconds"] for r in rows),
+    }
+
+
+def rollout_throughput(prompts: int, group: int, tokens: int, repeats: int = 10) -> dict:
+    from meshrl.model import CharTokenizer, build_model
+    from meshrl.rl.generation import GenParams, TorchGenerator
+
+    tok = CharTokenizer()
+    gen = TorchGenerator(build_model("qwen2-tiny", tok.vocab_size), 0, tok.eos_token_id)
+    batch = [[1, *tok.encode(f"{i % 100}+{(7 * i) % 100}=")] for i in range(prompts * group)]
+    # forbid EOS so every completion is full length: a fixed amount of work
+    gen.eos_token_id = -1
+    gen.generate(batch, GenParams(tokens, seed=0), list(range(len(batch))))
+    t0 = time.perf_counter()
+    for r in range(repeats):
+        gen.generate(batch, GenParams(tokens, seed=r), list(range(len(batch))))
+    dt = (time.perf_counter() - t0) / repeats
+    return {"bench": "rollout", "batch": len(batch), "new_tokens": tokens,
+            "seconds": dt, "tokens_per_s": len(batch) * tokens / dt}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--skip-trl", action="store_true")
+    args = ap.parse_args()
+    shape = dict(prompts=8, group=8, tokens=8)
+    torch.set_num_threads(1)
+    print(json.dumps(rollout_throughput(**shape)), flush=True)
+    sync = ours(args.steps, 0, 1, **shape)
+    asyn = ours(args.steps, 2, 2, **shape)
+    print(json.dumps({"bench": "async_vs_sync", "config": shape, "threads": "sync 1, async 1+1",
+                      "sync_step_seconds": sync["step_seconds"],
+                      "async_step_seconds": asyn["step_seconds"],
+                      "sync_gen_seconds": sync["gen_seconds"],
+                      "async_wait_seconds": asyn["wait_seconds"],
+                      "speedup": sync["step_seconds"] / asyn["step_seconds"]}), flush=True)
+    if args.skip_trl:
+        return
+    from _trl_baseline import run_trl
+
+    torch.set_num_threads(1)
+    trl = run_trl(args.steps, shape["prompts"], shape["group"], shape["tokens"], lr=1e-4)
+    trl_tokens = trl["tokens_seen"] / args.steps
+    print(json.dumps({
+        "bench": "trainer_vs_trl", "config": shape,
+        "ours_step_seconds": asyn["step_seconds"], "trl_step_seconds": trl["step_seconds"],
+        "ours_tokens_per_s": asyn["tokens_per_s"],
+        "trl_tokens_per_s": trl_tokens / trl["step_seconds"],
+        "speedup": trl["step_seconds"] / asyn["step_seconds"],
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    main()
