@@ -46,7 +46,8 @@ def run_trl(steps: int, prompts_per_step: int, group_size: int, max_new_tokens: 
         rows.append({"prompt": f"<bos>{a}+{b}=", "answer": str(a + b)})
 
     def reward(completions: list[str], answer: list[str], **_: Any) -> list[float]:
-        return [float(c.replace("<eos>", "").strip() == a) for c, a in zip(completions, answer, strict=True)]
+        pairs = zip(completions, answer, strict=True)
+        return [float(c.replace("<eos>", "").strip() == a) for c, a in pairs]
 
     class Timer(TrainerCallback):
         def __init__(self) -> None:
