@@ -53,3 +53,42 @@ def test_half_written_checkpoint_is_ignored(tiny_cfg, tmp_path):
     save_checkpoint(root, 3, run.model, run.tokenizer, {"x": 1}, keep=2)
     assert sorted(p.name for p in root.glob("step_*") if (p / "trainer_state.pt").exists()) == [
         "step_2", "step_3"]
+
+
+@pytest.mark.slow
+def test_sigkill_at_any_point_then_restart_matches(tiny_cfg, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args = {"steps": 8, "async_level": 2, "run.checkpoint_every": 2}
+    train(tiny_cfg(**args, **{"run.name": "full"}))
+    cfg = tiny_cfg(**args, **{"run.name": "killed"})
+    cli = [sys.executable, "-m", "meshrl.cli", "train"]
+    for key, value in cfg.model_dump(exclude_none=True).items():
+        if isinstance(value, dict):
+            cli += [f"--{key}.{k}={json.dumps(v) if not isinstance(v, str) else v}"
+                    for k, v in value.items() if v is not None and not isinstance(v, list | dict)]
+        else:
+            cli += [f"--{key}={json.dumps(value)}"]
+    proc = subprocess.Popen(cli, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    ckpts = tmp_path / "runs" / "killed" / "checkpoints"
+    deadline = time.time() + 300
+    while latest_checkpoint(ckpts) is None or latest_checkpoint(ckpts).name == "step_2":
+        assert proc.poll() is None and time.time() < deadline, "trainer ended before the kill"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)  # mid-run, possibly mid-write of the next checkpoint
+    proc.wait()
+    killed_at = int(latest_checkpoint(ckpts).name.split("_")[1])
+    assert 4 <= killed_at < 8
+    assert train(cfg)["steps"] == 8
+    full_dir, cut_dir = tmp_path / "runs" / "full", tmp_path / "runs" / "killed"
+    assert torch.equal(_params(full_dir), _params(cut_dir))
+    by_step = {}
+    for r in map(json.loads, (cut_dir / "metrics.jsonl").read_text().splitlines()):
+        if r["kind"] == "step":
+            by_step[r["step"]] = r["reward"]  # steps after the checkpoint were logged twice
+    assert [by_step[s] for s in sorted(by_step)] == _rewards(full_dir)
