@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 def ours(steps: int, async_level: int, threads: int, prompts: int, group: int,
-         tokens: int) -> dict[str, float]:
+         tokens: int, subprocess: bool = False) -> dict[str, float]:
     from meshrl.config import load_config
     from meshrl.rl.config import RLConfig
     from meshrl.rl.loop import train
@@ -40,6 +40,7 @@ def ours(steps: int, async_level: int, threads: int, prompts: int, group: int,
             "--steps", str(steps), "--async_level", str(async_level), "--filter_groups", "false",
             "--rollout.prompts_per_step", str(prompts), "--rollout.group_size", str(group),
             "--rollout.max_new_tokens", str(tokens), "--trainer.lr", "1e-4",
+            "--rollout.subprocess", str(subprocess).lower(),
         ])
         train(cfg)
         rows = [r for r in read_metrics(Path(tmp) / cfg.run.name / "metrics.jsonl")
@@ -79,8 +80,9 @@ def main() -> None:
     torch.set_num_threads(1)
     print(json.dumps(rollout_throughput(**shape)), flush=True)
     sync = ours(args.steps, 0, 1, **shape)
-    asyn = ours(args.steps, 2, 2, **shape)
-    print(json.dumps({"bench": "async_vs_sync", "config": shape, "threads": "sync 1, async 1+1",
+    asyn = ours(args.steps, 2, 2, **shape, subprocess=True)
+    print(json.dumps({"bench": "async_vs_sync", "config": shape,
+                      "threads": "sync 1, async 1+1 (generator in a child process)",
                       "sync_step_seconds": sync["step_seconds"],
                       "async_step_seconds": asyn["step_seconds"],
                       "sync_gen_seconds": sync["gen_seconds"],

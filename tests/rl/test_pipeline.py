@@ -86,3 +86,25 @@ def test_stale_carried_batch_is_dropped_counted_and_regenerated():
         pipe.close()
     assert pipe.dropped_stale == 1
     assert batch.index == 4 and batch.version == 4
+
+
+def test_subprocess_generator_matches_in_process_and_reloads_weights():
+    from meshrl.rl.generation import GenParams
+    from meshrl.rl.subprocess_generator import SubprocessGenerator
+
+    model = build_model("qwen2-tiny", TOK.vocab_size, seed=6)
+    local = TorchGenerator(model, 0, TOK.eos_token_id)
+    remote = SubprocessGenerator("torch", model, TOK, num_threads=1)
+    try:
+        prompts = [[1, *TOK.encode(f"{i}+{i}=")] for i in range(6)]
+        params = GenParams(5, seed=3)
+        assert [o.token_ids for o in remote.generate(prompts, params, list(range(6)))] == [
+            o.token_ids for o in local.generate(prompts, params, list(range(6)))]
+        other = build_model("qwen2-tiny", TOK.vocab_size, seed=7).state_dict()
+        remote.load_weights(other)
+        local.load_weights(other)
+        assert [o.logprobs for o in remote.generate(prompts, params, list(range(6)))] == [
+            o.logprobs for o in local.generate(prompts, params, list(range(6)))]
+    finally:
+        remote.close()
+    assert not remote._proc.is_alive()

@@ -46,6 +46,7 @@ class RolloutConfig(Config):
     temperature: float = Field(1.0, gt=0, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
     backend: Literal["torch", "engine"] = Field("torch", description="rollout generator")
+    subprocess: bool = Field(False, description="run the generator in a child process (async)")
     node_id: str = Field("trainer", description="node id mixed into problem sampling")
 
 

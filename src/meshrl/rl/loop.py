@@ -177,7 +177,14 @@ class RLRun:
 
     def _start_pipeline(self, carried: list[RolloutBatch]) -> RolloutPipeline:
         cfg = self.cfg
-        generator = make_generator(cfg.rollout.backend, copy.deepcopy(self.model), self.tokenizer)
+        if cfg.rollout.subprocess:
+            from meshrl.rl.subprocess_generator import SubprocessGenerator
+
+            generator = SubprocessGenerator(cfg.rollout.backend, copy.deepcopy(self.model),
+                                            self.tokenizer, self.async_threads)
+        else:
+            generator = make_generator(cfg.rollout.backend, copy.deepcopy(self.model),
+                                       self.tokenizer)
 
         def make_batch(gen: Any, index: int, version: int) -> RolloutBatch:
             return generate_batch(gen, self.tokenizer, cfg.rollout, cfg.tasks, cfg.run.seed,

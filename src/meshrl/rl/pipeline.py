@@ -122,6 +122,8 @@ class RolloutPipeline:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=60)
+        if hasattr(self.generator, "close"):
+            self.generator.close()
 
     def _load(self, version: int) -> None:
         """Put policy `version` into the generator's model (caller holds `_gen_lock`)."""
