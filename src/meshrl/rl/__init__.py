@@ -23,6 +23,8 @@ _EXPORTS = {
     "RolloutGenerator": "generation",
     "TorchGenerator": "generation",
     "make_generator": "generation",
+    "EngineGenerator": "engine_adapter",
+    "SubprocessGenerator": "subprocess_generator",
     "RolloutBatch": "rollouts",
     "collate": "rollouts",
     "generate_batch": "rollouts",
