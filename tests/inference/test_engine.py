@@ -13,11 +13,15 @@ from meshrl.inference import (
 from meshrl.model import build_model
 
 
-def hf_greedy(model, prompt, n, tok):
-    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
-                         dtype=torch.long), max_new_tokens=n, do_sample=False,
+def hf_greedy(model, prompts, n, tok) -> list[list[int]]:
+    """`transformers` generate, greedy, on a left-padded batch; tokens after EOS dropped."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False,
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    return out[0, len(prompt):].tolist()
+    rows = out[:, width:].tolist()
+    return [r[: r.index(tok.eos_token_id) + 1] if tok.eos_token_id in r else r for r in rows]
 
 
 @pytest.mark.parametrize("preset", ["qwen2-tiny", "llama-tiny"])
@@ -26,9 +30,9 @@ def test_greedy_equals_hf_generate(preset, tok, random_prompts) -> None:
     engine = CPUEngine(model, tok)
     prompts = random_prompts(6, 1, 20, seed=1)
     outs = engine.generate(prompts, SamplingParams(max_new_tokens=24, temperature=0))
-    for p, o in zip(prompts, outs, strict=True):
+    for p, o, ref in zip(prompts, outs, hf_greedy(model, prompts, 24, tok), strict=True):
         assert o.prompt_ids == p
-        assert o.token_ids == hf_greedy(model, p, 24, tok)
+        assert o.token_ids == ref
         assert len(o.logprobs) == len(o.token_ids)
         assert o.finish_reason == ("eos" if o.token_ids[-1] == tok.eos_token_id else "length")
 
