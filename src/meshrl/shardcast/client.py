@@ -350,7 +350,7 @@ class ShardcastClient:
             if tmp.is_dir():
                 shutil.rmtree(tmp, ignore_errors=True)
             else:
-                with contextlib.suppress(FileNotFoundError):
+                with contextlib.suppress(OSError):
                     tmp.unlink()
         dt = time.monotonic() - t0
         log_event(log, "fetched", version=v, out=str(out), bytes=m.total_size, seconds=round(dt, 3))
