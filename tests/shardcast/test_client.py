@@ -49,7 +49,8 @@ def test_fetch_file_and_directory_and_replace_previous(tmp_path):
         return r1, latest
 
     r1, latest = run(main())
-    assert (tmp_path / "out.bin").read_bytes() == src.read_bytes() and r1.bytes == src.stat().st_size
+    assert (tmp_path / "out.bin").read_bytes() == src.read_bytes()
+    assert r1.bytes == src.stat().st_size
     assert latest.version == 2
     assert sorted(p.name for p in (tmp_path / "outdir").iterdir()) == [
         "config.json", "model.safetensors"]
@@ -101,7 +102,8 @@ def test_corrupted_relay_is_detected_and_never_written(tmp_path):
 
     async def main():
         origin, url = await _origin(tmp_path, max_upload_rate=3_000_000)
-        relay = Relay(RelayConfig(root=str(tmp_path / "r"), upstreams=[url], client=FAST))
+        relay = Relay(RelayConfig(root=str(tmp_path / "r"), upstreams=[url], client=FAST,
+                                server=ServerConfig()))
         rurl = await relay.start()
         m = await origin.publish(src, 1, SHARD)
         while 1 not in relay.store.complete:

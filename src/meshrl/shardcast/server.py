@@ -190,6 +190,7 @@ class ShardServer:
             resp.content_type = "application/octet-stream"
             resp.headers["X-Shard-Sha256"] = self.store.manifest(v).shards[i].sha256  # type: ignore[union-attr]
             if rng:
+                self.counters["range_requests"] += 1
                 resp.headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
             await resp.prepare(request)
             self.first_serve.setdefault(v, time.time())
@@ -202,7 +203,7 @@ class ShardServer:
     async def _stream(self, resp: web.StreamResponse, fd: int, offset: int, length: int) -> None:
         step = self.cfg.chunk_size
         if self.cfg.max_upload_rate > 0:  # small writes keep a throttled stream smooth
-            step = min(step, max(4096, int(self.cfg.max_upload_rate / 20)))
+            step = min(step, max(4096, int(self.cfg.max_upload_rate / 100)))
         pos = 0
         while pos < length:
             n = min(step, length - pos)
