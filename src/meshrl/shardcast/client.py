@@ -29,6 +29,13 @@ from meshrl.shardcast.config import ClientConfig
 from meshrl.shardcast.manifest import Manifest, ManifestError, sha256_file
 from meshrl.shardcast.pool import ServerPool, ServerState
 from meshrl.shardcast.store import ShardWriter, file_paths
+from meshrl.shardcast.transport import (
+    AiohttpTransport,
+    RawHttpTransport,
+    ShardBuffer,
+    ShardTransport,
+    TransferError,
+)
 
 __all__ = [
     "FetchResult",
@@ -58,10 +65,6 @@ class OutputWriteError(ShardcastError):
     """The output cannot be written (disk full, file too large, no permission)."""
 
 
-class _TransferError(Exception):
-    pass
-
-
 @dataclass
 class FetchResult:
     version: int
@@ -72,7 +75,11 @@ class FetchResult:
 
 
 class ShardcastClient:
-    """Fetches versions from `urls`; pass `session` to share or inject an aiohttp session."""
+    """Fetches versions from `urls`.
+
+    `session` (aiohttp) carries the small JSON requests; `transport` moves shard bytes (default:
+    RawHttpTransport for http:// servers, see `transport.py`). Both can be injected.
+    """
 
     def __init__(
         self,
@@ -80,11 +87,19 @@ class ShardcastClient:
         cfg: ClientConfig | None = None,
         session: aiohttp.ClientSession | None = None,
         seed: int | None = None,
+        transport: ShardTransport | None = None,
     ) -> None:
         self.cfg = cfg or ClientConfig()
         self.pool = ServerPool(urls, self.cfg.failure_decay, seed)
         self._session, self._own_session = session, session is None
         self._avail = asyncio.Event()
+        if transport is None:
+            plain = all(u.startswith("http://") for u in urls)
+            if self.cfg.transport == "raw" and plain:
+                transport = RawHttpTransport(self.cfg.connect_timeout)
+            else:
+                transport = AiohttpTransport(self.session)
+        self.transport = transport
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -94,6 +109,7 @@ class ShardcastClient:
         return self._session
 
     async def close(self) -> None:
+        await self.transport.close()
         if self._own_session and self._session is not None:
             await self._session.close()
             self._session = None
@@ -112,7 +128,7 @@ class ShardcastClient:
     async def _get_json(self, url: str, timeout: float | None = None) -> Any:
         async with self.session.get(url, timeout=self._timeout(timeout)) as r:
             if r.status != 200:
-                raise _TransferError(f"{url}: HTTP {r.status}")
+                raise TransferError(f"{url}: HTTP {r.status}")
             return await r.json(content_type=None)
 
     # ---- discovery ----------------------------------------------------------------------
@@ -131,7 +147,7 @@ class ShardcastClient:
                 for fut in asyncio.as_completed(tasks):
                     try:
                         listing = await fut
-                    except (aiohttp.ClientError, TimeoutError, _TransferError, ValueError):
+                    except (aiohttp.ClientError, TimeoutError, TransferError, ValueError):
                         beyond = False
                         continue
                     held = set(listing["complete"]) | set(listing["partial"])
@@ -185,7 +201,7 @@ class ShardcastClient:
     async def _refresh_have(self, s: ServerState, version: int) -> None:
         try:
             info = await self._get_json(f"{s.url}/v/{version}/have", self.cfg.stall_timeout)
-        except (aiohttp.ClientError, TimeoutError, _TransferError, ValueError):
+        except (aiohttp.ClientError, TimeoutError, TransferError, ValueError):
             return
         before = (s.complete, len(s.have))
         s.complete, s.have = bool(info["complete"]), set(info["have"] or ())
@@ -208,10 +224,13 @@ class ShardcastClient:
     async def fetch_shards(
         self,
         m: Manifest,
-        sink: Callable[[int, bytearray], None],
+        sink: Callable[[int, memoryview], None],
         on_shard: Callable[[int], None] | None = None,
     ) -> None:
-        """Download, verify and `sink(index, data)` (in a thread) every shard of `m`."""
+        """Download, verify and `sink(index, data)` (in a thread) every shard of `m`.
+
+        `data` is only valid during the call (its buffer is reused for the next shard).
+        """
         pending = [shard.index for shard in m.shards]
         if self.cfg.shard_order == "random":  # spreads clients over the shards relays hold
             self.pool.rng.shuffle(pending)
@@ -232,8 +251,9 @@ class ShardcastClient:
             return None
 
         async def worker() -> None:
+            buf = ShardBuffer(0)  # reused for every shard this worker fetches
             while (index := await next_shard()) is not None:
-                data = await self._get_shard(m, index)
+                data = await self._get_shard(m, index, buf)
                 try:
                     await asyncio.to_thread(sink, index, data)
                 except OSError as e:
@@ -251,73 +271,56 @@ class ShardcastClient:
         finally:
             refresher.cancel()
 
-    async def _get_shard(self, m: Manifest, index: int) -> bytearray:
+    async def _get_shard(self, m: Manifest, index: int, buf: ShardBuffer) -> memoryview:
+        """Shard `index`, verified, in `buf` (resumed on another server after a failure)."""
         shard, digest = m.shards[index], m.digest
-        buf, contributors, tried = bytearray(), set[str](), set[str]()
+        buf.reset(shard.size)
+        contributors, tried = set[str](), set[str]()
         attempt, deadline = 0, time.monotonic() + self.cfg.wait_timeout
         while attempt < self.cfg.max_attempts:
             s = self.pool.choose(index, digest, avoid=tried)
-            if s is None:  # nobody holds it yet (relays still mirroring, origin down)
+            if s is None:  # nobody holds it now (a relay that held it was lost)
                 if time.monotonic() > deadline:
                     break
                 self._avail.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._avail.wait(), self.cfg.poll_interval)
                 continue
+            before, start = buf.filled, time.monotonic()
+            s.active += 1
             try:
-                await self._download(s, m.version, index, buf, shard.size, contributors)
-            except (aiohttp.ClientError, TimeoutError, _TransferError) as e:
+                await self.transport.fetch(f"{s.url}/v/{m.version}/shard/{index}", buf,
+                                           self.cfg.stall_timeout)
+            except (OSError, TimeoutError, TransferError, aiohttp.ClientError) as e:
                 attempt += 1
                 self.pool.record_failure(s)
+                if isinstance(e, TransferError) and e.status == 404:
+                    s.have.discard(index)
                 tried.add(s.url)
                 log_event(log, "shard transfer failed", url=s.url, shard=index, error=repr(e))
                 delay = self.cfg.backoff * 2 ** (attempt - 1)
                 await asyncio.sleep(min(delay, self.cfg.max_backoff))
                 continue
-            got = await asyncio.to_thread(lambda: hashlib.sha256(buf).hexdigest())
-            if got == shard.sha256:
-                return buf
+            finally:
+                s.active -= 1
+                if buf.filled < before:  # the server restarted the shard from byte 0
+                    contributors.clear()
+                got = buf.filled - (before if buf.filled >= before else 0)
+                if got:
+                    contributors.add(s.url)
+                    self.pool.record_success(s, got, time.monotonic() - start)
+            data = buf.view()
+            if await asyncio.to_thread(_sha256, data) == shard.sha256:
+                return data
             attempt += 1
             for url in contributors:
                 self.pool.record_failure(self.pool.servers[url], 3.0, hash_mismatch=True)
             tried |= contributors
             log_event(log, "shard hash mismatch", servers=sorted(contributors), shard=index)
-            buf.clear()
+            buf.filled = 0
             contributors.clear()
         raise ShardUnavailableError(f"shardcast: shard {index} of version {m.version} failed "
                                     f"{attempt} times on {sorted(tried) or 'no server'}")
-
-    async def _download(self, s: ServerState, version: int, index: int, buf: bytearray,
-                        size: int, contributors: set[str]) -> None:
-        """Append the rest of the shard to `buf` (resuming with Range when it is not empty)."""
-        headers = {"Range": f"bytes={len(buf)}-"} if 0 < len(buf) < size else {}
-        start, got = time.monotonic(), 0
-        s.active += 1
-        try:
-            async with self.session.get(f"{s.url}/v/{version}/shard/{index}", headers=headers,
-                                        timeout=self._timeout()) as r:
-                if r.status == 404:
-                    s.have.discard(index)
-                    raise _TransferError(f"{s.url}: shard {index} not held")
-                if r.status not in (200, 206):
-                    raise _TransferError(f"{s.url}: HTTP {r.status}")
-                if r.status == 200:
-                    del buf[:]
-                    contributors.clear()
-                elif not r.headers.get("Content-Range", "").startswith(f"bytes {len(buf)}-"):
-                    raise _TransferError(f"{s.url}: bad Content-Range")
-                async for chunk in r.content.iter_chunked(1 << 20):
-                    if len(buf) + len(chunk) > size:
-                        raise _TransferError(f"{s.url}: shard {index} longer than its manifest")
-                    buf += chunk
-                    got += len(chunk)
-                    contributors.add(s.url)
-            if len(buf) != size:
-                raise _TransferError(f"{s.url}: shard {index} ended early")
-        finally:
-            s.active -= 1
-            if got:
-                self.pool.record_success(s, got, time.monotonic() - start)
 
     # ---- whole versions -----------------------------------------------------------------
     async def fetch(self, out: str | Path, version: int | None = None) -> FetchResult:
@@ -381,6 +384,10 @@ class ShardcastClient:
             held = sorted((int(p.name[1:]), p) for p in out_dir.glob("v*") if p.name[1:].isdigit())
             for _, old in held[:-keep]:
                 shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+
+
+def _sha256(data: memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _verify_files(m: Manifest, paths: list[Path]) -> None:

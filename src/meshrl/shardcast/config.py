@@ -31,6 +31,9 @@ class ServerConfig(Config):
 
 class ClientConfig(Config):
     concurrency: int = Field(8, ge=1, description="shards downloaded at once")
+    transport: Literal["raw", "aiohttp"] = Field(
+        "raw", description="shard transport: minimal zero-copy HTTP/1.1, or aiohttp"
+    )
     shard_order: Literal["random", "sequential"] = Field(
         "random", description="order in which shards are requested"
     )

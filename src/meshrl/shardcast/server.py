@@ -196,9 +196,27 @@ class ShardServer:
             self.first_serve.setdefault(v, time.time())
             if partial:
                 self.pipelined[v] += 1
-            await self._stream(resp, fd, offset + start, end - start)
+            if self.cfg.max_upload_rate > 0:
+                await self._stream(resp, fd, offset + start, end - start)
+            else:
+                await self._sendfile(request, resp, fd, offset + start, end - start)
             self.counters["shards_served"] += 1
             return resp
+
+    async def _sendfile(self, request: web.Request, resp: web.StreamResponse, fd: int,
+                        offset: int, length: int) -> None:
+        """Zero-copy send (os.sendfile) of an unthrottled shard, as aiohttp's FileResponse."""
+        transport = request.transport
+        if transport is None:
+            raise ConnectionResetError("connection lost")
+        with open(fd, "rb", buffering=0, closefd=False) as f:
+            try:
+                await asyncio.get_running_loop().sendfile(transport, f, offset, length)
+            except NotImplementedError:  # e.g. a transport without sendfile support
+                await self._stream(resp, fd, offset, length)
+                return
+        self.counters["bytes_sent"] += length
+        await resp.write_eof()
 
     async def _stream(self, resp: web.StreamResponse, fd: int, offset: int, length: int) -> None:
         step = self.cfg.chunk_size
