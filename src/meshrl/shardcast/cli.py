@@ -21,7 +21,7 @@ def _publish(cfg: PublishConfig) -> int:
     store = VersionStore(cfg.root, keep=1 << 30)  # the running origin prunes (it knows readers)
     version = cfg.version if cfg.version >= 0 else (store.latest() or -1) + 1
     try:
-        m = store.publish(cfg.src, version, cfg.shard_size)
+        m = store.publish(cfg.src, version, cfg.shard_size, link=cfg.link)
     except (StoreError, FileNotFoundError) as e:
         print(f"meshrl shardcast publish: {e}", file=sys.stderr)
         return 1

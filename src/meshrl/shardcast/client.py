@@ -128,7 +128,7 @@ class ShardcastClient:
     async def _get_json(self, url: str, timeout: float | None = None) -> Any:
         async with self.session.get(url, timeout=self._timeout(timeout)) as r:
             if r.status != 200:
-                raise TransferError(f"{url}: HTTP {r.status}")
+                raise TransferError(f"{url}: HTTP {r.status}", r.status)
             return await r.json(content_type=None)
 
     # ---- discovery ----------------------------------------------------------------------
@@ -203,22 +203,42 @@ class ShardcastClient:
             info = await self._get_json(f"{s.url}/v/{version}/have", self.cfg.stall_timeout)
         except (aiohttp.ClientError, TimeoutError, TransferError, ValueError):
             return
+        self._set_have(s, info)
+
+    def _set_have(self, s: ServerState, info: dict[str, Any]) -> None:
         before = (s.complete, len(s.have))
         s.complete, s.have = bool(info["complete"]), set(info["have"] or ())
         if (s.complete, len(s.have)) != before:
             self._avail.set()
 
-    async def _refresh_loop(self, m: Manifest) -> None:
-        """Keep every server's availability current while a version downloads."""
-        while True:
-            await asyncio.sleep(self.cfg.poll_interval)
-            jobs = []
-            for s in self.pool.servers.values():
-                if s.manifest_digest is None:
-                    jobs.append(self._server_manifest(s, m.version))
-                elif not s.complete and s.manifest_digest == m.digest:
-                    jobs.append(self._refresh_have(s, m.version))
-            await asyncio.gather(*jobs)
+    async def _watch(self, s: ServerState, m: Manifest) -> None:
+        """Keep one server's availability current while `m` downloads (long-polls, no spinning)."""
+        v, lp, errors = m.version, self.cfg.long_poll, 0
+        while not (s.complete and s.manifest_digest == m.digest):
+            try:
+                if s.manifest_digest is None:  # wait until it holds the version
+                    listing = await self._get_json(f"{s.url}/versions?after={v - 1}&wait={lp}",
+                                                   lp + self.cfg.stall_timeout)
+                    if v in set(listing["complete"]) | set(listing["partial"]):
+                        await self._server_manifest(s, v)
+                    elif listing["latest"] is not None and listing["latest"] >= v:
+                        return  # it moved past this version without holding it
+                elif s.manifest_digest != m.digest:
+                    return  # it serves another manifest for this version: never used
+                else:
+                    info = await self._get_json(
+                        f"{s.url}/v/{v}/have?known={len(s.have)}&wait={lp}",
+                        lp + self.cfg.stall_timeout)
+                    self._set_have(s, info)
+                errors = 0
+            except TransferError as e:
+                if e.status == 404:  # it dropped the version (e.g. an aborted mirror)
+                    s.manifest_digest, s.complete, s.have = None, False, set()
+                errors += 1
+            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
+                errors += 1
+            if errors:
+                await asyncio.sleep(min(self.cfg.poll_interval * 2**errors, self.cfg.max_backoff))
 
     # ---- shards -------------------------------------------------------------------------
     async def fetch_shards(
@@ -261,7 +281,7 @@ class ShardcastClient:
                 if on_shard is not None:
                     on_shard(index)
 
-        refresher = asyncio.create_task(self._refresh_loop(m))
+        watchers = [asyncio.create_task(self._watch(s, m)) for s in self.pool.servers.values()]
         try:
             async with asyncio.TaskGroup() as tg:
                 for _ in range(min(self.cfg.concurrency, len(m.shards))):
@@ -269,7 +289,8 @@ class ShardcastClient:
         except ExceptionGroup as eg:
             raise eg.exceptions[0] from None
         finally:
-            refresher.cancel()
+            for w in watchers:
+                w.cancel()
 
     async def _get_shard(self, m: Manifest, index: int, buf: ShardBuffer) -> memoryview:
         """Shard `index`, verified, in `buf` (resumed on another server after a failure)."""
@@ -329,6 +350,7 @@ class ShardcastClient:
         The previous content of `out` stays intact until the new version is complete.
         """
         t0 = time.monotonic()
+        log_event(log, "fetch start", version=version, out=str(out), servers=len(self.pool.servers))
         v = await self.wait_for_version(version)
         m = await self.get_manifest(v)
         out = Path(out)

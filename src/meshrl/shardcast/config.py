@@ -42,7 +42,8 @@ class ClientConfig(Config):
     max_backoff: float = Field(2.0, ge=0, description="largest retry delay (s)")
     connect_timeout: float = Field(5.0, gt=0, description="seconds to open a connection")
     stall_timeout: float = Field(10.0, gt=0, description="seconds without a byte before retrying")
-    poll_interval: float = Field(0.2, gt=0, description="seconds between availability refreshes")
+    poll_interval: float = Field(0.2, gt=0, description="seconds between polls / first backoff")
+    long_poll: float = Field(10.0, gt=0, description="seconds a server may hold a long-poll")
     wait_timeout: float = Field(600.0, ge=0, description="how long to wait for a version to appear")
     failure_decay: float = Field(10.0, gt=0, description="seconds for a server failure to fade")
     fsync: bool = Field(True, description="fsync the output before the atomic rename")
@@ -58,6 +59,7 @@ class PublishConfig(Config):
     root: str = Field("runs/shardcast/origin", description="origin store directory")
     version: int = Field(-1, description="version (trainer step); -1: latest + 1")
     shard_size: int = Field(50 * MB, gt=0, description="bytes per shard")
+    link: bool = Field(False, description="hard-link files into the store instead of copying")
 
 
 class OriginConfig(Config):

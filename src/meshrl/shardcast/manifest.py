@@ -13,6 +13,7 @@ tools outside shardcast (`sha256sum`) and for an optional extra pass (`verify_fi
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -156,6 +157,16 @@ def _hash_file_shards(
     return whole.hexdigest(), shards
 
 
+def _try_link(src: Path, dest: Path) -> bool:
+    try:
+        os.link(src, dest)
+    except OSError as e:
+        if e.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            return False
+        raise
+    return True
+
+
 def list_files(root: Path) -> list[Path]:
     """Files under `root` in a stable order (sorted relative paths); symlinks are followed."""
     out = []
@@ -171,10 +182,13 @@ def build_manifest(
     shard_size: int,
     created: float = 0.0,
     copy_to: Path | None = None,
+    link: bool = False,
 ) -> Manifest:
     """Hash `path` (a file, or a directory of files) into a manifest for `version`.
 
-    With `copy_to` (a directory), each file is also copied to `copy_to/<name>` in the same pass.
+    With `copy_to` (a directory), each file is also copied to `copy_to/<name>` in the same pass,
+    or hard-linked there with `link` (no copy; the source must then never be modified in place,
+    which clients would detect as hash mismatches). Links fall back to copies across devices.
     """
     path = Path(path)
     if path.is_file():
@@ -190,6 +204,8 @@ def build_manifest(
         if copy_to is not None:
             dest = copy_to / name
             dest.parent.mkdir(parents=True, exist_ok=True)
+            if link and _try_link(p, dest):
+                p, dest = dest, None  # hash the linked file itself
         whole, parts = _hash_file_shards(p, shard_size, dest)
         files.append(FileEntry(name=name, size=sum(x[1] for x in parts), sha256=whole))
         for offset, size, digest in parts:

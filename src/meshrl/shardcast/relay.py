@@ -43,11 +43,11 @@ class Origin:
         await self.server.stop()
 
     async def publish(
-        self, src: str | Path, version: int, shard_size: int = 50_000_000
+        self, src: str | Path, version: int, shard_size: int = 50_000_000, link: bool = False
     ) -> Manifest:
         """Publish `src` as `version` (hashing and copying happen in a thread)."""
         t0 = time.monotonic()
-        m = await asyncio.to_thread(self.store.publish, src, version, shard_size)
+        m = await asyncio.to_thread(self.store.publish, src, version, shard_size, link)
         self.store.prune()
         self.server.notify()
         log_event(log, "published", version=version, bytes=m.total_size, shards=len(m.shards),
@@ -100,10 +100,11 @@ class Relay:
         def on_shard(index: int) -> None:
             partial.have.add(index)  # only now is the shard advertised and served
             self.server.counters["bytes_received"] += m.shards[index].size
+            self.server.notify()
 
         try:
             await self.client.fetch_shards(m, partial.writer.write, on_shard)
-            await asyncio.to_thread(partial.writer.close, True)
+            await asyncio.to_thread(partial.writer.close, self.store.fsync)
             self.store.commit_partial(version)
         except BaseException:
             self.store.abort_partial(version)

@@ -15,6 +15,7 @@ was verified and written; unknown versions and shards not held yet answer 404.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections import Counter
@@ -146,11 +147,8 @@ class ShardServer:
         while (self.store.latest() is None or self.store.latest() <= after) and (
             left := deadline - time.monotonic()
         ) > 0:
-            changed = self._changed
-            try:
-                await asyncio.wait_for(changed.wait(), timeout=min(left, self.cfg.scan_interval))
-            except TimeoutError:
-                self.store.scan()
+            with contextlib.suppress(TimeoutError):  # the scan loop or a mirror notifies
+                await asyncio.wait_for(self._changed.wait(), left)
         return web.json_response(self._listing())
 
     def _version(self, request: web.Request) -> int:
@@ -165,10 +163,23 @@ class ShardServer:
         return web.Response(body=m.to_json(), content_type="application/json")
 
     async def have(self, request: web.Request) -> web.Response:
-        v = self._version(request)
-        if v in self.store.complete:
-            return web.json_response({"complete": True, "have": None})
-        return web.json_response({"complete": False, "have": sorted(self.store.partial[v].have)})
+        """Shards held; with `known=K&wait=S`, waits up to S s until more than K are held."""
+        try:
+            known = int(request.query.get("known", "-1"))
+            wait = min(float(request.query.get("wait", "0")), 60.0)
+        except ValueError:
+            raise web.HTTPBadRequest(text="known and wait must be numbers") from None
+        deadline = time.monotonic() + wait
+        while True:
+            v = self._version(request)
+            if v in self.store.complete:
+                return web.json_response({"complete": True, "have": None})
+            have = self.store.partial[v].have
+            left = deadline - time.monotonic()
+            if len(have) > known or left <= 0:
+                return web.json_response({"complete": False, "have": sorted(have)})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
 
     async def shard(self, request: web.Request) -> web.StreamResponse:
         v, i = self._version(request), int(request.match_info["index"])

@@ -12,6 +12,9 @@ Layout under the store root (see ARCHITECTURE.md, "Shardcast"):
 A version becomes visible only by the rename of a finished directory, so a reader never sees a
 half-written version. Pruning keeps the newest `keep` versions; a version with open readers is
 hidden at once but deleted only when its last reader is done.
+
+`fsync` is off by default: a store is a cache of data that every consumer verifies shard by
+shard, so bytes lost in a crash are detected (and refetched), never used.
 """
 
 from __future__ import annotations
@@ -93,10 +96,10 @@ class Partial:
 class VersionStore:
     """Complete versions (from disk), partial mirrors (in memory + disk), readers and pruning."""
 
-    def __init__(self, root: str | Path, keep: int = 5) -> None:
+    def __init__(self, root: str | Path, keep: int = 5, fsync: bool = False) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.keep = keep
+        self.keep, self.fsync = keep, fsync
         self.complete: dict[int, Manifest] = {}
         self.partial: dict[int, Partial] = {}
         self.readers: dict[int, int] = {}
@@ -176,15 +179,18 @@ class VersionStore:
                     self._delete(version)
 
     # ---- origin: atomic publish ---------------------------------------------------------
-    def publish(self, src: str | Path, version: int, shard_size: int) -> Manifest:
-        """Copy + hash `src` into a hidden directory, then rename it into place (atomic)."""
+    def publish(
+        self, src: str | Path, version: int, shard_size: int, link: bool = False
+    ) -> Manifest:
+        """Copy (or hard-link) + hash `src` into a hidden directory, then rename it into place."""
         if self.version_dir(version).exists() or version in self.partial:
             raise StoreError(f"shardcast: version {version} already exists in {self.root}")
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=self.root))
         try:
-            m = build_manifest(src, version, shard_size, created=time.time(), copy_to=tmp / "data")
+            m = build_manifest(src, version, shard_size, time.time(), tmp / "data", link)
             (tmp / MANIFEST_NAME).write_bytes(m.to_json())
-            _fsync_tree(tmp)
+            if self.fsync:
+                _fsync_tree(tmp)
             os.rename(tmp, self.version_dir(version))  # fails if it appeared meanwhile
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -210,7 +216,7 @@ class VersionStore:
         p = self.partial[version]
         if len(p.have) != len(p.manifest.shards):
             raise StoreError(f"shardcast: version {version} is missing shards")
-        p.writer.close(sync=True)  # no-op when the caller already closed it
+        p.writer.close(sync=self.fsync)  # no-op when the caller already closed it
         os.rename(p.path, self.version_dir(version))
         del self.partial[version]
         self.complete[version] = p.manifest
