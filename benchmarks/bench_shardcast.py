@@ -114,8 +114,7 @@ def tree(work: Path, src: Path, args: argparse.Namespace) -> dict:
         for i in range(args.clients):
             clients.append(subprocess.Popen(
                 [sys.executable, "-m", "meshrl.cli", "shardcast", "fetch", "--server.urls", urls,
-                 "--version", "1", "--out", str(work / f"out{i}"), "--client.fsync", "false",
-                 "--client.poll_interval", "0.05"],
+                 "--version", "1", "--out", str(work / f"out{i}"), "--client.fsync", "false"],
                 stdout=subprocess.PIPE, stderr=open(logs[i], "wb"), env=ENV))  # noqa: SIM115
         while not all('"fetch start"' in log.read_text() for log in logs):
             time.sleep(0.05)  # every client is up and waiting for version 1

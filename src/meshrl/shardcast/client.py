@@ -230,6 +230,7 @@ class ShardcastClient:
                         f"{s.url}/v/{v}/have?known={len(s.have)}&wait={lp}",
                         lp + self.cfg.stall_timeout)
                     self._set_have(s, info)
+                    await asyncio.sleep(self.cfg.poll_interval)  # batch the next announcements
                 errors = 0
             except TransferError as e:
                 if e.status == 404:  # it dropped the version (e.g. an aborted mirror)
