@@ -192,7 +192,8 @@ class Protocol:
         )
 
     def _view(self, fn: Any) -> Any:
-        return self.backend.call(fn)
+        sender = self.account.address if self.account else self.deployment.federator
+        return self.backend.call(fn, sender)
 
     def events(self, from_block: int | None = None) -> EventCursor:
         """A cursor over token + protocol events, from the deployment block by default."""
