@@ -33,7 +33,8 @@ def revert_reason(exc: BaseException) -> str | None:
     if isinstance(exc, ContractLogicError):
         text = exc.message or str(exc)
     elif isinstance(exc, TransactionFailed):
-        text = str(exc.args[0]) if exc.args else ""
+        arg = exc.args[0] if exc.args else ""
+        text = arg.decode(errors="replace") if isinstance(arg, bytes) else str(arg)
         if "execution reverted" not in text:
             return text.strip("'\"")
     elif isinstance(exc, ValueError) and exc.args and isinstance(exc.args[0], dict):

@@ -121,11 +121,21 @@ def _deploy_one(backend: Backend, account: LocalAccount, name: str, *args: Any) 
 
 
 def deploy(
-    backend: Backend, federator: LocalAccount, params: ProtocolParams | None = None
+    backend: Backend,
+    federator: LocalAccount,
+    params: ProtocolParams | None = None,
+    token: str | None = None,
 ) -> Deployment:
-    """Deploy token + protocol with `federator` as admin, and make the protocol a minter."""
+    """Deploy token + protocol with `federator` as admin, and make the protocol a minter.
+
+    With `token`, use that existing ERC-20 instead (it must let the protocol mint rewards).
+    """
     p = params or ProtocolParams()
-    token, block = _deploy_one(backend, federator, "token", p.token_name, p.token_symbol)
+    own_token = token is None
+    if token is None:
+        token, block = _deploy_one(backend, federator, "token", p.token_name, p.token_symbol)
+    else:
+        block = backend.block_number()
     protocol, _ = _deploy_one(
         backend,
         federator,
@@ -139,7 +149,8 @@ def deploy(
         p.slash_penalty,
     )
     dep = Deployment(backend.chain_id, token, protocol, federator.address, block)
-    Protocol(backend, dep, federator).set_minter(protocol, True)
+    if own_token:
+        Protocol(backend, dep, federator).set_minter(protocol, True)
     return dep
 
 
