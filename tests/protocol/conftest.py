@@ -109,8 +109,21 @@ def build_world(backend: Backend) -> World:
     pool = F.create_pool(domain, mgr.address, RATE)
     pending = F.create_pool(domain, mgr.address, RATE)
     F.start_pool(pool)
-    w = World(backend, F, F.as_(val), F.as_(mgr), F.as_(a1), F.as_(a2), F.as_(s),
-              n1, n2, n3, domain, pool, pending)
+    w = World(
+        backend,
+        F,
+        F.as_(val),
+        F.as_(mgr),
+        F.as_(a1),
+        F.as_(a2),
+        F.as_(s),
+        n1,
+        n2,
+        n3,
+        domain,
+        pool,
+        pending,
+    )
     w.p1.register_provider(300 * TOKEN)
     w.p1.add_node(n1, 5)
     w.p1.join_pool(*w.invite(pool, n1.address, nonce=1))
@@ -135,7 +148,9 @@ def anvil_backend() -> Iterator[Backend]:
     node.stop()
 
 
-@pytest.fixture(scope="session", params=["eth-tester", pytest.param("anvil", marks=pytest.mark.anvil)])
+@pytest.fixture(
+    scope="session", params=["eth-tester", pytest.param("anvil", marks=pytest.mark.anvil)]
+)
 def base_world(request: pytest.FixtureRequest) -> World:
     if request.param == "anvil":
         backend = request.getfixturevalue("anvil_backend")

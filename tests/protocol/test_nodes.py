@@ -10,16 +10,26 @@ from meshrl.protocol.signing import sign_digest
 SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 
 
-def _proof(world: World, signer_key: bytes, provider: str, chain_id: int | None = None,
-           protocol: str | None = None) -> bytes:
-    return sign_ownership(signer_key, protocol or world.fed.contract.address,
-                          chain_id or world.backend.chain_id, provider)
+def _proof(
+    world: World,
+    signer_key: bytes,
+    provider: str,
+    chain_id: int | None = None,
+    protocol: str | None = None,
+) -> bytes:
+    return sign_ownership(
+        signer_key,
+        protocol or world.fed.contract.address,
+        chain_id or world.backend.chain_id,
+        provider,
+    )
 
 
 def test_digest_matches_contract(world: World) -> None:
     onchain = world.fed.contract.functions.ownership_digest(world.p1.address).call()
-    assert onchain == ownership_digest(world.fed.contract.address, world.backend.chain_id,
-                                       world.p1.address)
+    assert onchain == ownership_digest(
+        world.fed.contract.address, world.backend.chain_id, world.p1.address
+    )
 
 
 def test_add_node_with_node_signature(world: World) -> None:
@@ -37,12 +47,14 @@ def test_add_node_without_node_key_signature_reverts(world: World) -> None:
         "signed by another node": _proof(world, world.n3.key, p1.address),
         "signed for another provider": _proof(world, n2.key, world.p2.address),
         "signed for another chain": _proof(world, n2.key, p1.address, chain_id=1),
-        "signed for another contract": _proof(world, n2.key, p1.address,
-                                              protocol=world.fed.token.address),
+        "signed for another contract": _proof(
+            world, n2.key, p1.address, protocol=world.fed.token.address
+        ),
     }
     for sig in cases.values():
-        world.expect_revert("nodes: bad node signature",
-                            lambda s=sig: p1.add_node(n2, 1, signature=s))
+        world.expect_revert(
+            "nodes: bad node signature", lambda s=sig: p1.add_node(n2, 1, signature=s)
+        )
     assert world.fed.node(n2.address).provider == "0x" + "0" * 40
 
 

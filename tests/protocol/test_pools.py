@@ -18,7 +18,11 @@ def test_create_only_by_federator(world: World) -> None:
     pool = world.fed.create_pool(d, s.address, 7)
     info = world.fed.pool(pool)
     assert (info.domain, info.manager, info.status, info.reward_rate) == (
-        d, s.address, PoolStatus.PENDING, 7)
+        d,
+        s.address,
+        PoolStatus.PENDING,
+        7,
+    )
 
 
 def test_lifecycle(world: World) -> None:
@@ -53,26 +57,43 @@ def test_join_with_invite_by_provider_or_node(world: World) -> None:
 def test_join_refused_without_valid_invite(world: World) -> None:
     p2, n3, pool = world.p2, world.n3.address, world.pool
     now = world.backend.now()
-    world.expect_revert("pools: invite expired",
-                        lambda: p2.join_pool(*world.invite(pool, n3, expiry=now - 1)))
-    forged = sign_invite(world.stranger.account.key, world.fed.contract.address,
-                         world.backend.chain_id, world.domain, pool, n3, 1, now + 600)
-    world.expect_revert("pools: bad invite signature",
-                        lambda: p2.join_pool(pool, n3, 1, now + 600, forged))
+    world.expect_revert(
+        "pools: invite expired", lambda: p2.join_pool(*world.invite(pool, n3, expiry=now - 1))
+    )
+    forged = sign_invite(
+        world.stranger.account.key,
+        world.fed.contract.address,
+        world.backend.chain_id,
+        world.domain,
+        pool,
+        n3,
+        1,
+        now + 600,
+    )
+    world.expect_revert(
+        "pools: bad invite signature", lambda: p2.join_pool(pool, n3, 1, now + 600, forged)
+    )
     _, _, nonce, expiry, sig = world.invite(pool, world.n2.address)  # for another node
-    world.expect_revert("pools: bad invite signature",
-                        lambda: p2.join_pool(pool, n3, nonce, expiry, sig))
+    world.expect_revert(
+        "pools: bad invite signature", lambda: p2.join_pool(pool, n3, nonce, expiry, sig)
+    )
     _, _, nonce, expiry, sig = world.invite(pool, n3, nonce=1)
-    world.expect_revert("pools: bad invite signature",  # tampered nonce / expiry
-                        lambda: p2.join_pool(pool, n3, nonce + 1, expiry, sig))
-    world.expect_revert("pools: bad invite signature",
-                        lambda: p2.join_pool(pool, n3, nonce, expiry + 1, sig))
-    world.expect_revert("pools: not active", lambda: p2.join_pool(
-        *world.invite(world.pending_pool, n3)))
-    world.expect_revert("nodes: not node or provider",
-                        lambda: world.p1.join_pool(*world.invite(pool, n3)))
-    world.expect_revert("pools: unknown node",
-                        lambda: p2.join_pool(*world.invite(pool, world.n2.address)))
+    world.expect_revert(
+        "pools: bad invite signature",  # tampered nonce / expiry
+        lambda: p2.join_pool(pool, n3, nonce + 1, expiry, sig),
+    )
+    world.expect_revert(
+        "pools: bad invite signature", lambda: p2.join_pool(pool, n3, nonce, expiry + 1, sig)
+    )
+    world.expect_revert(
+        "pools: not active", lambda: p2.join_pool(*world.invite(world.pending_pool, n3))
+    )
+    world.expect_revert(
+        "nodes: not node or provider", lambda: world.p1.join_pool(*world.invite(pool, n3))
+    )
+    world.expect_revert(
+        "pools: unknown node", lambda: p2.join_pool(*world.invite(pool, world.n2.address))
+    )
     assert world.fed.node(n3).pool == 0
 
 
@@ -91,21 +112,24 @@ def test_leave_eject_blacklist(world: World) -> None:
     world.expect_revert("pools: node not in a pool", lambda: world.p2.leave_pool(world.n3.address))
     world.expect_revert("pools: not pool admin", lambda: world.stranger.eject_node(pool, n1))
     world.expect_revert("pools: not pool admin", lambda: world.p1.blacklist_node(pool, n1))
-    world.expect_revert("pools: node not in pool",
-                        lambda: world.manager.eject_node(pool, world.n3.address))
+    world.expect_revert(
+        "pools: node not in pool", lambda: world.manager.eject_node(pool, world.n3.address)
+    )
     world.manager.eject_node(pool, n1)
     assert world.fed.node(n1).pool == 0 and world.fed.pool(pool).node_count == 0
     world.p1.join_pool(*world.invite(pool, n1, nonce=2))
     r = world.manager.blacklist_node(pool, n1)
     assert [e.name for e in r.events] == ["NodeEjected", "NodeBlacklisted"]
     assert world.fed.is_blacklisted(pool, n1) and world.fed.node(n1).pool == 0
-    world.expect_revert("pools: node blacklisted",
-                        lambda: world.p1.join_pool(*world.invite(pool, n1, nonce=3)))
+    world.expect_revert(
+        "pools: node blacklisted", lambda: world.p1.join_pool(*world.invite(pool, n1, nonce=3))
+    )
 
 
 def test_completed_pool_refuses_joins(world: World) -> None:
     world.fed.complete_pool(world.pool)
-    world.expect_revert("pools: not active",
-                        lambda: world.p2.join_pool(*world.invite(world.pool, world.n3.address)))
+    world.expect_revert(
+        "pools: not active", lambda: world.p2.join_pool(*world.invite(world.pool, world.n3.address))
+    )
     world.p1.leave_pool(world.n1.address)  # leaving still works
     assert world.fed.pool(world.pool).reward_rate == RATE

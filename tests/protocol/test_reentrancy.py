@@ -32,23 +32,43 @@ def prepared():
     chain_id = backend.chain_id
 
     def act(fn):  # the evil token acts as a provider
-        backend.send(fed, {"to": addr, "data": evil.functions.execute(
-            P.contract.address, fn._encode_transaction_data())._encode_transaction_data()})
+        backend.send(
+            fed,
+            {
+                "to": addr,
+                "data": evil.functions.execute(
+                    P.contract.address, fn._encode_transaction_data()
+                )._encode_transaction_data(),
+            },
+        )
 
-    backend.send(fed, {"to": addr, "data": evil.functions.mint(addr, 10**6 * TOKEN)
-                       ._encode_transaction_data()})
-    backend.send(fed, {"to": addr, "data": evil.functions.execute(
-        addr, evil.functions.approve(P.contract.address, 2**256 - 1)._encode_transaction_data()
-    )._encode_transaction_data()})
+    backend.send(
+        fed,
+        {"to": addr, "data": evil.functions.mint(addr, 10**6 * TOKEN)._encode_transaction_data()},
+    )
+    backend.send(
+        fed,
+        {
+            "to": addr,
+            "data": evil.functions.execute(
+                addr,
+                evil.functions.approve(P.contract.address, 2**256 - 1)._encode_transaction_data(),
+            )._encode_transaction_data(),
+        },
+    )
     act(f.register_provider(1000 * TOKEN))
     act(f.add_node(node.address, 1, sign_ownership(node.key, P.contract.address, chain_id, addr)))
     domain = P.create_domain("d")
     pool = P.create_pool(domain, mgr.address, TOKEN)
     P.start_pool(pool)
     expiry = backend.now() + 10**6
-    P.as_(node).join_pool(pool, node.address, 1, expiry,
-                          sign_invite(mgr.key, P.contract.address, chain_id, domain, pool,
-                                      node.address, 1, expiry))
+    P.as_(node).join_pool(
+        pool,
+        node.address,
+        1,
+        expiry,
+        sign_invite(mgr.key, P.contract.address, chain_id, domain, pool, node.address, 1, expiry),
+    )
     for label in ("a", "b", "c"):
         act(f.submit_work(pool, node.address, file_hash(label), 10))
     act(f.request_unstake(500 * TOKEN))
@@ -65,8 +85,13 @@ def setup(prepared):
 
 def _arm(backend, P, evil, payload_fn) -> None:
     payload = payload_fn._encode_transaction_data()
-    backend.send(P.account, {"to": evil.address, "data": evil.functions.arm(
-        P.contract.address, payload)._encode_transaction_data()})
+    backend.send(
+        P.account,
+        {
+            "to": evil.address,
+            "data": evil.functions.arm(P.contract.address, payload)._encode_transaction_data(),
+        },
+    )
 
 
 def test_reentering_withdraw_is_stopped(setup) -> None:
@@ -97,7 +122,7 @@ def test_reentering_claim_is_stopped(setup) -> None:
 
 
 def test_unarmed_token_pays_normally(setup) -> None:
-    backend, P, evil, act = setup
+    _backend, P, evil, act = setup
     held = evil.functions.balanceOf(P.contract.address).call()
     act(P.contract.functions.withdraw())
     assert not evil.functions.reentered().call()

@@ -20,15 +20,20 @@ def test_register_moves_tokens_into_stake(world: World) -> None:
 def test_register_below_minimum_or_twice_reverts(world: World) -> None:
     s = world.stranger
     s.approve(s.contract.address, 10**24)
-    world.expect_revert("stake: below minimum",
-                        lambda: s.register_provider(PARAMS.min_stake - 1, approve=False))
-    world.expect_revert("stake: already registered",
-                        lambda: world.p1.register_provider(PARAMS.min_stake, approve=False))
+    world.expect_revert(
+        "stake: below minimum", lambda: s.register_provider(PARAMS.min_stake - 1, approve=False)
+    )
+    world.expect_revert(
+        "stake: already registered",
+        lambda: world.p1.register_provider(PARAMS.min_stake, approve=False),
+    )
 
 
 def test_register_without_allowance_reverts(world: World) -> None:
-    world.expect_revert("token: allowance exceeded",
-                        lambda: world.stranger.register_provider(200 * TOKEN, approve=False))
+    world.expect_revert(
+        "token: allowance exceeded",
+        lambda: world.stranger.register_provider(200 * TOKEN, approve=False),
+    )
 
 
 def test_add_stake_needs_registration(world: World) -> None:
@@ -80,8 +85,9 @@ def test_withdraw_only_after_unbonding_delay(world: World) -> None:
 def test_slash_only_by_validator(world: World) -> None:
     for who in (world.stranger, world.p2, world.fed, world.manager):
         world.expect_revert("roles: not validator", lambda w=who: w.slash(world.p1.address, TOKEN))
-    world.expect_revert("stake: not a provider",
-                        lambda: world.validator.slash(world.stranger.address, TOKEN))
+    world.expect_revert(
+        "stake: not a provider", lambda: world.validator.slash(world.stranger.address, TOKEN)
+    )
     world.validator.slash(world.p1.address, 40 * TOKEN)
     assert world.fed.provider(world.p1.address).stake == 260 * TOKEN
     assert world.fed.totals()["slashed"] == 40 * TOKEN
@@ -101,8 +107,9 @@ def test_slash_takes_stake_then_unbonding_and_caps(world: World) -> None:
 
 def test_collect_slashed_only_by_federator(world: World) -> None:
     world.validator.slash(world.p1.address, 30 * TOKEN)
-    world.expect_revert("roles: not federator",
-                        lambda: world.stranger.collect_slashed(world.stranger.address))
+    world.expect_revert(
+        "roles: not federator", lambda: world.stranger.collect_slashed(world.stranger.address)
+    )
     before = world.fed.balance(world.manager.address)
     world.fed.collect_slashed(world.manager.address)
     assert world.fed.balance(world.manager.address) == before + 30 * TOKEN

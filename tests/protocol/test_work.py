@@ -21,7 +21,12 @@ def test_submit_records_work_and_reward(world: World) -> None:
     assert r.event("WorkSubmitted").args["reward"] == 12 * RATE
     w = world.fed.work(f)
     assert (w.pool, w.node, w.provider, w.units, w.status) == (
-        world.pool, world.n1.address, world.p1.address, 12, WorkStatus.SUBMITTED)
+        world.pool,
+        world.n1.address,
+        world.p1.address,
+        12,
+        WorkStatus.SUBMITTED,
+    )
     assert w.unlock_at == w.submitted_at + LOCK
     assert world.fed.contract.functions.pool_work_units(world.pool).call() == 12
 
@@ -32,11 +37,13 @@ def test_submit_rules(world: World) -> None:
     world.expect_revert("work: duplicate file", lambda: p1.submit_work(pool, n1, f, 1))
     world.expect_revert("work: zero units", lambda: p1.submit_work(pool, n1, file_hash("z"), 0))
     world.expect_revert("work: empty hash", lambda: p1.submit_work(pool, n1, bytes(32), 1))
-    world.expect_revert("work: node not in pool",
-                        lambda: p1.submit_work(world.pending_pool, n1, file_hash("x"), 1))
+    world.expect_revert(
+        "work: node not in pool", lambda: p1.submit_work(world.pending_pool, n1, file_hash("x"), 1)
+    )
     world.fed.complete_pool(pool)
-    world.expect_revert("work: pool not active",
-                        lambda: p1.submit_work(pool, n1, file_hash("y"), 1))
+    world.expect_revert(
+        "work: pool not active", lambda: p1.submit_work(pool, n1, file_hash("y"), 1)
+    )
 
 
 def test_submit_for_someone_elses_node_reverts(world: World) -> None:
@@ -66,8 +73,9 @@ def test_claim_after_lock_once(world: World) -> None:
 def test_claim_same_item_twice_in_one_call_reverts(world: World) -> None:
     f, g = _submit(world, "d1"), _submit(world, "d2")
     world.backend.advance_time(LOCK + 1)
-    world.expect_revert("work: already claimed", lambda: world.p1.claim([f, g, f]),
-                        check_funds=True)
+    world.expect_revert(
+        "work: already claimed", lambda: world.p1.claim([f, g, f]), check_funds=True
+    )
     world.p1.claim([f, g])
     assert world.fed.totals()["claimed"] == 20 * RATE
 
@@ -110,14 +118,19 @@ def test_hard_invalidate_slashes_ejects_and_wipes_locked_rewards(world: World) -
 def test_invalidation_rules(world: World) -> None:
     f = _submit(world, "i")
     for who in (world.stranger, world.fed, world.manager, world.p1):
-        world.expect_revert("roles: not validator", lambda w=who: w.hard_invalidate(f),
-                            check_funds=True)
+        world.expect_revert(
+            "roles: not validator", lambda w=who: w.hard_invalidate(f), check_funds=True
+        )
         world.expect_revert("roles: not validator", lambda w=who: w.soft_invalidate(f))
-    world.expect_revert("work: unknown work",
-                        lambda: world.validator.hard_invalidate(file_hash("nope")))
+    world.expect_revert(
+        "work: unknown work", lambda: world.validator.hard_invalidate(file_hash("nope"))
+    )
     world.backend.advance_time(WINDOW + 1)
-    world.expect_revert("work: invalidation window closed",
-                        lambda: world.validator.hard_invalidate(f), check_funds=True)
+    world.expect_revert(
+        "work: invalidation window closed",
+        lambda: world.validator.hard_invalidate(f),
+        check_funds=True,
+    )
     g = _submit(world, "j")
     world.validator.soft_invalidate(g)
     world.expect_revert("work: not pending", lambda: world.validator.hard_invalidate(g))
@@ -131,7 +144,8 @@ def test_reward_rate_applies_to_new_work(world: World) -> None:
 
 
 def test_work_params(world: World) -> None:
-    world.expect_revert("work: lock shorter than window",
-                        lambda: world.fed.set_work_params(100, 99, TOKEN))
+    world.expect_revert(
+        "work: lock shorter than window", lambda: world.fed.set_work_params(100, 99, TOKEN)
+    )
     world.fed.set_work_params(100, 100, TOKEN)
     assert world.fed.contract.functions.lock_period().call() == 100

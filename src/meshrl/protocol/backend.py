@@ -16,6 +16,7 @@ from typing import Any
 
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
+from web3.exceptions import TimeExhausted
 from web3.types import TxReceipt
 
 from meshrl.protocol.errors import ChainError, TxReverted
@@ -36,11 +37,13 @@ def revert_reason(exc: BaseException) -> str | None:
         arg = exc.args[0] if exc.args else ""
         text = arg.decode(errors="replace") if isinstance(arg, bytes) else str(arg)
         if "execution reverted" not in text:
-            return text.strip("'\"")
+            return "out of gas" if "out of gas" in text.lower() else text.strip("'\"")
     elif isinstance(exc, ValueError) and exc.args and isinstance(exc.args[0], dict):
         text = str(exc.args[0].get("message", ""))
     else:
         text = str(exc)
+    if "out of gas" in text.lower():
+        return "out of gas"
     m = _REASON.search(text)
     if m is None:
         return None
@@ -90,9 +93,15 @@ class Backend:
         tx_hash = self._call_guarded(
             lambda: self.w3.eth.send_raw_transaction(signed.raw_transaction)
         )
-        receipt = self.w3.eth.wait_for_transaction_receipt(
-            tx_hash, timeout=self.receipt_timeout, poll_latency=0.05
-        )
+        try:
+            receipt = self.w3.eth.wait_for_transaction_receipt(
+                tx_hash, timeout=self.receipt_timeout, poll_latency=0.05
+            )
+        except TimeExhausted:
+            # e.g. a node that accepted, then dropped, a tx below the intrinsic gas floor
+            raise ChainError(
+                f"tx 0x{bytes(tx_hash).hex()} not mined after {self.receipt_timeout}s"
+            ) from None
         if receipt["status"] != 1:
             tx_hex = "0x" + bytes(receipt["transactionHash"]).hex()
             raise TxReverted(self._replay_reason(tx, receipt), tx_hash=tx_hex)
