@@ -4,11 +4,32 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from meshrl.config import Config
 
-__all__ = ["ChainConfig", "ProtocolParams"]
+__all__ = ["ChainConfig", "ProtocolParams", "hex_address", "hex_key"]
+
+
+def hex_key(value: object) -> object:
+    """A key typed on the command line arrives as a TOML hex integer: make it text again."""
+    return f"0x{value:064x}" if isinstance(value, int) else value
+
+
+def hex_address(value: object) -> object:
+    """A checksummed address; one typed on the command line arrives as a TOML hex integer."""
+    if isinstance(value, list):
+        return [hex_address(v) for v in value]
+    if isinstance(value, int):
+        value = f"0x{value:040x}"
+    if not isinstance(value, str) or value == "":
+        return value
+    from eth_utils import is_address, to_checksum_address
+
+    if not is_address(value):
+        raise ValueError(f"not an address: {value!r}")
+    return to_checksum_address(value)
+
 
 TOKEN = 10**18
 
@@ -33,3 +54,5 @@ class ChainConfig(Config):
     rpc_url: str = Field("http://127.0.0.1:8545", description="JSON-RPC endpoint")
     deployment: str = Field("runs/chain/deployment.json", description="contract addresses file")
     private_key: str = Field("", description="hex key that signs transactions (empty: none)")
+
+    _key = field_validator("private_key", mode="before")(hex_key)
