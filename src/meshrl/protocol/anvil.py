@@ -9,7 +9,9 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
+from typing import IO
 
 from meshrl.protocol.backend import RpcBackend
 from meshrl.protocol.errors import ChainError
@@ -54,6 +56,7 @@ class AnvilNode:
         self.chain_id = chain_id
         self.state_file = state_file
         self.proc: subprocess.Popen[bytes] | None = None
+        self._stderr: IO[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -72,7 +75,9 @@ class AnvilNode:
         ]
         if self.state_file:
             cmd += ["--state", self.state_file]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # stderr goes to a file, not a pipe nobody drains (a full pipe would stall anvil)
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._stderr)
         backend = RpcBackend(self.url)
         try:
             backend.wait_ready(timeout)
@@ -82,12 +87,12 @@ class AnvilNode:
         return backend
 
     def _stop_and_read_stderr(self) -> str:
-        if self.proc is None:
-            return ""
-        self.proc.kill()
-        _, err = self.proc.communicate(timeout=5)
-        self.proc = None
-        return (err or b"").decode(errors="replace")[-500:]
+        err = b""
+        if self._stderr is not None:
+            self._stderr.seek(0)
+            err = self._stderr.read()
+        self.stop()
+        return err.decode(errors="replace")[-500:]
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -98,6 +103,9 @@ class AnvilNode:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
 
     def __enter__(self) -> RpcBackend:
         return self.start()
