@@ -20,6 +20,7 @@ __all__ = ["add_config_command", "main"]
 SUBSYSTEMS = [
     "meshrl.model.cli",
     "meshrl.shardcast.cli",
+    "meshrl.protocol.cli",
 ]
 
 
