@@ -113,3 +113,23 @@ def test_public_api() -> None:
         "EventCursor",
         "sign_invite",
     } <= set(protocol.__all__)
+
+
+def test_missing_anvil_is_reported(tmp_path) -> None:
+    from meshrl.protocol.anvil import AnvilNode, find_anvil
+
+    assert find_anvil(str(tmp_path / "no-anvil")) is None
+    with pytest.raises(ChainError, match="anvil not found"):
+        AnvilNode(str(tmp_path / "no-anvil"))
+
+
+def test_cli_help_does_not_import_web3() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, meshrl.cli as c; c.build_parser(); "
+        "print(any(m.split('.')[0] in ('web3', 'eth_tester', 'vyper') for m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
