@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import TOKEN, key
 
 from meshrl.cli import main
 from meshrl.protocol import Deployment
 from meshrl.protocol.anvil import _free_port
 from meshrl.protocol.local import ANVIL_DEV_KEY, to_base_units
+
+from .helpers import TOKEN, key
 
 pytestmark = pytest.mark.anvil
 

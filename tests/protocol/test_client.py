@@ -6,10 +6,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import TOKEN, World, file_hash
 
 import meshrl.protocol as protocol
 from meshrl.protocol import ChainError, Deployment, Protocol, RpcBackend, TxReverted
+
+from .helpers import TOKEN, World, file_hash
 
 
 def test_revert_caught_before_sending(world: World) -> None:

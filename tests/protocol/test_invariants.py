@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 
-from conftest import PARAMS, TOKEN, World, file_hash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshrl.protocol import TxReverted
+
+from .helpers import PARAMS, TOKEN, World, file_hash
 
 AMOUNT = st.integers(min_value=0, max_value=400).map(lambda x: x * TOKEN)
 ACTION = st.one_of(

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from conftest import TOKEN, World, key
-
 from meshrl.protocol import ownership_digest, sign_ownership
 from meshrl.protocol.signing import sign_digest
+
+from .helpers import TOKEN, World, key
 
 SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 

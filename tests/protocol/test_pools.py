@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from conftest import RATE, World
-
 from meshrl.protocol import PoolStatus, invite_digest, sign_invite
+
+from .helpers import RATE, World
 
 
 def test_create_only_by_federator(world: World) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import PARAMS, TOKEN, World, key
+from .helpers import PARAMS, TOKEN, World, key
 
 
 def test_register_moves_tokens_into_stake(world: World) -> None:
