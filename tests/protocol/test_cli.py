@@ -71,6 +71,8 @@ def test_chain_commands(anvil_backend, tmp_path, capsys) -> None:
 
     rc, _, err = _run(capsys, "chain", "register", *as_provider, "--tokens", "10")
     assert rc == 1 and "stake: already registered" in err
+    rc, _, err = _run(capsys, "chain", "status", *common, "--chain.chain_id", "84532")
+    assert rc == 1 and "is chain 31337, expected 84532" in err
     rc, _, err = _run(
         capsys,
         "chain",
