@@ -10,9 +10,10 @@ from eth_account.signers.local import LocalAccount
 
 from meshrl.protocol.anvil import AnvilNode
 from meshrl.protocol.backend import Backend, EthTesterBackend, RpcBackend
-from meshrl.protocol.chain import Deployment, Protocol, deploy
+from meshrl.protocol.chain import Protocol, deploy
 from meshrl.protocol.config import ChainConfig, ProtocolParams
 from meshrl.protocol.errors import ChainError
+from meshrl.protocol.records import Deployment
 
 __all__ = [
     "ANVIL_DEV_KEY",
