@@ -25,6 +25,11 @@ def test_create_only_by_federator(world: World) -> None:
     )
 
 
+def test_find_domain_by_name(world: World) -> None:
+    assert world.fed.find_domain("math") == world.domain
+    assert world.fed.find_domain("nope") is None
+
+
 def test_lifecycle(world: World) -> None:
     pid = world.pending_pool
     world.expect_revert("pools: not pool admin", lambda: world.stranger.start_pool(pid))

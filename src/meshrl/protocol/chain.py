@@ -225,6 +225,14 @@ class Protocol:
             .args["domain"]
         )
 
+    def find_domain(self, name: str) -> int | None:
+        """The id of the first domain called `name`, or None (reads views, no log scan)."""
+        f = self.contract.functions
+        for domain in range(1, self._view(f.domain_count()) + 1):
+            if self._view(f.domain_names(domain)) == name:
+                return domain
+        return None
+
     def create_pool(self, domain: int, manager: str, reward_rate: int) -> int:
         r = self._send(self.contract.functions.create_pool(domain, manager, reward_rate))
         return r.event("PoolCreated").args["pool"]

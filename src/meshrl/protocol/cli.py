@@ -174,14 +174,7 @@ def _create_pool(cfg: PoolConfig) -> int:
     from meshrl.protocol.local import open_protocol, to_base_units
 
     p = open_protocol(cfg.chain)
-    domain = next(
-        (
-            e.args["domain"]
-            for e in p.events().poll()
-            if e.name == "DomainCreated" and e.args["name"] == cfg.domain
-        ),
-        None,
-    )
+    domain = p.find_domain(cfg.domain)
     if domain is None:
         domain = p.create_domain(cfg.domain)
     pool = p.create_pool(domain, cfg.manager or p.address, to_base_units(cfg.reward_rate))
