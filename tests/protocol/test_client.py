@@ -134,3 +134,27 @@ def test_cli_help_does_not_import_web3() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_full_lifecycle_seen_through_the_cursor(world: World) -> None:
+    cursor = world.fed.events(from_block=world.backend.block_number() + 1)
+    s = world.stranger
+    s.register_provider(200 * TOKEN)
+    s.add_node(world.n2, 2)
+    s.join_pool(*world.invite(world.pool, world.n2.address, nonce=77))
+    f = file_hash("life")
+    s.submit_work(world.pool, world.n2.address, f, 8)
+    world.backend.advance_time(world.fed.contract.functions.lock_period().call() + 1)
+    s.claim([f])
+    s.leave_pool(world.n2.address)
+    s.remove_node(world.n2.address)
+    s.request_unstake(200 * TOKEN)
+    world.backend.advance_time(world.fed.contract.functions.unbonding_delay().call() + 1)
+    s.withdraw()
+    names = [e.name for e in cursor.poll() if e.name not in ("Approval",)]
+    assert names == [
+        "Transfer", "ProviderRegistered", "NodeAdded", "NodeJoined", "WorkSubmitted",
+        "RewardsClaimed", "Transfer", "NodeLeft", "NodeRemoved", "UnstakeRequested",
+        "Transfer", "Withdrawn",
+    ]  # fmt: skip
+    assert world.fed.provider(s.address).stake == 0
