@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import TOKEN, key
 
 from meshrl.cli import main
 from meshrl.protocol import Deployment
 from meshrl.protocol.anvil import _free_port
 from meshrl.protocol.local import ANVIL_DEV_KEY, to_base_units
+
+from .helpers import TOKEN, key
 
 pytestmark = pytest.mark.anvil
 
@@ -70,6 +71,8 @@ def test_chain_commands(anvil_backend, tmp_path, capsys) -> None:
 
     rc, _, err = _run(capsys, "chain", "register", *as_provider, "--tokens", "10")
     assert rc == 1 and "stake: already registered" in err
+    rc, _, err = _run(capsys, "chain", "status", *common, "--chain.chain_id", "84532")
+    assert rc == 1 and "is chain 31337, expected 84532" in err
     rc, _, err = _run(
         capsys,
         "chain",

@@ -6,10 +6,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import TOKEN, World, file_hash
 
 import meshrl.protocol as protocol
 from meshrl.protocol import ChainError, Deployment, Protocol, RpcBackend, TxReverted
+
+from .helpers import TOKEN, World, file_hash
 
 
 def test_revert_caught_before_sending(world: World) -> None:
@@ -113,3 +114,47 @@ def test_public_api() -> None:
         "EventCursor",
         "sign_invite",
     } <= set(protocol.__all__)
+
+
+def test_missing_anvil_is_reported(tmp_path) -> None:
+    from meshrl.protocol.anvil import AnvilNode, find_anvil
+
+    assert find_anvil(str(tmp_path / "no-anvil")) is None
+    with pytest.raises(ChainError, match="anvil not found"):
+        AnvilNode(str(tmp_path / "no-anvil"))
+
+
+def test_cli_help_does_not_import_web3() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, meshrl.cli as c; c.build_parser(); "
+        "print(any(m.split('.')[0] in ('web3', 'eth_tester', 'vyper') for m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_full_lifecycle_seen_through_the_cursor(world: World) -> None:
+    cursor = world.fed.events(from_block=world.backend.block_number() + 1)
+    s = world.stranger
+    s.register_provider(200 * TOKEN)
+    s.add_node(world.n2, 2)
+    s.join_pool(*world.invite(world.pool, world.n2.address, nonce=77))
+    f = file_hash("life")
+    s.submit_work(world.pool, world.n2.address, f, 8)
+    world.backend.advance_time(world.fed.contract.functions.lock_period().call() + 1)
+    s.claim([f])
+    s.leave_pool(world.n2.address)
+    s.remove_node(world.n2.address)
+    s.request_unstake(200 * TOKEN)
+    world.backend.advance_time(world.fed.contract.functions.unbonding_delay().call() + 1)
+    s.withdraw()
+    names = [e.name for e in cursor.poll() if e.name not in ("Approval",)]
+    assert names == [
+        "Transfer", "ProviderRegistered", "NodeAdded", "NodeJoined", "WorkSubmitted",
+        "RewardsClaimed", "Transfer", "NodeLeft", "NodeRemoved", "UnstakeRequested",
+        "Transfer", "Withdrawn",
+    ]  # fmt: skip
+    assert world.fed.provider(s.address).stake == 0

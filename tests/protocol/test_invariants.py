@@ -10,14 +10,22 @@ from __future__ import annotations
 
 import contextlib
 
-from conftest import PARAMS, TOKEN, World, file_hash
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from meshrl.protocol import TxReverted
 
-AMOUNT = st.integers(min_value=0, max_value=400).map(lambda x: x * TOKEN)
+from .helpers import PARAMS, TOKEN, World, file_hash
+
+AMOUNT = st.sampled_from([0, 1, 50, 150, 250, 400]).map(lambda x: x * TOKEN)
+STAKE_MOVES = st.one_of(
+    st.tuples(st.just("unstake"), st.integers(0, 2), AMOUNT),
+    st.tuples(st.just("slash"), st.integers(0, 2), AMOUNT),
+)
 ACTION = st.one_of(
+    STAKE_MOVES,
+    STAKE_MOVES,
+    STAKE_MOVES,
     st.tuples(st.just("register"), st.integers(0, 2), AMOUNT),
     st.tuples(st.just("add_stake"), st.integers(0, 2), AMOUNT),
     st.tuples(st.just("unstake"), st.integers(0, 2), AMOUNT),
@@ -81,9 +89,11 @@ def _check(w: World, supply0: int) -> None:
 
 
 @settings(
-    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(actions=st.lists(ACTION, min_size=1, max_size=10))
+@example(actions=[("unstake", 0, 150 * TOKEN), ("slash", 0, 400 * TOKEN), ("withdraw", 0)])
+@example(actions=[("submit", 5), ("advance", PARAMS.lock_period), ("claim",), ("claim",)])
 def test_books_balance_after_any_actions(tester_world: World, actions: list) -> None:
     w = tester_world
     snap = w.backend.snapshot()

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from conftest import TOKEN, World, key
-
 from meshrl.protocol import ownership_digest, sign_ownership
 from meshrl.protocol.signing import sign_digest
+
+from .helpers import TOKEN, World, key
 
 SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 
@@ -51,9 +51,11 @@ def test_add_node_without_node_key_signature_reverts(world: World) -> None:
             world, n2.key, p1.address, protocol=world.fed.token.address
         ),
     }
-    for sig in cases.values():
+    for i, sig in enumerate(cases.values()):
         world.expect_revert(
-            "nodes: bad node signature", lambda s=sig: p1.add_node(n2, 1, signature=s)
+            "nodes: bad node signature",
+            lambda s=sig: p1.add_node(n2, 1, signature=s),
+            check_funds=i == 0,
         )
     assert world.fed.node(n2.address).provider == "0x" + "0" * 40
 

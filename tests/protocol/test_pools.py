@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from conftest import RATE, World
-
 from meshrl.protocol import PoolStatus, invite_digest, sign_invite
+
+from .helpers import RATE, World
 
 
 def test_create_only_by_federator(world: World) -> None:
@@ -23,6 +23,11 @@ def test_create_only_by_federator(world: World) -> None:
         PoolStatus.PENDING,
         7,
     )
+
+
+def test_find_domain_by_name(world: World) -> None:
+    assert world.fed.find_domain("math") == world.domain
+    assert world.fed.find_domain("nope") is None
 
 
 def test_lifecycle(world: World) -> None:
@@ -58,7 +63,9 @@ def test_join_refused_without_valid_invite(world: World) -> None:
     p2, n3, pool = world.p2, world.n3.address, world.pool
     now = world.backend.now()
     world.expect_revert(
-        "pools: invite expired", lambda: p2.join_pool(*world.invite(pool, n3, expiry=now - 1))
+        "pools: invite expired",
+        lambda: p2.join_pool(*world.invite(pool, n3, expiry=now - 1)),
+        check_funds=True,
     )
     forged = sign_invite(
         world.stranger.account.key,
@@ -71,7 +78,9 @@ def test_join_refused_without_valid_invite(world: World) -> None:
         now + 600,
     )
     world.expect_revert(
-        "pools: bad invite signature", lambda: p2.join_pool(pool, n3, 1, now + 600, forged)
+        "pools: bad invite signature",
+        lambda: p2.join_pool(pool, n3, 1, now + 600, forged),
+        check_funds=True,
     )
     _, _, nonce, expiry, sig = world.invite(pool, world.n2.address)  # for another node
     world.expect_revert(
@@ -102,7 +111,7 @@ def test_invite_is_single_use(world: World) -> None:
     world.p2.join_pool(*invite)
     world.expect_revert("pools: node already in a pool", lambda: world.p2.join_pool(*invite))
     world.p2.leave_pool(world.n3.address)
-    world.expect_revert("pools: invite used", lambda: world.p2.join_pool(*invite))
+    world.expect_revert("pools: invite used", lambda: world.p2.join_pool(*invite), check_funds=True)
     world.p2.join_pool(*world.invite(world.pool, world.n3.address, nonce=10))
 
 

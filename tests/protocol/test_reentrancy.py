@@ -7,11 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import PARAMS, TOKEN, file_hash, key
 
 from meshrl.protocol import EthTesterBackend, Protocol, deploy
 from meshrl.protocol.artifacts import compile_contract
 from meshrl.protocol.signing import sign_invite, sign_ownership
+
+from .helpers import PARAMS, TOKEN, file_hash, key
 
 EVIL = Path(__file__).parent / "contracts" / "evil_token.vy"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import PARAMS, TOKEN, World, key
+from .helpers import PARAMS, TOKEN, World, key
 
 
 def test_register_moves_tokens_into_stake(world: World) -> None:
@@ -70,9 +70,9 @@ def test_withdraw_only_after_unbonding_delay(world: World) -> None:
     world.p2.remove_node(world.n3.address)
     world.expect_revert("stake: nothing unbonding", p2.withdraw)
     p2.request_unstake(200 * TOKEN)
-    world.expect_revert("stake: still unbonding", p2.withdraw)
+    world.expect_revert("stake: still unbonding", p2.withdraw, check_funds=True)
     world.backend.advance_time(PARAMS.unbonding_delay - 60)
-    world.expect_revert("stake: still unbonding", p2.withdraw)
+    world.expect_revert("stake: still unbonding", p2.withdraw, check_funds=True)
     world.backend.advance_time(120)
     before = world.funds()
     p2.withdraw()
@@ -84,7 +84,9 @@ def test_withdraw_only_after_unbonding_delay(world: World) -> None:
 
 def test_slash_only_by_validator(world: World) -> None:
     for who in (world.stranger, world.p2, world.fed, world.manager):
-        world.expect_revert("roles: not validator", lambda w=who: w.slash(world.p1.address, TOKEN))
+        world.expect_revert(
+            "roles: not validator", lambda w=who: w.slash(world.p1.address, TOKEN), check_funds=True
+        )
     world.expect_revert(
         "stake: not a provider", lambda: world.validator.slash(world.stranger.address, TOKEN)
     )

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from conftest import PARAMS, RATE, TOKEN, World, file_hash
-
 from meshrl.protocol import WorkStatus
+
+from .helpers import PARAMS, RATE, TOKEN, World, file_hash
 
 LOCK, WINDOW = PARAMS.lock_period, PARAMS.invalidation_window
 

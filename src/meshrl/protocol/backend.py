@@ -128,15 +128,17 @@ class Backend:
             raise TxReverted(reason) from None
 
     def _replay_reason(self, tx: dict[str, Any], receipt: TxReceipt) -> str:
+        # A REVERT hands back unused gas; an exceptional halt (out of gas, EIP-2200's SSTORE
+        # sentry, ...) burns it all.
+        if receipt["gasUsed"] >= tx["gas"]:
+            return "out of gas"
         call = {k: tx[k] for k in ("from", "to", "data", "value") if k in tx}
         call["gas"] = tx["gas"]
         try:
-            self.w3.eth.call(call, block_identifier=receipt["blockNumber"] - 1)
+            self.w3.eth.call(call, block_identifier=receipt["blockNumber"] - 1)  # type: ignore[arg-type]
         except Exception as e:
-            reason = revert_reason(e)
-            if reason:
-                return reason
-        return "out of gas" if receipt["gasUsed"] >= tx["gas"] else ""
+            return revert_reason(e) or ""
+        return ""
 
     # chain controls (local chains only)
     def advance_time(self, seconds: int) -> None:

@@ -3,9 +3,6 @@ state and events. Every transaction is signed locally; every revert raises `TxRe
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from eth_account.signers.local import LocalAccount
@@ -13,104 +10,18 @@ from eth_account.signers.local import LocalAccount
 from meshrl.protocol.artifacts import load_artifact
 from meshrl.protocol.backend import Backend
 from meshrl.protocol.config import ProtocolParams
-from meshrl.protocol.events import Event, EventCursor, EventDecoder
+from meshrl.protocol.events import EventCursor, EventDecoder
+from meshrl.protocol.records import (
+    Deployment,
+    NodeInfo,
+    PoolInfo,
+    ProviderInfo,
+    Receipt,
+    WorkInfo,
+)
 from meshrl.protocol.signing import sign_invite, sign_ownership
 
-__all__ = [
-    "Deployment",
-    "NodeInfo",
-    "PoolInfo",
-    "PoolStatus",
-    "Protocol",
-    "ProviderInfo",
-    "Receipt",
-    "WorkInfo",
-    "WorkStatus",
-    "deploy",
-]
-
-
-class PoolStatus:
-    NONE, PENDING, ACTIVE, COMPLETED = 0, 1, 2, 3
-
-
-class WorkStatus:
-    NONE, SUBMITTED, SOFT_INVALIDATED, HARD_INVALIDATED, CLAIMED = 0, 1, 2, 3, 4
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """Where the contracts live; written to a JSON file that every role reads."""
-
-    chain_id: int
-    token: str
-    protocol: str
-    federator: str
-    block: int
-
-    def save(self, path: str | Path) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1) + "\n")
-        tmp.replace(path)
-
-    @classmethod
-    def load(cls, path: str | Path) -> Deployment:
-        return cls(**json.loads(Path(path).read_text()))
-
-
-@dataclass(frozen=True)
-class Receipt:
-    tx_hash: str
-    block: int
-    gas_used: int
-    events: list[Event]
-
-    def event(self, name: str) -> Event:
-        """The first event called `name` (KeyError if none)."""
-        for e in self.events:
-            if e.name == name:
-                return e
-        raise KeyError(f"no {name} event in tx {self.tx_hash}")
-
-
-@dataclass(frozen=True)
-class ProviderInfo:
-    registered: bool
-    stake: int
-    unbonding: int
-    unlock_at: int
-    compute_units: int
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    provider: str
-    compute_units: int
-    pool: int
-
-
-@dataclass(frozen=True)
-class PoolInfo:
-    domain: int
-    manager: str
-    status: int
-    reward_rate: int
-    node_count: int
-
-
-@dataclass(frozen=True)
-class WorkInfo:
-    pool: int
-    node: str
-    provider: str
-    units: int
-    reward: int
-    submitted_at: int
-    unlock_at: int
-    generation: int
-    status: int
+__all__ = ["Protocol", "deploy"]
 
 
 def _deploy_one(backend: Backend, account: LocalAccount, name: str, *args: Any) -> Any:
@@ -181,20 +92,21 @@ class Protocol:
         other.account = account
         return other
 
-    @property
-    def address(self) -> str:
+    def _signer(self) -> LocalAccount:
         if self.account is None:
             raise ValueError("this client has no signing account")
-        return self.account.address
+        return self.account
+
+    @property
+    def address(self) -> str:
+        return self._signer().address
 
     # plumbing
     def _send(self, fn: Any, gas: int | None = None) -> Receipt:
         tx: dict[str, Any] = {"to": fn.address, "data": fn._encode_transaction_data()}
         if gas is not None:
             tx["gas"] = gas
-        if self.account is None:
-            raise ValueError("this client has no signing account")
-        r = self.backend.send(self.account, tx)
+        r = self.backend.send(self._signer(), tx)
         return Receipt(
             "0x" + bytes(r["transactionHash"]).hex(),
             int(r["blockNumber"]),
@@ -313,6 +225,14 @@ class Protocol:
             .args["domain"]
         )
 
+    def find_domain(self, name: str) -> int | None:
+        """The id of the first domain called `name`, or None (reads views, no log scan)."""
+        f = self.contract.functions
+        for domain in range(1, self._view(f.domain_count()) + 1):
+            if self._view(f.domain_names(domain)) == name:
+                return domain
+        return None
+
     def create_pool(self, domain: int, manager: str, reward_rate: int) -> int:
         r = self._send(self.contract.functions.create_pool(domain, manager, reward_rate))
         return r.event("PoolCreated").args["pool"]
@@ -330,7 +250,7 @@ class Protocol:
         """An invite for `node`, signed by this client's account (the pool manager)."""
         info = self.pool(pool)
         return sign_invite(
-            self.account.key,
+            self._signer().key,
             self.contract.address,
             self.backend.chain_id,
             info.domain,

@@ -81,6 +81,7 @@ def _handled(name: str, fn: Callable[[Any], int]) -> Callable[[Any], int]:
 
 
 def _node(cfg: NodeConfig) -> int:
+    import signal
     import time
 
     from meshrl.log import get_logger, log_event
@@ -100,6 +101,8 @@ def _node(cfg: NodeConfig) -> int:
     )
     _print({"url": node.url, **dep.__dict__})
     start = time.monotonic()
+    # SIGTERM (e.g. from a supervisor) must stop anvil too: turn it into a normal exit.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         while node.proc is not None and node.proc.poll() is None:
             if cfg.run_seconds and time.monotonic() - start >= cfg.run_seconds:
@@ -174,14 +177,7 @@ def _create_pool(cfg: PoolConfig) -> int:
     from meshrl.protocol.local import open_protocol, to_base_units
 
     p = open_protocol(cfg.chain)
-    domain = next(
-        (
-            e.args["domain"]
-            for e in p.events().poll()
-            if e.name == "DomainCreated" and e.args["name"] == cfg.domain
-        ),
-        None,
-    )
+    domain = p.find_domain(cfg.domain)
     if domain is None:
         domain = p.create_domain(cfg.domain)
     pool = p.create_pool(domain, cfg.manager or p.address, to_base_units(cfg.reward_rate))

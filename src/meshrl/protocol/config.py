@@ -54,5 +54,6 @@ class ChainConfig(Config):
     rpc_url: str = Field("http://127.0.0.1:8545", description="JSON-RPC endpoint")
     deployment: str = Field("runs/chain/deployment.json", description="contract addresses file")
     private_key: str = Field("", description="hex key that signs transactions (empty: none)")
+    chain_id: int = Field(0, description="refuse a node on another chain (84532: Base Sepolia)")
 
     _key = field_validator("private_key", mode="before")(hex_key)

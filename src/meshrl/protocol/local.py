@@ -10,9 +10,10 @@ from eth_account.signers.local import LocalAccount
 
 from meshrl.protocol.anvil import AnvilNode
 from meshrl.protocol.backend import Backend, EthTesterBackend, RpcBackend
-from meshrl.protocol.chain import Deployment, Protocol, deploy
+from meshrl.protocol.chain import Protocol, deploy
 from meshrl.protocol.config import ChainConfig, ProtocolParams
 from meshrl.protocol.errors import ChainError
+from meshrl.protocol.records import Deployment
 
 __all__ = [
     "ANVIL_DEV_KEY",
@@ -33,10 +34,14 @@ def to_base_units(tokens: Decimal | float | str, decimals: int = 18) -> int:
 
 
 def connect(cfg: ChainConfig) -> Backend:
+    """The backend `cfg` names; with `cfg.chain_id` set, a node on another chain is refused."""
     if cfg.backend == "eth-tester":
-        return EthTesterBackend()
-    backend = RpcBackend(cfg.rpc_url)
-    backend.wait_ready(timeout=5.0)
+        backend: Backend = EthTesterBackend()
+    else:
+        backend = RpcBackend(cfg.rpc_url)
+        backend.wait_ready(timeout=5.0)
+    if cfg.chain_id and backend.chain_id != cfg.chain_id:
+        raise ChainError(f"{cfg.rpc_url} is chain {backend.chain_id}, expected {cfg.chain_id}")
     return backend
 
 
