@@ -64,7 +64,8 @@ def _fetch(cfg: FetchConfig) -> int:
     import json
     import sys
 
-    from meshrl.shardcast.client import ShardcastClient, ShardcastError
+    from meshrl.shardcast.client import ShardcastClient
+    from meshrl.shardcast.errors import ShardcastError
 
     if not cfg.out:
         print("meshrl shardcast fetch: --out is required", file=sys.stderr)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
 import shutil
 import time
 import uuid
@@ -26,9 +25,14 @@ import aiohttp
 
 from meshrl.log import get_logger, log_event
 from meshrl.shardcast.config import ClientConfig
-from meshrl.shardcast.manifest import Manifest, ManifestError, sha256_file
+from meshrl.shardcast.errors import (
+    OutputWriteError,
+    ShardUnavailableError,
+    VersionNotFoundError,
+)
+from meshrl.shardcast.manifest import Manifest, ManifestError
 from meshrl.shardcast.pool import ServerPool, ServerState
-from meshrl.shardcast.store import ShardWriter, file_paths
+from meshrl.shardcast.store import ShardWriter, file_paths, place_output, verify_files
 from meshrl.shardcast.transport import (
     AiohttpTransport,
     RawHttpTransport,
@@ -37,32 +41,9 @@ from meshrl.shardcast.transport import (
     TransferError,
 )
 
-__all__ = [
-    "FetchResult",
-    "OutputWriteError",
-    "ShardUnavailableError",
-    "ShardcastClient",
-    "ShardcastError",
-    "VersionNotFoundError",
-]
+__all__ = ["FetchResult", "ShardcastClient"]
 
 log = get_logger("meshrl.shardcast.client")
-
-
-class ShardcastError(RuntimeError):
-    """A fetch that cannot complete."""
-
-
-class VersionNotFoundError(ShardcastError):
-    """The version did not appear on any server in time (or was already pruned everywhere)."""
-
-
-class ShardUnavailableError(ShardcastError):
-    """A shard failed on every server `max_attempts` times."""
-
-
-class OutputWriteError(ShardcastError):
-    """The output cannot be written (disk full, file too large, no permission)."""
 
 
 @dataclass
@@ -367,8 +348,8 @@ class ShardcastClient:
             try:
                 writer.close(sync=self.cfg.fsync)
                 if self.cfg.verify_files:
-                    await asyncio.to_thread(_verify_files, m, writer.paths)
-                _replace(tmp, out)
+                    await asyncio.to_thread(verify_files, m, writer.paths)
+                place_output(tmp, out)
             except OSError as e:
                 raise OutputWriteError(f"shardcast: cannot write {out}: {e}") from e
         finally:
@@ -411,20 +392,3 @@ class ShardcastClient:
 
 def _sha256(data: memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _verify_files(m: Manifest, paths: list[Path]) -> None:
-    for entry, path in zip(m.files, paths, strict=True):
-        if sha256_file(path) != entry.sha256:
-            raise ShardcastError(f"shardcast: {entry.name} does not match its sha256")
-
-
-def _replace(tmp: Path, out: Path) -> None:
-    """Move the finished `tmp` to `out`; an existing `out` is replaced only now."""
-    if tmp.is_dir() and out.exists():
-        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(out, old)
-        os.rename(tmp, out)
-        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
-    else:
-        os.replace(tmp, out)

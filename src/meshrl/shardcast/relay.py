@@ -17,8 +17,9 @@ from pathlib import Path
 import aiohttp
 
 from meshrl.log import get_logger, log_event
-from meshrl.shardcast.client import ShardcastClient, ShardcastError
+from meshrl.shardcast.client import ShardcastClient
 from meshrl.shardcast.config import OriginConfig, RelayConfig
+from meshrl.shardcast.errors import ShardcastError
 from meshrl.shardcast.manifest import Manifest
 from meshrl.shardcast.server import ShardServer
 from meshrl.shardcast.store import VersionStore
