@@ -195,9 +195,11 @@ class ShardcastClient:
     async def _watch(self, s: ServerState, m: Manifest) -> None:
         """Keep one server's availability current while `m` downloads (long-polls, no spinning)."""
         v, lp, errors = m.version, self.cfg.long_poll, 0
-        while not (s.complete and s.manifest_digest == m.digest):
+        while True:
             try:
-                if s.manifest_digest is None:  # wait until it holds the version
+                if s.complete and s.manifest_digest == m.digest:
+                    await asyncio.sleep(lp)  # nothing to learn unless a shard 404s there
+                elif s.manifest_digest is None:  # wait until it holds the version
                     listing = await self._get_json(f"{s.url}/versions?after={v - 1}&wait={lp}",
                                                    lp + self.cfg.stall_timeout)
                     if v in set(listing["complete"]) | set(listing["partial"]):
@@ -298,6 +300,7 @@ class ShardcastClient:
                 attempt += 1
                 self.pool.record_failure(s)
                 if isinstance(e, TransferError) and e.status == 404:
+                    s.complete = False  # it no longer holds the version (pruned, restarted)
                     s.have.discard(index)
                 tried.add(s.url)
                 log_event(log, "shard transfer failed", url=s.url, shard=index, error=repr(e))
