@@ -264,6 +264,17 @@ class ShardcastClient:
                     raise OutputWriteError(f"shardcast: cannot write shard {index}: {e}") from e
                 if on_shard is not None:
                     on_shard(index)
+                progress(m.shards[index].size)
+
+        t0, done, step = time.monotonic(), [0, 0], max(1, len(m.shards) // 10)
+
+        def progress(nbytes: int) -> None:  # one log line per ~10% of the shards
+            done[0] += 1
+            done[1] += nbytes
+            if done[0] % step == 0 or done[0] == len(m.shards):
+                rate = done[1] / max(time.monotonic() - t0, 1e-9) / 1e6
+                log_event(log, "progress", version=m.version, shards=done[0],
+                          of=len(m.shards), mb=round(done[1] / 1e6, 1), mb_per_s=round(rate, 1))
 
         watchers = [asyncio.create_task(self._watch(s, m)) for s in self.pool.servers.values()]
         try:
