@@ -152,11 +152,9 @@ class ShardcastClient:
         """The version's manifest, taken from the first server in URL order that serves it."""
         for s in self.pool.servers.values():
             s.manifest_digest, s.complete, s.have = None, False, set()
-        chosen: Manifest | None = None
-        for s in self.pool.servers.values():
-            m = await self._server_manifest(s, version)
-            if m is not None and chosen is None:
-                chosen = m
+        found = await asyncio.gather(
+            *(self._server_manifest(s, version) for s in self.pool.servers.values()))
+        chosen = next((m for m in found if m is not None), None)
         if chosen is None:
             raise VersionNotFoundError(f"shardcast: no server serves manifest {version}")
         for s in self.pool.servers.values():
@@ -244,7 +242,7 @@ class ShardcastClient:
             """The first pending shard some server holds now (waiting while none does)."""
             while pending:
                 for pos, index in enumerate(pending):
-                    if self.pool.choose(index, m.digest) is not None:
+                    if self.pool.available(index, m.digest):
                         return pending.pop(pos)
                 if time.monotonic() > deadline:
                     raise ShardUnavailableError(f"shardcast: shards {pending[:5]}... of version "

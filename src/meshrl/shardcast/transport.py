@@ -100,6 +100,8 @@ class _Response(asyncio.BufferedProtocol):
             extra = self.head_n - end - 4
             if extra and self.body is not None:
                 at, take = self.buf.filled, min(extra, self.expect - self.buf.filled)
+                if take < extra:
+                    return self._fail(TransferError("more data than Content-Length"))
                 self.body[at : at + take] = self.head[end + 4 : end + 4 + take]
                 self.buf.filled += take
             if self.body is None:
@@ -120,7 +122,10 @@ class _Response(asyncio.BufferedProtocol):
         assert buf is not None
         if self.status not in (200, 206):
             return
-        length = int(self.headers.get("content-length", "-1"))
+        try:
+            length = int(self.headers.get("content-length", "-1"))
+        except ValueError:
+            raise TransferError("bad Content-Length") from None
         if self.status == 200:
             buf.filled = 0
         elif not self.headers.get("content-range", "").startswith(f"bytes {buf.filled}-"):
