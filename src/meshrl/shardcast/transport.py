@@ -147,6 +147,11 @@ class _Response(asyncio.BufferedProtocol):
             self.done.set_exception(ConnectionResetError(f"connection lost: {exc}"))
 
 
+def _consume(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
 class RawHttpTransport:
     """Minimal keep-alive HTTP/1.1 GET client writing bodies straight into shard buffers."""
 
@@ -190,8 +195,10 @@ class RawHttpTransport:
         finally:
             if ok:
                 self._idle.setdefault((u.hostname, port), []).append(proto)
-            elif proto.transport is not None:
-                proto.transport.close()
+            else:
+                if proto.transport is not None:
+                    proto.transport.close()
+                done.add_done_callback(_consume)  # a late connection_lost is not an error
 
     async def close(self) -> None:
         for protos in self._idle.values():
