@@ -98,6 +98,7 @@ def tree(work: Path, src: Path, args: argparse.Namespace) -> dict:
     from meshrl.shardcast.store import VersionStore
 
     procs: list[subprocess.Popen] = []
+    clients: list[subprocess.Popen] = []
     try:
         origin, ourl = spawn(["origin", "--root", str(work / "origin"), "--server.port", "0",
                               "--server.scan_interval", "0.02"], work / "origin.log")
@@ -110,7 +111,7 @@ def tree(work: Path, src: Path, args: argparse.Namespace) -> dict:
             procs.append(p)
             relays.append(url)
         urls = json.dumps([ourl, *relays])
-        clients, logs = [], [work / f"client{i}.log" for i in range(args.clients)]
+        logs = [work / f"client{i}.log" for i in range(args.clients)]
         for i in range(args.clients):
             clients.append(subprocess.Popen(
                 [sys.executable, "-m", "meshrl.cli", "shardcast", "fetch", "--server.urls", urls,
@@ -152,9 +153,10 @@ def tree(work: Path, src: Path, args: argparse.Namespace) -> dict:
         return {"wall_s": wall, "publish_s": t_pub, "relays": relay_health, "cpu_s": cpu,
                 "origin_bytes_sent": health(ourl)["counters"].get("bytes_sent", 0)}
     finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+        for p in procs + clients:
+            if p.returncode is None:
+                p.kill()
+                p.wait()
 
 
 def _same(a: Path, b: Path) -> bool:
