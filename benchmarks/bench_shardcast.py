@@ -177,6 +177,7 @@ def main() -> None:
     ap.add_argument("--relays", type=int, default=2)
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--link", action="store_true", help="publish by hard link (no copy)")
+    ap.add_argument("--keep-logs", action="store_true", help="keep the services' logs in /tmp")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_shardcast_", dir="/tmp"))
     try:
@@ -215,7 +216,13 @@ def main() -> None:
             "origin_bytes_sent": t["origin_bytes_sent"], **pipelined,
         }))
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep_logs:
+            for p in work.iterdir():
+                if not p.name.endswith(".log"):
+                    shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
+            print(json.dumps({"logs": str(work)}), file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
