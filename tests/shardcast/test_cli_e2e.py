@@ -16,7 +16,7 @@ def test_origin_relay_and_follower_processes(tmp_path):
     ck = tmp_path / "ck"
     make_file(ck / "model.safetensors", 300_000, 1)
     (ck / "config.json").write_text('{"v": 0}')
-    procs = []
+    procs, watchdog = [], None
     try:
         origin, ourl = spawn_service(["origin", "--root", str(tmp_path / "o"), "--server.port", "0",
                                       "--server.scan_interval", "0.05"], tmp_path / "o.log")
@@ -43,7 +43,8 @@ def test_origin_relay_and_follower_processes(tmp_path):
         while not (tmp_path / "r" / "v1").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
-        watchdog.cancel() if "watchdog" in locals() else None
+        if watchdog is not None:
+            watchdog.cancel()
         for p in procs:
             p.kill()
             p.wait()
