@@ -98,6 +98,7 @@ def tree(work: Path, src: Path, args: argparse.Namespace) -> dict:
     from meshrl.shardcast.store import VersionStore
 
     procs: list[subprocess.Popen] = []
+    clients: list[subprocess.Popen] = []
     try:
         origin, ourl = spawn(["origin", "--root", str(work / "origin"), "--server.port", "0",
                               "--server.scan_interval", "0.02"], work / "origin.log")
@@ -110,7 +111,7 @@ def tree(work: Path, src: Path, args: argparse.Namespace) -> dict:
             procs.append(p)
             relays.append(url)
         urls = json.dumps([ourl, *relays])
-        clients, logs = [], [work / f"client{i}.log" for i in range(args.clients)]
+        logs = [work / f"client{i}.log" for i in range(args.clients)]
         for i in range(args.clients):
             clients.append(subprocess.Popen(
                 [sys.executable, "-m", "meshrl.cli", "shardcast", "fetch", "--server.urls", urls,
@@ -152,9 +153,10 @@ def tree(work: Path, src: Path, args: argparse.Namespace) -> dict:
         return {"wall_s": wall, "publish_s": t_pub, "relays": relay_health, "cpu_s": cpu,
                 "origin_bytes_sent": health(ourl)["counters"].get("bytes_sent", 0)}
     finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+        for p in procs + clients:
+            if p.returncode is None:
+                p.kill()
+                p.wait()
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -175,6 +177,7 @@ def main() -> None:
     ap.add_argument("--relays", type=int, default=2)
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--link", action="store_true", help="publish by hard link (no copy)")
+    ap.add_argument("--keep-logs", action="store_true", help="keep the services' logs in /tmp")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_shardcast_", dir="/tmp"))
     try:
@@ -213,7 +216,13 @@ def main() -> None:
             "origin_bytes_sent": t["origin_bytes_sent"], **pipelined,
         }))
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep_logs:
+            for p in work.iterdir():
+                if not p.name.endswith(".log"):
+                    shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
+            print(json.dumps({"logs": str(work)}), file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -32,3 +32,6 @@ def test_cli_rejects_unknown_keys_and_missing_source(tmp_path, capsys):
     assert cli([*args, "--shard_size", "10"]) == 0
     assert cli([*args, "--version", "0"]) == 1  # version 0 exists already
     assert "already exists" in capsys.readouterr().err
+    assert cli(args) == 0  # the next version number is picked: 1
+    assert '"version": 1' in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["v0", "v1"]

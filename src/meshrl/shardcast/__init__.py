@@ -6,14 +6,7 @@
         await c.fetch("weights", version=step)       # or c.follow(out_dir, callback)
 """
 
-from meshrl.shardcast.client import (
-    FetchResult,
-    OutputWriteError,
-    ShardcastClient,
-    ShardcastError,
-    ShardUnavailableError,
-    VersionNotFoundError,
-)
+from meshrl.shardcast.client import FetchResult, ShardcastClient
 from meshrl.shardcast.config import (
     ClientConfig,
     FetchConfig,
@@ -22,6 +15,12 @@ from meshrl.shardcast.config import (
     RelayConfig,
     ServerConfig,
     ServersConfig,
+)
+from meshrl.shardcast.errors import (
+    OutputWriteError,
+    ShardcastError,
+    ShardUnavailableError,
+    VersionNotFoundError,
 )
 from meshrl.shardcast.manifest import FileEntry, Manifest, ManifestError, ShardEntry, build_manifest
 from meshrl.shardcast.relay import Origin, Relay

@@ -19,7 +19,8 @@ def _publish(cfg: PublishConfig) -> int:
         print("meshrl shardcast publish: --src is required", file=sys.stderr)
         return 2
     store = VersionStore(cfg.root, keep=1 << 30)  # the running origin prunes (it knows readers)
-    version = cfg.version if cfg.version >= 0 else (store.latest() or -1) + 1
+    latest = store.latest()
+    version = cfg.version if cfg.version >= 0 else (-1 if latest is None else latest) + 1
     try:
         m = store.publish(cfg.src, version, cfg.shard_size, link=cfg.link)
     except (StoreError, FileNotFoundError) as e:
@@ -64,7 +65,8 @@ def _fetch(cfg: FetchConfig) -> int:
     import json
     import sys
 
-    from meshrl.shardcast.client import ShardcastClient, ShardcastError
+    from meshrl.shardcast.client import ShardcastClient
+    from meshrl.shardcast.errors import ShardcastError
 
     if not cfg.out:
         print("meshrl shardcast fetch: --out is required", file=sys.stderr)

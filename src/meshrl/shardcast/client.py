@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
 import shutil
 import time
 import uuid
@@ -26,9 +25,14 @@ import aiohttp
 
 from meshrl.log import get_logger, log_event
 from meshrl.shardcast.config import ClientConfig
-from meshrl.shardcast.manifest import Manifest, ManifestError, sha256_file
+from meshrl.shardcast.errors import (
+    OutputWriteError,
+    ShardUnavailableError,
+    VersionNotFoundError,
+)
+from meshrl.shardcast.manifest import Manifest, ManifestError
 from meshrl.shardcast.pool import ServerPool, ServerState
-from meshrl.shardcast.store import ShardWriter, file_paths
+from meshrl.shardcast.store import ShardWriter, file_paths, place_output, verify_files
 from meshrl.shardcast.transport import (
     AiohttpTransport,
     RawHttpTransport,
@@ -37,32 +41,9 @@ from meshrl.shardcast.transport import (
     TransferError,
 )
 
-__all__ = [
-    "FetchResult",
-    "OutputWriteError",
-    "ShardUnavailableError",
-    "ShardcastClient",
-    "ShardcastError",
-    "VersionNotFoundError",
-]
+__all__ = ["FetchResult", "ShardcastClient"]
 
 log = get_logger("meshrl.shardcast.client")
-
-
-class ShardcastError(RuntimeError):
-    """A fetch that cannot complete."""
-
-
-class VersionNotFoundError(ShardcastError):
-    """The version did not appear on any server in time (or was already pruned everywhere)."""
-
-
-class ShardUnavailableError(ShardcastError):
-    """A shard failed on every server `max_attempts` times."""
-
-
-class OutputWriteError(ShardcastError):
-    """The output cannot be written (disk full, file too large, no permission)."""
 
 
 @dataclass
@@ -171,11 +152,9 @@ class ShardcastClient:
         """The version's manifest, taken from the first server in URL order that serves it."""
         for s in self.pool.servers.values():
             s.manifest_digest, s.complete, s.have = None, False, set()
-        chosen: Manifest | None = None
-        for s in self.pool.servers.values():
-            m = await self._server_manifest(s, version)
-            if m is not None and chosen is None:
-                chosen = m
+        found = await asyncio.gather(
+            *(self._server_manifest(s, version) for s in self.pool.servers.values()))
+        chosen = next((m for m in found if m is not None), None)
         if chosen is None:
             raise VersionNotFoundError(f"shardcast: no server serves manifest {version}")
         for s in self.pool.servers.values():
@@ -214,9 +193,11 @@ class ShardcastClient:
     async def _watch(self, s: ServerState, m: Manifest) -> None:
         """Keep one server's availability current while `m` downloads (long-polls, no spinning)."""
         v, lp, errors = m.version, self.cfg.long_poll, 0
-        while not (s.complete and s.manifest_digest == m.digest):
+        while True:
             try:
-                if s.manifest_digest is None:  # wait until it holds the version
+                if s.complete and s.manifest_digest == m.digest:
+                    await asyncio.sleep(lp)  # nothing to learn unless a shard 404s there
+                elif s.manifest_digest is None:  # wait until it holds the version
                     listing = await self._get_json(f"{s.url}/versions?after={v - 1}&wait={lp}",
                                                    lp + self.cfg.stall_timeout)
                     if v in set(listing["complete"]) | set(listing["partial"]):
@@ -261,7 +242,7 @@ class ShardcastClient:
             """The first pending shard some server holds now (waiting while none does)."""
             while pending:
                 for pos, index in enumerate(pending):
-                    if self.pool.choose(index, m.digest) is not None:
+                    if self.pool.available(index, m.digest):
                         return pending.pop(pos)
                 if time.monotonic() > deadline:
                     raise ShardUnavailableError(f"shardcast: shards {pending[:5]}... of version "
@@ -281,6 +262,17 @@ class ShardcastClient:
                     raise OutputWriteError(f"shardcast: cannot write shard {index}: {e}") from e
                 if on_shard is not None:
                     on_shard(index)
+                progress(m.shards[index].size)
+
+        t0, done, step = time.monotonic(), [0, 0], max(1, len(m.shards) // 10)
+
+        def progress(nbytes: int) -> None:  # one log line per ~10% of the shards
+            done[0] += 1
+            done[1] += nbytes
+            if done[0] % step == 0 or done[0] == len(m.shards):
+                rate = done[1] / max(time.monotonic() - t0, 1e-9) / 1e6
+                log_event(log, "progress", version=m.version, shards=done[0],
+                          of=len(m.shards), mb=round(done[1] / 1e6, 1), mb_per_s=round(rate, 1))
 
         watchers = [asyncio.create_task(self._watch(s, m)) for s in self.pool.servers.values()]
         try:
@@ -317,6 +309,7 @@ class ShardcastClient:
                 attempt += 1
                 self.pool.record_failure(s)
                 if isinstance(e, TransferError) and e.status == 404:
+                    s.complete = False  # it no longer holds the version (pruned, restarted)
                     s.have.discard(index)
                 tried.add(s.url)
                 log_event(log, "shard transfer failed", url=s.url, shard=index, error=repr(e))
@@ -367,8 +360,8 @@ class ShardcastClient:
             try:
                 writer.close(sync=self.cfg.fsync)
                 if self.cfg.verify_files:
-                    await asyncio.to_thread(_verify_files, m, writer.paths)
-                _replace(tmp, out)
+                    await asyncio.to_thread(verify_files, m, writer.paths)
+                place_output(tmp, out)
             except OSError as e:
                 raise OutputWriteError(f"shardcast: cannot write {out}: {e}") from e
         finally:
@@ -411,20 +404,3 @@ class ShardcastClient:
 
 def _sha256(data: memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _verify_files(m: Manifest, paths: list[Path]) -> None:
-    for entry, path in zip(m.files, paths, strict=True):
-        if sha256_file(path) != entry.sha256:
-            raise ShardcastError(f"shardcast: {entry.name} does not match its sha256")
-
-
-def _replace(tmp: Path, out: Path) -> None:
-    """Move the finished `tmp` to `out`; an existing `out` is replaced only now."""
-    if tmp.is_dir() and out.exists():
-        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(out, old)
-        os.rename(tmp, out)
-        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
-    else:
-        os.replace(tmp, out)

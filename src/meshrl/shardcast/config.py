@@ -30,7 +30,7 @@ class ServerConfig(Config):
 
 
 class ClientConfig(Config):
-    concurrency: int = Field(8, ge=1, description="shards downloaded at once")
+    concurrency: int = Field(4, ge=1, description="shards downloaded at once")
     transport: Literal["raw", "aiohttp"] = Field(
         "raw", description="shard transport: minimal zero-copy HTTP/1.1, or aiohttp"
     )

@@ -54,6 +54,9 @@ class ServerPool:
         rate = s.throughput or (max(known) if known else _DEFAULT_RATE)
         return rate / (1 + s.active) / (1 + 4 * self._failures(s, now))
 
+    def available(self, index: int, digest: str) -> bool:
+        return any(s.manifest_digest == digest and s.has(index) for s in self.servers.values())
+
     def choose(self, index: int, digest: str, avoid: set[str] = frozenset()) -> ServerState | None:
         """A server holding shard `index` of the manifest `digest`; avoids `avoid` if it can."""
         cands = [s for s in self.servers.values() if s.manifest_digest == digest and s.has(index)]

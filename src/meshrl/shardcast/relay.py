@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from pathlib import Path
 
 import aiohttp
 
 from meshrl.log import get_logger, log_event
-from meshrl.shardcast.client import ShardcastClient, ShardcastError
+from meshrl.shardcast.client import ShardcastClient
 from meshrl.shardcast.config import OriginConfig, RelayConfig
+from meshrl.shardcast.errors import ShardcastError
 from meshrl.shardcast.manifest import Manifest
 from meshrl.shardcast.server import ShardServer
-from meshrl.shardcast.store import VersionStore
+from meshrl.shardcast.store import StoreError, VersionStore
 
 __all__ = ["Origin", "Relay"]
 
@@ -87,8 +89,8 @@ class Relay:
                 v = await self.client.wait_for_version(after=after)
                 await self.mirror(v)
                 after = v
-            except ShardcastError as e:
-                log_event(log, "mirror failed, retrying", error=str(e))
+            except (ShardcastError, StoreError, OSError) as e:
+                log_event(log, "mirror failed, retrying", level=logging.WARNING, error=str(e))
                 await asyncio.sleep(self.cfg.client.poll_interval)
 
     async def mirror(self, version: int) -> None:

@@ -25,13 +25,27 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meshrl.shardcast.manifest import MANIFEST_NAME, Manifest, ManifestError, build_manifest
+from meshrl.shardcast.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ManifestError,
+    build_manifest,
+    sha256_file,
+)
 
-__all__ = ["ShardWriter", "StoreError", "VersionStore", "file_paths"]
+__all__ = [
+    "ShardWriter",
+    "StoreError",
+    "VersionStore",
+    "file_paths",
+    "place_output",
+    "verify_files",
+]
 
 
 class StoreError(RuntimeError):
@@ -256,3 +270,20 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+
+def verify_files(m: Manifest, paths: list[Path]) -> None:
+    for entry, path in zip(m.files, paths, strict=True):
+        if sha256_file(path) != entry.sha256:
+            raise StoreError(f"shardcast: {entry.name} does not match its sha256")
+
+
+def place_output(tmp: Path, out: Path) -> None:
+    """Move the finished `tmp` to `out`; an existing `out` is replaced only now."""
+    if tmp.is_dir() and out.exists():
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(out, old)
+        os.rename(tmp, out)
+        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+    else:
+        os.replace(tmp, out)

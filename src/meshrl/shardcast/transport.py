@@ -100,6 +100,8 @@ class _Response(asyncio.BufferedProtocol):
             extra = self.head_n - end - 4
             if extra and self.body is not None:
                 at, take = self.buf.filled, min(extra, self.expect - self.buf.filled)
+                if take < extra:
+                    return self._fail(TransferError("more data than Content-Length"))
                 self.body[at : at + take] = self.head[end + 4 : end + 4 + take]
                 self.buf.filled += take
             if self.body is None:
@@ -120,7 +122,10 @@ class _Response(asyncio.BufferedProtocol):
         assert buf is not None
         if self.status not in (200, 206):
             return
-        length = int(self.headers.get("content-length", "-1"))
+        try:
+            length = int(self.headers.get("content-length", "-1"))
+        except ValueError:
+            raise TransferError("bad Content-Length") from None
         if self.status == 200:
             buf.filled = 0
         elif not self.headers.get("content-range", "").startswith(f"bytes {buf.filled}-"):
@@ -140,6 +145,11 @@ class _Response(asyncio.BufferedProtocol):
         self.closed = True
         if self.done is not None and not self.done.done():
             self.done.set_exception(ConnectionResetError(f"connection lost: {exc}"))
+
+
+def _consume(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 class RawHttpTransport:
@@ -185,8 +195,10 @@ class RawHttpTransport:
         finally:
             if ok:
                 self._idle.setdefault((u.hostname, port), []).append(proto)
-            elif proto.transport is not None:
-                proto.transport.close()
+            else:
+                if proto.transport is not None:
+                    proto.transport.close()
+                done.add_done_callback(_consume)  # a late connection_lost is not an error
 
     async def close(self) -> None:
         for protos in self._idle.values():
