@@ -20,6 +20,8 @@ __all__ = ["add_config_command", "main"]
 SUBSYSTEMS = [
     "meshrl.model.cli",
     "meshrl.rl.cli",
+    "meshrl.shardcast.cli",
+    "meshrl.protocol.cli",
 ]
 
 

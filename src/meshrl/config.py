@@ -33,6 +33,8 @@ class ConfigError(ValueError):
 
 
 def _parse_value(raw: str) -> Any:
+    if raw[:2] in ("0x", "0X"):
+        return raw  # addresses, keys and hashes: TOML would read them as integers
     try:
         return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:

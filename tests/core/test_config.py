@@ -22,6 +22,8 @@ class Run(Config):
 def test_overrides_parse_toml_literals_and_strings() -> None:
     got = parse_overrides(["--optim.lr", "3e-6", "--name=x/y", "--tags", '["a", "b"]', "--flag"])
     assert got == {"optim": {"lr": 3e-6}, "name": "x/y", "tags": ["a", "b"], "flag": True}
+    addr = "0x00000000000000000000000000000000000000aB"
+    assert parse_overrides(["--to", addr]) == {"to": addr}  # hex stays a string
 
 
 def test_files_merge_in_order_then_overrides(tmp_path: Path) -> None:

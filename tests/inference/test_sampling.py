@@ -64,8 +64,25 @@ def test_sampled_tokens_replay_and_others_fail(seed: int, temp: float, top_p: fl
     noisy = logits + 1e-4 * torch.randn(logits.shape, generator=g)  # a validator's recomputation
     assert check_sampled_tokens(noisy, toks, seed, seq, pos, temp, top_p).all()
     assert torch.all(token_margins(logits, toks, seed, seq, pos, temp) <= 1e-9) or top_p < 1
-    # the runner-up token is rejected whenever it is clearly worse
-    other = (toks + 1) % 40
+    # another token is rejected whenever it scores clearly below the sampled one and the
+    # sampled one is unambiguously inside the nucleus (not within the slack of its edge)
+    near = (toks + 1) % 40
+    gap = token_margins(logits, near, seed, seq, pos, temp) - token_margins(
+        logits, toks, seed, seq, pos, temp)
+    surely_in = top_p_mask(logits / temp, max(1e-6, top_p - 0.02)).gather(1, toks[:, None])[:, 0]
+    ok = check_sampled_tokens(logits, near, seed, seq, pos, temp, top_p, top_p_slack=0.02)
+    assert not ok[(gap > 0.1) & surely_in].any()
+    # another token is rejected whenever it is clearly worse. Margins are measured against the
+    # global best, which is the sampler's pick only without a nucleus, so check that case here
+    full = sample_tokens(logits, seed, seq, pos, temp)
+    other = (full + 1) % 40
     margins = token_margins(logits, other, seed, seq, pos, temp)
-    ok = check_sampled_tokens(logits, other, seed, seq, pos, temp, top_p)
+    ok = check_sampled_tokens(logits, other, seed, seq, pos, temp)
     assert not ok[margins > 0.1].any()
+    # and with a nucleus, tokens outside even the widened nucleus are always rejected
+    if top_p < 0.97:
+        outside = ~top_p_mask(logits.double() / temp, top_p + 0.03)
+        worst = torch.where(outside, logits, torch.inf).argmin(-1)
+        has_outside = outside.any(-1)
+        ok = check_sampled_tokens(logits, worst, seed, seq, pos, temp, top_p)
+        assert not ok[has_outside].any()

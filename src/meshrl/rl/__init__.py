@@ -1,4 +1,5 @@
-"""Asynchronous GRPO-family RL: trainer, rollout pipeline, warm-start, evaluation, checkpoints.
+"""Reinforcement learning core: advantages, losses, and the asynchronous trainer (rollout
+pipeline, warm-start, evaluation, checkpoints).
 
 Names are resolved lazily (PEP 562) so that importing `meshrl.rl.cli` for `meshrl --help` does
 not import torch.
@@ -10,6 +11,11 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "group_advantages": "advantages",
+    "nonzero_groups": "advantages",
+    "LossConfig": "losses",
+    "masked_mean": "losses",
+    "policy_loss": "losses",
     "EvalCommandConfig": "config",
     "EvalConfig": "config",
     "ModelConfig": "config",

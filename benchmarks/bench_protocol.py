@@ -1,0 +1,188 @@
+"""Gas per protocol operation and transaction latency, on the in-process chain (eth-tester)
+and on a local anvil node. Prints one JSON object per line:
+
+    {"bench": "protocol", "backend": "anvil", "op": "submit_work", "gas": 123456,
+     "latency_ms_median": 4.1, "latency_ms_min": 3.9, "n": 5}
+
+Each measured operation starts from the same chain state (snapshot / revert), so its gas is
+exact and repeatable; latency is wall time from building the transaction to its receipt
+(sign, estimate gas, send, mine, receipt). Usage: python benchmarks/bench_protocol.py [--n 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from eth_account import Account
+from eth_utils import keccak
+
+from meshrl.protocol import EthTesterBackend, Protocol, ProtocolParams, Receipt, deploy
+from meshrl.protocol.anvil import AnvilNode, find_anvil
+
+TOKEN = 10**18
+
+
+def acct(label: str):
+    return Account.from_key(keccak(text=f"bench-{label}"))
+
+
+def measure(backend, op: str, action: Callable[[], Receipt], n: int, setup=None) -> dict:
+    gas, times = set(), []
+    for _ in range(n):
+        snap = backend.snapshot()
+        if setup is not None:
+            setup()
+        t = time.perf_counter()
+        receipt = action()
+        times.append((time.perf_counter() - t) * 1000)
+        gas.add(receipt.gas_used)
+        backend.revert(snap)
+    return {
+        "op": op,
+        "gas": max(gas),
+        "latency_ms_median": round(statistics.median(times), 2),
+        "latency_ms_min": round(min(times), 2),
+        "n": n,
+    }
+
+
+def run(backend, name: str, n: int) -> None:
+    fed, mgr, val, prov, node, node2 = (acct(x) for x in ("fed", "mgr", "val", "p", "n", "n2"))
+    for a in (fed, mgr, val, prov, node, node2):
+        backend.fund(a.address, 10**21)
+    params = ProtocolParams()
+    t = time.perf_counter()
+    dep = deploy(backend, fed, params)
+    emit(
+        name,
+        {
+            "op": "deploy_all",
+            "latency_ms_median": round((time.perf_counter() - t) * 1000, 2),
+            "n": 1,
+        },
+    )
+    F = Protocol(backend, dep, fed)
+    P, M, V = F.as_(prov), F.as_(mgr), F.as_(val)
+    F.mint(prov.address, 10**6 * TOKEN)
+    F.set_validator(val.address)
+    domain = F.create_domain("bench")
+    pool = F.create_pool(domain, mgr.address, 10**15)
+    F.start_pool(pool)
+
+    results = [
+        measure(backend, "mint", lambda: F.mint(prov.address, TOKEN), n),
+        measure(backend, "approve", lambda: P.approve(dep.protocol, TOKEN), n),
+        measure(
+            backend, "create_domain", lambda: F._send(F.contract.functions.create_domain("x")), n
+        ),
+        measure(
+            backend,
+            "create_pool",
+            lambda: F._send(F.contract.functions.create_pool(domain, mgr.address, 1)),
+            n,
+        ),
+        measure(
+            backend,
+            "register_provider",
+            lambda: P.register_provider(1000 * TOKEN, False),
+            n,
+            setup=lambda: P.approve(dep.protocol, 10**9 * TOKEN),
+        ),
+    ]
+    P.register_provider(1000 * TOKEN)
+    results.append(
+        measure(
+            backend,
+            "add_stake",
+            lambda: P.add_stake(TOKEN, False),
+            n,
+            setup=lambda: P.approve(dep.protocol, TOKEN),
+        )
+    )
+    results.append(measure(backend, "add_node", lambda: P.add_node(node2, 4), n))
+    P.add_node(node, 8)
+    expiry = backend.now() + 10**6
+    results.append(
+        measure(
+            backend,
+            "join_pool",
+            lambda: P.join_pool(
+                pool, node.address, 1, expiry, M.sign_invite(pool, node.address, 1, expiry)
+            ),
+            n,
+        )
+    )
+    P.join_pool(pool, node.address, 2, expiry, M.sign_invite(pool, node.address, 2, expiry))
+    f0 = keccak(text="file-0")
+    results.append(
+        measure(backend, "submit_work", lambda: P.submit_work(pool, node.address, f0, 100), n)
+    )
+    files = [keccak(text=f"file-{i}") for i in range(1, 11)]
+    for f in files:
+        P.submit_work(pool, node.address, f, 100)
+    results.append(measure(backend, "soft_invalidate", lambda: V.soft_invalidate(files[0]), n))
+    results.append(measure(backend, "hard_invalidate", lambda: V.hard_invalidate(files[0]), n))
+    results.append(measure(backend, "slash", lambda: V.slash(prov.address, TOKEN), n))
+    results.append(measure(backend, "leave_pool", lambda: P.leave_pool(node.address), n))
+    backend.advance_time(params.lock_period + 1)
+    results.append(measure(backend, "claim_1", lambda: P.claim(files[:1]), n))
+    results.append(measure(backend, "claim_10", lambda: P.claim(files), n))
+    results.append(measure(backend, "request_unstake", lambda: P.request_unstake(TOKEN), n))
+    P.request_unstake(TOKEN)
+    backend.advance_time(params.unbonding_delay + 1)
+    results.append(measure(backend, "withdraw", P.withdraw, n))
+    for r in results:
+        emit(name, r)
+    views = []
+    for _ in range(max(n, 5)):
+        t = time.perf_counter()
+        F.pool(pool)
+        views.append((time.perf_counter() - t) * 1000)
+    emit(
+        name,
+        {
+            "op": "view_call",
+            "latency_ms_median": round(statistics.median(views), 2),
+            "n": len(views),
+        },
+    )
+    cursor = F.events()
+    t = time.perf_counter()
+    events = cursor.poll()
+    emit(
+        name,
+        {
+            "op": "events_poll_all",
+            "events": len(events),
+            "latency_ms_median": round((time.perf_counter() - t) * 1000, 2),
+            "n": 1,
+        },
+    )
+
+
+def emit(backend: str, row: dict) -> None:
+    print(json.dumps({"bench": "protocol", "backend": backend, **row}), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=5, help="repetitions per operation")
+    args = ap.parse_args()
+    run(EthTesterBackend(), "eth-tester", args.n)
+    if find_anvil() is None:
+        emit("anvil", {"skipped": "anvil not installed (make setup)"})
+        return
+    with AnvilNode() as backend:
+        run(backend, "anvil", args.n)
+
+
+if __name__ == "__main__":
+    main()

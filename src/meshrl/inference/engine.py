@@ -1,0 +1,331 @@
+"""The CPU rollout engine: batched KV-cache generation, prefill scoring and hot weight reload.
+
+A batch is left-padded so every row writes the same cache slot at each decode step and generated
+token j of every row is produced at step j; the per-row differences (RoPE position, padding) are
+carried by a position vector and an additive attention bias. Rows that finish stay in the batch
+(their outputs are ignored) until the alive fraction drops below `compact_below`, then the batch
+and its KV cache are compacted in place so finished rows stop costing compute.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+
+from meshrl.config import Config
+from meshrl.inference.backend import (
+    Completion,
+    InferenceBackend,
+    InvalidRequestError,
+    SamplingParams,
+    ScoreResult,
+)
+from meshrl.inference.sampling import sample_tokens
+from meshrl.inference.transformer import (
+    KVCache,
+    ModelSpec,
+    PackedWeights,
+    WeightLoadError,
+    decode_step,
+    forward,
+)
+
+__all__ = ["CPUEngine", "EngineConfig"]
+
+
+class EngineConfig(Config):
+    max_batch_size: int = Field(128, ge=1, description="rows per forward; more prompts run in turn")
+    max_seq_len: int | None = Field(
+        None, ge=2, description="context length (prompt + completion); default: the model's"
+    )
+    num_threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = leave as is")
+    hidden_dtype: Literal["bfloat16", "float32"] = Field(
+        "bfloat16", description="dtype of returned hidden states"
+    )
+    compact_below: float = Field(
+        0.75, ge=0.0, le=1.0, description="drop finished rows when the alive fraction falls below"
+    )
+
+
+def _left_pad(seqs: list[list[int]]) -> tuple[torch.Tensor, ...]:
+    """ids, positions [B, S], attention permission [B, 1, S, S] and pad lengths [B]."""
+    lens = torch.tensor([len(s) for s in seqs])
+    width = int(lens.max())
+    pad = width - lens
+    ids = torch.zeros(len(seqs), width, dtype=torch.int64)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.int64)
+    col = torch.arange(width)
+    positions = (col[None, :] - pad[:, None]).clamp(min=0)
+    causal = col[None, :] <= col[:, None]
+    # a padding query may see itself, so no softmax row is empty (its output is never used)
+    allowed = (causal[None] & (col[None, None, :] >= pad[:, None, None])) | torch.eye(
+        width, dtype=torch.bool
+    )
+    return ids, positions, allowed[:, None], pad
+
+
+class CPUEngine(InferenceBackend):
+    """Default backend: meshrl's own forward over HF Qwen2 / Llama weights, float32 on CPU.
+
+    The weights are copied (fused) at construction; call `load_weights` to pick up new ones.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any = None, cfg: EngineConfig | None = None) -> None:
+        self.cfg = cfg or EngineConfig()
+        self.spec = ModelSpec.from_hf_config(model.config)
+        self.max_seq_len = min(self.cfg.max_seq_len or self.spec.max_positions,
+                               self.spec.max_positions)
+        self.tokenizer = tokenizer
+        eos = tokenizer.eos_token_id if tokenizer is not None else model.config.eos_token_id
+        eos = eos[0] if isinstance(eos, list | tuple) else eos
+        self.eos_token_id: int | None = None if eos is None else int(eos)
+        self.hidden_dtype = getattr(torch, self.cfg.hidden_dtype)
+        if self.cfg.num_threads:
+            torch.set_num_threads(self.cfg.num_threads)
+        with torch.no_grad():
+            self.weights = PackedWeights.pack(self.spec, model.state_dict())
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, cfg: EngineConfig | None = None) -> CPUEngine:
+        from meshrl.model import load_model, load_tokenizer
+
+        return cls(load_model(model_dir), load_tokenizer(model_dir), cfg)
+
+    # ---- weights -------------------------------------------------------------------------
+    def load_weights(self, source: str | Path | dict[str, torch.Tensor]) -> None:
+        """Swap in new weights; on any error the engine keeps its current weights."""
+        state = _read_checkpoint(Path(source), self.spec) if isinstance(source, str | Path) \
+            else source
+        with torch.no_grad():
+            self.weights = PackedWeights.pack(self.spec, state)
+
+    # ---- generation ------------------------------------------------------------------------
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seq_ids: list[int] | None = None
+    ) -> list[Completion]:
+        seq_ids = list(range(len(prompts))) if seq_ids is None else list(seq_ids)
+        self._check_prompts(prompts, params)
+        if len(seq_ids) != len(prompts):
+            raise InvalidRequestError(f"{len(seq_ids)} seq_ids for {len(prompts)} prompts")
+        if any(not isinstance(s, int) or s < 0 for s in seq_ids):
+            raise InvalidRequestError("seq_ids must be non-negative integers")
+        out: list[Completion] = []
+        step = self.cfg.max_batch_size
+        for lo in range(0, len(prompts), step):
+            out += self._generate_batch(
+                [list(p) for p in prompts[lo : lo + step]], seq_ids[lo : lo + step], params
+            )
+        return out
+
+    def _check_prompts(self, prompts: list[list[int]], params: SamplingParams) -> None:
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise InvalidRequestError(f"prompt {i} is empty")
+            if len(p) >= self.max_seq_len:
+                raise InvalidRequestError(
+                    f"prompt {i} has {len(p)} tokens; the context holds {self.max_seq_len}, "
+                    f"so at most {self.max_seq_len - 1} leave room to generate"
+                )
+            self._check_ids(p, f"prompt {i}")
+        self._check_ids(list(params.stop_token_ids), "stop_token_ids")
+        if params.stop_strings:
+            if self.tokenizer is None:
+                raise InvalidRequestError("stop_strings need a tokenizer")
+            if any(s == "" for s in params.stop_strings):
+                raise InvalidRequestError("stop_strings may not contain an empty string")
+
+    def _check_ids(self, ids: list[int], what: str) -> None:
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.spec.vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"{what}: token ids {bad[:5]} outside the vocabulary [0, {self.spec.vocab})"
+            )
+
+    @torch.inference_mode()
+    def _generate_batch(
+        self, prompts: list[list[int]], seq_ids: list[int], p: SamplingParams
+    ) -> list[Completion]:
+        w, spec = self.weights, self.spec
+        b = len(prompts)
+        lens = torch.tensor([len(x) for x in prompts])
+        budget = (self.max_seq_len - lens).clamp(max=p.max_new_tokens)
+        steps, width = int(budget.max()), int(lens.max())
+        slots = width + steps - 1  # the last sampled token is never fed back
+
+        ids, positions, allowed, pad = _left_pad(prompts)
+        cache = KVCache(spec, b, max(slots, width))
+        h = forward(w, ids, positions, allowed, cache)[:, -1]
+        bias = torch.zeros(b, spec.kv_heads, 1, cache.k.shape[3])
+        bias.masked_fill_(torch.arange(bias.shape[-1]) < pad[:, None, None, None], float("-inf"))
+        bias = bias.view(b * spec.kv_heads, 1, -1)
+
+        tokens = torch.zeros(b, steps, dtype=torch.int64)
+        logprobs = torch.zeros(b, steps)
+        hidden = torch.empty(b, steps, spec.hidden, dtype=self.hidden_dtype) \
+            if p.return_hidden_states else None
+        stop_ids = torch.tensor(sorted({*p.stop_token_ids} | (
+            set() if self.eos_token_id is None else {self.eos_token_id})), dtype=torch.int64)
+        length, reason = budget.tolist(), ["length"] * b
+        rows = torch.arange(b)  # original index of each batch row
+        alive = torch.ones(b, dtype=torch.bool)
+        sid, pos, row_budget = torch.tensor(seq_ids), lens.clone(), budget.clone()
+        temp = p.temperature if p.temperature > 0 else 1.0
+        full = True  # rows == arange(b): plain slices instead of scatter
+        for j in range(steps):
+            logits = h @ w.lm_head
+            tok = sample_tokens(logits, p.seed, sid, torch.full_like(sid, j), p.temperature,
+                                p.top_p)
+            scaled = logits if temp == 1.0 else logits / temp
+            lp = scaled.log_softmax(-1).gather(1, tok[:, None])[:, 0]
+            idx = slice(None) if full else rows
+            tokens[idx, j] = tok
+            logprobs[idx, j] = lp
+            if hidden is not None:
+                hidden[idx, j] = h.to(self.hidden_dtype)
+            ended = (torch.isin(tok, stop_ids) | (row_budget <= j + 1)) & alive
+            hit = self._stop_string_hits(tokens, rows, alive, j, p.stop_strings) \
+                if p.stop_strings else None
+            if hit is not None:
+                ended |= hit
+            if ended.any():
+                for r in ended.nonzero()[:, 0].tolist():
+                    orig, t = int(rows[r]), int(tok[r])
+                    length[orig] = j + 1
+                    if t == self.eos_token_id:
+                        reason[orig] = "eos"
+                    elif t in p.stop_token_ids or (hit is not None and bool(hit[r])):
+                        reason[orig] = "stop"
+                alive &= ~ended
+                n_alive = int(alive.sum())
+                if n_alive == 0:
+                    break
+                if n_alive < self.cfg.compact_below * alive.numel():
+                    keep = alive.nonzero()[:, 0]
+                    cache.keep_rows(keep)
+                    bias = bias.view(-1, spec.kv_heads, 1, bias.shape[-1])[keep].view(
+                        -1, 1, bias.shape[-1])
+                    rows, h, tok, pos = rows[keep], h[keep], tok[keep], pos[keep]
+                    sid, row_budget, alive = sid[keep], row_budget[keep], alive[keep]
+                    full = False
+            if j + 1 == steps:
+                break
+            h = decode_step(w, tok, pos, cache, width + j, bias)
+            pos += 1
+
+        tok_l, lp_l = tokens.tolist(), logprobs.tolist()
+        return [
+            Completion(
+                prompt_ids=prompts[i],
+                token_ids=tok_l[i][: length[i]],
+                logprobs=lp_l[i][: length[i]],
+                finish_reason=reason[i],  # type: ignore[arg-type]
+                seq_id=seq_ids[i],
+                hidden_states=None if hidden is None else hidden[i, : length[i]].clone(),
+            )
+            for i in range(b)
+        ]
+
+    def _ends_with_stop(self, toks: torch.Tensor, stop_strings: tuple[str, ...]) -> bool:
+        if not stop_strings:
+            return False
+        window = max(len(s) for s in stop_strings) + 4
+        text = self.tokenizer.decode(toks[-window:].tolist(), skip_special_tokens=False)
+        return any(s in text for s in stop_strings)
+
+    def _stop_string_hits(self, tokens, rows, alive, j, stop_strings) -> torch.Tensor:
+        # decode only a tail window: a stop string is checked as soon as its last token appears,
+        # so it lies within the last max-length tokens (every token decodes to >= 1 character)
+        hits = torch.zeros_like(alive)
+        for r in alive.nonzero()[:, 0].tolist():
+            hits[r] = self._ends_with_stop(tokens[int(rows[r]), : j + 1], stop_strings)
+        return hits
+
+    # ---- scoring ---------------------------------------------------------------------------
+    @torch.inference_mode()
+    def score(
+        self,
+        prompts: list[list[int]],
+        completions: list[list[int]] | list[Completion],
+        temperature: float = 1.0,
+        return_hidden_states: bool = True,
+        return_logits: bool = False,
+    ) -> list[ScoreResult]:
+        comps = [list(c.token_ids) if isinstance(c, Completion) else list(c) for c in completions]
+        if len(comps) != len(prompts):
+            raise InvalidRequestError(f"{len(comps)} completions for {len(prompts)} prompts")
+        if temperature < 0:
+            raise InvalidRequestError(f"temperature must be >= 0, got {temperature}")
+        for i, (p, c) in enumerate(zip(prompts, comps, strict=True)):
+            if len(p) == 0:
+                raise InvalidRequestError(f"prompt {i} is empty")
+            if len(p) + len(c) > self.max_seq_len:
+                raise InvalidRequestError(
+                    f"sequence {i} has {len(p) + len(c)} tokens; the context holds "
+                    f"{self.max_seq_len}")
+            self._check_ids(list(p), f"prompt {i}")
+            self._check_ids(c, f"completion {i}")
+        temp = temperature if temperature > 0 else 1.0
+        out: list[ScoreResult] = []
+        step = self.cfg.max_batch_size
+        for lo in range(0, len(prompts), step):
+            out += self._score_batch(
+                [list(p) for p in prompts[lo : lo + step]], comps[lo : lo + step], temp,
+                return_hidden_states, return_logits)
+        return out
+
+    def _score_batch(self, prompts, comps, temp, want_hidden, want_logits) -> list[ScoreResult]:
+        w = self.weights
+        ids, positions, allowed, pad = _left_pad([p + c for p, c in zip(prompts, comps,
+                                                                         strict=True)])
+        hid = forward(w, ids, positions, allowed).reshape(-1, self.spec.hidden)
+        width = ids.shape[1]
+        # completion token j of row i is predicted at row slot pad + len(prompt) - 1 + j
+        flat = torch.cat([
+            i * width + int(pad[i]) + len(p) - 1 + torch.arange(len(c))
+            for i, (p, c) in enumerate(zip(prompts, comps, strict=True))
+        ])
+        h = hid[flat]
+        logits = h @ w.lm_head
+        targets = torch.tensor([t for c in comps for t in c], dtype=torch.int64)
+        lp = (logits / temp).log_softmax(-1).gather(1, targets[:, None])[:, 0]
+        sizes = [len(c) for c in comps]
+        hs = h.to(self.hidden_dtype).split(sizes) if want_hidden else [None] * len(comps)
+        lg = logits.split(sizes) if want_logits else [None] * len(comps)
+        return [
+            ScoreResult(logprobs=a.clone(), hidden_states=None if b_ is None else b_.clone(),
+                        logits=None if c_ is None else c_.clone())
+            for a, b_, c_ in zip(lp.split(sizes), hs, lg, strict=True)
+        ]
+
+
+def _read_checkpoint(directory: Path, spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """All tensors of a HF model directory's safetensors files, after an architecture check."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not directory.is_dir():
+        raise WeightLoadError(f"{directory}: not a directory")
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise WeightLoadError(f"{directory}: no *.safetensors files")
+    if (directory / "config.json").is_file():
+        from transformers import AutoConfig
+
+        try:
+            other = ModelSpec.from_hf_config(
+                AutoConfig.from_pretrained(str(directory), local_files_only=True))
+        except (OSError, ValueError) as e:
+            raise WeightLoadError(f"{directory}: unusable config.json ({e})") from e
+        if other != spec:
+            raise WeightLoadError(f"{directory}: architecture {other} differs from {spec}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            state.update(load_file(str(f)))
+        except (SafetensorError, OSError) as e:
+            raise WeightLoadError(f"{f}: unreadable safetensors file ({e})") from e
+    return state

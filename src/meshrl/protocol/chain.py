@@ -1,0 +1,302 @@
+"""The typed Python client of the protocol contracts: deploy the set, act as any role, read
+state and events. Every transaction is signed locally; every revert raises `TxReverted`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eth_account.signers.local import LocalAccount
+
+from meshrl.protocol.artifacts import load_artifact
+from meshrl.protocol.backend import Backend
+from meshrl.protocol.config import ProtocolParams
+from meshrl.protocol.events import EventCursor, EventDecoder
+from meshrl.protocol.records import (
+    Deployment,
+    NodeInfo,
+    PoolInfo,
+    ProviderInfo,
+    Receipt,
+    WorkInfo,
+)
+from meshrl.protocol.signing import sign_invite, sign_ownership
+
+__all__ = ["Protocol", "deploy"]
+
+
+def _deploy_one(backend: Backend, account: LocalAccount, name: str, *args: Any) -> Any:
+    art = load_artifact(name)
+    factory = backend.w3.eth.contract(abi=art.abi, bytecode=art.bytecode)
+    receipt = backend.send(account, {"data": factory.constructor(*args).data_in_transaction})
+    return receipt["contractAddress"], receipt["blockNumber"]
+
+
+def deploy(
+    backend: Backend,
+    federator: LocalAccount,
+    params: ProtocolParams | None = None,
+    token: str | None = None,
+) -> Deployment:
+    """Deploy token + protocol with `federator` as admin, and make the protocol a minter.
+
+    With `token`, use that existing ERC-20 instead (it must let the protocol mint rewards).
+    """
+    p = params or ProtocolParams()
+    own_token = token is None
+    if token is None:
+        token, block = _deploy_one(backend, federator, "token", p.token_name, p.token_symbol)
+    else:
+        block = backend.block_number()
+    protocol, _ = _deploy_one(
+        backend,
+        federator,
+        "protocol",
+        token,
+        p.min_stake,
+        p.stake_per_unit,
+        p.unbonding_delay,
+        p.invalidation_window,
+        p.lock_period,
+        p.slash_penalty,
+    )
+    dep = Deployment(backend.chain_id, token, protocol, federator.address, block)
+    if own_token:
+        Protocol(backend, dep, federator).set_minter(protocol, True)
+    return dep
+
+
+class Protocol:
+    """All protocol actions, signed by `account`. `as_(other)` acts as another account."""
+
+    def __init__(
+        self, backend: Backend, deployment: Deployment, account: LocalAccount | None = None
+    ):
+        if deployment.chain_id != backend.chain_id:
+            raise ValueError(
+                f"deployment is for chain {deployment.chain_id}, "
+                f"backend is chain {backend.chain_id}"
+            )
+        self.backend = backend
+        self.deployment = deployment
+        self.account = account
+        w3 = backend.w3
+        self.token = w3.eth.contract(address=deployment.token, abi=load_artifact("token").abi)
+        self.contract = w3.eth.contract(
+            address=deployment.protocol, abi=load_artifact("protocol").abi
+        )
+        self.decoder = EventDecoder(backend, [self.token, self.contract])
+
+    def as_(self, account: LocalAccount) -> Protocol:
+        other = Protocol.__new__(Protocol)
+        other.__dict__.update(self.__dict__)
+        other.account = account
+        return other
+
+    def _signer(self) -> LocalAccount:
+        if self.account is None:
+            raise ValueError("this client has no signing account")
+        return self.account
+
+    @property
+    def address(self) -> str:
+        return self._signer().address
+
+    # plumbing
+    def _send(self, fn: Any, gas: int | None = None) -> Receipt:
+        tx: dict[str, Any] = {"to": fn.address, "data": fn._encode_transaction_data()}
+        if gas is not None:
+            tx["gas"] = gas
+        r = self.backend.send(self._signer(), tx)
+        return Receipt(
+            "0x" + bytes(r["transactionHash"]).hex(),
+            int(r["blockNumber"]),
+            int(r["gasUsed"]),
+            self.decoder.decode_receipt(r),
+        )
+
+    def _view(self, fn: Any) -> Any:
+        sender = self.account.address if self.account else self.deployment.federator
+        return self.backend.call(fn, sender)
+
+    def events(self, from_block: int | None = None) -> EventCursor:
+        """A cursor over token + protocol events, from the deployment block by default."""
+        start = self.deployment.block if from_block is None else from_block
+        return EventCursor(
+            self.backend, self.decoder, [self.token.address, self.contract.address], start
+        )
+
+    # token
+    def balance(self, who: str | None = None) -> int:
+        return self._view(self.token.functions.balanceOf(who or self.address))
+
+    def transfer(self, to: str, amount: int, gas: int | None = None) -> Receipt:
+        return self._send(self.token.functions.transfer(to, amount), gas)
+
+    def approve(self, spender: str, amount: int) -> Receipt:
+        return self._send(self.token.functions.approve(spender, amount))
+
+    def mint(self, to: str, amount: int) -> Receipt:
+        return self._send(self.token.functions.mint(to, amount))
+
+    def set_minter(self, minter: str, enabled: bool) -> Receipt:
+        return self._send(self.token.functions.set_minter(minter, enabled))
+
+    # roles
+    def set_validator(self, validator: str, enabled: bool = True) -> Receipt:
+        return self._send(self.contract.functions.set_validator(validator, enabled))
+
+    def transfer_federator(self, federator: str) -> Receipt:
+        return self._send(self.contract.functions.transfer_federator(federator))
+
+    def is_validator(self, who: str) -> bool:
+        return self._view(self.contract.functions.validators(who))
+
+    def federator(self) -> str:
+        return self._view(self.contract.functions.federator())
+
+    # stake
+    def register_provider(self, amount: int, approve: bool = True) -> Receipt:
+        if approve:
+            self.approve(self.contract.address, amount)
+        return self._send(self.contract.functions.register_provider(amount))
+
+    def add_stake(self, amount: int, approve: bool = True) -> Receipt:
+        if approve:
+            self.approve(self.contract.address, amount)
+        return self._send(self.contract.functions.add_stake(amount))
+
+    def request_unstake(self, amount: int) -> Receipt:
+        return self._send(self.contract.functions.request_unstake(amount))
+
+    def withdraw(self, gas: int | None = None) -> Receipt:
+        return self._send(self.contract.functions.withdraw(), gas)
+
+    def slash(self, provider: str, amount: int) -> Receipt:
+        return self._send(self.contract.functions.slash(provider, amount))
+
+    def collect_slashed(self, receiver: str) -> Receipt:
+        return self._send(self.contract.functions.collect_slashed(receiver))
+
+    def set_stake_params(
+        self, min_stake: int, stake_per_unit: int, unbonding_delay: int
+    ) -> Receipt:
+        fn = self.contract.functions.set_stake_params(min_stake, stake_per_unit, unbonding_delay)
+        return self._send(fn)
+
+    def provider(self, who: str | None = None) -> ProviderInfo:
+        return ProviderInfo(*self._view(self.contract.functions.providers(who or self.address)))
+
+    def required_stake(self, who: str | None = None) -> int:
+        return self._view(self.contract.functions.required_stake(who or self.address))
+
+    def totals(self) -> dict[str, int]:
+        f = self.contract.functions
+        return {
+            "stake": self._view(f.total_stake()),
+            "unbonding": self._view(f.total_unbonding()),
+            "slashed": self._view(f.total_slashed()),
+            "claimed": self._view(f.total_claimed()),
+        }
+
+    # nodes
+    def add_node(
+        self, node_key: LocalAccount, compute_units: int, signature: bytes | None = None
+    ) -> Receipt:
+        """Add a node, signing the ownership proof with its key unless `signature` is given."""
+        if signature is None:
+            signature = sign_ownership(
+                node_key.key, self.contract.address, self.backend.chain_id, self.address
+            )
+        return self._send(
+            self.contract.functions.add_node(node_key.address, compute_units, signature)
+        )
+
+    def remove_node(self, node: str) -> Receipt:
+        return self._send(self.contract.functions.remove_node(node))
+
+    def node(self, node: str) -> NodeInfo:
+        return NodeInfo(*self._view(self.contract.functions.node_info(node)))
+
+    # pools
+    def create_domain(self, name: str) -> int:
+        return (
+            self._send(self.contract.functions.create_domain(name))
+            .event("DomainCreated")
+            .args["domain"]
+        )
+
+    def find_domain(self, name: str) -> int | None:
+        """The id of the first domain called `name`, or None (reads views, no log scan)."""
+        f = self.contract.functions
+        for domain in range(1, self._view(f.domain_count()) + 1):
+            if self._view(f.domain_names(domain)) == name:
+                return domain
+        return None
+
+    def create_pool(self, domain: int, manager: str, reward_rate: int) -> int:
+        r = self._send(self.contract.functions.create_pool(domain, manager, reward_rate))
+        return r.event("PoolCreated").args["pool"]
+
+    def start_pool(self, pool: int) -> Receipt:
+        return self._send(self.contract.functions.start_pool(pool))
+
+    def complete_pool(self, pool: int) -> Receipt:
+        return self._send(self.contract.functions.complete_pool(pool))
+
+    def set_reward_rate(self, pool: int, rate: int) -> Receipt:
+        return self._send(self.contract.functions.set_reward_rate(pool, rate))
+
+    def sign_invite(self, pool: int, node: str, nonce: int, expiry: int) -> bytes:
+        """An invite for `node`, signed by this client's account (the pool manager)."""
+        info = self.pool(pool)
+        return sign_invite(
+            self._signer().key,
+            self.contract.address,
+            self.backend.chain_id,
+            info.domain,
+            pool,
+            node,
+            nonce,
+            expiry,
+        )
+
+    def join_pool(self, pool: int, node: str, nonce: int, expiry: int, signature: bytes) -> Receipt:
+        return self._send(self.contract.functions.join_pool(pool, node, nonce, expiry, signature))
+
+    def leave_pool(self, node: str) -> Receipt:
+        return self._send(self.contract.functions.leave_pool(node))
+
+    def eject_node(self, pool: int, node: str) -> Receipt:
+        return self._send(self.contract.functions.eject_node(pool, node))
+
+    def blacklist_node(self, pool: int, node: str) -> Receipt:
+        return self._send(self.contract.functions.blacklist_node(pool, node))
+
+    def pool(self, pool: int) -> PoolInfo:
+        return PoolInfo(*self._view(self.contract.functions.pool_info(pool)))
+
+    def is_blacklisted(self, pool: int, node: str) -> bool:
+        return self._view(self.contract.functions.blacklisted(pool, node))
+
+    # work and rewards
+    def submit_work(self, pool: int, node: str, file_sha256: bytes, units: int) -> Receipt:
+        return self._send(self.contract.functions.submit_work(pool, node, file_sha256, units))
+
+    def hard_invalidate(self, file_sha256: bytes) -> Receipt:
+        return self._send(self.contract.functions.hard_invalidate(file_sha256))
+
+    def soft_invalidate(self, file_sha256: bytes) -> Receipt:
+        return self._send(self.contract.functions.soft_invalidate(file_sha256))
+
+    def claim(self, files: list[bytes], gas: int | None = None) -> Receipt:
+        return self._send(self.contract.functions.claim(list(files)), gas)
+
+    def set_work_params(self, invalidation_window: int, lock_period: int, penalty: int) -> Receipt:
+        fn = self.contract.functions.set_work_params(invalidation_window, lock_period, penalty)
+        return self._send(fn)
+
+    def work(self, file_sha256: bytes) -> WorkInfo:
+        return WorkInfo(*self._view(self.contract.functions.work_info(file_sha256)))
+
+    def claimable(self, file_sha256: bytes) -> bool:
+        return self._view(self.contract.functions.claimable(file_sha256))

@@ -1,0 +1,59 @@
+"""Typed configuration of the protocol contracts and of the chain connection."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from meshrl.config import Config
+
+__all__ = ["ChainConfig", "ProtocolParams", "hex_address", "hex_key"]
+
+
+def hex_key(value: object) -> object:
+    """A key typed on the command line arrives as a TOML hex integer: make it text again."""
+    return f"0x{value:064x}" if isinstance(value, int) else value
+
+
+def hex_address(value: object) -> object:
+    """A checksummed address; one typed on the command line arrives as a TOML hex integer."""
+    if isinstance(value, list):
+        return [hex_address(v) for v in value]
+    if isinstance(value, int):
+        value = f"0x{value:040x}"
+    if not isinstance(value, str) or value == "":
+        return value
+    from eth_utils import is_address, to_checksum_address
+
+    if not is_address(value):
+        raise ValueError(f"not an address: {value!r}")
+    return to_checksum_address(value)
+
+
+TOKEN = 10**18
+
+
+class ProtocolParams(Config):
+    """Constructor arguments of the contracts (amounts in token base units, times in seconds)."""
+
+    token_name: str = Field("Mesh Token", description="ERC-20 name")
+    token_symbol: str = Field("MESH", description="ERC-20 symbol")
+    min_stake: int = Field(100 * TOKEN, ge=0, description="stake needed to register a provider")
+    stake_per_unit: int = Field(10 * TOKEN, ge=0, description="stake required per compute unit")
+    unbonding_delay: int = Field(7 * 86400, ge=0, description="seconds before unstaked tokens free")
+    invalidation_window: int = Field(3600, ge=0, description="seconds validators may invalidate")
+    lock_period: int = Field(86400, ge=0, description="seconds before a reward is claimable")
+    slash_penalty: int = Field(50 * TOKEN, ge=0, description="stake slashed on hard invalidation")
+
+
+class ChainConfig(Config):
+    """Which chain to talk to and with which key."""
+
+    backend: Literal["eth-tester", "rpc"] = Field("rpc", description="eth-tester or rpc")
+    rpc_url: str = Field("http://127.0.0.1:8545", description="JSON-RPC endpoint")
+    deployment: str = Field("runs/chain/deployment.json", description="contract addresses file")
+    private_key: str = Field("", description="hex key that signs transactions (empty: none)")
+    chain_id: int = Field(0, description="refuse a node on another chain (84532: Base Sepolia)")
+
+    _key = field_validator("private_key", mode="before")(hex_key)

@@ -1,0 +1,250 @@
+# pragma version ~=0.4.3
+"""
+@title Compute pools
+@notice The federator creates domains and pools (each with a manager key and a reward rate
+        per work unit). A pool goes pending -> active -> completed. A node joins an active pool
+        only with a one-time invite the manager signed (EIP-191) over
+        keccak256(abi_encode(protocol, chain id, domain, pool, node, nonce, expiry)).
+"""
+
+from . import roles
+from . import sig
+from . import nodes
+
+uses: roles
+uses: nodes
+
+PENDING: constant(uint8) = 1
+ACTIVE: constant(uint8) = 2
+COMPLETED: constant(uint8) = 3
+
+struct Pool:
+    domain: uint256
+    manager: address
+    status: uint8
+    reward_rate: uint256
+    node_count: uint256
+
+event DomainCreated:
+    domain: indexed(uint256)
+    name: String[64]
+
+event PoolCreated:
+    pool: indexed(uint256)
+    domain: indexed(uint256)
+    manager: address
+    reward_rate: uint256
+
+event PoolStatusChanged:
+    pool: indexed(uint256)
+    status: uint8
+
+event RewardRateSet:
+    pool: indexed(uint256)
+    reward_rate: uint256
+
+event NodeJoined:
+    pool: indexed(uint256)
+    node: indexed(address)
+    nonce: uint256
+
+event NodeLeft:
+    pool: indexed(uint256)
+    node: indexed(address)
+
+event NodeEjected:
+    pool: indexed(uint256)
+    node: indexed(address)
+    by: address
+
+event NodeBlacklisted:
+    pool: indexed(uint256)
+    node: indexed(address)
+
+
+domain_names: public(HashMap[uint256, String[64]])
+domain_count: public(uint256)
+pool_info: public(HashMap[uint256, Pool])
+pool_count: public(uint256)
+invite_used: public(HashMap[bytes32, bool])
+blacklisted: public(HashMap[uint256, HashMap[address, bool]])
+
+
+@external
+def create_domain(name: String[64]) -> uint256:
+    """
+    @notice Create a domain (a family of tasks); ids start at 1.
+    @dev Federator only.
+    @param name A human-readable name.
+    @return The new domain id.
+    """
+    roles._check_federator()
+    assert len(name) > 0, "pools: empty name"
+    self.domain_count += 1
+    self.domain_names[self.domain_count] = name
+    log DomainCreated(domain=self.domain_count, name=name)
+    return self.domain_count
+
+
+@external
+def create_pool(domain: uint256, manager: address, reward_rate: uint256) -> uint256:
+    """
+    @notice Create a pending pool in `domain`; ids start at 1.
+    @dev Federator only.
+    @param domain An existing domain id.
+    @param manager The key that signs invites and may eject nodes.
+    @param reward_rate Reward (token base units) per work unit.
+    @return The new pool id.
+    """
+    roles._check_federator()
+    assert domain != 0 and domain <= self.domain_count, "pools: unknown domain"
+    assert manager != empty(address), "pools: zero address"
+    self.pool_count += 1
+    pid: uint256 = self.pool_count
+    self.pool_info[pid] = Pool(domain=domain, manager=manager, status=PENDING, reward_rate=reward_rate, node_count=0)
+    log PoolCreated(pool=pid, domain=domain, manager=manager, reward_rate=reward_rate)
+    return pid
+
+
+@external
+def start_pool(pool: uint256):
+    """
+    @notice Move a pool from pending to active.
+    @dev Federator or the pool's manager.
+    @param pool The pool id.
+    """
+    self._check_admin(pool)
+    assert self.pool_info[pool].status == PENDING, "pools: not pending"
+    self.pool_info[pool].status = ACTIVE
+    log PoolStatusChanged(pool=pool, status=ACTIVE)
+
+
+@external
+def complete_pool(pool: uint256):
+    """
+    @notice Move a pool from active to completed; no more joins or work.
+    @dev Federator or the pool's manager.
+    @param pool The pool id.
+    """
+    self._check_admin(pool)
+    assert self.pool_info[pool].status == ACTIVE, "pools: not active"
+    self.pool_info[pool].status = COMPLETED
+    log PoolStatusChanged(pool=pool, status=COMPLETED)
+
+
+@external
+def set_reward_rate(pool: uint256, reward_rate: uint256):
+    """
+    @notice Set the reward per work unit for work submitted from now on.
+    @dev Federator only.
+    @param pool The pool id.
+    @param reward_rate Token base units per work unit.
+    """
+    roles._check_federator()
+    assert self.pool_info[pool].status != 0, "pools: unknown pool"
+    self.pool_info[pool].reward_rate = reward_rate
+    log RewardRateSet(pool=pool, reward_rate=reward_rate)
+
+
+@external
+def join_pool(pool: uint256, node: address, nonce: uint256, expiry: uint256, signature: Bytes[65]):
+    """
+    @notice Join `node` to an active pool with the manager's invite.
+    @dev Called by the node key or its provider. Each invite works once.
+    @param pool The pool id.
+    @param node The node joining.
+    @param nonce The invite's nonce.
+    @param expiry Unix time after which the invite is refused.
+    @param signature The manager's EIP-191 signature over `invite_digest(...)`.
+    """
+    p: Pool = self.pool_info[pool]
+    assert p.status == ACTIVE, "pools: not active"
+    assert nodes.node_info[node].provider != empty(address), "pools: unknown node"
+    nodes._check_controller(node)
+    assert nodes.node_info[node].pool == 0, "pools: node already in a pool"
+    assert not self.blacklisted[pool][node], "pools: node blacklisted"
+    assert block.timestamp <= expiry, "pools: invite expired"
+    digest: bytes32 = self._invite_digest(p.domain, pool, node, nonce, expiry)
+    assert not self.invite_used[digest], "pools: invite used"
+    assert sig._recover(digest, signature) == p.manager, "pools: bad invite signature"
+    self.invite_used[digest] = True
+    nodes._set_pool(node, pool)
+    self.pool_info[pool].node_count += 1
+    log NodeJoined(pool=pool, node=node, nonce=nonce)
+
+
+@external
+def leave_pool(node: address):
+    """
+    @notice Take `node` out of its pool.
+    @dev Called by the node key or its provider.
+    @param node The node leaving.
+    """
+    nodes._check_controller(node)
+    pool: uint256 = nodes.node_info[node].pool
+    assert pool != 0, "pools: node not in a pool"
+    self._remove(pool, node)
+    log NodeLeft(pool=pool, node=node)
+
+
+@external
+def eject_node(pool: uint256, node: address):
+    """
+    @notice Remove `node` from `pool`.
+    @dev Federator or the pool's manager.
+    @param pool The pool id.
+    @param node The node to eject.
+    """
+    self._check_admin(pool)
+    assert nodes.node_info[node].pool == pool, "pools: node not in pool"
+    self._eject(pool, node)
+
+
+@external
+def blacklist_node(pool: uint256, node: address):
+    """
+    @notice Eject `node` from `pool` (if in it) and refuse its future joins there.
+    @dev Federator or the pool's manager.
+    @param pool The pool id.
+    @param node The node to blacklist.
+    """
+    self._check_admin(pool)
+    self.blacklisted[pool][node] = True
+    if nodes.node_info[node].pool == pool:
+        self._eject(pool, node)
+    log NodeBlacklisted(pool=pool, node=node)
+
+
+@external
+@view
+def invite_digest(domain: uint256, pool: uint256, node: address, nonce: uint256, expiry: uint256) -> bytes32:
+    """
+    @notice The digest a pool manager signs (EIP-191) to invite `node`.
+    @return keccak256(abi_encode(this contract, chain id, domain, pool, node, nonce, expiry)).
+    """
+    return self._invite_digest(domain, pool, node, nonce, expiry)
+
+
+@internal
+@view
+def _invite_digest(domain: uint256, pool: uint256, node: address, nonce: uint256, expiry: uint256) -> bytes32:
+    return keccak256(abi_encode(self, chain.id, domain, pool, node, nonce, expiry))
+
+
+@internal
+@view
+def _check_admin(pool: uint256):
+    assert self.pool_info[pool].status != 0, "pools: unknown pool"
+    assert msg.sender == roles.federator or msg.sender == self.pool_info[pool].manager, "pools: not pool admin"
+
+
+@internal
+def _remove(pool: uint256, node: address):
+    nodes._set_pool(node, 0)
+    self.pool_info[pool].node_count -= 1
+
+
+@internal
+def _eject(pool: uint256, node: address):
+    self._remove(pool, node)
+    log NodeEjected(pool=pool, node=node, by=msg.sender)

@@ -1,0 +1,43 @@
+# pragma version ~=0.4.3
+"""
+@title meshrl protocol
+@notice One contract composed of the roles, stake, nodes, pools and work modules.
+@dev The stake/reward token is a separate ERC-20 (token.vy); this contract must be one of
+     its minters so claimed rewards can be minted.
+"""
+
+from ethereum.ercs import IERC20
+from . import roles
+from . import stake
+from . import nodes
+from . import pools
+from . import work
+
+initializes: roles
+initializes: stake[roles := roles]
+initializes: nodes[stake := stake]
+initializes: pools[roles := roles, nodes := nodes]
+initializes: work[roles := roles, stake := stake, nodes := nodes, pools := pools]
+
+exports: (
+    roles.__interface__,
+    stake.__interface__,
+    nodes.__interface__,
+    pools.__interface__,
+    work.__interface__,
+)
+
+
+@deploy
+def __init__(
+    token: IERC20,
+    min_stake: uint256,
+    stake_per_unit: uint256,
+    unbonding_delay: uint256,
+    invalidation_window: uint256,
+    lock_period: uint256,
+    slash_penalty: uint256,
+):
+    roles.__init__()
+    stake.__init__(token, min_stake, stake_per_unit, unbonding_delay)
+    work.__init__(invalidation_window, lock_period, slash_penalty)

@@ -1,0 +1,232 @@
+# pragma version ~=0.4.3
+"""
+@title Stake
+@notice Providers register with stake. The minimum stake grows with the compute units of
+        their nodes; unstaking waits out an unbonding delay; validators may slash.
+@dev Slashed tokens stay in the contract (`total_slashed`) until the federator collects them.
+     Invariant: total_stake == sum(stake), total_unbonding == sum(unbonding).
+"""
+
+from ethereum.ercs import IERC20
+from . import roles
+
+uses: roles
+
+struct Provider:
+    registered: bool
+    stake: uint256
+    unbonding: uint256
+    unlock_at: uint256
+    compute_units: uint256
+
+event ProviderRegistered:
+    provider: indexed(address)
+    amount: uint256
+
+event StakeAdded:
+    provider: indexed(address)
+    amount: uint256
+
+event UnstakeRequested:
+    provider: indexed(address)
+    amount: uint256
+    unlock_at: uint256
+
+event Withdrawn:
+    provider: indexed(address)
+    amount: uint256
+
+event Slashed:
+    provider: indexed(address)
+    amount: uint256
+    by: indexed(address)
+
+event StakeParamsSet:
+    min_stake: uint256
+    stake_per_unit: uint256
+    unbonding_delay: uint256
+
+
+token: public(IERC20)
+providers: public(HashMap[address, Provider])
+total_stake: public(uint256)
+total_unbonding: public(uint256)
+total_slashed: public(uint256)
+min_stake: public(uint256)
+stake_per_unit: public(uint256)
+unbonding_delay: public(uint256)
+
+
+@deploy
+def __init__(token: IERC20, min_stake: uint256, stake_per_unit: uint256, unbonding_delay: uint256):
+    self.token = token
+    self._set_params(min_stake, stake_per_unit, unbonding_delay)
+
+
+@external
+@nonreentrant
+def register_provider(amount: uint256):
+    """
+    @notice Register the caller as a provider, staking `amount` (needs a token allowance).
+    @param amount Initial stake; at least `min_stake`.
+    """
+    assert not self.providers[msg.sender].registered, "stake: already registered"
+    assert amount >= self.min_stake, "stake: below minimum"
+    self.providers[msg.sender].registered = True
+    self._deposit(amount)
+    log ProviderRegistered(provider=msg.sender, amount=amount)
+
+
+@external
+@nonreentrant
+def add_stake(amount: uint256):
+    """
+    @notice Add `amount` to the caller's stake (needs a token allowance).
+    @param amount The amount to add; must be positive.
+    """
+    assert self.providers[msg.sender].registered, "stake: not a provider"
+    assert amount > 0, "stake: zero amount"
+    self._deposit(amount)
+    log StakeAdded(provider=msg.sender, amount=amount)
+
+
+@external
+def request_unstake(amount: uint256):
+    """
+    @notice Move `amount` of stake into unbonding; it can be withdrawn after the delay.
+    @dev The remaining stake must still cover the minimum for the caller's nodes. A new
+         request restarts the delay for everything unbonding.
+    @param amount The amount to unbond.
+    """
+    p: Provider = self.providers[msg.sender]
+    assert p.registered, "stake: not a provider"
+    assert amount > 0, "stake: zero amount"
+    assert amount <= p.stake, "stake: amount exceeds stake"
+    assert p.stake - amount >= self._required(p.compute_units), "stake: below minimum for nodes"
+    unlock_at: uint256 = block.timestamp + self.unbonding_delay
+    self.providers[msg.sender].stake = p.stake - amount
+    self.providers[msg.sender].unbonding = p.unbonding + amount
+    self.providers[msg.sender].unlock_at = unlock_at
+    self.total_stake -= amount
+    self.total_unbonding += amount
+    log UnstakeRequested(provider=msg.sender, amount=amount, unlock_at=unlock_at)
+
+
+@external
+@nonreentrant
+def withdraw() -> uint256:
+    """
+    @notice Withdraw everything whose unbonding delay has passed.
+    @return The amount transferred to the caller.
+    """
+    p: Provider = self.providers[msg.sender]
+    assert p.unbonding > 0, "stake: nothing unbonding"
+    assert block.timestamp >= p.unlock_at, "stake: still unbonding"
+    self.providers[msg.sender].unbonding = 0
+    self.total_unbonding -= p.unbonding
+    assert extcall self.token.transfer(msg.sender, p.unbonding, default_return_value=True), "stake: transfer failed"
+    log Withdrawn(provider=msg.sender, amount=p.unbonding)
+    return p.unbonding
+
+
+@external
+def slash(provider: address, amount: uint256) -> uint256:
+    """
+    @notice Take up to `amount` from a provider's stake (then from its unbonding tokens).
+    @dev Validators only.
+    @param provider The provider to slash.
+    @param amount The penalty.
+    @return The amount actually slashed.
+    """
+    roles._check_validator()
+    assert self.providers[provider].registered, "stake: not a provider"
+    return self._slash(provider, amount)
+
+
+@external
+@nonreentrant
+def collect_slashed(receiver: address) -> uint256:
+    """
+    @notice Send all slashed tokens to `receiver`.
+    @dev Federator only.
+    @param receiver The treasury account.
+    @return The amount transferred.
+    """
+    roles._check_federator()
+    amount: uint256 = self.total_slashed
+    self.total_slashed = 0
+    assert extcall self.token.transfer(receiver, amount, default_return_value=True), "stake: transfer failed"
+    return amount
+
+
+@external
+def set_stake_params(min_stake: uint256, stake_per_unit: uint256, unbonding_delay: uint256):
+    """
+    @notice Set the registration minimum, the stake per compute unit and the unbonding delay.
+    @dev Federator only.
+    @param min_stake Minimum stake to register.
+    @param stake_per_unit Stake required per compute unit of a provider's nodes.
+    @param unbonding_delay Seconds between an unstake request and its withdrawal.
+    """
+    roles._check_federator()
+    self._set_params(min_stake, stake_per_unit, unbonding_delay)
+
+
+@external
+@view
+def required_stake(provider: address) -> uint256:
+    """
+    @notice The stake `provider` must keep for the nodes it has.
+    @param provider The provider.
+    @return The minimum stake.
+    """
+    return self._required(self.providers[provider].compute_units)
+
+
+@internal
+def _set_params(min_stake: uint256, stake_per_unit: uint256, unbonding_delay: uint256):
+    self.min_stake = min_stake
+    self.stake_per_unit = stake_per_unit
+    self.unbonding_delay = unbonding_delay
+    log StakeParamsSet(min_stake=min_stake, stake_per_unit=stake_per_unit, unbonding_delay=unbonding_delay)
+
+
+@internal
+@view
+def _required(compute_units: uint256) -> uint256:
+    if compute_units == 0:
+        return 0
+    return max(self.min_stake, compute_units * self.stake_per_unit)
+
+
+@internal
+def _deposit(amount: uint256):
+    self.providers[msg.sender].stake += amount
+    self.total_stake += amount
+    assert extcall self.token.transferFrom(msg.sender, self, amount, default_return_value=True), "stake: transfer failed"
+
+
+@internal
+def _slash(provider: address, amount: uint256) -> uint256:
+    p: Provider = self.providers[provider]
+    from_stake: uint256 = min(amount, p.stake)
+    from_unbonding: uint256 = min(amount - from_stake, p.unbonding)
+    self.providers[provider].stake = p.stake - from_stake
+    self.providers[provider].unbonding = p.unbonding - from_unbonding
+    self.total_stake -= from_stake
+    self.total_unbonding -= from_unbonding
+    self.total_slashed += from_stake + from_unbonding
+    log Slashed(provider=provider, amount=from_stake + from_unbonding, by=msg.sender)
+    return from_stake + from_unbonding
+
+
+@internal
+def _add_units(provider: address, units: uint256):
+    new_units: uint256 = self.providers[provider].compute_units + units
+    assert self.providers[provider].stake >= self._required(new_units), "stake: below minimum for nodes"
+    self.providers[provider].compute_units = new_units
+
+
+@internal
+def _remove_units(provider: address, units: uint256):
+    self.providers[provider].compute_units -= units

@@ -1,0 +1,103 @@
+"""Plain records the client returns: deployment file, receipts, and decoded contract state."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from meshrl.protocol.events import Event
+
+__all__ = [
+    "Deployment",
+    "NodeInfo",
+    "PoolInfo",
+    "PoolStatus",
+    "ProviderInfo",
+    "Receipt",
+    "WorkInfo",
+    "WorkStatus",
+]
+
+
+class PoolStatus:
+    NONE, PENDING, ACTIVE, COMPLETED = 0, 1, 2, 3
+
+
+class WorkStatus:
+    NONE, SUBMITTED, SOFT_INVALIDATED, HARD_INVALIDATED, CLAIMED = 0, 1, 2, 3, 4
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Where the contracts live; written to a JSON file that every role reads."""
+
+    chain_id: int
+    token: str
+    protocol: str
+    federator: str
+    block: int
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1) + "\n")
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Deployment:
+        return cls(**json.loads(Path(path).read_text()))
+
+
+@dataclass(frozen=True)
+class Receipt:
+    tx_hash: str
+    block: int
+    gas_used: int
+    events: list[Event]
+
+    def event(self, name: str) -> Event:
+        """The first event called `name` (KeyError if none)."""
+        for e in self.events:
+            if e.name == name:
+                return e
+        raise KeyError(f"no {name} event in tx {self.tx_hash}")
+
+
+@dataclass(frozen=True)
+class ProviderInfo:
+    registered: bool
+    stake: int
+    unbonding: int
+    unlock_at: int
+    compute_units: int
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    provider: str
+    compute_units: int
+    pool: int
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    domain: int
+    manager: str
+    status: int
+    reward_rate: int
+    node_count: int
+
+
+@dataclass(frozen=True)
+class WorkInfo:
+    pool: int
+    node: str
+    provider: str
+    units: int
+    reward: int
+    submitted_at: int
+    unlock_at: int
+    generation: int
+    status: int

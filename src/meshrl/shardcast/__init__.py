@@ -1,0 +1,54 @@
+"""Shardcast: broadcast checkpoints through an HTTP relay tree (origin → relays → workers).
+
+    origin = Origin(OriginConfig(root="store")); await origin.start()
+    await origin.publish("model_dir", version=step)
+    async with ShardcastClient([origin_url, relay_url]) as c:
+        await c.fetch("weights", version=step)       # or c.follow(out_dir, callback)
+"""
+
+from meshrl.shardcast.client import FetchResult, ShardcastClient
+from meshrl.shardcast.config import (
+    ClientConfig,
+    FetchConfig,
+    OriginConfig,
+    PublishConfig,
+    RelayConfig,
+    ServerConfig,
+    ServersConfig,
+)
+from meshrl.shardcast.errors import (
+    OutputWriteError,
+    ShardcastError,
+    ShardUnavailableError,
+    VersionNotFoundError,
+)
+from meshrl.shardcast.manifest import FileEntry, Manifest, ManifestError, ShardEntry, build_manifest
+from meshrl.shardcast.relay import Origin, Relay
+from meshrl.shardcast.server import ShardServer
+from meshrl.shardcast.store import StoreError, VersionStore
+
+__all__ = [
+    "ClientConfig",
+    "FetchConfig",
+    "FetchResult",
+    "FileEntry",
+    "Manifest",
+    "ManifestError",
+    "Origin",
+    "OriginConfig",
+    "OutputWriteError",
+    "PublishConfig",
+    "Relay",
+    "RelayConfig",
+    "ServerConfig",
+    "ServersConfig",
+    "ShardEntry",
+    "ShardServer",
+    "ShardUnavailableError",
+    "ShardcastClient",
+    "ShardcastError",
+    "StoreError",
+    "VersionNotFoundError",
+    "VersionStore",
+    "build_manifest",
+]

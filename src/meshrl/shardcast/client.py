@@ -1,0 +1,406 @@
+"""The shardcast client: fetch a version from several servers at once, verified, atomically.
+
+A fetch finds the version (waiting for it if no server has it yet), takes its manifest, then
+runs `concurrency` shard workers. Each worker asks the pool for a server holding its shard
+(relays that mirror a version announce shards as they verify them), streams the shard into
+memory, resuming with `Range` on another server after a failure, checks its sha256 and only then
+writes it at its offset in a temporary output, which is renamed into place when every shard is
+in. Unverified bytes never reach the disk, and the memory held is at most `concurrency` shards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import shutil
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from meshrl.log import get_logger, log_event
+from meshrl.shardcast.config import ClientConfig
+from meshrl.shardcast.errors import (
+    OutputWriteError,
+    ShardUnavailableError,
+    VersionNotFoundError,
+)
+from meshrl.shardcast.manifest import Manifest, ManifestError
+from meshrl.shardcast.pool import ServerPool, ServerState
+from meshrl.shardcast.store import ShardWriter, file_paths, place_output, verify_files
+from meshrl.shardcast.transport import (
+    AiohttpTransport,
+    RawHttpTransport,
+    ShardBuffer,
+    ShardTransport,
+    TransferError,
+)
+
+__all__ = ["FetchResult", "ShardcastClient"]
+
+log = get_logger("meshrl.shardcast.client")
+
+
+@dataclass
+class FetchResult:
+    version: int
+    path: Path
+    bytes: int
+    seconds: float
+    servers: dict[str, dict[str, Any]]
+
+
+class ShardcastClient:
+    """Fetches versions from `urls`.
+
+    `session` (aiohttp) carries the small JSON requests; `transport` moves shard bytes (default:
+    RawHttpTransport for http:// servers, see `transport.py`). Both can be injected.
+    """
+
+    def __init__(
+        self,
+        urls: list[str],
+        cfg: ClientConfig | None = None,
+        session: aiohttp.ClientSession | None = None,
+        seed: int | None = None,
+        transport: ShardTransport | None = None,
+    ) -> None:
+        self.cfg = cfg or ClientConfig()
+        self.pool = ServerPool(urls, self.cfg.failure_decay, seed)
+        self._session, self._own_session = session, session is None
+        self._avail = asyncio.Event()
+        if transport is None:
+            plain = all(u.startswith("http://") for u in urls)
+            if self.cfg.transport == "raw" and plain:
+                transport = RawHttpTransport(self.cfg.connect_timeout)
+            else:
+                transport = AiohttpTransport(self.session)
+        self.transport = transport
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            conn = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+            self._session = aiohttp.ClientSession(connector=conn)
+        return self._session
+
+    async def close(self) -> None:
+        await self.transport.close()
+        if self._own_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> ShardcastClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _timeout(self, total: float | None = None) -> aiohttp.ClientTimeout:
+        c = self.cfg
+        return aiohttp.ClientTimeout(total=total, sock_connect=c.connect_timeout,
+                                     sock_read=c.stall_timeout)
+
+    async def _get_json(self, url: str, timeout: float | None = None) -> Any:
+        async with self.session.get(url, timeout=self._timeout(timeout)) as r:
+            if r.status != 200:
+                raise TransferError(f"{url}: HTTP {r.status}", r.status)
+            return await r.json(content_type=None)
+
+    # ---- discovery ----------------------------------------------------------------------
+    async def wait_for_version(self, version: int | None = None, after: int = -1) -> int:
+        """`version` once some server holds it, else the newest version > `after` (long-poll)."""
+        deadline = time.monotonic() + self.cfg.wait_timeout
+        floor = version - 1 if version is not None else after
+        while True:
+            wait = max(0.0, min(deadline - time.monotonic(), 10.0))
+            urls = list(self.pool.servers)
+            tasks = [asyncio.create_task(self._get_json(f"{u}/versions?after={floor}&wait={wait}",
+                                                        wait + self.cfg.connect_timeout + 5))
+                     for u in urls]
+            newest, beyond = None, True
+            try:
+                for fut in asyncio.as_completed(tasks):
+                    try:
+                        listing = await fut
+                    except (aiohttp.ClientError, TimeoutError, TransferError, ValueError):
+                        beyond = False
+                        continue
+                    held = set(listing["complete"]) | set(listing["partial"])
+                    if version is not None and version in held:
+                        return version
+                    if version is None and held and max(held) > after:
+                        return max(held)
+                    beyond &= bool(held) and min(held) > (version or 0)
+                    newest = listing["latest"] if newest is None else newest
+            finally:
+                for t in tasks:
+                    t.cancel()
+            if version is not None and beyond and newest is not None:
+                raise VersionNotFoundError(f"shardcast: version {version} no longer held anywhere")
+            if time.monotonic() >= deadline:
+                what = f"version {version}" if version is not None else f"a version > {after}"
+                raise VersionNotFoundError(f"shardcast: {what} did not appear in time")
+            await asyncio.sleep(self.cfg.poll_interval)
+
+    async def get_manifest(self, version: int) -> Manifest:
+        """The version's manifest, taken from the first server in URL order that serves it."""
+        for s in self.pool.servers.values():
+            s.manifest_digest, s.complete, s.have = None, False, set()
+        found = await asyncio.gather(
+            *(self._server_manifest(s, version) for s in self.pool.servers.values()))
+        chosen = next((m for m in found if m is not None), None)
+        if chosen is None:
+            raise VersionNotFoundError(f"shardcast: no server serves manifest {version}")
+        for s in self.pool.servers.values():
+            if s.manifest_digest not in (None, chosen.digest):
+                log_event(log, "manifest mismatch, server ignored", url=s.url, version=version)
+        return chosen
+
+    async def _server_manifest(self, s: ServerState, version: int) -> Manifest | None:
+        try:
+            async with self.session.get(f"{s.url}/v/{version}/manifest",
+                                        timeout=self._timeout(self.cfg.stall_timeout)) as r:
+                if r.status != 200:
+                    return None
+                m = Manifest.from_json(await r.read())
+        except (aiohttp.ClientError, TimeoutError, ManifestError):
+            return None
+        if m.version != version:
+            return None
+        s.manifest_digest = m.digest
+        await self._refresh_have(s, version)
+        return m
+
+    async def _refresh_have(self, s: ServerState, version: int) -> None:
+        try:
+            info = await self._get_json(f"{s.url}/v/{version}/have", self.cfg.stall_timeout)
+        except (aiohttp.ClientError, TimeoutError, TransferError, ValueError):
+            return
+        self._set_have(s, info)
+
+    def _set_have(self, s: ServerState, info: dict[str, Any]) -> None:
+        before = (s.complete, len(s.have))
+        s.complete, s.have = bool(info["complete"]), set(info["have"] or ())
+        if (s.complete, len(s.have)) != before:
+            self._avail.set()
+
+    async def _watch(self, s: ServerState, m: Manifest) -> None:
+        """Keep one server's availability current while `m` downloads (long-polls, no spinning)."""
+        v, lp, errors = m.version, self.cfg.long_poll, 0
+        while True:
+            try:
+                if s.complete and s.manifest_digest == m.digest:
+                    await asyncio.sleep(lp)  # nothing to learn unless a shard 404s there
+                elif s.manifest_digest is None:  # wait until it holds the version
+                    listing = await self._get_json(f"{s.url}/versions?after={v - 1}&wait={lp}",
+                                                   lp + self.cfg.stall_timeout)
+                    if v in set(listing["complete"]) | set(listing["partial"]):
+                        await self._server_manifest(s, v)
+                    elif listing["latest"] is not None and listing["latest"] >= v:
+                        return  # it moved past this version without holding it
+                elif s.manifest_digest != m.digest:
+                    return  # it serves another manifest for this version: never used
+                else:
+                    info = await self._get_json(
+                        f"{s.url}/v/{v}/have?known={len(s.have)}&wait={lp}",
+                        lp + self.cfg.stall_timeout)
+                    self._set_have(s, info)
+                    await asyncio.sleep(self.cfg.poll_interval)  # batch the next announcements
+                errors = 0
+            except TransferError as e:
+                if e.status == 404:  # it dropped the version (e.g. an aborted mirror)
+                    s.manifest_digest, s.complete, s.have = None, False, set()
+                errors += 1
+            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
+                errors += 1
+            if errors:
+                await asyncio.sleep(min(self.cfg.poll_interval * 2**errors, self.cfg.max_backoff))
+
+    # ---- shards -------------------------------------------------------------------------
+    async def fetch_shards(
+        self,
+        m: Manifest,
+        sink: Callable[[int, memoryview], None],
+        on_shard: Callable[[int], None] | None = None,
+    ) -> None:
+        """Download, verify and `sink(index, data)` (in a thread) every shard of `m`.
+
+        `data` is only valid during the call (its buffer is reused for the next shard).
+        """
+        pending = [shard.index for shard in m.shards]
+        if self.cfg.shard_order == "random":  # spreads clients over the shards relays hold
+            self.pool.rng.shuffle(pending)
+        deadline = time.monotonic() + self.cfg.wait_timeout
+
+        async def next_shard() -> int | None:
+            """The first pending shard some server holds now (waiting while none does)."""
+            while pending:
+                for pos, index in enumerate(pending):
+                    if self.pool.available(index, m.digest):
+                        return pending.pop(pos)
+                if time.monotonic() > deadline:
+                    raise ShardUnavailableError(f"shardcast: shards {pending[:5]}... of version "
+                                                f"{m.version} are held by no reachable server")
+                self._avail.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._avail.wait(), self.cfg.poll_interval)
+            return None
+
+        async def worker() -> None:
+            buf = ShardBuffer(0)  # reused for every shard this worker fetches
+            while (index := await next_shard()) is not None:
+                data = await self._get_shard(m, index, buf)
+                try:
+                    await asyncio.to_thread(sink, index, data)
+                except OSError as e:
+                    raise OutputWriteError(f"shardcast: cannot write shard {index}: {e}") from e
+                if on_shard is not None:
+                    on_shard(index)
+                progress(m.shards[index].size)
+
+        t0, done, step = time.monotonic(), [0, 0], max(1, len(m.shards) // 10)
+
+        def progress(nbytes: int) -> None:  # one log line per ~10% of the shards
+            done[0] += 1
+            done[1] += nbytes
+            if done[0] % step == 0 or done[0] == len(m.shards):
+                rate = done[1] / max(time.monotonic() - t0, 1e-9) / 1e6
+                log_event(log, "progress", version=m.version, shards=done[0],
+                          of=len(m.shards), mb=round(done[1] / 1e6, 1), mb_per_s=round(rate, 1))
+
+        watchers = [asyncio.create_task(self._watch(s, m)) for s in self.pool.servers.values()]
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for _ in range(min(self.cfg.concurrency, len(m.shards))):
+                    tg.create_task(worker())
+        except ExceptionGroup as eg:
+            raise eg.exceptions[0] from None
+        finally:
+            for w in watchers:
+                w.cancel()
+
+    async def _get_shard(self, m: Manifest, index: int, buf: ShardBuffer) -> memoryview:
+        """Shard `index`, verified, in `buf` (resumed on another server after a failure)."""
+        shard, digest = m.shards[index], m.digest
+        buf.reset(shard.size)
+        contributors, tried = set[str](), set[str]()
+        attempt, deadline = 0, time.monotonic() + self.cfg.wait_timeout
+        while attempt < self.cfg.max_attempts:
+            s = self.pool.choose(index, digest, avoid=tried)
+            if s is None:  # nobody holds it now (a relay that held it was lost)
+                if time.monotonic() > deadline:
+                    break
+                self._avail.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._avail.wait(), self.cfg.poll_interval)
+                continue
+            before, start = buf.filled, time.monotonic()
+            s.active += 1
+            try:
+                await self.transport.fetch(f"{s.url}/v/{m.version}/shard/{index}", buf,
+                                           self.cfg.stall_timeout)
+            except (OSError, TimeoutError, TransferError, aiohttp.ClientError) as e:
+                attempt += 1
+                self.pool.record_failure(s)
+                if isinstance(e, TransferError) and e.status == 404:
+                    s.complete = False  # it no longer holds the version (pruned, restarted)
+                    s.have.discard(index)
+                tried.add(s.url)
+                log_event(log, "shard transfer failed", url=s.url, shard=index, error=repr(e))
+                delay = self.cfg.backoff * 2 ** (attempt - 1)
+                await asyncio.sleep(min(delay, self.cfg.max_backoff))
+                continue
+            finally:
+                s.active -= 1
+                if buf.filled < before:  # the server restarted the shard from byte 0
+                    contributors.clear()
+                got = buf.filled - (before if buf.filled >= before else 0)
+                if got:
+                    contributors.add(s.url)
+                    self.pool.record_success(s, got, time.monotonic() - start)
+            data = buf.view()
+            if await asyncio.to_thread(_sha256, data) == shard.sha256:
+                return data
+            attempt += 1
+            for url in contributors:
+                self.pool.record_failure(self.pool.servers[url], 3.0, hash_mismatch=True)
+            tried |= contributors
+            log_event(log, "shard hash mismatch", servers=sorted(contributors), shard=index)
+            buf.filled = 0
+            contributors.clear()
+        raise ShardUnavailableError(f"shardcast: shard {index} of version {m.version} failed "
+                                    f"{attempt} times on {sorted(tried) or 'no server'}")
+
+    # ---- whole versions -----------------------------------------------------------------
+    async def fetch(self, out: str | Path, version: int | None = None) -> FetchResult:
+        """Fetch `version` (None: the latest) to `out` (a file or a directory, as published).
+
+        The previous content of `out` stays intact until the new version is complete.
+        """
+        t0 = time.monotonic()
+        log_event(log, "fetch start", version=version, out=str(out), servers=len(self.pool.servers))
+        v = await self.wait_for_version(version)
+        m = await self.get_manifest(v)
+        out = Path(out)
+        tmp = out.parent / f".{out.name}.shardcast-{uuid.uuid4().hex[:8]}"
+        writer = ShardWriter(m, [tmp] if m.kind == "file" else file_paths(m, tmp))
+        try:
+            try:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                writer.open()
+            except OSError as e:
+                raise OutputWriteError(f"shardcast: cannot write {out}: {e}") from e
+            await self.fetch_shards(m, writer.write)
+            try:
+                writer.close(sync=self.cfg.fsync)
+                if self.cfg.verify_files:
+                    await asyncio.to_thread(verify_files, m, writer.paths)
+                place_output(tmp, out)
+            except OSError as e:
+                raise OutputWriteError(f"shardcast: cannot write {out}: {e}") from e
+        finally:
+            writer.close(sync=False)
+            if tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+        dt = time.monotonic() - t0
+        log_event(log, "fetched", version=v, out=str(out), bytes=m.total_size, seconds=round(dt, 3))
+        return FetchResult(v, out, m.total_size, dt, self.pool.stats())
+
+    async def follow(
+        self,
+        out_dir: str | Path,
+        on_version: Callable[[FetchResult], Awaitable[None] | None],
+        after: int = -1,
+        keep: int = 2,
+        stop: asyncio.Event | None = None,
+    ) -> None:
+        """Fetch each new version (the newest, skipping stale ones) to `out_dir/v<N>`, then call
+        `on_version`; keeps the `keep` newest local versions. Runs until `stop` is set."""
+        out_dir, stop = Path(out_dir), stop or asyncio.Event()
+        while not stop.is_set():
+            try:
+                v = await self.wait_for_version(after=after)
+                res = await self.fetch(out_dir / f"v{v}", v)
+            except (VersionNotFoundError, ShardUnavailableError) as e:
+                log_event(log, "follow: retrying", error=str(e))
+                continue
+            after = v
+            ret = on_version(res)
+            if asyncio.iscoroutine(ret):
+                await ret
+            held = sorted((int(p.name[1:]), p) for p in out_dir.glob("v*") if p.name[1:].isdigit())
+            for _, old in held[:-keep]:
+                shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+
+
+def _sha256(data: memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()

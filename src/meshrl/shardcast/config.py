@@ -1,0 +1,85 @@
+"""Configs of the shardcast roles (origin, relay, client) and of the CLI commands."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from meshrl.config import Config
+
+__all__ = [
+    "ClientConfig",
+    "FetchConfig",
+    "OriginConfig",
+    "PublishConfig",
+    "RelayConfig",
+    "ServerConfig",
+    "ServersConfig",
+]
+
+MB = 1_000_000
+
+
+class ServerConfig(Config):
+    host: str = Field("127.0.0.1", description="bind address")
+    port: int = Field(0, ge=0, le=65535, description="bind port (0: any free port)")
+    max_upload_rate: float = Field(0.0, ge=0, description="upload cap in bytes/s (0: none)")
+    chunk_size: int = Field(1 << 20, gt=0, description="bytes per write when streaming a shard")
+    scan_interval: float = Field(0.5, gt=0, description="seconds between store re-scans")
+
+
+class ClientConfig(Config):
+    concurrency: int = Field(4, ge=1, description="shards downloaded at once")
+    transport: Literal["raw", "aiohttp"] = Field(
+        "raw", description="shard transport: minimal zero-copy HTTP/1.1, or aiohttp"
+    )
+    shard_order: Literal["random", "sequential"] = Field(
+        "random", description="order in which shards are requested"
+    )
+    max_attempts: int = Field(20, ge=1, description="attempts per shard before giving up")
+    backoff: float = Field(0.05, ge=0, description="first retry delay (s); doubles per attempt")
+    max_backoff: float = Field(2.0, ge=0, description="largest retry delay (s)")
+    connect_timeout: float = Field(5.0, gt=0, description="seconds to open a connection")
+    stall_timeout: float = Field(10.0, gt=0, description="seconds without a byte before retrying")
+    poll_interval: float = Field(0.2, gt=0, description="seconds between polls / first backoff")
+    long_poll: float = Field(10.0, gt=0, description="seconds a server may hold a long-poll")
+    wait_timeout: float = Field(600.0, ge=0, description="how long to wait for a version to appear")
+    failure_decay: float = Field(10.0, gt=0, description="seconds for a server failure to fade")
+    fsync: bool = Field(True, description="fsync the output before the atomic rename")
+    verify_files: bool = Field(False, description="re-hash whole files after the shards verify")
+
+
+class ServersConfig(Config):
+    urls: list[str] = Field(["http://127.0.0.1:8470"], description="origin / relay base URLs")
+
+
+class PublishConfig(Config):
+    src: str = Field("", description="file or checkpoint directory to publish")
+    root: str = Field("runs/shardcast/origin", description="origin store directory")
+    version: int = Field(-1, description="version (trainer step); -1: latest + 1")
+    shard_size: int = Field(50 * MB, gt=0, description="bytes per shard")
+    link: bool = Field(False, description="hard-link files into the store instead of copying")
+
+
+class OriginConfig(Config):
+    root: str = Field("runs/shardcast/origin", description="store directory")
+    keep: int = Field(5, ge=1, description="versions kept; older ones are deleted once unread")
+    server: ServerConfig = ServerConfig(port=8470)
+
+
+class RelayConfig(Config):
+    root: str = Field("runs/shardcast/relay", description="mirror directory")
+    keep: int = Field(5, ge=1, description="versions kept")
+    upstreams: list[str] = Field(["http://127.0.0.1:8470"], description="servers to mirror")
+    server: ServerConfig = ServerConfig(port=8471)
+    client: ClientConfig = ClientConfig()
+
+
+class FetchConfig(Config):
+    server: ServersConfig = ServersConfig()
+    client: ClientConfig = ClientConfig()
+    version: int = Field(-1, description="version to fetch; -1: the latest")
+    out: str = Field("", description="output path (file or directory, as published)")
+    follow: bool = Field(False, description="keep fetching new versions into out/v<N>")
+    keep: int = Field(2, ge=1, description="with follow: local versions kept")

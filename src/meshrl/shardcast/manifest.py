@@ -1,0 +1,218 @@
+"""Shardcast manifests: what a version is made of, and how every byte of it is checked.
+
+A version is one file or one directory of files (a checkpoint). Each file is cut into shards of
+`shard_size` bytes (the last one shorter); shards are numbered across the files in manifest
+order. The manifest lists every file (relative path, size, sha256 of the whole file) and every
+shard (file, offset, size, sha256). Hashes are sha256 (hashlib releases the GIL on large buffers).
+
+Clients verify each shard before it is written anywhere; since the shards cover every byte, a
+version whose shards all verify equals the published one. The whole-file sha256 is kept for
+tools outside shardcast (`sha256sum`) and for an optional extra pass (`verify_files`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = [
+    "HASH_CHUNK",
+    "MANIFEST_NAME",
+    "FileEntry",
+    "Manifest",
+    "ManifestError",
+    "ShardEntry",
+    "build_manifest",
+    "sha256_file",
+]
+
+MANIFEST_NAME = "manifest.json"
+HASH_CHUNK = 1 << 20  # stream files in 1 MiB reads
+FORMAT = 1
+
+
+class ManifestError(ValueError):
+    """A manifest that is malformed or inconsistent with itself."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FileEntry(_Frozen):
+    name: str = Field(description="path relative to the version root, '/'-separated")
+    size: int = Field(ge=0)
+    sha256: str
+
+
+class ShardEntry(_Frozen):
+    index: int = Field(ge=0)
+    file: int = Field(ge=0, description="index into Manifest.files")
+    offset: int = Field(ge=0)
+    size: int = Field(ge=0)
+    sha256: str
+
+
+class Manifest(_Frozen):
+    format: int = FORMAT
+    version: int = Field(ge=0, description="the trainer's step number")
+    kind: Literal["file", "dir"]
+    shard_size: int = Field(gt=0)
+    files: tuple[FileEntry, ...]
+    shards: tuple[ShardEntry, ...]
+    created: float = 0.0
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the canonical JSON: servers that agree on a version agree on this."""
+        return hashlib.sha256(self.to_json()).hexdigest()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> Manifest:
+        try:
+            m = cls.model_validate_json(data)
+        except ValidationError as e:
+            raise ManifestError(f"shardcast: malformed manifest: {e.errors()[0]['msg']}") from None
+        m.check()
+        return m
+
+    def check(self) -> None:
+        """Raise ManifestError unless the shards tile every file exactly, in order."""
+        if self.format != FORMAT:
+            raise ManifestError(f"shardcast: unsupported manifest format {self.format}")
+        if self.kind == "file" and len(self.files) != 1:
+            raise ManifestError("shardcast: a 'file' manifest must list exactly one file")
+        names = set()
+        for f in self.files:
+            parts = f.name.split("/")
+            bad = f.name.startswith("/") or any(p in ("", ".", "..") for p in parts)
+            if bad or f.name in names:
+                raise ManifestError(f"shardcast: bad or duplicate file name {f.name!r}")
+            names.add(f.name)
+        cursor = {i: 0 for i in range(len(self.files))}
+        for expect, s in enumerate(self.shards):
+            if s.index != expect or s.file >= len(self.files):
+                raise ManifestError(f"shardcast: shard {s.index} out of order or bad file")
+            if s.offset != cursor[s.file] or s.size > self.shard_size:
+                raise ManifestError(f"shardcast: shard {s.index} does not tile its file")
+            cursor[s.file] += s.size
+        for i, f in enumerate(self.files):
+            if cursor[i] != f.size:
+                raise ManifestError(f"shardcast: shards do not cover {f.name!r}")
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _hash_file_shards(
+    path: Path, shard_size: int, copy_to: Path | None
+) -> tuple[str, list[tuple[int, int, str]]]:
+    """One pass over the file: whole-file sha256 and (offset, size, sha256) per shard.
+
+    With `copy_to`, the bytes hashed are also written there, so the copy is exactly what the
+    manifest describes even if the source changes meanwhile.
+    """
+    whole = hashlib.sha256()
+    shards: list[tuple[int, int, str]] = []
+    with contextlib.ExitStack() as stack:
+        f = stack.enter_context(open(path, "rb", buffering=0))
+        out = stack.enter_context(open(copy_to, "xb")) if copy_to is not None else None
+        offset = 0
+        while True:
+            h, size = hashlib.sha256(), 0
+            while size < shard_size:
+                chunk = f.read(min(HASH_CHUNK, shard_size - size))
+                if not chunk:
+                    break
+                h.update(chunk)
+                whole.update(chunk)
+                if out is not None:
+                    out.write(chunk)
+                size += len(chunk)
+            if size == 0 and shards:
+                break
+            shards.append((offset, size, h.hexdigest()))
+            offset += size
+            if size < shard_size:
+                break
+    return whole.hexdigest(), shards
+
+
+def _try_link(src: Path, dest: Path) -> bool:
+    try:
+        os.link(src, dest)
+    except OSError as e:
+        if e.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            return False
+        raise
+    return True
+
+
+def list_files(root: Path) -> list[Path]:
+    """Files under `root` in a stable order (sorted relative paths); symlinks are followed."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        dirnames.sort()
+        out.extend(Path(dirpath, n) for n in sorted(filenames))
+    return sorted(out, key=lambda p: p.relative_to(root).as_posix())
+
+
+def build_manifest(
+    path: str | Path,
+    version: int,
+    shard_size: int,
+    created: float = 0.0,
+    copy_to: Path | None = None,
+    link: bool = False,
+) -> Manifest:
+    """Hash `path` (a file, or a directory of files) into a manifest for `version`.
+
+    With `copy_to` (a directory), each file is also copied to `copy_to/<name>` in the same pass,
+    or hard-linked there with `link` (no copy; the source must then never be modified in place,
+    which clients would detect as hash mismatches). Links fall back to copies across devices.
+    """
+    path = Path(path)
+    if path.is_file():
+        kind, paths, names = "file", [path], [path.name]
+    elif path.is_dir():
+        kind, paths = "dir", list_files(path)
+        names = [p.relative_to(path).as_posix() for p in paths]
+    else:
+        raise FileNotFoundError(f"shardcast: nothing to publish at {path}")
+    files, shards = [], []
+    for fi, (p, name) in enumerate(zip(paths, names, strict=True)):
+        dest = None
+        if copy_to is not None:
+            dest = copy_to / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if link and _try_link(p, dest):
+                p, dest = dest, None  # hash the linked file itself
+        whole, parts = _hash_file_shards(p, shard_size, dest)
+        files.append(FileEntry(name=name, size=sum(x[1] for x in parts), sha256=whole))
+        for offset, size, digest in parts:
+            shards.append(
+                ShardEntry(index=len(shards), file=fi, offset=offset, size=size, sha256=digest)
+            )
+    m = Manifest(version=version, kind=kind, shard_size=shard_size, files=tuple(files),
+                 shards=tuple(shards), created=created)
+    m.check()
+    return m

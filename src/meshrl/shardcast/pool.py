@@ -1,0 +1,90 @@
+"""Which server to ask for a shard: weighted by measured throughput and recent failures.
+
+Each server's weight is its throughput estimate (an EWMA of bytes/s over finished transfers),
+divided by its in-flight requests + 1 (so parallel shards spread out), and by 1 + 4 * its
+failure score, which decays exponentially (`failure_decay` seconds) so a server that recovers is
+tried again. Unmeasured servers get the best measured throughput, so every server is explored.
+The choice is random in proportion to weight: one slow measurement never starves a server.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["ServerPool", "ServerState"]
+
+_DEFAULT_RATE = 100e6  # bytes/s assumed before any measurement
+
+
+@dataclass
+class ServerState:
+    url: str
+    throughput: float | None = None
+    failure_score: float = 0.0
+    failure_time: float = 0.0
+    active: int = 0
+    manifest_digest: str | None = None  # None: the version's manifest not seen there yet
+    complete: bool = False
+    have: set[int] = field(default_factory=set)
+    bytes: int = 0
+    failures: int = 0
+    hash_failures: int = 0
+
+    def has(self, index: int) -> bool:
+        return self.complete or index in self.have
+
+
+class ServerPool:
+    def __init__(self, urls: list[str], failure_decay: float = 10.0, seed: int | None = None):
+        if not urls:
+            raise ValueError("shardcast: at least one server URL is needed")
+        self.servers = {u.rstrip("/"): ServerState(u.rstrip("/")) for u in urls}
+        self.failure_decay = failure_decay
+        self.rng = random.Random(seed)
+
+    def _failures(self, s: ServerState, now: float) -> float:
+        return s.failure_score * math.exp(-(now - s.failure_time) / self.failure_decay)
+
+    def weight(self, s: ServerState, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        known = [x.throughput for x in self.servers.values() if x.throughput]
+        rate = s.throughput or (max(known) if known else _DEFAULT_RATE)
+        return rate / (1 + s.active) / (1 + 4 * self._failures(s, now))
+
+    def available(self, index: int, digest: str) -> bool:
+        return any(s.manifest_digest == digest and s.has(index) for s in self.servers.values())
+
+    def choose(self, index: int, digest: str, avoid: set[str] = frozenset()) -> ServerState | None:
+        """A server holding shard `index` of the manifest `digest`; avoids `avoid` if it can."""
+        cands = [s for s in self.servers.values() if s.manifest_digest == digest and s.has(index)]
+        preferred = [s for s in cands if s.url not in avoid] or cands
+        if not preferred:
+            return None
+        now = time.monotonic()
+        weights = [self.weight(s, now) for s in preferred]
+        return self.rng.choices(preferred, weights=weights)[0]
+
+    def record_success(self, s: ServerState, nbytes: int, seconds: float) -> None:
+        s.bytes += nbytes
+        if nbytes >= 16384 and seconds > 0:
+            rate = nbytes / seconds
+            s.throughput = rate if s.throughput is None else 0.7 * s.throughput + 0.3 * rate
+
+    def record_failure(self, s: ServerState, weight: float = 1.0, hash_mismatch: bool = False):
+        now = time.monotonic()
+        s.failure_score = self._failures(s, now) + weight
+        s.failure_time = now
+        s.failures += 1
+        s.hash_failures += int(hash_mismatch)
+
+    def stats(self) -> dict[str, dict[str, float | int | None]]:
+        return {
+            s.url: {
+                "bytes": s.bytes, "failures": s.failures, "hash_failures": s.hash_failures,
+                "throughput": s.throughput,
+            }
+            for s in self.servers.values()
+        }

@@ -1,0 +1,118 @@
+"""Origin and relay services: a VersionStore behind a ShardServer.
+
+The origin serves what `publish` puts in its store (in-process, or from another process: the
+server re-scans its root). A relay follows its upstreams and mirrors each new version
+*pipelined*: it takes the manifest, announces the version as partial, and serves every shard as
+soon as that shard is verified and written, long before the whole version has arrived. When a
+relay falls behind it mirrors only the newest version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+
+import aiohttp
+
+from meshrl.log import get_logger, log_event
+from meshrl.shardcast.client import ShardcastClient
+from meshrl.shardcast.config import OriginConfig, RelayConfig
+from meshrl.shardcast.errors import ShardcastError
+from meshrl.shardcast.manifest import Manifest
+from meshrl.shardcast.server import ShardServer
+from meshrl.shardcast.store import StoreError, VersionStore
+
+__all__ = ["Origin", "Relay"]
+
+log = get_logger("meshrl.shardcast.relay")
+
+
+class Origin:
+    """The root of the tree: publishes versions and serves them."""
+
+    def __init__(self, cfg: OriginConfig) -> None:
+        self.cfg = cfg
+        self.store = VersionStore(cfg.root, cfg.keep)
+        self.server = ShardServer(self.store, cfg.server, role="origin")
+
+    async def start(self) -> str:
+        return await self.server.start()
+
+    async def stop(self) -> None:
+        await self.server.stop()
+
+    async def publish(
+        self, src: str | Path, version: int, shard_size: int = 50_000_000, link: bool = False
+    ) -> Manifest:
+        """Publish `src` as `version` (hashing and copying happen in a thread)."""
+        t0 = time.monotonic()
+        m = await asyncio.to_thread(self.store.publish, src, version, shard_size, link)
+        self.store.prune()
+        self.server.notify()
+        log_event(log, "published", version=version, bytes=m.total_size, shards=len(m.shards),
+                  seconds=round(time.monotonic() - t0, 3))
+        return m
+
+
+class Relay:
+    """Mirrors its upstreams' newest versions and serves them (pipelined) to clients."""
+
+    def __init__(self, cfg: RelayConfig, session: aiohttp.ClientSession | None = None) -> None:
+        self.cfg = cfg
+        self.store = VersionStore(cfg.root, cfg.keep)
+        self.server = ShardServer(self.store, cfg.server, role="relay")
+        self.client = ShardcastClient(cfg.upstreams, cfg.client, session)
+        self.mirrored: dict[str, dict[str, float]] = {}
+        self.server.info["mirrored"] = self.mirrored
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> str:
+        url = await self.server.start()
+        self._task = asyncio.create_task(self._follow())
+        return url
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.client.close()
+        await self.server.stop()
+
+    async def _follow(self) -> None:
+        after = self.store.latest() if self.store.latest() is not None else -1
+        while True:
+            try:
+                v = await self.client.wait_for_version(after=after)
+                await self.mirror(v)
+                after = v
+            except (ShardcastError, StoreError, OSError) as e:
+                log_event(log, "mirror failed, retrying", level=logging.WARNING, error=str(e))
+                await asyncio.sleep(self.cfg.client.poll_interval)
+
+    async def mirror(self, version: int) -> None:
+        t0 = time.time()
+        m = await self.client.get_manifest(version)
+        partial = self.store.begin_partial(m)
+        self.server.notify()
+
+        def on_shard(index: int) -> None:
+            partial.have.add(index)  # only now is the shard advertised and served
+            self.server.counters["bytes_received"] += m.shards[index].size
+            self.server.notify()
+
+        try:
+            await self.client.fetch_shards(m, partial.writer.write, on_shard)
+            await asyncio.to_thread(partial.writer.close, self.store.fsync)
+            self.store.commit_partial(version)
+        except BaseException:
+            self.store.abort_partial(version)
+            raise
+        self.server.notify()
+        self.mirrored[str(version)] = {"start": t0, "complete": time.time()}
+        log_event(log, "mirrored", version=version, bytes=m.total_size,
+                  seconds=round(time.time() - t0, 3),
+                  pipelined_shards=self.server.pipelined.get(version, 0))

@@ -1,0 +1,246 @@
+"""The shardcast HTTP server, shared by origins and relays (aiohttp, one event loop).
+
+URL layout (see ARCHITECTURE.md, "Shardcast"):
+
+    GET /health                          status, versions, byte counters
+    GET /versions?after=N&wait=S         versions held; long-polls up to S s for one newer than N
+    GET /v/{N}/manifest                  the manifest (JSON, canonical bytes)
+    GET /v/{N}/have                      shards this server can serve now
+    GET /v/{N}/shard/{i}                 shard bytes; `Range: bytes=a-[b]` within the shard
+
+A relay's partial version is listed and its manifest served, but a shard is served only after it
+was verified and written; unknown versions and shards not held yet answer 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections import Counter
+from typing import Any
+
+from aiohttp import web
+
+from meshrl.log import get_logger, log_event
+from meshrl.shardcast.config import ServerConfig
+from meshrl.shardcast.store import VersionStore
+
+__all__ = ["RateLimiter", "ShardServer"]
+
+log = get_logger("meshrl.shardcast.server")
+
+
+class RateLimiter:
+    """Caps the bytes/s shared by all responses of one server (its upload bandwidth)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self._next = 0.0
+
+    async def take(self, n: int) -> None:
+        if self.rate <= 0:
+            return
+        now = time.monotonic()
+        start = max(now, self._next)
+        self._next = start + n / self.rate
+        if start > now:
+            await asyncio.sleep(start - now)
+
+
+def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """`bytes=a-` / `bytes=a-b` (inclusive) → [start, end); None if absent; ValueError if bad."""
+    if not header:
+        return None
+    unit, _, spec = header.partition("=")
+    first, _, last = spec.partition("-")
+    if unit.strip() != "bytes" or "," in spec or not first.strip().isdigit():
+        raise ValueError(header)
+    start = int(first)
+    end = int(last) + 1 if last.strip() else size
+    if start >= size or end <= start:
+        raise ValueError(header)
+    return start, min(end, size)
+
+
+class ShardServer:
+    """Serves one VersionStore over HTTP; `notify()` wakes long-polls after the store changed."""
+
+    def __init__(self, store: VersionStore, cfg: ServerConfig, role: str = "origin") -> None:
+        self.store, self.cfg, self.role = store, cfg, role
+        self.counters: Counter[str] = Counter()
+        self.limiter = RateLimiter(cfg.max_upload_rate)
+        self.first_serve: dict[int, float] = {}  # version -> time its first shard was served
+        self.pipelined: Counter[int] = Counter()  # shards served while the version was partial
+        self.info: dict[str, Any] = {}  # extra fields for /health (a relay's mirror timings)
+        self._changed = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self._scanner: asyncio.Task[None] | None = None
+        self.url = ""
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/versions", self.versions)
+        app.router.add_get("/v/{version:\\d+}/manifest", self.manifest)
+        app.router.add_get("/v/{version:\\d+}/have", self.have)
+        app.router.add_get("/v/{version:\\d+}/shard/{index:\\d+}", self.shard)
+        return app
+
+    async def start(self) -> str:
+        self._runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port, reuse_address=True)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+        self._scanner = asyncio.create_task(self._scan_loop())
+        log_event(log, "shardcast server up", role=self.role, url=self.url,
+                  root=str(self.store.root))
+        return self.url
+
+    async def stop(self) -> None:
+        if self._scanner:
+            self._scanner.cancel()
+        if self._runner:
+            await self._runner.cleanup()
+
+    def notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _scan_loop(self) -> None:
+        """Pick up versions written by another process (`meshrl shardcast publish`)."""
+        while True:
+            await asyncio.sleep(self.cfg.scan_interval)
+            if self.store.scan():
+                log_event(log, "versions", role=self.role, complete=sorted(self.store.complete))
+                self.notify()
+
+    # ---- handlers -----------------------------------------------------------------------
+    def _listing(self) -> dict[str, Any]:
+        return {
+            "latest": self.store.latest(),
+            "complete": sorted(self.store.complete),
+            "partial": sorted(self.store.partial),
+        }
+
+    async def health(self, request: web.Request) -> web.Response:
+        partial = {str(v): len(p.have) for v, p in self.store.partial.items()}
+        return web.json_response({
+            "status": "ok", "role": self.role, **self._listing(), "partial_shards": partial,
+            "counters": dict(self.counters),
+            "first_serve": {str(v): t for v, t in self.first_serve.items()},
+            "pipelined_shards": {str(v): n for v, n in self.pipelined.items()},
+            **self.info,
+        })
+
+    async def versions(self, request: web.Request) -> web.Response:
+        try:
+            after = int(request.query.get("after", "-1"))
+            wait = min(float(request.query.get("wait", "0")), 60.0)
+        except ValueError:
+            raise web.HTTPBadRequest(text="after and wait must be numbers") from None
+        deadline = time.monotonic() + wait
+        while (self.store.latest() is None or self.store.latest() <= after) and (
+            left := deadline - time.monotonic()
+        ) > 0:
+            with contextlib.suppress(TimeoutError):  # the scan loop or a mirror notifies
+                await asyncio.wait_for(self._changed.wait(), left)
+        return web.json_response(self._listing())
+
+    def _version(self, request: web.Request) -> int:
+        v = int(request.match_info["version"])
+        if self.store.manifest(v) is None:
+            raise web.HTTPNotFound(text=f"version {v} not held")
+        return v
+
+    async def manifest(self, request: web.Request) -> web.Response:
+        m = self.store.manifest(self._version(request))
+        assert m is not None
+        return web.Response(body=m.to_json(), content_type="application/json")
+
+    async def have(self, request: web.Request) -> web.Response:
+        """Shards held; with `known=K&wait=S`, waits up to S s until more than K are held."""
+        try:
+            known = int(request.query.get("known", "-1"))
+            wait = min(float(request.query.get("wait", "0")), 60.0)
+        except ValueError:
+            raise web.HTTPBadRequest(text="known and wait must be numbers") from None
+        deadline = time.monotonic() + wait
+        while True:
+            v = self._version(request)
+            if v in self.store.complete:
+                return web.json_response({"complete": True, "have": None})
+            have = self.store.partial[v].have
+            left = deadline - time.monotonic()
+            if len(have) > known or left <= 0:
+                return web.json_response({"complete": False, "have": sorted(have)})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
+
+    async def shard(self, request: web.Request) -> web.StreamResponse:
+        v, i = self._version(request), int(request.match_info["index"])
+        self.counters["shard_requests"] += 1
+        partial = v in self.store.partial
+        if not self.store.has_shard(v, i):
+            self.counters["shard_misses"] += 1
+            raise web.HTTPNotFound(text=f"version {v} shard {i} not held")
+        with self.store.open_shard(v, i) as (fd, offset, size):
+            try:
+                rng = _parse_range(request.headers.get("Range"), size)
+            except ValueError:
+                raise web.HTTPRequestRangeNotSatisfiable(
+                    headers={"Content-Range": f"bytes */{size}"}
+                ) from None
+            start, end = rng or (0, size)
+            resp = web.StreamResponse(status=206 if rng else 200)
+            resp.content_length = end - start
+            resp.content_type = "application/octet-stream"
+            resp.headers["X-Shard-Sha256"] = self.store.manifest(v).shards[i].sha256  # type: ignore[union-attr]
+            if rng:
+                self.counters["range_requests"] += 1
+                resp.headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+            await resp.prepare(request)
+            self.first_serve.setdefault(v, time.time())
+            if partial:
+                self.pipelined[v] += 1
+            if self.cfg.max_upload_rate > 0:
+                await self._stream(resp, fd, offset + start, end - start)
+            else:
+                await self._sendfile(request, resp, fd, offset + start, end - start)
+            self.counters["shards_served"] += 1
+            return resp
+
+    async def _sendfile(self, request: web.Request, resp: web.StreamResponse, fd: int,
+                        offset: int, length: int) -> None:
+        """Zero-copy send (os.sendfile) of an unthrottled shard, as aiohttp's FileResponse."""
+        transport = request.transport
+        if transport is None:
+            raise ConnectionResetError("connection lost")
+        with open(fd, "rb", buffering=0, closefd=False) as f:
+            try:
+                await asyncio.get_running_loop().sendfile(transport, f, offset, length)
+            except NotImplementedError:  # e.g. a transport without sendfile support
+                await self._stream(resp, fd, offset, length)
+                return
+        self.counters["bytes_sent"] += length
+        await resp.write_eof()
+
+    async def _stream(self, resp: web.StreamResponse, fd: int, offset: int, length: int) -> None:
+        step = self.cfg.chunk_size
+        if self.cfg.max_upload_rate > 0:  # small writes keep a throttled stream smooth
+            step = min(step, max(4096, int(self.cfg.max_upload_rate / 100)))
+        pos = 0
+        while pos < length:
+            n = min(step, length - pos)
+            await self.limiter.take(n)
+            chunk = os.pread(fd, n, offset + pos)
+            if not chunk:
+                raise ConnectionResetError("shard file shrank while serving")
+            await resp.write(chunk)
+            pos += len(chunk)
+            self.counters["bytes_sent"] += len(chunk)
+        await resp.write_eof()

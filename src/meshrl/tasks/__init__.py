@@ -1,0 +1,53 @@
+"""Verifiable tasks and rewards; problem sampling that validators can recompute."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshrl.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
+from meshrl.tasks.base import Problem, Task
+from meshrl.tasks.math import MathConfig, MathTask, load_math_rows
+from meshrl.tasks.reverse import ReverseConfig, ReverseTextTask
+from meshrl.tasks.reward import Reward, length_penalty, task_reward
+from meshrl.tasks.sampling import (
+    LengthTargetConfig,
+    TasksConfig,
+    compute_reward,
+    problem_seed,
+    sample_problems,
+)
+
+__all__ = [
+    "TASK_CONFIGS",
+    "ArithmeticConfig",
+    "ArithmeticTask",
+    "LengthTargetConfig",
+    "MathConfig",
+    "MathTask",
+    "Problem",
+    "ReverseConfig",
+    "ReverseTextTask",
+    "Reward",
+    "Task",
+    "TasksConfig",
+    "compute_reward",
+    "get_task",
+    "length_penalty",
+    "load_math_rows",
+    "problem_seed",
+    "sample_problems",
+    "task_reward",
+]
+
+TASK_CONFIGS: dict[str, type] = {
+    "arithmetic": ArithmeticConfig,
+    "reverse": ReverseConfig,
+    "math": MathConfig,
+}
+
+
+def get_task(name: str, **params: Any) -> Task:
+    """Build the task `name` with config `params` (validated; unknown params are errors)."""
+    if name not in TASK_CONFIGS:
+        raise KeyError(f"unknown task {name!r}; known: {', '.join(sorted(TASK_CONFIGS))}")
+    return TASK_CONFIGS[name](**params).build()

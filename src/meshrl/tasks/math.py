@@ -1,0 +1,101 @@
+"""Math word problems from a local JSONL or Parquet file, graded with `math-verify`.
+
+Rows need a problem field (`problem` | `question` | `prompt`) and an answer field (`answer` |
+`solution`, the latter's last \\boxed{} is used). Nothing is downloaded: point `path` at a file.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from meshrl.config import Config
+from meshrl.tasks.base import Problem, Task
+
+__all__ = ["MathConfig", "MathTask", "load_math_rows"]
+
+_PROBLEM_KEYS = ("problem", "question", "prompt")
+_ANSWER_KEYS = ("answer", "solution", "final_answer")
+
+
+class MathConfig(Config):
+    type: Literal["math"] = "math"
+    weight: float = Field(1.0, gt=0, description="mixing weight among tasks")
+    path: str = Field(..., description="local .jsonl or .parquet file of problems")
+    template: str = Field(
+        "{problem}\nPut the final answer in \\boxed{{}}.\n", description="prompt template"
+    )
+    timeout_s: float = Field(5.0, gt=0, description="math-verify parsing/verification timeout")
+
+    def build(self) -> MathTask:
+        return MathTask(self)
+
+
+def load_math_rows(path: str | Path) -> list[tuple[str, str]]:
+    """(problem, answer) pairs from a JSONL or Parquet file; clear errors for bad files."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"math task file not found: {path}")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(path).to_pylist()
+    else:
+        rows = []
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{i}: invalid JSON ({e.msg})") from None
+    out = []
+    for i, row in enumerate(rows, 1):
+        problem = next((row[k] for k in _PROBLEM_KEYS if k in row), None)
+        answer = next((row[k] for k in _ANSWER_KEYS if k in row), None)
+        if problem is None or answer is None:
+            raise ValueError(f"{path}: row {i} lacks a problem or answer field: {sorted(row)}")
+        out.append((str(problem), str(answer)))
+    if not out:
+        raise ValueError(f"{path}: no problems")
+    return out
+
+
+class MathTask(Task):
+    name = "math"
+
+    def __init__(self, cfg: MathConfig) -> None:
+        self.cfg = cfg
+
+    @cached_property
+    def rows(self) -> list[tuple[str, str]]:
+        return load_math_rows(self.cfg.path)
+
+    def sample(self, rng: random.Random) -> Problem:
+        index = rng.randrange(len(self.rows))
+        problem, answer = self.rows[index]
+        prompt = self.cfg.template.format(problem=problem)
+        return Problem(self.name, prompt, answer, {"index": index})
+
+    def score(self, problem: Problem, completion: str) -> float:
+        from math_verify import parse, verify
+
+        answer = problem.answer
+        gold_text = answer if "$" in answer or "\\boxed" in answer else f"${answer}$"
+        # math-verify's timeout uses SIGALRM, which only works on the main thread; rollout
+        # threads grade without it (the inputs are bounded by max_new_tokens anyway).
+        on_main = threading.current_thread() is threading.main_thread()
+        timeout = max(1, int(self.cfg.timeout_s)) if on_main else None
+        try:
+            gold = parse(gold_text, parsing_timeout=timeout)
+            pred = parse(completion, parsing_timeout=timeout)
+            if not gold or not pred:
+                return 0.0
+            return 1.0 if verify(gold, pred, timeout_seconds=timeout) else 0.0
+        except Exception:  # math-verify raises on malformed LaTeX: a wrong answer, not a crash
+            return 0.0

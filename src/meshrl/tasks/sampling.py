@@ -1,0 +1,110 @@
+"""Which problems a node must answer: a pure function of (seed, node id, step, counter).
+
+A worker cannot choose easy prompts: a validator recomputes `sample_problems` from the same
+inputs and checks that the rollout file holds exactly those prompts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import Annotated
+
+from pydantic import Field
+
+from meshrl.config import Config
+from meshrl.tasks.arithmetic import ArithmeticConfig
+from meshrl.tasks.base import Problem, Task
+from meshrl.tasks.math import MathConfig
+from meshrl.tasks.reverse import ReverseConfig
+from meshrl.tasks.reward import Reward, task_reward
+
+__all__ = [
+    "LengthTargetConfig",
+    "TaskSpec",
+    "TasksConfig",
+    "compute_reward",
+    "problem_seed",
+    "sample_problems",
+]
+
+TaskSpec = Annotated[ArithmeticConfig | ReverseConfig | MathConfig, Field(discriminator="type")]
+
+
+class LengthTargetConfig(Config):
+    enabled: bool = Field(False, description="ask for a target length and reward matching it")
+    targets: list[int] = Field([8, 16, 32], description="target lengths (tokens) to draw from")
+    alpha: float = Field(0.001, ge=0, description="penalty per token of |target - length|")
+    template: str = Field(" Answer in about {target} tokens.", description="appended to prompts")
+
+
+class TasksConfig(Config):
+    mix: list[TaskSpec] = Field(
+        default_factory=lambda: [ArithmeticConfig()], description="tasks and their weights"
+    )
+    length_target: LengthTargetConfig = LengthTargetConfig()
+
+    def build(self) -> dict[str, Task]:
+        tasks = {}
+        for spec in self.mix:
+            task = spec.build()
+            if task.name in tasks:
+                raise ValueError(f"tasks: {task.name!r} appears twice in the mix")
+            tasks[task.name] = task
+        return tasks
+
+
+def problem_seed(seed: int, node_id: str, step: int, counter: int) -> int:
+    """A 64-bit seed from (seed, node id, step, counter), stable across machines and versions."""
+    node = node_id.lower()  # addresses are case-insensitive hex
+    digest = hashlib.sha256(f"meshrl/v1|{seed}|{node}|{step}|{counter}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def sample_problems(
+    cfg: TasksConfig,
+    seed: int,
+    node_id: str,
+    step: int,
+    counter: int,
+    n: int,
+    tasks: dict[str, Task] | None = None,
+) -> list[Problem]:
+    """The `n` problems assigned to (node, step, counter). Pure: same inputs, same problems."""
+    tasks = tasks if tasks is not None else cfg.build()
+    rng = random.Random(problem_seed(seed, node_id, step, counter))
+    names = [spec.type for spec in cfg.mix]
+    weights = [spec.weight for spec in cfg.mix]
+    out = []
+    for _ in range(n):
+        task = tasks[rng.choices(names, weights)[0]]
+        problem = task.sample(rng)
+        lt = cfg.length_target
+        if lt.enabled:
+            target = rng.choice(lt.targets)
+            problem = Problem(
+                problem.task,
+                problem.prompt + lt.template.format(target=target),
+                problem.answer,
+                {**problem.meta, "target_length": target},
+            )
+        out.append(problem)
+    return out
+
+
+def compute_reward(
+    problem: Problem,
+    completion: str,
+    num_tokens: int,
+    cfg: TasksConfig,
+    tasks: dict[str, Task] | None = None,
+) -> Reward:
+    """Reward of `completion` for `problem` under this task mix (length term if enabled).
+
+    Pass `tasks` (from `cfg.build()`) when scoring many completions, to build tasks once.
+    """
+    tasks = tasks if tasks is not None else cfg.build()
+    if problem.task not in tasks:
+        raise KeyError(f"problem of unknown task {problem.task!r}")
+    alpha = cfg.length_target.alpha if cfg.length_target.enabled else 0.0
+    return task_reward(problem, completion, num_tokens, tasks[problem.task], alpha)

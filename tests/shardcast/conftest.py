@@ -1,0 +1,56 @@
+"""Helpers for shardcast tests: real servers on 127.0.0.1 (ephemeral ports), small shards."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+SHARD = 64 * 1024
+SRC_ROOT = Path(__file__).resolve().parents[2] / "src"
+
+
+def run(coro, timeout: float = 30.0):
+    """Run a test coroutine with a hard timeout (no pytest-asyncio needed)."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def make_file(path: Path, size: int, seed: int = 0) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(os.urandom(size) if seed < 0 else _det_bytes(size, seed))
+    return path
+
+
+def _det_bytes(size: int, seed: int) -> bytes:
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+async def get_json(url: str) -> dict:
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
+        return await r.json()
+
+
+def spawn_service(args: list[str], log_path: Path) -> tuple[subprocess.Popen, str]:
+    """Start `meshrl shardcast ...` in its own process; return it and the URL it bound."""
+    env = {**os.environ, "PYTHONPATH": str(SRC_ROOT)}
+    log = open(log_path, "w+b")  # noqa: SIM115 - closed with the process by the caller
+    proc = subprocess.Popen([sys.executable, "-m", "meshrl.cli", "shardcast", *args],
+                            stdout=subprocess.DEVNULL, stderr=log, env=env)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        for line in log_path.read_text().splitlines():
+            if '"shardcast server up"' in line:
+                return proc, json.loads(line)["url"]
+        if proc.poll() is not None:
+            raise RuntimeError(f"service exited: {log_path.read_text()}")
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("service did not start")

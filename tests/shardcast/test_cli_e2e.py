@@ -1,0 +1,55 @@
+"""Every role as its own `meshrl shardcast` process, as deployed: origin, relay, follower."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from meshrl.cli import main as cli
+
+from .conftest import SRC_ROOT, make_file, spawn_service
+
+
+def test_origin_relay_and_follower_processes(tmp_path):
+    ck = tmp_path / "ck"
+    make_file(ck / "model.safetensors", 300_000, 1)
+    (ck / "config.json").write_text('{"v": 0}')
+    procs, watchdog = [], None
+    try:
+        origin, ourl = spawn_service(["origin", "--root", str(tmp_path / "o"), "--server.port", "0",
+                                      "--server.scan_interval", "0.05"], tmp_path / "o.log")
+        procs.append(origin)
+        relay, rurl = spawn_service(["relay", "--root", str(tmp_path / "r"), "--upstreams",
+                                     f'["{ourl}"]', "--server.port", "0"], tmp_path / "r.log")
+        procs.append(relay)
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "meshrl.cli", "shardcast", "fetch", "--server.urls",
+             json.dumps([ourl, rurl]), "--out", str(tmp_path / "w"), "--follow", "--keep", "1"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={**os.environ, "PYTHONPATH": str(SRC_ROOT)})
+        procs.append(follower)
+        watchdog = threading.Timer(40, follower.kill)  # a hung follower fails the test, fast
+        watchdog.start()
+        publish = ["shardcast", "publish", "--src", str(ck), "--root", str(tmp_path / "o"),
+                   "--shard_size", "65536"]
+        seen = []
+        for step in range(2):
+            (ck / "config.json").write_text(f'{{"v": {step}}}')
+            assert cli(publish) == 0  # versions 0, then 1
+            seen.append(json.loads(follower.stdout.readline()))
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "r" / "v1").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert [s["version"] for s in seen] == [0, 1]
+    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["v1"]  # keep=1
+    for name in ("model.safetensors", "config.json"):
+        assert (tmp_path / "w" / "v1" / name).read_bytes() == (ck / name).read_bytes()
+    assert (tmp_path / "r" / "v1" / "data" / "config.json").read_text() == '{"v": 1}'

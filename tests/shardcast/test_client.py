@@ -1,0 +1,221 @@
+import asyncio
+import hashlib
+import os
+import resource
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from meshrl.shardcast import (
+    ClientConfig,
+    Origin,
+    OriginConfig,
+    OutputWriteError,
+    Relay,
+    RelayConfig,
+    ServerConfig,
+    ShardcastClient,
+    VersionNotFoundError,
+)
+
+from .conftest import SHARD, SRC_ROOT, make_file, run
+
+FAST = ClientConfig(poll_interval=0.05, backoff=0.01, wait_timeout=10, fsync=False)
+
+
+async def _origin(tmp_path, **server):
+    o = Origin(OriginConfig(root=str(tmp_path / "o"), server=ServerConfig(**server)))
+    return o, await o.start()
+
+
+def test_fetch_file_and_directory_and_replace_previous(tmp_path):
+    src = make_file(tmp_path / "w.bin", 10 * SHARD + 7, 1)
+    ck = tmp_path / "ck"
+    make_file(ck / "model.safetensors", 5 * SHARD, 2)
+    make_file(ck / "config.json", 30, 3)
+
+    async def main():
+        origin, url = await _origin(tmp_path)
+        await origin.publish(src, 1, SHARD)
+        await origin.publish(ck, 2, SHARD)
+        async with ShardcastClient([url], FAST) as c:
+            r1 = await c.fetch(tmp_path / "out.bin", 1)
+            await c.fetch(tmp_path / "outdir", 2)
+            (tmp_path / "outdir" / "stale.txt").write_text("from an older version")
+            latest = await c.fetch(tmp_path / "outdir")  # latest = 2 again, replaces the dir
+        await origin.stop()
+        return r1, latest
+
+    r1, latest = run(main())
+    assert (tmp_path / "out.bin").read_bytes() == src.read_bytes()
+    assert r1.bytes == src.stat().st_size
+    assert latest.version == 2
+    assert sorted(p.name for p in (tmp_path / "outdir").iterdir()) == [
+        "config.json", "model.safetensors"]
+    assert (tmp_path / "outdir" / "model.safetensors").read_bytes() == (
+        ck / "model.safetensors").read_bytes()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_client_waits_for_a_version_that_does_not_exist_yet(tmp_path):
+    src = make_file(tmp_path / "w.bin", 4 * SHARD, 4)
+
+    async def main():
+        origin, url = await _origin(tmp_path)
+        async with ShardcastClient([url], FAST) as c:
+            fetch = asyncio.create_task(c.fetch(tmp_path / "out.bin", 3))
+            await asyncio.sleep(0.5)
+            assert not fetch.done()
+            await origin.publish(src, 3, SHARD)
+            res = await fetch
+        await origin.stop()
+        return res
+
+    assert run(main()).version == 3
+    assert (tmp_path / "out.bin").read_bytes() == src.read_bytes()
+
+
+def test_missing_or_pruned_version_is_a_clear_error(tmp_path):
+    src = make_file(tmp_path / "w.bin", 1000, 5)
+
+    async def main():
+        origin, url = await _origin(tmp_path)
+        for v in (1, 2):
+            await origin.publish(src, v, SHARD)
+        cfg = FAST.model_copy(update={"wait_timeout": 0.3})
+        async with ShardcastClient([url], cfg) as c:
+            with pytest.raises(VersionNotFoundError, match="no longer held"):
+                await c.fetch(tmp_path / "a", 0)  # older than anything held: fail at once
+            with pytest.raises(VersionNotFoundError, match="did not appear"):
+                await c.fetch(tmp_path / "b", 9)
+        await origin.stop()
+
+    run(main())
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_corrupted_relay_is_detected_and_never_written(tmp_path):
+    src = make_file(tmp_path / "w.bin", 24 * SHARD, 6)
+    data = src.read_bytes()
+
+    async def main():
+        origin, url = await _origin(tmp_path, max_upload_rate=3_000_000)
+        relay = Relay(RelayConfig(root=str(tmp_path / "r"), upstreams=[url], client=FAST,
+                                server=ServerConfig()))
+        rurl = await relay.start()
+        m = await origin.publish(src, 1, SHARD)
+        while 1 not in relay.store.complete:
+            await asyncio.sleep(0.05)
+        stored = tmp_path / "r" / "v1" / "data" / "w.bin"
+        with open(stored, "r+b") as f:  # bit rot on the relay's disk: every other shard
+            for s in m.shards[::2]:
+                f.seek(s.offset + 100)
+                f.write(bytes([data[s.offset + 100] ^ 0xFF]))
+        written = {}
+
+        def sink(index, chunk):
+            written[index] = hashlib.sha256(chunk).hexdigest()
+
+        async with ShardcastClient([url, rurl], FAST, seed=1) as c:
+            await c.get_manifest(1)
+            await c.fetch_shards(m, sink)
+            stats = c.pool.stats()
+            await c.fetch(tmp_path / "out.bin", 1)
+        await relay.stop()
+        await origin.stop()
+        return m, written, stats, rurl
+
+    m, written, stats, rurl = run(main())
+    assert written == {s.index: s.sha256 for s in m.shards}  # only verified bytes reached the sink
+    assert stats[rurl]["hash_failures"] >= 1
+    assert (tmp_path / "out.bin").read_bytes() == data
+
+
+def test_disk_full_while_writing_is_a_clear_error(tmp_path):
+    src = make_file(tmp_path / "w.bin", 4 * SHARD, 7)
+
+    async def main():
+        origin, url = await _origin(tmp_path)
+        m = await origin.publish(src, 1, SHARD)
+        fd = os.open("/dev/full", os.O_WRONLY)  # every write fails with ENOSPC
+
+        def sink(index, chunk):
+            os.write(fd, chunk)
+
+        try:
+            async with ShardcastClient([url], FAST) as c:
+                await c.get_manifest(1)
+                with pytest.raises(OutputWriteError, match="No space left"):
+                    await c.fetch_shards(m, sink)
+                (tmp_path / "file").write_text("not a directory")
+                with pytest.raises(OutputWriteError, match="cannot write"):
+                    await c.fetch(tmp_path / "file" / "out.bin", 1)
+        finally:
+            os.close(fd)
+            await origin.stop()
+
+    run(main())
+
+
+def _limit_file_size():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # then writes past the limit fail with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (3 * SHARD, 3 * SHARD))
+
+
+def test_file_too_large_keeps_previous_version_intact(tmp_path):
+    small = make_file(tmp_path / "v1.bin", 2 * SHARD, 8)
+    big = make_file(tmp_path / "v2.bin", 6 * SHARD, 9)
+    out = tmp_path / "out" / "weights.bin"
+
+    async def main():
+        origin, url = await _origin(tmp_path)
+        await origin.publish(small, 1, SHARD)
+        await origin.publish(big, 2, SHARD)
+        cmd = [sys.executable, "-m", "meshrl.cli", "shardcast", "fetch", "--server.urls",
+               f'["{url}"]', "--out", str(out), "--client.fsync", "false"]
+        env = {**os.environ, "PYTHONPATH": str(SRC_ROOT)}
+        results = []
+        for version in ("1", "2"):
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, "--version", version, env=env, preexec_fn=_limit_file_size,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            _, err = await proc.communicate()
+            results.append((proc.returncode, err.decode()))
+        await origin.stop()
+        return results
+
+    (rc1, _), (rc2, err2) = run(main())
+    assert rc1 == 0
+    assert rc2 == 1 and "File too large" in err2 and "cannot write" in err2
+    assert out.read_bytes() == small.read_bytes()  # the previous version is intact
+    assert os.listdir(out.parent) == ["weights.bin"]  # and no temporary is left behind
+
+
+def test_follow_calls_back_for_each_new_version(tmp_path):
+    srcs = [make_file(tmp_path / f"w{i}.bin", 3 * SHARD + i, 10 + i) for i in range(3)]
+
+    async def main():
+        origin, url = await _origin(tmp_path)
+        seen, stop = [], asyncio.Event()
+
+        async def on_version(res):
+            seen.append((res.version, res.path.read_bytes()))
+            if res.version < 2:
+                await origin.publish(srcs[res.version + 1], res.version + 1, SHARD)
+            else:
+                stop.set()
+
+        async with ShardcastClient([url], FAST) as c:
+            follower = asyncio.create_task(c.follow(tmp_path / "w", on_version, keep=2, stop=stop))
+            await asyncio.sleep(0.2)
+            await origin.publish(srcs[0], 0, SHARD)
+            await asyncio.wait_for(follower, 20)
+        await origin.stop()
+        return seen
+
+    seen = run(main())
+    assert [v for v, _ in seen] == [0, 1, 2]
+    assert all(body == srcs[v].read_bytes() for v, body in seen)
+    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["v1", "v2"]

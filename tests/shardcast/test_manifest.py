@@ -1,0 +1,70 @@
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshrl.shardcast.manifest import Manifest, ManifestError, build_manifest, sha256_file
+
+from .conftest import make_file
+
+
+@settings(max_examples=25, deadline=None)
+@given(size=st.integers(0, 5000), shard_size=st.integers(1, 1200))
+def test_shards_tile_the_file_and_hash_it(tmp_path_factory, size, shard_size):
+    p = make_file(tmp_path_factory.mktemp("m") / "f.bin", size, seed=size)
+    m = build_manifest(p, 3, shard_size)
+    data = p.read_bytes()
+    assert m.total_size == size and m.files[0].sha256 == sha256_file(p)
+    import hashlib
+
+    joined = b"".join(data[s.offset : s.offset + s.size] for s in m.shards)
+    assert joined == data
+    for s in m.shards:
+        assert s.sha256 == hashlib.sha256(data[s.offset : s.offset + s.size]).hexdigest()
+    assert len(m.shards) == max(1, -(-size // shard_size))
+
+
+def test_directory_manifest_is_sorted_and_roundtrips(tmp_path):
+    make_file(tmp_path / "ck" / "model.safetensors", 3000, 1)
+    make_file(tmp_path / "ck" / "config.json", 10, 2)
+    make_file(tmp_path / "ck" / "sub" / "a.bin", 0, 3)
+    m = build_manifest(tmp_path / "ck", 7, 1024)
+    assert m.kind == "dir"
+    assert [f.name for f in m.files] == ["config.json", "model.safetensors", "sub/a.bin"]
+    again = Manifest.from_json(m.to_json())
+    assert again == m and again.digest == m.digest
+
+
+def _tampered(m: Manifest, **change) -> bytes:
+    data = json.loads(m.to_json())
+    for key, value in change.items():
+        path = key.split("__")
+        node = data
+        for p in path[:-1]:
+            node = node[int(p)] if p.isdigit() else node[p]
+        node[path[-1]] = value
+    return json.dumps(data).encode()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"shards__1__offset": 5},  # gap
+        {"shards__0__size": 2000},  # larger than shard_size
+        {"files__0__size": 99},  # shards do not cover the file
+        {"files__0__name": "../evil"},  # path escape
+        {"shards__1__index": 7},
+        {"format": 99},
+        {"kind": "tarball"},
+    ],
+)
+def test_inconsistent_manifests_are_rejected(tmp_path, change):
+    m = build_manifest(make_file(tmp_path / "f", 3000, 4), 1, 1024)
+    with pytest.raises(ManifestError):
+        Manifest.from_json(_tampered(m, **change))
+
+
+def test_garbage_is_rejected():
+    with pytest.raises(ManifestError):
+        Manifest.from_json(b"{not json")

@@ -1,0 +1,106 @@
+import json
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from meshrl.config import ConfigError, load_config
+from meshrl.tasks import (
+    ArithmeticConfig,
+    MathConfig,
+    ReverseConfig,
+    TasksConfig,
+    compute_reward,
+    get_task,
+    problem_seed,
+    sample_problems,
+)
+
+
+def test_arithmetic_problems_are_correct() -> None:
+    task = get_task("arithmetic", digits=3, operators="+-*")
+    rng = random.Random(0)
+    for _ in range(300):
+        p = task.sample(rng)
+        assert p.prompt.endswith("=")
+        assert str(eval(p.prompt[:-1])) == p.answer  # the prompt is a Python expression
+        assert int(p.answer) >= 0
+        assert task.score(p, p.answer) == 1.0 and task.score(p, p.answer + "0") == 0.0
+
+
+def test_reverse_task() -> None:
+    task = get_task("reverse", min_length=2, max_length=4)
+    p = task.sample(random.Random(1))
+    text = p.prompt[len("rev:"):-1]
+    assert 2 <= len(text) <= 4 and p.answer == text[::-1]
+    assert task.score(p, p.answer) == 1.0
+
+
+def test_sampling_is_a_pure_function_of_its_inputs() -> None:
+    cfg = TasksConfig(mix=[ArithmeticConfig(), ReverseConfig(weight=2.0)])
+    a = sample_problems(cfg, 7, "0xAbC", 3, 5, 32)
+    assert a == sample_problems(cfg, 7, "0xabc", 3, 5, 32)  # addresses are case-insensitive
+    for other in [(8, "0xabc", 3, 5), (7, "0xabd", 3, 5), (7, "0xabc", 4, 5), (7, "0xabc", 3, 6)]:
+        assert sample_problems(cfg, *other, 32) != a
+    assert {p.task for p in a} == {"arithmetic", "reverse"}
+    assert problem_seed(1, "n", 2, 3) == problem_seed(1, "n", 2, 3) < 2**64
+
+
+def test_length_target_reward() -> None:
+    cfg = TasksConfig(length_target={"enabled": True, "targets": [10], "alpha": 0.01})
+    (p,) = sample_problems(cfg, 0, "n", 0, 0, 1)
+    assert p.meta["target_length"] == 10 and "about 10 tokens" in p.prompt
+    r = compute_reward(p, p.answer, 4, cfg)
+    assert (r.task, r.length, r.total) == (1.0, pytest.approx(-0.06), pytest.approx(0.94))
+    r = compute_reward(p, "nope", 10, cfg)
+    assert (r.task, r.length, r.total) == (0.0, 0.0, 0.0)
+
+
+def test_math_task_from_jsonl_and_parquet(tmp_path: Path) -> None:
+    rows = [{"problem": "What is 1/2 as a decimal?", "answer": "0.5"},
+            {"question": "Simplify 2x+3x", "solution": "We get \\boxed{5x}."}]
+    jl = tmp_path / "m.jsonl"
+    jl.write_text("\n".join(json.dumps(r) for r in rows))
+    table = pa.Table.from_pylist([{"problem": "1+1?", "answer": "2"}])
+    pq.write_table(table, tmp_path / "m.parquet")
+    task = MathConfig(path=str(jl)).build()
+    probs = {task.sample(random.Random(s)).answer: task.sample(random.Random(s))
+             for s in range(20)}
+    half = probs["0.5"]
+    assert "\\boxed{}" in half.prompt
+    assert task.score(half, "so it is \\boxed{\\frac{1}{2}}") == 1.0
+    assert task.score(half, "\\boxed{0.25}") == 0.0
+    assert task.score(half, "\\boxed{\\frac{1}{") == 0.0  # malformed LaTeX is just wrong
+    five_x = probs["We get \\boxed{5x}."]
+    assert task.score(five_x, "The answer is $\\boxed{5x}$") == 1.0
+    ptask = MathConfig(path=str(tmp_path / "m.parquet")).build()
+    assert ptask.score(ptask.sample(random.Random(0)), "\\boxed{2}") == 1.0
+
+
+def test_math_task_bad_files(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        _ = MathConfig(path=str(tmp_path / "missing.jsonl")).build().rows
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"problem": "x"}\n')
+    with pytest.raises(ValueError, match="lacks a problem or answer"):
+        _ = MathConfig(path=str(bad)).build().rows
+    bad.write_text("{not json\n")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1: invalid JSON"):
+        _ = MathConfig(path=str(bad)).build().rows
+
+
+def test_tasks_config_from_toml(tmp_path: Path) -> None:
+    f = tmp_path / "t.toml"
+    f.write_text('[[mix]]\ntype = "arithmetic"\ndigits = 3\n[[mix]]\ntype = "reverse"\n'
+                 "weight = 0.5\n")
+    cfg = load_config(TasksConfig, [f])
+    assert [type(m).__name__ for m in cfg.mix] == ["ArithmeticConfig", "ReverseConfig"]
+    f.write_text('[[mix]]\ntype = "arithmetic"\ndigitz = 3\n')
+    with pytest.raises(ConfigError, match="digitz"):
+        load_config(TasksConfig, [f])
+    with pytest.raises(ValueError, match="operators"):
+        ArithmeticConfig(operators="/")
+    with pytest.raises(KeyError, match="unknown task"):
+        get_task("chess")
