@@ -19,7 +19,7 @@ def tiny_cfg(tmp_path):
     def make(**overrides: object) -> RLConfig:
         base = [
             "--run.dir", str(tmp_path / "runs"), "--run.progress", "false",
-            "--run.plot", "false", "--run.threads", "2",
+            "--run.plot", "false", "--run.threads", "1",
             "--sft.max_steps", "0", "--eval.num_problems", "32", "--eval.every", "1000",
             "--rollout.prompts_per_step", "4", "--rollout.group_size", "4",
             "--rollout.max_new_tokens", "4", "--trainer.lr", "3e-3", "--trainer.warmup_steps", "0",

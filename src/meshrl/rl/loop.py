@@ -95,7 +95,7 @@ class RLRun:
         """Group-relative advantages [groups, group_size] and the groups that carry signal."""
         from meshrl.rl.advantages import group_advantages, nonzero_groups
 
-        adv = group_advantages(batch.rewards)
+        adv = group_advantages(batch.rewards, normalize_std=self.cfg.loss.normalize_advantage_std)
         if not self.cfg.filter_groups:
             return adv, torch.ones(adv.shape[0], dtype=torch.bool)
         return adv, nonzero_groups(adv)
