@@ -4,7 +4,8 @@
    completions, <= 8 new tokens, one optimizer step per batch, no group filtering) through
    meshrl's trainer (async_level 2) and TRL's GRPOTrainer, in this process: `speedup` = our
    steps/s over TRL's.
-2. `rollout`: TorchGenerator throughput (generated tokens/s) for the same batch shape.
+2. `rollout`: generated tokens/s of each rollout backend (torch loop, inference engine) for the
+   same batch shape (random weights, so completions often run to the length cap).
 3. `async_vs_sync`: wall time per step of async_level 2 vs synchronous on the same config.
 
 Usage: python benchmarks/bench_rl.py [--steps 30] [--skip-trl]
@@ -53,22 +54,23 @@ def ours(steps: int, async_level: int, threads: int, prompts: int, group: int,
     }
 
 
-def rollout_throughput(prompts: int, group: int, tokens: int, repeats: int = 10) -> dict:
+def rollout_throughput(backend: str, prompts: int, group: int, tokens: int,
+                       repeats: int = 10) -> dict:
     from meshrl.model import CharTokenizer, build_model
-    from meshrl.rl.generation import GenParams, TorchGenerator
+    from meshrl.rl.generation import GenParams, make_generator
 
     tok = CharTokenizer()
-    gen = TorchGenerator(build_model("qwen2-tiny", tok.vocab_size), 0, tok.eos_token_id)
+    gen = make_generator(backend, build_model("qwen2-tiny", tok.vocab_size), tok)
     batch = [[1, *tok.encode(f"{i % 100}+{(7 * i) % 100}=")] for i in range(prompts * group)]
-    # forbid EOS so every completion is full length: a fixed amount of work
-    gen.eos_token_id = -1
     gen.generate(batch, GenParams(tokens, seed=0), list(range(len(batch))))
     t0 = time.perf_counter()
     for r in range(repeats):
         gen.generate(batch, GenParams(tokens, seed=r), list(range(len(batch))))
     dt = (time.perf_counter() - t0) / repeats
-    return {"bench": "rollout", "batch": len(batch), "new_tokens": tokens,
-            "seconds": dt, "tokens_per_s": len(batch) * tokens / dt}
+    outs = gen.generate(batch, GenParams(tokens, seed=0), list(range(len(batch))))
+    generated = sum(len(o.token_ids) for o in outs)
+    return {"bench": "rollout", "backend": backend, "batch": len(batch), "max_new_tokens": tokens,
+            "seconds": dt, "tokens_per_s": generated / dt}
 
 
 def main() -> None:
@@ -78,7 +80,8 @@ def main() -> None:
     args = ap.parse_args()
     shape = dict(prompts=8, group=8, tokens=8)
     torch.set_num_threads(1)
-    print(json.dumps(rollout_throughput(**shape)), flush=True)
+    for backend in ("torch", "engine"):
+        print(json.dumps(rollout_throughput(backend, **shape)), flush=True)
     sync = ours(args.steps, 0, 1, **shape)
     asyn = ours(args.steps, 2, 2, **shape, subprocess=True)
     print(json.dumps({"bench": "async_vs_sync", "config": shape,
