@@ -9,6 +9,8 @@ and its KV cache are compacted in place so finished rows stop costing compute.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,13 +43,28 @@ class EngineConfig(Config):
     max_seq_len: int | None = Field(
         None, ge=2, description="context length (prompt + completion); default: the model's"
     )
-    num_threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = leave as is")
+    num_threads: int = Field(
+        0, ge=0, description="torch intra-op threads during engine calls; 0 = torch's setting"
+    )
     hidden_dtype: Literal["bfloat16", "float32"] = Field(
         "bfloat16", description="dtype of returned hidden states"
     )
     compact_below: float = Field(
         0.75, ge=0.0, le=1.0, description="drop finished rows when the alive fraction falls below"
     )
+
+
+@contextmanager
+def _threads(n: int) -> Iterator[None]:
+    """Use n torch threads inside, then restore: tiny kernels lose to thread sync on busy CPUs."""
+    before = torch.get_num_threads()
+    if n and n != before:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if n and n != before:
+            torch.set_num_threads(before)
 
 
 def _left_pad(seqs: list[list[int]]) -> tuple[torch.Tensor, ...]:
@@ -84,8 +101,6 @@ class CPUEngine(InferenceBackend):
         eos = eos[0] if isinstance(eos, list | tuple) else eos
         self.eos_token_id: int | None = None if eos is None else int(eos)
         self.hidden_dtype = getattr(torch, self.cfg.hidden_dtype)
-        if self.cfg.num_threads:
-            torch.set_num_threads(self.cfg.num_threads)
         with torch.no_grad():
             self.weights = PackedWeights.pack(self.spec, model.state_dict())
 
@@ -115,10 +130,11 @@ class CPUEngine(InferenceBackend):
             raise InvalidRequestError("seq_ids must be non-negative integers")
         out: list[Completion] = []
         step = self.cfg.max_batch_size
-        for lo in range(0, len(prompts), step):
-            out += self._generate_batch(
-                [list(p) for p in prompts[lo : lo + step]], seq_ids[lo : lo + step], params
-            )
+        with _threads(self.cfg.num_threads):
+            for lo in range(0, len(prompts), step):
+                out += self._generate_batch(
+                    [list(p) for p in prompts[lo : lo + step]], seq_ids[lo : lo + step], params
+                )
         return out
 
     def _check_prompts(self, prompts: list[list[int]], params: SamplingParams) -> None:
@@ -173,12 +189,16 @@ class CPUEngine(InferenceBackend):
         rows = torch.arange(b)  # original index of each batch row
         alive = torch.ones(b, dtype=torch.bool)
         sid, pos, row_budget = torch.tensor(seq_ids), lens.clone(), budget.clone()
+        budget_ends = set(budget.tolist())
         temp = p.temperature if p.temperature > 0 else 1.0
         full = True  # rows == arange(b): plain slices instead of scatter
         for j in range(steps):
             logits = h @ w.lm_head
-            tok = sample_tokens(logits, p.seed, sid, torch.full_like(sid, j), p.temperature,
-                                p.top_p)
+            if p.temperature == 0:
+                tok = logits.argmax(-1)
+            else:
+                tok = sample_tokens(logits, p.seed, sid, torch.full_like(sid, j), p.temperature,
+                                    p.top_p)
             scaled = logits if temp == 1.0 else logits / temp
             lp = scaled.log_softmax(-1).gather(1, tok[:, None])[:, 0]
             idx = slice(None) if full else rows
@@ -186,7 +206,10 @@ class CPUEngine(InferenceBackend):
             logprobs[idx, j] = lp
             if hidden is not None:
                 hidden[idx, j] = h.to(self.hidden_dtype)
-            ended = (torch.isin(tok, stop_ids) | (row_budget <= j + 1)) & alive
+            ended = (tok == stop_ids[0] if len(stop_ids) == 1 else torch.isin(tok, stop_ids))
+            if j + 1 in budget_ends:  # a row reaches its length limit (the context) here
+                ended |= row_budget <= j + 1
+            ended &= alive
             hit = self._stop_string_hits(tokens, rows, alive, j, p.stop_strings) \
                 if p.stop_strings else None
             if hit is not None:
@@ -271,10 +294,11 @@ class CPUEngine(InferenceBackend):
         temp = temperature if temperature > 0 else 1.0
         out: list[ScoreResult] = []
         step = self.cfg.max_batch_size
-        for lo in range(0, len(prompts), step):
-            out += self._score_batch(
-                [list(p) for p in prompts[lo : lo + step]], comps[lo : lo + step], temp,
-                return_hidden_states, return_logits)
+        with _threads(self.cfg.num_threads):
+            for lo in range(0, len(prompts), step):
+                out += self._score_batch(
+                    [list(p) for p in prompts[lo : lo + step]], comps[lo : lo + step], temp,
+                    return_hidden_states, return_logits)
         return out
 
     def _score_batch(self, prompts, comps, temp, want_hidden, want_logits) -> list[ScoreResult]:
