@@ -150,3 +150,22 @@ def test_public_api() -> None:
                                 "ScoreResult", "InferenceBackend"}
     assert all(hasattr(inf, name) for name in inf.__all__)
     assert issubclass(CPUEngine, inf.InferenceBackend)
+
+
+def test_cli_generate_prints_replayable_completions(qwen, tok, tmp_path, capsys) -> None:
+    import json
+
+    from meshrl.cli import main
+    from meshrl.model import save_model
+
+    save_model(qwen, tok, tmp_path / "m")
+    argv = ["inference", "generate", "--model", str(tmp_path / "m"), "--prompts", '["12+3=", "ab"]',
+            "--n", "2", "--sampling.max_new_tokens", "6", "--sampling.seed", "4"]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["seq_id"] for r in rows] == [0, 1, 2, 3]
+    assert [r["prompt"] for r in rows] == ["12+3=", "12+3=", "ab", "ab"]
+    engine = CPUEngine(qwen, tok)
+    again = engine.generate([tok.encode("ab")], SamplingParams(max_new_tokens=6, seed=4), [3])[0]
+    assert rows[3]["token_ids"] == again.token_ids
+    assert main(["inference", "generate", "--model", str(tmp_path / "m")]) == 2

@@ -12,19 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 
-from meshrl.config import Config
-from meshrl.inference.backend import (
-    Completion,
-    InferenceBackend,
-    InvalidRequestError,
-    SamplingParams,
-    ScoreResult,
-)
+from meshrl.inference.backend import Completion, InferenceBackend, InvalidRequestError, ScoreResult
+from meshrl.inference.params import EngineConfig, SamplingParams
 from meshrl.inference.sampling import sample_tokens
 from meshrl.inference.transformer import (
     KVCache,
@@ -36,22 +29,6 @@ from meshrl.inference.transformer import (
 )
 
 __all__ = ["CPUEngine", "EngineConfig"]
-
-
-class EngineConfig(Config):
-    max_batch_size: int = Field(128, ge=1, description="rows per forward; more prompts run in turn")
-    max_seq_len: int | None = Field(
-        None, ge=2, description="context length (prompt + completion); default: the model's"
-    )
-    num_threads: int = Field(
-        0, ge=0, description="torch intra-op threads during engine calls; 0 = torch's setting"
-    )
-    hidden_dtype: Literal["bfloat16", "float32"] = Field(
-        "bfloat16", description="dtype of returned hidden states"
-    )
-    compact_below: float = Field(
-        0.75, ge=0.0, le=1.0, description="drop finished rows when the alive fraction falls below"
-    )
 
 
 @contextmanager
