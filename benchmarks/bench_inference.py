@@ -14,6 +14,7 @@ throughput that the engine reaches (model FLOPs of prefill + decode / wall time)
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -37,9 +38,14 @@ def rss() -> int:
 
 
 class PeakRSS:
-    """Peak resident memory above the level at entry, sampled every 2 ms."""
+    """Peak resident memory above the level at entry, sampled every 2 ms.
+
+    Freed heap memory is returned to the OS first (malloc_trim), so a run does not look small
+    just because it reuses pages the previous run left behind.
+    """
 
     def __enter__(self) -> PeakRSS:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
         self.base = self.peak = rss()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
@@ -81,6 +87,11 @@ def model_flops(spec, prompt_lens: list[int], gen_lens: list[int]) -> float:
         total += per_tok * n + 2 * spec.hidden * spec.vocab * (g + 1)
         total += 4 * spec.layers * qd * n * n / 2  # attention scores + weighted values
     return total
+
+
+def kv_cache_bytes(spec, prompt_lens: list[int], new_tokens: int) -> int:
+    slots = max(prompt_lens) + new_tokens - 1
+    return 2 * 4 * spec.layers * len(prompt_lens) * spec.kv_heads * slots * spec.head_dim
 
 
 def useful_tokens(rows: list[list[int]], eos: int) -> int:
@@ -138,6 +149,7 @@ def bench(preset: str, batch: int, mode: str, args, peak: float) -> dict:
         "same_tokens": [r[: len(e)] for r, e in zip(rows_h, rows_e, strict=True)] == rows_e
         if mode == "greedy" else None,
         "engine_peak_rss_mb": mem_e, "hf_peak_rss_mb": mem_h,
+        "engine_kv_cache_mb": round(kv_cache_bytes(engine.spec, lens, args.new_tokens) / 2**20, 1),
         "engine_gflops": round(flops / t_e / 1e9, 2), "matmul_peak_gflops": round(peak, 2),
         "fraction_of_matmul_peak": round(flops / t_e / 1e9 / peak, 4),
     }
