@@ -123,6 +123,8 @@ def test_context_limit_truncates_generation(qwen, tok) -> None:
     ([[5, -1]], {}, "outside the vocabulary"),
     ([[5]], {"stop_token_ids": (99,)}, "stop_token_ids"),
     ([[5]], {"stop_strings": ("",)}, "empty string"),
+    ([[5, 2.5]], {}, "integers"),
+    (["abc"], {}, "integers"),
 ])
 def test_bad_requests_are_clear_errors(engine, prompts, kwargs, match) -> None:
     with pytest.raises(InvalidRequestError, match=match):
@@ -141,6 +143,10 @@ def test_bad_params_and_score_requests(engine) -> None:
     with pytest.raises(InvalidRequestError, match="empty"):
         engine.score([[]], [[6]])
     assert engine.generate([], SamplingParams()) == []
+    # tensors / numpy integers are accepted and come back as Python ints
+    out = engine.generate([torch.tensor([5, 6, 7])], SamplingParams(max_new_tokens=2),
+                          seq_ids=torch.tensor([3]))[0]
+    assert out.prompt_ids == [5, 6, 7] and type(out.prompt_ids[0]) is int and out.seq_id == 3
     empty = engine.score([[5, 6]], [[]])[0]
     assert empty.logprobs.shape == (0,) and empty.hidden_states.shape == (0, 128)
 

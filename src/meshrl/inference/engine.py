@@ -9,6 +9,7 @@ and its KV cache are compacted in place so finished rows stop costing compute.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -99,18 +100,19 @@ class CPUEngine(InferenceBackend):
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, seq_ids: list[int] | None = None
     ) -> list[Completion]:
-        seq_ids = list(range(len(prompts))) if seq_ids is None else list(seq_ids)
+        prompts = [self._ids(p, f"prompt {i}") for i, p in enumerate(prompts)]
+        seq_ids = list(range(len(prompts))) if seq_ids is None else _ints(seq_ids, "seq_ids")
         self._check_prompts(prompts, params)
         if len(seq_ids) != len(prompts):
             raise InvalidRequestError(f"{len(seq_ids)} seq_ids for {len(prompts)} prompts")
-        if any(not isinstance(s, int) or s < 0 for s in seq_ids):
+        if any(s < 0 for s in seq_ids):
             raise InvalidRequestError("seq_ids must be non-negative integers")
         out: list[Completion] = []
         step = self.cfg.max_batch_size
         with _threads(self.cfg.num_threads):
             for lo in range(0, len(prompts), step):
                 out += self._generate_batch(
-                    [list(p) for p in prompts[lo : lo + step]], seq_ids[lo : lo + step], params
+                    prompts[lo : lo + step], seq_ids[lo : lo + step], params
                 )
         return out
 
@@ -123,20 +125,22 @@ class CPUEngine(InferenceBackend):
                     f"prompt {i} has {len(p)} tokens; the context holds {self.max_seq_len}, "
                     f"so at most {self.max_seq_len - 1} leave room to generate"
                 )
-            self._check_ids(p, f"prompt {i}")
-        self._check_ids(list(params.stop_token_ids), "stop_token_ids")
+        self._ids(params.stop_token_ids, "stop_token_ids")
         if params.stop_strings:
             if self.tokenizer is None:
                 raise InvalidRequestError("stop_strings need a tokenizer")
             if any(s == "" for s in params.stop_strings):
                 raise InvalidRequestError("stop_strings may not contain an empty string")
 
-    def _check_ids(self, ids: list[int], what: str) -> None:
-        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.spec.vocab]
+    def _ids(self, ids: Any, what: str) -> list[int]:
+        """Token ids as a list of Python ints, or a clear error."""
+        out = _ints(ids, what)
+        bad = [t for t in out if not 0 <= t < self.spec.vocab]
         if bad:
             raise InvalidRequestError(
                 f"{what}: token ids {bad[:5]} outside the vocabulary [0, {self.spec.vocab})"
             )
+        return out
 
     @torch.inference_mode()
     def _generate_batch(
@@ -254,11 +258,13 @@ class CPUEngine(InferenceBackend):
         return_hidden_states: bool = True,
         return_logits: bool = False,
     ) -> list[ScoreResult]:
-        comps = [list(c.token_ids) if isinstance(c, Completion) else list(c) for c in completions]
-        if len(comps) != len(prompts):
-            raise InvalidRequestError(f"{len(comps)} completions for {len(prompts)} prompts")
+        if len(completions) != len(prompts):
+            raise InvalidRequestError(f"{len(completions)} completions for {len(prompts)} prompts")
         if temperature < 0:
             raise InvalidRequestError(f"temperature must be >= 0, got {temperature}")
+        prompts = [self._ids(p, f"prompt {i}") for i, p in enumerate(prompts)]
+        comps = [self._ids(c.token_ids if isinstance(c, Completion) else c, f"completion {i}")
+                 for i, c in enumerate(completions)]
         for i, (p, c) in enumerate(zip(prompts, comps, strict=True)):
             if len(p) == 0:
                 raise InvalidRequestError(f"prompt {i} is empty")
@@ -266,16 +272,13 @@ class CPUEngine(InferenceBackend):
                 raise InvalidRequestError(
                     f"sequence {i} has {len(p) + len(c)} tokens; the context holds "
                     f"{self.max_seq_len}")
-            self._check_ids(list(p), f"prompt {i}")
-            self._check_ids(c, f"completion {i}")
         temp = temperature if temperature > 0 else 1.0
         out: list[ScoreResult] = []
         step = self.cfg.max_batch_size
         with _threads(self.cfg.num_threads):
             for lo in range(0, len(prompts), step):
-                out += self._score_batch(
-                    [list(p) for p in prompts[lo : lo + step]], comps[lo : lo + step], temp,
-                    return_hidden_states, return_logits)
+                out += self._score_batch(prompts[lo : lo + step], comps[lo : lo + step], temp,
+                                         return_hidden_states, return_logits)
         return out
 
     def _score_batch(self, prompts, comps, temp, want_hidden, want_logits) -> list[ScoreResult]:
@@ -301,6 +304,14 @@ class CPUEngine(InferenceBackend):
                         logits=None if c_ is None else c_.clone())
             for a, b_, c_ in zip(lp.split(sizes), hs, lg, strict=True)
         ]
+
+
+def _ints(values: Any, what: str) -> list[int]:
+    """Python ints from a list / tuple / 1-D tensor / array of integers."""
+    try:
+        return [operator.index(v) for v in values]
+    except TypeError:
+        raise InvalidRequestError(f"{what}: expected a sequence of integers") from None
 
 
 def _read_checkpoint(directory: Path, spec: ModelSpec) -> dict[str, torch.Tensor]:

@@ -45,6 +45,7 @@ class ModelSpec:
     rope_theta: float
     max_positions: int
     tied: bool
+    qkv_bias: bool  # Qwen2 has q/k/v biases; Llama has none (attention_bias would bias o_proj too)
 
     @classmethod
     def from_hf_config(cls, config: Any) -> ModelSpec:
@@ -60,8 +61,10 @@ class ModelSpec:
             getattr(config, "layer_types", None) or []
         ):
             raise ValueError("sliding-window attention is not supported")
-        if getattr(config, "mlp_bias", False):
-            raise ValueError("MLP biases are not supported")
+        if getattr(config, "mlp_bias", False) or (
+            model_type == "llama" and getattr(config, "attention_bias", False)
+        ):
+            raise ValueError("MLP / o_proj biases are not supported")
         heads = config.num_attention_heads
         return cls(
             model_type=model_type,
@@ -76,10 +79,11 @@ class ModelSpec:
             rope_theta=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
             max_positions=config.max_position_embeddings,
             tied=bool(getattr(config, "tie_word_embeddings", False)),
+            qkv_bias=model_type == "qwen2",
         )
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
-        """HF state-dict key -> shape (q/k/v biases are optional, see `PackedWeights.pack`)."""
+        """HF state-dict key -> shape of every tensor the model needs."""
         d, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
         shapes: dict[str, tuple[int, ...]] = {
             "model.embed_tokens.weight": (self.vocab, d),
@@ -100,6 +104,9 @@ class ModelSpec:
                 p + "mlp.up_proj.weight": (self.intermediate, d),
                 p + "mlp.down_proj.weight": (d, self.intermediate),
             }
+            if self.qkv_bias:
+                shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                           p + "self_attn.v_proj.bias": (kv,)}
         return shapes
 
 
@@ -128,15 +135,9 @@ class PackedWeights:
         """Check every shape, then fuse and permute; raises WeightLoadError before any change."""
         state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
         expected = spec.expected_shapes()
-        optional = {
-            f"model.layers.{i}.self_attn.{n}_proj.bias": (
-                (spec.heads if n == "q" else spec.kv_heads) * spec.head_dim,
-            )
-            for i in range(spec.layers)
-            for n in "qkv"
-        }
-        if spec.tied:
-            optional["lm_head.weight"] = (spec.vocab, spec.hidden)  # ignored: tied to embeddings
+        optional: dict[str, tuple[int, ...]] = {}
+        if spec.tied:  # a live tied model's state dict has it too; must equal the embeddings
+            optional["lm_head.weight"] = (spec.vocab, spec.hidden)
         problems = [f"missing {k}" for k in expected if k not in state]
         problems += [f"unexpected {k}" for k in state if k not in expected and k not in optional]
         for k, v in state.items():
@@ -145,6 +146,9 @@ class PackedWeights:
                 problems.append(f"{k} has shape {tuple(v.shape)}, expected {want}")
             if want is not None and not v.dtype.is_floating_point:
                 problems.append(f"{k} has dtype {v.dtype}, expected floating point")
+        if (spec.tied and not problems and "lm_head.weight" in state
+                and not torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"])):
+            problems.append("lm_head.weight differs from the tied model.embed_tokens.weight")
         if problems:
             more = f"; ... ({len(problems)} problems)" if len(problems) > 6 else ""
             shown = "; ".join(problems[:6]) + more
@@ -163,7 +167,7 @@ class PackedWeights:
             qkv = _group_qkv(q, k, f32(a + "v_proj.weight"), spec)
             qkv = qkv * f32(p + "input_layernorm.weight")
             bias = None
-            if a + "q_proj.bias" in state:
+            if spec.qkv_bias:
                 bias = _group_qkv(
                     _permute_heads(f32(a + "q_proj.bias"), perm, spec.heads),
                     _permute_heads(f32(a + "k_proj.bias"), perm, spec.kv_heads),
