@@ -12,6 +12,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -146,106 +147,72 @@ class CPUEngine(InferenceBackend):
     def _generate_batch(
         self, prompts: list[list[int]], seq_ids: list[int], p: SamplingParams
     ) -> list[Completion]:
-        w, spec = self.weights, self.spec
+        w = self.weights
         b = len(prompts)
         lens = torch.tensor([len(x) for x in prompts])
         budget = (self.max_seq_len - lens).clamp(max=p.max_new_tokens)
         steps, width = int(budget.max()), int(lens.max())
-        slots = width + steps - 1  # the last sampled token is never fed back
-
         ids, positions, allowed, pad = _left_pad(prompts)
-        cache = KVCache(spec, b, max(slots, width))
+        cache = KVCache(self.spec, b, width + steps - 1)  # the last token is never fed back
         h = forward(w, ids, positions, allowed, cache)[:, -1]
-        bias = torch.zeros(b, spec.kv_heads, 1, cache.k.shape[3])
-        bias.masked_fill_(torch.arange(bias.shape[-1]) < pad[:, None, None, None], float("-inf"))
-        bias = bias.view(b * spec.kv_heads, 1, -1)
-
-        tokens = torch.zeros(b, steps, dtype=torch.int64)
-        logprobs = torch.zeros(b, steps)
-        hidden = torch.empty(b, steps, spec.hidden, dtype=self.hidden_dtype) \
-            if p.return_hidden_states else None
+        live = _LiveRows(torch.arange(b), torch.tensor(seq_ids), lens.clone(), budget.clone(),
+                         torch.ones(b, dtype=torch.bool), _pad_bias(pad, self.spec, cache))
+        out = _Outputs(b, steps, self.spec.hidden, self.hidden_dtype if p.return_hidden_states
+                       else None, budget.tolist())
         stop_ids = torch.tensor(sorted({*p.stop_token_ids} | (
             set() if self.eos_token_id is None else {self.eos_token_id})), dtype=torch.int64)
-        length, reason = budget.tolist(), ["length"] * b
-        rows = torch.arange(b)  # original index of each batch row
-        alive = torch.ones(b, dtype=torch.bool)
-        sid, pos, row_budget = torch.tensor(seq_ids), lens.clone(), budget.clone()
         budget_ends = set(budget.tolist())
         temp = p.temperature if p.temperature > 0 else 1.0
-        full = True  # rows == arange(b): plain slices instead of scatter
         for j in range(steps):
             logits = h @ w.lm_head
             if p.temperature == 0:
                 tok = logits.argmax(-1)
             else:
-                tok = sample_tokens(logits, p.seed, sid, torch.full_like(sid, j), p.temperature,
-                                    p.top_p)
+                tok = sample_tokens(logits, p.seed, live.sid, torch.full_like(live.sid, j),
+                                    p.temperature, p.top_p)
             scaled = logits if temp == 1.0 else logits / temp
-            lp = scaled.log_softmax(-1).gather(1, tok[:, None])[:, 0]
-            idx = slice(None) if full else rows
-            tokens[idx, j] = tok
-            logprobs[idx, j] = lp
-            if hidden is not None:
-                hidden[idx, j] = h.to(self.hidden_dtype)
+            out.record(live.index, j, tok, scaled.log_softmax(-1).gather(1, tok[:, None])[:, 0], h)
             ended = (tok == stop_ids[0] if len(stop_ids) == 1 else torch.isin(tok, stop_ids))
             if j + 1 in budget_ends:  # a row reaches its length limit (the context) here
-                ended |= row_budget <= j + 1
-            ended &= alive
-            hit = self._stop_string_hits(tokens, rows, alive, j, p.stop_strings) \
-                if p.stop_strings else None
+                ended |= live.budget <= j + 1
+            hit = self._stop_string_hits(out.tokens, live, j, p.stop_strings)
             if hit is not None:
                 ended |= hit
+            ended &= live.alive
             if ended.any():
                 for r in ended.nonzero()[:, 0].tolist():
-                    orig, t = int(rows[r]), int(tok[r])
-                    length[orig] = j + 1
-                    if t == self.eos_token_id:
-                        reason[orig] = "eos"
-                    elif t in p.stop_token_ids or (hit is not None and bool(hit[r])):
-                        reason[orig] = "stop"
-                alive &= ~ended
-                n_alive = int(alive.sum())
+                    t = int(tok[r])
+                    reason = "eos" if t == self.eos_token_id else "stop" if (
+                        t in p.stop_token_ids or (hit is not None and bool(hit[r]))) else "length"
+                    out.finish(int(live.rows[r]), j + 1, reason)
+                live.alive &= ~ended
+                n_alive = int(live.alive.sum())
                 if n_alive == 0:
                     break
-                if n_alive < self.cfg.compact_below * alive.numel():
-                    keep = alive.nonzero()[:, 0]
+                if n_alive < self.cfg.compact_below * live.alive.numel():
+                    keep = live.alive.nonzero()[:, 0]
                     cache.keep_rows(keep)
-                    bias = bias.view(-1, spec.kv_heads, 1, bias.shape[-1])[keep].view(
-                        -1, 1, bias.shape[-1])
-                    rows, h, tok, pos = rows[keep], h[keep], tok[keep], pos[keep]
-                    sid, row_budget, alive = sid[keep], row_budget[keep], alive[keep]
-                    full = False
+                    live.keep(keep, self.spec.kv_heads)
+                    h, tok = h[keep], tok[keep]
             if j + 1 == steps:
                 break
-            h = decode_step(w, tok, pos, cache, width + j, bias)
-            pos += 1
+            h = decode_step(w, tok, live.pos, cache, width + j, live.bias)
+            live.pos += 1
+        return out.completions(prompts, seq_ids)
 
-        tok_l, lp_l = tokens.tolist(), logprobs.tolist()
-        return [
-            Completion(
-                prompt_ids=prompts[i],
-                token_ids=tok_l[i][: length[i]],
-                logprobs=lp_l[i][: length[i]],
-                finish_reason=reason[i],  # type: ignore[arg-type]
-                seq_id=seq_ids[i],
-                hidden_states=None if hidden is None else hidden[i, : length[i]].clone(),
-            )
-            for i in range(b)
-        ]
-
-    def _ends_with_stop(self, toks: torch.Tensor, stop_strings: tuple[str, ...]) -> bool:
+    def _stop_string_hits(
+        self, tokens: torch.Tensor, live: _LiveRows, j: int, stop_strings: tuple[str, ...]
+    ) -> torch.Tensor | None:
         if not stop_strings:
-            return False
-        window = max(len(s) for s in stop_strings) + 4
-        text = self.tokenizer.decode(toks[-window:].tolist(), skip_special_tokens=False)
-        return any(s in text for s in stop_strings)
-
-    def _stop_string_hits(self, tokens, rows, alive, j, stop_strings) -> torch.Tensor:
+            return None
         # decode only a tail window: a stop string is checked as soon as its last token appears,
         # so it lies within the last max-length tokens (every token decodes to >= 1 character)
-        hits = torch.zeros_like(alive)
-        for r in alive.nonzero()[:, 0].tolist():
-            hits[r] = self._ends_with_stop(tokens[int(rows[r]), : j + 1], stop_strings)
+        window = max(len(s) for s in stop_strings) + 4
+        hits = torch.zeros_like(live.alive)
+        for r in live.alive.nonzero()[:, 0].tolist():
+            tail = tokens[int(live.rows[r]), max(0, j + 1 - window) : j + 1].tolist()
+            text = self.tokenizer.decode(tail, skip_special_tokens=True)
+            hits[r] = any(s in text for s in stop_strings)
         return hits
 
     # ---- scoring ---------------------------------------------------------------------------
@@ -304,6 +271,70 @@ class CPUEngine(InferenceBackend):
                         logits=None if c_ is None else c_.clone())
             for a, b_, c_ in zip(lp.split(sizes), hs, lg, strict=True)
         ]
+
+
+@dataclass
+class _LiveRows:
+    """Per-row state of the rows still in the batch (row r came from prompt rows[r])."""
+
+    rows: torch.Tensor
+    sid: torch.Tensor
+    pos: torch.Tensor  # position of the next token fed back
+    budget: torch.Tensor
+    alive: torch.Tensor
+    bias: torch.Tensor  # [rows * kv_heads, 1, slots]: -inf on each row's left padding
+    full: bool = True  # rows == arange(batch): write outputs with plain slices
+
+    @property
+    def index(self) -> slice | torch.Tensor:
+        return slice(None) if self.full else self.rows
+
+    def keep(self, keep: torch.Tensor, kv_heads: int) -> None:
+        self.rows, self.sid, self.pos = self.rows[keep], self.sid[keep], self.pos[keep]
+        self.budget, self.alive = self.budget[keep], self.alive[keep]
+        slots = self.bias.shape[-1]
+        self.bias = self.bias.view(-1, kv_heads, 1, slots)[keep].view(-1, 1, slots)
+        self.full = False
+
+
+class _Outputs:
+    """Preallocated per-step outputs of a batch: tokens, log-probs, hidden states (optional)."""
+
+    def __init__(self, b: int, steps: int, hidden: int, hidden_dtype: torch.dtype | None,
+                 length: list[int]) -> None:
+        self.tokens = torch.zeros(b, steps, dtype=torch.int64)
+        self.logprobs = torch.zeros(b, steps)
+        self.hidden = None if hidden_dtype is None else torch.empty(b, steps, hidden,
+                                                                    dtype=hidden_dtype)
+        self.length, self.reason = length, ["length"] * b
+
+    def record(self, index, j: int, tok, lp, h) -> None:
+        self.tokens[index, j] = tok
+        self.logprobs[index, j] = lp
+        if self.hidden is not None:
+            self.hidden[index, j] = h.to(self.hidden.dtype)
+
+    def finish(self, row: int, length: int, reason: str) -> None:
+        self.length[row], self.reason[row] = length, reason
+
+    def completions(self, prompts: list[list[int]], seq_ids: list[int]) -> list[Completion]:
+        tok, lp, n = self.tokens.tolist(), self.logprobs.tolist(), self.length
+        return [
+            Completion(
+                prompt_ids=prompts[i], token_ids=tok[i][: n[i]], logprobs=lp[i][: n[i]],
+                finish_reason=self.reason[i],  # type: ignore[arg-type]
+                seq_id=seq_ids[i],
+                hidden_states=None if self.hidden is None else self.hidden[i, : n[i]].clone(),
+            )
+            for i in range(len(prompts))
+        ]
+
+
+def _pad_bias(pad: torch.Tensor, spec: ModelSpec, cache: KVCache) -> torch.Tensor:
+    slots = cache.k.shape[3]
+    bias = torch.zeros(len(pad), spec.kv_heads, 1, slots)
+    bias.masked_fill_(torch.arange(slots) < pad[:, None, None, None], float("-inf"))
+    return bias.view(-1, 1, slots)
 
 
 def _ints(values: Any, what: str) -> list[int]:
