@@ -3,7 +3,9 @@
 Why not call the HF modules: at rollout sizes (hidden 128-512, batch 32-128) one decode step is a
 few hundred tiny kernels, and the HF module, cache and mask machinery costs more than the math.
 This runs the same math with fewer, larger kernels:
-- fused QKV and gate-up weight matrices, built once when weights are loaded;
+- fused QKV and gate-up weight matrices, built once when weights are loaded, with the RMSNorm
+  weights folded in and QKV rows grouped per KV head so no per-step reshape copies;
+- RMSNorm in 4 kernels (F.rms_norm decomposes into ~10 on CPU);
 - residual adds fused into `addmm` (o_proj and down_proj);
 - RoPE as one complex multiply: the rows of each q / k head are permuted at load time so the pair
   (i, i + d/2) that HF's `rotate_half` rotates together is adjacent. q·k is unchanged because both
