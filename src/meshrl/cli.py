@@ -21,6 +21,7 @@ SUBSYSTEMS = [
     "meshrl.model.cli",
     "meshrl.shardcast.cli",
     "meshrl.protocol.cli",
+    "meshrl.inference.cli",
 ]
 
 
