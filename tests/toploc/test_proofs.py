@@ -69,7 +69,8 @@ def test_dtypes_are_consistent():
         assert build_proofs(base.to(dtype)) == proofs
         assert build_proofs(base.to(dtype).numpy() if dtype != torch.bfloat16 else base) == proofs
     # fp32 values that round to the same bf16 values verify exactly
-    jitter = base.float() * (1 + 1e-4 * torch.randn(base.shape, generator=torch.Generator().manual_seed(3)))
+    g = torch.Generator().manual_seed(3)
+    jitter = base.float() * (1 + 1e-4 * torch.randn(base.shape, generator=g))
     res = verify_proofs(jitter, proofs)
     assert sum(r.exp_mismatches for r in res) <= 2
     assert all(r.mant_err_mean < 0.1 for r in res)
@@ -151,7 +152,8 @@ def test_bad_activations():
     assert not verdict(res).accepted
     with pytest.raises(ProofError, match="fewer than topk"):
         build_proofs(_acts(tokens=33, hidden=64))  # last chunk: 1 token x 64 values < 128
-    short = verify_proofs(_acts(tokens=33, hidden=64), build_proofs(_acts(tokens=32, hidden=64)) * 2)
+    two = build_proofs(_acts(tokens=32, hidden=64)) * 2
+    short = verify_proofs(_acts(tokens=33, hidden=64), two)
     assert short[1].reason and "fewer than topk" in short[1].reason
     for bad in (torch.zeros(0, 64), torch.zeros(10), torch.zeros(4, 64, dtype=torch.int64), "x"):
         with pytest.raises(ProofError):

@@ -1,4 +1,4 @@
-"""The checks a validator runs beside the activation proof: sampling, termination, log-probs, rewards.
+"""Checks beside the activation proof: sampling, termination, log-probs, rewards.
 
 Each returns a `CheckResult` (never raises on bad claims) so a validator can collect reasons.
 Sampling replays `meshrl.inference.sampling` exactly: the claimed token must be what the seeded

@@ -80,7 +80,8 @@ def to_bf16_bits(activations: torch.Tensor | np.ndarray) -> torch.Tensor:
     if not isinstance(activations, torch.Tensor):
         raise ProofError(f"activations must be a tensor, got {type(activations).__name__}")
     if activations.dim() != 2:
-        raise ProofError(f"activations must be [tokens, hidden], got shape {tuple(activations.shape)}")
+        shape = tuple(activations.shape)
+        raise ProofError(f"activations must be [tokens, hidden], got shape {shape}")
     if not activations.is_floating_point():
         raise ProofError(f"activations must be floating point, got {activations.dtype}")
     a = activations.detach().cpu()
@@ -141,7 +142,7 @@ def _select_fix_ties(mag: torch.Tensor, topk: int) -> torch.Tensor:
 
 
 def find_moduli(idx: torch.Tensor) -> torch.Tensor:
-    """Per row of idx [C, k]: the largest m <= 65497 with idx mod m distinct (ProofError if none)."""
+    """Per row of idx [C, k]: largest m <= 65497 keeping idx mod m distinct, else ProofError."""
     k = idx.shape[-1]
     moduli = torch.full(idx.shape[:1], gf.P, dtype=torch.int64)
     todo = (idx.max(-1).values >= gf.P).nonzero().flatten()  # smaller indices need no search
@@ -175,7 +176,7 @@ def build_proofs(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     topk: int = DEFAULT_TOPK,
 ) -> list[bytes]:
-    """One proof (2 + 2 * topk bytes) per chunk of `chunk_size` rows of activations [tokens, hidden].
+    """One proof (2 + 2 * topk bytes) per chunk of `chunk_size` rows of activations [tokens, H].
 
     Raises ProofError on anything that cannot be committed to honestly: no tokens, non-finite
     values, or a chunk with fewer than `topk` values.

@@ -147,7 +147,7 @@ def tail_threshold(samples: Sequence[float], rate: float) -> float:
 
     def quantile(q: float) -> float:
         pos = q * (n - 1)
-        lo = int(math.floor(pos))
+        lo = math.floor(pos)
         hi = min(lo + 1, n - 1)
         return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
