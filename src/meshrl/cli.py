@@ -19,6 +19,7 @@ __all__ = ["add_config_command", "main"]
 # Subsystem CLI modules, each with `register(subparsers)`. Add a line per subsystem.
 SUBSYSTEMS = [
     "meshrl.model.cli",
+    "meshrl.toploc.cli",
 ]
 
 

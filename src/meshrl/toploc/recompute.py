@@ -10,14 +10,16 @@ calibration and tests; its decode-step activations differ from a prefill by real
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from meshrl.inference.sampling import sample_tokens
+from meshrl.toploc.modes import HONEST_MODES
 
-__all__ = ["Generated", "generate", "prefill"]
+__all__ = ["HONEST_MODES", "Generated", "generate", "prefill", "recompute_mode"]
 
 
 @dataclass
@@ -119,3 +121,44 @@ def generate(
         out.append(Generated(list(prompts[i]), tokens[i], lp.squeeze(-1).tolist(), finish[i],
                              seq_ids[i], torch.stack(hiddens[i]), lg))
     return out
+
+
+def _variant(model: torch.nn.Module, fp32: bool, attn: str | None) -> torch.nn.Module:
+    if not fp32 and attn is None:
+        return model
+    out = copy.deepcopy(model)
+    if fp32:
+        out = out.float()
+    if attn is not None:
+        out.set_attn_implementation(attn)
+    return out
+
+
+def recompute_mode(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    mode: str,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`prefill` in one of the HONEST_MODES (the model itself is never modified)."""
+    if mode not in HONEST_MODES:
+        raise ValueError(f"unknown recompute mode {mode!r}; known: {', '.join(HONEST_MODES)}")
+    fp32, eager = mode.startswith("fp32"), "eager" in mode
+    m = _variant(model, fp32, "eager" if eager else None)
+    if mode == "bf16-threads1":
+        n = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return prefill(m, prompts, completions, batch_size=5)
+        finally:
+            torch.set_num_threads(n)
+    kwargs = {
+        "bf16-batch8": dict(batch_size=8),
+        "bf16-batch1": dict(batch_size=1),
+        "bf16-leftpad-batch16": dict(batch_size=16, pad_left=True, pad_to=200),
+        "bf16-eager": dict(batch_size=8),
+        "fp32": dict(batch_size=8),
+        "fp32-eager-leftpad": dict(batch_size=32, pad_left=True),
+        "fp32-batch3": dict(batch_size=3),
+    }[mode]
+    return prefill(m, prompts, completions, **kwargs)
