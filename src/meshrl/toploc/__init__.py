@@ -19,7 +19,7 @@ _EXPORTS = {
     "proofs": ["DEFAULT_CHUNK_SIZE", "DEFAULT_TOPK", "ChunkResult", "ProofError", "build_proofs",
                "find_moduli", "proof_from_base64", "proof_to_base64", "to_bf16_bits",
                "verify_proofs"],
-    "verdict": ["RolloutStats", "Thresholds", "Verdict", "calibrate_thresholds", "rollout_stats",
+    "thresholds": ["RolloutStats", "Thresholds", "Verdict", "calibrate_thresholds", "rollout_stats",
                 "tail_threshold", "verdict"],
     "validate": ["Claim", "RolloutReport", "SamplingSpec", "ValidatorConfig", "validate_rollout"],
     "calibrate": ["CalibrateConfig", "run_calibration"],
@@ -97,14 +97,7 @@ if TYPE_CHECKING:
         to_bf16_bits,
         verify_proofs,
     )
-    from meshrl.toploc.validate import (
-        Claim,
-        RolloutReport,
-        SamplingSpec,
-        ValidatorConfig,
-        validate_rollout,
-    )
-    from meshrl.toploc.verdict import (
+    from meshrl.toploc.thresholds import (
         RolloutStats,
         Thresholds,
         Verdict,
@@ -112,4 +105,11 @@ if TYPE_CHECKING:
         rollout_stats,
         tail_threshold,
         verdict,
+    )
+    from meshrl.toploc.validate import (
+        Claim,
+        RolloutReport,
+        SamplingSpec,
+        ValidatorConfig,
+        validate_rollout,
     )

@@ -25,7 +25,7 @@ from meshrl.toploc.modes import HONEST_MODES
 
 if TYPE_CHECKING:
     from meshrl.toploc.proofs import ChunkResult
-    from meshrl.toploc.verdict import Thresholds
+    from meshrl.toploc.thresholds import Thresholds
 
 __all__ = ["CalibrateConfig", "run_calibration"]
 
@@ -80,7 +80,7 @@ def _check(model, work, mode: str, group: int) -> Rollouts:
 
 
 def _rates(rollouts: Rollouts, th: Thresholds) -> dict[str, float]:
-    from meshrl.toploc.verdict import verdict
+    from meshrl.toploc.thresholds import verdict
 
     chunks = [c for ro in rollouts for c in ro]
     chunk_rej = sum(not verdict([c], th.model_copy(update={"min_pooled_chunks": 10**9})).accepted
@@ -129,7 +129,7 @@ def _load_model(cfg: CalibrateConfig):
 def run_calibration(cfg: CalibrateConfig, modes: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the whole measurement; returns (and writes to cfg.out) the JSON report."""
     from meshrl.log import get_logger, log_event
-    from meshrl.toploc.verdict import Thresholds, calibrate_thresholds
+    from meshrl.toploc.thresholds import Thresholds, calibrate_thresholds
 
     log = get_logger("meshrl.toploc.calibrate")
     t0 = time.time()

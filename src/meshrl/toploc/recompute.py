@@ -87,7 +87,7 @@ def generate(
     n = len(prompts)
     res = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
                 output_hidden_states=True)
-    cache = res.past_key_values
+    cache = res.cache
     tokens: list[list[int]] = [[] for _ in range(n)]
     hiddens: list[list[torch.Tensor]] = [[] for _ in range(n)]
     logit_rows: list[list[torch.Tensor]] = [[] for _ in range(n)]
@@ -109,9 +109,9 @@ def generate(
             break
         mask = torch.cat([mask, torch.ones(n, 1, dtype=mask.dtype)], dim=-1)
         res = model(input_ids=tok.reshape(n, 1), attention_mask=mask,
-                    position_ids=next_pos.reshape(n, 1), past_key_values=cache, use_cache=True,
+                    position_ids=next_pos.reshape(n, 1), cache=cache, use_cache=True,
                     output_hidden_states=True)
-        cache, next_pos = res.past_key_values, next_pos + 1
+        cache, next_pos = res.cache, next_pos + 1
         hidden, logits = res.hidden_states[-1][:, -1], res.logits[:, -1].float()
     out = []
     for i in range(n):

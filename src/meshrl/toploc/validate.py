@@ -21,7 +21,7 @@ from meshrl.toploc.checks import (
     check_termination,
 )
 from meshrl.toploc.proofs import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK, ChunkResult, verify_proofs
-from meshrl.toploc.verdict import Thresholds, Verdict, verdict
+from meshrl.toploc.thresholds import Thresholds, Verdict, verdict
 
 __all__ = ["Claim", "RolloutReport", "SamplingSpec", "ValidatorConfig", "validate_rollout"]
 
