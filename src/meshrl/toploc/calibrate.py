@@ -41,6 +41,7 @@ class CalibrateConfig(Config):
     group: int = Field(4, description="completions per rollout")
     seed: int = Field(1234, description="sampling seed")
     fpr: float = Field(1e-3, description="target honest rejection rate per rollout")
+    margin: float = Field(1.5, description="widen fitted thresholds' distance from the median")
     modes: list[str] = Field(list(HONEST_MODES), description="honest recompute modes")
     cheat_mode: str = Field("bf16-batch8", description="validator mode for the cheat rows")
     scales: list[float] = Field([1.01, 1.02, 1.05, 1.1, 1.5], description="layer MLP scales")
@@ -144,7 +145,7 @@ def run_calibration(cfg: CalibrateConfig, modes: Sequence[str] | None = None) ->
         calib += _check(model, work[: cfg.calib_prompts], mode, cfg.group)
         held_out[mode] = _check(model, work[cfg.calib_prompts :], mode, cfg.group)
         log_event(log, "honest mode recomputed", mode=mode, s=round(time.time() - t0, 1))
-    th = calibrate_thresholds(calib, fpr=cfg.fpr)
+    th = calibrate_thresholds(calib, fpr=cfg.fpr, margin=cfg.margin)
     default = Thresholds()
     report: dict[str, Any] = {
         "model": cfg.model_dir or cfg.preset, "fpr_target": cfg.fpr,

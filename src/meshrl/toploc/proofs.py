@@ -141,6 +141,10 @@ def _select_fix_ties(mag: torch.Tensor, topk: int) -> torch.Tensor:
     return idx
 
 
+def _nonfinite(bits: torch.Tensor) -> torch.Tensor:
+    return (bits & _EXP_MASK) == _EXP_MASK
+
+
 def find_moduli(idx: torch.Tensor) -> torch.Tensor:
     """Per row of idx [C, k]: largest m <= 65497 keeping idx mod m distinct, else ProofError."""
     k = idx.shape[-1]
@@ -185,13 +189,13 @@ def build_proofs(
     bits = to_bf16_bits(activations)
     if bits.shape[0] == 0:
         raise ProofError("no activations to commit to")
-    if ((bits & _EXP_MASK) == _EXP_MASK).any():
-        raise ProofError("activations contain NaN or inf")
     proofs: list[bytes] = []
     for flat in _chunk_bits(bits, chunk_size):
         if flat.shape[-1] < topk:
             raise ProofError(f"a chunk has {flat.shape[-1]} values, fewer than topk={topk}")
         idx, vals = _select(flat, topk)
+        if _nonfinite(vals).any():  # NaN / inf outrank every finite |value|: no full scan
+            raise ProofError("activations contain NaN or inf")
         moduli = find_moduli(idx)
         coeffs = gf.interpolate(idx % moduli.unsqueeze(-1), vals)
         proofs.extend(_encode(moduli, coeffs))
@@ -284,25 +288,30 @@ def verify_proofs(
     for flat in _chunk_bits(bits, chunk_size):
         ids = list(range(start, min(start + flat.shape[0], len(proofs))))
         start += flat.shape[0]
+        if not ids:
+            continue
+        if flat.shape[-1] < topk:
+            for i in ids:
+                results[i] = _failed(f"chunk {i} has {flat.shape[-1]} values, fewer than topk")
+            continue
+        idx, own = _select(flat[: len(ids)], topk)
+        bad_values = _nonfinite(own).any(-1).tolist()
         good, moduli, coeffs = [], [], []
         for row, i in enumerate(ids):
             decoded = _decode(proofs[i], topk)
             if isinstance(decoded, str):
                 results[i] = _failed(f"chunk {i}: {decoded}")
-            elif flat.shape[-1] < topk:
-                results[i] = _failed(f"chunk {i} has {flat.shape[-1]} values, fewer than topk")
-            elif ((flat[row] & _EXP_MASK) == _EXP_MASK).any():
+            elif bad_values[row]:
                 results[i] = _failed(f"chunk {i}: recomputed activations contain NaN or inf")
             else:
-                good.append((row, i))
+                good.append(row)
                 moduli.append(decoded[0])
                 coeffs.append(decoded[1])
         if not good:
             continue
-        rows = torch.tensor([r for r, _ in good], dtype=torch.int64)
-        idx, own = _select(flat[rows], topk)
-        xs = idx % torch.tensor(moduli, dtype=torch.int64).unsqueeze(-1)
+        rows = torch.tensor(good, dtype=torch.int64)
+        xs = idx[rows] % torch.tensor(moduli, dtype=torch.int64).unsqueeze(-1)
         claimed = gf.evaluate(torch.from_numpy(np.stack(coeffs)), xs)
-        for (_, i), res in zip(good, _compare(own, claimed), strict=True):
-            results[i] = res
+        for row, res in zip(good, _compare(own[rows], claimed), strict=True):
+            results[ids[row]] = res
     return results  # type: ignore[return-value]

@@ -10,7 +10,8 @@ when no single chunk crosses its own threshold.
 
 Threshold fitting (`tail_threshold`) is peaks-over-threshold with an exponential tail: below the
 empirical resolution (rate < 10 / n) the quantile is extrapolated as q90 + beta * ln(0.1 / rate)
-with beta the mean excess over the 90th percentile, and never set below the honest maximum.
+with beta the mean excess over the 90th percentile, and never set below the honest maximum;
+`calibrate_thresholds` then widens each threshold's distance from the honest median by `margin`.
 """
 
 from __future__ import annotations
@@ -159,18 +160,29 @@ def tail_threshold(samples: Sequence[float], rate: float) -> float:
     return max(q90 + beta * math.log(0.1 / rate), xs[-1])
 
 
+def _widen(samples: Sequence[float], rate: float, margin: float) -> float:
+    """tail_threshold, with its distance from the honest median multiplied by `margin`."""
+    xs = sorted(float(x) for x in samples if math.isfinite(x))
+    t = tail_threshold(xs, rate)
+    center = xs[len(xs) // 2]
+    return center + margin * (t - center)
+
+
 def calibrate_thresholds(
     honest_rollouts: Sequence[Sequence[ChunkResult]],
     fpr: float = 1e-3,
     chunks_per_rollout: int | None = None,
     topk: int = DEFAULT_TOPK,
     min_pooled_chunks: int = 4,
+    margin: float = 1.5,
 ) -> Thresholds:
     """Thresholds that reject an honest rollout with probability about `fpr`.
 
     The rate is split evenly over the six tests (Bonferroni); per-chunk tests get a further
     share of 1 / chunks_per_rollout (default: the mean rollout length) since a rollout fails
-    when any of its chunks does.
+    when any of its chunks does. Each fitted threshold's distance from the honest median is then
+    multiplied by `margin`: calibration sets are small and their chunks correlated (the same
+    completions recomputed in several modes), so the fitted tail is itself uncertain.
     """
     chunks = [r for ro in honest_rollouts for r in ro if r.reason is None]
     if not chunks:
@@ -181,20 +193,20 @@ def calibrate_thresholds(
     per_chunk = per_test / chunks_per_rollout
     th = {
         "max_exp_mismatches": math.floor(
-            tail_threshold([c.exp_mismatches for c in chunks], per_chunk)
+            _widen([c.exp_mismatches for c in chunks], per_chunk, margin)
         ),
-        "max_mant_err_mean": tail_threshold([c.mant_err_mean for c in chunks], per_chunk),
-        "max_mant_err_median": tail_threshold([c.mant_err_median for c in chunks], per_chunk),
+        "max_mant_err_mean": _widen([c.mant_err_mean for c in chunks], per_chunk, margin),
+        "max_mant_err_median": _widen([c.mant_err_median for c in chunks], per_chunk, margin),
     }
     pooled = [rollout_stats(ro, topk) for ro in honest_rollouts]
     pooled = [p for p in pooled if p.chunks >= min_pooled_chunks]
     if pooled:
-        th["max_pooled_exp_mismatch_rate"] = tail_threshold(
-            [p.exp_mismatch_rate for p in pooled], per_test
+        th["max_pooled_exp_mismatch_rate"] = _widen(
+            [p.exp_mismatch_rate for p in pooled], per_test, margin
         )
-        th["max_pooled_mant_err_mean"] = tail_threshold([p.mant_err_mean for p in pooled], per_test)
+        th["max_pooled_mant_err_mean"] = _widen([p.mant_err_mean for p in pooled], per_test, margin)
         # a lower tail: fit the upper tail of 1 - rate
-        th["min_pooled_mant_err_zero_rate"] = 1.0 - tail_threshold(
-            [1.0 - p.mant_err_zero_rate for p in pooled], per_test
+        th["min_pooled_mant_err_zero_rate"] = 1.0 - _widen(
+            [1.0 - p.mant_err_zero_rate for p in pooled], per_test, margin
         )
     return Thresholds(**th, topk=topk, min_pooled_chunks=min_pooled_chunks)
