@@ -1,52 +1,11 @@
-"""A tiny real transformer, honest rollouts with proofs, and validator recomputation modes."""
-
-from __future__ import annotations
-
-from dataclasses import dataclass
+"""Session fixtures for the TOPLOC detection matrix (helpers live in toploc_scenario.py)."""
 
 import pytest
 import torch
+from toploc_scenario import MAX_NEW, PRESET, Scenario, make_prompts, run_worker
 
 from meshrl.model import CharTokenizer, build_model
-from meshrl.toploc import build_proofs
-from meshrl.toploc.recompute import Generated, generate, recompute_mode
 from meshrl.toploc.validate import Claim, SamplingSpec
-
-PRESET = "qwen2-tiny"
-MAX_NEW = 128
-GROUP = 4  # completions per rollout
-
-
-@dataclass
-class Scenario:
-    tok: CharTokenizer
-    model: torch.nn.Module  # bf16, what honest workers run
-    spec: SamplingSpec
-    prompts: list[list[int]]
-
-
-def make_prompts(n: int, seed: int, vocab: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(4, 24, (n,), generator=g).tolist()
-    return [torch.randint(4, vocab, (m,), generator=g).tolist() for m in lens]
-
-
-def to_claims(gens: list[Generated]) -> list[Claim]:
-    return [
-        Claim(g.prompt_ids, g.token_ids, g.logprobs, g.finish_reason, g.seq_id,
-              build_proofs(g.hidden_states))
-        for g in gens
-    ]
-
-
-def recompute(model, claims, mode: str):
-    """Honest validator recomputation of `claims` in one of the HONEST_MODES."""
-    return recompute_mode(model, [c.prompt_ids for c in claims], [c.token_ids for c in claims],
-                          mode)
-
-
-def groups(items: list, size: int = GROUP) -> list[list]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 @pytest.fixture(scope="session")
@@ -56,12 +15,6 @@ def scenario() -> Scenario:
     # no EOS: every completion runs to the limit, so 48 prompts give 192 chunks
     spec = SamplingSpec(seed=1234, max_new_tokens=MAX_NEW, temperature=1.0)
     return Scenario(tok, model, spec, make_prompts(48, seed=1, vocab=tok.vocab_size))
-
-
-def run_worker(model, scenario: Scenario, prompts, max_new=MAX_NEW, seq_ids=None) -> list[Claim]:
-    gens = generate(model, prompts, max_new, scenario.spec.seed, scenario.spec.temperature,
-                    eos_token_ids=scenario.spec.eos_token_ids, seq_ids=seq_ids)
-    return to_claims(gens)
 
 
 @pytest.fixture(scope="session")

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import GROUP, HONEST_MODES, MAX_NEW, groups, recompute, run_worker
+from toploc_scenario import GROUP, MAX_NEW, groups, recompute, run_worker
 
 from meshrl.toploc import Thresholds, build_proofs, calibrate_thresholds, verify_proofs
+from meshrl.toploc.modes import HONEST_MODES
 from meshrl.toploc.perturb import quantize_weights, scale_layer_mlp
 from meshrl.toploc.recompute import prefill
 from meshrl.toploc.validate import Claim, ValidatorConfig, validate_rollout
