@@ -83,12 +83,17 @@ def test_ties_break_to_lower_index():
     # selected: index 2*64+5 and the 7 lowest indices of the tied ones
     for x in [*range(7), 133]:
         assert _horner(proofs[0], x) == (0xC000 if x == 133 else 0x3F80)
-    # both selection paths agree on a chunk with heavy ties
-    flat = (torch.randint(0, 4, (3, 5000), generator=torch.Generator().manual_seed(1)) * 128)
-    flat = flat.to(torch.int16)
-    key_idx, _ = proofs_mod._select(flat, 50)
-    fix_idx = proofs_mod._select_fix_ties(flat & 0x7FFF, 50)
-    assert torch.equal(key_idx.sort(-1).values, fix_idx.sort(-1).values)
+    # against a naive (-|value|, index) sort, with heavy ties, in one and in several segments
+    for length in (5000, 140_000):
+        g = torch.Generator().manual_seed(length)
+        flat = (torch.randint(0, 4, (2, length), generator=g) * 128).to(torch.int16)
+        flat[:, ::7] |= -0x8000  # sign bits do not change |value|
+        idx, vals = proofs_mod._select(flat, 50)
+        mag = (flat.to(torch.int64) & 0x7FFF).numpy()
+        for row in range(2):
+            naive = np.lexsort((np.arange(length), -mag[row]))[:50]
+            assert sorted(idx[row].tolist()) == sorted(naive.tolist())
+        assert torch.equal(vals, flat.gather(-1, idx).to(torch.int64) & 0xFFFF)
 
 
 def test_long_chunks_search_a_modulus():

@@ -102,43 +102,33 @@ def _chunk_bits(bits: torch.Tensor, chunk_size: int) -> list[torch.Tensor]:
     return groups
 
 
-_REV: dict[int, torch.Tensor] = {}
+_SEG = 1 << 16
+_REV = torch.arange(_SEG - 1, -1, -1, dtype=torch.int32)  # 65535 - index within a segment
 
 
 def _select(flat: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k by |value| with ties to the lower index: (flat indices [C, k], bit patterns [C, k]).
 
-    `flat` holds int16 bf16 bit patterns of finite values; |value| orders like the pattern
-    without its sign bit (< 2^15). Up to 2^16 values a chunk, the tie-break is packed into an
-    int32 key (magnitude << 16 | 65535 - index); longer chunks fix the tied rows afterwards.
+    `flat` holds int16 bf16 bit patterns; |value| orders like the pattern without its sign bit
+    (< 2^15), so (magnitude << 16 | 65535 - index) is an int32 key whose order is exactly "larger
+    |value|, then lower index" within a segment of 2^16 values. Longer chunks take the top-k of
+    each segment, then the top-k of those candidates under an int64 key with the global index.
     """
-    length = flat.shape[-1]
-    mag = flat & 0x7FFF
-    if length <= 1 << 16:
-        if length not in _REV:
-            _REV[length] = torch.arange(65535, 65535 - length, -1, dtype=torch.int32)
-        key = (mag.to(torch.int32) << 16).bitwise_or_(_REV[length])
-        idx = key.topk(topk, dim=-1, sorted=False).indices
+    rows, length = flat.shape
+    n_seg = -(-length // _SEG)
+    seg = min(length, _SEG)
+    key = torch.full((rows, n_seg * seg), -1, dtype=torch.int32)  # padding ranks last
+    key[:, :length] = (flat & 0x7FFF).to(torch.int32) << 16
+    key = key.view(rows, n_seg, seg).bitwise_or_(_REV[:seg])
+    if n_seg == 1:
+        idx = key[:, 0].topk(topk, dim=-1, sorted=False).indices
     else:
-        idx = _select_fix_ties(mag, topk)
+        cand_key, cand = key.topk(min(topk, seg), dim=-1, sorted=False)  # [rows, n_seg, k]
+        glob = cand + torch.arange(n_seg).unsqueeze(-1) * _SEG
+        key64 = ((cand_key >> 16).to(torch.int64) << 32) - glob
+        pick = key64.flatten(1).topk(topk, dim=-1, sorted=False).indices
+        idx = glob.flatten(1).gather(-1, pick)
     return idx, flat.gather(-1, idx).to(torch.int64) & 0xFFFF
-
-
-def _select_fix_ties(mag: torch.Tensor, topk: int) -> torch.Tensor:
-    vals, idx = mag.topk(topk, dim=-1, sorted=False)
-    thr = vals.min(dim=-1, keepdim=True).values
-    tied = ((mag >= thr).sum(-1) > topk).nonzero().flatten()  # rows where topk chose among ties
-    if tied.numel():
-        sub, t = mag[tied], thr[tied]
-        chosen = sub > t
-        eq = (sub == t).nonzero()  # [E, 2], row-major: ties in ascending index order
-        per_row = (sub == t).sum(-1)
-        rank = torch.arange(eq.shape[0]) - (per_row.cumsum(0) - per_row)[eq[:, 0]]
-        keep = rank < (topk - chosen.sum(-1))[eq[:, 0]]
-        chosen[eq[keep, 0], eq[keep, 1]] = True
-        idx = idx.clone()
-        idx[tied] = chosen.nonzero()[:, 1].reshape(-1, topk)
-    return idx
 
 
 def _nonfinite(bits: torch.Tensor) -> torch.Tensor:
