@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from toploc_scenario import MAX_NEW, PRESET, Scenario, make_prompts, run_worker
+from toploc_scenario import MAX_NEW, PRESET, Scenario, make_prompts, one_thread, run_worker
 
 from meshrl.model import CharTokenizer, build_model
 from meshrl.toploc.validate import Claim, SamplingSpec
@@ -19,4 +19,11 @@ def scenario() -> Scenario:
 
 @pytest.fixture(scope="session")
 def honest_claims(scenario) -> list[Claim]:
-    return run_worker(scenario.model, scenario, scenario.prompts)
+    with one_thread():
+        return run_worker(scenario.model, scenario, scenario.prompts)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    with one_thread():
+        yield

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from toploc_scenario import GROUP, MAX_NEW, groups, recompute, run_worker
+from toploc_scenario import GROUP, MAX_NEW, groups, one_thread, recompute, run_worker
 
 from meshrl.toploc import Thresholds, build_proofs, calibrate_thresholds, verify_proofs
 from meshrl.toploc.modes import HONEST_MODES
@@ -20,7 +20,8 @@ N_CALIB = 16  # prompts [0, 16) calibrate, [16, 48) evaluate
 
 @pytest.fixture(scope="module")
 def recomputed(scenario, honest_claims):
-    return {mode: recompute(scenario.model, honest_claims, mode) for mode in HONEST_MODES}
+    with one_thread():
+        return {mode: recompute(scenario.model, honest_claims, mode) for mode in HONEST_MODES}
 
 
 @pytest.fixture(scope="module")

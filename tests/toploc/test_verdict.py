@@ -77,7 +77,7 @@ def test_calibration_accepts_its_honest_data_and_tightens():
         [_chunk(i % 5, 0.3 + 0.01 * (i % 7), 0.0, 128, 90 + i % 5) for i in range(j, j + 16)]
         for j in range(40)
     ]
-    th = calibrate_thresholds(honest, fpr=1e-3, margin=1.0)
+    th = calibrate_thresholds(honest, fpr=1e-3, chunk_margin=1.0, pooled_margin=1.0)
     assert th.max_exp_mismatches == 4 and th.max_mant_err_mean < 1.0
     assert th.max_pooled_mant_err_mean is not None and th.min_pooled_mant_err_zero_rate < 0.72
     assert all(verdict(ro, th).accepted for ro in honest)
@@ -89,8 +89,8 @@ def test_calibration_accepts_its_honest_data_and_tightens():
 
 def test_margin_widens_from_the_median():
     honest = [[_chunk(i % 5, 0.2 + 0.01 * i, 0.0, 128, 100) for i in range(16)]] * 20
-    tight = calibrate_thresholds(honest, fpr=1e-3, margin=1.0)
-    wide = calibrate_thresholds(honest, fpr=1e-3, margin=2.0)
+    tight = calibrate_thresholds(honest, fpr=1e-3, chunk_margin=1.0)
+    wide = calibrate_thresholds(honest, fpr=1e-3, chunk_margin=2.0)
     median = sorted(0.2 + 0.01 * i for i in range(16))[8]
     assert wide.max_mant_err_mean - median == pytest.approx(2 * (tight.max_mant_err_mean - median))
     assert wide.max_exp_mismatches >= tight.max_exp_mismatches

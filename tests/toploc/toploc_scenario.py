@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -52,3 +54,14 @@ def recompute(model, claims, mode: str):
 
 def groups(items: list, size: int = GROUP) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread, and on a busy CPU several threads spin-wait."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)

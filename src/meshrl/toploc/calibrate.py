@@ -41,12 +41,14 @@ class CalibrateConfig(Config):
     group: int = Field(4, description="completions per rollout")
     seed: int = Field(1234, description="sampling seed")
     fpr: float = Field(1e-3, description="target honest rejection rate per rollout")
-    margin: float = Field(1.5, description="widen fitted thresholds' distance from the median")
+    chunk_margin: float = Field(3.0, description="widen per-chunk thresholds from the median")
+    pooled_margin: float = Field(2.0, description="widen pooled thresholds from the median")
     modes: list[str] = Field(list(HONEST_MODES), description="honest recompute modes")
     cheat_mode: str = Field("bf16-batch8", description="validator mode for the cheat rows")
     scales: list[float] = Field([1.01, 1.02, 1.05, 1.1, 1.5], description="layer MLP scales")
     noises: list[float] = Field([0.001, 0.002, 0.005, 0.01, 0.05], description="relative noise")
     bits: list[int] = Field([8, 6, 4], description="weight quantization bit widths")
+    threads: int = Field(1, description="torch threads (tiny models run best on one)")
     out: str = Field("runs/toploc_calibration.json", description="JSON report path")
     save_raw: bool = Field(True, description="include every ChunkResult in the report")
 
@@ -132,7 +134,11 @@ def run_calibration(cfg: CalibrateConfig, modes: Sequence[str] | None = None) ->
     from meshrl.log import get_logger, log_event
     from meshrl.toploc.thresholds import Thresholds, calibrate_thresholds
 
+    import torch
+
     log = get_logger("meshrl.toploc.calibrate")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     t0 = time.time()
     model, tok = _load_model(cfg)
     modes = list(modes or cfg.modes)
@@ -145,7 +151,8 @@ def run_calibration(cfg: CalibrateConfig, modes: Sequence[str] | None = None) ->
         calib += _check(model, work[: cfg.calib_prompts], mode, cfg.group)
         held_out[mode] = _check(model, work[cfg.calib_prompts :], mode, cfg.group)
         log_event(log, "honest mode recomputed", mode=mode, s=round(time.time() - t0, 1))
-    th = calibrate_thresholds(calib, fpr=cfg.fpr, margin=cfg.margin)
+    th = calibrate_thresholds(calib, fpr=cfg.fpr, chunk_margin=cfg.chunk_margin,
+                              pooled_margin=cfg.pooled_margin)
     default = Thresholds()
     report: dict[str, Any] = {
         "model": cfg.model_dir or cfg.preset, "fpr_target": cfg.fpr,

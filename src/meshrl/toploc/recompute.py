@@ -145,9 +145,9 @@ def recompute_mode(
         raise ValueError(f"unknown recompute mode {mode!r}; known: {', '.join(HONEST_MODES)}")
     fp32, eager = mode.startswith("fp32"), "eager" in mode
     m = _variant(model, fp32, "eager" if eager else None)
-    if mode == "bf16-threads1":
+    if mode == "bf16-threads-alt":
         n = torch.get_num_threads()
-        torch.set_num_threads(1)
+        torch.set_num_threads(2 if n == 1 else 1)
         try:
             return prefill(m, prompts, completions, batch_size=5)
         finally:

@@ -11,7 +11,7 @@ when no single chunk crosses its own threshold.
 Threshold fitting (`tail_threshold`) is peaks-over-threshold with an exponential tail: below the
 empirical resolution (rate < 10 / n) the quantile is extrapolated as q90 + beta * ln(0.1 / rate)
 with beta the mean excess over the 90th percentile, and never set below the honest maximum;
-`calibrate_thresholds` then widens each threshold's distance from the honest median by `margin`.
+`calibrate_thresholds` then widens each threshold's distance from the honest median by a margin.
 """
 
 from __future__ import annotations
@@ -174,15 +174,19 @@ def calibrate_thresholds(
     chunks_per_rollout: int | None = None,
     topk: int = DEFAULT_TOPK,
     min_pooled_chunks: int = 4,
-    margin: float = 1.5,
+    chunk_margin: float = 3.0,
+    pooled_margin: float = 2.0,
 ) -> Thresholds:
     """Thresholds that reject an honest rollout with probability about `fpr`.
 
     The rate is split evenly over the six tests (Bonferroni); per-chunk tests get a further
     share of 1 / chunks_per_rollout (default: the mean rollout length) since a rollout fails
     when any of its chunks does. Each fitted threshold's distance from the honest median is then
-    multiplied by `margin`: calibration sets are small and their chunks correlated (the same
-    completions recomputed in several modes), so the fitted tail is itself uncertain.
+    multiplied by a margin: calibration sets are small and their chunks correlated (the same
+    completions recomputed in several modes), so the fitted tail is itself uncertain. Single
+    chunks have heavy honest tails (one chunk of fp32-vs-bf16 recomputation may sit at twice the
+    median error), so they get the wider `chunk_margin`; the pooled rollout statistics average
+    hundreds of entries, are tight, and carry the sensitive tests with `pooled_margin`.
     """
     chunks = [r for ro in honest_rollouts for r in ro if r.reason is None]
     if not chunks:
@@ -193,20 +197,24 @@ def calibrate_thresholds(
     per_chunk = per_test / chunks_per_rollout
     th = {
         "max_exp_mismatches": math.floor(
-            _widen([c.exp_mismatches for c in chunks], per_chunk, margin)
+            _widen([c.exp_mismatches for c in chunks], per_chunk, chunk_margin)
         ),
-        "max_mant_err_mean": _widen([c.mant_err_mean for c in chunks], per_chunk, margin),
-        "max_mant_err_median": _widen([c.mant_err_median for c in chunks], per_chunk, margin),
+        "max_mant_err_mean": _widen([c.mant_err_mean for c in chunks], per_chunk, chunk_margin),
+        "max_mant_err_median": _widen(
+            [c.mant_err_median for c in chunks], per_chunk, chunk_margin
+        ),
     }
     pooled = [rollout_stats(ro, topk) for ro in honest_rollouts]
     pooled = [p for p in pooled if p.chunks >= min_pooled_chunks]
     if pooled:
         th["max_pooled_exp_mismatch_rate"] = _widen(
-            [p.exp_mismatch_rate for p in pooled], per_test, margin
+            [p.exp_mismatch_rate for p in pooled], per_test, pooled_margin
         )
-        th["max_pooled_mant_err_mean"] = _widen([p.mant_err_mean for p in pooled], per_test, margin)
+        th["max_pooled_mant_err_mean"] = _widen(
+            [p.mant_err_mean for p in pooled], per_test, pooled_margin
+        )
         # a lower tail: fit the upper tail of 1 - rate
         th["min_pooled_mant_err_zero_rate"] = 1.0 - _widen(
-            [1.0 - p.mant_err_zero_rate for p in pooled], per_test, margin
+            [1.0 - p.mant_err_zero_rate for p in pooled], per_test, pooled_margin
         )
     return Thresholds(**th, topk=topk, min_pooled_chunks=min_pooled_chunks)
