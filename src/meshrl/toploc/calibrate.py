@@ -131,10 +131,10 @@ def _load_model(cfg: CalibrateConfig):
 
 def run_calibration(cfg: CalibrateConfig, modes: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the whole measurement; returns (and writes to cfg.out) the JSON report."""
+    import torch
+
     from meshrl.log import get_logger, log_event
     from meshrl.toploc.thresholds import Thresholds, calibrate_thresholds
-
-    import torch
 
     log = get_logger("meshrl.toploc.calibrate")
     if cfg.threads:
