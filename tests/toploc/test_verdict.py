@@ -94,3 +94,9 @@ def test_margin_widens_from_the_median():
     median = sorted(0.2 + 0.01 * i for i in range(16))[8]
     assert wide.max_mant_err_mean - median == pytest.approx(2 * (tight.max_mant_err_mean - median))
     assert wide.max_exp_mismatches >= tight.max_exp_mismatches
+
+
+def test_calibration_never_loosens_the_papers_chunk_thresholds():
+    noisy = [[_chunk(30 + i % 9, 6.0 + i % 5, 5.0 + i % 4, 128, 10) for i in range(16)]] * 10
+    th = calibrate_thresholds(noisy, fpr=1e-3)
+    assert (th.max_exp_mismatches, th.max_mant_err_mean, th.max_mant_err_median) == (38, 10, 8)

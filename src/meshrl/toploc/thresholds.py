@@ -187,6 +187,7 @@ def calibrate_thresholds(
     chunks have heavy honest tails (one chunk of fp32-vs-bf16 recomputation may sit at twice the
     median error), so they get the wider `chunk_margin`; the pooled rollout statistics average
     hundreds of entries, are tight, and carry the sensitive tests with `pooled_margin`.
+    Per-chunk thresholds are capped at the paper's defaults.
     """
     chunks = [r for ro in honest_rollouts for r in ro if r.reason is None]
     if not chunks:
@@ -217,4 +218,8 @@ def calibrate_thresholds(
         th["min_pooled_mant_err_zero_rate"] = 1.0 - _widen(
             [1.0 - p.mant_err_zero_rate for p in pooled], per_test, pooled_margin
         )
+    # calibration only ever tightens the paper's per-chunk thresholds
+    default = Thresholds()
+    for name in ("max_exp_mismatches", "max_mant_err_mean", "max_mant_err_median"):
+        th[name] = min(th[name], getattr(default, name))
     return Thresholds(**th, topk=topk, min_pooled_chunks=min_pooled_chunks)
