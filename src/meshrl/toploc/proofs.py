@@ -117,9 +117,15 @@ def _select(flat: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
     rows, length = flat.shape
     n_seg = -(-length // _SEG)
     seg = min(length, _SEG)
-    key = torch.full((rows, n_seg * seg), -1, dtype=torch.int32)  # padding ranks last
-    key[:, :length] = (flat & 0x7FFF).to(torch.int32) << 16
-    key = key.view(rows, n_seg, seg).bitwise_or_(_REV[:seg])
+    # bf16 -> fp32 is exact and puts the 16 bits on top; abs clears the sign: mag << 16 in one pass
+    mag = flat.view(torch.bfloat16).float().abs_().view(torch.int32)
+    if n_seg * seg == length:
+        key = mag.view(rows, n_seg, seg)
+    else:
+        key = torch.full((rows, n_seg * seg), -1, dtype=torch.int32)  # padding ranks last
+        key[:, :length] = mag
+        key = key.view(rows, n_seg, seg)
+    key = key.bitwise_or_(_REV[:seg])
     if n_seg == 1:
         idx = key[:, 0].topk(topk, dim=-1, sorted=False).indices
     else:
