@@ -22,6 +22,7 @@ SUBSYSTEMS = [
     "meshrl.shardcast.cli",
     "meshrl.protocol.cli",
     "meshrl.inference.cli",
+    "meshrl.toploc.cli",
 ]
 
 
