@@ -93,6 +93,14 @@ def _scores(logits, seed, seq_ids, positions, temperature, top_p):
     return scores
 
 
+def _replay_scores(logits, seed, seq_ids, positions, temperature) -> torch.Tensor:
+    """The sampler's unmasked scores in float64: logits / T + g (plain logits when greedy)."""
+    if temperature == 0:
+        return logits.double()
+    noise = gumbel_noise(seed, seq_ids, positions, logits.shape[-1], logits.device)
+    return logits.double() / temperature + noise
+
+
 def sample_tokens(
     logits: torch.Tensor,
     seed: int,
@@ -125,12 +133,7 @@ def token_margins(
     the nucleus still gets a finite margin.
     """
     tokens = torch.as_tensor(tokens, dtype=torch.int64, device=logits.device).reshape(-1, 1)
-    if temperature == 0:
-        scores = logits.double()
-    else:
-        scores = logits.double() / temperature + gumbel_noise(
-            seed, seq_ids, positions, logits.shape[-1], logits.device
-        )
+    scores = _replay_scores(logits, seed, seq_ids, positions, temperature)
     return scores.max(dim=-1).values - scores.gather(-1, tokens).squeeze(-1)
 
 
@@ -154,12 +157,7 @@ def check_sampled_tokens(
     tokens = torch.as_tensor(tokens, dtype=torch.int64, device=logits.device).reshape(-1, 1)
     if tokens.shape[0] != logits.shape[0]:
         raise ValueError(f"{tokens.shape[0]} tokens for {logits.shape[0]} rows of logits")
-    if temperature == 0:
-        scores = logits.double()
-    else:
-        scores = logits.double() / temperature + gumbel_noise(
-            seed, seq_ids, positions, logits.shape[-1], logits.device
-        )
+    scores = _replay_scores(logits, seed, seq_ids, positions, temperature)
     if top_p < 1.0:
         scaled = logits.double() / max(temperature, 1e-6)
         nucleus = top_p_mask(scaled, min(1.0, top_p + top_p_slack))
