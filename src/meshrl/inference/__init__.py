@@ -21,6 +21,7 @@ from meshrl.inference.params import EngineConfig, SamplingParams
 if TYPE_CHECKING:
     from meshrl.inference.engine import CPUEngine
     from meshrl.inference.sampling import (
+        BatchSampler,
         check_sampled_tokens,
         gumbel_noise,
         sample_tokens,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from meshrl.inference.transformer import WeightLoadError
 
 _LAZY = {
+    "BatchSampler": "sampling",
     "CPUEngine": "engine",
     "WeightLoadError": "transformer",
     "check_sampled_tokens": "sampling",
@@ -40,6 +42,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "BatchSampler",
     "CPUEngine",
     "Completion",
     "EngineConfig",

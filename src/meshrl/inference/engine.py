@@ -20,7 +20,7 @@ import torch
 
 from meshrl.inference.backend import Completion, InferenceBackend, InvalidRequestError, ScoreResult
 from meshrl.inference.params import EngineConfig, SamplingParams
-from meshrl.inference.sampling import sample_tokens
+from meshrl.inference.sampling import BatchSampler
 from meshrl.inference.transformer import (
     KVCache,
     ModelSpec,
@@ -155,7 +155,7 @@ class CPUEngine(InferenceBackend):
         ids, positions, allowed, pad = _left_pad(prompts)
         cache = KVCache(self.spec, b, width + steps - 1)  # the last token is never fed back
         h = forward(w, ids, positions, allowed, cache)[:, -1]
-        live = _LiveRows(torch.arange(b), torch.tensor(seq_ids), lens.clone(), budget.clone(),
+        live = _LiveRows(torch.arange(b), lens.clone(), budget.clone(),
                          torch.ones(b, dtype=torch.bool), _pad_bias(pad, self.spec, cache))
         out = _Outputs(b, steps, self.spec.hidden, self.hidden_dtype if p.return_hidden_states
                        else None, budget.tolist())
@@ -163,13 +163,12 @@ class CPUEngine(InferenceBackend):
             set() if self.eos_token_id is None else {self.eos_token_id})), dtype=torch.int64)
         budget_ends = set(budget.tolist())
         temp = p.temperature if p.temperature > 0 else 1.0
+        # same tokens as sample_tokens(logits, seed, seq_ids, j, ...), with per-row work hoisted
+        sampler = None if p.temperature == 0 else BatchSampler(
+            p.seed, seq_ids, self.spec.vocab, p.temperature, p.top_p)
         for j in range(steps):
             logits = h @ w.lm_head
-            if p.temperature == 0:
-                tok = logits.argmax(-1)
-            else:
-                tok = sample_tokens(logits, p.seed, live.sid, torch.full_like(live.sid, j),
-                                    p.temperature, p.top_p)
+            tok = logits.argmax(-1) if sampler is None else sampler.sample(logits, j)
             scaled = logits if temp == 1.0 else logits / temp
             out.record(live.index, j, tok, scaled.log_softmax(-1).gather(1, tok[:, None])[:, 0], h)
             ended = (tok == stop_ids[0] if len(stop_ids) == 1 else torch.isin(tok, stop_ids))
@@ -193,6 +192,8 @@ class CPUEngine(InferenceBackend):
                     keep = live.alive.nonzero()[:, 0]
                     cache.keep_rows(keep)
                     live.keep(keep, self.spec.kv_heads)
+                    if sampler is not None:
+                        sampler.keep(keep)
                     h, tok = h[keep], tok[keep]
             if j + 1 == steps:
                 break
@@ -278,7 +279,6 @@ class _LiveRows:
     """Per-row state of the rows still in the batch (row r came from prompt rows[r])."""
 
     rows: torch.Tensor
-    sid: torch.Tensor
     pos: torch.Tensor  # position of the next token fed back
     budget: torch.Tensor
     alive: torch.Tensor
@@ -290,7 +290,7 @@ class _LiveRows:
         return slice(None) if self.full else self.rows
 
     def keep(self, keep: torch.Tensor, kv_heads: int) -> None:
-        self.rows, self.sid, self.pos = self.rows[keep], self.sid[keep], self.pos[keep]
+        self.rows, self.pos = self.rows[keep], self.pos[keep]
         self.budget, self.alive = self.budget[keep], self.alive[keep]
         slots = self.bias.shape[-1]
         self.bias = self.bias.view(-1, kv_heads, 1, slots)[keep].view(-1, 1, slots)
