@@ -22,6 +22,8 @@ SUBSYSTEMS = [
     "meshrl.rl.cli",
     "meshrl.shardcast.cli",
     "meshrl.protocol.cli",
+    "meshrl.inference.cli",
+    "meshrl.toploc.cli",
 ]
 
 

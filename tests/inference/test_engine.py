@@ -123,6 +123,8 @@ def test_context_limit_truncates_generation(qwen, tok) -> None:
     ([[5, -1]], {}, "outside the vocabulary"),
     ([[5]], {"stop_token_ids": (99,)}, "stop_token_ids"),
     ([[5]], {"stop_strings": ("",)}, "empty string"),
+    ([[5, 2.5]], {}, "integers"),
+    (["abc"], {}, "integers"),
 ])
 def test_bad_requests_are_clear_errors(engine, prompts, kwargs, match) -> None:
     with pytest.raises(InvalidRequestError, match=match):
@@ -141,6 +143,10 @@ def test_bad_params_and_score_requests(engine) -> None:
     with pytest.raises(InvalidRequestError, match="empty"):
         engine.score([[]], [[6]])
     assert engine.generate([], SamplingParams()) == []
+    # tensors / numpy integers are accepted and come back as Python ints
+    out = engine.generate([torch.tensor([5, 6, 7])], SamplingParams(max_new_tokens=2),
+                          seq_ids=torch.tensor([3]))[0]
+    assert out.prompt_ids == [5, 6, 7] and type(out.prompt_ids[0]) is int and out.seq_id == 3
     empty = engine.score([[5, 6]], [[]])[0]
     assert empty.logprobs.shape == (0,) and empty.hidden_states.shape == (0, 128)
 
@@ -150,3 +156,22 @@ def test_public_api() -> None:
                                 "ScoreResult", "InferenceBackend"}
     assert all(hasattr(inf, name) for name in inf.__all__)
     assert issubclass(CPUEngine, inf.InferenceBackend)
+
+
+def test_cli_generate_prints_replayable_completions(qwen, tok, tmp_path, capsys) -> None:
+    import json
+
+    from meshrl.cli import main
+    from meshrl.model import save_model
+
+    save_model(qwen, tok, tmp_path / "m")
+    argv = ["inference", "generate", "--model", str(tmp_path / "m"), "--prompts", '["12+3=", "ab"]',
+            "--n", "2", "--sampling.max_new_tokens", "6", "--sampling.seed", "4"]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["seq_id"] for r in rows] == [0, 1, 2, 3]
+    assert [r["prompt"] for r in rows] == ["12+3=", "12+3=", "ab", "ab"]
+    engine = CPUEngine(qwen, tok)
+    again = engine.generate([tok.encode("ab")], SamplingParams(max_new_tokens=6, seed=4), [3])[0]
+    assert rows[3]["token_ids"] == again.token_ids
+    assert main(["inference", "generate", "--model", str(tmp_path / "m")]) == 2

@@ -86,3 +86,20 @@ def test_sampled_tokens_replay_and_others_fail(seed: int, temp: float, top_p: fl
         has_outside = outside.any(-1)
         ok = check_sampled_tokens(logits, worst, seed, seq, pos, temp, top_p)
         assert not ok[has_outside].any()
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**64 - 1), temp=st.floats(0.2, 3.0), top_p=st.floats(0.1, 1.0),
+       base=st.integers(0, 2**40), position=st.integers(0, 2**33))
+def test_batch_sampler_is_bit_identical(seed, temp, top_p, base, position) -> None:
+    from meshrl.inference.sampling import BatchSampler
+
+    seq = [base + i for i in range(6)]
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(seed % 997)) * 4
+    sampler = BatchSampler(seed, seq, 50, temp, top_p)
+    assert torch.equal(sampler.noise(position), gumbel_noise(seed, seq, [position] * 6, 50))
+    assert torch.equal(sampler.sample(logits, position),
+                       sample_tokens(logits, seed, seq, [position] * 6, temp, top_p))
+    sampler.keep(torch.tensor([4, 1]))
+    assert torch.equal(sampler.noise(position), gumbel_noise(seed, [seq[4], seq[1]],
+                                                             [position] * 2, 50))

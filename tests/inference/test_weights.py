@@ -59,6 +59,14 @@ def test_bad_checkpoints_are_refused_and_keep_the_old_weights(
     del state["model.norm.weight"]
     with pytest.raises(WeightLoadError, match=r"missing model\.norm\.weight"):
         engine.load_weights(state)
+    state = dict(engine_state(tok))
+    del state["model.layers.1.self_attn.k_proj.bias"]
+    with pytest.raises(WeightLoadError, match=r"missing model\.layers\.1\.self_attn\.k_proj\.bias"):
+        engine.load_weights(state)
+    state = {**engine_state(tok)}
+    state["lm_head.weight"] = state["model.embed_tokens.weight"] + 1.0
+    with pytest.raises(WeightLoadError, match="tied"):
+        engine.load_weights(state)
     with pytest.raises(WeightLoadError, match="unexpected"):
         engine.load_weights({**engine_state(tok), "model.extra.weight": torch.zeros(3)})
     with pytest.raises(WeightLoadError, match="not a directory"):

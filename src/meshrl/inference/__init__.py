@@ -1,24 +1,48 @@
-"""Rollout inference: batched generation with log-probs, hidden states and replayable sampling."""
+"""Rollout inference: batched generation with log-probs, hidden states and replayable sampling.
+
+Names that need torch are imported on first use (PEP 562), so the light config models and the
+CLI can be imported without it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from meshrl.inference.backend import (
     Completion,
     InferenceBackend,
     InferenceError,
     InvalidRequestError,
-    SamplingParams,
     ScoreResult,
 )
-from meshrl.inference.engine import CPUEngine, EngineConfig
-from meshrl.inference.sampling import (
-    check_sampled_tokens,
-    gumbel_noise,
-    sample_tokens,
-    token_margins,
-    top_p_mask,
-)
-from meshrl.inference.transformer import WeightLoadError
+from meshrl.inference.params import EngineConfig, SamplingParams
+
+if TYPE_CHECKING:
+    from meshrl.inference.engine import CPUEngine
+    from meshrl.inference.sampling import (
+        BatchSampler,
+        check_sampled_tokens,
+        gumbel_noise,
+        sample_tokens,
+        token_margins,
+        top_p_mask,
+    )
+    from meshrl.inference.transformer import WeightLoadError
+
+_LAZY = {
+    "BatchSampler": "sampling",
+    "CPUEngine": "engine",
+    "WeightLoadError": "transformer",
+    "check_sampled_tokens": "sampling",
+    "gumbel_noise": "sampling",
+    "sample_tokens": "sampling",
+    "token_margins": "sampling",
+    "top_p_mask": "sampling",
+}
 
 __all__ = [
+    "BatchSampler",
     "CPUEngine",
     "Completion",
     "EngineConfig",
@@ -34,3 +58,9 @@ __all__ = [
     "token_margins",
     "top_p_mask",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"meshrl.inference.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'meshrl.inference' has no attribute {name!r}")

@@ -15,19 +15,18 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-from pydantic import Field
+from meshrl.inference.params import SamplingParams
 
-from meshrl.config import Config
+if TYPE_CHECKING:  # no torch import here: `meshrl --help` stays fast
+    import torch
 
 __all__ = [
     "Completion",
     "InferenceBackend",
     "InferenceError",
     "InvalidRequestError",
-    "SamplingParams",
     "ScoreResult",
 ]
 
@@ -38,18 +37,6 @@ class InferenceError(ValueError):
 
 class InvalidRequestError(InferenceError):
     """A generate / score request that cannot be served (empty prompt, too long, bad token...)."""
-
-
-class SamplingParams(Config):
-    """How to sample one batch. The tokenizer's EOS always stops a completion."""
-
-    max_new_tokens: int = Field(64, ge=1, description="tokens to generate at most per prompt")
-    temperature: float = Field(1.0, ge=0.0, description="softmax temperature; 0 = greedy")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus mass kept before sampling")
-    seed: int = Field(0, ge=0, lt=2**64, description="seed of the replayable Gumbel noise")
-    stop_token_ids: tuple[int, ...] = Field((), description="extra token ids that end a completion")
-    stop_strings: tuple[str, ...] = Field((), description="strings that end a completion")
-    return_hidden_states: bool = Field(False, description="return final hidden states (bf16)")
 
 
 FinishReason = Literal["eos", "stop", "length"]

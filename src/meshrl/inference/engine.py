@@ -9,21 +9,18 @@ and its KV cache are compacted in place so finished rows stop costing compute.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 
-from meshrl.config import Config
-from meshrl.inference.backend import (
-    Completion,
-    InferenceBackend,
-    InvalidRequestError,
-    SamplingParams,
-    ScoreResult,
-)
-from meshrl.inference.sampling import sample_tokens
+from meshrl.inference.backend import Completion, InferenceBackend, InvalidRequestError, ScoreResult
+from meshrl.inference.params import EngineConfig, SamplingParams
+from meshrl.inference.sampling import BatchSampler
 from meshrl.inference.transformer import (
     KVCache,
     ModelSpec,
@@ -36,18 +33,17 @@ from meshrl.inference.transformer import (
 __all__ = ["CPUEngine", "EngineConfig"]
 
 
-class EngineConfig(Config):
-    max_batch_size: int = Field(128, ge=1, description="rows per forward; more prompts run in turn")
-    max_seq_len: int | None = Field(
-        None, ge=2, description="context length (prompt + completion); default: the model's"
-    )
-    num_threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = leave as is")
-    hidden_dtype: Literal["bfloat16", "float32"] = Field(
-        "bfloat16", description="dtype of returned hidden states"
-    )
-    compact_below: float = Field(
-        0.75, ge=0.0, le=1.0, description="drop finished rows when the alive fraction falls below"
-    )
+@contextmanager
+def _threads(n: int) -> Iterator[None]:
+    """Use n torch threads inside, then restore: tiny kernels lose to thread sync on busy CPUs."""
+    before = torch.get_num_threads()
+    if n and n != before:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if n and n != before:
+            torch.set_num_threads(before)
 
 
 def _left_pad(seqs: list[list[int]]) -> tuple[torch.Tensor, ...]:
@@ -84,8 +80,6 @@ class CPUEngine(InferenceBackend):
         eos = eos[0] if isinstance(eos, list | tuple) else eos
         self.eos_token_id: int | None = None if eos is None else int(eos)
         self.hidden_dtype = getattr(torch, self.cfg.hidden_dtype)
-        if self.cfg.num_threads:
-            torch.set_num_threads(self.cfg.num_threads)
         with torch.no_grad():
             self.weights = PackedWeights.pack(self.spec, model.state_dict())
 
@@ -107,18 +101,20 @@ class CPUEngine(InferenceBackend):
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, seq_ids: list[int] | None = None
     ) -> list[Completion]:
-        seq_ids = list(range(len(prompts))) if seq_ids is None else list(seq_ids)
+        prompts = [self._ids(p, f"prompt {i}") for i, p in enumerate(prompts)]
+        seq_ids = list(range(len(prompts))) if seq_ids is None else _ints(seq_ids, "seq_ids")
         self._check_prompts(prompts, params)
         if len(seq_ids) != len(prompts):
             raise InvalidRequestError(f"{len(seq_ids)} seq_ids for {len(prompts)} prompts")
-        if any(not isinstance(s, int) or s < 0 for s in seq_ids):
+        if any(s < 0 for s in seq_ids):
             raise InvalidRequestError("seq_ids must be non-negative integers")
         out: list[Completion] = []
         step = self.cfg.max_batch_size
-        for lo in range(0, len(prompts), step):
-            out += self._generate_batch(
-                [list(p) for p in prompts[lo : lo + step]], seq_ids[lo : lo + step], params
-            )
+        with _threads(self.cfg.num_threads):
+            for lo in range(0, len(prompts), step):
+                out += self._generate_batch(
+                    prompts[lo : lo + step], seq_ids[lo : lo + step], params
+                )
         return out
 
     def _check_prompts(self, prompts: list[list[int]], params: SamplingParams) -> None:
@@ -130,118 +126,94 @@ class CPUEngine(InferenceBackend):
                     f"prompt {i} has {len(p)} tokens; the context holds {self.max_seq_len}, "
                     f"so at most {self.max_seq_len - 1} leave room to generate"
                 )
-            self._check_ids(p, f"prompt {i}")
-        self._check_ids(list(params.stop_token_ids), "stop_token_ids")
+        self._ids(params.stop_token_ids, "stop_token_ids")
         if params.stop_strings:
             if self.tokenizer is None:
                 raise InvalidRequestError("stop_strings need a tokenizer")
             if any(s == "" for s in params.stop_strings):
                 raise InvalidRequestError("stop_strings may not contain an empty string")
 
-    def _check_ids(self, ids: list[int], what: str) -> None:
-        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.spec.vocab]
+    def _ids(self, ids: Any, what: str) -> list[int]:
+        """Token ids as a list of Python ints, or a clear error."""
+        out = _ints(ids, what)
+        bad = [t for t in out if not 0 <= t < self.spec.vocab]
         if bad:
             raise InvalidRequestError(
                 f"{what}: token ids {bad[:5]} outside the vocabulary [0, {self.spec.vocab})"
             )
+        return out
 
     @torch.inference_mode()
     def _generate_batch(
         self, prompts: list[list[int]], seq_ids: list[int], p: SamplingParams
     ) -> list[Completion]:
-        w, spec = self.weights, self.spec
+        w = self.weights
         b = len(prompts)
         lens = torch.tensor([len(x) for x in prompts])
         budget = (self.max_seq_len - lens).clamp(max=p.max_new_tokens)
         steps, width = int(budget.max()), int(lens.max())
-        slots = width + steps - 1  # the last sampled token is never fed back
-
         ids, positions, allowed, pad = _left_pad(prompts)
-        cache = KVCache(spec, b, max(slots, width))
+        cache = KVCache(self.spec, b, width + steps - 1)  # the last token is never fed back
         h = forward(w, ids, positions, allowed, cache)[:, -1]
-        bias = torch.zeros(b, spec.kv_heads, 1, cache.k.shape[3])
-        bias.masked_fill_(torch.arange(bias.shape[-1]) < pad[:, None, None, None], float("-inf"))
-        bias = bias.view(b * spec.kv_heads, 1, -1)
-
-        tokens = torch.zeros(b, steps, dtype=torch.int64)
-        logprobs = torch.zeros(b, steps)
-        hidden = torch.empty(b, steps, spec.hidden, dtype=self.hidden_dtype) \
-            if p.return_hidden_states else None
+        live = _LiveRows(torch.arange(b), lens.clone(), budget.clone(),
+                         torch.ones(b, dtype=torch.bool), _pad_bias(pad, self.spec, cache))
+        out = _Outputs(b, steps, self.spec.hidden, self.hidden_dtype if p.return_hidden_states
+                       else None, budget.tolist())
         stop_ids = torch.tensor(sorted({*p.stop_token_ids} | (
             set() if self.eos_token_id is None else {self.eos_token_id})), dtype=torch.int64)
-        length, reason = budget.tolist(), ["length"] * b
-        rows = torch.arange(b)  # original index of each batch row
-        alive = torch.ones(b, dtype=torch.bool)
-        sid, pos, row_budget = torch.tensor(seq_ids), lens.clone(), budget.clone()
+        budget_ends = set(budget.tolist())
         temp = p.temperature if p.temperature > 0 else 1.0
-        full = True  # rows == arange(b): plain slices instead of scatter
+        # same tokens as sample_tokens(logits, seed, seq_ids, j, ...), with per-row work hoisted
+        sampler = None if p.temperature == 0 else BatchSampler(
+            p.seed, seq_ids, self.spec.vocab, p.temperature, p.top_p)
         for j in range(steps):
             logits = h @ w.lm_head
-            tok = sample_tokens(logits, p.seed, sid, torch.full_like(sid, j), p.temperature,
-                                p.top_p)
+            tok = logits.argmax(-1) if sampler is None else sampler.sample(logits, j)
             scaled = logits if temp == 1.0 else logits / temp
-            lp = scaled.log_softmax(-1).gather(1, tok[:, None])[:, 0]
-            idx = slice(None) if full else rows
-            tokens[idx, j] = tok
-            logprobs[idx, j] = lp
-            if hidden is not None:
-                hidden[idx, j] = h.to(self.hidden_dtype)
-            ended = (torch.isin(tok, stop_ids) | (row_budget <= j + 1)) & alive
-            hit = self._stop_string_hits(tokens, rows, alive, j, p.stop_strings) \
-                if p.stop_strings else None
+            out.record(live.index, j, tok, scaled.log_softmax(-1).gather(1, tok[:, None])[:, 0], h)
+            ended = (tok == stop_ids[0] if len(stop_ids) == 1 else torch.isin(tok, stop_ids))
+            if j + 1 in budget_ends:  # a row reaches its length limit (the context) here
+                ended |= live.budget <= j + 1
+            hit = self._stop_string_hits(out.tokens, live, j, p.stop_strings)
             if hit is not None:
                 ended |= hit
+            ended &= live.alive
             if ended.any():
                 for r in ended.nonzero()[:, 0].tolist():
-                    orig, t = int(rows[r]), int(tok[r])
-                    length[orig] = j + 1
-                    if t == self.eos_token_id:
-                        reason[orig] = "eos"
-                    elif t in p.stop_token_ids or (hit is not None and bool(hit[r])):
-                        reason[orig] = "stop"
-                alive &= ~ended
-                n_alive = int(alive.sum())
+                    t = int(tok[r])
+                    reason = "eos" if t == self.eos_token_id else "stop" if (
+                        t in p.stop_token_ids or (hit is not None and bool(hit[r]))) else "length"
+                    out.finish(int(live.rows[r]), j + 1, reason)
+                live.alive &= ~ended
+                n_alive = int(live.alive.sum())
                 if n_alive == 0:
                     break
-                if n_alive < self.cfg.compact_below * alive.numel():
-                    keep = alive.nonzero()[:, 0]
+                if n_alive < self.cfg.compact_below * live.alive.numel():
+                    keep = live.alive.nonzero()[:, 0]
                     cache.keep_rows(keep)
-                    bias = bias.view(-1, spec.kv_heads, 1, bias.shape[-1])[keep].view(
-                        -1, 1, bias.shape[-1])
-                    rows, h, tok, pos = rows[keep], h[keep], tok[keep], pos[keep]
-                    sid, row_budget, alive = sid[keep], row_budget[keep], alive[keep]
-                    full = False
+                    live.keep(keep, self.spec.kv_heads)
+                    if sampler is not None:
+                        sampler.keep(keep)
+                    h, tok = h[keep], tok[keep]
             if j + 1 == steps:
                 break
-            h = decode_step(w, tok, pos, cache, width + j, bias)
-            pos += 1
+            h = decode_step(w, tok, live.pos, cache, width + j, live.bias)
+            live.pos += 1
+        return out.completions(prompts, seq_ids)
 
-        tok_l, lp_l = tokens.tolist(), logprobs.tolist()
-        return [
-            Completion(
-                prompt_ids=prompts[i],
-                token_ids=tok_l[i][: length[i]],
-                logprobs=lp_l[i][: length[i]],
-                finish_reason=reason[i],  # type: ignore[arg-type]
-                seq_id=seq_ids[i],
-                hidden_states=None if hidden is None else hidden[i, : length[i]].clone(),
-            )
-            for i in range(b)
-        ]
-
-    def _ends_with_stop(self, toks: torch.Tensor, stop_strings: tuple[str, ...]) -> bool:
+    def _stop_string_hits(
+        self, tokens: torch.Tensor, live: _LiveRows, j: int, stop_strings: tuple[str, ...]
+    ) -> torch.Tensor | None:
         if not stop_strings:
-            return False
-        window = max(len(s) for s in stop_strings) + 4
-        text = self.tokenizer.decode(toks[-window:].tolist(), skip_special_tokens=False)
-        return any(s in text for s in stop_strings)
-
-    def _stop_string_hits(self, tokens, rows, alive, j, stop_strings) -> torch.Tensor:
+            return None
         # decode only a tail window: a stop string is checked as soon as its last token appears,
         # so it lies within the last max-length tokens (every token decodes to >= 1 character)
-        hits = torch.zeros_like(alive)
-        for r in alive.nonzero()[:, 0].tolist():
-            hits[r] = self._ends_with_stop(tokens[int(rows[r]), : j + 1], stop_strings)
+        window = max(len(s) for s in stop_strings) + 4
+        hits = torch.zeros_like(live.alive)
+        for r in live.alive.nonzero()[:, 0].tolist():
+            tail = tokens[int(live.rows[r]), max(0, j + 1 - window) : j + 1].tolist()
+            text = self.tokenizer.decode(tail, skip_special_tokens=True)
+            hits[r] = any(s in text for s in stop_strings)
         return hits
 
     # ---- scoring ---------------------------------------------------------------------------
@@ -254,11 +226,13 @@ class CPUEngine(InferenceBackend):
         return_hidden_states: bool = True,
         return_logits: bool = False,
     ) -> list[ScoreResult]:
-        comps = [list(c.token_ids) if isinstance(c, Completion) else list(c) for c in completions]
-        if len(comps) != len(prompts):
-            raise InvalidRequestError(f"{len(comps)} completions for {len(prompts)} prompts")
+        if len(completions) != len(prompts):
+            raise InvalidRequestError(f"{len(completions)} completions for {len(prompts)} prompts")
         if temperature < 0:
             raise InvalidRequestError(f"temperature must be >= 0, got {temperature}")
+        prompts = [self._ids(p, f"prompt {i}") for i, p in enumerate(prompts)]
+        comps = [self._ids(c.token_ids if isinstance(c, Completion) else c, f"completion {i}")
+                 for i, c in enumerate(completions)]
         for i, (p, c) in enumerate(zip(prompts, comps, strict=True)):
             if len(p) == 0:
                 raise InvalidRequestError(f"prompt {i} is empty")
@@ -266,15 +240,13 @@ class CPUEngine(InferenceBackend):
                 raise InvalidRequestError(
                     f"sequence {i} has {len(p) + len(c)} tokens; the context holds "
                     f"{self.max_seq_len}")
-            self._check_ids(list(p), f"prompt {i}")
-            self._check_ids(c, f"completion {i}")
         temp = temperature if temperature > 0 else 1.0
         out: list[ScoreResult] = []
         step = self.cfg.max_batch_size
-        for lo in range(0, len(prompts), step):
-            out += self._score_batch(
-                [list(p) for p in prompts[lo : lo + step]], comps[lo : lo + step], temp,
-                return_hidden_states, return_logits)
+        with _threads(self.cfg.num_threads):
+            for lo in range(0, len(prompts), step):
+                out += self._score_batch(prompts[lo : lo + step], comps[lo : lo + step], temp,
+                                         return_hidden_states, return_logits)
         return out
 
     def _score_batch(self, prompts, comps, temp, want_hidden, want_logits) -> list[ScoreResult]:
@@ -300,6 +272,77 @@ class CPUEngine(InferenceBackend):
                         logits=None if c_ is None else c_.clone())
             for a, b_, c_ in zip(lp.split(sizes), hs, lg, strict=True)
         ]
+
+
+@dataclass
+class _LiveRows:
+    """Per-row state of the rows still in the batch (row r came from prompt rows[r])."""
+
+    rows: torch.Tensor
+    pos: torch.Tensor  # position of the next token fed back
+    budget: torch.Tensor
+    alive: torch.Tensor
+    bias: torch.Tensor  # [rows * kv_heads, 1, slots]: -inf on each row's left padding
+    full: bool = True  # rows == arange(batch): write outputs with plain slices
+
+    @property
+    def index(self) -> slice | torch.Tensor:
+        return slice(None) if self.full else self.rows
+
+    def keep(self, keep: torch.Tensor, kv_heads: int) -> None:
+        self.rows, self.pos = self.rows[keep], self.pos[keep]
+        self.budget, self.alive = self.budget[keep], self.alive[keep]
+        slots = self.bias.shape[-1]
+        self.bias = self.bias.view(-1, kv_heads, 1, slots)[keep].view(-1, 1, slots)
+        self.full = False
+
+
+class _Outputs:
+    """Preallocated per-step outputs of a batch: tokens, log-probs, hidden states (optional)."""
+
+    def __init__(self, b: int, steps: int, hidden: int, hidden_dtype: torch.dtype | None,
+                 length: list[int]) -> None:
+        self.tokens = torch.zeros(b, steps, dtype=torch.int64)
+        self.logprobs = torch.zeros(b, steps)
+        self.hidden = None if hidden_dtype is None else torch.empty(b, steps, hidden,
+                                                                    dtype=hidden_dtype)
+        self.length, self.reason = length, ["length"] * b
+
+    def record(self, index, j: int, tok, lp, h) -> None:
+        self.tokens[index, j] = tok
+        self.logprobs[index, j] = lp
+        if self.hidden is not None:
+            self.hidden[index, j] = h.to(self.hidden.dtype)
+
+    def finish(self, row: int, length: int, reason: str) -> None:
+        self.length[row], self.reason[row] = length, reason
+
+    def completions(self, prompts: list[list[int]], seq_ids: list[int]) -> list[Completion]:
+        tok, lp, n = self.tokens.tolist(), self.logprobs.tolist(), self.length
+        return [
+            Completion(
+                prompt_ids=prompts[i], token_ids=tok[i][: n[i]], logprobs=lp[i][: n[i]],
+                finish_reason=self.reason[i],  # type: ignore[arg-type]
+                seq_id=seq_ids[i],
+                hidden_states=None if self.hidden is None else self.hidden[i, : n[i]].clone(),
+            )
+            for i in range(len(prompts))
+        ]
+
+
+def _pad_bias(pad: torch.Tensor, spec: ModelSpec, cache: KVCache) -> torch.Tensor:
+    slots = cache.k.shape[3]
+    bias = torch.zeros(len(pad), spec.kv_heads, 1, slots)
+    bias.masked_fill_(torch.arange(slots) < pad[:, None, None, None], float("-inf"))
+    return bias.view(-1, 1, slots)
+
+
+def _ints(values: Any, what: str) -> list[int]:
+    """Python ints from a list / tuple / 1-D tensor / array of integers."""
+    try:
+        return [operator.index(v) for v in values]
+    except TypeError:
+        raise InvalidRequestError(f"{what}: expected a sequence of integers") from None
 
 
 def _read_checkpoint(directory: Path, spec: ModelSpec) -> dict[str, torch.Tensor]:

@@ -1,0 +1,179 @@
+"""meshrl's CPU engine vs `transformers` `generate` on the same model, batch and lengths.
+
+For each (preset, batch, mode) both generate `--new-tokens` tokens after the same left-padded
+random prompts, alternating runs; the best of `--repeats` runs of each counts. Throughput counts
+generated tokens up to and including EOS (HF keeps computing finished rows; the engine drops
+them). Prints one JSON object per line with `speedup` = engine tokens/s / generate tokens/s,
+the peak RSS growth during each run, and the fraction of this CPU's measured fp32 matmul
+throughput that the engine reaches (model FLOPs of prefill + decode / wall time).
+
+    python benchmarks/bench_inference.py [--presets qwen2-tiny,qwen2-25m] [--batches 32,128]
+        [--new-tokens 128] [--modes greedy,sample] [--repeats 2] [--threads 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import torch
+
+from meshrl.inference import CPUEngine, EngineConfig, SamplingParams
+from meshrl.model import CharTokenizer, build_model
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+class PeakRSS:
+    """Peak resident memory above the level at entry, sampled every 2 ms.
+
+    Freed heap memory is returned to the OS first (malloc_trim), so a run does not look small
+    just because it reuses pages the previous run left behind.
+    """
+
+    def __enter__(self) -> PeakRSS:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        self.base = self.peak = rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, rss())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss())
+
+    @property
+    def delta_mb(self) -> float:
+        return round((self.peak - self.base) / 2**20, 1)
+
+
+def matmul_gflops(n: int = 1024, seconds: float = 1.0) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        reps += 1
+    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9
+
+
+def model_flops(spec, prompt_lens: list[int], gen_lens: list[int]) -> float:
+    """Multiply-adds x 2 of every token the engine processes (prompt + fed-back tokens)."""
+    qd, kvd = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    per_tok = 2 * spec.layers * (spec.hidden * (2 * qd + 2 * kvd) + 3 * spec.hidden
+                                 * spec.intermediate)
+    total = 0.0
+    for p, g in zip(prompt_lens, gen_lens, strict=True):
+        n = p + g
+        total += per_tok * n + 2 * spec.hidden * spec.vocab * (g + 1)
+        total += 4 * spec.layers * qd * n * n / 2  # attention scores + weighted values
+    return total
+
+
+def kv_cache_bytes(spec, prompt_lens: list[int], new_tokens: int) -> int:
+    slots = max(prompt_lens) + new_tokens - 1
+    return 2 * 4 * spec.layers * len(prompt_lens) * spec.kv_heads * slots * spec.head_dim
+
+
+def useful_tokens(rows: list[list[int]], eos: int) -> int:
+    return sum(r.index(eos) + 1 if eos in r else len(r) for r in rows)
+
+
+def run_hf(model, tok, prompts, params: SamplingParams) -> list[list[int]]:
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = (ids != tok.pad_token_id).long()
+    kw = {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p} \
+        if params.temperature > 0 else {"do_sample": False}
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=params.max_new_tokens,
+                             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **kw)
+    return out[:, width:].tolist()
+
+
+def bench(preset: str, batch: int, mode: str, args, peak: float) -> dict:
+    tok = CharTokenizer()
+    model = build_model(preset, tok.vocab_size, seed=0)
+    engine = CPUEngine(model, tok, EngineConfig(max_batch_size=batch))
+    g = torch.Generator().manual_seed(batch)
+    lens = torch.randint(args.prompt_min, args.prompt_max + 1, (batch,), generator=g).tolist()
+    prompts = [torch.randint(4, tok.vocab_size, (n,), generator=g).tolist() for n in lens]
+    params = SamplingParams(max_new_tokens=args.new_tokens, seed=1,
+                            temperature=0.0 if mode == "greedy" else 1.0)
+    warm = params.model_copy(update={"max_new_tokens": 4})
+    engine.generate(prompts, warm)
+    run_hf(model, tok, prompts, warm)
+    best = {"engine": (float("inf"), None, None), "hf": (float("inf"), None, None)}
+    for _ in range(args.repeats):
+        for name in ("engine", "hf"):
+            with PeakRSS() as mem:
+                t0 = time.perf_counter()
+                if name == "engine":
+                    rows = [c.token_ids for c in engine.generate(prompts, params)]
+                else:
+                    rows = run_hf(model, tok, prompts, params)
+                dt = time.perf_counter() - t0
+            if dt < best[name][0]:
+                best[name] = (dt, rows, mem.delta_mb)
+    (t_e, rows_e, mem_e), (t_h, rows_h, mem_h) = best["engine"], best["hf"]
+    n_e, n_h = useful_tokens(rows_e, tok.eos_token_id), useful_tokens(rows_h, tok.eos_token_id)
+    gen_lens = [len(r) for r in rows_e]
+    flops = model_flops(engine.spec, lens, gen_lens)
+    return {
+        "bench": "inference", "preset": preset, "params": sum(p.numel() for p in
+                                                              model.parameters()),
+        "batch": batch, "mode": mode, "new_tokens": args.new_tokens,
+        "prompt_len": [args.prompt_min, args.prompt_max], "threads": torch.get_num_threads(),
+        "engine_tokens_per_s": round(n_e / t_e, 1), "hf_generate_tokens_per_s": round(n_h / t_h, 1),
+        "speedup": round((n_e / t_e) / (n_h / t_h), 3),
+        "engine_tokens": n_e, "hf_tokens": n_h,
+        "same_tokens": [r[: len(e)] for r, e in zip(rows_h, rows_e, strict=True)] == rows_e
+        if mode == "greedy" else None,
+        "engine_peak_rss_mb": mem_e, "hf_peak_rss_mb": mem_h,
+        "engine_kv_cache_mb": round(kv_cache_bytes(engine.spec, lens, args.new_tokens) / 2**20, 1),
+        "engine_gflops": round(flops / t_e / 1e9, 2), "matmul_peak_gflops": round(peak, 2),
+        "fraction_of_matmul_peak": round(flops / t_e / 1e9 / peak, 4),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--presets", default="qwen2-tiny,qwen2-25m")
+    ap.add_argument("--batches", default="32,128")
+    ap.add_argument("--modes", default="greedy,sample")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--prompt-min", type=int, default=8)
+    ap.add_argument("--prompt-max", type=int, default=24)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch default")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    peak = matmul_gflops()
+    for preset in args.presets.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            for mode in args.modes.split(","):
+                print(json.dumps(bench(preset, batch, mode, args, peak)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Config models of the inference engine: how to sample, and how the CPU engine runs (no torch)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from meshrl.config import Config
+
+__all__ = ["EngineConfig", "SamplingParams"]
+
+
+class SamplingParams(Config):
+    """How to sample one batch. The tokenizer's EOS always stops a completion."""
+
+    max_new_tokens: int = Field(64, ge=1, description="tokens to generate at most per prompt")
+    temperature: float = Field(1.0, ge=0.0, description="softmax temperature; 0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus mass kept before sampling")
+    seed: int = Field(0, ge=0, lt=2**64, description="seed of the replayable Gumbel noise")
+    stop_token_ids: tuple[int, ...] = Field((), description="extra token ids that end a completion")
+    stop_strings: tuple[str, ...] = Field((), description="strings that end a completion")
+    return_hidden_states: bool = Field(False, description="return final hidden states (bf16)")
+
+
+class EngineConfig(Config):
+    """How the CPU engine runs (`meshrl.inference.engine.CPUEngine`)."""
+
+    max_batch_size: int = Field(128, ge=1, description="rows per forward; more prompts run in turn")
+    max_seq_len: int | None = Field(
+        None, ge=2, description="context length (prompt + completion); default: the model's"
+    )
+    num_threads: int = Field(
+        0, ge=0, description="torch intra-op threads during engine calls; 0 = torch's setting"
+    )
+    hidden_dtype: Literal["bfloat16", "float32"] = Field(
+        "bfloat16", description="dtype of returned hidden states"
+    )
+    compact_below: float = Field(
+        0.75, ge=0.0, le=1.0, description="drop finished rows when the alive fraction falls below"
+    )

@@ -1,0 +1,115 @@
+"""TOPLOC verifiable inference: compact proofs of final hidden states, checked by one prefill.
+
+`build_proofs` (worker) commits to each chunk's top-k activations; `verify_proofs` (validator)
+compares them with its own recomputation; `verdict` turns ChunkResults into accept / reject with
+the paper's thresholds or with thresholds from `calibrate_thresholds`; `validate_rollout` runs
+them together with the sampling, termination and log-prob checks of `checks`.
+
+Names are imported lazily (PEP 562) so `meshrl toploc --help` does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "checks": ["CheckResult", "check_logprobs", "check_rewards", "check_sampling",
+               "check_termination", "recompute_logprobs"],
+    "proofs": ["DEFAULT_CHUNK_SIZE", "DEFAULT_TOPK", "ChunkResult", "ProofError", "build_proofs",
+               "find_moduli", "proof_from_base64", "proof_to_base64", "to_bf16_bits",
+               "verify_proofs"],
+    "thresholds": ["RolloutStats", "Thresholds", "Verdict", "calibrate_thresholds", "rollout_stats",
+                "tail_threshold", "verdict"],
+    "validate": ["Claim", "RolloutReport", "SamplingSpec", "ValidatorConfig", "validate_rollout"],
+    "calibrate": ["CalibrateConfig", "run_calibration"],
+    "modes": ["HONEST_MODES"],
+}
+_WHERE = {name: mod for mod, names in _EXPORTS.items() for name in names}
+
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_TOPK",
+    "HONEST_MODES",
+    "CalibrateConfig",
+    "CheckResult",
+    "ChunkResult",
+    "Claim",
+    "ProofError",
+    "RolloutReport",
+    "RolloutStats",
+    "SamplingSpec",
+    "Thresholds",
+    "ValidatorConfig",
+    "Verdict",
+    "build_proofs",
+    "calibrate_thresholds",
+    "check_logprobs",
+    "check_rewards",
+    "check_sampling",
+    "check_termination",
+    "find_moduli",
+    "proof_from_base64",
+    "proof_to_base64",
+    "recompute_logprobs",
+    "rollout_stats",
+    "run_calibration",
+    "tail_threshold",
+    "to_bf16_bits",
+    "validate_rollout",
+    "verdict",
+    "verify_proofs",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'meshrl.toploc' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"meshrl.toploc.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:
+    from meshrl.toploc.calibrate import CalibrateConfig, run_calibration
+    from meshrl.toploc.checks import (
+        CheckResult,
+        check_logprobs,
+        check_rewards,
+        check_sampling,
+        check_termination,
+        recompute_logprobs,
+    )
+    from meshrl.toploc.modes import HONEST_MODES
+    from meshrl.toploc.proofs import (
+        DEFAULT_CHUNK_SIZE,
+        DEFAULT_TOPK,
+        ChunkResult,
+        ProofError,
+        build_proofs,
+        find_moduli,
+        proof_from_base64,
+        proof_to_base64,
+        to_bf16_bits,
+        verify_proofs,
+    )
+    from meshrl.toploc.thresholds import (
+        RolloutStats,
+        Thresholds,
+        Verdict,
+        calibrate_thresholds,
+        rollout_stats,
+        tail_threshold,
+        verdict,
+    )
+    from meshrl.toploc.validate import (
+        Claim,
+        RolloutReport,
+        SamplingSpec,
+        ValidatorConfig,
+        validate_rollout,
+    )

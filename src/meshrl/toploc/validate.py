@@ -1,0 +1,102 @@
+"""One validator decision for a rollout: TOPLOC proofs + sampling + termination + log-probs.
+
+Model-agnostic: the caller recomputes (hidden states, logits) for each completion with one
+prefill of prompt + completion on the claimed model version (the inference engine's `score`,
+or `meshrl.toploc.recompute.prefill`) and passes them in. The TOPLOC verdict is taken over all
+chunks of all completions together, so the pooled statistics see the whole rollout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from pydantic import Field
+
+from meshrl.config import Config
+from meshrl.toploc.checks import (
+    check_logprobs,
+    check_sampling,
+    check_termination,
+)
+from meshrl.toploc.proofs import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK, ChunkResult, verify_proofs
+from meshrl.toploc.thresholds import Thresholds, Verdict, verdict
+
+__all__ = ["Claim", "RolloutReport", "SamplingSpec", "ValidatorConfig", "validate_rollout"]
+
+
+class ValidatorConfig(Config):
+    chunk_size: int = Field(DEFAULT_CHUNK_SIZE, description="decoded tokens per proof")
+    topk: int = Field(DEFAULT_TOPK, description="activations committed per chunk")
+    thresholds: Thresholds = Field(default_factory=Thresholds)
+    sampling_tolerance: float = Field(0.05, description="score slack of the sampling replay")
+    logprob_atol: float = Field(0.05, description="largest accepted log-prob difference (nats)")
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """The sampling parameters the rollout was generated with (public, part of the task)."""
+
+    seed: int
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    eos_token_ids: tuple[int, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class Claim:
+    """What a worker submitted for one completion."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    seq_id: int
+    proofs: list[bytes] | list[str]
+
+
+@dataclass
+class RolloutReport:
+    accepted: bool
+    reasons: list[str] = field(default_factory=list)
+    toploc: Verdict | None = None
+    chunk_results: list[ChunkResult] = field(default_factory=list)
+
+
+def validate_rollout(
+    claims: Sequence[Claim],
+    recomputed: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    spec: SamplingSpec,
+    cfg: ValidatorConfig | None = None,
+) -> RolloutReport:
+    """Accept only if every completion passes every check and the pooled TOPLOC verdict holds.
+
+    recomputed[i] = (hidden [n_i, H], logits [n_i, V]) for claims[i], position j predicting
+    token j of the completion.
+    """
+    cfg = cfg or ValidatorConfig()
+    reasons: list[str] = []
+    chunks: list[ChunkResult] = []
+    if len(claims) != len(recomputed):
+        reasons.append(f"{len(claims)} claims but {len(recomputed)} recomputations")
+    for i, (claim, (hidden, logits)) in enumerate(zip(claims, recomputed, strict=False)):
+        n = len(claim.token_ids)
+        if hidden.shape[0] != n or logits.shape[0] != n:
+            reasons.append(f"completion {i}: recomputation covers {hidden.shape[0]} of {n} tokens")
+            continue
+        checks = [
+            check_termination(claim.token_ids, claim.finish_reason, spec.max_new_tokens,
+                              spec.eos_token_ids, spec.stop_token_ids),
+            check_sampling(logits, claim.token_ids, spec.seed, claim.seq_id, spec.temperature,
+                           spec.top_p, cfg.sampling_tolerance),
+            check_logprobs(claim.logprobs, logits, claim.token_ids, spec.temperature,
+                           cfg.logprob_atol),
+        ]
+        reasons += [f"completion {i}: {c.reason}" for c in checks if not c.ok]
+        chunks += verify_proofs(hidden, list(claim.proofs), cfg.chunk_size, cfg.topk)
+    toploc = verdict(chunks, cfg.thresholds)  # chunk numbers count over the whole rollout
+    reasons += [f"toploc: {r}" for r in toploc.reasons]
+    return RolloutReport(not reasons, reasons, toploc, chunks)

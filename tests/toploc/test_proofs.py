@@ -1,0 +1,181 @@
+"""Proof building and verification: wire format, dtypes, ties, bad input."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshrl.toploc import (
+    ProofError,
+    Thresholds,
+    build_proofs,
+    find_moduli,
+    proof_from_base64,
+    proof_to_base64,
+    verdict,
+    verify_proofs,
+)
+from meshrl.toploc import proofs as proofs_mod
+from meshrl.toploc.gf import P
+
+
+def _acts(tokens=70, hidden=64, seed=0, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(tokens, hidden, generator=g).to(dtype)
+
+
+def _horner(proof: bytes, x: int) -> int:
+    """The reference library's reading of a proof: >u2 modulus, >u2 ascending coefficients."""
+    words = [int.from_bytes(proof[i : i + 2], "big") for i in range(0, len(proof), 2)]
+    modulus, coeffs = words[0], words[1:]
+    acc = 0
+    for c in reversed(coeffs):
+        acc = (acc * (x % modulus) + c) % P
+    return acc
+
+
+def test_hand_checked_proof():
+    acts = torch.tensor([[0.5, -3.0, 1.0, 2.0]], dtype=torch.bfloat16)
+    (proof,) = build_proofs(acts, chunk_size=1, topk=2)
+    # top-2 by |x|: index 1 (-3.0 = 0xC040) and index 3 (2.0 = 0x4000); line through both:
+    # slope (0x4000 - 0xC040) / 2 = -16416 = 49081, intercept 0xC040 - 49081 = 135
+    assert proof == bytes.fromhex("ffd9") + (135).to_bytes(2, "big") + (49081).to_bytes(2, "big")
+    assert verify_proofs(acts, [proof], chunk_size=1, topk=2)[0].exp_mismatches == 0
+
+
+def test_wire_format_and_reference_reading():
+    acts = _acts(tokens=100, hidden=64)
+    proofs = build_proofs(acts)
+    assert len(proofs) == 4 and all(len(p) == 258 for p in proofs)  # 3 full chunks + 4 tokens
+    flat = acts[32:64].reshape(-1)
+    idx = flat.float().abs().topk(120).indices  # clear of ties at the 128th value
+    bits = flat.view(torch.int16).to(torch.int64) & 0xFFFF
+    assert all(_horner(proofs[1], int(i)) == int(bits[i]) for i in idx)
+    text = [proof_to_base64(p) for p in proofs]
+    assert [proof_from_base64(t) for t in text] == proofs
+    assert verify_proofs(acts, text) == verify_proofs(acts, proofs)
+    res = verify_proofs(acts, proofs)
+    assert all(r.exp_mismatches == 0 and r.mant_err_mean == 0 and r.reason is None for r in res)
+    assert all(r.n_matched == 128 == r.n_exact for r in res)
+
+
+def test_dtypes_are_consistent():
+    base = (_acts(hidden=48) * 4).to(torch.bfloat16)
+    proofs = build_proofs(base)
+    for dtype in (torch.float32, torch.float16, torch.float64):
+        assert build_proofs(base.to(dtype)) == proofs
+        assert build_proofs(base.to(dtype).numpy() if dtype != torch.bfloat16 else base) == proofs
+    # fp32 values that round to the same bf16 values verify exactly
+    g = torch.Generator().manual_seed(3)
+    jitter = base.float() * (1 + 1e-4 * torch.randn(base.shape, generator=g))
+    res = verify_proofs(jitter, proofs)
+    assert sum(r.exp_mismatches for r in res) <= 2
+    assert all(r.mant_err_mean < 0.1 for r in res)
+
+
+def test_ties_break_to_lower_index():
+    acts = torch.ones(4, 64, dtype=torch.bfloat16)
+    acts[2, 5] = -2.0
+    proofs = build_proofs(acts, chunk_size=4, topk=8)
+    # selected: index 2*64+5 and the 7 lowest indices of the tied ones
+    for x in [*range(7), 133]:
+        assert _horner(proofs[0], x) == (0xC000 if x == 133 else 0x3F80)
+    # against a naive (-|value|, index) sort, with heavy ties, in one and in several segments
+    for length in (5000, 140_000):
+        g = torch.Generator().manual_seed(length)
+        flat = (torch.randint(0, 4, (2, length), generator=g) * 128).to(torch.int16)
+        flat[:, ::7] |= -0x8000  # sign bits do not change |value|
+        idx, vals = proofs_mod._select(flat, 50)
+        mag = (flat.to(torch.int64) & 0x7FFF).numpy()
+        for row in range(2):
+            naive = np.lexsort((np.arange(length), -mag[row]))[:50]
+            assert sorted(idx[row].tolist()) == sorted(naive.tolist())
+        assert torch.equal(vals, flat.gather(-1, idx).to(torch.int64) & 0xFFFF)
+
+
+def test_long_chunks_search_a_modulus():
+    acts = _acts(tokens=32, hidden=4096, seed=5)
+    proofs = build_proofs(acts)
+    assert verify_proofs(acts, proofs)[0].exp_mismatches == 0
+    assert int.from_bytes(proofs[0][:2], "big") <= P
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 300_000), min_size=2, max_size=40, unique=True))
+def test_modulus_is_largest_injective(indices):
+    m = int(find_moduli(torch.tensor([indices]))[0])
+    assert len({i % m for i in indices}) == len(indices)
+    assert all(len({i % c for i in indices}) < len(indices) for c in range(m + 1, P + 1))
+
+
+def test_tampering_and_wrong_activations_fail():
+    acts = _acts()
+    proofs = build_proofs(acts)
+    bad = bytearray(proofs[0])
+    bad[10] ^= 0x01
+    res = verify_proofs(acts, [bytes(bad), *proofs[1:]])
+    assert res[0].exp_mismatches > 100 and res[1].exp_mismatches == 0
+    other = verify_proofs(_acts(seed=9), proofs)
+    assert all(r.exp_mismatches > 100 for r in other)
+    assert not verdict(other).accepted
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda ps: [ps[0][:-2], *ps[1:]], "bytes"),
+        (lambda ps: [ps[0] + b"\x00\x00", *ps[1:]], "bytes"),
+        (lambda ps: [b"\x00\x00" + ps[0][2:], *ps[1:]], "modulus"),
+        (lambda ps: [ps[0][:2] + b"\xff\xff" + ps[0][4:], *ps[1:]], "coefficient"),
+        (lambda ps: ps[:-1], "no proof"),
+        (lambda ps: [*ps, ps[0]], "no chunk"),
+        (lambda ps: ["not base64!", *ps[1:]], "base64"),
+        (lambda ps: [None, *ps[1:]], "bytes"),
+    ],
+)
+def test_bad_proofs_are_rejected_with_reason(mutate, reason):
+    acts = _acts()
+    res = verify_proofs(acts, mutate(build_proofs(acts)))
+    failed = [r for r in res if r.reason is not None]
+    assert failed and reason in failed[0].reason
+    assert not verdict(res).accepted
+    assert reason in " ".join(verdict(res).reasons)
+
+
+def test_bad_activations():
+    acts = _acts()
+    proofs = build_proofs(acts)
+    nan = acts.clone()
+    nan[40, 3] = float("nan")
+    with pytest.raises(ProofError, match="NaN"):
+        build_proofs(nan)
+    res = verify_proofs(nan, proofs)
+    assert res[1].reason and "NaN" in res[1].reason and res[0].reason is None
+    assert not verdict(res).accepted
+    with pytest.raises(ProofError, match="fewer than topk"):
+        build_proofs(_acts(tokens=33, hidden=64))  # last chunk: 1 token x 64 values < 128
+    two = build_proofs(_acts(tokens=32, hidden=64)) * 2
+    short = verify_proofs(_acts(tokens=33, hidden=64), two)
+    assert short[1].reason and "fewer than topk" in short[1].reason
+    for bad in (torch.zeros(0, 64), torch.zeros(10), torch.zeros(4, 64, dtype=torch.int64), "x"):
+        with pytest.raises(ProofError):
+            build_proofs(bad)
+        assert all(r.reason for r in verify_proofs(bad, proofs))
+    assert not verdict([]).accepted
+
+
+def test_infinite_statistics_never_pass():
+    acts = _acts()
+    proofs = build_proofs(acts)
+    neg = verify_proofs(-acts, proofs)  # every sign flips: no entry matches
+    assert all(r.exp_mismatches == 128 and math.isinf(r.mant_err_mean) for r in neg)
+    assert not verdict(neg, Thresholds(max_exp_mismatches=1000)).accepted
+
+
+def test_numpy_input_matches_torch():
+    acts = _acts().float()
+    assert build_proofs(acts.numpy()) == build_proofs(acts)
+    assert isinstance(build_proofs(np.asarray(acts.numpy(), dtype=np.float64))[0], bytes)

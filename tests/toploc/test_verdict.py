@@ -1,0 +1,102 @@
+"""Verdicts, pooled statistics and threshold calibration."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshrl.toploc import (
+    ChunkResult,
+    Thresholds,
+    calibrate_thresholds,
+    rollout_stats,
+    tail_threshold,
+    verdict,
+)
+
+
+def _chunk(exp=0, mean=0.0, median=0.0, n=128, exact=128):
+    return ChunkResult(exp, mean, median, n, exact)
+
+
+def test_default_thresholds_are_the_papers():
+    th = Thresholds()
+    assert (th.max_exp_mismatches, th.max_mant_err_mean, th.max_mant_err_median) == (38, 10, 8)
+    assert verdict([_chunk(38, 10.0, 8.0)]).accepted
+    assert not verdict([_chunk(39, 0.0, 0.0)]).accepted
+    assert not verdict([_chunk(0, 10.5, 0.0)]).accepted
+    assert not verdict([_chunk(0, 0.0, 8.5)]).accepted
+    assert not verdict([_chunk(0, math.nan, 0.0)]).accepted
+
+
+def test_rollout_stats_hand_checked():
+    s = rollout_stats([_chunk(2, 1.0, 1.0, 100, 50), _chunk(6, 0.5, 0.0, 50, 40)], topk=128)
+    assert s.chunks == 2
+    assert s.exp_mismatch_rate == pytest.approx(8 / 256)
+    assert s.mant_err_mean == pytest.approx((100 + 25) / 150)
+    assert s.mant_err_zero_rate == pytest.approx(90 / 150)
+
+
+def test_pooled_tests_catch_what_chunks_miss():
+    th = Thresholds(max_mant_err_mean=1.0, max_pooled_mant_err_mean=0.5, min_pooled_chunks=4)
+    slightly_off = [_chunk(1, 0.7, 1.0, 128, 60)] * 8
+    assert verdict(slightly_off, th.model_copy(update={"max_pooled_mant_err_mean": None})).accepted
+    v = verdict(slightly_off, th)
+    assert not v.accepted and "rollout" in v.reasons[0]
+    assert verdict(slightly_off[:3], th).accepted  # too short for pooled tests
+    th_zero = Thresholds(min_pooled_mant_err_zero_rate=0.6, min_pooled_chunks=1)
+    assert not verdict([_chunk(0, 0.1, 0.0, 128, 70)], th_zero).accepted
+    assert verdict([_chunk(0, 0.1, 0.0, 128, 90)], th_zero).accepted
+
+
+def test_tail_threshold_hand_checked():
+    xs = list(range(1, 101))  # 1..100
+    assert tail_threshold(xs, 0.5) == pytest.approx(50.5)
+    # rate < 10/n: exponential tail above q90 = 90.1; mean excess of 91..100 over it = 5.4
+    assert tail_threshold(xs, 0.001) == pytest.approx(90.1 + 5.4 * math.log(100))
+    assert tail_threshold([3.0] * 50, 1e-6) == 3.0
+    with pytest.raises(ValueError):
+        tail_threshold([], 0.1)
+    with pytest.raises(ValueError):
+        tail_threshold([1.0], 0.0)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(0, 1e3), min_size=1, max_size=200), st.floats(1e-9, 0.5))
+def test_tail_threshold_properties(xs, rate):
+    t = tail_threshold(xs, rate)
+    assert t >= min(xs)
+    if rate < 10 / len(xs):
+        assert t >= max(xs)
+    assert tail_threshold(xs, rate / 10) >= t - 1e-9  # rarer -> higher
+
+
+def test_calibration_accepts_its_honest_data_and_tightens():
+    honest = [
+        [_chunk(i % 5, 0.3 + 0.01 * (i % 7), 0.0, 128, 90 + i % 5) for i in range(j, j + 16)]
+        for j in range(40)
+    ]
+    th = calibrate_thresholds(honest, fpr=1e-3, chunk_margin=1.0, pooled_margin=1.0)
+    assert th.max_exp_mismatches == 4 and th.max_mant_err_mean < 1.0
+    assert th.max_pooled_mant_err_mean is not None and th.min_pooled_mant_err_zero_rate < 0.72
+    assert all(verdict(ro, th).accepted for ro in honest)
+    cheat = [_chunk(3, 0.5, 0.0, 128, 60)] * 16
+    assert verdict(cheat, Thresholds()).accepted and not verdict(cheat, th).accepted
+    with pytest.raises(ValueError):
+        calibrate_thresholds([[ChunkResult(-1, math.inf, math.inf, reason="bad")]])
+
+
+def test_margin_widens_from_the_median():
+    honest = [[_chunk(i % 5, 0.2 + 0.01 * i, 0.0, 128, 100) for i in range(16)]] * 20
+    tight = calibrate_thresholds(honest, fpr=1e-3, chunk_margin=1.0)
+    wide = calibrate_thresholds(honest, fpr=1e-3, chunk_margin=2.0)
+    median = sorted(0.2 + 0.01 * i for i in range(16))[8]
+    assert wide.max_mant_err_mean - median == pytest.approx(2 * (tight.max_mant_err_mean - median))
+    assert wide.max_exp_mismatches >= tight.max_exp_mismatches
+
+
+def test_calibration_never_loosens_the_papers_chunk_thresholds():
+    noisy = [[_chunk(30 + i % 9, 6.0 + i % 5, 5.0 + i % 4, 128, 10) for i in range(16)]] * 10
+    th = calibrate_thresholds(noisy, fpr=1e-3)
+    assert (th.max_exp_mismatches, th.max_mant_err_mean, th.max_mant_err_median) == (38, 10, 8)
