@@ -13,7 +13,7 @@ from typing import Any
 _EXPORTS = {
     "group_advantages": "advantages",
     "nonzero_groups": "advantages",
-    "LossConfig": "losses",
+    "LossConfig": "config",
     "masked_mean": "losses",
     "policy_loss": "losses",
     "EvalCommandConfig": "config",

@@ -11,12 +11,12 @@ from typing import Literal
 from pydantic import Field
 
 from meshrl.config import Config
-from meshrl.rl.losses import LossConfig
 from meshrl.tasks import TasksConfig
 
 __all__ = [
     "EvalCommandConfig",
     "EvalConfig",
+    "LossConfig",
     "ModelConfig",
     "RLConfig",
     "RolloutConfig",
@@ -24,6 +24,25 @@ __all__ = [
     "SFTConfig",
     "TrainerConfig",
 ]
+
+
+class LossConfig(Config):
+    type: Literal["grpo", "dapo", "dr_grpo", "gspo", "cispo"] = Field(
+        "grpo", description="policy loss"
+    )
+    eps_low: float = Field(0.2, ge=0, description="lower clip range (ratio >= 1 - eps_low)")
+    eps_high: float = Field(0.2, ge=0, description="upper clip range (ratio <= 1 + eps_high)")
+    delta: float = Field(4.0, gt=1, description="grpo: upper bound of the unclipped ratio")
+    max_tokens: int = Field(8, gt=0, description="dr_grpo: constant length normaliser")
+    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus coefficient")
+    kl_coef: float = Field(0.0, ge=0, description="KL(policy || reference) coefficient")
+    tis_cap: float | None = Field(
+        None, gt=0, description="cap of the truncated importance weight vs inference log-probs"
+    )
+
+    @property
+    def normalize_advantage_std(self) -> bool:
+        return self.type != "dr_grpo"
 
 
 class TrainerConfig(Config):

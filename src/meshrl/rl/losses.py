@@ -21,33 +21,11 @@ w = min(exp(old_logprobs - inference_logprobs), tis_cap), detached, multiplies e
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field
 
-from meshrl.config import Config
+from meshrl.rl.config import LossConfig
 
 __all__ = ["LossConfig", "masked_mean", "policy_loss"]
-
-
-class LossConfig(Config):
-    type: Literal["grpo", "dapo", "dr_grpo", "gspo", "cispo"] = Field(
-        "grpo", description="policy loss"
-    )
-    eps_low: float = Field(0.2, ge=0, description="lower clip range (ratio >= 1 - eps_low)")
-    eps_high: float = Field(0.2, ge=0, description="upper clip range (ratio <= 1 + eps_high)")
-    delta: float = Field(4.0, gt=1, description="grpo: upper bound of the unclipped ratio")
-    max_tokens: int = Field(8, gt=0, description="dr_grpo: constant length normaliser")
-    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus coefficient")
-    kl_coef: float = Field(0.0, ge=0, description="KL(policy || reference) coefficient")
-    tis_cap: float | None = Field(
-        None, gt=0, description="cap of the truncated importance weight vs inference log-probs"
-    )
-
-    @property
-    def normalize_advantage_std(self) -> bool:
-        return self.type != "dr_grpo"
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
