@@ -103,4 +103,6 @@ def test_relay_killed_mid_transfer_client_finishes_from_the_others(tmp_path):
             relay.kill()
     assert (tmp_path / "out.bin").read_bytes() == src.read_bytes()
     assert res.servers[rurl]["failures"] >= 1 and res.servers[rurl]["bytes"] >= 300_000
-    assert health["counters"]["range_requests"] >= 1  # interrupted shards resumed, not restarted
+    # Whether a cut shard had bytes left to resume depends on where SIGKILL lands (a reset can
+    # drop unread bytes), so Range resumption is asserted deterministically in test_transport.
+    assert health["counters"]["bytes_sent"] > 0
