@@ -6,8 +6,7 @@ CLI can be imported without it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from meshrl.inference.backend import (
     Completion,
@@ -17,6 +16,7 @@ from meshrl.inference.backend import (
     ScoreResult,
 )
 from meshrl.inference.params import EngineConfig, SamplingParams
+from meshrl.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from meshrl.inference.engine import CPUEngine
@@ -60,7 +60,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"meshrl.inference.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'meshrl.inference' has no attribute {name!r}")
+__getattr__ = lazy_getattr("meshrl.inference", _LAZY)

@@ -6,8 +6,7 @@ does not pay for web3 and eth-tester.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from meshrl.lazy import lazy_getattr
 
 _EXPORTS = {
     "Backend": "backend",
@@ -39,12 +38,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'meshrl.protocol' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"meshrl.protocol.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("meshrl.protocol", _EXPORTS)
 
 
 def __dir__() -> list[str]:

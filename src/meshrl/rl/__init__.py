@@ -7,8 +7,7 @@ not import torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from meshrl.lazy import lazy_getattr
 
 _EXPORTS = {
     "group_advantages": "advantages",
@@ -54,10 +53,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'meshrl.rl' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"meshrl.rl.{_EXPORTS[name]}"), name)
+__getattr__ = lazy_getattr("meshrl.rl", _EXPORTS)
 
 
 def __dir__() -> list[str]:

@@ -10,8 +10,9 @@ Names are imported lazily (PEP 562) so `meshrl toploc --help` does not import to
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from meshrl.lazy import lazy_getattr
 
 _EXPORTS = {
     "checks": ["CheckResult", "check_logprobs", "check_rewards", "check_sampling",
@@ -62,12 +63,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'meshrl.toploc' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"meshrl.toploc.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("meshrl.toploc", _WHERE)
 
 
 def __dir__() -> list[str]:
