@@ -12,6 +12,7 @@ from meshrl.toploc import (
     ProofError,
     Thresholds,
     build_proofs,
+    chunk_lengths,
     find_moduli,
     proof_from_base64,
     proof_to_base64,
@@ -48,8 +49,15 @@ def test_hand_checked_proof():
 
 def test_wire_format_and_reference_reading():
     acts = _acts(tokens=100, hidden=64)
-    proofs = build_proofs(acts)
-    assert len(proofs) == 4 and all(len(p) == 258 for p in proofs)  # 3 full chunks + 4 tokens
+    reference = build_proofs(acts, fold_tail=False)  # the reference chunking: 32, 32, 32, 4
+    assert len(reference) == 4 and all(len(p) == 258 for p in reference)
+    proofs = build_proofs(acts)  # the 4-token tail folded in: 32, 32, 36
+    assert len(proofs) == 3 and all(len(p) == 258 for p in proofs)
+    assert proofs[:2] == reference[:2]
+    assert all(r.exp_mismatches == 0 for r in verify_proofs(acts, reference, fold_tail=False))
+    # proofs read with the other chunking are rejected, never silently accepted
+    assert any(r.reason for r in verify_proofs(acts, reference))
+    assert verify_proofs(acts, proofs, fold_tail=False)[3].reason  # the 4-token chunk
     flat = acts[32:64].reshape(-1)
     idx = flat.float().abs().topk(120).indices  # clear of ties at the 128th value
     bits = flat.view(torch.int16).to(torch.int64) & 0xFFFF
@@ -60,6 +68,19 @@ def test_wire_format_and_reference_reading():
     res = verify_proofs(acts, proofs)
     assert all(r.exp_mismatches == 0 and r.mant_err_mean == 0 and r.reason is None for r in res)
     assert all(r.n_matched == 128 == r.n_exact for r in res)
+
+
+def test_chunk_lengths_fold_a_short_tail():
+    assert chunk_lengths(1000, 32) == [32] * 30 + [40]
+    assert chunk_lengths(1000, 32, fold_tail=False) == [32] * 31 + [8]
+    assert chunk_lengths(64, 32) == chunk_lengths(64, 32, fold_tail=False) == [32, 32]
+    assert chunk_lengths(20, 32) == chunk_lengths(20, 32, fold_tail=False) == [20]
+    assert chunk_lengths(0, 32) == []
+    acts = _acts(tokens=1000, hidden=64)
+    proofs = build_proofs(acts)
+    assert sum(map(len, proofs)) / 1000 < 8.1  # 31 proofs of 258 bytes
+    last = verify_proofs(acts, proofs)[-1]
+    assert last.exp_mismatches == 0 and last.n_exact == 128
 
 
 def test_dtypes_are_consistent():
@@ -156,9 +177,12 @@ def test_bad_activations():
     assert res[1].reason and "NaN" in res[1].reason and res[0].reason is None
     assert not verdict(res).accepted
     with pytest.raises(ProofError, match="fewer than topk"):
-        build_proofs(_acts(tokens=33, hidden=64))  # last chunk: 1 token x 64 values < 128
+        build_proofs(_acts(tokens=1, hidden=64))  # one chunk: 1 token x 64 values < 128
+    with pytest.raises(ProofError, match="fewer than topk"):  # last chunk: 1 token
+        build_proofs(_acts(tokens=33, hidden=64), fold_tail=False)
+    assert len(build_proofs(_acts(tokens=33, hidden=64))) == 1  # folded: 33 tokens
     two = build_proofs(_acts(tokens=32, hidden=64)) * 2
-    short = verify_proofs(_acts(tokens=33, hidden=64), two)
+    short = verify_proofs(_acts(tokens=33, hidden=64), two, fold_tail=False)
     assert short[1].reason and "fewer than topk" in short[1].reason
     for bad in (torch.zeros(0, 64), torch.zeros(10), torch.zeros(4, 64, dtype=torch.int64), "x"):
         with pytest.raises(ProofError):
