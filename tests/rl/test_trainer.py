@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from meshrl.rl.config import TrainerConfig
 from meshrl.rl.generation import GenParams, TorchGenerator
 from meshrl.rl.losses import LossConfig
 from meshrl.rl.rollouts import collate
-from meshrl.rl.trainer import Trainer, token_logprobs
+from meshrl.rl.trainer import Trainer, lr_factor, token_logprobs
 
 TOK = CharTokenizer()
 
@@ -99,6 +100,23 @@ def test_micro_batching_matches_one_full_batch():
         assert norm == pytest.approx(results[0][1], rel=1e-4)
         assert torch.allclose(grads, results[0][0], atol=1e-6, rtol=1e-4)
     assert results[0][0].abs().max() > 1e-3
+
+
+def test_lr_schedules():
+    cfg = TrainerConfig(lr=1.0, warmup_steps=2, decay="linear", min_lr_ratio=0.1)
+    assert [lr_factor(cfg, s, 7) for s in range(8)] == pytest.approx(
+        [1 / 3, 2 / 3, 1.0, 0.775, 0.55, 0.325, 0.1, 0.1])
+    cos = cfg.model_copy(update={"decay": "cosine"})
+    assert [lr_factor(cos, s, 7) for s in (2, 4, 6)] == pytest.approx([1.0, 0.55, 0.1])
+    assert lr_factor(cos, 3, 7) == pytest.approx(0.1 + 0.9 * (1 + math.cos(math.pi / 4)) / 2)
+    const = cfg.model_copy(update={"decay": "constant"})
+    assert lr_factor(const, 100, 7) == 1.0
+    model, batch, adv = _train_batch()
+    with pytest.raises(ValueError, match="total step"):
+        Trainer(model, cos, LossConfig())
+    t = Trainer(model, cos, LossConfig(), total_steps=7)
+    lrs = [t.train_step(batch, adv)["lr"] for _ in range(7)]
+    assert lrs == pytest.approx([lr_factor(cos, s, 7) for s in range(7)])
 
 
 def test_warmup_and_clipping():

@@ -50,6 +50,10 @@ class TrainerConfig(Config):
 
     lr: float = Field(3e-4, gt=0, description="AdamW learning rate after warm-up")
     warmup_steps: int = Field(5, ge=0, description="linear learning-rate warm-up steps")
+    decay: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="learning-rate decay after warm-up, over the run's `steps`"
+    )
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="decayed lr at the last step / lr")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient-norm clipping threshold")

@@ -56,7 +56,8 @@ class RLRun:
         self.metrics = MetricsWriter(
             self.dir / "metrics.jsonl", cfg.run.wandb_project, cfg.run.name, cfg.model_dump()
         )
-        self.trainer = Trainer(self.model, cfg.trainer, cfg.loss, cfg.rollout.temperature)
+        self.trainer = Trainer(self.model, cfg.trainer, cfg.loss, cfg.rollout.temperature,
+                               total_steps=cfg.steps)
         self.step = 0
         self.elapsed_before = 0.0  # wall time of earlier sessions of this run
         self.t0 = time.perf_counter()

@@ -10,13 +10,14 @@ and hide that staleness.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from meshrl.rl.config import TrainerConfig
 
-__all__ = ["Trainer", "TrainerConfig", "token_logprobs"]
+__all__ = ["Trainer", "TrainerConfig", "lr_factor", "token_logprobs"]
 
 
 def token_logprobs(
@@ -30,11 +31,25 @@ def token_logprobs(
     return chosen, entropy
 
 
+def lr_factor(cfg: TrainerConfig, step: int, total_steps: int) -> float:
+    """Learning rate of optimizer step `step` (0-based) over cfg.lr: linear warm-up to 1, then
+    constant, or a linear / cosine decay reaching `min_lr_ratio` at the last step."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / (cfg.warmup_steps + 1)
+    if cfg.decay == "constant":
+        return 1.0
+    span = max(1, total_steps - 1 - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    shape = 1 - progress if cfg.decay == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
+
+
 class Trainer:
     """Owns the policy's optimizer and schedule; `train_step` takes one RL step on a batch."""
 
     def __init__(
-        self, model: Any, cfg: TrainerConfig, loss_cfg: Any, temperature: float = 1.0
+        self, model: Any, cfg: TrainerConfig, loss_cfg: Any, temperature: float = 1.0,
+        total_steps: int | None = None,
     ) -> None:
         self.model = model
         self.cfg = cfg
@@ -43,9 +58,10 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
         )
-        warmup = cfg.warmup_steps
+        if cfg.decay != "constant" and not total_steps:
+            raise ValueError(f"trainer.decay={cfg.decay!r} needs the run's total step count")
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)) if warmup else 1.0
+            self.optimizer, lambda s: lr_factor(cfg, s, total_steps or 0)
         )
 
     def forward_backward(
