@@ -1,4 +1,5 @@
-"""Trainer numerics against naive references: log-probs, micro-batching, schedule, clipping."""
+"""Trainer numerics against naive references: shared-prompt packing, log-probs, micro-batching,
+schedule, clipping."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from meshrl.model import CharTokenizer, build_model
 from meshrl.rl.config import TrainerConfig
 from meshrl.rl.generation import GenParams, TorchGenerator
 from meshrl.rl.losses import LossConfig
-from meshrl.rl.rollouts import collate
-from meshrl.rl.trainer import Trainer, lr_factor, token_logprobs
+from meshrl.rl.packing import pack_groups, packed_logprobs, slice_groups
+from meshrl.rl.trainer import Trainer, lr_factor
 
 TOK = CharTokenizer()
 
@@ -28,18 +29,65 @@ def _rows():
     return prompts, completions
 
 
-def test_token_logprobs_match_unpadded_reference():
+def _reference_logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """Log-probs of `completion` after `prompt` in its own unpadded row: the naive layout."""
+    ids = torch.tensor([prompt + completion])
+    ref = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
+    return ref.gather(-1, ids[0, 1:, None])[:, 0][len(prompt) - 1 :]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_logprobs_match_unpadded_reference(attn):
     model = _model()
-    prompts, completions = _rows()
-    batch = collate(prompts, completions, [[0.0] * len(c) for c in completions], TOK.pad_token_id)
+    model.config._attn_implementation = attn
+    a, b = [1, *TOK.encode("12+34=")], [1, *TOK.encode("5+6=")]
+    prompts = [a, a, a, b, a, a]  # groups: 3 x a, 1 x b, 2 x a (only neighbours share)
+    completions = [[*TOK.encode("46"), 2], TOK.encode("4"), [*TOK.encode("470"), 2],
+                   [*TOK.encode("11"), 2], [], TOK.encode("1")]
+    packed = pack_groups(prompts, completions, [[0.0] * len(c) for c in completions],
+                         TOK.pad_token_id)
+    assert packed["input_ids"].shape[0] == 3
+    assert packed["row_group"].tolist() == [0, 0, 0, 1, 2, 2]
+    assert packed["group_length"].tolist() == [len(a) + 8, len(b) + 3, len(a) + 1]
     with torch.no_grad():
-        lp, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"])
+        lp, entropy = packed_logprobs(model, packed)
         for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-            ids = torch.tensor([p + c])
-            ref = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
-            ref = ref.gather(-1, ids[0, 1:, None])[:, 0][len(p) - 1 :]
-            got = lp[i][batch["loss_mask"][i]]
-            assert torch.allclose(got, ref, atol=1e-5), (i, got, ref)
+            got = lp[i][packed["loss_mask"][i]]
+            assert len(got) == len(c)
+            if c:
+                assert torch.allclose(got, _reference_logprobs(model, p, c), atol=1e-5), i
+    assert torch.isfinite(entropy).all() and entropy[packed["loss_mask"]].min() > 0
+    # the prompt is computed once per group: 3 packed rows of <= 15 positions, not 6 of 10
+    assert packed["input_ids"].numel() < sum(len(p) + len(c) for p, c in
+                                             zip(prompts, completions, strict=True))
+
+
+def test_packed_gradients_match_unpadded_reference():
+    prompts, completions = _rows()
+    prompts, completions = [prompts[0]] * 3, [completions[0], TOK.encode("4"), completions[2]]
+    model, ref_model = _model(4), _model(4)
+    packed = pack_groups(prompts, completions, [[0.0] * len(c) for c in completions],
+                         TOK.pad_token_id)
+    lp, _ = packed_logprobs(model, packed)
+    (lp * packed["loss_mask"]).sum().backward()
+    sum(_reference_logprobs(ref_model, p, c).sum()
+        for p, c in zip(prompts, completions, strict=True)).backward()
+    for (name, p), q in zip(model.named_parameters(), ref_model.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5, rtol=1e-4), name
+
+
+def test_slice_groups_keeps_rows_and_trims():
+    prompts = [[1, 5], [1, 5], [1, 6, 7, 8]]
+    completions = [[9], [9, 9], [4, 4, 4]]
+    packed = pack_groups(prompts, completions, [[0.0] * len(c) for c in completions], 0)
+    first = slice_groups(packed, 0, 1)
+    assert first["input_ids"].tolist() == [[1, 5, 9, 9, 9]]
+    assert first["allowed"].shape == (1, 5, 5) and first["row_group"].tolist() == [0, 0]
+    second = slice_groups(packed, 1, 2)
+    assert second["row_group"].tolist() == [0]
+    assert second["targets"].tolist() == [[4, 4, 4]]
+    with pytest.raises(ValueError, match="log-prob"):
+        pack_groups(prompts, completions, [[0.0]] * 3, 0)
 
 
 def test_generator_logprobs_match_trainer_and_greedy_matches_hf_generate():
@@ -47,10 +95,10 @@ def test_generator_logprobs_match_trainer_and_greedy_matches_hf_generate():
     prompts, _ = _rows()
     gen = TorchGenerator(model, TOK.pad_token_id, TOK.eos_token_id)
     outs = gen.generate(prompts, GenParams(6, temperature=1.0, seed=7), seq_ids=[0, 1, 2])
-    batch = collate(prompts, [o.token_ids for o in outs], [o.logprobs for o in outs],
-                    TOK.pad_token_id)
+    batch = pack_groups(prompts, [o.token_ids for o in outs], [o.logprobs for o in outs],
+                        TOK.pad_token_id)
     with torch.no_grad():
-        lp, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"])
+        lp, _ = packed_logprobs(model, batch)
     mask = batch["loss_mask"]
     assert torch.allclose(lp[mask], batch["inference_logprobs"][mask], atol=1e-4)
     # greedy decoding agrees with transformers' own generate on each unpadded prompt
@@ -76,10 +124,12 @@ def _train_batch():
     prompts, completions = _rows()
     prompts, completions = prompts * 2, completions * 2
     model = _model(3)
+    pairs = sorted(zip(prompts, completions, strict=True))  # equal prompts next to each other
+    prompts, completions = [p for p, _ in pairs], [c for _, c in pairs]
     with torch.no_grad():
-        batch = collate(prompts, completions, [[0.0] * len(c) for c in completions],
-                        TOK.pad_token_id)
-        lp, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"])
+        batch = pack_groups(prompts, completions, [[0.0] * len(c) for c in completions],
+                            TOK.pad_token_id)
+        lp, _ = packed_logprobs(model, batch)
     batch["inference_logprobs"] = torch.where(batch["loss_mask"], lp - 0.05, 0.0)
     adv = torch.tensor([1.0, -0.5, 0.3, -1.0, 0.7, -0.2])
     return model, batch, adv
@@ -88,7 +138,7 @@ def _train_batch():
 def test_micro_batching_matches_one_full_batch():
     model, batch, adv = _train_batch()
     results = []
-    for micro in (6, 2, 1):
+    for micro in (6, 4, 2, 1):  # groups of 2 rows: 1, 2, 3 and 3 micro-batches
         m = copy.deepcopy(model)
         t = Trainer(m, TrainerConfig(lr=1e-2, warmup_steps=0, micro_batch_size=micro),
                     LossConfig())

@@ -26,8 +26,9 @@ from meshrl.rl.config import RLConfig
 from meshrl.rl.evaluate import evaluate, heldout_problems
 from meshrl.rl.generation import TorchGenerator, make_generator
 from meshrl.rl.metrics import MetricsWriter, plot_curves
+from meshrl.rl.packing import pack_groups
 from meshrl.rl.pipeline import RolloutPipeline
-from meshrl.rl.rollouts import RolloutBatch, collate, generate_batch
+from meshrl.rl.rollouts import RolloutBatch, generate_batch
 from meshrl.rl.sft import warm_start
 from meshrl.rl.trainer import Trainer
 
@@ -111,7 +112,7 @@ class RLRun:
                  "accuracy": float(batch.task_rewards.mean())}
         if not rows:
             return stats
-        tensors = collate(
+        tensors = pack_groups(
             [batch.prompt_ids[i] for i in rows],
             [batch.completion_ids[i] for i in rows],
             [batch.inference_logprobs[i] for i in rows],
