@@ -1,14 +1,17 @@
 """RL trainer benchmarks (one JSON object per line).
 
-1. `trainer_vs_trl`: the same work (qwen2-tiny, char tokenizer, 2-digit addition, 8 prompts x 8
+1. `rollout`: generated tokens/s of each rollout backend (torch loop, inference engine) for the
+   same batch shape (random weights, so completions often run to the length cap).
+2. `async_vs_sync`: wall time per step of async_level 2 (generator in a child process, one core
+   each) vs synchronous on the same config. The synchronous baseline gets its best thread count
+   (1 or 2 intra-op threads on the 2 cores). `gen_to_train` (synchronous generation time over
+   training time) shows whether the two phases take comparable time, where overlap pays most.
+3. `trainer_vs_trl`: the same work (qwen2-tiny, char tokenizer, 2-digit addition, 8 prompts x 8
    completions, <= 8 new tokens, one optimizer step per batch, no group filtering) through
    meshrl's trainer (async_level 2) and TRL's GRPOTrainer, in this process: `speedup` = our
-   steps/s over TRL's.
-2. `rollout`: generated tokens/s of each rollout backend (torch loop, inference engine) for the
-   same batch shape (random weights, so completions often run to the length cap).
-3. `async_vs_sync`: wall time per step of async_level 2 vs synchronous on the same config.
+   steps/s over TRL's at TRL's best thread count (1 or 2).
 
-Usage: python benchmarks/bench_rl.py [--steps 30] [--skip-trl]
+Usage: python benchmarks/bench_rl.py [--steps 30] [--skip-trl] [--async-tokens 16]
 """
 
 from __future__ import annotations
@@ -47,7 +50,9 @@ def ours(steps: int, async_level: int, threads: int, prompts: int, group: int,
         rows = [r for r in read_metrics(Path(tmp) / cfg.run.name / "metrics.jsonl")
                 if r["kind"] == "step"][2:]
     return {
+        "threads": threads,
         "step_seconds": statistics.mean(r["step_seconds"] for r in rows),
+        "train_seconds": statistics.mean(r.get("train_seconds", 0.0) for r in rows),
         "tokens_per_s": sum(r["tokens"] for r in rows) / sum(r["step_seconds"] for r in rows),
         "gen_seconds": statistics.mean(r["gen_seconds"] for r in rows),
         "wait_seconds": statistics.mean(r["wait_seconds"] for r in rows),
@@ -77,33 +82,50 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--skip-trl", action="store_true")
+    ap.add_argument("--async-tokens", type=int, default=16,
+                    help="max new tokens of the async-vs-sync config (gen ~ train time)")
     args = ap.parse_args()
     shape = dict(prompts=8, group=8, tokens=8)
     torch.set_num_threads(1)
     for backend in ("torch", "engine"):
         print(json.dumps(rollout_throughput(backend, **shape)), flush=True)
-    sync = ours(args.steps, 0, 1, **shape)
-    asyn = ours(args.steps, 2, 2, **shape, subprocess=True)
-    print(json.dumps({"bench": "async_vs_sync", "config": shape,
-                      "threads": "sync 1, async 1+1 (generator in a child process)",
+
+    balanced = dict(shape, tokens=args.async_tokens)
+    syncs = [ours(args.steps, 0, t, **balanced) for t in (1, 2)]
+    sync = min(syncs, key=lambda r: r["step_seconds"])
+    asyn = ours(args.steps, 2, 2, **balanced, subprocess=True)
+    print(json.dumps({"bench": "async_vs_sync", "config": balanced,
+                      "threads": f"sync {sync['threads']} (best of 1, 2); async 1+1 "
+                                 "(generator in a child process)",
                       "sync_step_seconds": sync["step_seconds"],
+                      "sync_step_seconds_by_threads": {r["threads"]: r["step_seconds"]
+                                                       for r in syncs},
                       "async_step_seconds": asyn["step_seconds"],
                       "sync_gen_seconds": sync["gen_seconds"],
+                      "sync_train_seconds": sync["train_seconds"],
+                      "gen_to_train": sync["gen_seconds"] / max(sync["train_seconds"], 1e-9),
                       "async_wait_seconds": asyn["wait_seconds"],
                       "speedup": sync["step_seconds"] / asyn["step_seconds"]}), flush=True)
     if args.skip_trl:
         return
     from _trl_baseline import run_trl
 
-    torch.set_num_threads(1)
-    trl = run_trl(args.steps, shape["prompts"], shape["group"], shape["tokens"], lr=1e-4)
+    mine = ours(args.steps, 2, 2, **shape, subprocess=True)
+    trls = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        trls.append({"threads": threads, **run_trl(args.steps, shape["prompts"], shape["group"],
+                                                    shape["tokens"], lr=1e-4)})
+    trl = min(trls, key=lambda r: r["step_seconds"])
     trl_tokens = trl["tokens_seen"] / args.steps
     print(json.dumps({
         "bench": "trainer_vs_trl", "config": shape,
-        "ours_step_seconds": asyn["step_seconds"], "trl_step_seconds": trl["step_seconds"],
-        "ours_tokens_per_s": asyn["tokens_per_s"],
+        "ours_step_seconds": mine["step_seconds"], "trl_step_seconds": trl["step_seconds"],
+        "trl_threads": trl["threads"],
+        "trl_step_seconds_by_threads": {r["threads"]: r["step_seconds"] for r in trls},
+        "ours_tokens_per_s": mine["tokens_per_s"],
         "trl_tokens_per_s": trl_tokens / trl["step_seconds"],
-        "speedup": trl["step_seconds"] / asyn["step_seconds"],
+        "speedup": trl["step_seconds"] / mine["step_seconds"],
     }), flush=True)
 
 
