@@ -319,7 +319,7 @@ def verify_proofs(
     for i in range(len(proofs), n_chunks):
         results[i] = _failed(f"chunk {i} has no proof: {len(proofs)} proofs for {n_chunks} chunks")
     moduli, coeffs, reasons = _decode_all(list(proofs[:n_chunks]), topk)
-    start = 0
+    start, chunk_ids, picked, values = 0, [], [], []
     for flat in _chunk_bits(bits, chunk_size, fold_tail):
         ids = list(range(start, min(start + flat.shape[0], len(proofs))))
         start += flat.shape[0]
@@ -339,12 +339,13 @@ def verify_proofs(
                 results[i] = _failed(f"chunk {i}: recomputed activations contain NaN or inf")
             else:
                 good.append(row)
-        if not good:
-            continue
         rows = torch.tensor(good, dtype=torch.int64)
-        chunk_ids = [ids[row] for row in good]
-        xs = idx[rows] % torch.from_numpy(moduli[chunk_ids]).unsqueeze(-1)
+        chunk_ids += [ids[row] for row in good]
+        picked.append(idx[rows])
+        values.append(own[rows])
+    if chunk_ids:  # one evaluation and comparison for every checkable chunk
+        xs = torch.cat(picked) % torch.from_numpy(moduli[chunk_ids]).unsqueeze(-1)
         claimed = gf.evaluate(torch.from_numpy(coeffs[chunk_ids]), xs)
-        for i, res in zip(chunk_ids, _compare(own[rows], claimed), strict=True):
+        for i, res in zip(chunk_ids, _compare(torch.cat(values), claimed), strict=True):
             results[i] = res
     return results  # type: ignore[return-value]
