@@ -11,7 +11,7 @@
    meshrl's trainer (async_level 2) and TRL's GRPOTrainer, in this process: `speedup` = our
    steps/s over TRL's at TRL's best thread count (1 or 2).
 
-Usage: python benchmarks/bench_rl.py [--steps 30] [--skip-trl] [--async-tokens 16]
+Usage: python benchmarks/bench_rl.py [--steps 30] [--skip-trl] [--async-tokens 8 32]
 """
 
 from __future__ import annotations
@@ -78,34 +78,37 @@ def rollout_throughput(backend: str, prompts: int, group: int, tokens: int,
             "seconds": dt, "tokens_per_s": generated / dt}
 
 
+def async_vs_sync(steps: int, config: dict) -> dict:
+    syncs = [ours(steps, 0, t, **config) for t in (1, 2)]
+    sync = min(syncs, key=lambda r: r["step_seconds"])
+    asyn = ours(steps, 2, 2, **config, subprocess=True)
+    return {"bench": "async_vs_sync", "config": config,
+            "threads": f"sync {sync['threads']} (best of 1, 2); async 1+1 "
+                       "(generator in a child process)",
+            "sync_step_seconds": sync["step_seconds"],
+            "sync_step_seconds_by_threads": {r["threads"]: r["step_seconds"] for r in syncs},
+            "async_step_seconds": asyn["step_seconds"],
+            "sync_gen_seconds": sync["gen_seconds"],
+            "sync_train_seconds": sync["train_seconds"],
+            "gen_to_train": sync["gen_seconds"] / max(sync["train_seconds"], 1e-9),
+            "async_wait_seconds": asyn["wait_seconds"],
+            "speedup": sync["step_seconds"] / asyn["step_seconds"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--skip-trl", action="store_true")
-    ap.add_argument("--async-tokens", type=int, default=16,
-                    help="max new tokens of the async-vs-sync config (gen ~ train time)")
+    ap.add_argument("--async-tokens", type=int, nargs="+", default=[8, 32],
+                    help="max new tokens of the async-vs-sync configs (one line each)")
     args = ap.parse_args()
     shape = dict(prompts=8, group=8, tokens=8)
     torch.set_num_threads(1)
     for backend in ("torch", "engine"):
         print(json.dumps(rollout_throughput(backend, **shape)), flush=True)
 
-    balanced = dict(shape, tokens=args.async_tokens)
-    syncs = [ours(args.steps, 0, t, **balanced) for t in (1, 2)]
-    sync = min(syncs, key=lambda r: r["step_seconds"])
-    asyn = ours(args.steps, 2, 2, **balanced, subprocess=True)
-    print(json.dumps({"bench": "async_vs_sync", "config": balanced,
-                      "threads": f"sync {sync['threads']} (best of 1, 2); async 1+1 "
-                                 "(generator in a child process)",
-                      "sync_step_seconds": sync["step_seconds"],
-                      "sync_step_seconds_by_threads": {r["threads"]: r["step_seconds"]
-                                                       for r in syncs},
-                      "async_step_seconds": asyn["step_seconds"],
-                      "sync_gen_seconds": sync["gen_seconds"],
-                      "sync_train_seconds": sync["train_seconds"],
-                      "gen_to_train": sync["gen_seconds"] / max(sync["train_seconds"], 1e-9),
-                      "async_wait_seconds": asyn["wait_seconds"],
-                      "speedup": sync["step_seconds"] / asyn["step_seconds"]}), flush=True)
+    for tokens in args.async_tokens:
+        print(json.dumps(async_vs_sync(args.steps, dict(shape, tokens=tokens))), flush=True)
     if args.skip_trl:
         return
     from _trl_baseline import run_trl
