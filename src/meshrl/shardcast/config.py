@@ -59,6 +59,7 @@ class PublishConfig(Config):
     root: str = Field("runs/shardcast/origin", description="origin store directory")
     version: int = Field(-1, description="version (trainer step); -1: latest + 1")
     shard_size: int = Field(50 * MB, gt=0, description="bytes per shard")
+    piece_size: int = Field(1 << 20, gt=0, description="bytes per verified piece of a shard")
     link: bool = Field(False, description="hard-link files into the store instead of copying")
 
 
