@@ -21,7 +21,7 @@ from .conftest import SHARD, make_file, run
 PIECE = 4096  # 16 pieces per test shard
 
 
-def receiver(m, index, digests=None, size=None):
+def receiver(m, index, digests=None, size=None, depth=0):
     """A receiver for shard `index` of `m` and the bytearray its sink writes into."""
     shard = m.shards[index]
     size = shard.size if size is None else size
@@ -32,10 +32,11 @@ def receiver(m, index, digests=None, size=None):
 
     if digests is None:
         digests = [shard.piece_digest(j) for j in range(m.piece_count(shard))]
-    return ShardReceiver(size, m.piece_size, digests, sink), got
+    return ShardReceiver(size, m.piece_size, digests, sink, depth), got
 
 
-def test_receiver_verifies_piece_by_piece_and_only_writes_verified_bytes():
+@pytest.mark.parametrize("depth", [0, 1, 3])  # inline, or in worker threads
+def test_receiver_verifies_piece_by_piece_and_only_writes_verified_bytes(depth):
     data = bytes(range(10))
     digests = [hashlib.sha256(data[i : i + 4]).hexdigest() for i in range(0, 10, 4)]
 
@@ -47,7 +48,7 @@ def test_receiver_verifies_piece_by_piece_and_only_writes_verified_bytes():
             written.append(pos)
             got[pos : pos + len(chunk)] = chunk
 
-        rx = ShardReceiver(10, 4, digests, sink, depth=1)
+        rx = ShardReceiver(10, 4, digests, sink, depth)
         for a, b in [(0, 3), (3, 9), (9, 10)]:  # chunks that straddle pieces
             rx.feed(data[a:b])
         await rx.settle()
@@ -56,7 +57,7 @@ def test_receiver_verifies_piece_by_piece_and_only_writes_verified_bytes():
             rx.feed(b"x")  # longer than the shard
 
         wrong = [digests[0], "0" * 64, digests[2]]
-        bad = ShardReceiver(10, 4, wrong, lambda pos, chunk: written.append(pos))
+        bad = ShardReceiver(10, 4, wrong, lambda pos, chunk: written.append(pos), depth)
         bad.source = "http://evil"
         written.clear()
         bad.feed(data)
@@ -68,7 +69,7 @@ def test_receiver_verifies_piece_by_piece_and_only_writes_verified_bytes():
         def full(pos, chunk):
             raise OSError(28, "No space left on device")
 
-        rx = ShardReceiver(10, 4, digests, full)
+        rx = ShardReceiver(10, 4, digests, full, depth)
         rx.feed(data)
         with pytest.raises(OutputWriteError, match="No space left"):
             await rx.settle()
@@ -78,8 +79,9 @@ def test_receiver_verifies_piece_by_piece_and_only_writes_verified_bytes():
     run(main())
 
 
+@pytest.mark.parametrize("depth", [0, 2])  # pieces verified inline / in threads
 @pytest.mark.parametrize("kind", ["raw", "aiohttp"])
-def test_transports_fetch_resume_and_fail_cleanly(tmp_path, kind):
+def test_transports_fetch_resume_and_fail_cleanly(tmp_path, kind, depth):
     src = make_file(tmp_path / "w.bin", 2 * SHARD + 10, 1)
     data = src.read_bytes()
 
@@ -90,28 +92,28 @@ def test_transports_fetch_resume_and_fail_cleanly(tmp_path, kind):
         async with aiohttp.ClientSession() as session:
             t = RawHttpTransport() if kind == "raw" else AiohttpTransport(session)
             for _ in range(3):  # keep-alive connections are reused
-                rx, got = receiver(m, 1)
+                rx, got = receiver(m, 1, depth=depth)
                 await t.fetch(f"{url}/v/1/shard/1", rx, 5)
                 await rx.settle()
                 assert rx.complete and got == data[SHARD : 2 * SHARD]
-            rx, got = receiver(m, 0)
+            rx, got = receiver(m, 0, depth=depth)
             rx.feed(data[:1000])  # received earlier: only the rest is requested
             await t.fetch(f"{url}/v/1/shard/0", rx, 5)
             await rx.settle()
             assert rx.complete and got == data[:SHARD]
-            rx, got = receiver(m, 2)
+            rx, got = receiver(m, 2, depth=depth)
             await t.fetch(f"{url}/v/1/shard/2", rx, 5)
             await rx.settle()
             assert rx.complete and got == data[2 * SHARD :]
             with pytest.raises(TransferError) as err:
-                await t.fetch(f"{url}/v/1/shard/9", receiver(m, 2)[0], 5)
+                await t.fetch(f"{url}/v/1/shard/9", receiver(m, 2, depth=depth)[0], 5)
             assert err.value.status == 404
             small, _ = receiver(m, 2, size=10)  # the server sends more than the manifest promised
             with pytest.raises(TransferError):
                 await t.fetch(f"{url}/v/1/shard/0", small, 5)
             digests = [m.shards[0].piece_digest(j) for j in range(SHARD // PIECE)]
             digests[2] = "0" * 64  # the server's piece 2 will not match
-            rx, got = receiver(m, 0, digests)
+            rx, got = receiver(m, 0, digests, depth=depth)
             with contextlib.suppress(PieceMismatchError):  # raw aborts the transfer at once
                 await t.fetch(f"{url}/v/1/shard/0", rx, 5)
             with pytest.raises(PieceMismatchError) as bad:
@@ -128,15 +130,18 @@ def test_transports_fetch_resume_and_fail_cleanly(tmp_path, kind):
     assert counters["range_requests"] == 1
 
 
-def test_aiohttp_transport_fetches_a_whole_version(tmp_path):
+@pytest.mark.parametrize(("kind", "in_flight"), [("aiohttp", 0), ("raw", 2)])
+def test_transports_fetch_a_whole_version(tmp_path, kind, in_flight):
     src = make_file(tmp_path / "w.bin", 5 * SHARD, 2)
 
     async def main():
         origin = Origin(OriginConfig(root=str(tmp_path / "o"), server=ServerConfig()))
         url = await origin.start()
-        await origin.publish(src, 1, SHARD)
-        async with ShardcastClient([url], ClientConfig(transport="aiohttp", fsync=False)) as c:
-            assert isinstance(c.transport, AiohttpTransport)
+        await origin.publish(src, 1, SHARD, piece_size=PIECE)
+        cfg = ClientConfig(transport=kind, fsync=False, pieces_in_flight=in_flight)
+        async with ShardcastClient([url], cfg) as c:
+            want = AiohttpTransport if kind == "aiohttp" else RawHttpTransport
+            assert isinstance(c.transport, want)
             await c.fetch(tmp_path / "out", 1)
         await origin.stop()
 

@@ -292,7 +292,7 @@ class ShardcastClient:
         after a failure, a bad piece fetched again from another server)."""
         shard, digest = m.shards[index], m.digest
         digests = [shard.piece_digest(j) for j in range(m.piece_count(shard))]
-        rx = ShardReceiver(shard.size, m.piece_size, digests, sink)
+        rx = ShardReceiver(shard.size, m.piece_size, digests, sink, self.cfg.pieces_in_flight)
         tried = set[str]()
         attempt, deadline = 0, time.monotonic() + self.cfg.wait_timeout
         while attempt < self.cfg.max_attempts:

@@ -34,6 +34,10 @@ class ClientConfig(Config):
     transport: Literal["raw", "aiohttp"] = Field(
         "raw", description="shard transport: minimal zero-copy HTTP/1.1, or aiohttp"
     )
+    pieces_in_flight: int = Field(
+        0, ge=0, description="pieces verified in worker threads while the next ones arrive "
+        "(0: verify each piece at once on the event loop, the cheapest on few cores)"
+    )
     shard_order: Literal["random", "sequential"] = Field(
         "random", description="order in which shards are requested"
     )

@@ -8,9 +8,9 @@ through an aiohttp session (for proxies, TLS, or tests). Both resume at `rx.fill
 `Range` request and keep what arrived when a transfer breaks.
 
 `ShardReceiver` verifies a shard piece by piece (see `manifest.py`): each full piece is hashed
-and, only if it matches the manifest, written by the sink, in a worker thread (hashlib and
-`os.pwrite` release the GIL) while the next piece arrives in another buffer. A receiver holds a
-few pieces, never a whole shard: the bytes are hashed and written while still in the CPU cache.
+and, only if it matches the manifest, written by the sink. A receiver holds one piece (or a few,
+when pieces are verified in worker threads), never a whole shard: the bytes are hashed and
+written while still in the CPU cache, and no shard-sized buffer is ever faulted in.
 """
 
 from __future__ import annotations
@@ -61,15 +61,18 @@ class ShardReceiver:
     """One shard as it arrives: `filled` bytes received so far, written only once verified.
 
     The transport asks `get_buffer()` where the next bytes go and reports them with
-    `received(n)`; a full piece is verified and passed to `sink(pos, data)` in a worker thread.
-    `received` returns False while `depth` pieces are being verified: the transport should stop
+    `received(n)`; a full piece is verified and passed to `sink(pos, data)`. With `depth` 0 this
+    happens at once on the event loop (about 1 ms per MiB; the cheapest on few cores, where
+    handing every piece to another thread costs more CPU than the hash). With `depth` > 0 it
+    happens in worker threads while the next pieces arrive (for many cores and fast links), and
+    `received` returns False while `depth` pieces are in flight: the transport should stop
     reading until `on_space` is called. A bad piece or a failed write aborts the transfer
     (`on_abort`); `settle()` waits for the pieces in flight and raises `PieceMismatchError`
     (after rewinding `filled` to the bad piece) or `OutputWriteError`.
     """
 
     def __init__(self, size: int, piece_size: int, digests: list[str], sink: Sink,
-                 depth: int = 3) -> None:
+                 depth: int = 0) -> None:
         if len(digests) != -(-size // piece_size):
             raise ValueError("one digest per piece is needed")
         self.size, self.piece_size, self.digests, self.sink = size, piece_size, digests, sink
@@ -120,7 +123,7 @@ class ShardReceiver:
             self._cur_sources.add(self.source)
         if self.filled - start == self._piece_len(start) and self.filled > start:
             self._submit(start)
-        return len(self._pending) < self.depth
+        return self.depth == 0 or len(self._pending) < self.depth
 
     def restart(self) -> None:
         """The server sends the shard from byte 0 (it ignored our Range)."""
@@ -129,13 +132,28 @@ class ShardReceiver:
 
     def _submit(self, start: int) -> None:
         buf, sources = self._cur, self._cur_sources
-        self._cur = self._free.pop() if self._free else bytearray(len(buf))
         self._cur_sources = set()
         j, length = start // self.piece_size, self._piece_len(start)
+        if self.depth == 0:  # inline: the piece is still in this core's cache
+            try:
+                ok = self._verify_write(buf, start, length, self.digests[j])
+            except Exception as e:  # a failed write: settle() reports it
+                return self._finish(j, start, sources, False, e)
+            return self._finish(j, start, sources, ok, None)
+        self._cur = self._free.pop() if self._free else bytearray(len(buf))
         fut = asyncio.get_running_loop().run_in_executor(
             None, self._verify_write, buf, start, length, self.digests[j])
         self._pending.add(fut)
-        fut.add_done_callback(lambda f: self._piece_done(f, buf, j, start, sources))
+
+        def done(f: asyncio.Future[bool]) -> None:
+            self._pending.discard(f)
+            self._free.append(buf)
+            exc = f.exception()
+            self._finish(j, start, sources, exc is None and f.result(), exc)
+            if len(self._pending) < self.depth and self.on_space is not None:
+                self.on_space()
+
+        fut.add_done_callback(done)
 
     def _verify_write(self, buf: bytearray, start: int, length: int, digest: str) -> bool:
         data = memoryview(buf)[:length]
@@ -144,22 +162,17 @@ class ShardReceiver:
         self.sink(start, data)
         return True
 
-    def _piece_done(self, fut: asyncio.Future[bool], buf: bytearray, j: int, start: int,
-                    sources: set[str]) -> None:
-        self._pending.discard(fut)
-        self._free.append(buf)
-        exc = fut.exception()
+    def _finish(self, j: int, start: int, sources: set[str], ok: bool,
+                exc: BaseException | None) -> None:
         if exc is not None:
             self._write_error = self._write_error or exc
-            self._abort(exc)
-        elif fut.result():
+            self._abort(OutputWriteError(f"shardcast: cannot write: {exc}"))
+        elif ok:
             self._done.add(j)
         else:
             if self._bad is None or start < self._bad.pos:
                 self._bad = PieceMismatchError(start, sources)
             self._abort(self._bad)
-        if len(self._pending) < self.depth and self.on_space is not None:
-            self.on_space()
 
     def _abort(self, exc: Exception) -> None:
         if self.on_abort is not None:
