@@ -1,5 +1,4 @@
 import asyncio
-import hashlib
 import os
 import resource
 import signal
@@ -19,6 +18,7 @@ from meshrl.shardcast import (
     ShardcastClient,
     VersionNotFoundError,
 )
+from meshrl.shardcast.manifest import shard_sha256
 
 from .conftest import SHARD, SRC_ROOT, make_file, run
 
@@ -128,7 +128,7 @@ def test_corrupted_relay_is_detected_and_never_written(tmp_path):
         return m, written, stats, rurl
 
     m, written, stats, rurl = run(main())
-    got = {i: hashlib.sha256(b).hexdigest() for i, b in written.items()}
+    got = {i: shard_sha256(b, m.piece_size) for i, b in written.items()}
     assert got == {s.index: s.sha256 for s in m.shards}  # only verified bytes reached the sink
     assert stats[rurl]["hash_failures"] >= 1
     assert (tmp_path / "out.bin").read_bytes() == data

@@ -4,7 +4,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshrl.shardcast.manifest import Manifest, ManifestError, build_manifest, sha256_file
+from meshrl.shardcast.manifest import (
+    Manifest,
+    ManifestError,
+    build_manifest,
+    sha256_file,
+    shard_sha256,
+)
 
 from .conftest import make_file
 
@@ -21,8 +27,8 @@ def test_shards_tile_the_file_and_hash_it(tmp_path_factory, size, shard_size, pi
     joined = b"".join(data[s.offset : s.offset + s.size] for s in m.shards)
     assert joined == data
     for s in m.shards:
-        assert s.sha256 == hashlib.sha256(data[s.offset : s.offset + s.size]).hexdigest()
         body = data[s.offset : s.offset + s.size]
+        assert s.sha256 == shard_sha256(body, piece)
         pieces = [body[i : i + piece] for i in range(0, s.size, piece)]
         assert m.piece_count(s) == len(pieces)
         for j, b in enumerate(pieces):  # every byte is covered by a piece hash
@@ -66,6 +72,8 @@ def _tampered(m: Manifest, **change) -> bytes:
         {"piece_size": 512},  # piece hashes no longer match the pieces' count
         {"shards__0__pieces": "g" * 64},  # not hex
         {"shards__0__pieces": ""},
+        {"shards__0__pieces": "0" * 64},  # no longer what the shard's sha256 commits to
+        {"shards__0__sha256": "0" * 64},
     ],
 )
 def test_inconsistent_manifests_are_rejected(tmp_path, change):

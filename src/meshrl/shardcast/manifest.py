@@ -3,16 +3,16 @@
 A version is one file or one directory of files (a checkpoint). Each file is cut into shards of
 `shard_size` bytes (the last one shorter); shards are numbered across the files in manifest
 order. The manifest lists every file (relative path, size, sha256 of the whole file) and every
-shard (file, offset, size, sha256, and the sha256 of each `piece_size` piece of the shard).
-Hashes are sha256 (hashlib releases the GIL on large buffers).
+shard (file, offset, size, the sha256 of each `piece_size` piece of the shard, and the shard's
+sha256: the sha256 of its piece digests, so it commits to them). Hashes are sha256.
 
 Receivers verify each piece before it is written anywhere; since the pieces cover every byte, a
 version whose pieces all verify equals the published one. Pieces (1 MiB by default) rather than
 whole shards are the unit of verification so that a receiver streams a shard through a few
 cache-sized buffers (hash and write read cache-hot bytes; no shard-sized buffer to fault in)
-instead of holding 50 MB per transfer, and hashes each byte once. The shard and whole-file
-sha256 are kept for tools outside shardcast (`sha256sum`), the `X-Shard-Sha256` header and an
-optional extra pass (`verify_files`).
+instead of holding 50 MB per transfer, and hashes each byte once. Publishing hashes each byte
+twice (its piece, and the whole file for tools outside shardcast such as `sha256sum` and the
+optional `verify_files` pass).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import errno
 import hashlib
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
@@ -38,6 +37,7 @@ __all__ = [
     "ShardEntry",
     "build_manifest",
     "sha256_file",
+    "shard_sha256",
 ]
 
 MANIFEST_NAME = "manifest.json"
@@ -130,6 +130,8 @@ class Manifest(_Frozen):
             cursor[s.file] += s.size
             if len(s.pieces) != _HEX * self.piece_count(s) or not _is_hex(s.pieces):
                 raise ManifestError(f"shardcast: shard {s.index} has bad piece hashes")
+            if hashlib.sha256(bytes.fromhex(s.pieces)).hexdigest() != s.sha256:
+                raise ManifestError(f"shardcast: shard {s.index} sha256 is not its pieces' hash")
         for i, f in enumerate(self.files):
             if cursor[i] != f.size:
                 raise ManifestError(f"shardcast: shards do not cover {f.name!r}")
@@ -143,14 +145,21 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def shard_sha256(data: bytes | memoryview, piece_size: int) -> str:
+    """A shard's sha256 as the manifest has it: sha256 of its pieces' sha256 digests."""
+    view = memoryview(data)
+    digests = b"".join(hashlib.sha256(view[i : i + piece_size]).digest()
+                       for i in range(0, len(view), piece_size))
+    return hashlib.sha256(digests).hexdigest()
+
+
 def _hash_file_shards(
     path: Path, shard_size: int, piece_size: int, copy_to: Path | None
 ) -> tuple[str, list[tuple[int, int, str, str]]]:
     """One pass over the file: whole-file sha256 and (offset, size, sha256, pieces) per shard.
 
-    The file is read in pieces into one reused buffer; the whole-file hash runs in a second
-    thread over the same buffer (hashlib releases the GIL) while this one hashes the piece and
-    the shard. With `copy_to`, the bytes hashed are also written there, so the copy is exactly
+    The file is read piece by piece into one reused buffer (so both hashes read cache-hot
+    bytes). With `copy_to`, the bytes hashed are also written there, so the copy is exactly
     what the manifest describes even if the source changes meanwhile.
     """
     whole = hashlib.sha256()
@@ -159,28 +168,26 @@ def _hash_file_shards(
     with contextlib.ExitStack() as stack:
         f = stack.enter_context(open(path, "rb", buffering=0))
         out = stack.enter_context(open(copy_to, "xb", buffering=0)) if copy_to else None
-        pool = stack.enter_context(ThreadPoolExecutor(1))
         offset = 0
         while True:
-            h, size, pieces = hashlib.sha256(), 0, []
+            size, pieces = 0, []
             while size < shard_size:
                 want = min(piece_size, shard_size - size)
                 n = _read_full(f, buf[:want])
                 if not n:
                     break
                 chunk = buf[:n]
-                side = pool.submit(whole.update, chunk)
-                pieces.append(hashlib.sha256(chunk).hexdigest())
-                h.update(chunk)
+                pieces.append(hashlib.sha256(chunk).digest())
+                whole.update(chunk)
                 if out is not None:
                     _write_full(out, chunk)
-                side.result()  # the buffer is reused only once both hashes have read it
                 size += n
                 if n < want:
                     break  # end of file inside this shard
             if size == 0 and shards:
                 break
-            shards.append((offset, size, h.hexdigest(), "".join(pieces)))
+            joined = b"".join(pieces)
+            shards.append((offset, size, hashlib.sha256(joined).hexdigest(), joined.hex()))
             offset += size
             if size < shard_size:
                 break
