@@ -146,7 +146,8 @@ def tree(work: Path, src: Path, args: argparse.Namespace) -> dict:
             client_cpu += used - cpu0[c.pid]
             ends.append(time.perf_counter() - t0)
             if args.verbose:
-                print(c.stdout.read().decode().strip(), round(ends[-1], 3), file=sys.stderr)
+                print(c.stdout.read().decode().strip(), round(ends[-1], 3), "cpu",
+                      round(cpu0[c.pid], 3), round(used, 3), file=sys.stderr)
         wall = max(ends)
         services = [cpu_s(p.pid) - cpu0[p.pid] for p in procs]  # until now
         relay_health = [health(u) for u in relays]

@@ -172,3 +172,11 @@ def test_pool_prefers_fast_servers_and_forgives_failures():
 def test_pool_needs_a_server():
     with pytest.raises(ValueError):
         ServerPool([])
+
+
+def test_idle_connection_never_offers_an_empty_buffer():
+    from meshrl.shardcast.transport import _HEAD_MAX, _Response
+
+    proto = _Response()
+    proto.head_n = _HEAD_MAX  # a first read filled the head buffer (head + start of the body)
+    assert len(proto.get_buffer(-1)) > 0  # asyncio treats an empty buffer as a fatal error
