@@ -328,7 +328,7 @@ class ShardcastClient:
                 log_event(log, "shard hash mismatch", servers=sorted(e.sources), shard=index,
                           pos=e.pos)
                 continue
-            if error is None and rx.complete:
+            if rx.complete:  # every piece verified and written (even if the link broke after)
                 return
             attempt += 1
             self.pool.record_failure(s)
