@@ -1,5 +1,4 @@
 import asyncio
-import hashlib
 import os
 import resource
 import signal
@@ -19,6 +18,7 @@ from meshrl.shardcast import (
     ShardcastClient,
     VersionNotFoundError,
 )
+from meshrl.shardcast.manifest import shard_sha256
 
 from .conftest import SHARD, SRC_ROOT, make_file, run
 
@@ -105,7 +105,7 @@ def test_corrupted_relay_is_detected_and_never_written(tmp_path):
         relay = Relay(RelayConfig(root=str(tmp_path / "r"), upstreams=[url], client=FAST,
                                 server=ServerConfig()))
         rurl = await relay.start()
-        m = await origin.publish(src, 1, SHARD)
+        m = await origin.publish(src, 1, SHARD, piece_size=4096)
         while 1 not in relay.store.complete:
             await asyncio.sleep(0.05)
         stored = tmp_path / "r" / "v1" / "data" / "w.bin"
@@ -113,10 +113,10 @@ def test_corrupted_relay_is_detected_and_never_written(tmp_path):
             for s in m.shards[::2]:
                 f.seek(s.offset + 100)
                 f.write(bytes([data[s.offset + 100] ^ 0xFF]))
-        written = {}
+        written = {s.index: bytearray(s.size) for s in m.shards}
 
-        def sink(index, chunk):
-            written[index] = hashlib.sha256(chunk).hexdigest()
+        def sink(index, pos, chunk):
+            written[index][pos : pos + len(chunk)] = chunk
 
         async with ShardcastClient([url, rurl], FAST, seed=1) as c:
             await c.get_manifest(1)
@@ -128,7 +128,8 @@ def test_corrupted_relay_is_detected_and_never_written(tmp_path):
         return m, written, stats, rurl
 
     m, written, stats, rurl = run(main())
-    assert written == {s.index: s.sha256 for s in m.shards}  # only verified bytes reached the sink
+    got = {i: shard_sha256(b, m.piece_size) for i, b in written.items()}
+    assert got == {s.index: s.sha256 for s in m.shards}  # only verified bytes reached the sink
     assert stats[rurl]["hash_failures"] >= 1
     assert (tmp_path / "out.bin").read_bytes() == data
 
@@ -141,7 +142,7 @@ def test_disk_full_while_writing_is_a_clear_error(tmp_path):
         m = await origin.publish(src, 1, SHARD)
         fd = os.open("/dev/full", os.O_WRONLY)  # every write fails with ENOSPC
 
-        def sink(index, chunk):
+        def sink(index, pos, chunk):
             os.write(fd, chunk)
 
         try:

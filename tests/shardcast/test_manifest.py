@@ -4,16 +4,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshrl.shardcast.manifest import Manifest, ManifestError, build_manifest, sha256_file
+from meshrl.shardcast.manifest import (
+    Manifest,
+    ManifestError,
+    build_manifest,
+    sha256_file,
+    shard_sha256,
+)
 
 from .conftest import make_file
 
 
 @settings(max_examples=25, deadline=None)
-@given(size=st.integers(0, 5000), shard_size=st.integers(1, 1200))
-def test_shards_tile_the_file_and_hash_it(tmp_path_factory, size, shard_size):
+@given(size=st.integers(0, 5000), shard_size=st.integers(1, 1200), piece=st.integers(1, 700))
+def test_shards_tile_the_file_and_hash_it(tmp_path_factory, size, shard_size, piece):
     p = make_file(tmp_path_factory.mktemp("m") / "f.bin", size, seed=size)
-    m = build_manifest(p, 3, shard_size)
+    m = build_manifest(p, 3, shard_size, piece_size=piece)
     data = p.read_bytes()
     assert m.total_size == size and m.files[0].sha256 == sha256_file(p)
     import hashlib
@@ -21,7 +27,13 @@ def test_shards_tile_the_file_and_hash_it(tmp_path_factory, size, shard_size):
     joined = b"".join(data[s.offset : s.offset + s.size] for s in m.shards)
     assert joined == data
     for s in m.shards:
-        assert s.sha256 == hashlib.sha256(data[s.offset : s.offset + s.size]).hexdigest()
+        body = data[s.offset : s.offset + s.size]
+        assert s.sha256 == shard_sha256(body, piece)
+        pieces = [body[i : i + piece] for i in range(0, s.size, piece)]
+        assert m.piece_count(s) == len(pieces)
+        for j, b in enumerate(pieces):  # every byte is covered by a piece hash
+            assert s.piece_digest(j) == hashlib.sha256(b).hexdigest()
+    assert Manifest.from_json(m.to_json()) == m
     assert len(m.shards) == max(1, -(-size // shard_size))
 
 
@@ -57,6 +69,11 @@ def _tampered(m: Manifest, **change) -> bytes:
         {"shards__1__index": 7},
         {"format": 99},
         {"kind": "tarball"},
+        {"piece_size": 512},  # piece hashes no longer match the pieces' count
+        {"shards__0__pieces": "g" * 64},  # not hex
+        {"shards__0__pieces": ""},
+        {"shards__0__pieces": "0" * 64},  # no longer what the shard's sha256 commits to
+        {"shards__0__sha256": "0" * 64},
     ],
 )
 def test_inconsistent_manifests_are_rejected(tmp_path, change):

@@ -1,5 +1,4 @@
 import asyncio
-import hashlib
 import signal
 
 import aiohttp
@@ -13,6 +12,7 @@ from meshrl.shardcast import (
     ServerConfig,
     ShardcastClient,
 )
+from meshrl.shardcast.manifest import shard_sha256
 
 from .conftest import SHARD, get_json, make_file, run, spawn_service
 
@@ -45,7 +45,7 @@ def test_relay_chain_serves_verified_shards_before_the_version_arrives(tmp_path)
                     for i in set(have or ()) - checked:
                         async with s.get(f"{r2url}/v/1/shard/{i}") as r:
                             body = await r.read()
-                        digest = hashlib.sha256(body).hexdigest()
+                        digest = shard_sha256(body, m.piece_size)
                         if r.status != 200 or digest != m.shards[i].sha256:
                             bad.append(i)
                         checked.add(i)

@@ -108,7 +108,9 @@ def test_upload_rate_limit_is_enforced(tmp_path):
 
 
 def test_pruned_version_is_hidden_but_finishes_serving(tmp_path):
-    from meshrl.shardcast.transport import RawHttpTransport, ShardBuffer, TransferError
+    from meshrl.shardcast.transport import RawHttpTransport, TransferError
+
+    from .test_transport import receiver
 
     src = make_file(tmp_path / "w.bin", 2 * SHARD, 5)
 
@@ -116,22 +118,23 @@ def test_pruned_version_is_hidden_but_finishes_serving(tmp_path):
         origin = Origin(OriginConfig(root=str(tmp_path / "o"), keep=1,
                                      server=ServerConfig(max_upload_rate=200_000)))
         url = await origin.start()
-        await origin.publish(src, 1, SHARD)
-        t, buf = RawHttpTransport(), ShardBuffer(SHARD)
-        slow = asyncio.create_task(t.fetch(f"{url}/v/1/shard/0", buf, 5))
+        m = await origin.publish(src, 1, SHARD)
+        (rx, buf), t = receiver(m, 0), RawHttpTransport()
+        slow = asyncio.create_task(t.fetch(f"{url}/v/1/shard/0", rx, 5))
         await asyncio.sleep(0.1)
         await origin.publish(src, 2, SHARD)  # keep=1: v1 must go, but it is being read
         listing = await get_json(f"{url}/versions")
         v1_on_disk = (tmp_path / "o" / "v1").exists()
         await slow
+        await rx.settle()
         try:
-            await t.fetch(f"{url}/v/1/shard/1", ShardBuffer(SHARD), 5)
+            await t.fetch(f"{url}/v/1/shard/1", receiver(m, 1)[0], 5)
             status = 200
         except TransferError as e:
             status = e.status
         await t.close()
         await origin.stop()
-        return listing, v1_on_disk, bytes(buf.view()), status
+        return listing, v1_on_disk, bytes(buf), status
 
     listing, v1_on_disk, body, status = run(main())
     assert listing["complete"] == [2] and v1_on_disk

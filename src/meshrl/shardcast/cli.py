@@ -22,7 +22,8 @@ def _publish(cfg: PublishConfig) -> int:
     latest = store.latest()
     version = cfg.version if cfg.version >= 0 else (-1 if latest is None else latest) + 1
     try:
-        m = store.publish(cfg.src, version, cfg.shard_size, link=cfg.link)
+        m = store.publish(cfg.src, version, cfg.shard_size, link=cfg.link,
+                          piece_size=cfg.piece_size)
     except (StoreError, FileNotFoundError) as e:
         print(f"meshrl shardcast publish: {e}", file=sys.stderr)
         return 1

@@ -2,17 +2,19 @@
 
 A fetch finds the version (waiting for it if no server has it yet), takes its manifest, then
 runs `concurrency` shard workers. Each worker asks the pool for a server holding its shard
-(relays that mirror a version announce shards as they verify them), streams the shard into
-memory, resuming with `Range` on another server after a failure, checks its sha256 and only then
-writes it at its offset in a temporary output, which is renamed into place when every shard is
-in. Unverified bytes never reach the disk, and the memory held is at most `concurrency` shards.
+(relays that mirror a version announce shards as they verify them) and streams the shard through
+a `ShardReceiver`: every piece (1 MiB) is checked against the manifest's sha256 and only then
+written at its offset in a temporary output, which is renamed into place when every shard is in.
+A broken transfer resumes with `Range` on another server after the last byte received; a bad
+piece is fetched again elsewhere. Unverified bytes never reach the disk, each byte is hashed
+once, and the memory held is a few pieces per worker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
+import functools
 import shutil
 import time
 import uuid
@@ -35,8 +37,9 @@ from meshrl.shardcast.pool import ServerPool, ServerState
 from meshrl.shardcast.store import ShardWriter, file_paths, place_output, verify_files
 from meshrl.shardcast.transport import (
     AiohttpTransport,
+    PieceMismatchError,
     RawHttpTransport,
-    ShardBuffer,
+    ShardReceiver,
     ShardTransport,
     TransferError,
 )
@@ -226,12 +229,14 @@ class ShardcastClient:
     async def fetch_shards(
         self,
         m: Manifest,
-        sink: Callable[[int, memoryview], None],
+        sink: Callable[[int, int, memoryview], None],
         on_shard: Callable[[int], None] | None = None,
     ) -> None:
-        """Download, verify and `sink(index, data)` (in a thread) every shard of `m`.
+        """Download every shard of `m`, passing each verified piece to `sink(index, pos, data)`
+        (in a worker thread; `pos` is the byte position in the shard). `on_shard(index)` follows
+        once all of a shard's pieces went through `sink`.
 
-        `data` is only valid during the call (its buffer is reused for the next shard).
+        `data` is only valid during the call (its buffer is reused for later pieces).
         """
         pending = [shard.index for shard in m.shards]
         if self.cfg.shard_order == "random":  # spreads clients over the shards relays hold
@@ -253,13 +258,8 @@ class ShardcastClient:
             return None
 
         async def worker() -> None:
-            buf = ShardBuffer(0)  # reused for every shard this worker fetches
             while (index := await next_shard()) is not None:
-                data = await self._get_shard(m, index, buf)
-                try:
-                    await asyncio.to_thread(sink, index, data)
-                except OSError as e:
-                    raise OutputWriteError(f"shardcast: cannot write shard {index}: {e}") from e
+                await self._get_shard(m, index, functools.partial(sink, index))
                 if on_shard is not None:
                     on_shard(index)
                 progress(m.shards[index].size)
@@ -285,11 +285,15 @@ class ShardcastClient:
             for w in watchers:
                 w.cancel()
 
-    async def _get_shard(self, m: Manifest, index: int, buf: ShardBuffer) -> memoryview:
-        """Shard `index`, verified, in `buf` (resumed on another server after a failure)."""
+    async def _get_shard(
+        self, m: Manifest, index: int, sink: Callable[[int, memoryview], None]
+    ) -> None:
+        """Shard `index` through `sink`, verified piece by piece (resumed on another server
+        after a failure, a bad piece fetched again from another server)."""
         shard, digest = m.shards[index], m.digest
-        buf.reset(shard.size)
-        contributors, tried = set[str](), set[str]()
+        digests = [shard.piece_digest(j) for j in range(m.piece_count(shard))]
+        rx = ShardReceiver(shard.size, m.piece_size, digests, sink, self.cfg.pieces_in_flight)
+        tried = set[str]()
         attempt, deadline = 0, time.monotonic() + self.cfg.wait_timeout
         while attempt < self.cfg.max_attempts:
             s = self.pool.choose(index, digest, avoid=tried)
@@ -300,40 +304,41 @@ class ShardcastClient:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._avail.wait(), self.cfg.poll_interval)
                 continue
-            before, start = buf.filled, time.monotonic()
+            before, start = rx.filled, time.monotonic()
             s.active += 1
+            rx.source = s.url
+            error: BaseException | None = None
             try:
-                await self.transport.fetch(f"{s.url}/v/{m.version}/shard/{index}", buf,
+                await self.transport.fetch(f"{s.url}/v/{m.version}/shard/{index}", rx,
                                            self.cfg.stall_timeout)
             except (OSError, TimeoutError, TransferError, aiohttp.ClientError) as e:
-                attempt += 1
-                self.pool.record_failure(s)
-                if isinstance(e, TransferError) and e.status == 404:
-                    s.complete = False  # it no longer holds the version (pruned, restarted)
-                    s.have.discard(index)
-                tried.add(s.url)
-                log_event(log, "shard transfer failed", url=s.url, shard=index, error=repr(e))
-                delay = self.cfg.backoff * 2 ** (attempt - 1)
-                await asyncio.sleep(min(delay, self.cfg.max_backoff))
-                continue
+                error = e
             finally:
                 s.active -= 1
-                if buf.filled < before:  # the server restarted the shard from byte 0
-                    contributors.clear()
-                got = buf.filled - (before if buf.filled >= before else 0)
+                got = rx.filled - (before if rx.filled >= before else 0)
                 if got:
-                    contributors.add(s.url)
                     self.pool.record_success(s, got, time.monotonic() - start)
-            data = buf.view()
-            if await asyncio.to_thread(_sha256, data) == shard.sha256:
-                return data
+            try:
+                await rx.settle()  # raises OutputWriteError at once: retrying cannot help
+            except PieceMismatchError as e:
+                attempt += 1
+                for url in e.sources:
+                    self.pool.record_failure(self.pool.servers[url], 3.0, hash_mismatch=True)
+                tried |= e.sources
+                log_event(log, "shard hash mismatch", servers=sorted(e.sources), shard=index,
+                          pos=e.pos)
+                continue
+            if rx.complete:  # every piece verified and written (even if the link broke after)
+                return
             attempt += 1
-            for url in contributors:
-                self.pool.record_failure(self.pool.servers[url], 3.0, hash_mismatch=True)
-            tried |= contributors
-            log_event(log, "shard hash mismatch", servers=sorted(contributors), shard=index)
-            buf.filled = 0
-            contributors.clear()
+            self.pool.record_failure(s)
+            if isinstance(error, TransferError) and error.status == 404:
+                s.complete = False  # it no longer holds the version (pruned, restarted)
+                s.have.discard(index)
+            tried.add(s.url)
+            log_event(log, "shard transfer failed", url=s.url, shard=index, error=repr(error))
+            delay = self.cfg.backoff * 2 ** (attempt - 1)
+            await asyncio.sleep(min(delay, self.cfg.max_backoff))
         raise ShardUnavailableError(f"shardcast: shard {index} of version {m.version} failed "
                                     f"{attempt} times on {sorted(tried) or 'no server'}")
 
@@ -356,7 +361,7 @@ class ShardcastClient:
                 writer.open()
             except OSError as e:
                 raise OutputWriteError(f"shardcast: cannot write {out}: {e}") from e
-            await self.fetch_shards(m, writer.write)
+            await self.fetch_shards(m, writer.write_at)
             try:
                 writer.close(sync=self.cfg.fsync)
                 if self.cfg.verify_files:
@@ -401,6 +406,3 @@ class ShardcastClient:
             for _, old in held[:-keep]:
                 shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
 
-
-def _sha256(data: memoryview) -> str:
-    return hashlib.sha256(data).hexdigest()

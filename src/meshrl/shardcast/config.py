@@ -34,6 +34,10 @@ class ClientConfig(Config):
     transport: Literal["raw", "aiohttp"] = Field(
         "raw", description="shard transport: minimal zero-copy HTTP/1.1, or aiohttp"
     )
+    pieces_in_flight: int = Field(
+        0, ge=0, description="pieces verified in worker threads while the next ones arrive "
+        "(0: verify each piece at once on the event loop, the cheapest on few cores)"
+    )
     shard_order: Literal["random", "sequential"] = Field(
         "random", description="order in which shards are requested"
     )
@@ -59,6 +63,7 @@ class PublishConfig(Config):
     root: str = Field("runs/shardcast/origin", description="origin store directory")
     version: int = Field(-1, description="version (trainer step); -1: latest + 1")
     shard_size: int = Field(50 * MB, gt=0, description="bytes per shard")
+    piece_size: int = Field(1 << 20, gt=0, description="bytes per verified piece of a shard")
     link: bool = Field(False, description="hard-link files into the store instead of copying")
 
 

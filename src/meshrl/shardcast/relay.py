@@ -21,7 +21,7 @@ from meshrl.log import get_logger, log_event
 from meshrl.shardcast.client import ShardcastClient
 from meshrl.shardcast.config import OriginConfig, RelayConfig
 from meshrl.shardcast.errors import ShardcastError
-from meshrl.shardcast.manifest import Manifest
+from meshrl.shardcast.manifest import PIECE_SIZE, Manifest
 from meshrl.shardcast.server import ShardServer
 from meshrl.shardcast.store import StoreError, VersionStore
 
@@ -45,11 +45,13 @@ class Origin:
         await self.server.stop()
 
     async def publish(
-        self, src: str | Path, version: int, shard_size: int = 50_000_000, link: bool = False
+        self, src: str | Path, version: int, shard_size: int = 50_000_000, link: bool = False,
+        piece_size: int = PIECE_SIZE,
     ) -> Manifest:
         """Publish `src` as `version` (hashing and copying happen in a thread)."""
         t0 = time.monotonic()
-        m = await asyncio.to_thread(self.store.publish, src, version, shard_size, link)
+        m = await asyncio.to_thread(self.store.publish, src, version, shard_size, link,
+                                    piece_size)
         self.store.prune()
         self.server.notify()
         log_event(log, "published", version=version, bytes=m.total_size, shards=len(m.shards),
@@ -105,7 +107,7 @@ class Relay:
             self.server.notify()
 
         try:
-            await self.client.fetch_shards(m, partial.writer.write, on_shard)
+            await self.client.fetch_shards(m, partial.writer.write_at, on_shard)
             await asyncio.to_thread(partial.writer.close, self.store.fsync)
             self.store.commit_partial(version)
         except BaseException:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from meshrl.shardcast.manifest import (
     MANIFEST_NAME,
+    PIECE_SIZE,
     Manifest,
     ManifestError,
     build_manifest,
@@ -60,7 +61,7 @@ def file_paths(manifest: Manifest, base: Path) -> list[Path]:
 class ShardWriter:
     """Writes verified shards into preallocated files at their offsets (os.pwrite, no buffering).
 
-    Only ever called with bytes whose sha256 matched the manifest.
+    Only ever called with verified bytes (pieces whose sha256 matched the manifest).
     """
 
     def __init__(self, manifest: Manifest, paths: list[Path]) -> None:
@@ -82,10 +83,16 @@ class ShardWriter:
                         raise
 
     def write(self, index: int, data: bytes | bytearray | memoryview) -> None:
+        self.write_at(index, 0, data)
+
+    def write_at(self, index: int, pos: int, data: bytes | bytearray | memoryview) -> None:
+        """Write verified bytes at byte `pos` of shard `index`."""
         shard = self.manifest.shards[index]
-        fd, view, pos = self._fds[shard.file], memoryview(data), 0
-        while pos < len(view):
-            pos += os.pwrite(fd, view[pos:], shard.offset + pos)
+        if pos < 0 or pos + len(data) > shard.size:
+            raise ValueError(f"shardcast: write beyond shard {index}")
+        fd, view, done = self._fds[shard.file], memoryview(data), 0
+        while done < len(view):
+            done += os.pwrite(fd, view[done:], shard.offset + pos + done)
 
     def close(self, sync: bool = True) -> None:
         fds, self._fds = self._fds, []
@@ -194,14 +201,16 @@ class VersionStore:
 
     # ---- origin: atomic publish ---------------------------------------------------------
     def publish(
-        self, src: str | Path, version: int, shard_size: int, link: bool = False
+        self, src: str | Path, version: int, shard_size: int, link: bool = False,
+        piece_size: int = PIECE_SIZE,
     ) -> Manifest:
         """Copy (or hard-link) + hash `src` into a hidden directory, then rename it into place."""
         if self.version_dir(version).exists() or version in self.partial:
             raise StoreError(f"shardcast: version {version} already exists in {self.root}")
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=self.root))
         try:
-            m = build_manifest(src, version, shard_size, time.time(), tmp / "data", link)
+            m = build_manifest(src, version, shard_size, time.time(), tmp / "data", link,
+                               piece_size)
             (tmp / MANIFEST_NAME).write_bytes(m.to_json())
             if self.fsync:
                 _fsync_tree(tmp)

@@ -1,23 +1,39 @@
-"""Shard transports: how the client moves one shard's bytes from a server into memory.
+"""Shard transports: how the client moves one shard's bytes from a server into a ShardReceiver.
 
 `RawHttpTransport` (the default) speaks the little HTTP/1.1 that a shard GET needs over asyncio
-`BufferedProtocol`s, so the kernel writes the body straight into the shard's preallocated buffer:
+`BufferedProtocol`s, so the kernel writes the body straight into the receiver's piece buffer:
 about twice the throughput of a general-purpose client on loopback, where CPU, not the network,
 is the limit. Connections are kept alive and reused per server. `AiohttpTransport` does the same
-through an aiohttp session (for proxies, TLS, or tests). Both resume at `buf.filled` with a
+through an aiohttp session (for proxies, TLS, or tests). Both resume at `rx.filled` with a
 `Range` request and keep what arrived when a transfer breaks.
+
+`ShardReceiver` verifies a shard piece by piece (see `manifest.py`): each full piece is hashed
+and, only if it matches the manifest, written by the sink. A receiver holds one piece (or a few,
+when pieces are verified in worker threads), never a whole shard: the bytes are hashed and
+written while still in the CPU cache, and no shard-sized buffer is ever faulted in.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
 
-__all__ = ["AiohttpTransport", "RawHttpTransport", "ShardBuffer", "ShardTransport", "TransferError"]
+from meshrl.shardcast.errors import OutputWriteError
+
+__all__ = [
+    "AiohttpTransport",
+    "PieceMismatchError",
+    "RawHttpTransport",
+    "ShardReceiver",
+    "ShardTransport",
+    "TransferError",
+]
 
 _HEAD_MAX = 64 * 1024
 
@@ -30,26 +46,154 @@ class TransferError(Exception):
         self.status = status
 
 
-class ShardBuffer:
-    """Memory for one shard: `data[:filled]` holds the bytes received so far."""
+class PieceMismatchError(TransferError):
+    """A piece whose sha256 is not the manifest's; `sources` sent bytes of it."""
 
-    def __init__(self, capacity: int) -> None:
-        self.data = bytearray(capacity)
-        self.size = capacity
+    def __init__(self, pos: int, sources: set[str]) -> None:
+        super().__init__(f"piece at byte {pos} does not match its sha256")
+        self.pos, self.sources = pos, sources
+
+
+Sink = Callable[[int, memoryview], None]  # (byte position in the shard, verified bytes)
+
+
+class ShardReceiver:
+    """One shard as it arrives: `filled` bytes received so far, written only once verified.
+
+    The transport asks `get_buffer()` where the next bytes go and reports them with
+    `received(n)`; a full piece is verified and passed to `sink(pos, data)`. With `depth` 0 this
+    happens at once on the event loop (about 1 ms per MiB; the cheapest on few cores, where
+    handing every piece to another thread costs more CPU than the hash). With `depth` > 0 it
+    happens in worker threads while the next pieces arrive (for many cores and fast links), and
+    `received` returns False while `depth` pieces are in flight: the transport should stop
+    reading until `on_space` is called. A bad piece or a failed write aborts the transfer
+    (`on_abort`); `settle()` waits for the pieces in flight and raises `PieceMismatchError`
+    (after rewinding `filled` to the bad piece) or `OutputWriteError`.
+    """
+
+    def __init__(self, size: int, piece_size: int, digests: list[str], sink: Sink,
+                 depth: int = 0) -> None:
+        if len(digests) != -(-size // piece_size):
+            raise ValueError("one digest per piece is needed")
+        self.size, self.piece_size, self.digests, self.sink = size, piece_size, digests, sink
+        self.depth = depth
         self.filled = 0
+        self.source = ""  # the server currently sending (blamed for a bad piece)
+        self.on_space: Callable[[], None] | None = None
+        self.on_abort: Callable[[Exception], None] | None = None
+        self._free: list[bytearray] = []
+        self._cur = bytearray(min(piece_size, size))
+        self._cur_sources: set[str] = set()
+        self._pending: set[asyncio.Future[bool]] = set()
+        self._done: set[int] = set()
+        self._bad: PieceMismatchError | None = None
+        self._write_error: BaseException | None = None
 
-    def reset(self, size: int) -> None:
-        if size > len(self.data):
-            self.data = bytearray(size)
-        self.size, self.filled = size, 0
+    @property
+    def complete(self) -> bool:
+        return len(self._done) == len(self.digests)
 
-    def view(self) -> memoryview:
-        return memoryview(self.data)[: self.size]
+    def _piece_len(self, pos: int) -> int:
+        return min(self.piece_size, self.size - pos)
+
+    def _cur_start(self) -> int:
+        return self.filled - self.filled % self.piece_size
+
+    def get_buffer(self) -> memoryview:
+        start = self._cur_start()
+        return memoryview(self._cur)[self.filled - start : self._piece_len(start)]
+
+    def feed(self, data: bytes | memoryview) -> bool:
+        """Copy `data` in (for transports that hand out their own chunks)."""
+        data, ok = memoryview(data), True
+        while data:
+            if self.filled >= self.size:
+                raise TransferError("body longer than the shard")
+            view = self.get_buffer()
+            n = min(len(view), len(data))
+            view[:n] = data[:n]
+            data = data[n:]
+            ok = self.received(n)
+        return ok
+
+    def received(self, n: int) -> bool:
+        start = self._cur_start()
+        self.filled += n
+        if self.source:
+            self._cur_sources.add(self.source)
+        if self.filled - start == self._piece_len(start) and self.filled > start:
+            self._submit(start)
+        return self.depth == 0 or len(self._pending) < self.depth
+
+    def restart(self) -> None:
+        """The server sends the shard from byte 0 (it ignored our Range)."""
+        self.filled = 0
+        self._cur_sources = set()
+
+    def _submit(self, start: int) -> None:
+        buf, sources = self._cur, self._cur_sources
+        self._cur_sources = set()
+        j, length = start // self.piece_size, self._piece_len(start)
+        if self.depth == 0:  # inline: the piece is still in this core's cache
+            try:
+                ok = self._verify_write(buf, start, length, self.digests[j])
+            except Exception as e:  # a failed write: settle() reports it
+                return self._finish(j, start, sources, False, e)
+            return self._finish(j, start, sources, ok, None)
+        self._cur = self._free.pop() if self._free else bytearray(len(buf))
+        fut = asyncio.get_running_loop().run_in_executor(
+            None, self._verify_write, buf, start, length, self.digests[j])
+        self._pending.add(fut)
+
+        def done(f: asyncio.Future[bool]) -> None:
+            self._pending.discard(f)
+            self._free.append(buf)
+            exc = f.exception()
+            self._finish(j, start, sources, exc is None and f.result(), exc)
+            if len(self._pending) < self.depth and self.on_space is not None:
+                self.on_space()
+
+        fut.add_done_callback(done)
+
+    def _verify_write(self, buf: bytearray, start: int, length: int, digest: str) -> bool:
+        data = memoryview(buf)[:length]
+        if hashlib.sha256(data).hexdigest() != digest:
+            return False
+        self.sink(start, data)
+        return True
+
+    def _finish(self, j: int, start: int, sources: set[str], ok: bool,
+                exc: BaseException | None) -> None:
+        if exc is not None:
+            self._write_error = self._write_error or exc
+            self._abort(OutputWriteError(f"shardcast: cannot write: {exc}"))
+        elif ok:
+            self._done.add(j)
+        else:
+            if self._bad is None or start < self._bad.pos:
+                self._bad = PieceMismatchError(start, sources)
+            self._abort(self._bad)
+
+    def _abort(self, exc: Exception) -> None:
+        if self.on_abort is not None:
+            self.on_abort(exc)
+
+    async def settle(self) -> None:
+        """Wait for the pieces being verified; raise what went wrong with them."""
+        while self._pending:
+            await asyncio.wait(set(self._pending))
+        if self._write_error is not None:
+            raise OutputWriteError(f"shardcast: cannot write: {self._write_error}")
+        if self._bad is not None:
+            bad, self._bad = self._bad, None
+            self.filled = min(self.filled, bad.pos)  # every byte before it is verified
+            self._cur_sources = set()
+            raise bad
 
 
 class ShardTransport(Protocol):
-    async def fetch(self, url: str, buf: ShardBuffer, stall_timeout: float) -> None:
-        """Fill `buf` from `url`, resuming at `buf.filled`; raise on any failure."""
+    async def fetch(self, url: str, rx: ShardReceiver, stall_timeout: float) -> None:
+        """Receive the rest of a shard from `url` into `rx`, from `rx.filled`; raise on failure."""
 
     async def close(self) -> None: ...
 
@@ -59,33 +203,53 @@ class _Response(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.head = bytearray(_HEAD_MAX)
         self.head_n = 0
-        self.body: memoryview | None = None
-        self.buf: ShardBuffer | None = None
+        self.in_body = False
+        self.rx: ShardReceiver | None = None
         self.expect = 0
         self.status = 0
         self.headers: dict[str, str] = {}
         self.done: asyncio.Future[None] | None = None
         self.closed = False
+        self.paused = False
 
-    def start(self, buf: ShardBuffer) -> asyncio.Future[None]:
-        self.head_n, self.body, self.buf, self.status, self.headers = 0, None, buf, 0, {}
+    def start(self, rx: ShardReceiver) -> asyncio.Future[None]:
+        self.head_n, self.in_body, self.rx, self.status, self.headers = 0, False, rx, 0, {}
         self.done = asyncio.get_running_loop().create_future()
+        rx.on_space = lambda: self._resume(rx)
+        rx.on_abort = lambda exc: self._fail(exc) if self.rx is rx else None
+        self._resume(rx)
         return self.done
+
+    def _resume(self, rx: ShardReceiver) -> None:
+        if self.paused and self.rx is rx and self.transport is not None:
+            self.paused = False
+            if not self.transport.is_closing():
+                self.transport.resume_reading()
+
+    def _pause(self) -> None:
+        if not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self.body is not None and self.buf is not None and self.buf.filled < self.expect:
-            return self.body[self.buf.filled : self.expect]
+        rx = self.rx
+        if self.in_body and rx is not None and rx.filled < self.expect:
+            return rx.get_buffer()[: self.expect - rx.filled]
+        if self.head_n >= _HEAD_MAX:  # never hand out an empty buffer (a full head fails)
+            self.head_n = 0
         return memoryview(self.head)[self.head_n :]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self.done is None or self.done.done():
             return self._fail(TransferError("unexpected data"))
-        assert self.buf is not None
-        if self.body is not None:
-            self.buf.filled += nbytes
+        rx = self.rx
+        assert rx is not None
+        if self.in_body:
+            if not rx.received(nbytes):
+                self._pause()
         else:
             self.head_n += nbytes
             end = self.head.find(b"\r\n\r\n", 0, self.head_n)
@@ -97,16 +261,14 @@ class _Response(asyncio.BufferedProtocol):
                 self._parse_head(bytes(self.head[:end]))
             except TransferError as e:
                 return self._fail(e)
-            extra = self.head_n - end - 4
-            if extra and self.body is not None:
-                at, take = self.buf.filled, min(extra, self.expect - self.buf.filled)
-                if take < extra:
-                    return self._fail(TransferError("more data than Content-Length"))
-                self.body[at : at + take] = self.head[end + 4 : end + 4 + take]
-                self.buf.filled += take
-            if self.body is None:
+            if not self.in_body:
                 return self._fail(TransferError(f"HTTP {self.status}", self.status))
-        if self.buf.filled >= self.expect:
+            extra = memoryview(self.head)[end + 4 : self.head_n]
+            if len(extra) > self.expect - rx.filled:
+                return self._fail(TransferError("more data than Content-Length"))
+            if extra and not rx.feed(extra):
+                self._pause()
+        if rx.filled >= self.expect and not self.done.done():
             self.done.set_result(None)
 
     def _parse_head(self, head: bytes) -> None:
@@ -118,8 +280,8 @@ class _Response(asyncio.BufferedProtocol):
         for line in lines[1:]:
             k, _, v = line.partition(":")
             self.headers[k.strip().lower()] = v.strip()
-        buf = self.buf
-        assert buf is not None
+        rx = self.rx
+        assert rx is not None
         if self.status not in (200, 206):
             return
         try:
@@ -127,13 +289,13 @@ class _Response(asyncio.BufferedProtocol):
         except ValueError:
             raise TransferError("bad Content-Length") from None
         if self.status == 200:
-            buf.filled = 0
-        elif not self.headers.get("content-range", "").startswith(f"bytes {buf.filled}-"):
+            rx.restart()
+        elif not self.headers.get("content-range", "").startswith(f"bytes {rx.filled}-"):
             raise TransferError("bad Content-Range")
-        if length < 0 or buf.filled + length > buf.size:
+        if length < 0 or rx.filled + length > rx.size:
             raise TransferError(f"body of {length} bytes does not fit the shard")
-        self.expect = buf.filled + length
-        self.body = buf.view()
+        self.expect = rx.filled + length
+        self.in_body = True
 
     def _fail(self, exc: Exception) -> None:
         if self.done is not None and not self.done.done():
@@ -153,7 +315,7 @@ def _consume(fut: asyncio.Future[None]) -> None:
 
 
 class RawHttpTransport:
-    """Minimal keep-alive HTTP/1.1 GET client writing bodies straight into shard buffers."""
+    """Minimal keep-alive HTTP/1.1 GET client writing bodies straight into piece buffers."""
 
     def __init__(self, connect_timeout: float = 5.0) -> None:
         self.connect_timeout = connect_timeout
@@ -170,14 +332,14 @@ class RawHttpTransport:
             loop.create_connection(_Response, host, port), self.connect_timeout)
         return proto
 
-    async def fetch(self, url: str, buf: ShardBuffer, stall_timeout: float) -> None:
+    async def fetch(self, url: str, rx: ShardReceiver, stall_timeout: float) -> None:
         u = urlsplit(url)
         if u.scheme != "http" or not u.hostname:
             raise TransferError(f"RawHttpTransport speaks plain http only: {url}")
         port = u.port or 80
         proto = await self._connect(u.hostname, port)
-        done = proto.start(buf)
-        rng = f"Range: bytes={buf.filled}-\r\n" if buf.filled else ""
+        done = proto.start(rx)
+        rng = f"Range: bytes={rx.filled}-\r\n" if rx.filled else ""
         req = f"GET {u.path} HTTP/1.1\r\nHost: {u.netloc}\r\n{rng}\r\n"
         assert proto.transport is not None
         proto.transport.write(req.encode("latin-1"))
@@ -185,9 +347,9 @@ class RawHttpTransport:
         try:
             last = -1
             while not done.done():
-                if buf.filled == last:
+                if rx.filled == last:
                     raise TimeoutError(f"no data from {u.netloc} for {stall_timeout}s")
-                last = buf.filled
+                last = rx.filled
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(done), stall_timeout)
             done.result()
@@ -214,23 +376,23 @@ class AiohttpTransport:
     def __init__(self, session: aiohttp.ClientSession) -> None:
         self.session = session
 
-    async def fetch(self, url: str, buf: ShardBuffer, stall_timeout: float) -> None:
-        headers = {"Range": f"bytes={buf.filled}-"} if buf.filled else {}
+    async def fetch(self, url: str, rx: ShardReceiver, stall_timeout: float) -> None:
+        headers = {"Range": f"bytes={rx.filled}-"} if rx.filled else {}
         timeout = aiohttp.ClientTimeout(sock_read=stall_timeout)
+        space = asyncio.Event()
+        rx.on_space, rx.on_abort = space.set, None
         async with self.session.get(url, headers=headers, timeout=timeout) as r:
             if r.status not in (200, 206):
                 raise TransferError(f"HTTP {r.status}", r.status)
             if r.status == 200:
-                buf.filled = 0
-            elif not r.headers.get("Content-Range", "").startswith(f"bytes {buf.filled}-"):
+                rx.restart()
+            elif not r.headers.get("Content-Range", "").startswith(f"bytes {rx.filled}-"):
                 raise TransferError("bad Content-Range")
-            view = buf.view()
             async for chunk in r.content.iter_chunked(1 << 20):
-                if buf.filled + len(chunk) > buf.size:
-                    raise TransferError("body longer than the shard")
-                view[buf.filled : buf.filled + len(chunk)] = chunk
-                buf.filled += len(chunk)
-        if buf.filled != buf.size:
+                space.clear()
+                if not rx.feed(chunk):
+                    await asyncio.wait_for(space.wait(), stall_timeout)
+        if rx.filled != rx.size:
             raise TransferError("body ended early")
 
     async def close(self) -> None:
