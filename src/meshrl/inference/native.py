@@ -153,8 +153,12 @@ def decode_step_native(
     slot: int,
     start: torch.Tensor,
     ws: NativeWorkspace,
+    threads: int | None = None,
 ) -> torch.Tensor:
-    """`transformer.decode_step` with fused kernels; start [B] int64 replaces the bias mask."""
+    """`transformer.decode_step` with fused kernels; start [B] int64 replaces the bias mask.
+
+    Attention runs on `threads` threads (default: torch's count once the work pays for them).
+    """
     s = w.spec
     b = ids.shape[0]
     d, kv, hd = s.hidden, s.kv_heads, s.head_dim
@@ -167,9 +171,9 @@ def decode_step_native(
     rope = torch.view_as_real(w.rope).data_ptr()
     pos_p, start_p = positions.data_ptr(), start.data_ptr()
     px, py, pq, pa = x.data_ptr(), y.data_ptr(), qkv.data_ptr(), att.data_ptr()
-    threads = torch.get_num_threads()
-    att_threads = threads if b * s.heads * (slot + 1) * hd >= _PARALLEL_WORK else 1
-    act_threads = threads if b * s.intermediate >= _PARALLEL_WORK // 4 else 1
+    if threads is None:
+        big = b * s.heads * (slot + 1) * hd >= _PARALLEL_WORK
+        threads = torch.get_num_threads() if big else 1
     for i, layer in enumerate(w.layers):
         kern.rms(px, py, None, b, d, eps)
         if layer.b_qkv is None:
@@ -177,11 +181,11 @@ def decode_step_native(
         else:
             torch.addmm(layer.b_qkv, y, layer.w_qkv, out=qkv)
         kern.attend(pq, rope, pos_p, start_p, k0 + i * layer_bytes, v0 + i * layer_bytes, pa,
-                    b, kv, s.heads // kv, hd, slots, slot, hd**-0.5, att_threads)
+                    b, kv, s.heads // kv, hd, slots, slot, hd**-0.5, threads)
         x.addmm_(att, layer.w_o)
         kern.rms(px, py, None, b, d, eps)
         torch.mm(y, layer.w_gu, out=gu)
-        kern.silu_mul(gu.data_ptr(), act.data_ptr(), b, s.intermediate, act_threads)
+        kern.silu_mul(gu.data_ptr(), act.data_ptr(), b, s.intermediate, 1)
         x.addmm_(act, layer.w_down)
     out = torch.empty(b, d)
     kern.rms(px, out.data_ptr(), w.norm.data_ptr(), b, d, eps)
