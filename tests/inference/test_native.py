@@ -11,8 +11,13 @@ from meshrl.model import build_model
 
 
 @pytest.fixture(scope="module")
-def kernels(tmp_path_factory) -> nat.NativeKernels:
-    return nat.NativeKernels.load(tmp_path_factory.mktemp("kernels"))
+def kernel_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("kernels")
+
+
+@pytest.fixture(scope="module")
+def kernels(kernel_dir) -> nat.NativeKernels:
+    return nat.NativeKernels.load(kernel_dir)
 
 
 # head_dim 32 with GQA (the vectorised paths), and head_dim 12 without GQA (the scalar tails)
@@ -61,8 +66,8 @@ def test_native_step_equals_torch_step(shape, tok, kernels, random_prompts) -> N
 def test_threaded_attention_is_bit_identical(tok, kernels, random_prompts, monkeypatch) -> None:
     model = build_model("qwen2-tiny", tok.vocab_size, seed=2)
     prompts = random_prompts(7, 1, 9, seed=3)
-    _, _, one, *_ = _step_both(model, kernels, prompts, steps=4, threads=1)
-    _, _, two, *_ = _step_both(model, kernels, prompts, steps=4, threads=3)
+    _, _, one, *_ = _step_both(model, kernels, prompts, steps=2, threads=1)
+    _, _, two, *_ = _step_both(model, kernels, prompts, steps=2, threads=3)
     assert torch.equal(one, two)
 
 
@@ -79,13 +84,13 @@ def test_both_decode_paths_generate_alike(preset, tok, random_prompts) -> None:
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
 
 
-def test_kernels_are_built_once_and_cached(tmp_path) -> None:
-    first = nat.NativeKernels.load(tmp_path)
-    assert nat.NativeKernels.load(tmp_path) is first
-    assert first.path.parent == tmp_path and first.path.suffix == ".so"
-    assert [p.name for p in tmp_path.iterdir()] == [first.path.name]  # no temporary files left
-    nat._loaded.pop(tmp_path)
-    assert nat.NativeKernels.load(tmp_path).path == first.path  # reused, not rebuilt
+def test_kernels_are_built_once_and_cached(kernels, kernel_dir, monkeypatch) -> None:
+    assert nat.NativeKernels.load(kernel_dir) is kernels
+    assert kernels.path.parent == kernel_dir and kernels.path.suffix == ".so"
+    assert [p.name for p in kernel_dir.iterdir()] == [kernels.path.name]  # no temporaries left
+    monkeypatch.delitem(nat._loaded, kernel_dir)
+    monkeypatch.setattr(nat, "_compiler", lambda: pytest.fail("rebuilt a cached library"))
+    assert nat.NativeKernels.load(kernel_dir).path == kernels.path
 
 
 def test_without_a_compiler_auto_falls_back_and_native_is_an_error(
@@ -111,3 +116,17 @@ def test_a_broken_build_is_a_clear_error(tmp_path, monkeypatch) -> None:
     with pytest.raises(nat.NativeUnavailableError, match="compiling"):
         nat.NativeKernels.load(tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_native_step_refuses_inputs_it_cannot_index_safely(tok, kernels) -> None:
+    model = build_model("qwen2-tiny", tok.vocab_size, seed=1)
+    spec = ModelSpec.from_hf_config(model.config)
+    w = PackedWeights.pack(spec, model.state_dict())
+    cache, ws = KVCache(spec, 2, 8), nat.NativeWorkspace.allocate(w, 2)
+    ids, pos, start = torch.tensor([5, 6]), torch.tensor([3, 3]), torch.tensor([0, 1])
+    with torch.inference_mode():
+        nat.decode_step_native(kernels, w, ids, pos, cache, 3, start, ws)  # fine
+        for bad_pos, bad_start, slot in [(pos.int(), start, 3), (pos, start[:1], 3),
+                                         (pos, start, 8), (pos[[0, 0, 0]], start, 3)]:
+            with pytest.raises(ValueError):
+                nat.decode_step_native(kernels, w, ids, bad_pos, cache, slot, bad_start, ws)

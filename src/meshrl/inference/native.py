@@ -161,6 +161,12 @@ def decode_step_native(
     """
     s = w.spec
     b = ids.shape[0]
+    # the kernels index raw memory: check what they trust (cheap next to a step)
+    for name, t in (("positions", positions), ("start", start)):
+        if t.dtype != torch.int64 or not t.is_contiguous() or t.shape != (b,):
+            raise ValueError(f"{name} must be a contiguous int64 tensor of shape ({b},)")
+    if not (b <= ws.x.shape[0] and b <= cache.batch and 0 <= slot < cache.k.shape[3]):
+        raise ValueError(f"batch {b} / slot {slot} outside the workspace or cache")
     d, kv, hd = s.hidden, s.kv_heads, s.head_dim
     x, y, qkv, att = ws.x[:b], ws.y[:b], ws.qkv[:b], ws.att[:b]
     gu, act = ws.gu[:b], ws.act[:b]
