@@ -63,7 +63,7 @@ def test_native_step_equals_torch_step(shape, tok, kernels, random_prompts) -> N
         assert torch.allclose(cn.v[:, r, :, first:], ct.v[:, r, :, first:], atol=1e-5)
 
 
-def test_threaded_attention_is_bit_identical(tok, kernels, random_prompts, monkeypatch) -> None:
+def test_threaded_attention_is_bit_identical(tok, kernels, random_prompts) -> None:
     model = build_model("qwen2-tiny", tok.vocab_size, seed=2)
     prompts = random_prompts(7, 1, 9, seed=3)
     _, _, one, *_ = _step_both(model, kernels, prompts, steps=2, threads=1)
