@@ -10,8 +10,10 @@
 //   out   [B, KV * G * hd]    query head j * G + g at offset (j * G + g) * hd
 #include <cmath>
 #include <cstdint>
-#include <thread>
 #include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -139,7 +141,9 @@ static void weighted_sum(const float* p, const float* v, float* o, int n, int hd
   }
 }
 
-// Run fn(lo, hi) over [0, n) on up to `threads` threads (the caller's thread takes a share).
+// Run fn(lo, hi) over [0, n) on `threads` OpenMP threads. The library links libgomp, which the
+// loader resolves to the copy torch already loaded, so this is torch's (and MKL's) thread pool:
+// no threads of our own, and the workers are usually still spinning after the last matmul.
 template <class F>
 static void split_rows(int n, int threads, F fn) {
   if (threads <= 1 || n < 2) {
@@ -147,14 +151,16 @@ static void split_rows(int n, int threads, F fn) {
     return;
   }
   if (threads > n) threads = n;
-  std::vector<std::thread> pool;
-  int chunk = (n + threads - 1) / threads;
-  for (int t = 1; t < threads; ++t) {
-    int lo = t * chunk, hi = lo + chunk < n ? lo + chunk : n;
-    if (lo < hi) pool.emplace_back(fn, lo, hi);
+#pragma omp parallel num_threads(threads)
+  {
+#ifdef _OPENMP
+    int t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+    int t = 0, nt = 1;
+#endif
+    int chunk = (n + nt - 1) / nt, lo = t * chunk, hi = lo + chunk < n ? lo + chunk : n;
+    if (lo < hi) fn(lo, hi);
   }
-  fn(0, chunk < n ? chunk : n);
-  for (auto& th : pool) th.join();
 }
 
 extern "C" {

@@ -32,9 +32,9 @@ from meshrl.inference.transformer import KVCache, PackedWeights
 __all__ = ["NativeKernels", "NativeUnavailableError", "NativeWorkspace", "default_cache_dir"]
 
 _SOURCE = Path(__file__).with_name("decode_kernels.cpp")
-_FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-pthread"]
-# attention work (rows x heads x slots x head_dim) from which a second thread pays for its start
-_PARALLEL_WORK = 1 << 20
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC"]
+# attention work (rows x heads x slots x head_dim) from which waking torch's OpenMP threads pays
+_PARALLEL_WORK = 1 << 16
 _loaded: dict[Path, NativeKernels] = {}
 
 
