@@ -1,8 +1,8 @@
 // Fused float32 kernels of one decode step (see native.py): RMSNorm, RoPE + KV-cache write +
 // grouped-query attention over a row's live slots, and SiLU(gate) * up.
 //
-// Plain C ABI over raw pointers, called through ctypes: no torch headers, so it compiles in about
-// a second. The matmuls stay in torch (MKL); these replace the ~20 small kernels per layer
+// Plain C ABI over raw pointers, called through ctypes: no torch headers, so it compiles in a few
+// seconds. The matmuls stay in torch (MKL); these replace the ~20 small kernels per layer
 // between them. Layouts are the ones transformer.py builds:
 //   qkv   [B, KV, G + 2, hd]  rows per KV head: v, k, q_1 .. q_G; k and q have RoPE pairs adjacent
 //   rope  [P, hd / 2, 2]      cos, sin per position

@@ -7,7 +7,7 @@ Here each layer is 4 torch matmuls (MKL, into preallocated buffers) and 3 native
 RoPE + cache write + attention over each row's own slots (no padding is touched), SiLU * up.
 
 The kernels are plain C ABI over raw pointers, loaded with ctypes: no torch headers, so the
-compile takes about a second (g++ / c++), once per machine; the library is cached under
+compile takes a few seconds (g++ / c++), once per machine; the library is cached under
 `cache_dir` keyed by a hash of the source, the flags and the CPU. Without a compiler the engine
 keeps the torch path (`transformer.decode_step`), which computes the same function.
 """
