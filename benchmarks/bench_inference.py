@@ -9,6 +9,7 @@ throughput that the engine reaches (model FLOPs of prefill + decode / wall time)
 
     python benchmarks/bench_inference.py [--presets qwen2-tiny,qwen2-25m] [--batches 32,128]
         [--new-tokens 128] [--modes greedy,sample] [--repeats 2] [--threads 0]
+        [--decode-kernels auto|native|torch]
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ def run_hf(model, tok, prompts, params: SamplingParams) -> list[list[int]]:
 def bench(preset: str, batch: int, mode: str, args, peak: float) -> dict:
     tok = CharTokenizer()
     model = build_model(preset, tok.vocab_size, seed=0)
-    engine = CPUEngine(model, tok, EngineConfig(max_batch_size=batch))
+    engine = CPUEngine(model, tok, EngineConfig(max_batch_size=batch,
+                                                decode_kernels=args.decode_kernels))
     g = torch.Generator().manual_seed(batch)
     lens = torch.randint(args.prompt_min, args.prompt_max + 1, (batch,), generator=g).tolist()
     prompts = [torch.randint(4, tok.vocab_size, (n,), generator=g).tolist() for n in lens]
@@ -142,6 +144,7 @@ def bench(preset: str, batch: int, mode: str, args, peak: float) -> dict:
         "bench": "inference", "preset": preset, "params": sum(p.numel() for p in
                                                               model.parameters()),
         "batch": batch, "mode": mode, "new_tokens": args.new_tokens,
+        "decode_kernels": "torch" if engine.kernels is None else "native",
         "prompt_len": [args.prompt_min, args.prompt_max], "threads": torch.get_num_threads(),
         "engine_tokens_per_s": round(n_e / t_e, 1), "hf_generate_tokens_per_s": round(n_h / t_h, 1),
         "speedup": round((n_e / t_e) / (n_h / t_h), 3),
@@ -152,6 +155,7 @@ def bench(preset: str, batch: int, mode: str, args, peak: float) -> dict:
         "engine_kv_cache_mb": round(kv_cache_bytes(engine.spec, lens, args.new_tokens) / 2**20, 1),
         "engine_gflops": round(flops / t_e / 1e9, 2), "matmul_peak_gflops": round(peak, 2),
         "fraction_of_matmul_peak": round(flops / t_e / 1e9 / peak, 4),
+        "load_average_1m": round(os.getloadavg()[0], 2),
     }
 
 
@@ -165,6 +169,8 @@ def main() -> None:
     ap.add_argument("--prompt-max", type=int, default=24)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch default")
+    ap.add_argument("--decode-kernels", default="auto", choices=["auto", "native", "torch"],
+                    help="the engine's decode step (EngineConfig.decode_kernels)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -19,6 +19,12 @@ from typing import Any
 import torch
 
 from meshrl.inference.backend import Completion, InferenceBackend, InvalidRequestError, ScoreResult
+from meshrl.inference.native import (
+    NativeKernels,
+    NativeUnavailableError,
+    NativeWorkspace,
+    decode_step_native,
+)
 from meshrl.inference.params import EngineConfig, SamplingParams
 from meshrl.inference.sampling import BatchSampler
 from meshrl.inference.transformer import (
@@ -44,6 +50,23 @@ def _threads(n: int) -> Iterator[None]:
     finally:
         if n and n != before:
             torch.set_num_threads(before)
+
+
+def _load_kernels(cfg: EngineConfig) -> NativeKernels | None:
+    """The native decode kernels, or None for the torch path ("auto" falls back with a warning)."""
+    if cfg.decode_kernels == "torch":
+        return None
+    try:
+        return NativeKernels.load(None if cfg.kernel_cache_dir is None
+                                  else Path(cfg.kernel_cache_dir).expanduser())
+    except NativeUnavailableError as e:
+        if cfg.decode_kernels == "native":
+            raise
+        from meshrl.log import get_logger
+
+        get_logger("meshrl.inference").warning(f"native decode kernels unavailable ({e}); "
+                                               "using the torch decode step")
+        return None
 
 
 def _left_pad(seqs: list[list[int]]) -> tuple[torch.Tensor, ...]:
@@ -82,6 +105,7 @@ class CPUEngine(InferenceBackend):
         self.hidden_dtype = getattr(torch, self.cfg.hidden_dtype)
         with torch.no_grad():
             self.weights = PackedWeights.pack(self.spec, model.state_dict())
+        self.kernels = _load_kernels(self.cfg)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, cfg: EngineConfig | None = None) -> CPUEngine:
@@ -156,7 +180,8 @@ class CPUEngine(InferenceBackend):
         cache = KVCache(self.spec, b, width + steps - 1)  # the last token is never fed back
         h = forward(w, ids, positions, allowed, cache)[:, -1]
         live = _LiveRows(torch.arange(b), lens.clone(), budget.clone(),
-                         torch.ones(b, dtype=torch.bool), _pad_bias(pad, self.spec, cache))
+                         torch.ones(b, dtype=torch.bool), _pad_bias(pad, self.spec, cache), pad)
+        ws = None if self.kernels is None else NativeWorkspace.allocate(w, b)
         out = _Outputs(b, steps, self.spec.hidden, self.hidden_dtype if p.return_hidden_states
                        else None, budget.tolist())
         stop_ids = torch.tensor(sorted({*p.stop_token_ids} | (
@@ -197,7 +222,11 @@ class CPUEngine(InferenceBackend):
                     h, tok = h[keep], tok[keep]
             if j + 1 == steps:
                 break
-            h = decode_step(w, tok, live.pos, cache, width + j, live.bias)
+            if ws is None:
+                h = decode_step(w, tok, live.pos, cache, width + j, live.bias)
+            else:
+                h = decode_step_native(self.kernels, w, tok, live.pos, cache, width + j,
+                                       live.start, ws)
             live.pos += 1
         return out.completions(prompts, seq_ids)
 
@@ -283,6 +312,7 @@ class _LiveRows:
     budget: torch.Tensor
     alive: torch.Tensor
     bias: torch.Tensor  # [rows * kv_heads, 1, slots]: -inf on each row's left padding
+    start: torch.Tensor  # [rows] int64: first cache slot after each row's left padding
     full: bool = True  # rows == arange(batch): write outputs with plain slices
 
     @property
@@ -292,6 +322,7 @@ class _LiveRows:
     def keep(self, keep: torch.Tensor, kv_heads: int) -> None:
         self.rows, self.pos = self.rows[keep], self.pos[keep]
         self.budget, self.alive = self.budget[keep], self.alive[keep]
+        self.start = self.start[keep]
         slots = self.bias.shape[-1]
         self.bias = self.bias.view(-1, kv_heads, 1, slots)[keep].view(-1, 1, slots)
         self.full = False

@@ -36,6 +36,13 @@ class EngineConfig(Config):
     hidden_dtype: Literal["bfloat16", "float32"] = Field(
         "bfloat16", description="dtype of returned hidden states"
     )
+    decode_kernels: Literal["auto", "native", "torch"] = Field(
+        "auto", description="decode step: native fused kernels (built with the C++ compiler once "
+        "per machine), torch ops, or auto = native when it builds, else torch"
+    )
+    kernel_cache_dir: str | None = Field(
+        None, description="cache of the built native kernels; default ~/.cache/meshrl/kernels"
+    )
     compact_below: float = Field(
         0.75, ge=0.0, le=1.0, description="drop finished rows when the alive fraction falls below"
     )
