@@ -114,6 +114,9 @@ def _chunk_bits(bits: torch.Tensor, chunk_size: int, fold_tail: bool) -> list[to
     return groups
 
 
+_TIE_MARGIN = 32
+
+
 def _group_size(length: int, topk: int) -> int:
     """Elements per group for the two-stage top-k: ~sqrt(length / topk), a power of two, so that
     both stages sort about as few keys as possible (nb groups, then topk * s candidates)."""
@@ -145,9 +148,11 @@ def _select(flat: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
         if nb * s != length:  # pad with -1: below every magnitude, never selected
             mag = torch.cat([mag, mag.new_full((rows, nb * s - length), -1)], dim=1)
         gmax = mag.view(rows, s, nb).amax(1)  # [rows, nb]
-        top, groups = gmax.topk(topk, dim=-1, sorted=False)
-        ties = (gmax >= top.amin(-1, keepdim=True)).sum(-1).max()
-        if ties > topk:  # groups tied with the k-th maximum: take them all
+        # bf16 maxima tie often: take a margin of extra groups at once (any superset is exact)
+        take = min(nb, topk + _TIE_MARGIN)
+        top, groups = gmax.topk(take, dim=-1, sorted=True)
+        ties = (gmax >= top[:, topk - 1 : topk]).sum(-1).max()
+        if ties > take:  # more groups tied with the k-th maximum than the margin: take them all
             groups = gmax.topk(int(ties), dim=-1, sorted=False).indices
         # element i of group g is column g + nb * i: with groups sorted, cand is ascending
         cand = (nb * torch.arange(s).unsqueeze(-1) + groups.sort(-1).values.unsqueeze(-2))
