@@ -105,6 +105,9 @@ class RunConfig(Config):
     checkpoint_every: int = Field(50, ge=1, description="checkpoint every N RL steps")
     keep_checkpoints: int = Field(2, ge=1, description="newest checkpoints kept on disk")
     threads: int = Field(2, ge=1, description="torch threads (split trainer/generator if async)")
+    trainer_threads: int | None = Field(
+        None, ge=1, description="trainer's torch threads (default: threads, or half if async)"
+    )
     progress: bool = Field(True, description="show a progress bar")
     plot: bool = Field(True, description="write curves.png at the end")
     wandb_project: str | None = Field(None, description="also log to this wandb project")

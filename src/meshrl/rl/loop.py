@@ -47,7 +47,8 @@ class RLRun:
         self.cfg = cfg
         self.dir = Path(cfg.run.dir) / cfg.run.name
         self.async_threads = max(1, cfg.run.threads // 2)
-        torch.set_num_threads(self.async_threads if cfg.async_level > 0 else cfg.run.threads)
+        default = self.async_threads if cfg.async_level > 0 else cfg.run.threads
+        torch.set_num_threads(cfg.run.trainer_threads or default)
         self.tokenizer, self.model = self._build_policy()
         self.heldout = heldout_problems(cfg.tasks, cfg.eval)
         self.exclude = frozenset(p.prompt for p in self.heldout)
