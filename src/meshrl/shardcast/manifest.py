@@ -22,6 +22,7 @@ import errno
 import hashlib
 import json
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
@@ -158,14 +159,20 @@ def _hash_file_shards(
 ) -> tuple[str, list[tuple[int, int, str, str]]]:
     """One pass over the file: whole-file sha256 and (offset, size, sha256, pieces) per shard.
 
-    The file is read piece by piece into one reused buffer (so both hashes read cache-hot
-    bytes). With `copy_to`, the bytes hashed are also written there, so the copy is exactly
-    what the manifest describes even if the source changes meanwhile.
+    The file is read piece by piece into two reused buffers (so both hashes read cache-hot
+    bytes), the whole-file hash running beside the piece hashes on a second core. With
+    `copy_to`, the bytes hashed are also written there, so the copy is exactly what the
+    manifest describes even if the source changes meanwhile.
     """
     whole = hashlib.sha256()
     shards: list[tuple[int, int, str, str]] = []
-    buf = memoryview(bytearray(min(piece_size, shard_size)))
+    # two buffers in turn: a helper thread feeds the whole-file hash with the previous piece
+    # (hashlib releases the GIL) while this thread reads, hashes and copies the next one
+    bufs = [memoryview(bytearray(min(piece_size, shard_size))) for _ in range(2)]
+    in_use: list[Future | None] = [None, None]
+    turn = 0
     with contextlib.ExitStack() as stack:
+        pool = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="sha256-file"))
         f = stack.enter_context(open(path, "rb", buffering=0))
         out = stack.enter_context(open(copy_to, "xb", buffering=0)) if copy_to else None
         offset = 0
@@ -173,12 +180,16 @@ def _hash_file_shards(
             size, pieces = 0, []
             while size < shard_size:
                 want = min(piece_size, shard_size - size)
+                if (busy := in_use[turn]) is not None:
+                    busy.result()  # the whole-file hash is done with this buffer
+                buf = bufs[turn]
                 n = _read_full(f, buf[:want])
                 if not n:
                     break
                 chunk = buf[:n]
+                in_use[turn] = pool.submit(whole.update, chunk)  # one worker: in file order
+                turn = 1 - turn
                 pieces.append(hashlib.sha256(chunk).digest())
-                whole.update(chunk)
                 if out is not None:
                     _write_full(out, chunk)
                 size += n
@@ -191,6 +202,9 @@ def _hash_file_shards(
             offset += size
             if size < shard_size:
                 break
+        for busy in in_use:
+            if busy is not None:
+                busy.result()
     return whole.hexdigest(), shards
 
 
