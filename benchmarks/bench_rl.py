@@ -13,7 +13,7 @@
    meshrl's trainer (async_level 2) and TRL's GRPOTrainer, in this process: `speedup` = our
    steps/s over TRL's at TRL's best thread count (1 or 2).
 
-Usage: python benchmarks/bench_rl.py [--steps 30] [--skip-trl] [--async-tokens 8 32]
+Usage: python benchmarks/bench_rl.py [--steps 30] [--skip-trl] [--async-configs 8x8x8 2x8x64]
 """
 
 from __future__ import annotations
@@ -107,16 +107,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--skip-trl", action="store_true")
-    ap.add_argument("--async-tokens", type=int, nargs="+", default=[8, 32],
-                    help="max new tokens of the async-vs-sync configs (one line each)")
+    ap.add_argument("--async-configs", nargs="+", default=["8x8x8", "2x8x64"],
+                    help="prompts x group x max-new-tokens of the async-vs-sync runs (one line "
+                         "each); 2x8x64 is where generation and training take comparable time")
     args = ap.parse_args()
     shape = dict(prompts=8, group=8, tokens=8)
     torch.set_num_threads(1)
     for backend in ("torch", "engine"):
         print(json.dumps(rollout_throughput(backend, **shape)), flush=True)
 
-    for tokens in args.async_tokens:
-        print(json.dumps(async_vs_sync(args.steps, dict(shape, tokens=tokens))), flush=True)
+    for spec in args.async_configs:
+        prompts, group, tokens = (int(x) for x in spec.split("x"))
+        config = dict(prompts=prompts, group=group, tokens=tokens)
+        print(json.dumps(async_vs_sync(args.steps, config)), flush=True)
     if args.skip_trl:
         return
     from _trl_baseline import run_trl
