@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -105,6 +106,13 @@ def test_subprocess_generator_matches_in_process_and_reloads_weights():
         local.load_weights(other)
         assert [o.logprobs for o in remote.generate(prompts, params, list(range(6)))] == [
             o.logprobs for o in local.generate(prompts, params, list(range(6)))]
+        # weights travel through shared memory: the caller's later edits do not leak in
+        other["model.norm.weight"].mul_(3.0)
+        assert remote.generate(prompts, params, list(range(6)))[0].logprobs == (
+            local.generate(prompts, params, list(range(6)))[0].logprobs)
+        # a state dict of another layout is shipped whole and refused by the child, loudly
+        with pytest.raises(RuntimeError, match="generator process"):
+            remote.load_weights({"model.norm.weight": torch.ones(3)})
     finally:
         remote.close()
     assert not remote._proc.is_alive()
