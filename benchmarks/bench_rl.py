@@ -14,7 +14,8 @@
    best setting (async with the generator in a child process, or synchronous in one process
    on 2 threads) over TRL's at its best thread count (1 or 2); every setting is reported.
 
-Usage: python benchmarks/bench_rl.py [--steps 30] [--skip-trl] [--async-configs 8x8x8 1x8x96]
+Usage: python benchmarks/bench_rl.py [--steps 30] [--skip-trl]
+       [--async-configs 8x8x8 1x8x96 1x4x128]
 """
 
 from __future__ import annotations
@@ -108,9 +109,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--skip-trl", action="store_true")
-    ap.add_argument("--async-configs", nargs="+", default=["8x8x8", "1x8x96"],
+    ap.add_argument("--async-configs", nargs="+", default=["8x8x8", "1x8x96", "1x4x128"],
                     help="prompts x group x max-new-tokens of the async-vs-sync runs (one line "
-                         "each); 1x8x96 is where generation and training take comparable time")
+                         "each); in 1x8x96 and 1x4x128 generation and training take "
+                         "comparable time")
     args = ap.parse_args()
     shape = dict(prompts=8, group=8, tokens=8)
     torch.set_num_threads(1)

@@ -13,7 +13,7 @@ from meshrl.model import CharTokenizer, build_model
 from meshrl.rl.config import TrainerConfig
 from meshrl.rl.generation import GenParams, TorchGenerator
 from meshrl.rl.losses import LossConfig
-from meshrl.rl.packing import pack_groups, packed_logprobs, slice_groups
+from meshrl.rl.packing import PackCost, pack_groups, packed_logprobs, slice_groups
 from meshrl.rl.trainer import Trainer, lr_factor
 
 TOK = CharTokenizer()
@@ -74,6 +74,34 @@ def test_packed_gradients_match_unpadded_reference():
         for p, c in zip(prompts, completions, strict=True)).backward()
     for (name, p), q in zip(model.named_parameters(), ref_model.parameters(), strict=True):
         assert torch.allclose(p.grad, q.grad, atol=1e-5, rtol=1e-4), name
+
+
+def test_pack_cost_splits_long_completions_only():
+    cost = PackCost.for_model(_model())
+    assert cost.token == 2.0 * sum(p.numel() for p in _model().parameters())
+    assert cost.pair == 4.0 * 128 * 4
+    prompt = [1, *TOK.encode("12+34=")]
+    short = [[*TOK.encode("46"), 2]] * 8
+    long = [TOK.encode("1234567890" * 10)[:96]] * 8
+    lp = [[0.0] * 3] * 8
+    assert pack_groups([prompt] * 8, short, lp, TOK.pad_token_id, cost)["input_ids"].shape[0] == 1
+    packed = pack_groups([prompt] * 8, long, [[0.0] * 96] * 8, TOK.pad_token_id, cost)
+    assert packed["input_ids"].shape == (8, len(prompt) + 96)  # one pack each: cheaper here
+    # hand check of the rule: appending 96 tokens to a 103-token pack vs a fresh pack of 103
+    t, q = cost.token, cost.pair
+    assert cost.append_is_cheaper(7, 103, 96) == (t * 96 + q * (199**2 - 103**2)
+                                                  <= t * 103 + q * 103**2)
+    # split packs still give every completion its own-row log-probs
+    model = _model()
+    mixed = [long[0][:40], [*TOK.encode("46"), 2], long[0][:40]]
+    packed = pack_groups([prompt] * 3, mixed, [[0.0] * len(c) for c in mixed],
+                         TOK.pad_token_id, PackCost(token=1.0, pair=1.0))  # attention-heavy
+    assert packed["input_ids"].shape[0] > 1
+    with torch.no_grad():
+        lp, _ = packed_logprobs(model, packed)
+        for i, c in enumerate(mixed):
+            got = lp[i][packed["loss_mask"][i]]
+            assert torch.allclose(got, _reference_logprobs(model, prompt, c), atol=1e-5)
 
 
 def test_slice_groups_keeps_rows_and_trims():

@@ -38,6 +38,7 @@ _EXPORTS = {
     "required_version": "pipeline",
     "Trainer": "trainer",
     "lr_factor": "trainer",
+    "PackCost": "packing",
     "pack_groups": "packing",
     "packed_logprobs": "packing",
     "warm_start": "sft",

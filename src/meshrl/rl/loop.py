@@ -26,7 +26,7 @@ from meshrl.rl.config import RLConfig
 from meshrl.rl.evaluate import evaluate, heldout_problems
 from meshrl.rl.generation import TorchGenerator, make_generator
 from meshrl.rl.metrics import MetricsWriter, plot_curves
-from meshrl.rl.packing import pack_groups
+from meshrl.rl.packing import PackCost, pack_groups
 from meshrl.rl.pipeline import RolloutPipeline
 from meshrl.rl.rollouts import RolloutBatch, generate_batch
 from meshrl.rl.sft import warm_start
@@ -58,6 +58,7 @@ class RLRun:
         self.metrics = MetricsWriter(
             self.dir / "metrics.jsonl", cfg.run.wandb_project, cfg.run.name, cfg.model_dump()
         )
+        self.pack_cost = PackCost.for_model(self.model)
         self.trainer = Trainer(self.model, cfg.trainer, cfg.loss, cfg.rollout.temperature,
                                total_steps=cfg.steps)
         self.step = 0
@@ -118,6 +119,7 @@ class RLRun:
             [batch.completion_ids[i] for i in rows],
             [batch.inference_logprobs[i] for i in rows],
             self.tokenizer.pad_token_id,
+            cost=self.pack_cost,
         )
         return {**stats, **self.trainer.train_step(tensors, advantages.reshape(-1)[rows])}
 
