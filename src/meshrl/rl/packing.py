@@ -81,16 +81,14 @@ def pack_groups(
     if any(not p for p in prompt_ids):
         raise ValueError("every prompt needs >= 1 token")
     starts: list[int] = []
-    length = 0  # of the packed sequence being filled
+    lengths: list[int] = []  # of each packed sequence, the last one being filled
     for i, (p, c) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
         if (i == 0 or p != prompt_ids[i - 1]
-                or (cost is not None and not cost.append_is_cheaper(len(p), length, len(c)))):
+                or (cost is not None and not cost.append_is_cheaper(len(p), lengths[-1], len(c)))):
             starts.append(i)
-            length = len(p)
-        length += len(c)
+            lengths.append(len(p))
+        lengths[-1] += len(c)
     bounds = list(zip(starts, [*starts[1:], len(prompt_ids)], strict=True))
-    lengths = [len(prompt_ids[a]) + sum(len(completion_ids[r]) for r in range(a, b))
-               for a, b in bounds]
     g_n, width = len(bounds), max(lengths)
     r_n, t_n = len(prompt_ids), max(1, *(len(c) for c in completion_ids))
     input_ids = torch.full((g_n, width), pad_token_id, dtype=torch.long)

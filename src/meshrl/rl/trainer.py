@@ -87,12 +87,14 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         n = batch["row_group"].shape[0]
         totals: dict[str, float] = {}
+        r0 = 0  # rows are in group order, so each micro-batch's rows follow the previous ones
         for g0, g1 in _micro_groups(batch["row_group"], self.cfg.micro_batch_size):
             micro = slice_groups(batch, g0, g1)
-            rows = ((batch["row_group"] >= g0) & (batch["row_group"] < g1)).nonzero().flatten()
-            weight = rows.numel() / n
-            for k, v in self.forward_backward(micro, advantages[rows], weight).items():
+            r1 = r0 + micro["row_group"].numel()
+            weight = (r1 - r0) / n
+            for k, v in self.forward_backward(micro, advantages[r0:r1], weight).items():
                 totals[k] = totals.get(k, 0.0) + v * weight
+            r0 = r1
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         totals["lr"] = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
