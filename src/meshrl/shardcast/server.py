@@ -138,11 +138,7 @@ class ShardServer:
         })
 
     async def versions(self, request: web.Request) -> web.Response:
-        try:
-            after = int(request.query.get("after", "-1"))
-            wait = min(float(request.query.get("wait", "0")), 60.0)
-        except ValueError:
-            raise web.HTTPBadRequest(text="after and wait must be numbers") from None
+        after, wait = _long_poll_args(request, "after")
         deadline = time.monotonic() + wait
         while (self.store.latest() is None or self.store.latest() <= after) and (
             left := deadline - time.monotonic()
@@ -164,11 +160,7 @@ class ShardServer:
 
     async def have(self, request: web.Request) -> web.Response:
         """Shards held; with `known=K&wait=S`, waits up to S s until more than K are held."""
-        try:
-            known = int(request.query.get("known", "-1"))
-            wait = min(float(request.query.get("wait", "0")), 60.0)
-        except ValueError:
-            raise web.HTTPBadRequest(text="known and wait must be numbers") from None
+        known, wait = _long_poll_args(request, "known")
         deadline = time.monotonic() + wait
         while True:
             v = self._version(request)
@@ -244,3 +236,11 @@ class ShardServer:
             pos += len(chunk)
             self.counters["bytes_sent"] += len(chunk)
         await resp.write_eof()
+
+
+def _long_poll_args(request: web.Request, name: str) -> tuple[int, float]:
+    """The `name=N&wait=S` query of a long poll: N (default -1) and S capped at 60 s."""
+    try:
+        return int(request.query.get(name, "-1")), min(float(request.query.get("wait", "0")), 60.0)
+    except ValueError:
+        raise web.HTTPBadRequest(text=f"{name} and wait must be numbers") from None
