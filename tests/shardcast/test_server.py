@@ -36,6 +36,10 @@ def test_health_manifest_shards_and_ranges(tmp_path):
             for missing in ("/v/6/manifest", "/v/5/shard/4", "/v/6/shard/0"):
                 async with s.get(url + missing) as r:
                     assert r.status == 404, missing
+            for bad, name in (("/versions?after=x", "after"), ("/v/5/have?known=1&wait=y",
+                                                                 "known")):
+                async with s.get(url + bad) as r:
+                    assert r.status == 400 and await r.text() == f"{name} and wait must be numbers"
         health = await get_json(f"{url}/health")
         await origin.stop()
         return health
