@@ -9,7 +9,7 @@ throughput that the engine reaches (model FLOPs of prefill + decode / wall time)
 
     python benchmarks/bench_inference.py [--presets qwen2-tiny,qwen2-25m] [--batches 32,128]
         [--new-tokens 128] [--modes greedy,sample] [--repeats 2] [--threads 0]
-        [--decode-kernels auto|native|torch]
+        [--decode-kernels auto|native|torch] [--onednn-weights auto|on|off]
 """
 
 from __future__ import annotations
@@ -115,7 +115,8 @@ def bench(preset: str, batch: int, mode: str, args, peak: float) -> dict:
     tok = CharTokenizer()
     model = build_model(preset, tok.vocab_size, seed=0)
     engine = CPUEngine(model, tok, EngineConfig(max_batch_size=batch,
-                                                decode_kernels=args.decode_kernels))
+                                                decode_kernels=args.decode_kernels,
+                                                onednn_weights=args.onednn_weights))
     g = torch.Generator().manual_seed(batch)
     lens = torch.randint(args.prompt_min, args.prompt_max + 1, (batch,), generator=g).tolist()
     prompts = [torch.randint(4, tok.vocab_size, (n,), generator=g).tolist() for n in lens]
@@ -145,6 +146,7 @@ def bench(preset: str, batch: int, mode: str, args, peak: float) -> dict:
                                                               model.parameters()),
         "batch": batch, "mode": mode, "new_tokens": args.new_tokens,
         "decode_kernels": "torch" if engine.kernels is None else "native",
+        "onednn_weights": engine.packed is not None,
         "prompt_len": [args.prompt_min, args.prompt_max], "threads": torch.get_num_threads(),
         "engine_tokens_per_s": round(n_e / t_e, 1), "hf_generate_tokens_per_s": round(n_h / t_h, 1),
         "speedup": round((n_e / t_e) / (n_h / t_h), 3),
@@ -171,6 +173,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch default")
     ap.add_argument("--decode-kernels", default="auto", choices=["auto", "native", "torch"],
                     help="the engine's decode step (EngineConfig.decode_kernels)")
+    ap.add_argument("--onednn-weights", default="auto", choices=["auto", "on", "off"],
+                    help="native decode matmuls on oneDNN-reordered weights (EngineConfig)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -20,22 +20,28 @@ def kernels(kernel_dir) -> nat.NativeKernels:
     return nat.NativeKernels.load(kernel_dir)
 
 
-# head_dim 32 with GQA (the vectorised paths), and head_dim 12 without GQA (the scalar tails)
+# head_dim 32 with GQA (query pairs, 8-column blocks), head_dim 12 without GQA (the scalar
+# tails), head_dim 64 (one 64-column register block), head_dim 72 with 3 queries per KV head
+# (a 64-column block plus an 8-column one; a query pair plus a single query)
 SHAPES = {
     "qwen2-tiny": {},
     "llama-tiny": {},
     "qwen2-hd12": {"hidden_size": 48, "num_attention_heads": 4, "num_key_value_heads": 4},
+    "qwen2-hd64": {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1},
+    "llama-hd72-g3": {"hidden_size": 216, "num_attention_heads": 3, "num_key_value_heads": 1},
 }
 
 
-def _step_both(model, kernels, prompts, steps: int, threads: int = 1):
-    """Prefill, then `steps` decode steps on the torch and the native path from the same state."""
+def _step_both(model, kernels, prompts, steps: int, threads: int = 1, onednn: bool = False):
+    """Prefill, then `steps` decode steps on the torch and the native path from the same state
+    (the native one on oneDNN-prepacked weights with `onednn`)."""
     spec = ModelSpec.from_hf_config(model.config)
     w = PackedWeights.pack(spec, model.state_dict())
     ids, pos, allowed, pad = _left_pad(prompts)
     b, width = ids.shape
     caches = [KVCache(spec, b, width + steps), KVCache(spec, b, width + steps)]
     ws = nat.NativeWorkspace.allocate(w, b)
+    packed = nat.prepack(w, b) if onednn else None
     with torch.inference_mode():
         for c in caches:
             h = forward(w, ids, pos, allowed, c)[:, -1]
@@ -45,17 +51,18 @@ def _step_both(model, kernels, prompts, steps: int, threads: int = 1):
         for j in range(steps):
             torch_h.append(decode_step(w, tok, p, caches[0], width + j, bias))
             native_h.append(nat.decode_step_native(kernels, w, tok, p, caches[1], width + j,
-                                                   pad, ws, threads=threads))
+                                                   pad, ws, threads=threads, packed=packed))
             tok, p = (torch_h[-1] @ w.lm_head).argmax(-1), p + 1
     return w, torch.stack(torch_h), torch.stack(native_h), caches, pad
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
-def test_native_step_equals_torch_step(shape, tok, kernels, random_prompts) -> None:
+@pytest.mark.parametrize(("shape", "onednn"), [(s, False) for s in SHAPES] + [
+    ("qwen2-tiny", True), ("llama-hd72-g3", True)])
+def test_native_step_equals_torch_step(shape, onednn, tok, kernels, random_prompts) -> None:
     preset = "qwen2-tiny" if shape.startswith("qwen2") else "llama-tiny"
     model = build_model(preset, tok.vocab_size, seed=4, **SHAPES[shape])
     prompts = random_prompts(5, 1, 13, seed=8)  # left padding 0..12: rows attend different spans
-    w, th, nh, (ct, cn), pad = _step_both(model, kernels, prompts, steps=11)
+    w, th, nh, (ct, cn), pad = _step_both(model, kernels, prompts, steps=11, onednn=onednn)
     assert torch.allclose(nh, th, atol=1e-5)
     assert torch.allclose(nh @ w.lm_head, th @ w.lm_head, atol=1e-5)
     for r, first in enumerate(pad.tolist()):  # the cache is written alike (padding is not used)
@@ -82,6 +89,29 @@ def test_both_decode_paths_generate_alike(preset, tok, random_prompts) -> None:
     for a, b in zip(outs["native"], outs["torch"], strict=True):
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+
+
+def test_onednn_weights_generate_alike_and_follow_reloads(tok, random_prompts) -> None:
+    first, second = (build_model("qwen2-tiny", tok.vocab_size, seed=s) for s in (11, 12))
+    prompts = random_prompts(6, 1, 10, seed=4)
+    greedy = SamplingParams(max_new_tokens=20, temperature=0)
+    on = CPUEngine(first, tok, EngineConfig(decode_kernels="native", onednn_weights="on"))
+    off = CPUEngine(first, tok, EngineConfig(decode_kernels="native", onednn_weights="off"))
+    assert on.packed is not None and off.packed is None
+    assert [o.token_ids for o in on.generate(prompts, greedy)] == \
+        [o.token_ids for o in off.generate(prompts, greedy)]
+    on.load_weights(second.state_dict())  # the prepacked copy is rebuilt with the weights
+    fresh = CPUEngine(second, tok, EngineConfig(decode_kernels="native", onednn_weights="off"))
+    for a, b in zip(on.generate(prompts, greedy), fresh.generate(prompts, greedy), strict=True):
+        assert a.token_ids == b.token_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+
+
+def test_onednn_auto_follows_the_hidden_size(tok) -> None:
+    auto = EngineConfig(decode_kernels="native")
+    assert CPUEngine(build_model("qwen2-tiny", tok.vocab_size), tok, auto).packed is None
+    wide = build_model("qwen2-4l-256", tok.vocab_size)
+    assert len(CPUEngine(wide, tok, auto).packed) == wide.config.num_hidden_layers
 
 
 def test_kernels_are_built_once_and_cached(kernels, kernel_dir, monkeypatch) -> None:
@@ -130,3 +160,6 @@ def test_native_step_refuses_inputs_it_cannot_index_safely(tok, kernels) -> None
                                          (pos, start, 8), (pos[[0, 0, 0]], start, 3)]:
             with pytest.raises(ValueError):
                 nat.decode_step_native(kernels, w, ids, bad_pos, cache, slot, bad_start, ws)
+        with pytest.raises(ValueError, match="prepacked layers"):
+            nat.decode_step_native(kernels, w, ids, pos, cache, 3, start, ws,
+                                   packed=nat.prepack(w, 2)[:-1])

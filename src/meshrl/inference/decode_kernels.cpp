@@ -112,26 +112,69 @@ static void scores_row(const float* q, const float* k, float* sc, int n, int hd)
   for (; t < n; ++t) sc[t] = dot(q, k + (int64_t)t * hd, hd);
 }
 
-// o[i] = sum_t p[t] * v[t][i] * scale for i < hd (v rows hd apart)
+#if defined(__AVX2__) && defined(__FMA__)
+// s0[t] = q0 . k[t] and s1[t] = q1 . k[t] for t < n: two queries of a KV head share each key load.
+static void scores_pair(const float* q0, const float* q1, const float* k, float* s0, float* s1,
+                        int n, int hd) {
+  int t = 0;
+  if (hd % 8 == 0) {
+    for (; t + 4 <= n; t += 4) {
+      __m256 acc[8];  // acc[u] = q0 . k[t + u], acc[4 + u] = q1 . k[t + u] (8 lanes each)
+      for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
+      const float* kt = k + (int64_t)t * hd;
+      for (int i = 0; i < hd; i += 8) {
+        __m256 a = _mm256_loadu_ps(q0 + i), b = _mm256_loadu_ps(q1 + i);
+        for (int u = 0; u < 4; ++u) {
+          __m256 ku = _mm256_loadu_ps(kt + (int64_t)u * hd + i);
+          acc[u] = _mm256_fmadd_ps(a, ku, acc[u]);
+          acc[4 + u] = _mm256_fmadd_ps(b, ku, acc[4 + u]);
+        }
+      }
+      __m256 s = hsum8x8(acc);
+      _mm_storeu_ps(s0 + t, _mm256_castps256_ps128(s));
+      _mm_storeu_ps(s1 + t, _mm256_extractf128_ps(s, 1));
+    }
+  }
+  for (; t < n; ++t) {
+    s0[t] = dot(q0, k + (int64_t)t * hd, hd);
+    s1[t] = dot(q1, k + (int64_t)t * hd, hd);
+  }
+}
+#else
+static void scores_pair(const float* q0, const float* q1, const float* k, float* s0, float* s1,
+                        int n, int hd) {
+  scores_row(q0, k, s0, n, hd);
+  scores_row(q1, k, s1, n, hd);
+}
+#endif
+
+// o[i] = sum_t p[t] * v[t][i] * scale for i < hd (v rows hd apart). Blocks of 64 columns keep
+// their 8 accumulators in registers for one pass over v; the rest go 8 columns per pass.
 static void weighted_sum(const float* p, const float* v, float* o, int n, int hd, float scale) {
   int i = 0;
 #if defined(__AVX2__) && defined(__FMA__)
+  const __m256 sc = _mm256_set1_ps(scale);
+  for (; i + 64 <= hd; i += 64) {
+    __m256 a[8];
+    for (int u = 0; u < 8; ++u) a[u] = _mm256_setzero_ps();
+    for (int t = 0; t < n; ++t) {
+      const __m256 pt = _mm256_set1_ps(p[t]);
+      const float* vt = v + (int64_t)t * hd + i;
+      for (int u = 0; u < 8; ++u) a[u] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * u), a[u]);
+    }
+    for (int u = 0; u < 8; ++u) _mm256_storeu_ps(o + i + 8 * u, _mm256_mul_ps(a[u], sc));
+  }
   for (; i + 8 <= hd; i += 8) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
     int t = 0;
-    for (; t + 4 <= n; t += 4) {
+    for (; t + 2 <= n; t += 2) {
       a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(v + (int64_t)t * hd + i), a0);
       a1 = _mm256_fmadd_ps(_mm256_set1_ps(p[t + 1]),
                            _mm256_loadu_ps(v + (int64_t)(t + 1) * hd + i), a1);
-      a2 = _mm256_fmadd_ps(_mm256_set1_ps(p[t + 2]),
-                           _mm256_loadu_ps(v + (int64_t)(t + 2) * hd + i), a2);
-      a3 = _mm256_fmadd_ps(_mm256_set1_ps(p[t + 3]),
-                           _mm256_loadu_ps(v + (int64_t)(t + 3) * hd + i), a3);
     }
     for (; t < n; ++t)
       a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(v + (int64_t)t * hd + i), a0);
-    __m256 sum = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-    _mm256_storeu_ps(o + i, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
+    _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_add_ps(a0, a1), sc));
   }
 #endif
   for (; i < hd; ++i) {
@@ -220,14 +263,17 @@ void meshrl_attend(const float* qkv, const float* rope, const int64_t* pos, cons
         }
         const float* kfirst = kh + (int64_t)first * hd;
         const float* vfirst = vh + (int64_t)first * hd;
-        for (int g = 0; g < G; ++g) {
+        float* ob = out + (int64_t)b * KV * G * hd + (int64_t)j * G * hd;
+        int g = 0;
+        for (; g + 2 <= G; g += 2)
+          scores_pair(qbuf.data() + g * hd, qbuf.data() + (g + 1) * hd, kfirst,
+                      scores.data() + g * n, scores.data() + (g + 1) * n, n, hd);
+        for (; g < G; ++g) scores_row(qbuf.data() + g * hd, kfirst, scores.data() + g * n, n, hd);
+        for (g = 0; g < G; ++g) {
           float* sc = scores.data() + g * n;
-          scores_row(qbuf.data() + g * hd, kfirst, sc, n, hd);
           float mx = sc[0];
           for (int t = 1; t < n; ++t) mx = sc[t] > mx ? sc[t] : mx;
-          float inv = 1.f / exp_shift_sum(sc, n, mx);
-          weighted_sum(sc, vfirst, out + (int64_t)b * KV * G * hd + (int64_t)(j * G + g) * hd, n,
-                       hd, inv);
+          weighted_sum(sc, vfirst, ob + g * hd, n, hd, 1.f / exp_shift_sum(sc, n, mx));
         }
       }
     }
