@@ -3,8 +3,9 @@
 1. `rollout`: generated tokens/s of each rollout backend (torch loop, inference engine) for the
    same batch shape (random weights, so completions often run to the length cap).
 2. `async_vs_sync`: wall time per step of async_level 2 vs 0 on the same config (generator in a
-   child process; `speedup`; best of `--repeats` alternating runs of each), and vs a synchronous run with generation in the trainer's process
-   at its best thread count, 1 or 2 (`speedup_vs_best_inprocess_sync`). `gen_to_train`
+   child process; `speedup`; best of `--repeats` alternating runs of each), and vs a
+   synchronous run with generation in the trainer's process at its best thread count, 1 or 2
+   (`speedup_vs_best_inprocess_sync`). `gen_to_train`
    (synchronous generation time over training time) shows whether the two phases take
    comparable time, where overlap pays most. On 2 cores the overlap costs the trainer its
    second thread, which bounds what async can gain there.

@@ -175,3 +175,26 @@ def test_cli_generate_prints_replayable_completions(qwen, tok, tmp_path, capsys)
     again = engine.generate([tok.encode("ab")], SamplingParams(max_new_tokens=6, seed=4), [3])[0]
     assert rows[3]["token_ids"] == again.token_ids
     assert main(["inference", "generate", "--model", str(tmp_path / "m")]) == 2
+
+
+def test_prefill_on_real_tokens_equals_the_padded_grid(qwen, random_prompts) -> None:
+    from meshrl.inference.engine import _left_pad, _real_slots
+    from meshrl.inference.transformer import KVCache, ModelSpec, PackedWeights, forward
+
+    spec = ModelSpec.from_hf_config(qwen.config)
+    w = PackedWeights.pack(spec, qwen.state_dict())
+    ids, pos, allowed, pad = _left_pad(random_prompts(7, 1, 16, seed=5))
+    b, width = ids.shape
+    real = _real_slots(pad, width)
+    assert real.numel() == int((width - pad).sum())
+    grid_cache, real_cache = KVCache(spec, b, width), KVCache(spec, b, width)
+    with torch.inference_mode():
+        grid = forward(w, ids, pos, allowed, grid_cache).reshape(b * width, -1)
+        only = forward(w, ids, pos, allowed, real_cache, real)
+    assert only.shape == (real.numel(), spec.hidden)
+    assert torch.allclose(only, grid[real], atol=1e-5)
+    for r, first in enumerate(pad.tolist()):  # the cache agrees wherever decoding reads it
+        assert torch.allclose(real_cache.k[:, r, :, first:], grid_cache.k[:, r, :, first:],
+                              atol=1e-5)
+        assert torch.allclose(real_cache.v[:, r, :, first:], grid_cache.v[:, r, :, first:],
+                              atol=1e-5)

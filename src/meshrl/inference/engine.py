@@ -93,6 +93,11 @@ def _left_pad(seqs: list[list[int]]) -> tuple[torch.Tensor, ...]:
     return ids, positions, allowed[:, None], pad
 
 
+def _real_slots(pad: torch.Tensor, width: int) -> torch.Tensor:
+    """Flat indices of the non-padding slots of a left-padded [B, width] grid (`forward`'s real)."""
+    return (torch.arange(width)[None, :] >= pad[:, None]).reshape(-1).nonzero()[:, 0]
+
+
 class CPUEngine(InferenceBackend):
     """Default backend: meshrl's own forward over HF Qwen2 / Llama weights, float32 on CPU.
 
@@ -193,7 +198,8 @@ class CPUEngine(InferenceBackend):
         steps, width = int(budget.max()), int(lens.max())
         ids, positions, allowed, pad = _left_pad(prompts)
         cache = KVCache(self.spec, b, width + steps - 1)  # the last token is never fed back
-        h = forward(w, ids, positions, allowed, cache)[:, -1]
+        # each row's last prompt token is the last of its run in the flat real-token order
+        h = forward(w, ids, positions, allowed, cache, _real_slots(pad, width))[lens.cumsum(0) - 1]
         live = _LiveRows(torch.arange(b), lens.clone(), budget.clone(),
                          torch.ones(b, dtype=torch.bool), _pad_bias(pad, self.spec, cache), pad)
         ws = None if self.kernels is None else NativeWorkspace.allocate(w, b)
@@ -297,13 +303,14 @@ class CPUEngine(InferenceBackend):
         w = self.weights
         ids, positions, allowed, pad = _left_pad([p + c for p, c in zip(prompts, comps,
                                                                          strict=True)])
-        hid = forward(w, ids, positions, allowed).reshape(-1, self.spec.hidden)
-        width = ids.shape[1]
-        # completion token j of row i is predicted at row slot pad + len(prompt) - 1 + j
-        flat = torch.cat([
-            i * width + int(pad[i]) + len(p) - 1 + torch.arange(len(c))
-            for i, (p, c) in enumerate(zip(prompts, comps, strict=True))
-        ])
+        hid = forward(w, ids, positions, allowed, real=_real_slots(pad, ids.shape[1]))
+        # completion token j of row i is predicted at real token offset_i + len(prompt) - 1 + j
+        offset = 0
+        flat = []
+        for p, c in zip(prompts, comps, strict=True):
+            flat.append(offset + len(p) - 1 + torch.arange(len(c)))
+            offset += len(p) + len(c)
+        flat = torch.cat(flat)
         h = hid[flat]
         logits = h @ w.lm_head
         targets = torch.tensor([t for c in comps for t in c], dtype=torch.int64)

@@ -253,20 +253,28 @@ def forward(
     positions: torch.Tensor,
     allowed: torch.Tensor,
     cache: KVCache | None = None,
+    real: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Full-sequence pass (prefill / scoring). ids, positions [B, S]; allowed [B, 1, S, S] bool.
 
     Returns the final-norm hidden states [B, S, d]; with `cache`, fills slots [0, S).
+    With `real` (flat indices [T] of the non-padding slots of the [B * S] grid, ascending), the
+    norms and matmuls run on those T tokens only, padding is zeros in attention, and the result
+    is the hidden states of those tokens [T, d]: left padding of prompts 8-24 tokens long is a
+    third of the grid, and of prompt + completion pairs of different lengths often more.
     """
     s = w.spec
     b, n = ids.shape
     h, kv, hd = s.heads, s.kv_heads, s.head_dim
     groups = h // kv
     rot = w.rope[positions][:, :, None, None, :]  # [B, S, 1, 1, hd/2]
-    x = F.embedding(ids, w.embed)
+    x = F.embedding(ids.reshape(-1) if real is None else ids.reshape(-1)[real], w.embed)
     for i, layer in enumerate(w.layers):
         y = _rms(x, w.eps)
-        qkv = F.linear(y, layer.w_qkv.t(), layer.b_qkv).view(b, n, kv, groups + 2, hd)
+        qkv = F.linear(y, layer.w_qkv.t(), layer.b_qkv)
+        if real is not None:  # back onto the grid for attention (padding rows stay zero)
+            qkv = qkv.new_zeros(b * n, qkv.shape[1]).index_copy_(0, real, qkv)
+        qkv = qkv.view(b, n, kv, groups + 2, hd)
         kq = _rope(qkv[:, :, :, 1:], rot)  # [B, S, kv, 1 + G, hd]
         q = kq[:, :, :, 1:].reshape(b, n, h, hd).transpose(1, 2)
         k = kq[:, :, :, 0].transpose(1, 2)
@@ -275,11 +283,13 @@ def forward(
             cache.k[i, :b, :, :n] = k
             cache.v[i, :b, :, :n] = v
         att = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=kv != h)
-        x = x + att.transpose(1, 2).reshape(b, n, h * hd) @ layer.w_o
+        att = att.transpose(1, 2).reshape(b * n, h * hd)
+        x = x + (att if real is None else att.index_select(0, real)) @ layer.w_o
         y = _rms(x, w.eps)
         gate, up = (y @ layer.w_gu).chunk(2, dim=-1)
         x = x + (F.silu(gate) * up) @ layer.w_down
-    return _rms(x, w.eps) * w.norm
+    out = _rms(x, w.eps) * w.norm
+    return out.view(b, n, -1) if real is None else out
 
 
 def decode_step(
