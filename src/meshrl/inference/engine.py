@@ -41,7 +41,8 @@ __all__ = ["CPUEngine", "EngineConfig"]
 
 
 # hidden size from which oneDNN's prepacked matmuls beat MKL mm in the decode step (2-core AVX2
-# EPYC, batch 32-128: 0.7x at hidden 128, 1.4-1.7x at 256 and 512)
+# EPYC, batch 32-128, benchmarks/bench_decode_matmul.py: 0.7-0.8x at hidden 128, 1.0-1.1x at 256,
+# 1.2-1.5x at 512)
 ONEDNN_MIN_HIDDEN = 256
 
 
