@@ -306,13 +306,11 @@ class CPUEngine(InferenceBackend):
                                                                          strict=True)])
         hid = forward(w, ids, positions, allowed, real=_real_slots(pad, ids.shape[1]))
         # completion token j of row i is predicted at real token offset_i + len(prompt) - 1 + j
-        offset = 0
-        flat = []
+        offset, parts = 0, []
         for p, c in zip(prompts, comps, strict=True):
-            flat.append(offset + len(p) - 1 + torch.arange(len(c)))
+            parts.append(offset + len(p) - 1 + torch.arange(len(c)))
             offset += len(p) + len(c)
-        flat = torch.cat(flat)
-        h = hid[flat]
+        h = hid[torch.cat(parts)]
         logits = h @ w.lm_head
         targets = torch.tensor([t for c in comps for t in c], dtype=torch.int64)
         lp = (logits / temp).log_softmax(-1).gather(1, targets[:, None])[:, 0]
