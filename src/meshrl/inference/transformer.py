@@ -268,7 +268,8 @@ def forward(
     h, kv, hd = s.heads, s.kv_heads, s.head_dim
     groups = h // kv
     rot = w.rope[positions][:, :, None, None, :]  # [B, S, 1, 1, hd/2]
-    x = F.embedding(ids.reshape(-1) if real is None else ids.reshape(-1)[real], w.embed)
+    flat_ids = ids.reshape(-1)
+    x = F.embedding(flat_ids if real is None else flat_ids[real], w.embed)
     for i, layer in enumerate(w.layers):
         y = _rms(x, w.eps)
         qkv = F.linear(y, layer.w_qkv.t(), layer.b_qkv)
