@@ -5,7 +5,7 @@ Sampling `argmax(logits / T + g)` with standard Gumbel noise `g` draws exactly f
 every token checkable: a validator that knows the seed recomputes `g`, recomputes the logits with
 one prefill, and checks that the claimed token is (within a floating-point tolerance) the argmax.
 
-Noise derivation (documented in ARCHITECTURE.md, stable across versions and devices):
+Noise derivation (documented in docs/sampling.md, stable across versions and devices):
     m(x)  = 32-bit integer mixer: x ^= x>>16; x *= 0x7FEB352D; x ^= x>>15; x *= 0x846CA68B;
             x ^= x>>16   (all mod 2^32)
     s     = m((seed mod 2^32) ^ m(seed >> 32) ^ 0x9E3779B9)

@@ -1,6 +1,6 @@
 """The shardcast HTTP server, shared by origins and relays (aiohttp, one event loop).
 
-URL layout (see ARCHITECTURE.md, "Shardcast"):
+URL layout (see docs/shardcast.md):
 
     GET /health                          status, versions, byte counters
     GET /versions?after=N&wait=S         versions held; long-polls up to S s for one newer than N

@@ -1,6 +1,6 @@
 """On-disk version store shared by origins and relays.
 
-Layout under the store root (see ARCHITECTURE.md, "Shardcast"):
+Layout under the store root (see docs/shardcast.md):
 
     v<N>/manifest.json        a complete version N: visible to clients
     v<N>/data/<file names>    the version's files, byte for byte as published
