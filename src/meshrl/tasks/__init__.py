@@ -15,6 +15,7 @@ from meshrl.tasks.sampling import (
     compute_reward,
     problem_seed,
     sample_problems,
+    sampling_seed,
 )
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "load_math_rows",
     "problem_seed",
     "sample_problems",
+    "sampling_seed",
     "task_reward",
 ]
 
