@@ -46,6 +46,9 @@ class Thresholds(Config):
     max_exp_mismatches: float = Field(38, description="per chunk: sign/exponent mismatches")
     max_mant_err_mean: float = Field(10.0, description="per chunk: mean |mantissa difference|")
     max_mant_err_median: float = Field(8.0, description="per chunk: median |mantissa difference|")
+    max_sign_mismatches: int = Field(
+        4, description="per chunk: sign flips among exponent-matched entries"
+    )
     max_pooled_exp_mismatch_rate: float | None = Field(
         None, description="rollout: mismatches / compared entries over all chunks"
     )
@@ -109,6 +112,7 @@ def verdict(results: Sequence[ChunkResult], thresholds: Thresholds | None = None
             ("exponent mismatches", r.exp_mismatches, th.max_exp_mismatches),
             ("mantissa error mean", r.mant_err_mean, th.max_mant_err_mean),
             ("mantissa error median", r.mant_err_median, th.max_mant_err_median),
+            ("sign mismatches", r.sign_mismatches, th.max_sign_mismatches),
         )
         for name, value, limit in checks:
             if not value <= limit:  # NaN fails too
