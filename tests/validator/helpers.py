@@ -1,5 +1,5 @@
-"""Shared by the worker and validator tests: a tiny pool, a worker's batch as the validator
-reads it, and the chain claim of an honest submission."""
+"""Shared by the worker and validator tests: a tiny pool, a worker's file as the validator
+reads it (through the Parquet bytes), and the chain claim of a submission."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import hashlib
 
 from meshrl.inference import SamplingParams
 from meshrl.tasks import ArithmeticConfig, TasksConfig
-from meshrl.validator.verify import ChainClaim, FileRow, FileView, PoolRules
-from meshrl.worker.rollouts import Assignment, RolloutBatch
+from meshrl.validator.verify import ChainClaim, PoolRules
+from meshrl.wire.rollout_file import RolloutFile, read_rollout_file, rollout_file_bytes
+from meshrl.worker.rollouts import Assignment
 
 NODE = "0x" + "ab" * 20
 PROVIDER = "0x" + "cd" * 20
@@ -23,27 +24,21 @@ def rules(max_new: int = 8, prompts: int = 2, group: int = 4, async_level: int =
                      tasks=TASKS)
 
 
-def assignment(r: PoolRules, step: int = 3, counter: int = 0, node: str = NODE) -> Assignment:
+def assignment(r: PoolRules, step: int = 1, counter: int = 0, node: str = NODE) -> Assignment:
     s = r.sampling
-    return Assignment(seed=r.seed, node=node, step=step, counter=counter,
+    return Assignment(seed=r.seed, node=node, pool_id=1, step=step, counter=counter,
                       prompts=r.prompts_per_file, group_size=r.group_size,
                       sampling=SamplingParams(max_new_tokens=s["max_new_tokens"],
                                               temperature=s["temperature"], top_p=s["top_p"]),
                       tasks=r.tasks)
 
 
-def view(b: RolloutBatch) -> FileView:
-    s = b.sampling
-    return FileView(
-        node=b.node, provider=b.provider, step=b.step, counter=b.counter,
-        policy_version=b.policy_version, seed=b.seed,
-        sampling={"max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
-                  "top_p": s.top_p},
-        group_size=b.group_size, work_units=b.work_units,
-        rows=[FileRow(r.prompt_ids, r.token_ids, r.logprobs, r.finish_reason, r.seq_id,
-                      r.reward, r.proofs) for r in b.rows])
+def roundtrip(rf: RolloutFile) -> tuple[RolloutFile, str]:
+    """The file as a validator downloads it, and its sha256."""
+    data = rollout_file_bytes(rf)
+    return read_rollout_file(data), hashlib.sha256(data).hexdigest()
 
 
-def claim(b: RolloutBatch, units: int | None = None) -> ChainClaim:
-    digest = hashlib.sha256(repr(b).encode()).hexdigest()
-    return ChainClaim(digest, b.node, b.provider, b.work_units if units is None else units)
+def claim(rf: RolloutFile, sha: str = "00" * 32, units: int | None = None) -> ChainClaim:
+    h = rf.header
+    return ChainClaim(sha, h.node, h.provider, h.work_units if units is None else units)

@@ -4,7 +4,7 @@ in-process cheat is caught by the check that names it, as a hard finding."""
 from __future__ import annotations
 
 import pytest
-from helpers import PROVIDER, assignment, claim, rules, view
+from helpers import PROVIDER, assignment, claim, roundtrip, rules
 
 from meshrl.inference import CPUEngine, EngineConfig
 from meshrl.validator.replay import ReplayConfig
@@ -15,16 +15,16 @@ from meshrl.worker.rollouts import generate_rollouts
 
 
 def _honest(engine, tok, r, **kw):
-    return generate_rollouts(engine, tok, assignment(r, **kw), policy_version=3,
-                             provider=PROVIDER)
+    return roundtrip(generate_rollouts(engine, tok, assignment(r, **kw), PROVIDER))[0]
 
 
 def test_honest_file_is_accepted_with_numbers(engine, tok):
     r = rules(max_new=16)
     b = _honest(engine, tok, r)
-    rep = verify_file(engine, tok, view(b), claim(b), r)
+    rep = verify_file(engine, tok, b, claim(b), r)
     assert rep.accepted, rep.reason()
-    assert rep.stats.rows == 8 and rep.stats.tokens == sum(len(x.token_ids) for x in b.rows)
+    assert rep.stats.rows == 8
+    assert rep.stats.tokens == sum(len(x.completion_tokens) for x in b.completions)
     assert rep.stats.max_sampling_margin <= ReplayConfig().sampling_tolerance
     assert rep.stats.max_logprob_diff < 1e-3
     assert rep.stats.chunks == 8  # one proof per completion of <= 32 tokens
@@ -32,7 +32,7 @@ def test_honest_file_is_accepted_with_numbers(engine, tok):
 
 def test_validator_batch_size_and_threads_do_not_matter(model, tok, engine):
     r = rules(max_new=24, prompts=3)
-    items = [(view(b), claim(b), r) for b in (_honest(engine, tok, r, counter=c)
+    items = [(b, claim(b), r) for b in (_honest(engine, tok, r, counter=c)
                                               for c in range(3))]
     other = CPUEngine(model, tok, EngineConfig(max_batch_size=5, num_threads=2))
     for rep in verify_files(other, tok, items, ReplayConfig(max_batch_rows=7)):
@@ -46,11 +46,10 @@ def _cheat(engine, model, tok, r, mode, **cfg):
     state = cheat.weights(model.state_dict(), model.config, a.step)
     if state is not model.state_dict() and mode in ("other-model", "int8", "scale-layer"):
         eng = CPUEngine(model, tok, EngineConfig(num_threads=1))
-        eng.load_weights(state)
-    b = generate_rollouts(eng, tok, a, policy_version=3, provider=PROVIDER,
-                          problems=cheat.problems(a), sampling=cheat.sampling(a),
-                          edit=cheat.edit(a.step, tok.eos_token_id))
-    return cheat.finish(b)
+        eng.load_weights(state, version=0)
+    b = generate_rollouts(eng, tok, a, PROVIDER, problems=cheat.problems(a),
+                          sampling=cheat.sampling(a), edit=cheat.edit(a.step, tok.eos_token_id))
+    return roundtrip(cheat.finish(b))[0]
 
 
 @pytest.mark.parametrize(("mode", "check"), [
@@ -66,6 +65,6 @@ def _cheat(engine, model, tok, r, mode, **cfg):
 def test_each_generation_cheat_is_a_hard_finding(engine, model, tok, mode, check):
     r = rules(max_new=32, prompts=2, group=4)
     b = _cheat(engine, model, tok, r, mode)
-    rep = verify_file(engine, tok, view(b), claim(b, units=b.work_units), r)
+    rep = verify_file(engine, tok, b, claim(b), r)
     assert not rep.accepted and rep.hard
     assert check in [f.check for f in rep.findings], rep.reason()

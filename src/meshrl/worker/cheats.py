@@ -24,8 +24,9 @@ import torch
 
 from meshrl.inference import Completion, SamplingParams
 from meshrl.tasks import Problem, sample_problems
+from meshrl.wire.rollout_file import RolloutFile
 from meshrl.worker.config import CheatConfig
-from meshrl.worker.rollouts import Assignment, RolloutBatch
+from meshrl.worker.rollouts import Assignment
 
 __all__ = ["Cheat"]
 
@@ -100,15 +101,14 @@ class Cheat:
 
         return cut
 
-    def finish(self, batch: RolloutBatch) -> RolloutBatch:
+    def finish(self, rf: RolloutFile) -> RolloutFile:
         """Claims written into the file after generation."""
-        if self.on("forge-rewards", batch.step):
-            for r in batch.rows:
-                if r.task_reward < 1.0:
-                    r.reward, r.task_reward = r.reward + 1.0 - r.task_reward, 1.0
-        if self.on("inflate-units", batch.step):
-            batch.work_units *= 2
-        return batch
+        if self.on("forge-rewards", rf.header.step):
+            for r in rf.completions:
+                r.reward = max(r.reward, 1.0)
+        if self.on("inflate-units", rf.header.step):
+            rf.header = rf.header.model_copy(update={"work_units": 2 * rf.header.work_units})
+        return rf
 
     def frozen_version(self, step: int) -> bool:
         """stale-policy: stop loading new policy versions."""

@@ -13,15 +13,16 @@ The rules a validator replays (docs/worker.md):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
 
 from meshrl.inference import Completion, InferenceBackend, SamplingParams
 from meshrl.tasks import Problem, TasksConfig, compute_reward, sample_problems, sampling_seed
-from meshrl.toploc import build_proofs
+from meshrl.toploc import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK, build_proofs
+from meshrl.wire.rollout_file import Completion as Row
+from meshrl.wire.rollout_file import RolloutFile, RolloutHeader
 
-__all__ = ["Assignment", "RolloutBatch", "RolloutRow", "encode_prompt", "generate_rollouts",
-           "work_units"]
+__all__ = ["Assignment", "encode_prompt", "generate_rollouts", "work_units"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class Assignment:
 
     seed: int
     node: str
+    pool_id: int
     step: int
     counter: int
     prompts: int
@@ -45,45 +47,15 @@ class Assignment:
         return sampling_seed(self.seed, self.node, self.step, self.counter)
 
 
-@dataclass
-class RolloutRow:
-    prompt_index: int
-    seq_id: int
-    prompt_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-    reward: float
-    task_reward: float
-    proofs: list[bytes]
-
-
-@dataclass
-class RolloutBatch:
-    """Everything that goes into one rollout file (the Parquet schema is `meshrl.wire`'s)."""
-
-    node: str
-    provider: str
-    step: int
-    counter: int
-    policy_version: int
-    seed: int  # the sampler seed actually used
-    sampling: SamplingParams
-    tasks: TasksConfig
-    group_size: int
-    rows: list[RolloutRow] = field(default_factory=list)
-    work_units: int = 0
-
-
 def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     """The prompt's token ids: BOS (when the tokenizer has one) then the text."""
     bos = getattr(tokenizer, "bos_token_id", None)
     return ([bos] if bos is not None else []) + tokenizer.encode(prompt)
 
 
-def work_units(rows: list[RolloutRow]) -> int:
+def work_units(rows: list[Row]) -> int:
     """Tokens processed: every prompt token (prefilled) and every completion token (decoded)."""
-    return sum(len(r.prompt_ids) + len(r.token_ids) for r in rows)
+    return sum(len(r.prompt_tokens) + len(r.completion_tokens) for r in rows)
 
 
 EditCompletions = Callable[[list[Completion]], list[Completion]]
@@ -93,12 +65,11 @@ def generate_rollouts(
     engine: InferenceBackend,
     tokenizer: Any,
     a: Assignment,
-    policy_version: int,
-    provider: str = "",
+    provider: str,
     problems: list[Problem] | None = None,
     sampling: SamplingParams | None = None,
     edit: EditCompletions | None = None,
-) -> RolloutBatch:
+) -> RolloutFile:
     """Generate, score and prove the rollouts of assignment `a` with the loaded policy.
 
     `problems`, `sampling` and `edit` (applied to the completions before they are scored and
@@ -106,7 +77,8 @@ def generate_rollouts(
     """
     problems = a.problems() if problems is None else problems
     seed = a.sampler_seed()
-    params = replace_params(sampling or a.sampling, seed)
+    params = (sampling or a.sampling).model_copy(update={"seed": seed,
+                                                         "return_hidden_states": True})
     g = a.group_size
     prompts = [encode_prompt(tokenizer, p.prompt) for p in problems for _ in range(g)]
     comps = engine.generate(prompts, params, seq_ids=list(range(len(prompts))))
@@ -117,17 +89,22 @@ def generate_rollouts(
     for r, c in enumerate(comps):
         reward = compute_reward(problems[r // g], tokenizer.decode(c.token_ids),
                                 len(c.token_ids), a.tasks, tasks)
-        rows.append(RolloutRow(r // g, c.seq_id, c.prompt_ids, c.token_ids, c.logprobs,
-                               c.finish_reason, reward.total, reward.task,
-                               build_proofs(c.hidden_states)))
-    return RolloutBatch(a.node, provider, a.step, a.counter, policy_version, seed, a.sampling,
-                        a.tasks, g, rows, work_units(rows))
+        rows.append(Row(prompt_id=f"{a.step}/{a.counter}/{r // g}", counter=a.counter,
+                        sample_index=r % g, seq_id=c.seq_id, prompt_tokens=c.prompt_ids,
+                        completion_tokens=c.token_ids, logprobs=c.logprobs,
+                        reward=reward.total, finish_reason=c.finish_reason,
+                        toploc_proofs=build_proofs(c.hidden_states)))
+    header = RolloutHeader(
+        node=a.node, provider=provider, pool_id=a.pool_id, step=a.step,
+        policy_version=comps[0].policy_version, task=a.tasks.model_dump(mode="json"),
+        sampling=sampling_claim(a), sampling_seed=seed, prompt_seed=a.seed,
+        toploc_chunk_size=DEFAULT_CHUNK_SIZE, toploc_topk=DEFAULT_TOPK,
+        work_units=work_units(rows))
+    return RolloutFile(header, rows)
 
 
-def replace_params(params: SamplingParams, seed: int) -> SamplingParams:
-    """`params` with the sampler seed and hidden states switched on (proofs need them)."""
-    return params.model_copy(update={"seed": seed, "return_hidden_states": True})
-
-
-def with_rows(batch: RolloutBatch, rows: list[RolloutRow]) -> RolloutBatch:
-    return replace(batch, rows=rows, work_units=work_units(rows))
+def sampling_claim(a: Assignment) -> dict[str, Any]:
+    """The sampling parameters a file declares: the work order's, plus the group size."""
+    s = a.sampling
+    return {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
+            "top_p": s.top_p, "group_size": a.group_size}
