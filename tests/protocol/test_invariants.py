@@ -53,14 +53,14 @@ def _apply(w: World, action: tuple, state: dict) -> None:
     elif kind == "withdraw":
         providers[action[1]].withdraw()
     elif kind == "slash":
-        w.validator.slash(providers[action[1]].address, action[2])
+        w.fed.slash(providers[action[1]].address, action[2])
     elif kind == "advance":
         w.backend.advance_time(action[1])
     elif kind == "submit":
         f = file_hash(f"inv-{state['n']}")
         state["n"] += 1
         w.p1.submit_work(w.pool, w.n1.address, f, action[1])
-        state["files"].append(f)
+        state["files"].append(w.fed.work_id(w.n1.address, f))
     elif kind == "invalidate" and state["files"]:
         f = state["files"][-1]
         (w.validator.hard_invalidate if action[1] else w.validator.soft_invalidate)(f)

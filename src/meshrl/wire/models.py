@@ -28,7 +28,10 @@ __all__ = [
     "NodeList",
     "NodeState",
     "NodeStatus",
+    "PoolNode",
+    "PoolNodes",
     "SlotRequest",
+    "StepUpdate",
     "UploadReceipt",
     "UploadSlot",
     "Verdict",
@@ -209,6 +212,27 @@ class LedgerEntry(Model):
     status: FileStatus
     verdict: str = ""
     download: str = Field("", description="signed GET path of the file (empty until uploaded)")
+
+
+class StepUpdate(Model):
+    """The trainer moves the pool to `step` (monotone)."""
+
+    step: int = Field(ge=0)
+
+
+class PoolNode(Model):
+    address: str
+    provider: str
+    state: NodeState
+    last_seen: float
+    policy_version: int
+    step: int
+    tokens_per_s: float
+    files_pending: int
+
+
+class PoolNodes(Model):
+    nodes: list[PoolNode]
 
 
 class LedgerQuery(Model):

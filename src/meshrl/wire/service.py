@@ -74,8 +74,8 @@ def error_response(status: int, reason: str, detail: str = "") -> web.Response:
 
 
 class _Metrics:
-    def __init__(self, service: str) -> None:
-        self.registry = CollectorRegistry()
+    def __init__(self, service: str, registry: CollectorRegistry) -> None:
+        self.registry = registry
         self.requests = Counter(
             "meshrl_http_requests", "HTTP requests by route and status",
             ["service", "route", "status"], registry=self.registry)
@@ -128,10 +128,11 @@ async def _dispatch(route: Route, guard: RequestGuard, request: web.Request) -> 
 
 def build_app(
     service: str, routes: list[Route], guard: RequestGuard, version: str = "1",
-    client_max_size: int = 1 << 30,
+    registry: CollectorRegistry | None = None, client_max_size: int = 1 << 30,
 ) -> web.Application:
-    """The aiohttp application of `routes` plus `/openapi.json` and `/metrics`."""
-    metrics = _Metrics(service)
+    """The aiohttp application of `routes` plus `/openapi.json` and `/metrics` (of `registry`,
+    a fresh one by default, where the service may register its own metrics too)."""
+    metrics = _Metrics(service, registry or CollectorRegistry())
     app = web.Application(client_max_size=client_max_size)
     app[METRICS_KEY] = metrics.registry
 

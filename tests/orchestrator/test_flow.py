@@ -1,0 +1,172 @@
+"""A file's whole life through real processes: slot, upload, submission on chain, a validator's
+verdict, the trainer's ledger read and download; and a silent node's ejection."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+
+from meshrl.wire import SignedClient, WireHTTPError, read_rollout_file, write_rollout_file
+from meshrl.wire.models import (
+    FileStatus,
+    Heartbeat,
+    LedgerPage,
+    NodeEntry,
+    NodeStatus,
+    PoolNodes,
+    SlotRequest,
+    UploadSlot,
+    Verdict,
+    VerdictAck,
+    WorkOrder,
+)
+
+from .conftest import Pool
+from .net import onboard, run, wait_for
+
+
+def make_file(pool: Pool, name: str, seed: int) -> tuple:
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from wire.helpers import sample_rollout  # the wire tests' sample file
+
+    rf = sample_rollout(seed=seed)
+    rf.header.node = pool.chain.accounts["n1"].address
+    rf.header.provider = pool.chain.accounts["p1"].address
+    rf.header.pool_id = pool.chain.pool
+    path = pool.tmp / name
+    sha = write_rollout_file(path, rf)
+    return path, sha, rf
+
+
+async def upload(o: SignedClient, path, sha: str, step: int = 3, version: int = 3,
+                 units: int = 54) -> UploadSlot:
+    req = SlotRequest(sha256=sha, size=path.stat().st_size, step=step, policy_version=version,
+                      work_units=units)
+    slot = await o.call("POST", "/uploads", req, response=UploadSlot)
+    await o.upload(slot.method, slot.url, path, sha)
+    return slot
+
+
+def test_work_order(pool: Pool) -> None:
+    async def t() -> WorkOrder:
+        async with SignedClient(pool.orch.url, pool.key("n1")) as o:
+            return await o.call("GET", "/work", response=WorkOrder)
+    w = run(t())
+    assert (w.pool_id, w.step, w.policy_versions, w.async_level) == (pool.chain.pool, 3, [2, 3], 1)
+
+
+def test_file_life_to_the_trainer(pool: Pool) -> None:
+    path, sha, rf = make_file(pool, "life.parquet", seed=1)
+
+    async def t() -> None:
+        async with SignedClient(pool.orch.url, pool.key("n1")) as node, \
+                SignedClient(pool.orch.url, pool.key("val")) as val, \
+                SignedClient(pool.orch.url, pool.key("trainer")) as trainer:
+            await upload(node, path, sha)
+            page = await trainer.call("GET", "/ledger", query={"step": 3}, response=LedgerPage)
+            [entry] = [e for e in page.entries if e.sha256 == sha]
+            assert (entry.status, entry.size, entry.work_units) == (FileStatus.UPLOADED,
+                                                                    path.stat().st_size, 54)
+            try:
+                await val.call("POST", "/verdicts", Verdict(sha256=sha, verdict="accept"))
+                raise AssertionError("a verdict before the chain submission was taken")
+            except WireHTTPError as e:
+                assert (e.status, e.reason) == (409, "not awaiting a verdict")
+            p1 = pool.chain.client("p1")
+            await asyncio.to_thread(p1.submit_work, pool.chain.pool,
+                                    pool.chain.accounts["n1"].address, bytes.fromhex(sha), 54)
+
+            async def submitted() -> bool:
+                page = await trainer.call("GET", "/ledger", query={"step": 3},
+                                          response=LedgerPage)
+                return any(e.sha256 == sha and e.status == FileStatus.SUBMITTED
+                           for e in page.entries)
+            await wait_for(submitted)
+            ack = await val.call("POST", "/verdicts", Verdict(sha256=sha, verdict="accept"),
+                                 response=VerdictAck)
+            assert ack.status == FileStatus.ACCEPTED
+            page = await trainer.call("GET", "/ledger", query={"step": 3, "status": "accepted"},
+                                      response=LedgerPage)
+            [entry] = page.entries
+            assert (entry.sha256, entry.policy_version, entry.download) == (
+                sha, 3, f"/files/{sha}")
+            data = await trainer.get_bytes(entry.download)
+            assert hashlib.sha256(data).hexdigest() == sha
+            assert read_rollout_file(data).header == rf.header
+            # a validator reads the same file; a node may not
+            assert await val.get_bytes(entry.download) == data
+            try:
+                await node.get_bytes(entry.download)
+                raise AssertionError("a node read the ledger's files")
+            except WireHTTPError as e:
+                assert (e.status, e.reason) == (403, "not a reader")
+    run(t())
+
+
+def test_soft_invalidation_on_chain_reaches_the_ledger(pool: Pool) -> None:
+    path, sha, _ = make_file(pool, "soft.parquet", seed=2)
+
+    async def t() -> None:
+        async with SignedClient(pool.orch.url, pool.key("n1")) as node, \
+                SignedClient(pool.orch.url, pool.key("val")) as val, \
+                SignedClient(pool.orch.url, pool.key("trainer")) as trainer:
+            await upload(node, path, sha)
+            await asyncio.to_thread(pool.chain.client("p1").submit_work, pool.chain.pool,
+                                    pool.chain.accounts["n1"].address, bytes.fromhex(sha), 54)
+
+            async def status() -> FileStatus:
+                page = await trainer.call("GET", "/ledger", response=LedgerPage)
+                return next(e.status for e in page.entries if e.sha256 == sha)
+            await wait_for(lambda: _is(status, FileStatus.SUBMITTED))
+            ack = await val.call("POST", "/verdicts", Verdict(
+                sha256=sha, verdict="soft_invalid", reason="rewards"), response=VerdictAck)
+            assert ack.status == FileStatus.SUBMITTED  # waits for the chain to agree
+            await asyncio.to_thread(pool.chain.client("val").soft_invalidate, bytes.fromhex(sha))
+            await wait_for(lambda: _is(status, FileStatus.SOFT_INVALIDATED))
+            page = await trainer.call("GET", "/ledger", query={"status": "accepted"},
+                                      response=LedgerPage)
+            assert sha not in {e.sha256 for e in page.entries}
+    run(t())
+
+
+async def _is(get, want) -> bool:  # type: ignore[no-untyped-def]
+    return (await get()) == want
+
+
+def test_silent_node_is_ejected_and_must_be_invited_again(pool: Pool) -> None:
+    async def t() -> None:
+        await onboard(pool.chain, pool.disc.url, pool.orch.url, "n3", "p1")
+        n3 = pool.chain.accounts["n3"].address
+        assert pool.chain.fed.node(n3).pool == pool.chain.pool
+        t0 = time.monotonic()
+        async with SignedClient(pool.orch.url, pool.key("trainer")) as trainer:
+            async def state() -> str:
+                nodes = await trainer.call("GET", "/nodes", response=PoolNodes)
+                return next(n.state.value for n in nodes.nodes if n.address == n3)
+            seen = set()
+
+            async def ejected() -> bool:
+                seen.add(await state())
+                return "ejected" in seen
+            await wait_for(ejected, timeout=15, every=0.1)
+        assert "unhealthy" in seen
+        assert time.monotonic() - t0 >= 2.0  # three missed 1 s heartbeats, not fewer
+        assert pool.chain.fed.node(n3).pool == 0  # ejected on chain
+        async with SignedClient(pool.orch.url, pool.key("n3")) as o, \
+                SignedClient(pool.disc.url, pool.key("n3")) as d:
+            try:
+                await o.call("POST", "/heartbeat", Heartbeat())
+                raise AssertionError("an ejected node's heartbeat was taken")
+            except WireHTTPError as e:
+                assert (e.status, e.reason) == (403, "not in pool")
+
+            async def disc_ejected() -> bool:
+                entry = await d.call("GET", f"/nodes/{n3}", response=NodeEntry)
+                return entry.status == NodeStatus.EJECTED
+            await wait_for(disc_ejected)
+        await onboard(pool.chain, pool.disc.url, pool.orch.url, "n3", "p1")  # invited again
+        assert pool.chain.fed.node(n3).pool == pool.chain.pool
+    run(t())
