@@ -80,10 +80,10 @@ def test_state_resumes_and_never_requeues_judged(tmp_path):
     path = tmp_path / "state.json"
     st = ValidatorState.load(path, start_block=7)
     assert st.next_block == 7
-    jobs = [Job("aa", A, B, 1, 10, 8), Job("bb", A, B, 1, 10, 9)]
+    jobs = [Job("aa", "a1", A, B, 1, 10, 8), Job("bb", "b1", A, B, 1, 10, 9)]
     st.enqueue(jobs, 10)
     st.record(jobs[0], "accept")
     again = ValidatorState.load(path, 0)
-    assert again.next_block == 10 and [j.sha256 for j in again.queue] == ["bb"]
-    again.enqueue([Job("aa", A, B, 1, 10, 8), Job("bb", A, B, 1, 10, 9)], 12)
-    assert [j.sha256 for j in again.queue] == ["bb"] and again.judged == {"aa": "accept"}
+    assert again.next_block == 10 and [j.work_id for j in again.queue] == ["bb"]
+    again.enqueue([Job("aa", "a1", A, B, 1, 10, 8), Job("bb", "b1", A, B, 1, 10, 9)], 12)
+    assert [j.work_id for j in again.queue] == ["bb"] and again.judged == {"aa": "accept"}

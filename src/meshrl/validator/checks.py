@@ -22,6 +22,7 @@ __all__ = [
     "check_rewards",
     "check_sampling_params",
     "check_sha256",
+    "check_slot_claim",
     "check_work_units",
 ]
 
@@ -127,3 +128,15 @@ def check_rewards(claimed: Sequence[float], recomputed: Sequence[float],
                    f"verifier, first row {i}: claims {claimed[i]}, recomputed {recomputed[i]}",
                    {"bad_rows": len(bad), "claimed_sum": float(sum(claimed)),
                     "recomputed_sum": float(sum(recomputed))})
+
+
+def check_slot_claim(file_claim: dict[str, int], slot_claim: dict[str, int]) -> Finding | None:
+    """The file says what its node declared in the signed upload-slot request (step, policy
+    version, work units): the orchestrator granted the slot only for a version inside the
+    window, so a file of another version lied to it."""
+    diffs = {k: (file_claim.get(k), v) for k, v in slot_claim.items() if file_claim.get(k) != v}
+    if not diffs:
+        return None
+    text = ", ".join(f"{k} {a} in the file, {b} in the slot request"
+                     for k, (a, b) in sorted(diffs.items()))
+    return Finding("slot_claim", "hard", text, {k: f"{a}/{b}" for k, (a, b) in diffs.items()})

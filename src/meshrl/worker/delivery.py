@@ -13,13 +13,21 @@ from typing import Literal, Protocol
 
 from meshrl.worker.outbox import Outbox, OutboxEntry, is_stale
 
-__all__ = ["Courier", "DuplicateSubmission", "deliver", "deliver_all"]
+__all__ = ["Courier", "DuplicateSubmission", "RetryLater", "StaleFile", "deliver", "deliver_all"]
 
 Outcome = Literal["sent", "dropped"]
 
 
 class DuplicateSubmission(RuntimeError):
     """The chain already holds this file's submission (a retried transaction after a crash)."""
+
+
+class StaleFile(RuntimeError):
+    """The orchestrator refuses the file as too old for the pool's step."""
+
+
+class RetryLater(RuntimeError):
+    """A transient refusal (a slot granted before a crash has not expired yet, ...)."""
 
 
 class Courier(Protocol):
@@ -44,7 +52,11 @@ async def deliver(outbox: Outbox, entry: OutboxEntry, courier: Courier, pool_ste
                         f"async_level {async_level}")
             return "dropped"
     if entry.phase == "written":
-        await courier.upload(entry, outbox.data_path(entry.sha256))
+        try:
+            await courier.upload(entry, outbox.data_path(entry.sha256))
+        except StaleFile as e:
+            outbox.drop(entry, f"orchestrator: {e}")
+            return "dropped"
         outbox.mark(entry, "uploaded")
     if entry.phase == "uploaded":
         try:

@@ -8,7 +8,7 @@ A file goes through three phases, each recorded on disk before the next starts:
   submitted - `submit_work` is on chain. Before submitting, the worker asks the chain whether
               the file is already there (a crash between sending the transaction and recording
               it), and a "duplicate" revert also counts as submitted, so a file is never
-              submitted twice; its record then moves to `sent.jsonl` and the bytes are deleted.
+              submitted twice; its record then moves to `sent.jsonl` and the bytes to `sent/`.
 A file whose policy version is older than the pool's step allows (`step - async_level`) is no
 use to the trainer: it is moved to `dropped/` with the reason, never submitted.
 """
@@ -45,6 +45,8 @@ class OutboxEntry:
     phase: Phase = "written"
     created: float = 0.0
     tx_hash: str = ""
+    slot_url: str = ""  # the upload slot granted for this file (reused after a crash)
+    slot_expires: float = 0.0
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -69,10 +71,12 @@ def _fsync_dir(directory: Path) -> None:
 class Outbox:
     """Files waiting to be uploaded and submitted, in one directory."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, keep_sent: int = 16) -> None:
         self.root = Path(root)
+        self.keep_sent = keep_sent
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "dropped").mkdir(exist_ok=True)
+        (self.root / "sent").mkdir(exist_ok=True)
         for tmp in self.root.glob(".*.tmp"):  # a write a crash interrupted: never renamed
             tmp.unlink(missing_ok=True)
 
@@ -121,11 +125,21 @@ class Outbox:
         entry.tx_hash = tx_hash or entry.tx_hash
         self._save(entry)
 
+    def set_slot(self, entry: OutboxEntry, url: str, expires: float) -> None:
+        entry.slot_url, entry.slot_expires = url, expires
+        self._save(entry)
+
     def finish(self, entry: OutboxEntry) -> None:
-        """A submitted file leaves the outbox; its record is appended to `sent.jsonl`."""
+        """A submitted file leaves the outbox: its record is appended to `sent.jsonl` and its
+        bytes kept in `sent/` (the newest `keep_sent`, evidence in a dispute)."""
         self._append("sent.jsonl", asdict(entry))
+        data = self.data_path(entry.sha256)
+        if data.is_file():
+            os.replace(data, self.root / "sent" / data.name)
         self._record_path(entry.sha256).unlink(missing_ok=True)
-        self.data_path(entry.sha256).unlink(missing_ok=True)
+        kept = sorted((self.root / "sent").glob("*.parquet"), key=lambda p: p.stat().st_mtime)
+        for old in kept[: max(0, len(kept) - self.keep_sent)]:
+            old.unlink(missing_ok=True)
 
     def drop(self, entry: OutboxEntry, reason: str) -> None:
         """A file that must not be submitted (stale) moves to `dropped/` with its reason."""

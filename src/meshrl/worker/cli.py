@@ -1,0 +1,32 @@
+"""`meshrl worker` (light imports only: torch loads after the command line is parsed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshrl.worker.config import WorkerConfig
+
+__all__ = ["register"]
+
+
+def _worker(cfg: WorkerConfig) -> int:
+    import asyncio
+    import sys
+
+    from meshrl.protocol.local import connect
+    from meshrl.worker.keys import KeystoreError, load_keys
+    from meshrl.worker.node import HardwareError, WorkerNode
+
+    try:
+        keys = load_keys(cfg.keys, connect(cfg.chain).chain_id)
+        return asyncio.run(WorkerNode(cfg, keys).run())
+    except (KeystoreError, HardwareError) as e:
+        print(f"meshrl worker: {e}", file=sys.stderr)
+        return 2
+
+
+def register(subparsers: Any) -> None:
+    from meshrl.cli import add_config_command
+
+    add_config_command(subparsers, "worker", WorkerConfig, _worker,
+                       "generate verified rollouts for a compute pool and earn its rewards")
