@@ -55,6 +55,7 @@ class WorkerNode:
         self.pool_step = 0
         self.files_done = 0
         self.tokens_per_s = 0.0
+        self.policy: PolicyHolder | None = None
 
     # ---- life ----------------------------------------------------------------------------
     async def run(self) -> int:
@@ -68,17 +69,19 @@ class WorkerNode:
         steps = await asyncio.to_thread(onboard_chain, chain, self.keys, self.cfg)
         log_event(log, "on chain", steps=steps, node=self.keys.node.address)
         async with SignedClient(self.cfg.orchestrator_url, self.keys.node.key) as orch:
-            joined = await announce_and_join(chain, self.keys, self.cfg, hw, orch, self.stop)
-            log_event(log, "pool", status=joined)
-            self.order = await self._work_order(orch)
-            self.policy = await PolicyHolder.start(self.cfg, self.order, self.cheat)
-            courier = ChainCourier(orch, chain, self.keys.provider, self.keys.node.address,
-                                   self.cfg.pool_id, self.outbox,
-                                   skip_upload=self.cfg.cheat.mode == "copy")
-            tasks = [asyncio.create_task(self._heartbeats(orch)),
-                     asyncio.create_task(self.policy.follow(self.order.shardcast_servers,
-                                                           lambda: self.pool_step, self.stop))]
+            self.join = lambda: announce_and_join(chain, self.keys, self.cfg, hw, orch,
+                                                  self.stop)
+            log_event(log, "pool", status=await self.join())
+            beats = asyncio.create_task(self._heartbeats(orch))  # from now on: alive
+            tasks = [beats]
             try:
+                self.order = await self._work_order(orch)
+                self.policy = await PolicyHolder.start(self.cfg, self.order, self.cheat)
+                tasks.append(asyncio.create_task(self.policy.follow(
+                    self.order.shardcast_servers, lambda: self.pool_step, self.stop)))
+                courier = ChainCourier(orch, chain, self.keys.provider, self.keys.node.address,
+                                       self.cfg.pool_id, self.outbox,
+                                       skip_upload=self.cfg.cheat.mode == "copy")
                 await self._deliver(courier)  # what a previous run left behind
                 while not self.stop.is_set() and not self._enough():
                     await self.work_once(orch, courier)
@@ -181,11 +184,14 @@ class WorkerNode:
                 log_event(log, "no work order yet", error=str(e))
                 if self.stop.is_set():
                     raise
+                if isinstance(e, WireHTTPError) and e.status == 403:
+                    await self.join()  # ejected (missed heartbeats): invited and joined again
                 await self._sleep(self.cfg.poll_interval)
 
     async def _heartbeats(self, orch: SignedClient) -> None:
         while not self.stop.is_set():
-            hb = Heartbeat(policy_version=self.policy.version, step=self.pool_step,
+            version = -1 if self.policy is None else self.policy.version
+            hb = Heartbeat(policy_version=version, step=self.pool_step,
                            tokens_per_s=self.tokens_per_s, files_pending=len(self.outbox))
             try:
                 ack: Any = await orch.call("POST", "/heartbeat", hb, response=HeartbeatAck)
