@@ -60,7 +60,8 @@ class Chain:
 def start_chain(tmp: Path) -> Chain:
     node = AnvilNode()
     backend = node.start()
-    names = ["fed", "mgr", "val", "trainer", "stranger", "p1", "p2", *(f"n{i}" for i in range(1, 6))]
+    names = ["fed", "mgr", "val", "trainer", "stranger", "p1", "p2"]
+    names += [f"n{i}" for i in range(1, 6)]
     accts = {n: key(n) for n in names}
     for a in accts.values():
         backend.fund(a.address, 10**21)
