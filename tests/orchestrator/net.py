@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from eth_utils import keccak
@@ -205,7 +206,7 @@ class Heartbeater:
                 for c in clients:
                     try:
                         await c.call("POST", "/heartbeat", Heartbeat(policy_version=0))
-                    except (WireHTTPError, OSError) as e:
+                    except (WireHTTPError, aiohttp.ClientError, OSError) as e:
                         self.errors.append(f"{c.address}: {e}")
                 await asyncio.sleep(self.every)
         finally:

@@ -21,17 +21,13 @@ from meshrl.wire.models import (
     VerdictAck,
     WorkOrder,
 )
+from wire.helpers import sample_rollout  # the wire tests' sample file (tests/ is on sys.path)
 
 from .conftest import Pool
 from .net import onboard, run, wait_for
 
 
 def make_file(pool: Pool, name: str, seed: int) -> tuple:
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).parents[1]))
-    from wire.helpers import sample_rollout  # the wire tests' sample file
-
     rf = sample_rollout(seed=seed)
     rf.header.node = pool.chain.accounts["n1"].address
     rf.header.provider = pool.chain.accounts["p1"].address

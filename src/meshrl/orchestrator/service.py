@@ -82,7 +82,9 @@ class Orchestrator:
     def health_info(self) -> dict[str, Any]:
         return {"pool_id": self.cfg.pool_id, "step": self.step,
                 "nodes": {s.value: len(self.state.nodes((s,))) for s in NodeState},
-                "files": self.state.count_files(), "chain_block": self.chain.cursor.next_block}
+                "files": self.state.count_files(), "chain_block": self.chain.cursor.next_block,
+                "signatures": {"verified": self.guard.verified,
+                               "seconds": round(self.guard.verify_seconds, 6)}}
 
     async def start(self) -> None:
         pool = await self.chain.run(self.protocol.pool, self.cfg.pool_id)
