@@ -47,6 +47,8 @@ class OnboardingConfig(Config):
 class HeartbeatConfig(Config):
     interval_s: float = Field(10.0, gt=0, description="seconds between a node's heartbeats")
     dead_after: int = Field(3, ge=1, description="missed heartbeats before ejection")
+    slack: float = Field(0.5, ge=0, le=1, description="fraction of an interval a heartbeat "
+                         "may be late before it counts as missed")
     eject: bool = Field(True, description="eject dead nodes on chain")
 
 

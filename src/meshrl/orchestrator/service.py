@@ -29,10 +29,17 @@ from meshrl.wire.guard import RequestGuard
 from meshrl.wire.models import NodeState
 from meshrl.wire.service import build_app
 
-__all__ = ["Orchestrator"]
+__all__ = ["Orchestrator", "missed_heartbeats"]
 
 log = get_logger("meshrl.orchestrator")
 STEP = "pool_step"
+
+
+def missed_heartbeats(silence_s: float, interval_s: float, slack: float) -> int:
+    """Heartbeats missed after `silence_s` without one: the first is missed `slack` intervals
+    after it was due (network jitter is not a failure), each further one an interval later."""
+    late = silence_s - interval_s * (1.0 + slack)
+    return 0 if late <= 0 else 1 + int(late / interval_s)
 
 
 class _Metrics:
@@ -148,7 +155,7 @@ class Orchestrator:
         now = time.time()
         live = (NodeState.HEALTHY, NodeState.UNHEALTHY, NodeState.DEAD)
         for node in self.state.nodes(live):
-            missed = int((now - node.last_seen) / hb.interval_s)
+            missed = missed_heartbeats(now - node.last_seen, hb.interval_s, hb.slack)
             if missed >= hb.dead_after:
                 await self._bury(node.address, missed)
             elif missed >= 1 and node.state is NodeState.HEALTHY:

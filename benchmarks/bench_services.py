@@ -1,0 +1,349 @@
+"""Load on one orchestrator process: N simulated nodes heartbeating every I seconds plus rounds
+of U concurrent uploads of S MB, every request signed and verified, on loopback against anvil.
+
+Set-up (not timed): anvil, the contracts, one pool, 10 providers whose N nodes join the pool on
+chain with the manager's invites (the orchestrator learns them from `NodeJoined`). Then the load
+runs for `--duration` seconds: each node heartbeats with its own key at a random phase; upload
+rounds (grant a slot, stream the file) start every `--duration / (rounds + 1)` seconds. Prints
+one JSON object per line:
+
+  heartbeat   p50 / p99 / max latency (ms), requests, errors
+  uploads     MB/s of each round (bytes of the round / wall time of the round) and overall
+  cpu         orchestrator CPU seconds / wall seconds (1.0 = one core busy)
+  signatures  server-side cost per request (us) of signature recovery and its share of CPU
+  records     heartbeats acknowledged vs recorded, uploads acknowledged vs in the ledger and on
+              disk with their sha256: lost and duplicated must be 0
+
+`--crash` kills the orchestrator with SIGKILL halfway through (mid-upload), restarts it on the
+same port and keeps the load going for `dead_after + 1` heartbeat intervals: every acknowledged
+upload must be in the ledger and on disk, and no node may be ejected.
+
+    python benchmarks/bench_services.py [--nodes 1000] [--interval 10] [--duration 60]
+        [--uploads 20] [--upload-mb 10] [--rounds 3] [--crash]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import random
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+sys.path.insert(0, str(SRC))
+
+import aiohttp  # noqa: E402
+from eth_account import Account  # noqa: E402
+from eth_utils import keccak  # noqa: E402
+
+from meshrl.protocol import Protocol, ProtocolParams, deploy  # noqa: E402
+from meshrl.protocol.anvil import AnvilNode  # noqa: E402
+from meshrl.protocol.signing import sign_invite, sign_ownership  # noqa: E402
+from meshrl.wire import SignedClient, WireHTTPError, recover_signer, sign_request  # noqa: E402
+from meshrl.wire.models import Heartbeat, SlotRequest, UploadSlot  # noqa: E402
+from meshrl.wire.signing import request_message  # noqa: E402
+
+TOKEN = 10**18
+NET_ERRORS = (WireHTTPError, aiohttp.ClientError, OSError, asyncio.TimeoutError)
+
+
+def emit(**row: Any) -> None:
+    print(json.dumps({"bench": "services", **row}), flush=True)
+
+
+def acct(label: str) -> Any:
+    return Account.from_key(keccak(text=f"bench-services-{label}"))
+
+
+def setup_chain(n_nodes: int, tmp: Path) -> tuple[AnvilNode, Protocol, int, list[Any], Any]:
+    """anvil + contracts + an active pool whose manager is `mgr`; n nodes joined (by provider)."""
+    anvil = AnvilNode()
+    backend = anvil.start()
+    fed, mgr = acct("fed"), acct("mgr")
+    providers = [acct(f"p{i}") for i in range(10)]
+    for a in (fed, mgr, *providers):
+        backend.fund(a.address, 10**22)
+    params = ProtocolParams(min_stake=10 * TOKEN, stake_per_unit=TOKEN)
+    dep = deploy(backend, fed, params)
+    dep.save(tmp / "deployment.json")
+    F = Protocol(backend, dep, fed)
+    domain = F.create_domain("bench")
+    pool = F.create_pool(domain, mgr.address, 10**12)
+    F.start_pool(pool)
+    nodes = [acct(f"n{i}") for i in range(n_nodes)]
+
+    for p in providers:  # the federator's transactions, in nonce order
+        F.mint(p.address, 10_000 * TOKEN)
+
+    def provider_work(i: int) -> None:  # one thread per provider: its own nonces
+        p = F.as_(providers[i])
+        p.register_provider(5_000 * TOKEN)
+        for n in nodes[i::len(providers)]:
+            sig = sign_ownership(n.key, dep.protocol, dep.chain_id, p.address)
+            p.add_node(n, 1, signature=sig)
+            expiry = int(time.time()) + 3600
+            inv = sign_invite(mgr.key, dep.protocol, dep.chain_id, domain, pool, n.address,
+                              1, expiry)
+            p.join_pool(pool, n.address, 1, expiry, inv)
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(len(providers)) as ex:
+        list(ex.map(provider_work, range(len(providers))))
+    emit(phase="setup", nodes=n_nodes, seconds=round(time.monotonic() - t0, 1))
+    return anvil, F, pool, nodes, mgr
+
+
+class Orchestrator:
+    def __init__(self, tmp: Path, anvil: AnvilNode, pool: int, mgr: Any, a: Any) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.tmp, self.ready = tmp, tmp / "orch.ready"
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.db = tmp / "orch.db"
+        self.files = tmp / "files"
+        self.config = tmp / "orch.toml"
+        self.config.write_text(f"""
+port = {self.port}
+pool_id = {pool}
+db = "{self.db}"
+ready_file = "{self.ready}"
+readers = ["{mgr.address}"]
+[chain]
+deployment = "{tmp / 'deployment.json'}"
+rpc_url = "{anvil.url}"
+private_key = "0x{bytes(mgr.key).hex()}"
+[guard]
+rate_per_minute = 600
+[store]
+root = "{self.files}"
+[heartbeat]
+interval_s = {a.interval}
+dead_after = {a.dead_after}
+[work]
+max_file_bytes = {a.upload_mb << 21}
+slot_ttl_s = 3600
+""")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.cpu_before = 0.0
+
+    def start(self) -> None:
+        self.ready.unlink(missing_ok=True)
+        log = (self.tmp / "orch.log").open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "meshrl.cli", "orchestrator", str(self.config)],
+            stdout=log, stderr=log, env={**os.environ, "PYTHONPATH": str(SRC)})
+        while not self.ready.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError((self.tmp / "orch.log").read_text()[-3000:])
+            time.sleep(0.05)
+
+    def cpu(self) -> float:
+        """CPU seconds (user + system) of the running process."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            self.proc.wait(20)
+
+
+class Load:
+    def __init__(self, a: Any, orch: Orchestrator, nodes: list[Any], reader: Any) -> None:
+        self.a, self.orch, self.nodes, self.reader = a, orch, nodes, reader
+        self.latencies: list[float] = []
+        self.hb_errors = 0
+        self.acked_hb: dict[str, int] = {n.address: 0 for n in nodes}
+        self.acked_uploads: dict[str, int] = {}
+        self.rounds: list[dict[str, Any]] = []
+        self.stop = asyncio.Event()
+
+    async def heartbeats(self, session: aiohttp.ClientSession, node: Any) -> None:
+        c = SignedClient(self.orch.url, node.key, session=session)
+        await asyncio.sleep(random.random() * self.a.interval)
+        body = Heartbeat(policy_version=0, step=0, tokens_per_s=100.0)
+        while not self.stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                await c.call("POST", "/heartbeat", body)
+                self.latencies.append(time.perf_counter() - t0)
+                self.acked_hb[node.address] += 1
+            except NET_ERRORS:
+                self.hb_errors += 1
+            await asyncio.sleep(max(0.0, self.a.interval - (time.perf_counter() - t0)))
+
+    async def upload_one(self, session: aiohttp.ClientSession, node: Any, path: Path) -> int:
+        c = SignedClient(self.orch.url, node.key, session=session)
+        data = path.read_bytes()
+        sha = hashlib.sha256(data).hexdigest()
+        try:
+            slot = await c.call("POST", "/uploads", SlotRequest(
+                sha256=sha, size=len(data), step=0, policy_version=0, work_units=1),
+                response=UploadSlot)
+            await c.upload("PUT", slot.url, path, sha)
+        except NET_ERRORS:
+            return 0
+        self.acked_uploads[sha] = len(data)
+        return len(data)
+
+    async def upload_round(self, session: aiohttp.ClientSession, k: int, tmp: Path) -> None:
+        size = self.a.upload_mb << 20
+        paths = []
+        for i in range(self.a.uploads):
+            p = tmp / f"up-{k}-{i}"
+            p.write_bytes(os.urandom(size))
+            paths.append(p)
+        who = random.sample(self.nodes, self.a.uploads)
+        t0 = time.perf_counter()
+        done = await asyncio.gather(*(self.upload_one(session, n, p)
+                                      for n, p in zip(who, paths, strict=True)))
+        wall = time.perf_counter() - t0
+        self.rounds.append({"round": k, "bytes": sum(done), "seconds": wall,
+                            "ok": sum(1 for d in done if d)})
+        for p in paths:
+            p.unlink()
+
+
+def pct(xs: list[float], q: float) -> float:
+    return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] * 1e3 if xs else float("nan")
+
+
+async def wait_members(orch: Orchestrator, reader: Any, n: int) -> None:
+    async with SignedClient(orch.url, reader.key) as c:
+        while True:
+            got = await c.call("GET", "/health")
+            if got["info"]["nodes"]["healthy"] >= n:
+                return
+            await asyncio.sleep(0.5)
+
+
+async def run_load(a: Any, orch: Orchestrator, nodes: list[Any], reader: Any,
+                   tmp: Path) -> Load:
+    load = Load(a, orch, nodes, reader)
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn,
+                                     timeout=aiohttp.ClientTimeout(total=120)) as session:
+        hb = [asyncio.create_task(load.heartbeats(session, n)) for n in nodes]
+        t_start = time.monotonic()
+        cpu0 = orch.cpu()
+        gap = a.duration / (a.rounds + 1)
+        ups = []
+        for k in range(a.rounds):
+            await asyncio.sleep(gap if k == 0 else max(0.0, t_start + gap * (k + 1)
+                                                       - time.monotonic()))
+            ups.append(asyncio.create_task(load.upload_round(session, k, tmp)))
+            if a.crash and k == a.rounds // 2:
+                await asyncio.sleep(0.5)  # mid-upload
+                cpu_killed = orch.cpu() - cpu0
+                await asyncio.to_thread(orch.kill9)
+                t_kill = time.monotonic()
+                await asyncio.to_thread(orch.start)
+                emit(phase="crash", downtime_s=round(time.monotonic() - t_kill, 2))
+                cpu0 = orch.cpu() - cpu_killed
+        await asyncio.gather(*ups)
+        extra = (a.dead_after + 1) * a.interval if a.crash else 0.0
+        await asyncio.sleep(max(0.0, t_start + a.duration + extra - time.monotonic()))
+        load.cpu = orch.cpu() - cpu0  # type: ignore[attr-defined]
+        load.wall = time.monotonic() - t_start  # type: ignore[attr-defined]
+        async with SignedClient(orch.url, reader.key, session=session) as c:
+            load.health = (await c.call("GET", "/health"))["info"]  # type: ignore[attr-defined]
+        load.stop.set()
+        await asyncio.gather(*hb)
+    return load
+
+
+def check_records(load: Load, orch: Orchestrator) -> dict[str, Any]:
+    db = sqlite3.connect(orch.db)
+    hb = dict(db.execute("SELECT address, heartbeats FROM nodes"))
+    lost_hb = sum(max(0, n - hb.get(addr, 0)) for addr, n in load.acked_hb.items())
+    extra_hb = sum(max(0, hb.get(addr, 0) - n) for addr, n in load.acked_hb.items())
+    files = dict(db.execute("SELECT sha256, status FROM files"))
+    lost_up = 0
+    for sha, size in load.acked_uploads.items():
+        path = orch.files / sha[:2] / f"{sha}.parquet"
+        ok = files.get(sha) == "uploaded" and path.is_file() and path.stat().st_size == size
+        lost_up += not (ok and hashlib.sha256(path.read_bytes()).hexdigest() == sha)
+    on_disk = sum(1 for p in orch.files.rglob("*.parquet"))
+    return {"heartbeats_acked": sum(load.acked_hb.values()), "heartbeats_lost": lost_hb,
+            "heartbeats_recorded_unacked": extra_hb, "uploads_acked": len(load.acked_uploads),
+            "uploads_lost": lost_up, "files_on_disk": on_disk,
+            "uploads_duplicated": on_disk - len(set(files) & set(load.acked_uploads))
+            if on_disk > len(load.acked_uploads) else 0}
+
+
+def signature_micro(n: int = 2000) -> float:
+    """Client-independent cost of one signature recovery in this process (us)."""
+    k = "0x" + "11" * 32
+    h = sign_request(k, "POST", "/heartbeat", b"{}")
+    msg = request_message("POST", "/heartbeat", h.body_sha256, h.nonce, h.timestamp)
+    sig = bytes.fromhex(h.signature[2:])
+    t0 = time.perf_counter()
+    for _ in range(n):
+        recover_signer(msg, sig)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--interval", type=float, default=10.0)
+    ap.add_argument("--dead-after", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=60.0)
+    ap.add_argument("--uploads", type=int, default=20)
+    ap.add_argument("--upload-mb", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--crash", action="store_true")
+    a = ap.parse_args()
+    random.seed(0)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-services-"))
+    emit(phase="start", load=os.getloadavg(), **{k: v for k, v in vars(a).items()})
+    anvil, F, pool, nodes, mgr = setup_chain(a.nodes, tmp)
+    orch = Orchestrator(tmp, anvil, pool, mgr, a)
+    try:
+        orch.start()
+        asyncio.run(wait_members(orch, mgr, a.nodes))
+        load = asyncio.run(run_load(a, orch, nodes, mgr, tmp))
+    finally:
+        orch.stop()
+    lat = load.latencies
+    emit(metric="heartbeat", requests=len(lat), errors=load.hb_errors,
+         p50_ms=round(pct(lat, 0.5), 2), p99_ms=round(pct(lat, 0.99), 2),
+         max_ms=round(max(lat) * 1e3, 2), mean_ms=round(statistics.mean(lat) * 1e3, 2))
+    total = sum(r["bytes"] for r in load.rounds)
+    emit(metric="uploads", rounds=[{**r, "MB_s": round(r["bytes"] / r["seconds"] / 2**20, 1)}
+                                   for r in load.rounds],
+         MB_s=round(total / sum(r["seconds"] for r in load.rounds) / 2**20, 1))
+    emit(metric="cpu", orchestrator_cpu_s=round(load.cpu, 2), wall_s=round(load.wall, 1),
+         cores_busy=round(load.cpu / load.wall, 3))
+    sig = load.health["signatures"]
+    per = sig["seconds"] / max(1, sig["verified"])
+    emit(metric="signatures", verified=sig["verified"], server_us_per_request=round(per * 1e6, 1),
+         micro_us=round(signature_micro(), 1),
+         share_of_orchestrator_cpu=round(sig["seconds"] / max(load.cpu, 1e-9), 4))
+    rec = check_records(load, orch)
+    ejected = [e for e in F.events(0).poll() if e.name == "NodeEjected"]
+    emit(metric="records", **rec, ejected_on_chain=len(ejected),
+         node_states_at_end=load.health["nodes"])
+    emit(phase="end", load=os.getloadavg())
+    anvil.stop()
+
+
+if __name__ == "__main__":
+    main()
