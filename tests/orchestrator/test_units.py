@@ -31,3 +31,17 @@ def test_hardware_shortfall() -> None:
     assert hardware_shortfall(Hardware(**hw), req) == ""
     assert hardware_shortfall(Hardware(**{**hw, "cores": 2}), req) == "2 cores < 4"
     assert "memory" in hardware_shortfall(Hardware(**{**hw, "memory_gb": 8}), req)
+
+
+def test_shipped_configs_load() -> None:
+    from pathlib import Path
+
+    from meshrl.config import load_config
+    from meshrl.discovery.config import DiscoveryConfig
+    from meshrl.orchestrator.config import OrchestratorConfig
+
+    root = Path(__file__).resolve().parents[2] / "configs"
+    o = load_config(OrchestratorConfig, [root / "orchestrator.toml"], ["--pool_id", "2"])
+    assert (o.pool_id, o.heartbeat.dead_after, o.work.task) == (2, 3, {"type": "arithmetic"})
+    d = load_config(DiscoveryConfig, [root / "discovery.toml"])
+    assert d.max_nodes_per_ip == 16
