@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import multiprocessing as mp
 import os
 import random
 import signal
@@ -165,60 +166,79 @@ slot_ttl_s = 3600
             self.proc.wait(20)
 
 
-class Load:
-    def __init__(self, a: Any, orch: Orchestrator, nodes: list[Any], reader: Any) -> None:
-        self.a, self.orch, self.nodes, self.reader = a, orch, nodes, reader
-        self.latencies: list[float] = []
-        self.hb_errors = 0
-        self.acked_hb: dict[str, int] = {n.address: 0 for n in nodes}
-        self.acked_uploads: dict[str, int] = {}
-        self.rounds: list[dict[str, Any]] = []
-        self.stop = asyncio.Event()
+async def _heartbeats(url: str, keys: list[str], interval: float, stop_at: float) -> dict:
+    """Each key heartbeats every `interval` s from a random phase until wall time `stop_at`."""
+    lat: list[float] = []
+    acked: dict[str, int] = {}
+    errors = 0
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn,
+                                     timeout=aiohttp.ClientTimeout(total=60)) as session:
+        async def node(key: str) -> None:
+            nonlocal errors
+            c = SignedClient(url, key, session=session)
+            acked[c.address] = 0
+            await asyncio.sleep(random.random() * interval)
+            body = Heartbeat(policy_version=0, step=0, tokens_per_s=100.0)
+            while time.time() < stop_at:
+                t0 = time.perf_counter()
+                try:
+                    await c.call("POST", "/heartbeat", body)
+                    lat.append(time.perf_counter() - t0)
+                    acked[c.address] += 1
+                except NET_ERRORS:
+                    errors += 1
+                await asyncio.sleep(max(0.0, interval - (time.perf_counter() - t0)))
+        await asyncio.gather(*(node(k) for k in keys))
+    return {"latencies": lat, "acked": acked, "errors": errors}
 
-    async def heartbeats(self, session: aiohttp.ClientSession, node: Any) -> None:
-        c = SignedClient(self.orch.url, node.key, session=session)
-        await asyncio.sleep(random.random() * self.a.interval)
-        body = Heartbeat(policy_version=0, step=0, tokens_per_s=100.0)
-        while not self.stop.is_set():
-            t0 = time.perf_counter()
+
+async def _uploads(url: str, jobs: list[list[tuple[str, str, str]]], starts: list[float]) -> dict:
+    """Round k starts at wall time starts[k] and uploads its (key, path, sha256) concurrently."""
+    rounds, acked = [], {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+        async def one(key: str, path: str, sha: str) -> int:
+            c = SignedClient(url, key, session=session)
+            size = Path(path).stat().st_size
             try:
-                await c.call("POST", "/heartbeat", body)
-                self.latencies.append(time.perf_counter() - t0)
-                self.acked_hb[node.address] += 1
+                slot = await c.call("POST", "/uploads", SlotRequest(
+                    sha256=sha, size=size, step=0, policy_version=0, work_units=1),
+                    response=UploadSlot)
+                await c.upload("PUT", slot.url, path, sha)
             except NET_ERRORS:
-                self.hb_errors += 1
-            await asyncio.sleep(max(0.0, self.a.interval - (time.perf_counter() - t0)))
+                return 0
+            acked[sha] = size
+            return size
+        for k, (jobs_k, at) in enumerate(zip(jobs, starts, strict=True)):
+            await asyncio.sleep(max(0.0, at - time.time()))
+            t0 = time.perf_counter()
+            done = await asyncio.gather(*(one(*job) for job in jobs_k))
+            rounds.append({"round": k, "bytes": sum(done), "seconds": time.perf_counter() - t0,
+                           "ok": sum(1 for d in done if d)})
+    return {"rounds": rounds, "acked": acked}
 
-    async def upload_one(self, session: aiohttp.ClientSession, node: Any, path: Path) -> int:
-        c = SignedClient(self.orch.url, node.key, session=session)
-        data = path.read_bytes()
-        sha = hashlib.sha256(data).hexdigest()
-        try:
-            slot = await c.call("POST", "/uploads", SlotRequest(
-                sha256=sha, size=len(data), step=0, policy_version=0, work_units=1),
-                response=UploadSlot)
-            await c.upload("PUT", slot.url, path, sha)
-        except NET_ERRORS:
-            return 0
-        self.acked_uploads[sha] = len(data)
-        return len(data)
 
-    async def upload_round(self, session: aiohttp.ClientSession, k: int, tmp: Path) -> None:
-        size = self.a.upload_mb << 20
-        paths = []
-        for i in range(self.a.uploads):
-            p = tmp / f"up-{k}-{i}"
-            p.write_bytes(os.urandom(size))
-            paths.append(p)
-        who = random.sample(self.nodes, self.a.uploads)
-        t0 = time.perf_counter()
-        done = await asyncio.gather(*(self.upload_one(session, n, p)
-                                      for n, p in zip(who, paths, strict=True)))
-        wall = time.perf_counter() - t0
-        self.rounds.append({"round": k, "bytes": sum(done), "seconds": wall,
-                            "ok": sum(1 for d in done if d)})
-        for p in paths:
-            p.unlink()
+def _child(fn_name: str, args: tuple, out: str) -> None:
+    """Entry of a load process (spawned): run one load function, write its result as JSON."""
+    random.seed(os.getpid())
+    result = asyncio.run(globals()[fn_name](*args))
+    Path(out).write_text(json.dumps(result))
+
+
+def make_upload_files(a: Any, nodes: list[Any], tmp: Path) -> list[list[tuple[str, str, str]]]:
+    """Every round's files, written and hashed before the load starts (not timed)."""
+    jobs = []
+    for k in range(a.rounds):
+        who = random.sample(nodes, a.uploads)
+        round_jobs = []
+        for i, n in enumerate(who):
+            data = os.urandom(a.upload_mb << 20)
+            path = tmp / f"up-{k}-{i}"
+            path.write_bytes(data)
+            round_jobs.append(("0x" + bytes(n.key).hex(), str(path),
+                               hashlib.sha256(data).hexdigest()))
+        jobs.append(round_jobs)
+    return jobs
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -234,58 +254,70 @@ async def wait_members(orch: Orchestrator, reader: Any, n: int) -> None:
             await asyncio.sleep(0.5)
 
 
-async def run_load(a: Any, orch: Orchestrator, nodes: list[Any], reader: Any,
-                   tmp: Path) -> Load:
-    load = Load(a, orch, nodes, reader)
-    conn = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=conn,
-                                     timeout=aiohttp.ClientTimeout(total=120)) as session:
-        hb = [asyncio.create_task(load.heartbeats(session, n)) for n in nodes]
-        t_start = time.monotonic()
-        cpu0 = orch.cpu()
-        gap = a.duration / (a.rounds + 1)
-        ups = []
-        for k in range(a.rounds):
-            await asyncio.sleep(gap if k == 0 else max(0.0, t_start + gap * (k + 1)
-                                                       - time.monotonic()))
-            ups.append(asyncio.create_task(load.upload_round(session, k, tmp)))
-            if a.crash and k == a.rounds // 2:
-                await asyncio.sleep(0.5)  # mid-upload
-                cpu_killed = orch.cpu() - cpu0
-                await asyncio.to_thread(orch.kill9)
-                t_kill = time.monotonic()
-                await asyncio.to_thread(orch.start)
-                emit(phase="crash", downtime_s=round(time.monotonic() - t_kill, 2))
-                cpu0 = orch.cpu() - cpu_killed
-        await asyncio.gather(*ups)
-        extra = (a.dead_after + 1) * a.interval if a.crash else 0.0
-        await asyncio.sleep(max(0.0, t_start + a.duration + extra - time.monotonic()))
-        load.cpu = orch.cpu() - cpu0  # type: ignore[attr-defined]
-        load.wall = time.monotonic() - t_start  # type: ignore[attr-defined]
-        async with SignedClient(orch.url, reader.key, session=session) as c:
-            load.health = (await c.call("GET", "/health"))["info"]  # type: ignore[attr-defined]
-        load.stop.set()
-        await asyncio.gather(*hb)
-    return load
+def run_load(a: Any, orch: Orchestrator, nodes: list[Any], reader: Any, tmp: Path,
+             jobs: list[list[tuple[str, str, str]]]) -> dict[str, Any]:
+    """Heartbeats and uploads in two spawned processes (so neither's client work delays the
+    other's timing); the crash, if asked, from here."""
+    ctx = mp.get_context("spawn")
+    t_start = time.time() + 3.0  # both children are up by then
+    extra = (a.dead_after + 1) * a.interval if a.crash else 0.0
+    stop_at = t_start + a.duration + extra
+    gap = a.duration / (a.rounds + 1)
+    starts = [t_start + gap * (k + 1) for k in range(a.rounds)]
+    keys = ["0x" + bytes(n.key).hex() for n in nodes]
+    hb = ctx.Process(target=_child, args=("_heartbeats", (orch.url, keys, a.interval, stop_at),
+                                          str(tmp / "hb.json")))
+    up = ctx.Process(target=_child, args=("_uploads", (orch.url, jobs, starts),
+                                          str(tmp / "up.json")))
+    hb.start()
+    up.start()
+    time.sleep(max(0.0, t_start - time.time()))
+    cpu0, wall0, out = orch.cpu(), time.monotonic(), {}
+    if a.crash:
+        mid = a.rounds // 2
+        time.sleep(max(0.0, starts[mid] + 0.5 - time.time()))  # mid-upload
+        cpu_before = orch.cpu() - cpu0
+        orch.kill9()
+        t_kill = time.monotonic()
+        orch.start()
+        out["downtime_s"] = round(time.monotonic() - t_kill, 2)
+        emit(phase="crash", downtime_s=out["downtime_s"])
+        cpu0 = orch.cpu() - cpu_before
+    time.sleep(max(0.0, stop_at - 1.0 - time.time()))
+    out["health"] = asyncio.run(_health(orch, reader))
+    out["cpu"], out["wall"] = orch.cpu() - cpu0, time.monotonic() - wall0
+    hb.join()
+    up.join()
+    out["hb"] = json.loads((tmp / "hb.json").read_text())
+    out["up"] = json.loads((tmp / "up.json").read_text())
+    for round_jobs in jobs:
+        for _, path, _ in round_jobs:
+            Path(path).unlink()
+    return out
 
 
-def check_records(load: Load, orch: Orchestrator) -> dict[str, Any]:
+async def _health(orch: Orchestrator, reader: Any) -> dict[str, Any]:
+    async with SignedClient(orch.url, reader.key) as c:
+        return (await c.call("GET", "/health"))["info"]
+
+
+def check_records(out: dict[str, Any], orch: Orchestrator) -> dict[str, Any]:
     db = sqlite3.connect(orch.db)
     hb = dict(db.execute("SELECT address, heartbeats FROM nodes"))
-    lost_hb = sum(max(0, n - hb.get(addr, 0)) for addr, n in load.acked_hb.items())
-    extra_hb = sum(max(0, hb.get(addr, 0) - n) for addr, n in load.acked_hb.items())
+    acked_hb, acked_up = out["hb"]["acked"], out["up"]["acked"]
+    lost_hb = sum(max(0, n - hb.get(addr, 0)) for addr, n in acked_hb.items())
+    extra_hb = sum(max(0, hb.get(addr, 0) - n) for addr, n in acked_hb.items())
     files = dict(db.execute("SELECT sha256, status FROM files"))
     lost_up = 0
-    for sha, size in load.acked_uploads.items():
+    for sha, size in acked_up.items():
         path = orch.files / sha[:2] / f"{sha}.parquet"
         ok = files.get(sha) == "uploaded" and path.is_file() and path.stat().st_size == size
         lost_up += not (ok and hashlib.sha256(path.read_bytes()).hexdigest() == sha)
     on_disk = sum(1 for p in orch.files.rglob("*.parquet"))
-    return {"heartbeats_acked": sum(load.acked_hb.values()), "heartbeats_lost": lost_hb,
-            "heartbeats_recorded_unacked": extra_hb, "uploads_acked": len(load.acked_uploads),
+    return {"heartbeats_acked": sum(acked_hb.values()), "heartbeats_lost": lost_hb,
+            "heartbeats_recorded_unacked": extra_hb, "uploads_acked": len(acked_up),
             "uploads_lost": lost_up, "files_on_disk": on_disk,
-            "uploads_duplicated": on_disk - len(set(files) & set(load.acked_uploads))
-            if on_disk > len(load.acked_uploads) else 0}
+            "ledger_rows_uploaded": sum(1 for v in files.values() if v == "uploaded")}
 
 
 def signature_micro(n: int = 2000) -> float:
@@ -316,31 +348,34 @@ def main() -> None:
     emit(phase="start", load=os.getloadavg(), **{k: v for k, v in vars(a).items()})
     anvil, F, pool, nodes, mgr = setup_chain(a.nodes, tmp)
     orch = Orchestrator(tmp, anvil, pool, mgr, a)
+    jobs = make_upload_files(a, nodes, tmp)
     try:
         orch.start()
         asyncio.run(wait_members(orch, mgr, a.nodes))
-        load = asyncio.run(run_load(a, orch, nodes, mgr, tmp))
+        out = run_load(a, orch, nodes, mgr, tmp, jobs)
     finally:
         orch.stop()
-    lat = load.latencies
-    emit(metric="heartbeat", requests=len(lat), errors=load.hb_errors,
+    lat = out["hb"]["latencies"]
+    emit(metric="heartbeat", requests=len(lat), errors=out["hb"]["errors"],
          p50_ms=round(pct(lat, 0.5), 2), p99_ms=round(pct(lat, 0.99), 2),
          max_ms=round(max(lat) * 1e3, 2), mean_ms=round(statistics.mean(lat) * 1e3, 2))
-    total = sum(r["bytes"] for r in load.rounds)
-    emit(metric="uploads", rounds=[{**r, "MB_s": round(r["bytes"] / r["seconds"] / 2**20, 1)}
-                                   for r in load.rounds],
-         MB_s=round(total / sum(r["seconds"] for r in load.rounds) / 2**20, 1))
-    emit(metric="cpu", orchestrator_cpu_s=round(load.cpu, 2), wall_s=round(load.wall, 1),
-         cores_busy=round(load.cpu / load.wall, 3))
-    sig = load.health["signatures"]
+    rounds = out["up"]["rounds"]
+    total = sum(r["bytes"] for r in rounds)
+    emit(metric="uploads", rounds=[{**r, "seconds": round(r["seconds"], 2),
+                                    "MB_s": round(r["bytes"] / r["seconds"] / 2**20, 1)}
+                                   for r in rounds],
+         MB_s=round(total / sum(r["seconds"] for r in rounds) / 2**20, 1))
+    emit(metric="cpu", orchestrator_cpu_s=round(out["cpu"], 2), wall_s=round(out["wall"], 1),
+         cores_busy=round(out["cpu"] / out["wall"], 3))
+    sig = out["health"]["signatures"]
     per = sig["seconds"] / max(1, sig["verified"])
     emit(metric="signatures", verified=sig["verified"], server_us_per_request=round(per * 1e6, 1),
          micro_us=round(signature_micro(), 1),
-         share_of_orchestrator_cpu=round(sig["seconds"] / max(load.cpu, 1e-9), 4))
-    rec = check_records(load, orch)
+         share_of_orchestrator_cpu=round(sig["seconds"] / max(out["cpu"], 1e-9), 4))
+    rec = check_records(out, orch)
     ejected = [e for e in F.events(0).poll() if e.name == "NodeEjected"]
     emit(metric="records", **rec, ejected_on_chain=len(ejected),
-         node_states_at_end=load.health["nodes"])
+         node_states_at_end=out["health"]["nodes"])
     emit(phase="end", load=os.getloadavg())
     anvil.stop()
 

@@ -166,3 +166,32 @@ def test_silent_node_is_ejected_and_must_be_invited_again(pool: Pool) -> None:
         await onboard(pool.chain, pool.disc.url, pool.orch.url, "n3", "p1")  # invited again
         assert pool.chain.fed.node(n3).pool == pool.chain.pool
     run(t())
+
+
+def test_health_metrics_and_openapi(pool: Pool) -> None:
+    import aiohttp
+
+    async def t() -> tuple[dict, str, dict, dict]:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(pool.orch.url + "/health") as r:
+                health = await r.json()
+            async with s.get(pool.orch.url + "/metrics") as r:
+                metrics = await r.text()
+            async with s.get(pool.orch.url + "/openapi.json") as r:
+                doc = await r.json()
+            async with s.get(pool.disc.url + "/openapi.json") as r:
+                disc = await r.json()
+        return health, metrics, doc, disc
+    health, metrics, doc, disc = run(t())
+    assert health["service"] == "orchestrator" and health["info"]["pool_id"] == pool.chain.pool
+    assert health["info"]["nodes"]["healthy"] >= 2
+    assert 'meshrl_http_requests_total{route="/heartbeat",service="orchestrator",status="200"}' \
+        in metrics
+    assert "meshrl_orchestrator_heartbeats_total" in metrics
+    assert set(doc["paths"]) >= {"/heartbeat", "/work", "/uploads", "/uploads/{slot_id}",
+                                 "/verdicts", "/ledger", "/files/{sha256}", "/invite", "/step"}
+    ledger = doc["paths"]["/ledger"]["get"]
+    assert {p["name"] for p in ledger["parameters"]} == {"step", "status", "after", "limit"}
+    assert "LedgerEntry" in doc["components"]["schemas"]
+    assert set(disc["paths"]) == {"/health", "/nodes", "/nodes/{address}",
+                                  "/pools/{pool_id}/nodes"}
