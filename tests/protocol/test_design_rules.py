@@ -159,3 +159,20 @@ def test_compute_units_and_rates_are_bounded(world: World) -> None:
         "pools: bad max units",
         lambda: world.fed.create_pool(world.domain, world.manager.address, 1, 0),
     )
+
+
+def test_new_federator_can_replace_a_pool_manager_key(world: World) -> None:
+    # The old federator often manages its own pools; a hand-over must be able to end that too.
+    pool, n3, old_manager = world.pool, world.n3.address, world.manager
+    spare = world.invite(pool, n3, nonce=95)
+    world.expect_revert(
+        "roles: not federator", lambda: old_manager.set_pool_manager(pool, old_manager.address)
+    )
+    r = world.fed.set_pool_manager(pool, world.stranger.address)
+    assert r.event("PoolManagerSet").args["manager"] == world.stranger.address
+    world.expect_revert(
+        "pools: not pool admin", lambda: old_manager.eject_node(pool, world.n1.address)
+    )
+    world.expect_revert("pools: bad invite signature", lambda: world.p2.join_pool(*spare))
+    expiry = world.backend.now() + 600
+    world.p2.join_pool(pool, n3, 1, expiry, world.stranger.sign_invite(pool, n3, 1, expiry))
