@@ -52,7 +52,6 @@ from eth_utils import keccak  # noqa: E402
 
 from meshrl.protocol import Protocol, ProtocolParams, deploy  # noqa: E402
 from meshrl.protocol.anvil import AnvilNode  # noqa: E402
-from meshrl.protocol.signing import sign_invite, sign_ownership  # noqa: E402
 from meshrl.wire import SignedClient, WireHTTPError, recover_signer, sign_request  # noqa: E402
 from meshrl.wire.models import Heartbeat, SlotRequest, UploadSlot  # noqa: E402
 from meshrl.wire.signing import request_message  # noqa: E402
@@ -92,13 +91,11 @@ def setup_chain(n_nodes: int, tmp: Path) -> tuple[AnvilNode, Protocol, int, list
     def provider_work(i: int) -> None:  # one thread per provider: its own nonces
         p = F.as_(providers[i])
         p.register_provider(5_000 * TOKEN)
+        m = F.as_(mgr)
         for n in nodes[i::len(providers)]:
-            sig = sign_ownership(n.key, dep.protocol, dep.chain_id, p.address)
-            p.add_node(n, 1, signature=sig)
+            p.add_node(n, 1)  # signs the ownership proof for the node's current generation
             expiry = int(time.time()) + 3600
-            inv = sign_invite(mgr.key, dep.protocol, dep.chain_id, domain, pool, n.address,
-                              1, expiry)
-            p.join_pool(pool, n.address, 1, expiry, inv)
+            p.join_pool(pool, n.address, 1, expiry, m.sign_invite(pool, n.address, 1, expiry))
     t0 = time.monotonic()
     with ThreadPoolExecutor(len(providers)) as ex:
         list(ex.map(provider_work, range(len(providers))))

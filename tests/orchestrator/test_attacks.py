@@ -216,3 +216,16 @@ def test_flood_from_one_address_is_429_while_others_are_served(pool: Pool) -> No
             page = await other.call("GET", "/ledger", response=LedgerPage)
             assert page.entries
     run(t())
+
+
+def test_slot_beyond_the_unit_and_size_limits(pool: Pool) -> None:
+    def ask(units: int, size: int = 100, version: int = 3) -> Callable[[], Awaitable[Any]]:
+        async def go() -> Any:
+            async with SignedClient(pool.orch.url, pool.key("n1")) as c:
+                return await c.call("POST", "/uploads", SlotRequest(
+                    sha256="ee" * 32, size=size, step=3, policy_version=version,
+                    work_units=units))
+        return go
+    refused(pool, ask(10_001), 422, "too many work units")
+    refused(pool, ask(10, size=(1 << 21) + 1), 413, "file too large")
+    refused(pool, ask(10, version=1), 409, "stale work")  # step 3, async level 1: versions 2, 3

@@ -120,7 +120,8 @@ def test_soft_invalidation_on_chain_reaches_the_ledger(pool: Pool) -> None:
             ack = await val.call("POST", "/verdicts", Verdict(
                 sha256=sha, verdict="soft_invalid", reason="rewards"), response=VerdictAck)
             assert ack.status == FileStatus.SUBMITTED  # waits for the chain to agree
-            await asyncio.to_thread(pool.chain.client("val").soft_invalidate, bytes.fromhex(sha))
+            wid = pool.chain.fed.work_id(pool.chain.accounts["n1"].address, bytes.fromhex(sha))
+            await asyncio.to_thread(pool.chain.client("val").soft_invalidate, wid)
             await wait_for(lambda: _is(status, FileStatus.SOFT_INVALIDATED))
             page = await trainer.call("GET", "/ledger", query={"status": "accepted"},
                                       response=LedgerPage)

@@ -65,7 +65,8 @@ class WorkConfig(Config):
     prompts_per_file: int = Field(8, ge=1, description="prompts per rollout file")
     shardcast_servers: list[str] = Field(default_factory=list, description="policy sources")
     max_file_bytes: int = Field(64 << 20, ge=1, description="largest rollout file accepted")
-    max_units_per_file: int = Field(1 << 20, ge=1, description="most work units per file")
+    max_units_per_file: int = Field(1 << 20, ge=1, description="most work units per file "
+                                    "(the pool's on-chain maximum, if lower, wins)")
     slot_ttl_s: float = Field(600.0, gt=0, description="seconds an upload slot stays valid")
 
 

@@ -73,6 +73,7 @@ class Orchestrator:
         self.metrics = _Metrics(self.registry)
         self.step = int(self.state.get_meta(STEP, str(cfg.work.step)))
         self.domain = 0
+        self.max_units = cfg.work.max_units_per_file
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -98,6 +99,8 @@ class Orchestrator:
         if pool.manager.lower() != self.manager.lower():
             raise RuntimeError(f"{self.manager} is not the manager of pool {self.cfg.pool_id}")
         self.domain = pool.domain
+        # the chain refuses a file claiming more units than the pool allows: say so up front
+        self.max_units = min(self.cfg.work.max_units_per_file, pool.max_units)
         self.chain.restore_cursor(self.state)
         revived = self.state.grace(time.time())
         api = OrchestratorApi(self)
