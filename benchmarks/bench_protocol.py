@@ -125,6 +125,15 @@ def run(backend, name: str, n: int) -> None:
     results.append(
         measure(backend, "submit_work", lambda: P.submit_work(pool, node.address, f0, 100), n)
     )
+    results.append(
+        measure(
+            backend,
+            "submit_work_with_interval",  # a pool with min_interval: one more slot per node
+            lambda: P.submit_work(pool, node.address, f0, 100),
+            n,
+            setup=lambda: M.set_pool_limits(pool, 10**6, 60),
+        )
+    )
     files = [P.work_id(node.address, keccak(text=f"file-{i}")) for i in range(1, 11)]
     for i in range(1, 11):
         P.submit_work(pool, node.address, keccak(text=f"file-{i}"), 100)

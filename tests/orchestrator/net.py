@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from eth_utils import keccak
@@ -60,7 +61,8 @@ class Chain:
 def start_chain(tmp: Path) -> Chain:
     node = AnvilNode()
     backend = node.start()
-    names = ["fed", "mgr", "val", "trainer", "stranger", "p1", "p2", *(f"n{i}" for i in range(1, 6))]
+    names = ["fed", "mgr", "val", "trainer", "stranger", "p1", "p2"]
+    names += [f"n{i}" for i in range(1, 6)]
     accts = {n: key(n) for n in names}
     for a in accts.values():
         backend.fund(a.address, 10**21)
@@ -204,7 +206,7 @@ class Heartbeater:
                 for c in clients:
                     try:
                         await c.call("POST", "/heartbeat", Heartbeat(policy_version=0))
-                    except (WireHTTPError, OSError) as e:
+                    except (WireHTTPError, aiohttp.ClientError, OSError) as e:
                         self.errors.append(f"{c.address}: {e}")
                 await asyncio.sleep(self.every)
         finally:

@@ -21,17 +21,13 @@ from meshrl.wire.models import (
     VerdictAck,
     WorkOrder,
 )
+from wire.helpers import sample_rollout  # the wire tests' sample file (tests/ is on sys.path)
 
 from .conftest import Pool
 from .net import onboard, run, wait_for
 
 
 def make_file(pool: Pool, name: str, seed: int) -> tuple:
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).parents[1]))
-    from wire.helpers import sample_rollout  # the wire tests' sample file
-
     rf = sample_rollout(seed=seed)
     rf.header.node = pool.chain.accounts["n1"].address
     rf.header.provider = pool.chain.accounts["p1"].address
@@ -124,7 +120,8 @@ def test_soft_invalidation_on_chain_reaches_the_ledger(pool: Pool) -> None:
             ack = await val.call("POST", "/verdicts", Verdict(
                 sha256=sha, verdict="soft_invalid", reason="rewards"), response=VerdictAck)
             assert ack.status == FileStatus.SUBMITTED  # waits for the chain to agree
-            await asyncio.to_thread(pool.chain.client("val").soft_invalidate, bytes.fromhex(sha))
+            wid = pool.chain.fed.work_id(pool.chain.accounts["n1"].address, bytes.fromhex(sha))
+            await asyncio.to_thread(pool.chain.client("val").soft_invalidate, wid)
             await wait_for(lambda: _is(status, FileStatus.SOFT_INVALIDATED))
             page = await trainer.call("GET", "/ledger", query={"status": "accepted"},
                                       response=LedgerPage)
@@ -170,3 +167,32 @@ def test_silent_node_is_ejected_and_must_be_invited_again(pool: Pool) -> None:
         await onboard(pool.chain, pool.disc.url, pool.orch.url, "n3", "p1")  # invited again
         assert pool.chain.fed.node(n3).pool == pool.chain.pool
     run(t())
+
+
+def test_health_metrics_and_openapi(pool: Pool) -> None:
+    import aiohttp
+
+    async def t() -> tuple[dict, str, dict, dict]:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(pool.orch.url + "/health") as r:
+                health = await r.json()
+            async with s.get(pool.orch.url + "/metrics") as r:
+                metrics = await r.text()
+            async with s.get(pool.orch.url + "/openapi.json") as r:
+                doc = await r.json()
+            async with s.get(pool.disc.url + "/openapi.json") as r:
+                disc = await r.json()
+        return health, metrics, doc, disc
+    health, metrics, doc, disc = run(t())
+    assert health["service"] == "orchestrator" and health["info"]["pool_id"] == pool.chain.pool
+    assert health["info"]["nodes"]["healthy"] >= 2
+    assert 'meshrl_http_requests_total{route="/heartbeat",service="orchestrator",status="200"}' \
+        in metrics
+    assert "meshrl_orchestrator_heartbeats_total" in metrics
+    assert set(doc["paths"]) >= {"/heartbeat", "/work", "/uploads", "/uploads/{slot_id}",
+                                 "/verdicts", "/ledger", "/files/{sha256}", "/invite", "/step"}
+    ledger = doc["paths"]["/ledger"]["get"]
+    assert {p["name"] for p in ledger["parameters"]} == {"step", "status", "after", "limit"}
+    assert "LedgerEntry" in doc["components"]["schemas"]
+    assert set(disc["paths"]) == {"/health", "/nodes", "/nodes/{address}",
+                                  "/pools/{pool_id}/nodes"}

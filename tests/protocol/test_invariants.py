@@ -38,6 +38,7 @@ ACTION = st.one_of(
     st.tuples(st.just("invalidate"), st.booleans()),
     st.tuples(st.just("claim")),
     st.tuples(st.just("leave_or_join")),
+    st.tuples(st.just("eject")),
 )
 
 
@@ -66,6 +67,8 @@ def _apply(w: World, action: tuple, state: dict) -> None:
         (w.validator.hard_invalidate if action[1] else w.validator.soft_invalidate)(f)
     elif kind == "claim" and state["files"]:
         w.p1.claim(state["files"][:1])
+    elif kind == "eject":
+        w.manager.eject_node(w.pool, w.n1.address)
     elif kind == "leave_or_join":
         if w.fed.node(w.n1.address).pool:
             w.p1.leave_pool(w.n1.address)

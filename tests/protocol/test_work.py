@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from meshrl.protocol import WorkStatus
+import pytest
+
+from meshrl.protocol import WorkStatus, work_id
 
 from .helpers import PARAMS, RATE, TOKEN, World, file_hash
 
@@ -23,6 +25,9 @@ def test_submit_records_work_and_reward(world: World) -> None:
     assert args["reward"] == 12 * RATE and args["file_sha256"] == f
     wid = args["work_id"]
     assert wid == world.fed.contract.functions.work_id(world.n1.address, f).call()
+    assert wid == work_id(world.n1.address, f)  # the off-chain half agrees
+    with pytest.raises(ValueError, match="32 bytes"):
+        work_id(world.n1.address, f[:31])
     w = world.fed.work(wid)
     assert (w.pool, w.node, w.provider, w.units, w.status) == (
         world.pool,

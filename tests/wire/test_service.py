@@ -164,3 +164,13 @@ def test_openapi_and_metrics() -> None:
         assert 'meshrl_http_requests_total{route="/echo",service="test",status="200"} 1.0' \
             in metrics
     serve(t)
+
+
+def test_unknown_route_and_method_are_json_4xx() -> None:
+    async def t(url: str) -> None:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(url + "/nope") as r:
+                assert (r.status, await r.json()) == (404, {"error": "not found", "detail": ""})
+            async with s.delete(url + "/echo") as r:
+                assert r.status == 405 and (await r.json())["error"] == "method not allowed"
+    serve(t)

@@ -103,7 +103,7 @@ class OrchestratorApi:
             pool_id=self.cfg.pool_id, step=self.o.step, policy_versions=self.o.policy_versions(),
             async_level=w.async_level, task=w.task, sampling=w.sampling, seed=w.seed,
             prompts_per_file=w.prompts_per_file, shardcast_servers=w.shardcast_servers,
-            max_file_bytes=w.max_file_bytes, max_units_per_file=w.max_units_per_file)
+            max_file_bytes=w.max_file_bytes, max_units_per_file=self.o.max_units)
 
     async def grant(self, call: Call) -> UploadSlot:
         node = self.member(call)
@@ -111,8 +111,8 @@ class OrchestratorApi:
         w, versions = self.cfg.work, self.o.policy_versions()
         if req.size > w.max_file_bytes:
             raise WireError(413, "file too large", f"at most {w.max_file_bytes} bytes")
-        if req.work_units > w.max_units_per_file:
-            raise WireError(422, "too many work units", f"at most {w.max_units_per_file}")
+        if req.work_units > self.o.max_units:
+            raise WireError(422, "too many work units", f"at most {self.o.max_units}")
         if req.step > self.o.step or req.policy_version not in versions:
             raise WireError(409, "stale work", f"step {self.o.step}, versions {versions}")
         slot_id = secrets.token_hex(16)

@@ -126,10 +126,10 @@ class ChainView:
         elif ev.name == "WorkSubmitted":
             self._submitted(state, bytes(a["file_sha256"]).hex(), a)
         elif ev.name == "WorkInvalidated":
-            sha = bytes(a["file_sha256"]).hex()
-            if state.file(sha) is not None:
+            row = state.file_by_work_id(bytes(a["work_id"]).hex())
+            if row is not None:
                 status = FileStatus.HARD_INVALIDATED if a["hard"] else FileStatus.SOFT_INVALIDATED
-                state.set_file_status(sha, status, validator=a["validator"])
+                state.set_file_status(row.sha256, status, validator=a["validator"])
 
     def _submitted(self, state: State, sha: str, a: dict[str, Any]) -> None:
         if a["pool"] != self.pool_id:
@@ -141,3 +141,4 @@ class ChainView:
             return
         if row.status in (FileStatus.GRANTED, FileStatus.UPLOADED, FileStatus.EXPIRED):
             state.set_file_status(sha, FileStatus.SUBMITTED)
+            state.set_work_id(sha, bytes(a["work_id"]).hex())

@@ -47,6 +47,8 @@ class OnboardingConfig(Config):
 class HeartbeatConfig(Config):
     interval_s: float = Field(10.0, gt=0, description="seconds between a node's heartbeats")
     dead_after: int = Field(3, ge=1, description="missed heartbeats before ejection")
+    slack: float = Field(0.5, ge=0, le=1, description="fraction of an interval a heartbeat "
+                         "may be late before it counts as missed")
     eject: bool = Field(True, description="eject dead nodes on chain")
 
 
@@ -63,7 +65,8 @@ class WorkConfig(Config):
     prompts_per_file: int = Field(8, ge=1, description="prompts per rollout file")
     shardcast_servers: list[str] = Field(default_factory=list, description="policy sources")
     max_file_bytes: int = Field(64 << 20, ge=1, description="largest rollout file accepted")
-    max_units_per_file: int = Field(1 << 20, ge=1, description="most work units per file")
+    max_units_per_file: int = Field(1 << 20, ge=1, description="most work units per file "
+                                    "(the pool's on-chain maximum, if lower, wins)")
     slot_ttl_s: float = Field(600.0, gt=0, description="seconds an upload slot stays valid")
 
 

@@ -29,10 +29,17 @@ from meshrl.wire.guard import RequestGuard
 from meshrl.wire.models import NodeState
 from meshrl.wire.service import build_app
 
-__all__ = ["Orchestrator"]
+__all__ = ["Orchestrator", "missed_heartbeats"]
 
 log = get_logger("meshrl.orchestrator")
 STEP = "pool_step"
+
+
+def missed_heartbeats(silence_s: float, interval_s: float, slack: float) -> int:
+    """Heartbeats missed after `silence_s` without one: the first is missed `slack` intervals
+    after it was due (network jitter is not a failure), each further one an interval later."""
+    late = silence_s - interval_s * (1.0 + slack)
+    return 0 if late <= 0 else 1 + int(late / interval_s)
 
 
 class _Metrics:
@@ -66,6 +73,7 @@ class Orchestrator:
         self.metrics = _Metrics(self.registry)
         self.step = int(self.state.get_meta(STEP, str(cfg.work.step)))
         self.domain = 0
+        self.max_units = cfg.work.max_units_per_file
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -82,13 +90,17 @@ class Orchestrator:
     def health_info(self) -> dict[str, Any]:
         return {"pool_id": self.cfg.pool_id, "step": self.step,
                 "nodes": {s.value: len(self.state.nodes((s,))) for s in NodeState},
-                "files": self.state.count_files(), "chain_block": self.chain.cursor.next_block}
+                "files": self.state.count_files(), "chain_block": self.chain.cursor.next_block,
+                "signatures": {"verified": self.guard.verified,
+                               "seconds": round(self.guard.verify_seconds, 6)}}
 
     async def start(self) -> None:
         pool = await self.chain.run(self.protocol.pool, self.cfg.pool_id)
         if pool.manager.lower() != self.manager.lower():
             raise RuntimeError(f"{self.manager} is not the manager of pool {self.cfg.pool_id}")
         self.domain = pool.domain
+        # the chain refuses a file claiming more units than the pool allows: say so up front
+        self.max_units = min(self.cfg.work.max_units_per_file, pool.max_units)
         self.chain.restore_cursor(self.state)
         revived = self.state.grace(time.time())
         api = OrchestratorApi(self)
@@ -146,7 +158,7 @@ class Orchestrator:
         now = time.time()
         live = (NodeState.HEALTHY, NodeState.UNHEALTHY, NodeState.DEAD)
         for node in self.state.nodes(live):
-            missed = int((now - node.last_seen) / hb.interval_s)
+            missed = missed_heartbeats(now - node.last_seen, hb.interval_s, hb.slack)
             if missed >= hb.dead_after:
                 await self._bury(node.address, missed)
             elif missed >= 1 and node.state is NodeState.HEALTHY:

@@ -40,9 +40,10 @@ CREATE TABLE IF NOT EXISTS files (
     provider TEXT NOT NULL, step INTEGER NOT NULL, policy_version INTEGER NOT NULL,
     work_units INTEGER NOT NULL, size INTEGER NOT NULL, status TEXT NOT NULL,
     verdict TEXT NOT NULL DEFAULT '', validator TEXT NOT NULL DEFAULT '',
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL, work_id TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS files_step ON files (step, status);
+CREATE INDEX IF NOT EXISTS files_work ON files (work_id);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
@@ -84,6 +85,7 @@ class FileRow:
     verdict: str
     validator: str
     updated_at: float
+    work_id: str  # the chain's key of the submitted work (hex), "" until submitted
 
 
 class State:
@@ -238,6 +240,13 @@ class State:
                            "status = ?", (FileStatus.EXPIRED.value, now, sha256,
                                           FileStatus.GRANTED.value))
         return len(rows)
+
+    def file_by_work_id(self, work_id: str) -> FileRow | None:
+        row = self.db.execute("SELECT * FROM files WHERE work_id = ?", (work_id,)).fetchone()
+        return None if row is None else FileRow(*row[:8], FileStatus(row[8]), *row[9:])
+
+    def set_work_id(self, sha256: str, work_id: str) -> None:
+        self.db.execute("UPDATE files SET work_id = ? WHERE sha256 = ?", (work_id, sha256))
 
     def count_files(self) -> dict[str, int]:
         rows = self.db.execute("SELECT status, COUNT(*) FROM files GROUP BY status")

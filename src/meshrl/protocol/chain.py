@@ -280,6 +280,10 @@ class Protocol:
         fn = self.contract.functions.create_pool(domain, manager, reward_rate, max_units)
         return self._send(fn).event("PoolCreated").args["pool"]
 
+    def set_pool_manager(self, pool: int, manager: str) -> Receipt:
+        """Replace a pool's manager key (federator); the old key's invites stop working."""
+        return self._send(self.contract.functions.set_pool_manager(pool, manager))
+
     def set_pool_limits(self, pool: int, max_units: int, min_interval: int = 0) -> Receipt:
         """Units per file, and seconds between two submissions of a node (manager/federator)."""
         return self._send(self.contract.functions.set_pool_limits(pool, max_units, min_interval))

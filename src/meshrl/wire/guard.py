@@ -105,7 +105,7 @@ class RequestGuard:
         self.cfg, self.clock = cfg, clock
         self.nonces = NonceStore()
         self.limiter = RateLimiter(cfg.rate_per_minute, cfg.rate_burst)
-        self.verify_seconds = 0.0  # time spent in signature recovery (the benchmark reports it)
+        self.verify_seconds = 0.0  # CPU time spent recovering signatures (the benchmark reports it)
         self.verified = 0
 
     def check_headers(
@@ -161,13 +161,13 @@ class RequestGuard:
             raw = bytes.fromhex(sig.removeprefix("0x"))
         except ValueError:
             raise WireError(401, "bad signature", "not hex") from None
-        t0 = time.perf_counter()
+        t0 = time.thread_time()  # CPU time: a busy machine's waits are not the check's cost
         try:
             return recover_signer(message, raw)
         except ValueError as e:
             raise WireError(401, "bad signature", str(e)) from None
         finally:
-            self.verify_seconds += time.perf_counter() - t0
+            self.verify_seconds += time.thread_time() - t0
             self.verified += 1
 
 

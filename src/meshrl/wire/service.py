@@ -126,6 +126,17 @@ async def _dispatch(route: Route, guard: RequestGuard, request: web.Request) -> 
     return web.Response(body=result.model_dump_json().encode(), content_type="application/json")
 
 
+@web.middleware
+async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """aiohttp's own refusals (no such route, wrong method) answered as JSON too."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return error_response(e.status, e.reason.lower())
+
+
 def build_app(
     service: str, routes: list[Route], guard: RequestGuard, version: str = "1",
     registry: CollectorRegistry | None = None, client_max_size: int = 1 << 30,
@@ -133,7 +144,7 @@ def build_app(
     """The aiohttp application of `routes` plus `/openapi.json` and `/metrics` (of `registry`,
     a fresh one by default, where the service may register its own metrics too)."""
     metrics = _Metrics(service, registry or CollectorRegistry())
-    app = web.Application(client_max_size=client_max_size)
+    app = web.Application(client_max_size=client_max_size, middlewares=[_json_errors])
     app[METRICS_KEY] = metrics.registry
 
     def wrap(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

@@ -55,6 +55,10 @@ event RewardRateSet:
     pool: indexed(uint256)
     reward_rate: uint256
 
+event PoolManagerSet:
+    pool: indexed(uint256)
+    manager: indexed(address)
+
 event PoolLimitsSet:
     pool: indexed(uint256)
     max_units: uint256
@@ -174,6 +178,21 @@ def set_reward_rate(pool: uint256, reward_rate: uint256):
     assert reward_rate <= MAX_REWARD_RATE, "pools: reward rate too high"
     self.pool_info[pool].reward_rate = reward_rate
     log RewardRateSet(pool=pool, reward_rate=reward_rate)
+
+
+@external
+def set_pool_manager(pool: uint256, manager: address):
+    """
+    @notice Replace a pool's manager key (e.g. after a federator hand-over, or a leaked key).
+    @dev Federator only. Invites the old key signed stop working at once.
+    @param pool The pool id.
+    @param manager The new manager.
+    """
+    roles._check_federator()
+    assert self.pool_info[pool].status != 0, "pools: unknown pool"
+    assert manager != empty(address), "pools: zero address"
+    self.pool_info[pool].manager = manager
+    log PoolManagerSet(pool=pool, manager=manager)
 
 
 @external
