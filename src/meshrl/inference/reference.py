@@ -72,6 +72,10 @@ class ReferenceBackend(InferenceBackend):
         if unexpected or missing or wrong:
             raise WeightLoadError(f"weights do not fit the model: unexpected {unexpected[:3]}, "
                                   f"missing {missing[:3]}, wrong shape {wrong[:3]}")
+        head = source.get("lm_head.weight") if self._tied() else None
+        embed = source.get("model.embed_tokens.weight")  # the HF name in Qwen2 / Llama
+        if head is not None and embed is not None and not torch.equal(head, embed):
+            raise WeightLoadError("lm_head.weight differs from the embedding it is tied to")
         with torch.no_grad():
             self.model.load_state_dict(source, strict=False)
         self.version = int(version)
