@@ -129,7 +129,7 @@ def test_truncated_completion_claimed_finished_is_rejected(scenario, honest_clai
     for c in honest_claims[16:24]:
         n = 70
         claims.append(Claim(c.prompt_ids, c.token_ids[:n], c.logprobs[:n], "length", c.seq_id,
-                            [*c.proofs[:2], c.proofs[2]]))
+                            c.policy_version, proofs=[*c.proofs[:2], c.proofs[2]]))
     rec = recompute(scenario.model, claims, "bf16-batch8")
     for c, r in zip(claims, rec, strict=True):
         c.proofs = build_proofs(r.hidden_states)  # consistent proofs for the truncated completion

@@ -36,8 +36,7 @@ def setup(scenario):
 def _engine_claims(model, tok, prompts, seq_ids) -> list[Claim]:
     engine = CPUEngine(model, tok, EngineConfig())
     comps = engine.generate(prompts, PARAMS, seq_ids=seq_ids)
-    return [Claim(c.prompt_ids, c.token_ids, c.logprobs, c.finish_reason, c.seq_id,
-                  build_proofs(c.hidden_states)) for c in comps]
+    return [Claim.of(c, build_proofs(c.hidden_states)) for c in comps]
 
 
 def _recompute(model, tok, claims, mode):

@@ -34,11 +34,7 @@ def make_prompts(n: int, seed: int, vocab: int) -> list[list[int]]:
 
 
 def to_claims(gens: list[Completion]) -> list[Claim]:
-    return [
-        Claim(g.prompt_ids, g.token_ids, g.logprobs, g.finish_reason, g.seq_id,
-              build_proofs(g.hidden_states))
-        for g in gens
-    ]
+    return [Claim.of(g, build_proofs(g.hidden_states)) for g in gens]
 
 
 def run_worker(model, scenario: Scenario, prompts, max_new=MAX_NEW, seq_ids=None) -> list[Claim]:

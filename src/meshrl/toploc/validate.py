@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pydantic import Field
 
 from meshrl.config import Config
-from meshrl.inference import SamplingParams, ScoreResult
+from meshrl.inference import Completion, SamplingParams, ScoreResult
 from meshrl.toploc.checks import (
     check_logprobs,
     check_sampling,
@@ -36,15 +36,16 @@ class ValidatorConfig(Config):
 
 
 @dataclass
-class Claim:
-    """What a worker submitted for one completion."""
+class Claim(Completion):
+    """What a worker submitted for one completion: the `Completion` (its hidden states stay with
+    the worker) and the TOPLOC proofs of those hidden states."""
 
-    prompt_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-    seq_id: int
-    proofs: list[bytes] | list[str]
+    proofs: list[bytes] | list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, completion: Completion, proofs: list[bytes] | list[str]) -> Claim:
+        fields = {k: v for k, v in vars(completion).items() if k not in ("hidden_states", "proofs")}
+        return cls(**fields, proofs=proofs)
 
 
 @dataclass
