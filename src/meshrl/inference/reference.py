@@ -112,9 +112,9 @@ class ReferenceBackend(InferenceBackend):
             tok = sample_tokens(logits, p.seed, seq_ids, [j] * n, p.temperature, p.top_p)
             lps = (logits / temp).log_softmax(-1).gather(1, tok[:, None])[:, 0].tolist()
             hidden = res.hidden_states[-1][:, -1] if want_hidden else None
-            for i, r in enumerate(rows):
+            for i, (r, t) in enumerate(zip(rows, tok.tolist(), strict=True)):
                 if r.reason is None:
-                    r.add(int(tok[i]), lps[i], None if hidden is None else hidden[i])
+                    r.add(t, lps[i], None if hidden is None else hidden[i])
                     r.reason = self._finished(r, p)
             if all(r.reason is not None for r in rows):
                 break
