@@ -72,6 +72,10 @@ class ReferenceBackend(InferenceBackend):
         if unexpected or missing or wrong:
             raise WeightLoadError(f"weights do not fit the model: unexpected {unexpected[:3]}, "
                                   f"missing {missing[:3]}, wrong shape {wrong[:3]}")
+        head = source.get("lm_head.weight") if self._tied() else None
+        embed = source.get("model.embed_tokens.weight")  # the HF name in Qwen2 / Llama
+        if head is not None and embed is not None and not torch.equal(head, embed):
+            raise WeightLoadError("lm_head.weight differs from the embedding it is tied to")
         with torch.no_grad():
             self.model.load_state_dict(source, strict=False)
         self.version = int(version)
@@ -108,9 +112,9 @@ class ReferenceBackend(InferenceBackend):
             tok = sample_tokens(logits, p.seed, seq_ids, [j] * n, p.temperature, p.top_p)
             lps = (logits / temp).log_softmax(-1).gather(1, tok[:, None])[:, 0].tolist()
             hidden = res.hidden_states[-1][:, -1] if want_hidden else None
-            for i, r in enumerate(rows):
+            for i, (r, t) in enumerate(zip(rows, tok.tolist(), strict=True)):
                 if r.reason is None:
-                    r.add(int(tok[i]), lps[i], None if hidden is None else hidden[i])
+                    r.add(t, lps[i], None if hidden is None else hidden[i])
                     r.reason = self._finished(r, p)
             if all(r.reason is not None for r in rows):
                 break

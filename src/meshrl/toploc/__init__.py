@@ -22,7 +22,7 @@ _EXPORTS = {
                "proof_to_base64", "to_bf16_bits", "verify_proofs"],
     "thresholds": ["RolloutStats", "Thresholds", "Verdict", "calibrate_thresholds", "rollout_stats",
                 "tail_threshold", "verdict"],
-    "validate": ["Claim", "RolloutReport", "SamplingSpec", "ValidatorConfig", "validate_rollout"],
+    "validate": ["Claim", "RolloutReport", "ValidatorConfig", "validate_rollout"],
     "calibrate": ["CalibrateConfig", "run_calibration"],
     "modes": ["HONEST_MODES"],
 }
@@ -39,7 +39,6 @@ __all__ = [
     "ProofError",
     "RolloutReport",
     "RolloutStats",
-    "SamplingSpec",
     "Thresholds",
     "ValidatorConfig",
     "Verdict",
@@ -109,7 +108,6 @@ if TYPE_CHECKING:
     from meshrl.toploc.validate import (
         Claim,
         RolloutReport,
-        SamplingSpec,
         ValidatorConfig,
         validate_rollout,
     )

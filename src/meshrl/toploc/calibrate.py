@@ -1,6 +1,7 @@
 """`meshrl toploc calibrate`: measure honest noise on this hardware, derive thresholds, report.
 
-1. Honest workers generate completions (bf16, KV-cache decoding, seeded sampler) and prove them.
+1. Honest workers generate completions (the reference backend on bf16 weights: KV-cache
+   decoding, seeded sampler, no stop at EOS) and prove them.
 2. The validator recomputes them in every honest mode (`recompute.HONEST_MODES`: batch size,
    padding, threads, attention kernel, fp32) and collects ChunkResults.
 3. Thresholds come from the calibration half (`calibrate_thresholds` at the chosen rate); the
@@ -65,11 +66,13 @@ def _prompts(n: int, offset: int, vocab: int) -> list[list[int]]:
 
 
 def _worker(model, prompts, cfg: CalibrateConfig, first_seq: int):
+    from meshrl.inference import ReferenceBackend, SamplingParams
     from meshrl.toploc.proofs import build_proofs
-    from meshrl.toploc.recompute import generate
 
     seq_ids = list(range(first_seq, first_seq + len(prompts)))
-    gens = generate(model, prompts, cfg.max_new_tokens, cfg.seed, seq_ids=seq_ids)
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, ignore_eos=True,
+                            return_hidden_states=True)
+    gens = ReferenceBackend(model).generate(prompts, params, seq_ids)
     return [(g.prompt_ids, g.token_ids, build_proofs(g.hidden_states)) for g in gens]
 
 
@@ -78,7 +81,7 @@ def _check(model, work, mode: str, group: int) -> Rollouts:
     from meshrl.toploc.recompute import recompute_mode
 
     rec = recompute_mode(model, [w[0] for w in work], [w[1] for w in work], mode)
-    per = [verify_proofs(h, w[2]) for w, (h, _) in zip(work, rec, strict=True)]
+    per = [verify_proofs(r.hidden_states, w[2]) for w, r in zip(work, rec, strict=True)]
     return [[r for p in per[i : i + group] for r in p] for i in range(0, len(per), group)]
 
 
