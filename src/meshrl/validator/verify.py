@@ -123,7 +123,8 @@ def _spec(rf: RolloutFile, rules: PoolRules, tokenizer: Any,
     return ReplaySpec(seed=rf.header.sampling_seed, max_new_tokens=int(s["max_new_tokens"]),
                       temperature=float(s.get("temperature", 1.0)),
                       top_p=float(s.get("top_p", 1.0)),
-                      eos_token_ids=(int(tokenizer.eos_token_id),),
+                      eos_token_ids=() if s.get("ignore_eos") else
+                      (int(tokenizer.eos_token_id),),
                       stop_token_ids=tuple(s.get("stop_token_ids", ())),
                       max_seq_len=max_seq_len)
 

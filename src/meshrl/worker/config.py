@@ -87,6 +87,10 @@ class WorkerConfig(Config):
     max_files: int = Field(0, ge=0, description="stop after submitting this many files (0: run)")
     poll_interval: float = Field(1.0, gt=0, description="seconds between work-order polls")
     heartbeat_interval: float = Field(10.0, gt=0, description="seconds between heartbeats")
+    crash_test_pause: float = Field(
+        0.0, ge=0, description="crash tests only: pause this long at each phase boundary "
+        "(counter taken, file written, slot granted, uploaded, submitted on chain), logging "
+        "the phase, so a test can kill -9 the worker inside each phase")
     keys: KeysConfig = KeysConfig()
     chain: ChainConfig = ChainConfig()
     onboard: OnboardConfig = OnboardConfig()

@@ -18,7 +18,7 @@ from eth_account.signers.local import LocalAccount
 from meshrl.protocol import Protocol, TxReverted, WorkStatus
 from meshrl.wire import SignedClient, WireHTTPError
 from meshrl.wire.models import SlotRequest, UploadSlot
-from meshrl.worker.delivery import DuplicateSubmission, RetryLater, StaleFile
+from meshrl.worker.delivery import DuplicateSubmission, Pause, RetryLater, StaleFile
 from meshrl.worker.outbox import Outbox, OutboxEntry
 
 __all__ = ["ChainCourier"]
@@ -26,10 +26,12 @@ __all__ = ["ChainCourier"]
 
 class ChainCourier:
     def __init__(self, orch: SignedClient, chain: Protocol, provider: LocalAccount,
-                 node: str, pool: int, outbox: Outbox, skip_upload: bool = False) -> None:
+                 node: str, pool: int, outbox: Outbox, skip_upload: bool = False,
+                 pause: Pause | None = None) -> None:
         self.orch, self.chain, self.node, self.pool = orch, chain.as_(provider), node, pool
         self.outbox = outbox
         self.skip_upload = skip_upload  # the `copy` cheat: the bytes are already stored
+        self.pause = pause
 
     async def upload(self, entry: OutboxEntry, path: Path) -> None:
         if self.skip_upload:
@@ -54,6 +56,8 @@ class ChainCourier:
                 raise RetryLater("a slot granted before a crash has not expired yet") from None
             raise
         self.outbox.set_slot(entry, slot.url, slot.expires_at)
+        if self.pause is not None:
+            await self.pause("slot-granted", entry)
         await self.orch.upload(slot.method, slot.url, path, entry.sha256)
 
     async def submitted(self, entry: OutboxEntry) -> bool:

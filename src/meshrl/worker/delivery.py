@@ -8,6 +8,7 @@ without a second submission.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -16,6 +17,11 @@ from meshrl.worker.outbox import Outbox, OutboxEntry, is_stale
 __all__ = ["Courier", "DuplicateSubmission", "RetryLater", "StaleFile", "deliver", "deliver_all"]
 
 Outcome = Literal["sent", "dropped"]
+Pause = Callable[[str, OutboxEntry], Awaitable[None]]
+
+
+async def _no_pause(phase: str, entry: OutboxEntry) -> None:
+    return None
 
 
 class DuplicateSubmission(RuntimeError):
@@ -42,7 +48,7 @@ class Courier(Protocol):
 
 
 async def deliver(outbox: Outbox, entry: OutboxEntry, courier: Courier, pool_step: int,
-                  async_level: int) -> Outcome:
+                  async_level: int, pause: Pause = _no_pause) -> Outcome:
     """Finish one outbox entry from whatever phase a previous run left it in."""
     if entry.phase != "submitted":
         if await courier.submitted(entry):  # sent before a crash, not yet recorded
@@ -58,20 +64,22 @@ async def deliver(outbox: Outbox, entry: OutboxEntry, courier: Courier, pool_ste
             outbox.drop(entry, f"orchestrator: {e}")
             return "dropped"
         outbox.mark(entry, "uploaded")
+        await pause("uploaded", entry)
     if entry.phase == "uploaded":
         try:
             tx = await courier.submit(entry)
         except DuplicateSubmission:
             tx = ""
+        await pause("submitted-unrecorded", entry)  # on chain, not yet in the outbox record
         outbox.mark(entry, "submitted", tx)
     outbox.finish(entry)
     return "sent"
 
 
 async def deliver_all(outbox: Outbox, courier: Courier, pool_step: int,
-                      async_level: int) -> dict[str, int]:
+                      async_level: int, pause: Pause = _no_pause) -> dict[str, int]:
     """Deliver every pending entry, oldest first; counts of each outcome."""
     counts = {"sent": 0, "dropped": 0}
     for entry in outbox.pending():
-        counts[await deliver(outbox, entry, courier, pool_step, async_level)] += 1
+        counts[await deliver(outbox, entry, courier, pool_step, async_level, pause)] += 1
     return counts

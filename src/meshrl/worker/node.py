@@ -81,7 +81,8 @@ class WorkerNode:
                     self.order.shardcast_servers, lambda: self.pool_step, self.stop)))
                 courier = ChainCourier(orch, chain, self.keys.provider, self.keys.node.address,
                                        self.cfg.pool_id, self.outbox,
-                                       skip_upload=self.cfg.cheat.mode == "copy")
+                                       skip_upload=self.cfg.cheat.mode == "copy",
+                                       pause=self._pause)
                 await self._deliver(courier)  # what a previous run left behind
                 while not self.stop.is_set() and not self._enough():
                     await self.work_once(orch, courier)
@@ -118,6 +119,7 @@ class WorkerNode:
         self.outbox.put(data, entry)
         log_event(log, "file written", sha256=entry.sha256, step=entry.step,
                   counter=entry.counter, version=version, units=entry.work_units)
+        await self._pause("written", entry)
         await self._deliver(courier)
 
     async def _generate(self, order: WorkOrder) -> tuple[OutboxEntry, bytes]:
@@ -129,6 +131,7 @@ class WorkerNode:
         tokens = sum(len(c.completion_tokens) for c in rf.completions)
         self.tokens_per_s = tokens / max(1e-9, time.perf_counter() - t0)
         data = rollout_file_bytes(rf)
+        await self._pause("generated", None)  # in memory only: a crash here loses the work
         h = rf.header
         # stale-policy: an old version would be refused a slot, so the slot request lies
         claimed = max(order.policy_versions) if self.cheat.frozen_version(order.step) \
@@ -154,7 +157,8 @@ class WorkerNode:
         order = self.order
         assert order is not None
         try:
-            counts = await deliver_all(self.outbox, courier, order.step, order.async_level)
+            counts = await deliver_all(self.outbox, courier, order.step, order.async_level,
+                                       self._pause)
         except RetryLater as e:
             log_event(log, "delivery postponed", reason=str(e))
             return
@@ -199,6 +203,13 @@ class WorkerNode:
             except (WireHTTPError, OSError) as e:
                 log_event(log, "heartbeat failed", error=str(e))
             await self._sleep(self.cfg.heartbeat_interval)
+
+    async def _pause(self, phase: str, entry: OutboxEntry | None) -> None:
+        """crash tests: hold still at a phase boundary so a test can kill -9 the process."""
+        if self.cfg.crash_test_pause > 0:
+            log_event(log, "crash-test pause", phase=phase,
+                      sha256=None if entry is None else entry.sha256)
+            await asyncio.sleep(self.cfg.crash_test_pause)
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

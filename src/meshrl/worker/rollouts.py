@@ -106,5 +106,8 @@ def generate_rollouts(
 def sampling_claim(a: Assignment) -> dict[str, Any]:
     """The sampling parameters a file declares: the work order's, plus the group size."""
     s = a.sampling
-    return {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
-            "top_p": s.top_p, "group_size": a.group_size}
+    out = {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
+           "top_p": s.top_p, "group_size": a.group_size}
+    if s.ignore_eos:
+        out["ignore_eos"] = True
+    return out
