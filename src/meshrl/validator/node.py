@@ -53,6 +53,7 @@ class ValidatorNode:
         self.state = ValidatorState.load(f"{self.cfg.work_dir}/state.json", dep.block)
         self.cursor = self.chain.events(self.state.next_block)
         async with SignedClient(self.cfg.orchestrator_url, self.account.key) as orch:
+            self.orch = orch
             self.judge = Judge(self.cfg, orch)
             while not self.stop.is_set() and not self._enough():
                 await self._poll()
@@ -105,14 +106,16 @@ class ValidatorNode:
         log_event(log, "retry later", sha256=job.sha256, attempt=job.attempts, error=error)
 
     async def _act(self, job: Job, out: Outcome) -> None:
+        """Post the verdict (reason and numbers) first, so the ledger row carries it when the
+        chain's invalidation event reaches the orchestrator; then invalidate on chain."""
         d = out.decision
         assert d is not None
-        tx = ""
-        if d.kind != "accept":
-            tx = await self._invalidate(job, d)
         verdict = {"sha256": job.sha256, "verdict": _KIND[d.kind].value,
                    "reason": d.reason[:500]} if out.ledger_node_matches else None
-        self.state.record(job, d.kind, verdict)
+        if verdict is not None and await self._post(verdict):
+            verdict = None
+        tx = await self._invalidate(job, d) if d.kind != "accept" else ""
+        self.state.record(job, d.kind, verdict)  # a verdict not yet posted is kept for later
         self.judged += 1
         log_event(log, "verdict", sha256=job.sha256, node=job.node, verdict=d.kind,
                   reason=d.reason, checks=list(d.checks), tx=tx, stats=out.stats)
@@ -131,16 +134,21 @@ class ValidatorNode:
 
     async def _post_verdicts(self, orch: SignedClient) -> None:
         for v in list(self.state.outgoing):
-            try:
-                await orch.call("POST", "/verdicts", Verdict(**v))
-            except WireHTTPError as e:
-                if e.status == 409 and "awaiting" in e.reason and "submitted" not in e.detail \
-                        and "uploaded" not in e.detail:
-                    self.state.posted(v)  # the ledger has moved on (e.g. invalidated on chain)
-                continue  # not yet known as submitted: next loop
-            except OSError:
-                continue
-            self.state.posted(v)
+            if await self._post(v):
+                self.state.posted(v)
+
+    async def _post(self, v: dict[str, str]) -> bool:
+        """True when the orchestrator has the verdict (or never will need it)."""
+        try:
+            await self.orch.call("POST", "/verdicts", Verdict(**v))
+        except WireHTTPError as e:
+            # 409 while the ledger has not seen the submission yet: try again later; 409 for
+            # a file whose row has moved on (invalidated on chain): nothing left to tell
+            waiting = e.status == 409 and any(s in e.detail for s in ("uploaded", "granted"))
+            return e.status == 409 and not waiting
+        except OSError:
+            return False
+        return True
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
