@@ -153,3 +153,28 @@ def test_honest_accepted_and_every_cheat_slashed(net: Net) -> None:
 
 def _initial_stake(net: Net) -> int:
     return max(PARAMS.min_stake, PARAMS.stake_per_unit)
+
+
+def test_own_failures_never_slash_and_restart_resumes(net: Net) -> None:
+    """A submission whose file the validator cannot download (never uploaded) is retried with
+    backoff and then only soft-invalidated: no slash, no ejection. The validator restarted here
+    resumes from its persisted cursor and judges nothing twice."""
+    p, n = key("h0-provider"), key("h0-node")  # onboarded by the first test
+    judged_before = _verdict_count(net)
+    sha = bytes(range(32))
+    net.client(p).submit_work(net.pool, n.address, sha, 10)
+    v = validator(net)
+    v.start()
+    wait_until(lambda: WorkStatus.SOFT_INVALIDATED in _status(net, n.address), 240)
+    assert net.fed.provider(p.address).stake == _initial_stake(net)
+    assert net.fed.node(n.address).pool == net.pool
+    v.proc.terminate()
+    assert v.wait(60) == 0
+    log = v.log.read_text()
+    assert "retry later" in log and "validator could not judge the file" in log
+    assert _verdict_count(net) == judged_before + 1  # the old submissions were not judged again
+
+
+def _verdict_count(net: Net) -> int:
+    log = net.tmp / "validator.log"
+    return log.read_text().count('"msg": "verdict"') if log.exists() else 0
