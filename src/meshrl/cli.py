@@ -28,6 +28,7 @@ SUBSYSTEMS = [
     "meshrl.orchestrator.cli",
     "meshrl.worker.cli",
     "meshrl.validator.cli",
+    "meshrl.network.cli",
 ]
 
 
