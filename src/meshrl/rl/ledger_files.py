@@ -102,19 +102,23 @@ class LedgerReader:
 
     def accepted(self) -> list[LedgerEntry]:
         """Accepted files granted after the last call's, in ledger order."""
-        return asyncio.run(self._accepted())
+        out, self.after = asyncio.run(self._entries(FileStatus.ACCEPTED, self.after))
+        return out
 
-    async def _accepted(self) -> list[LedgerEntry]:
+    def awaiting_verdict(self) -> list[LedgerEntry]:
+        """Files submitted on chain that no verdict has settled yet."""
+        return asyncio.run(self._entries(FileStatus.SUBMITTED, 0))[0]
+
+    async def _entries(self, status: FileStatus, after: int) -> tuple[list[LedgerEntry], int]:
         out: list[LedgerEntry] = []
         async with SignedClient(self.url, self.key) as c:
             while True:
-                query = {"status": FileStatus.ACCEPTED.value, "after": self.after,
-                         "limit": self.page}
+                query = {"status": status.value, "after": after, "limit": self.page}
                 page = await c.call("GET", "/ledger", response=LedgerPage, query=query)
                 out.extend(page.entries)
                 if not page.entries:
-                    return out
-                self.after = page.next_after
+                    return out, after
+                after = page.next_after
 
     def download(self, entries: list[LedgerEntry]) -> list[bytes]:
         async def go() -> list[bytes]:

@@ -10,6 +10,9 @@ pending, close, dropped_stale), so the algorithm in loop.py is the same in both 
 - `get(s)` takes accepted files in ledger order, applying the async rule (a file of policy
   version v is used at step s only if 0 <= s - v <= async_level; older ones are dropped and
   counted), until the batch holds `prompts_per_step` groups; it waits while there are too few.
+  Before that it waits until every file of steps <= s - `judge_lag` submitted on chain has a
+  verdict: the trainer never runs more than `judge_lag` steps ahead of the validators, so a
+  cheater is slashed and ejected within that many steps of its first dishonest file.
 - Records: `rollouts.jsonl` in the run directory has one line per step with every file it
   used and every file it dropped. A file appears in the records at most once, so no accepted
   rollout is used twice; on resume from the checkpoint of step c the lines of steps >= c are cut
@@ -102,6 +105,8 @@ class NetworkSource:
     def get(self, step: int) -> RolloutBatch:
         """The batch of `step`: accepted groups of fresh files, at least `prompts_per_step`."""
         t0 = time.perf_counter()
+        if self.cfg.judge_lag is not None:
+            self._wait_judged(step - self.cfg.judge_lag, t0)
         taken: list[FileGroups] = []
         dropped: list[dict[str, Any]] = []
         while sum(f.groups for f in taken) < self.rollout.prompts_per_step:
@@ -138,6 +143,18 @@ class NetworkSource:
         self.seen.add(entry.sha256)
         return entry
 
+    def _wait_judged(self, upto: int, t0: float) -> None:
+        """Until no file of steps <= `upto` awaits its verdict: the trainer never runs more than
+        `judge_lag` steps ahead of the validators, so a cheat is slashed and ejected within
+        that many steps however fast honest files arrive."""
+        while upto >= 0:
+            waiting = [e for e in self.reader.awaiting_verdict() if e.step <= upto]
+            if not waiting:
+                return
+            if self.cfg.max_wait_s and time.perf_counter() - t0 > self.cfg.max_wait_s:
+                raise BatchTimeout(f"{len(waiting)} files of steps <= {upto} still unjudged")
+            time.sleep(self.cfg.poll_s)
+
     def _load(self, entry: LedgerEntry) -> FileGroups:
         (data,) = self.reader.download([entry])
         return file_groups(entry, data, self.tokenizer, self.rollout.group_size, self.exclude)
@@ -145,7 +162,8 @@ class NetworkSource:
     def _record(self, step: int, taken: list[FileGroups], dropped: list[dict[str, Any]],
                 wait: float) -> None:
         used = [{**_ref(f.entry), "groups": f.groups, "excluded": f.excluded} for f in taken]
-        line = {"step": step, "used": used, "dropped": dropped, "wait_s": round(wait, 3)}
+        line = {"step": step, "t": time.time(), "used": used, "dropped": dropped,
+                "wait_s": round(wait, 3)}
         with self.records_path.open("a") as out:
             out.write(json.dumps(line) + "\n")
 
