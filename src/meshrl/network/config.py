@@ -10,7 +10,7 @@ here: it is written into the role's own config (`engine.num_threads` of workers 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -74,6 +74,9 @@ class NetworkConfig(Config):
                                   "override train_config (nested tables)")
     max_minutes: float = Field(0.0, ge=0, description="stop the network after this long (0: "
                                "when the trainer finishes)")
+    after_training: Literal["stop", "serve"] = Field(
+        "stop", description="when the trainer finishes: stop the network, or keep serving it "
+        "(dashboard, claims) until Ctrl-C")
     restart_backoff_s: float = Field(1.0, gt=0, description="first delay before a restart")
     max_fast_deaths: int = Field(5, ge=1, description="give up on a role that dies this many "
                                  "times in a row within 10 s of its start")

@@ -54,8 +54,10 @@ def network_up(cfg: NetworkConfig) -> int:
         while not interrupted:
             if "trainer" in sup.poll():
                 outcome = "trained"
-                break
-            if cfg.max_minutes and time.monotonic() - t0 > 60 * cfg.max_minutes:
+                if cfg.after_training == "stop":
+                    break
+            late = cfg.max_minutes and time.monotonic() - t0 > 60 * cfg.max_minutes
+            if late and outcome != "trained":
                 outcome = "time limit"
                 break
             time.sleep(0.5)
