@@ -29,6 +29,7 @@ SUBSYSTEMS = [
     "meshrl.worker.cli",
     "meshrl.validator.cli",
     "meshrl.network.cli",
+    "meshrl.dashboard.cli",
 ]
 
 

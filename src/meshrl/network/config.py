@@ -55,6 +55,9 @@ class PoolSpec(Config):
     prompts_per_file: int = Field(8, ge=1, description="prompts per rollout file")
     async_level: int = Field(2, ge=0, description="policy versions a file may lag its step")
     seed: int = Field(11, ge=0, description="base seed prompts derive from")
+    files_per_step: int = Field(2, ge=0, description="files each worker makes per pool step "
+                                "(0: no limit; keep it above the trainer's files per step "
+                                "divided by the honest workers)")
     reward_rate: int = Field(10**15, ge=0, description="token base units per work unit")
     heartbeat_s: float = Field(2.0, gt=0, description="the orchestrator's heartbeat interval")
     dead_after: int = Field(15, ge=1, description="missed heartbeats before a node is ejected")
@@ -77,6 +80,8 @@ class NetworkConfig(Config):
     after_training: Literal["stop", "serve"] = Field(
         "stop", description="when the trainer finishes: stop the network, or keep serving it "
         "(dashboard, claims) until Ctrl-C")
+    faults: str = Field("", description="fault plan: TOML with [[kill]] role/at_s tables "
+                        "(see meshrl/network/faults.py)")
     restart_backoff_s: float = Field(1.0, gt=0, description="first delay before a restart")
     max_fast_deaths: int = Field(5, ge=1, description="give up on a role that dies this many "
                                  "times in a row within 10 s of its start")

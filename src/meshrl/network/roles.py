@@ -134,7 +134,8 @@ def build_roles(lay: Layout, keys: DevKeys, pool_id: int) -> list[RoleSpec]:
         "store": {"root": str(root / "orchestrator" / "files")},
         "heartbeat": {"interval_s": cfg.pool.heartbeat_s, "dead_after": cfg.pool.dead_after},
         "onboarding": {"poll_s": 1.0, "discovery_url": lay.discovery_url},
-        "work": {**_rules(cfg, servers), "slot_ttl_s": 120.0}}))
+        "work": {**_rules(cfg, servers), "slot_ttl_s": 120.0,
+                 "files_per_step": cfg.pool.files_per_step}}))
     origin = root / "shardcast" / "origin"
     roles.append(RoleSpec("origin", _meshrl("shardcast", "origin", "--root", str(origin),
                                             "--server.port", str(lay.port(3))),

@@ -20,7 +20,7 @@ from typing import IO, Any
 from meshrl.log import get_logger, log_event
 from meshrl.network.roles import RoleSpec
 
-__all__ = ["Proc", "RoleFailed", "Supervisor"]
+__all__ = ["Proc", "RoleFailed", "Supervisor", "healthy"]
 
 log = get_logger("meshrl.network")
 FAST_DEATH_S = 10.0
@@ -56,7 +56,7 @@ class Supervisor:
         p = self.procs.setdefault(spec.name, Proc(spec))
         self._spawn(p)
         if spec.health:
-            self.wait_healthy(p, ready_timeout)
+            self.waithealthy(p, ready_timeout)
         return p
 
     def _spawn(self, p: Proc) -> None:
@@ -70,9 +70,9 @@ class Supervisor:
         p.started, p.due = time.monotonic(), 0.0
         self.event("start", s.name, pid=p.popen.pid, restarts=p.restarts)
 
-    def wait_healthy(self, p: Proc, timeout: float) -> None:
+    def waithealthy(self, p: Proc, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while not _healthy(p.spec):
+        while not healthy(p.spec):
             if p.popen is not None and p.popen.poll() is not None:
                 raise RoleFailed(f"{p.spec.name} exited with {p.popen.returncode} while "
                                  f"starting; see {self.logs / (p.spec.name + '.log')}")
@@ -149,7 +149,7 @@ class Supervisor:
         log_event(log, what, role=role, **fields)
 
 
-def _healthy(spec: RoleSpec) -> bool:
+def healthy(spec: RoleSpec) -> bool:
     try:
         if spec.rpc:
             body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_blockNumber",

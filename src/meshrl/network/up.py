@@ -20,7 +20,9 @@ from typing import Any
 
 from meshrl.log import get_logger, log_event
 from meshrl.network.config import NetworkConfig
+from meshrl.network.faults import Faults
 from meshrl.network.keys import DevKeys
+from meshrl.network.report import write_report
 from meshrl.network.roles import Layout, anvil_role, build_roles, devnet_argv
 from meshrl.network.supervisor import RoleFailed, Supervisor
 
@@ -42,17 +44,21 @@ def network_up(cfg: NetworkConfig) -> int:
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     t0 = time.monotonic()
     outcome = "interrupted"
+    faults: Faults | None = None
     try:
         sup.start(anvil_role(lay))
         pool = _devnet(lay, keys)
         roles = build_roles(lay, keys, pool)
+        faults = Faults(cfg.faults, [r.name for r in roles])
         _write_network_file(lay, keys, pool, [r.name for r in roles])
         for spec in roles:
             if interrupted:
                 break
             sup.start(spec)
         while not interrupted:
-            if "trainer" in sup.poll():
+            finished = sup.poll()
+            faults.tick(sup)
+            if "trainer" in finished:
                 outcome = "trained"
                 if cfg.after_training == "stop":
                     break
@@ -61,15 +67,28 @@ def network_up(cfg: NetworkConfig) -> int:
                 outcome = "time limit"
                 break
             time.sleep(0.5)
-    except RoleFailed as e:
+    except (RoleFailed, ValueError) as e:
         outcome = f"failed: {e}"
         log_event(log, "role failed", error=str(e))
     finally:
+        if faults is not None:
+            faults.write(lay.root / "faults.json")
+        _write_outcome(lay, outcome, time.monotonic() - t0)
+        _report(cfg, lay)  # while the orchestrator and the chain still answer
         sup.stop_all()
         for s, h in old.items():
             signal.signal(s, h)
-        _write_outcome(lay, outcome, time.monotonic() - t0)
     return 0 if outcome in ("trained", "interrupted", "time limit") else 1
+
+
+def _report(cfg: NetworkConfig, lay: Layout) -> None:
+    if not (lay.root / "network.json").is_file():
+        return
+    try:
+        rep = write_report(cfg, lay.root)
+        log_event(log, "report", path=str(lay.root / "report.md"), accuracy=rep["accuracy"])
+    except Exception as e:  # a report must never keep the network from stopping
+        log_event(log, "report failed", error=f"{type(e).__name__}: {e}")
 
 
 def _devnet(lay: Layout, keys: DevKeys) -> int:
@@ -87,7 +106,8 @@ def _write_network_file(lay: Layout, keys: DevKeys, pool: int, roles: list[str])
     """`network.json`: where everything is, for the dashboard, tests and people."""
     workers = {name: {"provider": keys.provider(i).address, "node": keys.node(i).address,
                       "dishonest": bad} for name, i, bad in lay.workers()}
-    info = {"pool_id": pool, "rpc_url": lay.rpc_url, "deployment": str(lay.deployment),
+    info = {"pool_id": pool, "reward_rate": lay.cfg.pool.reward_rate, "rpc_url": lay.rpc_url,
+            "deployment": str(lay.deployment),
             "discovery": lay.discovery_url, "orchestrator": lay.orchestrator_url,
             "origin": lay.origin_url, "relays": lay.relay_urls(), "roles": roles,
             "workers": workers, "validator": keys.validator().address,
