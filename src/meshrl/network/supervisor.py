@@ -56,7 +56,7 @@ class Supervisor:
         p = self.procs.setdefault(spec.name, Proc(spec))
         self._spawn(p)
         if spec.health:
-            self.waithealthy(p, ready_timeout)
+            self.wait_healthy(p, ready_timeout)
         return p
 
     def _spawn(self, p: Proc) -> None:
@@ -70,7 +70,7 @@ class Supervisor:
         p.started, p.due = time.monotonic(), 0.0
         self.event("start", s.name, pid=p.popen.pid, restarts=p.restarts)
 
-    def waithealthy(self, p: Proc, timeout: float) -> None:
+    def wait_healthy(self, p: Proc, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not healthy(p.spec):
             if p.popen is not None and p.popen.poll() is not None:
