@@ -239,6 +239,67 @@ def dev_account_of(address: str) -> Any:
     raise KeyError(address)
 
 
+def _chromium() -> tuple[str, str] | None:
+    browser, driver = "/usr/bin/chromium", "/usr/bin/chromedriver"
+    if not (Path(browser).exists() and Path(driver).exists()):
+        return None
+    return browser, driver
+
+
+def test_dashboard_in_headless_chromium(net) -> None:
+    """The live page in a real Chromium: no console errors, the running nodes shown, updated
+    without a reload; its screenshot is saved with the test output (runs/test-output/)."""
+    found = _chromium()
+    if found is None:
+        pytest.skip("chromium / chromedriver not installed (apt-get install chromium "
+                    "chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    root, _ = net
+    url = _info(root)["dashboard"]  # the network's own `dashboard` role
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = found[0]
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = None
+    try:
+        _wait(lambda: _get_ok(url + "/health"), 60, "dashboard not up", 0.5)
+        driver = webdriver.Chrome(service=Service(found[1]), options=opts)
+        driver.set_window_size(1200, 1400)
+        driver.get(url + "/")
+        rows = lambda: driver.find_elements("css selector", "#nodes tbody tr")  # noqa: E731
+        _wait(lambda: len(rows()) == 3, 60, "nodes not shown", 0.5)
+        text = driver.find_element("id", "nodes").text
+        assert "worker-0" in text and "worker-1" in text and "cheater-0 (cheat)" in text
+        assert "healthy" in text
+        first = driver.find_element("id", "status").text
+        _wait(lambda: driver.find_element("id", "status").text != first, 30,
+              "page did not update", 0.5)
+        assert driver.find_elements("css selector", "#versions tbody tr")
+        assert driver.find_elements("css selector", "#reward polyline")
+        assert "rewards" in driver.find_element("id", "invalid").text
+        out = ROOT / "runs" / "test-output"
+        out.mkdir(parents=True, exist_ok=True)
+        assert driver.save_screenshot(str(out / "dashboard.png"))
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert not errors, errors
+    finally:
+        if driver is not None:
+            driver.quit()
+
+
+def _get_ok(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 def test_ctrl_c_stops_every_role(net) -> None:
     root, proc = net
     proc.send_signal(signal.SIGINT)

@@ -105,7 +105,7 @@ def test_role_configs_share_the_pool_rules(tmp_path: Path) -> None:
     roles = build_roles(lay, DevKeys(len(lay.workers())), pool_id=1)
     names = [r.name for r in roles]
     assert names == ["discovery", "orchestrator", "origin", "relay-0", "relay-1", "trainer",
-                     "validator", "worker-0", "worker-1", "worker-2", "cheater-0"]
+                     "validator", "worker-0", "worker-1", "worker-2", "cheater-0", "dashboard"]
     read = {n: tomllib.loads(lay.config_path(n).read_text())
             for n in ("orchestrator", "validator", "trainer", "worker-0", "cheater-0")}
     work, pool = read["orchestrator"]["work"], read["validator"]["pool"]
@@ -120,3 +120,33 @@ def test_role_configs_share_the_pool_rules(tmp_path: Path) -> None:
     assert read["worker-0"]["cheat"] == {"mode": "none"}
     assert all(r.threads == 1 for r in roles)
     assert read["orchestrator"]["readers"] == [DevKeys(4).trainer().address]
+
+
+def test_fault_plan_kills_and_measures_recovery(tmp_path: Path) -> None:
+    from meshrl.network.faults import Faults
+
+    port = 20000 + (int(time.time() * 1000) % 2000)
+    plan = tmp_path / "faults.toml"
+    plan.write_text('settle_s = 0.5\n[[kill]]\nrole = "web"\nat_s = 0.3\n'
+                    '[[kill]]\nrole = "sleeper"\nat_s = 0.6\n')
+    sup = Supervisor(tmp_path, backoff_s=0.1)
+    server = _py(f"import http.server as h; h.HTTPServer(('127.0.0.1', {port}), "
+                 "h.SimpleHTTPRequestHandler).serve_forever()")
+    sup.start(RoleSpec("web", server, health=f"http://127.0.0.1:{port}/"), ready_timeout=30)
+    sup.start(RoleSpec("sleeper", _py("import time; time.sleep(600)")))
+    faults = Faults(str(plan), ["web", "sleeper"])
+    with pytest.raises(ValueError, match="no role named"):
+        Faults(str(plan), ["web"])
+
+    def done() -> bool:
+        sup.poll()
+        faults.tick(sup)
+        return all(r.recover_s is not None for r in faults.records)
+
+    _until(done, timeout=30)
+    sup.stop_all(timeout=5)
+    for r in faults.summary():
+        assert r["pid"] > 0 and 0 < r["detect_s"] <= r["recover_s"] < 30, r
+    ev = [(e["event"], e["role"]) for e in _events(tmp_path)]
+    assert ("killed", "web") in ev and ("recovered", "web") in ev
+    assert ("recovered", "sleeper") in ev

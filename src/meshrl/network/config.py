@@ -71,7 +71,8 @@ class NetworkConfig(Config):
     dir: str = Field("runs", description="parent directory of runs")
     base_port: int = Field(18540, ge=1024, le=65000, description="first of the ports used: "
                            "anvil, discovery, orchestrator, origin, relays, in that order")
-    relays: int = Field(2, ge=0, description="shardcast relays under the origin")
+    relays: int = Field(2, ge=0, le=10, description="shardcast relays under the origin")
+    dashboard: bool = Field(True, description="serve the live page at base_port + 15")
     train_config: str = Field("configs/arithmetic.toml", description="the trainer's RL config")
     train: dict[str, Any] = Field(default_factory=dict, description="RL config keys that "
                                   "override train_config (nested tables)")

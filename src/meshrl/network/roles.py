@@ -19,6 +19,7 @@ from meshrl.network.toml import write_toml
 __all__ = ["Layout", "RoleSpec", "build_roles", "find_anvil"]
 
 CHAIN_ID = 31337
+DASHBOARD = 15  # port offset of the dashboard
 
 
 def find_anvil(explicit: str = "") -> str:
@@ -70,6 +71,10 @@ class Layout:
     @property
     def origin_url(self) -> str:
         return self.url(3)
+
+    @property
+    def dashboard_url(self) -> str:
+        return self.url(DASHBOARD)
 
     def relay_urls(self) -> list[str]:
         return [self.url(4 + i) for i in range(self.cfg.relays)]
@@ -148,6 +153,10 @@ def build_roles(lay: Layout, keys: DevKeys, pool_id: int) -> list[RoleSpec]:
     roles.append(_trainer(lay, keys, origin))
     roles.append(_validator(lay, keys, pool_id, servers))
     roles += [_worker(lay, name, i, bad, pool_id) for name, i, bad in lay.workers()]
+    if cfg.dashboard:
+        roles.append(RoleSpec("dashboard", _meshrl(
+            "dashboard", "--run", str(root), "--port", str(lay.port(DASHBOARD))),
+            health=lay.dashboard_url + "/health"))
     return roles
 
 

@@ -110,6 +110,7 @@ def _write_network_file(lay: Layout, keys: DevKeys, pool: int, roles: list[str])
             "deployment": str(lay.deployment),
             "discovery": lay.discovery_url, "orchestrator": lay.orchestrator_url,
             "origin": lay.origin_url, "relays": lay.relay_urls(), "roles": roles,
+            "dashboard": lay.dashboard_url if lay.cfg.dashboard else None,
             "workers": workers, "validator": keys.validator().address,
             "manager": keys.manager().address, "trainer": keys.trainer().address,
             "trainer_key_file": str(lay.root / "keys" / "trainer.key"),
