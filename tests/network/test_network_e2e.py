@@ -306,7 +306,9 @@ def test_ctrl_c_stops_every_role(net) -> None:
     assert proc.wait(180) == 0
     ev = _events(root)
     assert {e["role"] for e in ev if e["event"] == "start"} >= {"anvil", *_info(root)["roles"]}
-    assert all(e["rc"] in (0, -15) for e in ev if e["event"] == "stopped")
+    # an ejected cheater's worker may end on its refused work order; every other role cleanly
+    assert all(e["rc"] in (0, -15) for e in ev if e["event"] == "stopped"
+               and not e["role"].startswith("cheater"))
     for e in ev:
         if e["event"] == "start":  # every process the supervisor started is gone
             with pytest.raises(ProcessLookupError):
