@@ -135,6 +135,10 @@ def write_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
     return rep
 
 
+def _tokens(base_units: int | None) -> str:
+    return "n/a" if base_units is None else f"{base_units / 10**18:.3f}"
+
+
 def _markdown(rep: dict[str, Any]) -> str:
     acc = rep["accuracy"]
     out = ["# Network run report", "",
@@ -142,13 +146,13 @@ def _markdown(rep: dict[str, Any]) -> str:
            f"{rep['steps']} steps",
            f"- reached 80%: {rep['reached_80'] or 'no'}",
            f"- curves: `{rep['curves']}`", "", "## Nodes", "",
-           "| node | dishonest | files | trained on | tokens | rewards earned | stake | "
-           "slashed |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "| node | dishonest | files | trained on | work units | rewards earned (tokens) | "
+           "stake | slashed |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, n in rep["nodes"].items():
         files = ", ".join(f"{k} {v}" for k, v in sorted(n["files"].items()))
         out.append(f"| {name} | {n['dishonest']} | {files} | {n['trained_on']} | "
-                   f"{n['tokens']} | {n['rewards_earned']} | {n['stake']} | "
-                   f"{n['stake_slashed']} |")
+                   f"{n['tokens']} | {_tokens(n['rewards_earned'])} | {_tokens(n['stake'])} | "
+                   f"{_tokens(n['stake_slashed'])} |")
     out += ["", "## Policy versions (seconds from publish to load, slowest worker)", "",
             "| version | workers | max s |", "| --- | --- | --- |"]
     out += [f"| {v['version']} | {v['workers_loaded']} | {v['max_s']} |"
