@@ -314,3 +314,13 @@ def test_ctrl_c_stops_every_role(net) -> None:
             with pytest.raises(ProcessLookupError):
                 os.kill(e["pid"], 0)
     assert json.loads((root / "outcome.json").read_text())["outcome"] == "trained"
+    # the report, written before the roles stopped, agrees with the chain and the records
+    rep = json.loads((root / "report.json").read_text())
+    nodes = rep["nodes"]
+    assert nodes["cheater-0"]["stake_slashed"] >= 50 * TOKEN
+    assert nodes["cheater-0"]["files"].get("hard_invalidated", 0) >= 1
+    for name in ("worker-0", "worker-1"):
+        assert nodes[name]["stake_slashed"] == 0 and "hard_invalidated" not in nodes[name]["files"]
+    used = sum(len(r["used"]) for r in read_records(root / "trainer" / "rollouts.jsonl"))
+    assert sum(n["trained_on"] for n in nodes.values()) == used
+    assert rep["steps"] == STEPS and (root / "report.md").is_file()
