@@ -8,25 +8,19 @@ Ctrl-C stops every role cleanly."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
+import netutil as nu
 import pytest
 
 from meshrl.network.keys import dev_account
-from meshrl.protocol import Deployment, Protocol, WorkStatus
+from meshrl.protocol import Protocol, WorkStatus
 from meshrl.protocol.anvil import find_anvil
-from meshrl.protocol.backend import RpcBackend
 from meshrl.rl.network_source import read_records
-from meshrl.wire import SignedClient
-from meshrl.wire.models import LedgerPage
 
 pytestmark = [pytest.mark.slow, pytest.mark.anvil]
 
@@ -62,75 +56,11 @@ plot = false
 """
 
 
-def _wait(check: Any, timeout: float, what: str, every: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (out := check()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(every)
-    return out
-
-
-def _events(root: Path) -> list[dict[str, Any]]:
-    path = root / "events.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-
-
 @pytest.fixture(scope="module")
 def net(tmp_path_factory):
     if find_anvil() is None:
         pytest.skip("anvil not installed (run `make setup`)")
-    tmp = tmp_path_factory.mktemp("network")
-    port = 21000 + (os.getpid() % 200) * 20
-    cfg = tmp / "net.toml"
-    cfg.write_text(CONFIG.format(port=port))
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    out = (tmp / "up.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "meshrl.cli", "network", "up",
-                             str(ROOT / "configs" / "network.toml"), str(cfg),
-                             "--dir", str(tmp)], cwd=ROOT, env=env, stdout=out,
-                            stderr=subprocess.STDOUT)
-    root = tmp / "e2e"
-    try:
-        _wait(lambda: any(e["event"] == "finished" for e in _events(root)) or
-              proc.poll() is not None, 1500, "trainer did not finish", every=2.0)
-        assert proc.poll() is None, (tmp / "up.log").read_text()[-3000:]
-        yield root, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        out.close()
-
-
-def _info(root: Path) -> dict[str, Any]:
-    return json.loads((root / "network.json").read_text())
-
-
-def _chain(root: Path) -> Protocol:
-    info = _info(root)
-    return Protocol(RpcBackend(info["rpc_url"]), Deployment.load(info["deployment"]),
-                    dev_account(0))
-
-
-def _ledger(root: Path) -> dict[str, Any]:
-    info = _info(root)
-    key = Path(info["trainer_key_file"]).read_text().strip()
-
-    async def read() -> dict[str, Any]:
-        out, after = {}, 0
-        async with SignedClient(info["orchestrator"], key) as c:
-            while True:
-                page = await c.call("GET", "/ledger", response=LedgerPage,
-                                    query={"after": after, "limit": 1000})
-                if not page.entries:
-                    return out
-                out.update({e.sha256: e for e in page.entries})
-                after = page.next_after
-    return asyncio.run(read())
+    yield from nu.run_network(tmp_path_factory.mktemp("network"), CONFIG, "e2e")
 
 
 def _chain_events(chain: Protocol) -> list[Any]:
@@ -139,7 +69,7 @@ def _chain_events(chain: Protocol) -> list[Any]:
 
 def test_cheater_slashed_ejected_within_two_steps_never_trained_on(net) -> None:
     root, _ = net
-    info, chain, ledger = _info(root), _chain(root), _ledger(root)
+    info, chain, ledger = nu.info(root), nu.chain(root), nu.ledger(root)
     bad = info["workers"]["cheater-0"]
     node, provider = bad["node"].lower(), bad["provider"]
     mine = [e for e in ledger.values() if e.node.lower() == node]
@@ -174,7 +104,7 @@ def test_cheater_slashed_ejected_within_two_steps_never_trained_on(net) -> None:
 
 def test_trainer_records_against_the_ledger(net) -> None:
     root, _ = net
-    ledger = _ledger(root)
+    ledger = nu.ledger(root)
     records = read_records(root / "trainer" / "rollouts.jsonl")
     assert [r["step"] for r in records] == list(range(STEPS))
     used = [f["sha256"] for r in records for f in r["used"]]
@@ -193,7 +123,7 @@ def test_trainer_records_against_the_ledger(net) -> None:
 
 def test_no_work_judged_twice(net) -> None:
     root, _ = net
-    chain = _chain(root)
+    chain = nu.chain(root)
     evs = _chain_events(chain)
     judged = [bytes(e.args["work_id"]) for e in evs if e.name == "WorkInvalidated"]
     assert len(judged) == len(set(judged))
@@ -205,7 +135,7 @@ def test_no_work_judged_twice(net) -> None:
 
 def test_honest_never_invalidated_and_paid_after_the_lock(net) -> None:
     root, _ = net
-    info, chain = _info(root), _chain(root)
+    info, chain = nu.info(root), nu.chain(root)
     evs = _chain_events(chain)
     honest = [w for w in info["workers"].values() if not w["dishonest"]]
     for w in honest:
@@ -257,7 +187,7 @@ def test_dashboard_in_headless_chromium(net) -> None:
     from selenium.webdriver.chrome.service import Service
 
     root, _ = net
-    url = _info(root)["dashboard"]  # the network's own `dashboard` role
+    url = nu.info(root)["dashboard"]  # the network's own `dashboard` role
     opts = webdriver.ChromeOptions()
     opts.binary_location = found[0]
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
@@ -265,17 +195,17 @@ def test_dashboard_in_headless_chromium(net) -> None:
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = None
     try:
-        _wait(lambda: _get_ok(url + "/health"), 60, "dashboard not up", 0.5)
+        nu.wait(lambda: _get_ok(url + "/health"), 60, "dashboard not up", 0.5)
         driver = webdriver.Chrome(service=Service(found[1]), options=opts)
         driver.set_window_size(1200, 1400)
         driver.get(url + "/")
         rows = lambda: driver.find_elements("css selector", "#nodes tbody tr")  # noqa: E731
-        _wait(lambda: len(rows()) == 3, 60, "nodes not shown", 0.5)
+        nu.wait(lambda: len(rows()) == 3, 60, "nodes not shown", 0.5)
         text = driver.find_element("id", "nodes").text
         assert "worker-0" in text and "worker-1" in text and "cheater-0 (cheat)" in text
         assert "healthy" in text
         first = driver.find_element("id", "status").text
-        _wait(lambda: driver.find_element("id", "status").text != first, 30,
+        nu.wait(lambda: driver.find_element("id", "status").text != first, 30,
               "page did not update", 0.5)
         assert driver.find_elements("css selector", "#versions tbody tr")
         assert driver.find_elements("css selector", "#reward polyline")
@@ -304,8 +234,8 @@ def test_ctrl_c_stops_every_role(net) -> None:
     root, proc = net
     proc.send_signal(signal.SIGINT)
     assert proc.wait(180) == 0
-    ev = _events(root)
-    assert {e["role"] for e in ev if e["event"] == "start"} >= {"anvil", *_info(root)["roles"]}
+    ev = nu.events(root)
+    assert {e["role"] for e in ev if e["event"] == "start"} >= {"anvil", *nu.info(root)["roles"]}
     # an ejected cheater's worker may end on its refused work order; every other role cleanly
     assert all(e["rc"] in (0, -15) for e in ev if e["event"] == "stopped"
                and not e["role"].startswith("cheater"))
