@@ -39,7 +39,7 @@ class WorkersSpec(Config):
     honest: int = Field(3, ge=0, description="honest workers")
     dishonest: int = Field(1, ge=0, description="workers that turn dishonest")
     cheat: CheatSpec = CheatSpec()
-    poll_interval: float = Field(0.5, gt=0, description="seconds between work-order polls")
+    poll_interval: float = Field(0.25, gt=0, description="seconds between work-order polls")
     heartbeat_interval: float = Field(2.0, gt=0, description="seconds between heartbeats")
 
 
@@ -90,6 +90,9 @@ class NetworkConfig(Config):
     chain: ProtocolParams = ProtocolParams(
         min_stake=100 * TOKEN, stake_per_unit=10 * TOKEN, unbonding_delay=600,
         invalidation_window=600, lock_period=600, slash_penalty=50 * TOKEN)
+    poll_s: float = Field(0.25, gt=0, description="how often the orchestrator reads the chain and "
+                          "the validator and trainer look for new work: each poll is latency "
+                          "on every step's path from a worker to the trainer")
     threads: ThreadsConfig = ThreadsConfig()
     workers: WorkersSpec = WorkersSpec()
     pool: PoolSpec = PoolSpec()

@@ -133,7 +133,7 @@ def build_roles(lay: Layout, keys: DevKeys, pool_id: int) -> list[RoleSpec]:
                                             "sync_s": 1.0, "chain": _chain(lay)})]
     roles.append(_service(lay, "orchestrator", 2, {
         "port": lay.port(2), "pool_id": pool_id, "db": str(root / "orchestrator" / "state.db"),
-        "readers": [keys.trainer().address], "chain_poll_s": 0.5,
+        "readers": [keys.trainer().address], "chain_poll_s": cfg.poll_s,
         "chain": _chain(lay, hexkey(keys.manager())),
         "guard": {"rate_per_minute": 6000, "rate_burst": 300},
         "store": {"root": str(root / "orchestrator" / "files")},
@@ -186,7 +186,7 @@ def _trainer(lay: Layout, keys: DevKeys, origin: Path) -> RoleSpec:
            "rollout": {"group_size": p.group_size, "temperature": p.temperature,
                        "max_new_tokens": p.max_new_tokens},
            "network": {"orchestrator_url": lay.orchestrator_url, "key_file": str(key_file),
-                       "origin_root": str(origin)}}
+                       "origin_root": str(origin), "poll_s": cfg.poll_s}}
     path = write_toml(lay.config_path("trainer"), _merge(net, cfg.train))
     return RoleSpec("trainer", _meshrl("train", cfg.train_config, str(path)),
                     threads=cfg.threads.trainer, critical=True)
@@ -196,7 +196,7 @@ def _validator(lay: Layout, keys: DevKeys, pool_id: int, servers: list[str]) -> 
     cfg = lay.cfg
     path = write_toml(lay.config_path("validator"), {
         "pool_id": pool_id, "orchestrator_url": lay.orchestrator_url,
-        "work_dir": str(lay.root / "validator"), "poll_interval": 0.5,
+        "work_dir": str(lay.root / "validator"), "poll_interval": cfg.poll_s,
         "keys": {"dev_index": keys.validator_index}, "chain": _chain(lay),
         "pool": _rules(cfg, servers), "engine": {"num_threads": cfg.threads.validator},
         "retry": {"backoff": 1.0, "max_attempts": 6}})
