@@ -15,11 +15,11 @@ from meshrl.validator.replay import ReplayConfig
 from meshrl.validator.verify import verify_files
 from meshrl.worker.rollouts import generate_rollouts
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-# (max_new_tokens, prompts per file, group size): 8-row to 16-row files, 8 to 128 tokens
-SHAPES = [(8, 2, 4), (32, 4, 2), (128, 2, 4), (64, 2, 8)]
-WORKERS = [(1, 128), (2, 3), (1, 1)]  # (threads, max_batch_size)
+# (max_new_tokens, prompts per file, group size): 4- to 8-row files, 8 to 128 tokens
+SHAPES = [(8, 2, 4), (32, 2, 2), (128, 2, 2), (64, 4, 2)]
+WORKERS = [(1, 128), (2, 3), (1, 2)]  # (threads, max_batch_size)
 VALIDATORS = [EngineConfig(num_threads=2, max_batch_size=7), EngineConfig(num_threads=1)]
 FILES_PER_CASE = 6  # 4 shapes x 3 workers x 3 async levels x 6 = 216 files
 

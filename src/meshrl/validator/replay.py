@@ -147,9 +147,12 @@ def _sampling(rows, spec: ReplaySpec, cfg: ReplayConfig, findings: list[Finding]
     tokens = torch.tensor([t for _, r, _ in rows for t in r.token_ids])
     seq = [r.seq_id for _, r, _ in rows for _ in r.token_ids]
     pos = [j for _, r, _ in rows for j in range(len(r.token_ids))]
-    ok = check_sampled_tokens(logits, tokens, spec.seed, seq, pos, spec.temperature,
-                              spec.top_p, cfg.sampling_tolerance)
     margins = token_margins(logits, tokens, spec.seed, seq, pos, spec.temperature)
+    if spec.top_p < 1.0:  # the nucleus needs the full check
+        ok = check_sampled_tokens(logits, tokens, spec.seed, seq, pos, spec.temperature,
+                                  spec.top_p, cfg.sampling_tolerance)
+    else:  # without a nucleus the check is exactly margin <= tolerance: one noise computation
+        ok = margins <= cfg.sampling_tolerance
     stats.max_sampling_margin = float(margins.max())
     if bool(ok.all()):
         return
