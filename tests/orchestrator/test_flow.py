@@ -87,6 +87,8 @@ def test_file_life_to_the_trainer(pool: Pool) -> None:
             page = await trainer.call("GET", "/ledger", query={"step": 3, "status": "accepted"},
                                       response=LedgerPage)
             [entry] = page.entries
+            one = await val.call("GET", "/ledger", query={"sha256": sha}, response=LedgerPage)
+            assert one.entries == [entry]
             assert (entry.sha256, entry.policy_version, entry.download) == (
                 sha, 3, f"/files/{sha}")
             data = await trainer.get_bytes(entry.download)
@@ -192,7 +194,8 @@ def test_health_metrics_and_openapi(pool: Pool) -> None:
     assert set(doc["paths"]) >= {"/heartbeat", "/work", "/uploads", "/uploads/{slot_id}",
                                  "/verdicts", "/ledger", "/files/{sha256}", "/invite", "/step"}
     ledger = doc["paths"]["/ledger"]["get"]
-    assert {p["name"] for p in ledger["parameters"]} == {"step", "status", "after", "limit"}
+    assert {p["name"] for p in ledger["parameters"]} == {"step", "status", "sha256", "after",
+                                                         "limit"}
     assert "LedgerEntry" in doc["components"]["schemas"]
     assert set(disc["paths"]) == {"/health", "/nodes", "/nodes/{address}",
                                   "/pools/{pool_id}/nodes"}
