@@ -263,10 +263,11 @@ async def wait_members(orch: Orchestrator, reader: Any, n: int) -> None:
             await asyncio.sleep(0.5)
 
 
-def run_load(a: Any, orch: Orchestrator, nodes: list[Any], reader: Any, tmp: Path,
-             jobs: list[list[tuple[str, str, str]]]) -> dict[str, Any]:
+def spawn_clients(a: Any, orch: Orchestrator, nodes: list[Any], tmp: Path,
+                  jobs: list[list[tuple[str, str, str]]]) -> tuple[Any, Any, float, list[float]]:
     """Heartbeats and uploads in two spawned processes (so neither's client work delays the
-    other's timing); the crash, if asked, from here."""
+    other's timing), started and imported before the orchestrator learns of any node: a slow
+    start on a busy machine must not look like dead nodes. They wait for `go` files."""
     ctx = mp.get_context("spawn")
     extra = (a.dead_after + 1) * a.interval if a.crash else 0.0
     gap = a.duration / (a.rounds + 1)
@@ -281,6 +282,13 @@ def run_load(a: Any, orch: Orchestrator, nodes: list[Any], reader: Any, tmp: Pat
     up.start()
     while not all((tmp / f"{n}.json.ready").exists() for n in ("hb", "up")):
         time.sleep(0.05)
+    return hb, up, stop_rel, starts_rel
+
+
+def run_load(a: Any, orch: Orchestrator, reader: Any, tmp: Path,
+             jobs: list[list[tuple[str, str, str]]], clients: tuple) -> dict[str, Any]:
+    """Start the clients' clock, crash the orchestrator if asked, collect the results."""
+    hb, up, stop_rel, starts_rel = clients
     t_start = time.time() + 0.2
     for n in ("hb", "up"):
         (tmp / f"{n}.json.go").write_text(repr(t_start))
@@ -377,10 +385,11 @@ def main() -> None:
     anvil, F, pool, nodes, mgr = setup_chain(a.nodes, tmp)
     orch = Orchestrator(tmp, anvil, pool, mgr, a)
     jobs = make_upload_files(a, nodes, tmp)
+    clients = spawn_clients(a, orch, nodes, tmp, jobs)
     try:
         orch.start()
         asyncio.run(wait_members(orch, mgr, a.nodes))
-        out = run_load(a, orch, nodes, mgr, tmp, jobs)
+        out = run_load(a, orch, mgr, tmp, jobs, clients)
     finally:
         orch.stop()
     lat = out["hb"]["latencies"]
