@@ -32,6 +32,7 @@ import multiprocessing as mp
 import os
 import random
 import resource
+import shutil
 import signal
 import socket
 import sqlite3
@@ -378,6 +379,7 @@ def main() -> None:
     ap.add_argument("--upload-mb", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--crash", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, db)")
     a = ap.parse_args()
     random.seed(0)
     tmp = Path(tempfile.mkdtemp(prefix="bench-services-"))
@@ -416,8 +418,10 @@ def main() -> None:
     ejected = [e for e in F.events(0).poll() if e.name == "NodeEjected"]
     emit(metric="records", **rec, ejected_on_chain=len(ejected),
          node_states_at_end=out["health"]["nodes"])
-    emit(phase="end", load=os.getloadavg())
+    emit(phase="end", load=os.getloadavg(), workdir=str(tmp) if a.keep else "")
     anvil.stop()
+    if not a.keep:
+        shutil.rmtree(tmp)
 
 
 if __name__ == "__main__":
