@@ -20,8 +20,8 @@ _EXPORTS = {
     "proofs": ["DEFAULT_CHUNK_SIZE", "DEFAULT_TOPK", "ChunkResult", "ProofError", "build_proofs",
                "chunk_lengths", "find_moduli", "proof_from_base64", "proof_threads",
                "proof_to_base64", "to_bf16_bits", "verify_proofs"],
-    "thresholds": ["RolloutStats", "Thresholds", "Verdict", "calibrate_thresholds", "rollout_stats",
-                "tail_threshold", "verdict"],
+    "thresholds": ["HEADROOM", "RolloutStats", "Thresholds", "Verdict", "calibrate_thresholds",
+                   "rollout_stats", "tail_threshold", "threshold_ratios", "verdict"],
     "validate": ["Claim", "RolloutReport", "SamplingSpec", "ValidatorConfig", "validate_rollout"],
     "calibrate": ["CalibrateConfig", "run_calibration"],
     "modes": ["HONEST_MODES"],
@@ -31,6 +31,7 @@ _WHERE = {name: mod for mod, names in _EXPORTS.items() for name in names}
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "DEFAULT_TOPK",
+    "HEADROOM",
     "HONEST_MODES",
     "CalibrateConfig",
     "CheckResult",
@@ -58,6 +59,7 @@ __all__ = [
     "rollout_stats",
     "run_calibration",
     "tail_threshold",
+    "threshold_ratios",
     "to_bf16_bits",
     "validate_rollout",
     "verdict",
@@ -98,12 +100,14 @@ if TYPE_CHECKING:
         verify_proofs,
     )
     from meshrl.toploc.thresholds import (
+        HEADROOM,
         RolloutStats,
         Thresholds,
         Verdict,
         calibrate_thresholds,
         rollout_stats,
         tail_threshold,
+        threshold_ratios,
         verdict,
     )
     from meshrl.toploc.validate import (
