@@ -48,29 +48,32 @@ HEADROOM = 0.7  # calibrated thresholds keep every honest statistic at most this
 class Thresholds(Config):
     """Largest accepted values; None disables a pooled test.
 
-    The defaults are calibrated (`meshrl toploc calibrate`, report in benchmarks/README.md):
-    over 10,240 honest chunks from five worker setups (meshrl's decoder and `transformers`
-    generate at batch 1-64, 1-2 threads, sdpa / eager) checked by eight validator setups
-    (batch 1-64, left / right padding, 1-2 threads, sdpa / eager, bf16 / fp32), every honest
-    statistic stays at or below 70% of its threshold, and int8 weights, one layer's MLP scaled
-    by 1.1 and 1% weight noise are rejected in every rollout. `paper()` gives the TOPLOC
-    paper's looser per-chunk thresholds, which hold on any GPU and kernel.
+    The defaults are calibrated (`meshrl toploc calibrate`; docs/toploc.md, numbers in
+    benchmarks/README.md): `calibrate_thresholds` over 10,240 honest chunks of the calibration
+    model from five worker setups (meshrl's decoder and `transformers` generate at batch 1-64,
+    1-2 threads, sdpa / eager) checked by eight validator setups (batch 1-64, left / right
+    padding, 1-2 threads, sdpa / eager, bf16 / fp32), rounded up to two digits. Every honest
+    statistic stays at most 70% of its threshold, and int8 weights, one layer's MLP scaled by
+    1.1 and 1% weight noise are rejected in every rollout of 16 chunks, by the pooled tests (the
+    per-chunk fits reach the paper's caps for mismatches and median, and give 3.0 for the
+    mean). `paper()` keeps the paper's per-chunk thresholds and no pooled tests: loose enough
+    for any GPU and kernel, blind to those changes.
     """
 
-    max_exp_mismatches: float = Field(12, description="per chunk: exponent mismatches")
-    max_mant_err_mean: float = Field(2.5, description="per chunk: mean |mantissa difference|")
-    max_mant_err_median: float = Field(2.0, description="per chunk: median |mantissa difference|")
+    max_exp_mismatches: float = Field(38, description="per chunk: exponent mismatches")
+    max_mant_err_mean: float = Field(3.0, description="per chunk: mean |mantissa difference|")
+    max_mant_err_median: float = Field(8.0, description="per chunk: median |mantissa difference|")
     max_sign_mismatches: int = Field(
         4, description="per chunk: sign flips among exponent-matched entries"
     )
     max_pooled_exp_mismatch_rate: float | None = Field(
-        0.04, description="rollout: mismatches / compared entries over all chunks"
+        0.048, description="rollout: mismatches / compared entries over all chunks"
     )
     max_pooled_mant_err_mean: float | None = Field(
-        0.9, description="rollout: mean |mantissa difference| over all matched entries"
+        0.78, description="rollout: mean |mantissa difference| over all matched entries"
     )
     max_pooled_mant_inexact_rate: float | None = Field(
-        0.75, description="rollout: fraction of matched entries whose mantissa differs"
+        0.68, description="rollout: fraction of matched entries whose mantissa differs"
     )
     min_pooled_chunks: int = Field(
         16, description="pooled tests apply only to rollouts with at least this many chunks"
