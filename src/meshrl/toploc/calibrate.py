@@ -168,7 +168,7 @@ def run_calibration(cfg: CalibrateConfig) -> dict[str, Any]:
                                   min_pooled_chunks=Thresholds().min_pooled_chunks)
     sets = {"default": Thresholds(), "fitted": fitted, "paper": Thresholds.paper()}
     report: dict[str, Any] = {
-        "model": cfg.model_dir or cfg.preset, "fpr_budget": cfg.fpr,
+        "model": cfg.model_dir or cfg.preset, "fpr_budget": cfg.fpr, "config": cfg.model_dump(),
         "workers": [w.name for w in workers], "validators": [v.name for v in validators],
         "thresholds": {k: th.model_dump() for k, th in sets.items()},
         "honest_all": {k: _rates(every, th) for k, th in sets.items()},
