@@ -7,7 +7,9 @@ hidden size with the contended / idle ratios (goal: at most 2x; idle build <= 15
 states), k = 128, chunks of 32 tokens. Times are the median of `--repeats` runs after one
 warm-up: wall-clock, and process CPU time (steadier on a shared machine). The proof kernels run
 on one thread whatever the caller's count (`proofs.proof_threads`); `--threads` sets the
-caller's count. Each line carries the 1-minute load average, since the machine may be shared.
+caller's count; `--caller-threads-in-kernels` measures the behaviour before issue 13 instead
+(kernels on the caller's thread count) for comparison. Each line carries the 1-minute load
+average, since the machine may be shared.
 For reference, the issue measured the existing C++-accelerated TOPLOC on this CPU at about 18 ms
 (build) and 4 ms (verify) per 1000 tokens at hidden 896.
 """
@@ -15,6 +17,7 @@ For reference, the issue measured the existing C++-accelerated TOPLOC on this CP
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -27,6 +30,7 @@ from contextlib import contextmanager
 import torch
 
 from meshrl.toploc import build_proofs, verify_proofs
+from meshrl.toploc import proofs as proofs_module
 
 
 def _time(fn, repeats: int) -> tuple[float, float]:
@@ -73,9 +77,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=21)
     ap.add_argument("--threads", type=int, default=0, help="caller's torch threads (0: as is)")
     ap.add_argument("--no-contention", action="store_true", help="idle measurement only")
+    ap.add_argument("--caller-threads-in-kernels", action="store_true",
+                    help="baseline: proof kernels on the caller's threads (before issue 13)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.caller_threads_in_kernels:
+        proofs_module.proof_threads = contextlib.nullcontext  # type: ignore[assignment]
     for hidden in args.hidden:
         g = torch.Generator().manual_seed(hidden)
         acts = torch.randn(args.tokens, hidden, generator=g).to(torch.bfloat16)
@@ -83,6 +91,7 @@ def main() -> None:
         assert all(r.exp_mismatches == 0 for r in verify_proofs(acts, proofs))
         base = {"bench": "toploc_proofs", "hidden": hidden, "tokens": args.tokens, "topk": 128,
                 "chunk_size": 32, "dtype": "bfloat16", "caller_threads": torch.get_num_threads(),
+                "kernel_threads": "caller" if args.caller_threads_in_kernels else 1,
                 "proof_bytes_per_token": round(sum(map(len, proofs)) / args.tokens, 4)}
         idle = _measure(acts, proofs, args.repeats)
         print(json.dumps({**base, "condition": "idle", **idle}), flush=True)
