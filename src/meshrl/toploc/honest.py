@@ -32,6 +32,7 @@ __all__ = [
     "hf_generate",
     "recompute_with",
     "threads",
+    "work_with",
 ]
 
 
