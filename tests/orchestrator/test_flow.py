@@ -199,3 +199,22 @@ def test_health_metrics_and_openapi(pool: Pool) -> None:
     assert "LedgerEntry" in doc["components"]["schemas"]
     assert set(disc["paths"]) == {"/health", "/nodes", "/nodes/{address}",
                                   "/pools/{pool_id}/nodes"}
+
+
+def test_candidates_that_do_not_qualify_get_no_invite(pool: Pool) -> None:
+    from .net import announcement
+
+    async def t() -> None:
+        # n4 first announces too few cores for the pool (min 4), then enough
+        async with SignedClient(pool.disc.url, pool.key("n4")) as d, \
+                SignedClient(pool.orch.url, pool.key("n4")) as o:
+            await d.call("PUT", "/nodes", announcement(pool.chain, "p1", cores=2))
+            await asyncio.sleep(1.5)  # several onboarding polls
+            try:
+                await o.call("GET", "/invite")
+                raise AssertionError("an under-provisioned node was invited")
+            except WireHTTPError as e:
+                assert (e.status, e.reason) == (404, "no invite")
+            await d.call("PUT", "/nodes", announcement(pool.chain, "p1", cores=8))
+            await wait_for(lambda: o.call("GET", "/invite"), timeout=15)
+    run(t())
