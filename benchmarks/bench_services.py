@@ -31,6 +31,8 @@ import json
 import multiprocessing as mp
 import os
 import random
+import resource
+import shutil
 import signal
 import socket
 import sqlite3
@@ -163,8 +165,10 @@ slot_ttl_s = 3600
             self.proc.wait(20)
 
 
-async def _heartbeats(url: str, keys: list[str], interval: float, stop_at: float) -> dict:
-    """Each key heartbeats every `interval` s from a random phase until wall time `stop_at`."""
+async def _heartbeats(url: str, keys: list[str], interval: float, stop_rel: float,
+                      t0: float) -> dict:
+    """Each key heartbeats every `interval` s from a random phase until `t0 + stop_rel`."""
+    stop_at = t0 + stop_rel
     lat: list[float] = []
     acked: dict[str, int] = {}
     errors = 0
@@ -190,8 +194,10 @@ async def _heartbeats(url: str, keys: list[str], interval: float, stop_at: float
     return {"latencies": lat, "acked": acked, "errors": errors}
 
 
-async def _uploads(url: str, jobs: list[list[tuple[str, str, str]]], starts: list[float]) -> dict:
-    """Round k starts at wall time starts[k] and uploads its (key, path, sha256) concurrently."""
+async def _uploads(url: str, jobs: list[list[tuple[str, str, str]]], starts_rel: list[float],
+                   t0: float) -> dict:
+    """Round k starts at `t0 + starts_rel[k]`; it uploads its (key, path, sha256) at once."""
+    starts = [t0 + s for s in starts_rel]
     rounds, acked = [], {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
         async def one(key: str, path: str, sha: str) -> int:
@@ -216,9 +222,16 @@ async def _uploads(url: str, jobs: list[list[tuple[str, str, str]]], starts: lis
 
 
 def _child(fn_name: str, args: tuple, out: str) -> None:
-    """Entry of a load process (spawned): run one load function, write its result as JSON."""
+    """Entry of a load process (spawned): say it is ready, wait for the start time (seconds
+    from then, in `<out>.go`), run one load function, write its result as JSON."""
     random.seed(os.getpid())
-    result = asyncio.run(globals()[fn_name](*args))
+    Path(out + ".ready").touch()
+    go = Path(out + ".go")
+    while not go.exists():
+        time.sleep(0.05)
+    result = asyncio.run(globals()[fn_name](*args, t0=float(go.read_text())))
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    result["cpu_s"] = ru.ru_utime + ru.ru_stime
     Path(out).write_text(json.dumps(result))
 
 
@@ -251,23 +264,36 @@ async def wait_members(orch: Orchestrator, reader: Any, n: int) -> None:
             await asyncio.sleep(0.5)
 
 
-def run_load(a: Any, orch: Orchestrator, nodes: list[Any], reader: Any, tmp: Path,
-             jobs: list[list[tuple[str, str, str]]]) -> dict[str, Any]:
+def spawn_clients(a: Any, orch: Orchestrator, nodes: list[Any], tmp: Path,
+                  jobs: list[list[tuple[str, str, str]]]) -> tuple[Any, Any, float, list[float]]:
     """Heartbeats and uploads in two spawned processes (so neither's client work delays the
-    other's timing); the crash, if asked, from here."""
+    other's timing), started and imported before the orchestrator learns of any node: a slow
+    start on a busy machine must not look like dead nodes. They wait for `go` files."""
     ctx = mp.get_context("spawn")
-    t_start = time.time() + 3.0  # both children are up by then
     extra = (a.dead_after + 1) * a.interval if a.crash else 0.0
-    stop_at = t_start + a.duration + extra
     gap = a.duration / (a.rounds + 1)
-    starts = [t_start + gap * (k + 1) for k in range(a.rounds)]
+    # times are relative to the start, which the children learn once both are ready
+    stop_rel, starts_rel = a.duration + extra, [gap * (k + 1) for k in range(a.rounds)]
     keys = ["0x" + bytes(n.key).hex() for n in nodes]
-    hb = ctx.Process(target=_child, args=("_heartbeats", (orch.url, keys, a.interval, stop_at),
+    hb = ctx.Process(target=_child, args=("_heartbeats", (orch.url, keys, a.interval, stop_rel),
                                           str(tmp / "hb.json")))
-    up = ctx.Process(target=_child, args=("_uploads", (orch.url, jobs, starts),
+    up = ctx.Process(target=_child, args=("_uploads", (orch.url, jobs, starts_rel),
                                           str(tmp / "up.json")))
     hb.start()
     up.start()
+    while not all((tmp / f"{n}.json.ready").exists() for n in ("hb", "up")):
+        time.sleep(0.05)
+    return hb, up, stop_rel, starts_rel
+
+
+def run_load(a: Any, orch: Orchestrator, reader: Any, tmp: Path,
+             jobs: list[list[tuple[str, str, str]]], clients: tuple) -> dict[str, Any]:
+    """Start the clients' clock, crash the orchestrator if asked, collect the results."""
+    hb, up, stop_rel, starts_rel = clients
+    t_start = time.time() + 0.2
+    for n in ("hb", "up"):
+        (tmp / f"{n}.json.go").write_text(repr(t_start))
+    stop_at, starts = t_start + stop_rel, [t_start + s for s in starts_rel]
     time.sleep(max(0.0, t_start - time.time()))
     cpu0, wall0, out = orch.cpu(), time.monotonic(), {}
     if a.crash:
@@ -281,7 +307,7 @@ def run_load(a: Any, orch: Orchestrator, nodes: list[Any], reader: Any, tmp: Pat
         emit(phase="crash", downtime_s=out["downtime_s"])
         cpu0 = orch.cpu() - cpu_before
     time.sleep(max(0.0, stop_at - 1.0 - time.time()))
-    out["health"] = asyncio.run(_health(orch, reader))
+    out["health"], out["server_hb"] = asyncio.run(_health(orch, reader))
     out["cpu"], out["wall"] = orch.cpu() - cpu0, time.monotonic() - wall0
     hb.join()
     up.join()
@@ -293,9 +319,23 @@ def run_load(a: Any, orch: Orchestrator, nodes: list[Any], reader: Any, tmp: Pat
     return out
 
 
-async def _health(orch: Orchestrator, reader: Any) -> dict[str, Any]:
+async def _health(orch: Orchestrator, reader: Any) -> tuple[dict[str, Any], dict[str, float]]:
+    """/health, and the server's own heartbeat latency from its Prometheus histogram."""
     async with SignedClient(orch.url, reader.key) as c:
-        return (await c.call("GET", "/health"))["info"]
+        info = (await c.call("GET", "/health"))["info"]
+        async with c.session.get(orch.url + "/metrics") as r:
+            text = await r.text()
+    buckets = []
+    for line in text.splitlines():
+        if line.startswith("meshrl_http_request_seconds_bucket") and '"/heartbeat"' in line:
+            le = line.split('le="')[1].split('"')[0]
+            buckets.append((float(le), float(line.rsplit(" ", 1)[1])))
+    total = buckets[-1][1] if buckets else 0.0
+
+    def q(p: float) -> float:  # upper bound of the bucket holding quantile p (ms)
+        return next((le * 1e3 for le, n in buckets if n >= p * total), float("inf"))
+    frac100 = next((n / total for le, n in buckets if abs(le - 0.1) < 1e-9), 0.0) if total else 0
+    return info, {"p50_le_ms": q(0.5), "p99_le_ms": q(0.99), "share_le_100ms": round(frac100, 4)}
 
 
 def check_records(out: dict[str, Any], orch: Orchestrator) -> dict[str, Any]:
@@ -339,6 +379,7 @@ def main() -> None:
     ap.add_argument("--upload-mb", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--crash", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, db)")
     a = ap.parse_args()
     random.seed(0)
     tmp = Path(tempfile.mkdtemp(prefix="bench-services-"))
@@ -346,16 +387,18 @@ def main() -> None:
     anvil, F, pool, nodes, mgr = setup_chain(a.nodes, tmp)
     orch = Orchestrator(tmp, anvil, pool, mgr, a)
     jobs = make_upload_files(a, nodes, tmp)
+    clients = spawn_clients(a, orch, nodes, tmp, jobs)
     try:
         orch.start()
         asyncio.run(wait_members(orch, mgr, a.nodes))
-        out = run_load(a, orch, nodes, mgr, tmp, jobs)
+        out = run_load(a, orch, mgr, tmp, jobs, clients)
     finally:
         orch.stop()
     lat = out["hb"]["latencies"]
     emit(metric="heartbeat", requests=len(lat), errors=out["hb"]["errors"],
          p50_ms=round(pct(lat, 0.5), 2), p99_ms=round(pct(lat, 0.99), 2),
-         max_ms=round(max(lat) * 1e3, 2), mean_ms=round(statistics.mean(lat) * 1e3, 2))
+         max_ms=round(max(lat) * 1e3, 2), mean_ms=round(statistics.mean(lat) * 1e3, 2),
+         server=out["server_hb"])
     rounds = out["up"]["rounds"]
     total = sum(r["bytes"] for r in rounds)
     emit(metric="uploads", rounds=[{**r, "seconds": round(r["seconds"], 2),
@@ -363,7 +406,9 @@ def main() -> None:
                                    for r in rounds],
          MB_s=round(total / sum(r["seconds"] for r in rounds) / 2**20, 1))
     emit(metric="cpu", orchestrator_cpu_s=round(out["cpu"], 2), wall_s=round(out["wall"], 1),
-         cores_busy=round(out["cpu"] / out["wall"], 3))
+         cores_busy=round(out["cpu"] / out["wall"], 3),
+         heartbeat_clients_cpu_s=round(out["hb"]["cpu_s"], 2),
+         upload_clients_cpu_s=round(out["up"]["cpu_s"], 2))
     sig = out["health"]["signatures"]
     per = sig["seconds"] / max(1, sig["verified"])
     emit(metric="signatures", verified=sig["verified"], server_us_per_request=round(per * 1e6, 1),
@@ -373,8 +418,10 @@ def main() -> None:
     ejected = [e for e in F.events(0).poll() if e.name == "NodeEjected"]
     emit(metric="records", **rec, ejected_on_chain=len(ejected),
          node_states_at_end=out["health"]["nodes"])
-    emit(phase="end", load=os.getloadavg())
+    emit(phase="end", load=os.getloadavg(), workdir=str(tmp) if a.keep else "")
     anvil.stop()
+    if not a.keep:
+        shutil.rmtree(tmp)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ def orchestrator_config(chain: Chain, tmp: Path, **over: object) -> dict:
         "guard": {"rate_per_minute": 3000, "rate_burst": 40},
         "store": {"root": str(tmp / "files")},
         "heartbeat": {"interval_s": 1.0, "dead_after": 3},
-        "onboarding": {"poll_s": 0.2, "requirements": {"min_cores": 4}},
+        "onboarding": {"poll_s": 0.2, "recheck_s": 0.5, "requirements": {"min_cores": 4}},
         "work": {"step": 3, "async_level": 1, "max_file_bytes": 1 << 21,
                  "max_units_per_file": 10_000, "slot_ttl_s": 30.0},
     }

@@ -11,6 +11,7 @@ import sqlite3
 import time
 
 import aiohttp
+import pytest
 from eth_account import Account
 
 from meshrl.wire import SignedClient, WireHTTPError
@@ -20,6 +21,7 @@ from .conftest import Pool, orchestrator_config
 from .net import Heartbeater, Service, hexkey, run
 
 
+@pytest.mark.slow
 def test_kill9_under_load_loses_nothing_acknowledged(pool: Pool) -> None:
     chain, tmp = pool.chain, pool.tmp / "crash"
     tmp.mkdir()

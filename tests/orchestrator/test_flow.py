@@ -87,6 +87,8 @@ def test_file_life_to_the_trainer(pool: Pool) -> None:
             page = await trainer.call("GET", "/ledger", query={"step": 3, "status": "accepted"},
                                       response=LedgerPage)
             [entry] = page.entries
+            one = await val.call("GET", "/ledger", query={"sha256": sha}, response=LedgerPage)
+            assert one.entries == [entry]
             assert (entry.sha256, entry.policy_version, entry.download) == (
                 sha, 3, f"/files/{sha}")
             data = await trainer.get_bytes(entry.download)
@@ -192,7 +194,27 @@ def test_health_metrics_and_openapi(pool: Pool) -> None:
     assert set(doc["paths"]) >= {"/heartbeat", "/work", "/uploads", "/uploads/{slot_id}",
                                  "/verdicts", "/ledger", "/files/{sha256}", "/invite", "/step"}
     ledger = doc["paths"]["/ledger"]["get"]
-    assert {p["name"] for p in ledger["parameters"]} == {"step", "status", "after", "limit"}
+    assert {p["name"] for p in ledger["parameters"]} == {"step", "status", "sha256", "after",
+                                                         "limit"}
     assert "LedgerEntry" in doc["components"]["schemas"]
     assert set(disc["paths"]) == {"/health", "/nodes", "/nodes/{address}",
                                   "/pools/{pool_id}/nodes"}
+
+
+def test_candidates_that_do_not_qualify_get_no_invite(pool: Pool) -> None:
+    from .net import announcement
+
+    async def t() -> None:
+        # n4 first announces too few cores for the pool (min 4), then enough
+        async with SignedClient(pool.disc.url, pool.key("n4")) as d, \
+                SignedClient(pool.orch.url, pool.key("n4")) as o:
+            await d.call("PUT", "/nodes", announcement(pool.chain, "p1", cores=2))
+            await asyncio.sleep(1.5)  # several onboarding polls
+            try:
+                await o.call("GET", "/invite")
+                raise AssertionError("an under-provisioned node was invited")
+            except WireHTTPError as e:
+                assert (e.status, e.reason) == (404, "no invite")
+            await d.call("PUT", "/nodes", announcement(pool.chain, "p1", cores=8))
+            await wait_for(lambda: o.call("GET", "/invite"), timeout=15)
+    run(t())

@@ -15,11 +15,11 @@ from meshrl.validator.replay import ReplayConfig
 from meshrl.validator.verify import verify_files
 from meshrl.worker.rollouts import generate_rollouts
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-# (max_new_tokens, prompts per file, group size): 8-row to 16-row files, 8 to 128 tokens
-SHAPES = [(8, 2, 4), (32, 4, 2), (128, 2, 4), (64, 2, 8)]
-WORKERS = [(1, 128), (2, 3), (1, 1)]  # (threads, max_batch_size)
+# (max_new_tokens, prompts per file, group size): 4- to 8-row files, 8 to 128 tokens
+SHAPES = [(8, 2, 4), (32, 2, 2), (128, 2, 2), (64, 4, 2)]
+WORKERS = [(1, 128), (2, 3), (1, 2)]  # (threads, max_batch_size)
 VALIDATORS = [EngineConfig(num_threads=2, max_batch_size=7), EngineConfig(num_threads=1)]
 FILES_PER_CASE = 6  # 4 shapes x 3 workers x 3 async levels x 6 = 216 files
 
@@ -30,7 +30,7 @@ def test_honest_files_are_never_invalidated(model, tok):
     validators = [CPUEngine(model, tok, c) for c in VALIDATORS]
     worst = {"exp_mismatches": 0, "mant_err_mean": 0.0, "mant_err_median": 0.0,
              "pooled_exp_mismatch_rate": 0.0, "pooled_mant_err_mean": 0.0,
-             "pooled_mant_err_zero_rate": 1.0, "sampling_margin": 0.0, "logprob_diff": 0.0}
+             "pooled_mant_inexact_rate": 0.0, "sampling_margin": 0.0, "logprob_diff": 0.0}
     files = rejected = 0
     for (max_new, prompts, group), (threads, batch), level in itertools.product(
             SHAPES, WORKERS, (0, 1, 2)):
@@ -56,20 +56,18 @@ def test_honest_files_are_never_invalidated(model, tok):
                                                     s.pooled["exp_mismatch_rate"])
             worst["pooled_mant_err_mean"] = max(worst["pooled_mant_err_mean"],
                                                 s.pooled["mant_err_mean"])
-            worst["pooled_mant_err_zero_rate"] = min(worst["pooled_mant_err_zero_rate"],
-                                                     s.pooled["mant_err_zero_rate"])
+            worst["pooled_mant_inexact_rate"] = max(worst["pooled_mant_inexact_rate"],
+                                                    s.pooled["mant_inexact_rate"])
             worst["sampling_margin"] = max(worst["sampling_margin"], s.max_sampling_margin)
             worst["logprob_diff"] = max(worst["logprob_diff"], s.max_logprob_diff)
     limits = {"exp_mismatches": th.max_exp_mismatches, "mant_err_mean": th.max_mant_err_mean,
               "mant_err_median": th.max_mant_err_median,
               "pooled_exp_mismatch_rate": th.max_pooled_exp_mismatch_rate,
               "pooled_mant_err_mean": th.max_pooled_mant_err_mean,
-              "pooled_mant_err_zero_rate": th.min_pooled_mant_err_zero_rate,
+              "pooled_mant_inexact_rate": th.max_pooled_mant_inexact_rate,
               "sampling_margin": cfg.sampling_tolerance, "logprob_diff": cfg.logprob_atol}
     print(json.dumps({"honest_files": files, "invalidated": rejected, "worst": worst,
                       "thresholds": limits}))
     assert files >= 200 and rejected == 0
     for k, limit in limits.items():  # every honest statistic well inside its threshold
-        value = worst[k]
-        ok = value >= (1 + limit) / 2 if k == "pooled_mant_err_zero_rate" else value <= limit / 2
-        assert ok, (k, value, limit)
+        assert worst[k] <= limit / 2, (k, worst[k], limit)

@@ -192,7 +192,7 @@ class OrchestratorApi:
     async def ledger(self, call: Call) -> LedgerPage:
         await self.reader(call)
         q: LedgerQuery = call.query
-        rows = self.o.state.files(q.step, q.status, q.after, q.limit)
+        rows = self.o.state.files(q.step, q.status, q.after, q.limit, q.sha256)
         entries = [LedgerEntry(
             seq=r.seq, sha256=r.sha256, node=r.node, provider=r.provider, step=r.step,
             policy_version=r.policy_version, work_units=r.work_units, size=r.size,

@@ -41,6 +41,8 @@ class OnboardingConfig(Config):
     discovery_url: str = Field("", description="discovery service (empty: no onboarding)")
     poll_s: float = Field(5.0, gt=0, description="seconds between discovery reads")
     invite_ttl_s: int = Field(600, ge=10, description="seconds an invite stays valid")
+    recheck_s: float = Field(30.0, ge=0, description="seconds before a refused candidate is "
+                             "checked again")
     requirements: Requirements = Requirements()
 
 

@@ -40,7 +40,9 @@ class Onboarding:
     def __init__(self, orch: Orchestrator) -> None:
         self.o = orch
         self.cfg = orch.cfg.onboarding
-        self.refused: dict[str, str] = {}  # candidate -> last reason (for /health and logs)
+        # candidate -> (last reason, when to look again): chain checks are not repeated for
+        # every poll of a candidate that cannot join
+        self.refused: dict[str, tuple[str, float]] = {}
         self._client: SignedClient | None = None
 
     async def run(self) -> float:
@@ -68,14 +70,17 @@ class Onboarding:
         pending = self.o.state.invite(node)
         if pending is not None and pending[2] > time.time() + 30:
             return ""
+        last = self.refused.get(node)
+        if last is not None and last[1] > time.monotonic():
+            return last[0]
         why = self._precheck(entry)
         if not why:
             ok = await self.o.chain.run(self.o.chain.eligibility, node, entry.info.provider)
             why = ok.reason
         if why:
-            if self.refused.get(node) != why:
+            if last is None or last[0] != why:
                 log_event(log, "candidate refused", node=node, reason=why)
-            self.refused[node] = why
+            self.refused[node] = (why, time.monotonic() + self.cfg.recheck_s)
             return why
         nonce, expiry, sig, _ = await self.o.chain.run(
             self.o.chain.make_invite, node, self.cfg.invite_ttl_s)

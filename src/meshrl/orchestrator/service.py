@@ -128,6 +128,7 @@ class Orchestrator:
                 await t
         if self._runner is not None:
             await self._runner.cleanup()
+        await self.onboarding.close()
         self.chain.close()
         self.state.close()
 

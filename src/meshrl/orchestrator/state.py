@@ -177,9 +177,11 @@ class State:
         row = self.db.execute("SELECT * FROM files WHERE sha256 = ?", (sha256,)).fetchone()
         return None if row is None else FileRow(*row[:8], FileStatus(row[8]), *row[9:])
 
-    def files(self, step: int | None, status: FileStatus | None, after: int,
-              limit: int) -> list[FileRow]:
+    def files(self, step: int | None, status: FileStatus | None, after: int, limit: int,
+              sha256: str | None = None) -> list[FileRow]:
         sql, args = "SELECT * FROM files WHERE seq > ?", [after]
+        if sha256 is not None:
+            sql, args = sql + " AND sha256 = ?", [*args, sha256]
         if step is not None:
             sql, args = sql + " AND step = ?", [*args, step]
         if status is not None:

@@ -20,9 +20,9 @@ _EXPORTS = {
     "proofs": ["DEFAULT_CHUNK_SIZE", "DEFAULT_TOPK", "ChunkResult", "ProofError", "build_proofs",
                "chunk_lengths", "find_moduli", "proof_from_base64", "proof_threads",
                "proof_to_base64", "to_bf16_bits", "verify_proofs"],
-    "thresholds": ["RolloutStats", "Thresholds", "Verdict", "calibrate_thresholds", "rollout_stats",
-                "tail_threshold", "verdict"],
-    "validate": ["Claim", "RolloutReport", "ValidatorConfig", "validate_rollout"],
+    "thresholds": ["HEADROOM", "RolloutStats", "Thresholds", "Verdict", "calibrate_thresholds",
+                   "rollout_stats", "tail_threshold", "threshold_ratios", "verdict"],
+    "validate": ["Claim", "RolloutReport", "SamplingSpec", "ValidatorConfig", "validate_rollout"],
     "calibrate": ["CalibrateConfig", "run_calibration"],
     "modes": ["HONEST_MODES"],
 }
@@ -31,6 +31,7 @@ _WHERE = {name: mod for mod, names in _EXPORTS.items() for name in names}
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "DEFAULT_TOPK",
+    "HEADROOM",
     "HONEST_MODES",
     "CalibrateConfig",
     "CheckResult",
@@ -39,6 +40,7 @@ __all__ = [
     "ProofError",
     "RolloutReport",
     "RolloutStats",
+    "SamplingSpec",
     "Thresholds",
     "ValidatorConfig",
     "Verdict",
@@ -57,6 +59,7 @@ __all__ = [
     "rollout_stats",
     "run_calibration",
     "tail_threshold",
+    "threshold_ratios",
     "to_bf16_bits",
     "validate_rollout",
     "verdict",
@@ -97,17 +100,20 @@ if TYPE_CHECKING:
         verify_proofs,
     )
     from meshrl.toploc.thresholds import (
+        HEADROOM,
         RolloutStats,
         Thresholds,
         Verdict,
         calibrate_thresholds,
         rollout_stats,
         tail_threshold,
+        threshold_ratios,
         verdict,
     )
     from meshrl.toploc.validate import (
         Claim,
         RolloutReport,
+        SamplingSpec,
         ValidatorConfig,
         validate_rollout,
     )

@@ -28,12 +28,15 @@ __all__ = ["ENGINE_THRESHOLDS", "ReplayConfig", "ReplayRow", "ReplaySpec", "Repl
 
 
 # A CPU-engine worker checked by a CPU-engine validator: fp32 compute rounded to bf16 hidden
-# states is bit-exact across batch sizes and thread counts (honest maxima 0 on every statistic,
-# tests/validator/test_margin.py), while int8 weights or one layer scaled by 1.1 give pooled
-# mismatch rates >= 0.015, mantissa error means >= 0.7 and exact rates <= 0.45. The per-chunk
-# tests keep the TOPLOC paper's values; the pooled ones sit far from both sides.
+# states is nearly bit-exact across batch sizes and thread counts (honest pooled mantissa error
+# mean <= 0.001, tests/validator/test_margin.py), while int8 weights or one layer scaled by 1.1
+# give pooled mismatch rates >= 0.015, mantissa error means >= 0.7 and inexact rates >= 0.55 on
+# the 8-chunk files of a small pool. So the per-chunk tests keep the calibrated defaults of
+# `Thresholds` (issue 13: any honest worker / validator setup), and the pooled tests are tighter
+# and apply from 2 chunks on; a pool with mixed hardware sets `replay.thresholds` to those
+# defaults (or its own calibration) instead.
 ENGINE_THRESHOLDS = Thresholds(max_pooled_exp_mismatch_rate=0.005, max_pooled_mant_err_mean=0.25,
-                               min_pooled_mant_err_zero_rate=0.75, min_pooled_chunks=2)
+                               max_pooled_mant_inexact_rate=0.25, min_pooled_chunks=2)
 
 
 class ReplayConfig(Config):
@@ -147,9 +150,12 @@ def _sampling(rows, spec: ReplaySpec, cfg: ReplayConfig, findings: list[Finding]
     tokens = torch.tensor([t for _, r, _ in rows for t in r.token_ids])
     seq = [r.seq_id for _, r, _ in rows for _ in r.token_ids]
     pos = [j for _, r, _ in rows for j in range(len(r.token_ids))]
-    ok = check_sampled_tokens(logits, tokens, spec.seed, seq, pos, spec.temperature,
-                              spec.top_p, cfg.sampling_tolerance)
     margins = token_margins(logits, tokens, spec.seed, seq, pos, spec.temperature)
+    if spec.top_p < 1.0:  # the nucleus needs the full check
+        ok = check_sampled_tokens(logits, tokens, spec.seed, seq, pos, spec.temperature,
+                                  spec.top_p, cfg.sampling_tolerance)
+    else:  # without a nucleus the check is exactly margin <= tolerance: one noise computation
+        ok = margins <= cfg.sampling_tolerance
     stats.max_sampling_margin = float(margins.max())
     if bool(ok.all()):
         return
@@ -195,7 +201,7 @@ def _toploc(rows, scored, cfg: ReplayConfig, findings: list[Finding],
     if v.stats is not None:
         stats.pooled = {"exp_mismatch_rate": v.stats.exp_mismatch_rate,
                         "mant_err_mean": v.stats.mant_err_mean,
-                        "mant_err_zero_rate": v.stats.mant_err_zero_rate}
+                        "mant_inexact_rate": v.stats.mant_inexact_rate}
     if not v.accepted:
         findings.append(Finding("toploc", "hard", f"{len(v.reasons)} failed test(s) over "
                                 f"{len(chunks)} chunks, first: {v.reasons[0]}",

@@ -240,6 +240,7 @@ class PoolNodes(Model):
 class LedgerQuery(Model):
     step: int | None = Field(None, ge=0, description="only files of this step")
     status: FileStatus | None = Field(None, description="only files in this state")
+    sha256: str | None = Field(None, pattern=SHA256, description="only this file")
     after: int = Field(0, ge=0, description="ledger sequence to start after (paging)")
     limit: int = Field(500, ge=1, le=5000)
 

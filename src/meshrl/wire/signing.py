@@ -12,6 +12,7 @@ of what eth-account's generic path costs, which matters at thousands of requests
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import secrets
@@ -130,4 +131,10 @@ def recover_signer(message: bytes, signature: bytes) -> str:
         )
     except Exception as e:  # coincurve raises plain Exception on unrecoverable input
         raise ValueError(f"unrecoverable signature: {e}") from None
-    return to_checksum_address(keccak(pub.format(compressed=False)[1:])[-20:])
+    return _checksum(keccak(pub.format(compressed=False)[1:])[-20:])
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _checksum(raw: bytes) -> str:
+    """EIP-55 spelling, cached: a server sees the same few thousand senders over and over."""
+    return to_checksum_address(raw)
