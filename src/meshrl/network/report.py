@@ -114,7 +114,7 @@ def build_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
         "reached_80": None if reached is None else {"step": reached["step"],
                                                     "elapsed_s": reached["elapsed"]},
         "steps": max((m["step"] for m in metrics if m.get("kind") == "step"), default=0),
-        "curves": str(root / "trainer" / "curves.png"),
+        "curves": None,
         "nodes": nodes,
         "versions": _broadcast(root, list(info["workers"])),
         "restarts": [e for e in events if e["event"] in ("died", "killed", "recovered")],
@@ -128,8 +128,38 @@ def _lines_json(path: Path) -> Any:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def plot_curves(metrics: list[dict[str, Any]], out: Path) -> Path | None:
+    """Batch reward per step and held-out accuracy over wall time, for the report (the trainer
+    draws its own only when it finishes on its own)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [m for m in metrics if m.get("kind") == "step"]
+    evals = [m for m in metrics if m.get("kind") == "eval"]
+    if not steps and not evals:
+        return None
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    ax1.plot([m["step"] for m in steps], [m["reward"] for m in steps], lw=0.8)
+    ax1.set(xlabel="RL step", ylabel="batch reward (accepted rollouts)", title="reward")
+    for phase, style in (("sft", "o--"), ("rl", "o-")):
+        pts = [m for m in evals if m.get("phase") == phase]
+        ax2.plot([m["elapsed"] for m in pts], [m["accuracy"] for m in pts], style, label=phase)
+    ax2.axhline(0.8, color="grey", lw=0.5)
+    ax2.set(xlabel="trainer wall time (s)", ylabel="greedy held-out accuracy", ylim=(0, 1),
+            title="held-out accuracy")
+    ax2.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
 def write_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
     rep = build_report(cfg, root)
+    png = plot_curves(_lines(root / "trainer" / "metrics.jsonl"), root / "curves.png")
+    rep["curves"] = None if png is None else str(png)
     (root / "report.json").write_text(json.dumps(rep, indent=1, default=str))
     (root / "report.md").write_text(_markdown(rep))
     return rep
