@@ -16,9 +16,9 @@ from meshrl.rl.network_source import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.anvil]
 
-STEPS = 18
-KILLS = [("worker-1", 20), ("relay-0", 30), ("validator", 40), ("trainer", 55),
-         ("orchestrator", 75)]
+STEPS = 24
+KILLS = [("worker-1", 8), ("relay-0", 14), ("validator", 20), ("orchestrator", 26),
+         ("trainer", 34)]
 CONFIG = f"""
 name = "faults"
 base_port = {{port}}
@@ -55,7 +55,14 @@ def net(tmp_path_factory):
     plan.write_text("settle_s = 5.0\n" + "".join(
         f'[[kill]]\nrole = "{r}"\nat_s = {t}\n' for r, t in KILLS))
     config = CONFIG.replace("{faults}", str(plan))
-    yield from nu.run_network(tmp, config, "faults", port_offset=20)
+    run = nu.run_network(tmp, config, "faults", port_offset=20)
+    root, proc = next(run)
+    try:  # the trainer finished; wait until every killed role is back too
+        nu.wait(lambda: len([e for e in nu.events(root) if e["event"] == "recovered"])
+                >= len(KILLS), 180, "not every killed role recovered")
+        yield root, proc
+    finally:
+        run.close()
 
 
 def test_every_killed_role_recovers_and_the_run_completes(net) -> None:
