@@ -36,6 +36,7 @@ from meshrl.shardcast.manifest import Manifest, ManifestError
 from meshrl.shardcast.pool import ServerPool, ServerState
 from meshrl.shardcast.store import ShardWriter, file_paths, place_output, verify_files
 from meshrl.shardcast.transport import (
+    RELAY_HEADER,
     AiohttpTransport,
     PieceMismatchError,
     RawHttpTransport,
@@ -72,17 +73,20 @@ class ShardcastClient:
         session: aiohttp.ClientSession | None = None,
         seed: int | None = None,
         transport: ShardTransport | None = None,
+        relay_token: str | None = None,
     ) -> None:
         self.cfg = cfg or ClientConfig()
-        self.pool = ServerPool(urls, self.cfg.failure_decay, seed)
+        self.pool = ServerPool(urls, self.cfg.failure_decay, seed, self.cfg.origin_weight)
         self._session, self._own_session = session, session is None
         self._avail = asyncio.Event()
+        # a relay says so (X-Shardcast-Relay) and is served before clients
+        headers = {RELAY_HEADER: relay_token or "1"} if relay_token is not None else {}
         if transport is None:
             plain = all(u.startswith("http://") for u in urls)
             if self.cfg.transport == "raw" and plain:
-                transport = RawHttpTransport(self.cfg.connect_timeout)
+                transport = RawHttpTransport(self.cfg.connect_timeout, headers)
             else:
-                transport = AiohttpTransport(self.session)
+                transport = AiohttpTransport(self.session, headers)
         self.transport = transport
 
     @property
@@ -190,6 +194,7 @@ class ShardcastClient:
     def _set_have(self, s: ServerState, info: dict[str, Any]) -> None:
         before = (s.complete, len(s.have))
         s.complete, s.have = bool(info["complete"]), set(info["have"] or ())
+        s.role = info.get("role", s.role)
         if (s.complete, len(s.have)) != before:
             self._avail.set()
 
@@ -259,7 +264,9 @@ class ShardcastClient:
 
         async def worker() -> None:
             while (index := await next_shard()) is not None:
-                await self._get_shard(m, index, functools.partial(sink, index))
+                if not await self._get_shard(m, index, functools.partial(sink, index)):
+                    pending.append(index)  # only busy servers hold it: take another meanwhile
+                    continue
                 if on_shard is not None:
                     on_shard(index)
                 progress(m.shards[index].size)
@@ -287,9 +294,10 @@ class ShardcastClient:
 
     async def _get_shard(
         self, m: Manifest, index: int, sink: Callable[[int, memoryview], None]
-    ) -> None:
+    ) -> bool:
         """Shard `index` through `sink`, verified piece by piece (resumed on another server
-        after a failure, a bad piece fetched again from another server)."""
+        after a failure, a bad piece fetched again from another server). False: no usable
+        server holds it now (e.g. the only holder is busy) and nothing of it arrived yet."""
         shard, digest = m.shards[index], m.digest
         digests = [shard.piece_digest(j) for j in range(m.piece_count(shard))]
         rx = ShardReceiver(shard.size, m.piece_size, digests, sink, self.cfg.pieces_in_flight)
@@ -297,7 +305,9 @@ class ShardcastClient:
         attempt, deadline = 0, time.monotonic() + self.cfg.wait_timeout
         while attempt < self.cfg.max_attempts:
             s = self.pool.choose(index, digest, avoid=tried)
-            if s is None:  # nobody holds it now (a relay that held it was lost)
+            if s is None:  # nobody usable holds it now (busy, or a relay that held it was lost)
+                if rx.filled == 0:
+                    return False
                 if time.monotonic() > deadline:
                     break
                 self._avail.clear()
@@ -329,7 +339,13 @@ class ShardcastClient:
                           pos=e.pos)
                 continue
             if rx.complete:  # every piece verified and written (even if the link broke after)
-                return
+                return True
+            if isinstance(error, TransferError) and error.status in (403, 503):
+                if error.status == 403:  # it serves relays only: never ask it again
+                    s.refuses = True
+                else:  # its upload is saturated by relays: ask others, or it again later
+                    self.pool.record_busy(s, error.retry_after)
+                continue
             attempt += 1
             self.pool.record_failure(s)
             if isinstance(error, TransferError) and error.status == 404:

@@ -66,7 +66,7 @@ class Relay:
         self.cfg = cfg
         self.store = VersionStore(cfg.root, cfg.keep)
         self.server = ShardServer(self.store, cfg.server, role="relay")
-        self.client = ShardcastClient(cfg.upstreams, cfg.client, session)
+        self.client = ShardcastClient(cfg.upstreams, cfg.client, session, relay_token=cfg.token)
         self.mirrored: dict[str, dict[str, float]] = {}
         self.server.info["mirrored"] = self.mirrored
         self._task: asyncio.Task[None] | None = None

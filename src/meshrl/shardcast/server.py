@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
+import weakref
 from collections import Counter
 from typing import Any
 
@@ -25,28 +25,13 @@ from aiohttp import web
 
 from meshrl.log import get_logger, log_event
 from meshrl.shardcast.config import ServerConfig
+from meshrl.shardcast.ratelimit import TokenBucket
 from meshrl.shardcast.store import VersionStore
+from meshrl.shardcast.transport import RELAY_HEADER
 
-__all__ = ["RateLimiter", "ShardServer"]
+__all__ = ["ShardServer"]
 
 log = get_logger("meshrl.shardcast.server")
-
-
-class RateLimiter:
-    """Caps the bytes/s shared by all responses of one server (its upload bandwidth)."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-        self._next = 0.0
-
-    async def take(self, n: int) -> None:
-        if self.rate <= 0:
-            return
-        now = time.monotonic()
-        start = max(now, self._next)
-        self._next = start + n / self.rate
-        if start > now:
-            await asyncio.sleep(start - now)
 
 
 def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
@@ -70,7 +55,11 @@ class ShardServer:
     def __init__(self, store: VersionStore, cfg: ServerConfig, role: str = "origin") -> None:
         self.store, self.cfg, self.role = store, cfg, role
         self.counters: Counter[str] = Counter()
-        self.limiter = RateLimiter(cfg.max_upload_rate)
+        self.step = _step(cfg)
+        burst = max(2 * self.step, 0.02 * cfg.upload_rate)  # <= 2% of a second's bytes ahead
+        self.bucket = TokenBucket(cfg.upload_rate, burst) if cfg.upload_rate > 0 else None
+        self._conn_buckets: weakref.WeakKeyDictionary[Any, TokenBucket] = (
+            weakref.WeakKeyDictionary())
         self.first_serve: dict[int, float] = {}  # version -> time its first shard was served
         self.pipelined: Counter[int] = Counter()  # shards served while the version was partial
         self.info: dict[str, Any] = {}  # extra fields for /health (a relay's mirror timings)
@@ -165,13 +154,31 @@ class ShardServer:
         while True:
             v = self._version(request)
             if v in self.store.complete:
-                return web.json_response({"complete": True, "have": None})
+                return web.json_response({"complete": True, "have": None, "role": self.role})
             have = self.store.partial[v].have
             left = deadline - time.monotonic()
             if len(have) > known or left <= 0:
-                return web.json_response({"complete": False, "have": sorted(have)})
+                return web.json_response({"complete": False, "have": sorted(have),
+                                          "role": self.role})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), left)
+
+    def _is_relay(self, request: web.Request) -> bool:
+        claim = request.headers.get(RELAY_HEADER)
+        return claim is not None and (not self.cfg.relay_token or claim == self.cfg.relay_token)
+
+    def _admit(self, relay: bool) -> None:
+        """Refuse a client's shard request when this server keeps its upload for relays."""
+        mode = self.cfg.serve_clients
+        if relay or mode == "always":
+            return
+        if mode == "never":
+            self.counters["client_refusals"] += 1
+            raise web.HTTPForbidden(text="this server serves shards to relays only")
+        if self.bucket is not None and self.bucket.high_waited(_SPARE_WINDOW):
+            self.counters["busy_refusals"] += 1
+            raise web.HTTPServiceUnavailable(
+                text="upload saturated by relays", headers={"Retry-After": str(_RETRY_AFTER)})
 
     async def shard(self, request: web.Request) -> web.StreamResponse:
         v, i = self._version(request), int(request.match_info["index"])
@@ -180,6 +187,8 @@ class ShardServer:
         if not self.store.has_shard(v, i):
             self.counters["shard_misses"] += 1
             raise web.HTTPNotFound(text=f"version {v} shard {i} not held")
+        relay = self._is_relay(request)
+        self._admit(relay)
         with self.store.open_shard(v, i) as (fd, offset, size):
             try:
                 rng = _parse_range(request.headers.get("Range"), size)
@@ -199,43 +208,64 @@ class ShardServer:
             self.first_serve.setdefault(v, time.time())
             if partial:
                 self.pipelined[v] += 1
-            if self.cfg.max_upload_rate > 0:
-                await self._stream(resp, fd, offset + start, end - start)
+            if self.bucket is None and self.cfg.connection_rate <= 0:
+                await self._sendfile(request, fd, offset + start, end - start)
             else:
-                await self._sendfile(request, resp, fd, offset + start, end - start)
+                await self._throttled(request, fd, offset + start, end - start, relay)
+            if relay:
+                self.counters["bytes_sent_relays"] += end - start
+            await resp.write_eof()
             self.counters["shards_served"] += 1
             return resp
 
-    async def _sendfile(self, request: web.Request, resp: web.StreamResponse, fd: int,
-                        offset: int, length: int) -> None:
-        """Zero-copy send (os.sendfile) of an unthrottled shard, as aiohttp's FileResponse."""
+    async def _sendfile(self, request: web.Request, fd: int, offset: int, length: int) -> None:
+        """Zero-copy send (os.sendfile) of shard bytes, as aiohttp's FileResponse."""
         transport = request.transport
         if transport is None:
             raise ConnectionResetError("connection lost")
         with open(fd, "rb", buffering=0, closefd=False) as f:
-            try:
-                await asyncio.get_running_loop().sendfile(transport, f, offset, length)
-            except NotImplementedError:  # e.g. a transport without sendfile support
-                await self._stream(resp, fd, offset, length)
-                return
+            await asyncio.get_running_loop().sendfile(transport, f, offset, length)
         self.counters["bytes_sent"] += length
-        await resp.write_eof()
 
-    async def _stream(self, resp: web.StreamResponse, fd: int, offset: int, length: int) -> None:
-        step = self.cfg.chunk_size
-        if self.cfg.max_upload_rate > 0:  # small writes keep a throttled stream smooth
-            step = min(step, max(4096, int(self.cfg.max_upload_rate / 100)))
+    async def _throttled(self, request: web.Request, fd: int, offset: int, length: int,
+                         relay: bool) -> None:
+        """Send in steps of `self.step` bytes, each after its tokens: the connection's, then
+        the server's (relays first). A client starved longer than `preempt_after` is cut."""
+        conn = None
+        if self.cfg.connection_rate > 0 and request.transport is not None:
+            conn = self._conn_buckets.get(request.transport)
+            if conn is None:
+                conn = TokenBucket(self.cfg.connection_rate,
+                                   max(2 * self.step, 0.02 * self.cfg.connection_rate))
+                self._conn_buckets[request.transport] = conn
+        timeout = None if relay else self.cfg.preempt_after
         pos = 0
         while pos < length:
-            n = min(step, length - pos)
-            await self.limiter.take(n)
-            chunk = os.pread(fd, n, offset + pos)
-            if not chunk:
-                raise ConnectionResetError("shard file shrank while serving")
-            await resp.write(chunk)
-            pos += len(chunk)
-            self.counters["bytes_sent"] += len(chunk)
-        await resp.write_eof()
+            n = min(self.step, length - pos)
+            if conn is not None:
+                await conn.take(n)
+            if self.bucket is not None:
+                try:
+                    await self.bucket.take(n, high=relay, timeout=timeout)
+                except TimeoutError:
+                    self.counters["preempted"] += 1
+                    if request.transport is not None:
+                        request.transport.close()
+                    raise ConnectionResetError("client stream preempted by relays") from None
+            await self._sendfile(request, fd, offset + pos, n)
+            pos += n
+
+
+_SPARE_WINDOW = 0.25  # s: relays queued for upload this recently leave nothing spare
+_RETRY_AFTER = 1  # s: what a client refused for lack of spare capacity is told
+
+
+def _step(cfg: ServerConfig) -> int:
+    """Bytes per throttled send: ~1/200 s of the tightest rate (smooth, fair), 16 KiB at least."""
+    rates = [r for r in (cfg.upload_rate, cfg.connection_rate) if r > 0]
+    if not rates:
+        return cfg.chunk_size
+    return min(cfg.chunk_size, max(16384, int(min(rates) / 200)))
 
 
 def _long_poll_args(request: web.Request, name: str) -> tuple[int, float]:

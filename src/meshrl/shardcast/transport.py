@@ -27,6 +27,7 @@ import aiohttp
 from meshrl.shardcast.errors import OutputWriteError
 
 __all__ = [
+    "RELAY_HEADER",
     "AiohttpTransport",
     "PieceMismatchError",
     "RawHttpTransport",
@@ -36,14 +37,23 @@ __all__ = [
 ]
 
 _HEAD_MAX = 64 * 1024
+RELAY_HEADER = "X-Shardcast-Relay"  # sent by a relay mirroring: served before clients
 
 
 class TransferError(Exception):
     """A shard transfer that failed (HTTP status, short body, bad Content-Range...)."""
 
-    def __init__(self, msg: str, status: int | None = None) -> None:
+    def __init__(self, msg: str, status: int | None = None, retry_after: float = 0.0) -> None:
         super().__init__(msg)
-        self.status = status
+        self.status, self.retry_after = status, retry_after
+
+
+def _retry_after(value: str | None) -> float:
+    """A Retry-After header in seconds (0 if absent or a date)."""
+    try:
+        return max(0.0, float(value)) if value else 0.0
+    except ValueError:
+        return 0.0
 
 
 class PieceMismatchError(TransferError):
@@ -262,7 +272,8 @@ class _Response(asyncio.BufferedProtocol):
             except TransferError as e:
                 return self._fail(e)
             if not self.in_body:
-                return self._fail(TransferError(f"HTTP {self.status}", self.status))
+                return self._fail(TransferError(f"HTTP {self.status}", self.status,
+                                                _retry_after(self.headers.get("retry-after"))))
             extra = memoryview(self.head)[end + 4 : self.head_n]
             if len(extra) > self.expect - rx.filled:
                 return self._fail(TransferError("more data than Content-Length"))
@@ -317,8 +328,10 @@ def _consume(fut: asyncio.Future[None]) -> None:
 class RawHttpTransport:
     """Minimal keep-alive HTTP/1.1 GET client writing bodies straight into piece buffers."""
 
-    def __init__(self, connect_timeout: float = 5.0) -> None:
+    def __init__(self, connect_timeout: float = 5.0, headers: dict[str, str] | None = None
+                 ) -> None:
         self.connect_timeout = connect_timeout
+        self._extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._idle: dict[tuple[str, int], list[_Response]] = {}
 
     async def _connect(self, host: str, port: int) -> _Response:
@@ -340,7 +353,7 @@ class RawHttpTransport:
         proto = await self._connect(u.hostname, port)
         done = proto.start(rx)
         rng = f"Range: bytes={rx.filled}-\r\n" if rx.filled else ""
-        req = f"GET {u.path} HTTP/1.1\r\nHost: {u.netloc}\r\n{rng}\r\n"
+        req = f"GET {u.path} HTTP/1.1\r\nHost: {u.netloc}\r\n{rng}{self._extra}\r\n"
         assert proto.transport is not None
         proto.transport.write(req.encode("latin-1"))
         ok = False
@@ -373,17 +386,21 @@ class RawHttpTransport:
 class AiohttpTransport:
     """The same contract through an aiohttp session."""
 
-    def __init__(self, session: aiohttp.ClientSession) -> None:
-        self.session = session
+    def __init__(self, session: aiohttp.ClientSession, headers: dict[str, str] | None = None
+                 ) -> None:
+        self.session, self.headers = session, headers or {}
 
     async def fetch(self, url: str, rx: ShardReceiver, stall_timeout: float) -> None:
-        headers = {"Range": f"bytes={rx.filled}-"} if rx.filled else {}
+        headers = dict(self.headers)
+        if rx.filled:
+            headers["Range"] = f"bytes={rx.filled}-"
         timeout = aiohttp.ClientTimeout(sock_read=stall_timeout)
         space = asyncio.Event()
         rx.on_space, rx.on_abort = space.set, None
         async with self.session.get(url, headers=headers, timeout=timeout) as r:
             if r.status not in (200, 206):
-                raise TransferError(f"HTTP {r.status}", r.status)
+                raise TransferError(f"HTTP {r.status}", r.status,
+                                    _retry_after(r.headers.get("Retry-After")))
             if r.status == 200:
                 rx.restart()
             elif not r.headers.get("Content-Range", "").startswith(f"bytes {rx.filled}-"):
