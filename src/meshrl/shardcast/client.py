@@ -303,8 +303,9 @@ class ShardcastClient:
         rx = ShardReceiver(shard.size, m.piece_size, digests, sink, self.cfg.pieces_in_flight)
         tried = set[str]()
         attempt, deadline = 0, time.monotonic() + self.cfg.wait_timeout
+        again: ServerState | None = None  # the server that sent a slice: asked for the rest
         while attempt < self.cfg.max_attempts:
-            s = self.pool.choose(index, digest, avoid=tried)
+            s, again = again or self.pool.choose(index, digest, avoid=tried), None
             if s is None:  # nobody usable holds it now (busy, or a relay that held it was lost)
                 if rx.filled == 0:
                     return False
@@ -314,20 +315,8 @@ class ShardcastClient:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._avail.wait(), self.cfg.poll_interval)
                 continue
-            before, start = rx.filled, time.monotonic()
-            s.active += 1
-            rx.source = s.url
-            error: BaseException | None = None
-            try:
-                await self.transport.fetch(f"{s.url}/v/{m.version}/shard/{index}", rx,
-                                           self.cfg.stall_timeout)
-            except (OSError, TimeoutError, TransferError, aiohttp.ClientError) as e:
-                error = e
-            finally:
-                s.active -= 1
-                got = rx.filled - (before if rx.filled >= before else 0)
-                if got:
-                    self.pool.record_success(s, got, time.monotonic() - start)
+            before = rx.filled
+            error = await self._transfer(s, f"{s.url}/v/{m.version}/shard/{index}", rx)
             try:
                 await rx.settle()  # raises OutputWriteError at once: retrying cannot help
             except PieceMismatchError as e:
@@ -340,11 +329,10 @@ class ShardcastClient:
                 continue
             if rx.complete:  # every piece verified and written (even if the link broke after)
                 return True
-            if isinstance(error, TransferError) and error.status in (403, 503):
-                if error.status == 403:  # it serves relays only: never ask it again
-                    s.refuses = True
-                else:  # its upload is saturated by relays: ask others, or it again later
-                    self.pool.record_busy(s, error.retry_after)
+            if error is None and rx.filled > before:  # a slice: the same server for the rest
+                again = s
+                continue
+            if self._refused(s, error):
                 continue
             attempt += 1
             self.pool.record_failure(s)
@@ -357,6 +345,37 @@ class ShardcastClient:
             await asyncio.sleep(min(delay, self.cfg.max_backoff))
         raise ShardUnavailableError(f"shardcast: shard {index} of version {m.version} failed "
                                     f"{attempt} times on {sorted(tried) or 'no server'}")
+
+    async def _transfer(self, s: ServerState, url: str, rx: ShardReceiver
+                        ) -> BaseException | None:
+        """One request to `s` into `rx`; its error, if any. Measures `s`'s throughput."""
+        before, start = rx.filled, time.monotonic()
+        s.active += 1
+        rx.source = s.url
+        error: BaseException | None = None
+        try:
+            await self.transport.fetch(url, rx, self.cfg.stall_timeout)
+        except (OSError, TimeoutError, TransferError, aiohttp.ClientError) as e:
+            error = e
+        finally:
+            s.active -= 1
+            got = rx.filled - (before if rx.filled >= before else 0)
+            if got:  # a stream cut to serve relays says nothing about the link: bytes only
+                self.pool.record_success(s, got, time.monotonic() - start,
+                                         measure=not _is_refusal(error))
+        return error
+
+    def _refused(self, s: ServerState, error: BaseException | None) -> bool:
+        """Handle a server that keeps its upload for relays (403, 503): not a failure."""
+        if not _is_refusal(error):
+            return False
+        assert isinstance(error, TransferError)
+        if error.status == 403:  # it serves relays only: never ask it again
+            s.refuses = True
+        else:  # its upload is saturated by relays: ask others, or it again later
+            self.pool.record_busy(s, min(error.retry_after or self.cfg.busy_backoff,
+                                         self.cfg.busy_backoff))
+        return True
 
     # ---- whole versions -----------------------------------------------------------------
     async def fetch(self, out: str | Path, version: int | None = None) -> FetchResult:
@@ -422,3 +441,6 @@ class ShardcastClient:
             for _, old in held[:-keep]:
                 shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
 
+
+def _is_refusal(error: BaseException | None) -> bool:
+    return isinstance(error, TransferError) and error.status in (403, 503)

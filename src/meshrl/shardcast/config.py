@@ -37,6 +37,9 @@ class ServerConfig(Config):
     preempt_after: float = Field(
         2.0, gt=0, description="seconds a client's stream may starve behind relays before "
         "it is cut (the client resumes it elsewhere)")
+    spare_slice: int = Field(
+        1 << 20, gt=0, description="with serve_clients = spare: most bytes of one answer to a "
+        "client's Range request (it asks again for the rest, so relays never wait long)")
     chunk_size: int = Field(1 << 20, gt=0, description="bytes per write when streaming a shard")
     scan_interval: float = Field(0.5, gt=0, description="seconds between store re-scans")
 
@@ -74,8 +77,10 @@ class ClientConfig(Config):
     failure_decay: float = Field(10.0, gt=0, description="seconds for a server failure to fade")
     fsync: bool = Field(True, description="fsync the output before the atomic rename")
     verify_files: bool = Field(False, description="re-hash whole files after the shards verify")
+    busy_backoff: float = Field(
+        0.5, gt=0, description="most seconds a server that said busy (503) is left alone")
     origin_weight: float = Field(
-        0.25, gt=0, description="an origin's share against a relay of equal measured "
+        0.5, gt=0, description="an origin's share against a relay of equal measured "
         "throughput (< 1: relays are preferred, the origin's link is the scarcest)")
 
 

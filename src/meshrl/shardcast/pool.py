@@ -81,9 +81,10 @@ class ServerPool:
         weights = [self.weight(s, now) for s in preferred]
         return self.rng.choices(preferred, weights=weights)[0]
 
-    def record_success(self, s: ServerState, nbytes: int, seconds: float) -> None:
+    def record_success(self, s: ServerState, nbytes: int, seconds: float,
+                       measure: bool = True) -> None:
         s.bytes += nbytes
-        if nbytes >= 16384 and seconds > 0:
+        if measure and nbytes >= 16384 and seconds > 0:
             rate = nbytes / seconds
             s.throughput = rate if s.throughput is None else 0.7 * s.throughput + 0.3 * rate
 

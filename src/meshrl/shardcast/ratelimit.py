@@ -24,7 +24,7 @@ class TokenBucket:
         if rate <= 0 or burst <= 0:
             raise ValueError("rate and burst must be positive")
         self.rate, self.burst = rate, burst
-        self._tokens = burst
+        self._tokens = 0.0  # starts empty: the rate holds from the first byte
         self._stamp = time.monotonic()
         self._queues: tuple[deque[tuple[asyncio.Future[None], int]], ...] = (deque(), deque())
         self._timer: asyncio.TimerHandle | None = None

@@ -100,6 +100,7 @@ class Relay:
         m = await self.client.get_manifest(version)
         partial = self.store.begin_partial(m)
         self.server.notify()
+        log_event(log, "mirroring", version=version, shards=len(m.shards))
 
         def on_shard(index: int) -> None:
             partial.have.add(index)  # only now is the shard advertised and served

@@ -27,7 +27,7 @@ from meshrl.log import get_logger, log_event
 from meshrl.shardcast.config import ServerConfig
 from meshrl.shardcast.ratelimit import TokenBucket
 from meshrl.shardcast.store import VersionStore
-from meshrl.shardcast.transport import RELAY_HEADER
+from meshrl.shardcast.transport import PREEMPTIBLE_HEADER, RELAY_HEADER
 
 __all__ = ["ShardServer"]
 
@@ -56,8 +56,9 @@ class ShardServer:
         self.store, self.cfg, self.role = store, cfg, role
         self.counters: Counter[str] = Counter()
         self.step = _step(cfg)
-        burst = max(2 * self.step, 0.02 * cfg.upload_rate)  # <= 2% of a second's bytes ahead
-        self.bucket = TokenBucket(cfg.upload_rate, burst) if cfg.upload_rate > 0 else None
+        self.bucket = (TokenBucket(cfg.upload_rate, _burst(cfg.upload_rate, self.step))
+                       if cfg.upload_rate > 0 else None)
+        self._sliced = cfg.serve_clients == "spare" and self.bucket is not None
         self._conn_buckets: weakref.WeakKeyDictionary[Any, TokenBucket] = (
             weakref.WeakKeyDictionary())
         self.first_serve: dict[int, float] = {}  # version -> time its first shard was served
@@ -197,26 +198,36 @@ class ShardServer:
                     headers={"Content-Range": f"bytes */{size}"}
                 ) from None
             start, end = rng or (0, size)
+            if rng and not relay and self._sliced:  # the rest is asked for again (or refused)
+                end = min(end, start + self.cfg.spare_slice)
             resp = web.StreamResponse(status=206 if rng else 200)
             resp.content_length = end - start
             resp.content_type = "application/octet-stream"
             resp.headers["X-Shard-Sha256"] = self.store.manifest(v).shards[i].sha256  # type: ignore[union-attr]
+            if not relay and self.bucket is not None:
+                resp.headers[PREEMPTIBLE_HEADER] = "1"
             if rng:
-                self.counters["range_requests"] += 1
+                self.counters["range_requests"] += start > 0
                 resp.headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-            await resp.prepare(request)
-            self.first_serve.setdefault(v, time.time())
-            if partial:
-                self.pipelined[v] += 1
             if self.bucket is None and self.cfg.connection_rate <= 0:
+                await resp.prepare(request)
+                self._first_bytes(v, partial)
                 await self._sendfile(request, fd, offset + start, end - start)
             else:
-                await self._throttled(request, fd, offset + start, end - start, relay)
+                if not await self._throttled(request, resp, fd, offset + start, end - start,
+                                             relay):
+                    return resp  # cut (the connection is closed)
+                self._first_bytes(v, partial)
             if relay:
                 self.counters["bytes_sent_relays"] += end - start
             await resp.write_eof()
             self.counters["shards_served"] += 1
             return resp
+
+    def _first_bytes(self, v: int, partial: bool) -> None:
+        self.first_serve.setdefault(v, time.time())
+        if partial:
+            self.pipelined[v] += 1
 
     async def _sendfile(self, request: web.Request, fd: int, offset: int, length: int) -> None:
         """Zero-copy send (os.sendfile) of shard bytes, as aiohttp's FileResponse."""
@@ -227,16 +238,17 @@ class ShardServer:
             await asyncio.get_running_loop().sendfile(transport, f, offset, length)
         self.counters["bytes_sent"] += length
 
-    async def _throttled(self, request: web.Request, fd: int, offset: int, length: int,
-                         relay: bool) -> None:
+    async def _throttled(self, request: web.Request, resp: web.StreamResponse, fd: int,
+                         offset: int, length: int, relay: bool) -> bool:
         """Send in steps of `self.step` bytes, each after its tokens: the connection's, then
-        the server's (relays first). A client starved longer than `preempt_after` is cut."""
+        the server's (relays first). A client starved longer than `preempt_after` is refused
+        (503) before its first byte, or cut after it (its answer said it may be)."""
         conn = None
         if self.cfg.connection_rate > 0 and request.transport is not None:
             conn = self._conn_buckets.get(request.transport)
             if conn is None:
-                conn = TokenBucket(self.cfg.connection_rate,
-                                   max(2 * self.step, 0.02 * self.cfg.connection_rate))
+                rate = self.cfg.connection_rate
+                conn = TokenBucket(rate, _burst(rate, self.step))
                 self._conn_buckets[request.transport] = conn
         timeout = None if relay else self.cfg.preempt_after
         pos = 0
@@ -249,15 +261,27 @@ class ShardServer:
                     await self.bucket.take(n, high=relay, timeout=timeout)
                 except TimeoutError:
                     self.counters["preempted"] += 1
+                    if pos == 0:
+                        raise web.HTTPServiceUnavailable(
+                            text="upload taken by relays",
+                            headers={"Retry-After": str(_RETRY_AFTER)}) from None
                     if request.transport is not None:
                         request.transport.close()
-                    raise ConnectionResetError("client stream preempted by relays") from None
+                    return False
+            if pos == 0:
+                await resp.prepare(request)
             await self._sendfile(request, fd, offset + pos, n)
             pos += n
+        return True
 
 
 _SPARE_WINDOW = 0.25  # s: relays queued for upload this recently leave nothing spare
 _RETRY_AFTER = 1  # s: what a client refused for lack of spare capacity is told
+
+
+def _burst(rate: float, step: int) -> float:
+    """0.1 s of the rate: a loop woken late (busy CPU) still sends what it was owed."""
+    return max(2 * step, 0.1 * rate)
 
 
 def _step(cfg: ServerConfig) -> int:

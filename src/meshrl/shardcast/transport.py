@@ -27,6 +27,7 @@ import aiohttp
 from meshrl.shardcast.errors import OutputWriteError
 
 __all__ = [
+    "PREEMPTIBLE_HEADER",
     "RELAY_HEADER",
     "AiohttpTransport",
     "PieceMismatchError",
@@ -38,6 +39,8 @@ __all__ = [
 
 _HEAD_MAX = 64 * 1024
 RELAY_HEADER = "X-Shardcast-Relay"  # sent by a relay mirroring: served before clients
+# on an answer the server may cut to serve relays first: a cut then means "busy", not "broken"
+PREEMPTIBLE_HEADER = "X-Shardcast-Preemptible"
 
 
 class TransferError(Exception):
@@ -46,6 +49,10 @@ class TransferError(Exception):
     def __init__(self, msg: str, status: int | None = None, retry_after: float = 0.0) -> None:
         super().__init__(msg)
         self.status, self.retry_after = status, retry_after
+
+
+def _preempted() -> TransferError:
+    return TransferError("stream cut by the server to serve relays", 503, 1.0)
 
 
 def _retry_after(value: str | None) -> float:
@@ -352,20 +359,18 @@ class RawHttpTransport:
         port = u.port or 80
         proto = await self._connect(u.hostname, port)
         done = proto.start(rx)
-        rng = f"Range: bytes={rx.filled}-\r\n" if rx.filled else ""
-        req = f"GET {u.path} HTTP/1.1\r\nHost: {u.netloc}\r\n{rng}{self._extra}\r\n"
+        req = (f"GET {u.path} HTTP/1.1\r\nHost: {u.netloc}\r\nRange: bytes={rx.filled}-\r\n"
+               f"{self._extra}\r\n")
         assert proto.transport is not None
         proto.transport.write(req.encode("latin-1"))
         ok = False
         try:
-            last = -1
-            while not done.done():
-                if rx.filled == last:
-                    raise TimeoutError(f"no data from {u.netloc} for {stall_timeout}s")
-                last = rx.filled
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(done), stall_timeout)
-            done.result()
+            try:
+                await self._wait(done, rx, stall_timeout, u.netloc)
+            except OSError as e:  # includes a stall (TimeoutError)
+                if proto.in_body and proto.headers.get(PREEMPTIBLE_HEADER.lower()):
+                    raise _preempted() from e
+                raise
             ok = proto.headers.get("connection", "").lower() != "close"
         finally:
             if ok:
@@ -374,6 +379,19 @@ class RawHttpTransport:
                 if proto.transport is not None:
                     proto.transport.close()
                 done.add_done_callback(_consume)  # a late connection_lost is not an error
+
+    @staticmethod
+    async def _wait(done: asyncio.Future[None], rx: ShardReceiver, stall_timeout: float,
+                    where: str) -> None:
+        """Until the answer is in; TimeoutError after `stall_timeout` s without a byte."""
+        last = -1
+        while not done.done():
+            if rx.filled == last:
+                raise TimeoutError(f"no data from {where} for {stall_timeout}s")
+            last = rx.filled
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(done), stall_timeout)
+        done.result()
 
     async def close(self) -> None:
         for protos in self._idle.values():
@@ -391,9 +409,7 @@ class AiohttpTransport:
         self.session, self.headers = session, headers or {}
 
     async def fetch(self, url: str, rx: ShardReceiver, stall_timeout: float) -> None:
-        headers = dict(self.headers)
-        if rx.filled:
-            headers["Range"] = f"bytes={rx.filled}-"
+        headers = {**self.headers, "Range": f"bytes={rx.filled}-"}
         timeout = aiohttp.ClientTimeout(sock_read=stall_timeout)
         space = asyncio.Event()
         rx.on_space, rx.on_abort = space.set, None
@@ -405,11 +421,19 @@ class AiohttpTransport:
                 rx.restart()
             elif not r.headers.get("Content-Range", "").startswith(f"bytes {rx.filled}-"):
                 raise TransferError("bad Content-Range")
-            async for chunk in r.content.iter_chunked(1 << 20):
-                space.clear()
-                if not rx.feed(chunk):
-                    await asyncio.wait_for(space.wait(), stall_timeout)
-        if rx.filled != rx.size:
+            # a server may answer with less than asked (a slice): the caller asks again
+            expect = rx.filled + (r.content_length if r.content_length is not None
+                                  else rx.size - rx.filled)
+            try:
+                async for chunk in r.content.iter_chunked(1 << 20):
+                    space.clear()
+                    if not rx.feed(chunk):
+                        await asyncio.wait_for(space.wait(), stall_timeout)
+            except (aiohttp.ClientError, OSError) as e:
+                if r.headers.get(PREEMPTIBLE_HEADER):
+                    raise _preempted() from e
+                raise
+        if rx.filled != expect:
             raise TransferError("body ended early")
 
     async def close(self) -> None:

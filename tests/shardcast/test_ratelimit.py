@@ -1,0 +1,50 @@
+import asyncio
+import time
+
+import pytest
+
+from meshrl.shardcast.ratelimit import TokenBucket
+
+from .conftest import run
+
+
+def test_rate_is_held_from_the_first_byte():
+    async def main():
+        bucket = TokenBucket(rate=2_000_000, burst=100_000)
+        t0 = time.monotonic()
+        for _ in range(40):  # 40 x 25 kB = 1 MB at 2 MB/s: 0.5 s
+            await bucket.take(25_000)
+        return time.monotonic() - t0
+
+    dt = run(main())
+    assert 0.475 <= dt < 0.6  # the bucket starts empty; only a late wake-up can add time
+
+
+def test_high_priority_waiters_go_first_and_low_ones_time_out():
+    async def main():
+        bucket = TokenBucket(rate=1_000_000, burst=20_000)
+        order: list[str] = []
+
+        async def taker(name, high, timeout=None):
+            await bucket.take(20_000, high=high, timeout=timeout)
+            order.append(name)
+
+        await bucket.take(20_000)  # in debt: everyone after this must queue
+        low = asyncio.create_task(taker("low", False))
+        await asyncio.sleep(0)
+        highs = [asyncio.create_task(taker(f"high{i}", True)) for i in range(3)]
+        await asyncio.gather(low, *highs)
+        busy_after_highs, first = bucket.high_waited(0.5), list(order)
+        with pytest.raises(TimeoutError):  # starved behind a relay: gives up, leaves the queue
+            await asyncio.gather(taker("relay", True), taker("late", False, timeout=0.001))
+        await asyncio.sleep(0.05)
+        return first, busy_after_highs, bucket.high_waited(0.01)
+
+    order, busy, busy_later = run(main())
+    assert order == ["high0", "high1", "high2", "low"]  # the low taker queued first, yet last
+    assert busy and not busy_later
+
+
+def test_bad_rates_are_refused():
+    with pytest.raises(ValueError):
+        TokenBucket(0, 1)
