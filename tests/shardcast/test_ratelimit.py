@@ -48,3 +48,19 @@ def test_high_priority_waiters_go_first_and_low_ones_time_out():
 def test_bad_rates_are_refused():
     with pytest.raises(ValueError):
         TokenBucket(0, 1)
+
+
+def test_low_waiters_are_served_furthest_behind_first():
+    async def main():
+        bucket = TokenBucket(rate=1_000_000, burst=10_000)
+        await bucket.take(10_000)
+        order: list[float] = []
+
+        async def client(progress):
+            await bucket.take(10_000, rank=progress)
+            order.append(progress)
+
+        await asyncio.gather(*(client(p) for p in (0.5, 0.1, 0.9, 0.3)))
+        return order
+
+    assert run(main()) == [0.1, 0.3, 0.5, 0.9]

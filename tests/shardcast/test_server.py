@@ -108,7 +108,7 @@ def test_upload_rate_limit_is_enforced(tmp_path):
         return time.monotonic() - t0
 
     dt = run(main())
-    assert 0.2 <= dt < 2.0  # 262 kB at 1 MB/s shared by 4 requests (first chunks go at once)
+    assert 0.19 <= dt < 2.0  # 262 kB at 1 MB/s shared by 4 requests, less a 50 kB burst
 
 
 def test_pruned_version_is_hidden_but_finishes_serving(tmp_path):

@@ -36,6 +36,7 @@ from meshrl.shardcast.manifest import Manifest, ManifestError
 from meshrl.shardcast.pool import ServerPool, ServerState
 from meshrl.shardcast.store import ShardWriter, file_paths, place_output, verify_files
 from meshrl.shardcast.transport import (
+    PROGRESS_HEADER,
     RELAY_HEADER,
     AiohttpTransport,
     PieceMismatchError,
@@ -79,6 +80,7 @@ class ShardcastClient:
         self.pool = ServerPool(urls, self.cfg.failure_decay, seed, self.cfg.origin_weight)
         self._session, self._own_session = session, session is None
         self._avail = asyncio.Event()
+        self._progress = 0.0  # of the version being fetched (sent: servers favour the behind)
         # a relay says so (X-Shardcast-Relay) and is served before clients
         headers = {RELAY_HEADER: relay_token or "1"} if relay_token is not None else {}
         if transport is None:
@@ -272,10 +274,12 @@ class ShardcastClient:
                 progress(m.shards[index].size)
 
         t0, done, step = time.monotonic(), [0, 0], max(1, len(m.shards) // 10)
+        self._progress = 0.0
 
         def progress(nbytes: int) -> None:  # one log line per ~10% of the shards
             done[0] += 1
             done[1] += nbytes
+            self._progress = done[1] / max(m.total_size, 1)
             if done[0] % step == 0 or done[0] == len(m.shards):
                 rate = done[1] / max(time.monotonic() - t0, 1e-9) / 1e6
                 log_event(log, "progress", version=m.version, shards=done[0],
@@ -354,7 +358,8 @@ class ShardcastClient:
         rx.source = s.url
         error: BaseException | None = None
         try:
-            await self.transport.fetch(url, rx, self.cfg.stall_timeout)
+            await self.transport.fetch(url, rx, self.cfg.stall_timeout,
+                                       {PROGRESS_HEADER: f"{self._progress:.4f}"})
         except (OSError, TimeoutError, TransferError, aiohttp.ClientError) as e:
             error = e
         finally:

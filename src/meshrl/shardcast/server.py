@@ -27,7 +27,7 @@ from meshrl.log import get_logger, log_event
 from meshrl.shardcast.config import ServerConfig
 from meshrl.shardcast.ratelimit import TokenBucket
 from meshrl.shardcast.store import VersionStore
-from meshrl.shardcast.transport import PREEMPTIBLE_HEADER, RELAY_HEADER
+from meshrl.shardcast.transport import PREEMPTIBLE_HEADER, PROGRESS_HEADER, RELAY_HEADER
 
 __all__ = ["ShardServer"]
 
@@ -251,6 +251,7 @@ class ShardServer:
                 conn = TokenBucket(rate, _burst(rate, self.step))
                 self._conn_buckets[request.transport] = conn
         timeout = None if relay else self.cfg.preempt_after
+        rank = _progress(request)
         pos = 0
         while pos < length:
             n = min(self.step, length - pos)
@@ -258,7 +259,7 @@ class ShardServer:
                 await conn.take(n)
             if self.bucket is not None:
                 try:
-                    await self.bucket.take(n, high=relay, timeout=timeout)
+                    await self.bucket.take(n, high=relay, timeout=timeout, rank=rank)
                 except TimeoutError:
                     self.counters["preempted"] += 1
                     if pos == 0:
@@ -279,9 +280,17 @@ _SPARE_WINDOW = 0.25  # s: relays queued for upload this recently leave nothing 
 _RETRY_AFTER = 1  # s: what a client refused for lack of spare capacity is told
 
 
+def _progress(request: web.Request) -> float:
+    """The client's claimed fraction of the version held (0 if absent or malformed)."""
+    try:
+        return min(max(float(request.headers.get(PROGRESS_HEADER, "0")), 0.0), 1.0)
+    except ValueError:
+        return 0.0
+
+
 def _burst(rate: float, step: int) -> float:
-    """0.1 s of the rate: a loop woken late (busy CPU) still sends what it was owed."""
-    return max(2 * step, 0.1 * rate)
+    """50 ms of the rate: a loop woken late (busy CPU) still sends what it was owed."""
+    return max(2 * step, 0.05 * rate)
 
 
 def _step(cfg: ServerConfig) -> int:

@@ -28,6 +28,7 @@ from meshrl.shardcast.errors import OutputWriteError
 
 __all__ = [
     "PREEMPTIBLE_HEADER",
+    "PROGRESS_HEADER",
     "RELAY_HEADER",
     "AiohttpTransport",
     "PieceMismatchError",
@@ -41,6 +42,8 @@ _HEAD_MAX = 64 * 1024
 RELAY_HEADER = "X-Shardcast-Relay"  # sent by a relay mirroring: served before clients
 # on an answer the server may cut to serve relays first: a cut then means "busy", not "broken"
 PREEMPTIBLE_HEADER = "X-Shardcast-Preemptible"
+# a client's fraction of the version already held: servers serve the furthest behind first
+PROGRESS_HEADER = "X-Shardcast-Progress"
 
 
 class TransferError(Exception):
@@ -209,8 +212,10 @@ class ShardReceiver:
 
 
 class ShardTransport(Protocol):
-    async def fetch(self, url: str, rx: ShardReceiver, stall_timeout: float) -> None:
-        """Receive the rest of a shard from `url` into `rx`, from `rx.filled`; raise on failure."""
+    async def fetch(self, url: str, rx: ShardReceiver, stall_timeout: float,
+                    headers: dict[str, str] | None = None) -> None:
+        """Receive the rest of a shard from `url` into `rx`, from `rx.filled`; raise on failure.
+        `headers` are sent with this request only."""
 
     async def close(self) -> None: ...
 
@@ -352,15 +357,17 @@ class RawHttpTransport:
             loop.create_connection(_Response, host, port), self.connect_timeout)
         return proto
 
-    async def fetch(self, url: str, rx: ShardReceiver, stall_timeout: float) -> None:
+    async def fetch(self, url: str, rx: ShardReceiver, stall_timeout: float,
+                    headers: dict[str, str] | None = None) -> None:
         u = urlsplit(url)
         if u.scheme != "http" or not u.hostname:
             raise TransferError(f"RawHttpTransport speaks plain http only: {url}")
         port = u.port or 80
         proto = await self._connect(u.hostname, port)
         done = proto.start(rx)
+        extra = self._extra + "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         req = (f"GET {u.path} HTTP/1.1\r\nHost: {u.netloc}\r\nRange: bytes={rx.filled}-\r\n"
-               f"{self._extra}\r\n")
+               f"{extra}\r\n")
         assert proto.transport is not None
         proto.transport.write(req.encode("latin-1"))
         ok = False
@@ -408,8 +415,9 @@ class AiohttpTransport:
                  ) -> None:
         self.session, self.headers = session, headers or {}
 
-    async def fetch(self, url: str, rx: ShardReceiver, stall_timeout: float) -> None:
-        headers = {**self.headers, "Range": f"bytes={rx.filled}-"}
+    async def fetch(self, url: str, rx: ShardReceiver, stall_timeout: float,
+                    headers: dict[str, str] | None = None) -> None:
+        headers = {**self.headers, **(headers or {}), "Range": f"bytes={rx.filled}-"}
         timeout = aiohttp.ClientTimeout(sock_read=stall_timeout)
         space = asyncio.Event()
         rx.on_space, rx.on_abort = space.set, None
