@@ -91,14 +91,15 @@ def run_topology(work: Path, src: Path, relays: int, args: argparse.Namespace) -
         exited = time.perf_counter() - t0
         sampler.stop(work / "timeline.log", t0_wall)
         wall = max(_fetched_at(log) for log in logs) - t0_wall
-        service_cpu = sum(cpu_s(p.pid) - cpu0[p.pid] for p in procs)
+        services = [cpu_s(p.pid) - cpu0[p.pid] for p in procs]
         counters = health(ourl)["counters"]
         return {"wall_s": wall, "exited_s": exited,
                 "origin_bytes_sent": counters.get("bytes_sent", 0),
                 "origin_bytes_to_relays": counters.get("bytes_sent_relays", 0),
                 "origin_busy_refusals": counters.get("busy_refusals", 0),
                 "origin_preempted": counters.get("preempted", 0),
-                "cpu_s": client_cpu + service_cpu}
+                "cpu_s": {"origin": services[0], "relays": sum(services[1:]),
+                          "clients": client_cpu}}
     finally:
         for p in procs + clients:
             if p.returncode is None:
@@ -161,8 +162,8 @@ def report(relays: int, r: dict, args: argparse.Namespace, load: float) -> dict:
         "origin_busy_refusals": r["origin_busy_refusals"],
         "origin_preempted": r["origin_preempted"],
         "sim_s": round(sim, 2), "measured_over_sim": round(r["wall_s"] / sim, 3),
-        "cpu_s": round(r["cpu_s"], 2),
-        "cpu_busy": round(r["cpu_s"] / r["wall_s"] / os.cpu_count(), 3),
+        "cpu_s": {k: round(v, 2) for k, v in r["cpu_s"].items()},
+        "cpu_busy": round(sum(r["cpu_s"].values()) / r["wall_s"] / os.cpu_count(), 3),
         "load_before": load, "load_after": _load(),
     }
     print(json.dumps(line), flush=True)
