@@ -371,15 +371,12 @@ class ShardcastClient:
         return error
 
     def _refused(self, s: ServerState, error: BaseException | None) -> bool:
-        """Handle a server that keeps its upload for relays (403, 503): not a failure."""
+        """A server that keeps its upload for relays (403, 503): not a failure."""
         if not _is_refusal(error):
             return False
         assert isinstance(error, TransferError)
-        if error.status == 403:  # it serves relays only: never ask it again
-            s.refuses = True
-        else:  # its upload is saturated by relays: ask others, or it again later
-            self.pool.record_busy(s, min(error.retry_after or self.cfg.busy_backoff,
-                                         self.cfg.busy_backoff))
+        self.pool.record_refusal(s, error.status == 403,
+                                 min(error.retry_after or 1e9, self.cfg.busy_backoff))
         return True
 
     # ---- whole versions -----------------------------------------------------------------

@@ -95,8 +95,12 @@ class ServerPool:
         s.failures += 1
         s.hash_failures += int(hash_mismatch)
 
-    def record_busy(self, s: ServerState, retry_after: float) -> None:
-        """It refused for lack of spare upload: skip it for `retry_after` s (not a failure)."""
+    def record_refusal(self, s: ServerState, never: bool, retry_after: float) -> None:
+        """It keeps its upload for relays (not a failure): for good (`never`, 403: no more
+        shard requests), or for now (503: skip it for `retry_after` s)."""
+        if never:
+            s.refuses = True
+            return
         s.busy_until = time.monotonic() + max(retry_after, 0.1)
         s.busy += 1
 
