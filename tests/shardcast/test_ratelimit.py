@@ -64,3 +64,15 @@ def test_low_waiters_are_served_furthest_behind_first():
         return order
 
     assert run(main()) == [0.1, 0.3, 0.5, 0.9]
+
+
+@pytest.mark.parametrize(("claim", "rank"), [("0.25", 0.25), ("7", 1.0), ("-1", 0.0),
+                                             ("nan", 0.0), ("inf", 0.0), ("half", 0.0)])
+def test_claimed_progress_is_clamped_to_a_rank(claim, rank):
+    from aiohttp.test_utils import make_mocked_request
+
+    from meshrl.shardcast.server import _progress
+    from meshrl.shardcast.transport import PROGRESS_HEADER
+
+    request = make_mocked_request("GET", "/v/1/shard/0", headers={PROGRESS_HEADER: claim})
+    assert _progress(request) == rank

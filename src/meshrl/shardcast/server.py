@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import math
 import time
 import weakref
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -214,10 +217,10 @@ class ShardServer:
                 self._first_bytes(v, partial)
                 await self._sendfile(request, fd, offset + start, end - start)
             else:
+                started = functools.partial(self._first_bytes, v, partial)
                 if not await self._throttled(request, resp, fd, offset + start, end - start,
-                                             relay):
+                                             relay, started):
                     return resp  # cut (the connection is closed)
-                self._first_bytes(v, partial)
             if relay:
                 self.counters["bytes_sent_relays"] += end - start
             await resp.write_eof()
@@ -239,7 +242,8 @@ class ShardServer:
         self.counters["bytes_sent"] += length
 
     async def _throttled(self, request: web.Request, resp: web.StreamResponse, fd: int,
-                         offset: int, length: int, relay: bool) -> bool:
+                         offset: int, length: int, relay: bool,
+                         started: Callable[[], None]) -> bool:
         """Send in steps of `self.step` bytes, each after its tokens: the connection's, then
         the server's (relays first). A client starved longer than `preempt_after` is refused
         (503) before its first byte, or cut after it (its answer said it may be)."""
@@ -271,6 +275,7 @@ class ShardServer:
                     return False
             if pos == 0:
                 await resp.prepare(request)
+                started()
             await self._sendfile(request, fd, offset + pos, n)
             pos += n
         return True
@@ -283,9 +288,10 @@ _RETRY_AFTER = 1  # s: what a client refused for lack of spare capacity is told
 def _progress(request: web.Request) -> float:
     """The client's claimed fraction of the version held (0 if absent or malformed)."""
     try:
-        return min(max(float(request.headers.get(PROGRESS_HEADER, "0")), 0.0), 1.0)
+        claim = float(request.headers.get(PROGRESS_HEADER, "0"))
     except ValueError:
         return 0.0
+    return min(max(claim, 0.0), 1.0) if math.isfinite(claim) else 0.0
 
 
 def _burst(rate: float, step: int) -> float:
