@@ -16,7 +16,7 @@ limit). A relay mirrors everything, but clients need only the union of what the 
 with many relays (R > (R + N) / (R + 1)) clients can finish before the bound: the bound counts
 full mirrors. A summary line gives `speedup_2_relays` = star time / time with 2 relays.
 
-    python benchmarks/bench_shardcast_links.py [--size-mb 200] [--mbytes-per-s 20] [--relays 0,2,4]
+    python benchmarks/bench_shardcast_links.py [--size-mb 200] [--mbytes-per-s 10] [--relays 0,2,4]
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ and the simulation checked against real processes.
 
 Prints one JSON object per line; `speedup` = star time / relays time.
 
-    python benchmarks/bench_shardcast_sim.py [--no-real] [--size-mb 200] [--mbytes-per-s 20]
+    python benchmarks/bench_shardcast_sim.py [--no-real] [--size-mb 200] [--mbytes-per-s 10]
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def main() -> None:
     ap.add_argument("--no-real", action="store_true", help="only the simulations")
     ap.add_argument("--size-mb", type=int, default=200)
     ap.add_argument("--shard-mb", type=float, default=2)
-    ap.add_argument("--mbytes-per-s", type=float, default=20, help="B: each server's upload")
+    ap.add_argument("--mbytes-per-s", type=float, default=10, help="B: each server's upload")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--relay-concurrency", type=int, default=2)
