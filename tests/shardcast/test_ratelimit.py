@@ -76,3 +76,23 @@ def test_claimed_progress_is_clamped_to_a_rank(claim, rank):
 
     request = make_mocked_request("GET", "/v/1/shard/0", headers={PROGRESS_HEADER: claim})
     assert _progress(request) == rank
+
+
+def test_a_client_behind_other_clients_waits_but_never_times_out():
+    async def main():
+        bucket = TokenBucket(rate=1_000_000, burst=10_000)
+        await bucket.take(10_000)
+
+        async def behind():  # 5 x 20 kB at rank 0: 0.1 s ahead of the patient one
+            for _ in range(5):
+                await bucket.take(20_000, rank=0.0)
+
+        async def patient():
+            await asyncio.sleep(0.001)
+            await bucket.take(20_000, rank=0.9, timeout=0.02)
+            return "served"
+
+        _, result = await asyncio.gather(behind(), patient())
+        return result
+
+    assert run(main()) == "served"
