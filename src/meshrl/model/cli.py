@@ -31,7 +31,7 @@ def _init(cfg: ModelInitConfig) -> int:
 
 
 def register(subparsers: Any) -> None:
-    from meshrl.cli import add_config_command
+    from meshrl.config import add_config_command
 
     group = subparsers.add_parser("model", help="create or inspect policy models")
     sub = group.add_subparsers(dest="model_command", metavar="ACTION", required=True)
