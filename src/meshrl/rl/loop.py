@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from meshrl.config import CommandError
 from meshrl.rl.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
@@ -167,10 +168,12 @@ class RLRun:
                                 lambda step: self.evaluate("sft", step), self.cfg.run.seed,
                                 self.exclude, on_eval=on_eval)
             self.metrics.log({"kind": "warm_start", **result, "elapsed": self.elapsed()})
+            self._keep_reference(fresh=True)
             self.evaluate("rl")
             return []
         from meshrl.model import load_model
 
+        self._keep_reference(fresh=False)
         self.model.load_state_dict(load_model(ckpt / "model").state_dict())
         state = load_trainer_state(ckpt)
         self.trainer.load_state_dict(state["trainer"])
@@ -179,6 +182,21 @@ class RLRun:
         self.accuracy = float(state["accuracy"])
         self.metrics.log({"kind": "resume", "step": self.step, "checkpoint": str(ckpt)})
         return [RolloutBatch.from_dict(b) for b in state["in_flight"]]
+
+    def _keep_reference(self, fresh: bool) -> None:
+        """The KL term's frozen reference: the warm-started policy, kept in `<run>/reference`
+        so a resumed run measures KL to the same policy."""
+        if not self.cfg.loss.kl_coef:
+            return
+        from meshrl.model import load_model, save_model
+
+        path = self.dir / "reference"
+        if fresh:
+            save_model(self.model, self.tokenizer, path)
+        elif not (path / "config.json").is_file():
+            raise CommandError(f"{path}: no reference policy to resume loss.kl_coef > 0 with (the"
+                               " run started with kl_coef = 0; start a new run to use the KL term)")
+        self.trainer.reference = load_model(path).requires_grad_(False)
 
     def _start_pipeline(self, carried: list[RolloutBatch]) -> RolloutPipeline:
         cfg = self.cfg
