@@ -51,7 +51,8 @@ class RLRun:
         default = self.async_threads if cfg.async_level > 0 else cfg.run.threads
         torch.set_num_threads(cfg.run.trainer_threads or default)
         self.tokenizer, self.model = self._build_policy()
-        self.heldout = heldout_problems(cfg.tasks, cfg.eval)
+        self.tasks = cfg.tasks.build()  # once per run: a math task reads its file here
+        self.heldout = heldout_problems(self.tasks, cfg.eval)
         self.exclude = frozenset(p.prompt for p in self.heldout)
         self.eval_generator = TorchGenerator(
             self.model, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
@@ -125,7 +126,7 @@ class RLRun:
         return {**stats, **self.trainer.train_step(tensors, advantages.reshape(-1)[rows])}
 
     def evaluate(self, phase: str, step: int | None = None) -> float:
-        result = evaluate(self.eval_generator, self.tokenizer, self.heldout, self.cfg.tasks,
+        result = evaluate(self.eval_generator, self.tokenizer, self.heldout, self.tasks,
                           self.cfg.eval)
         self.accuracy = result["accuracy"]
         step = self.step if step is None else step
@@ -164,7 +165,7 @@ class RLRun:
                 self.metrics.log({"kind": "sft", "step": step, "loss": loss,
                                   "accuracy": accuracy, "elapsed": self.elapsed()})
 
-            result = warm_start(self.model, self.tokenizer, self.cfg.sft, self.cfg.tasks,
+            result = warm_start(self.model, self.tokenizer, self.cfg.sft, self.tasks,
                                 lambda step: self.evaluate("sft", step), self.cfg.run.seed,
                                 self.exclude, on_eval=on_eval)
             self.metrics.log({"kind": "warm_start", **result, "elapsed": self.elapsed()})
@@ -210,7 +211,7 @@ class RLRun:
                                        self.tokenizer)
 
         def make_batch(gen: Any, index: int, version: int) -> RolloutBatch:
-            return generate_batch(gen, self.tokenizer, cfg.rollout, cfg.tasks, cfg.run.seed,
+            return generate_batch(gen, self.tokenizer, cfg.rollout, self.tasks, cfg.run.seed,
                                   index, version, self.exclude)
 
         pipeline = RolloutPipeline(generator, make_batch, cfg.async_level, self.step, carried,
