@@ -229,6 +229,7 @@ class RLRun:
             "staleness": self.step - 1 - batch.version, **stats,
             "kept_groups": int(keep.sum()), "groups": int(keep.numel()),
             "truncated": batch.truncated, "tokens": batch.num_tokens,
+            "completion_tokens": batch.num_completion_tokens,
             "tokens_per_s": batch.num_tokens / max(seconds, 1e-9),
             "step_seconds": seconds, "wait_seconds": wait, "gen_seconds": batch.gen_seconds,
             "dropped_stale": pipeline.dropped_stale, "elapsed": self.elapsed(),
