@@ -31,6 +31,7 @@ def run_trl(steps: int, prompts_per_step: int, group_size: int, max_new_tokens: 
     seconds per step (after 2 warm-up steps) and the mean completion length TRL logged."""
     from datasets import Dataset
     from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from meshrl.model import CharTokenizer, build_model, load_model
@@ -69,6 +70,7 @@ def run_trl(steps: int, prompts_per_step: int, group_size: int, max_new_tokens: 
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args,
                               train_dataset=Dataset.from_list(rows),
                               processing_class=hf_char_tokenizer(tok), callbacks=[timer])
+        trainer.remove_callback(PrinterCallback)  # logs every step (for the lengths), not to stdout
         trainer.train()
     gaps = [b - a for a, b in zip(timer.stamps[1:], timer.stamps[2:], strict=False)]
     tokens = float(trainer.state.num_input_tokens_seen or 0)

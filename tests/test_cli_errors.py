@@ -64,7 +64,8 @@ def test_bad_input_is_one_line_and_nonzero(command, tmp_path: Path, capsys) -> N
     args, phrase = _cases(tmp_path)[command]
     code = main([*command, *args])
     err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
+    # structured log lines (JSON) may come before it; the error itself is one plain line
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("{")]
     assert code in (1, 2), err
     assert "Traceback" not in err
     assert len(lines) == 1, err
