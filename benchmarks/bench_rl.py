@@ -21,7 +21,7 @@
    `speedup`.
 
 Usage: python benchmarks/bench_rl.py [--steps 30] [--skip-trl] [--only-trl] [--repeats 3]
-       [--async-configs 8x8x8 1x8x96 1x4x128] [--warm-steps 300]
+       [--async-configs 8x8x8 1x8x96 1x4x128] [--trl-starts random warm] [--warm-steps 300]
 """
 
 from __future__ import annotations
@@ -184,6 +184,8 @@ def main() -> None:
                          "each); in 1x8x96 and 1x4x128 generation and training take "
                          "comparable time")
     ap.add_argument("--only-trl", action="store_true", help="only the two TRL comparisons")
+    ap.add_argument("--trl-starts", nargs="+", choices=["random", "warm"],
+                    default=["random", "warm"], help="starting policies of the TRL comparisons")
     ap.add_argument("--warm-steps", type=int, default=300,
                     help="supervised steps of the warm-started policy of trainer_vs_trl_warm")
     args = ap.parse_args()
@@ -198,7 +200,10 @@ def main() -> None:
             print(json.dumps(async_vs_sync(args.steps, config, args.repeats)), flush=True)
     if args.skip_trl:
         return
-    print(json.dumps(trainer_vs_trl(args.steps, shape, None)), flush=True)
+    if "random" in args.trl_starts:
+        print(json.dumps(trainer_vs_trl(args.steps, shape, None)), flush=True)
+    if "warm" not in args.trl_starts:
+        return
     with tempfile.TemporaryDirectory() as tmp:
         torch.set_num_threads(2)
         warm = warm_policy(str(Path(tmp) / "warm"), args.warm_steps)
