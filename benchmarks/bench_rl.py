@@ -205,7 +205,7 @@ def main() -> None:
     if "warm" not in args.trl_starts:
         return
     with tempfile.TemporaryDirectory() as tmp:
-        torch.set_num_threads(2)
+        torch.set_num_threads(1)  # two threads crawl when the machine is oversubscribed
         warm = warm_policy(str(Path(tmp) / "warm"), args.warm_steps)
         print(json.dumps(trainer_vs_trl(args.steps, shape, warm)), flush=True)
 
