@@ -53,6 +53,8 @@ def _cases(tmp: Path) -> dict[tuple[str, ...], tuple[list[str], str]]:
         ("chain", "propose-federator"): ([*chain, "--to", "0x" + "22" * 20], "nodeploy.json"),
         ("chain", "accept-federator"): (chain, "nodeploy.json"),
         ("chain", "compile"): (["--contracts", "x"], "unknown key 'contracts'"),
+        ("discovery",): ([*chain, "--db", str(tmp / "d.db")], "nodeploy.json"),
+        ("orchestrator",): ([*chain, "--db", str(tmp / "o.db")], "nodeploy.json"),
     }
 
 
