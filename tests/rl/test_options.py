@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from meshrl.config import CommandError, _dotted_fields, _model_type
+from meshrl.inference import build_backend
 from meshrl.model import CharTokenizer, build_model, save_model
 from meshrl.rl.config import RLConfig, RolloutConfig, SFTConfig, TrainerConfig
 from meshrl.rl.evaluate import evaluate, heldout_problems
-from meshrl.rl.generation import make_generator
 from meshrl.rl.loop import RLRun, train
 from meshrl.rl.losses import LossConfig
 from meshrl.rl.packing import pack_groups
@@ -66,9 +66,10 @@ COVERED = {
     "rollout.temperature": HERE + "test_rollout_options",
     "rollout.top_p": HERE + "test_rollout_options",
     "rollout.node_id": HERE + "test_rollout_options",
-    "rollout.backend": "tests/rl/test_engine_backend.py::test_engine_and_torch_generators_agree",
+    "rollout.backend":
+        "tests/rl/test_engine_backend.py::test_engine_and_reference_rollouts_agree_before_and_after_a_reload",
     "rollout.subprocess":
-        "tests/rl/test_pipeline.py::test_subprocess_generator_matches_in_process_and_reloads_weights",
+        "tests/rl/test_pipeline.py::test_subprocess_backend_matches_in_process_and_reloads_weights",
     "trainer.lr": TRAINER + "test_lr_schedules",
     "trainer.warmup_steps": TRAINER + "test_warmup_and_clipping",
     "trainer.decay": TRAINER + "test_lr_schedules",
@@ -215,7 +216,7 @@ def test_wandb_without_wandb_is_a_clear_error(tiny_cfg, monkeypatch):
 def _batch(tasks: TasksConfig, **rollout) -> object:
     cfg = RolloutConfig(**{"prompts_per_step": 3, "group_size": 4, "max_new_tokens": 6,
                            **rollout})
-    gen = make_generator("engine", _model(0), TOK)
+    gen = build_backend("engine", _model(0), TOK)
     return generate_batch(gen, TOK, cfg, tasks.build(), 0, 0, 0)
 
 
@@ -321,7 +322,7 @@ def test_eval_options():
     assert len(a) == 20 and len({p.prompt for p in a}) == 20
     b = heldout_problems(tasks, EvalConfig(num_problems=20, seed=5))
     assert {p.prompt for p in a} != {p.prompt for p in b}
-    gen = make_generator("engine", _model(0), TOK)
+    gen = build_backend("engine", _model(0), TOK)
     sizes: list[int] = []
 
     class Counting:  # the real generator; records the size of each generation call

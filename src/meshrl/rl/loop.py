@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from meshrl.config import CommandError
+from meshrl.inference import ReferenceBackend, build_backend
 from meshrl.rl.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
@@ -25,7 +26,6 @@ from meshrl.rl.checkpoint import (
 )
 from meshrl.rl.config import RLConfig
 from meshrl.rl.evaluate import evaluate, heldout_problems
-from meshrl.rl.generation import TorchGenerator, make_generator
 from meshrl.rl.metrics import MetricsWriter, plot_curves
 from meshrl.rl.packing import PackCost, pack_groups
 from meshrl.rl.pipeline import RolloutPipeline
@@ -54,9 +54,7 @@ class RLRun:
         self.tasks = cfg.tasks.build()  # once per run: a math task reads its file here
         self.heldout = heldout_problems(self.tasks, cfg.eval)
         self.exclude = frozenset(p.prompt for p in self.heldout)
-        self.eval_generator = TorchGenerator(
-            self.model, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
-        )
+        self.eval_backend = ReferenceBackend(self.model, self.tokenizer)  # the live policy
         self.metrics = MetricsWriter(
             self.dir / "metrics.jsonl", cfg.run.wandb_project, cfg.run.name, cfg.model_dump()
         )
@@ -126,7 +124,7 @@ class RLRun:
         return {**stats, **self.trainer.train_step(tensors, advantages.reshape(-1)[rows])}
 
     def evaluate(self, phase: str, step: int | None = None) -> float:
-        result = evaluate(self.eval_generator, self.tokenizer, self.heldout, self.tasks,
+        result = evaluate(self.eval_backend, self.tokenizer, self.heldout, self.tasks,
                           self.cfg.eval)
         self.accuracy = result["accuracy"]
         step = self.step if step is None else step
@@ -202,19 +200,19 @@ class RLRun:
     def _start_pipeline(self, carried: list[RolloutBatch]) -> RolloutPipeline:
         cfg = self.cfg
         if cfg.rollout.subprocess:
-            from meshrl.rl.subprocess_generator import SubprocessGenerator
+            from meshrl.rl.subprocess_backend import SubprocessBackend
 
-            generator = SubprocessGenerator(cfg.rollout.backend, copy.deepcopy(self.model),
-                                            self.tokenizer, self.async_threads)
+            backend = SubprocessBackend(cfg.rollout.backend, copy.deepcopy(self.model),
+                                        self.tokenizer, self.async_threads)
         else:
-            generator = make_generator(cfg.rollout.backend, copy.deepcopy(self.model),
-                                       self.tokenizer)
+            backend = build_backend(cfg.rollout.backend, copy.deepcopy(self.model),
+                                    self.tokenizer)
 
         def make_batch(gen: Any, index: int, version: int) -> RolloutBatch:
             return generate_batch(gen, self.tokenizer, cfg.rollout, self.tasks, cfg.run.seed,
                                   index, version, self.exclude)
 
-        pipeline = RolloutPipeline(generator, make_batch, cfg.async_level, self.step, carried,
+        pipeline = RolloutPipeline(backend, make_batch, cfg.async_level, self.step, carried,
                                    num_threads=self.async_threads)
         return pipeline.start(self.model.state_dict())
 
