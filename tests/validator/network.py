@@ -93,7 +93,7 @@ def start_net(tmp: Path) -> Net:
         "validator_cache_s": 0.0, "chain": {**chain_cfg, "private_key": hexkey(mgr)},
         "guard": {"rate_per_minute": 6000, "rate_burst": 200},
         "store": {"root": str(tmp / "files")},
-        "heartbeat": {"interval_s": 2.0, "dead_after": 150},
+        "heartbeat": {"interval_s": 2.0, "dead_after": 5000},  # finished workers stay members
         "onboarding": {"poll_s": 0.3, "discovery_url": net.disc.url}, "work": work}, tmp)
     net.orch.start()
     return net

@@ -11,8 +11,8 @@ __all__ = ["register"]
 
 def _validator(cfg: ValidatorConfig) -> int:
     import asyncio
-    import sys
 
+    from meshrl.config import CommandError
     from meshrl.protocol.local import connect
     from meshrl.validator.keys import ValidatorKeyError, load_validator_key
     from meshrl.validator.node import ValidatorNode
@@ -20,13 +20,12 @@ def _validator(cfg: ValidatorConfig) -> int:
     try:
         account = load_validator_key(cfg.keys, connect(cfg.chain).chain_id)
     except ValidatorKeyError as e:
-        print(f"meshrl validator: {e}", file=sys.stderr)
-        return 2
+        raise CommandError(str(e)) from None
     return asyncio.run(ValidatorNode(cfg, account).run())
 
 
 def register(subparsers: Any) -> None:
-    from meshrl.cli import add_config_command
+    from meshrl.config import add_config_command
 
     add_config_command(subparsers, "validator", ValidatorConfig, _validator,
                        "verify every rollout file submitted to a pool; accept or invalidate")

@@ -99,15 +99,16 @@ def model_free_findings(rf: RolloutFile, claim: ChainClaim, rules: PoolRules,
            check_policy_version(h.policy_version, h.step, rules.async_level),
            check_sampling_params(h.sampling, _claimed_sampling(rules), h.sampling_seed,
                                  sampling_seed(rules.seed, h.node, h.step, counter))]
-    problems: list[Problem] = sample_problems(rules.tasks, rules.seed, h.node, h.step, counter,
+    tasks = rules.tasks.build()
+    problems: list[Problem] = sample_problems(tasks, rules.seed, h.node, h.step, counter,
                                               rules.prompts_per_file)
     out.append(check_prompts([r.prompt_tokens for r in rows],
                              [encode_prompt(tokenizer, p.prompt) for p in problems],
                              rules.group_size))
     if out[-1] is None:
-        tasks, g = rules.tasks.build(), rules.group_size
+        g = rules.group_size
         recomputed = [compute_reward(problems[i // g], tokenizer.decode(r.completion_tokens),
-                                     len(r.completion_tokens), rules.tasks, tasks).total
+                                     len(r.completion_tokens), tasks).total
                       for i, r in enumerate(rows)]
         out.append(check_rewards([r.reward for r in rows], recomputed))
     bad_seq = [i for i, r in enumerate(rows) if r.seq_id != i]

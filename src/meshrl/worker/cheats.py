@@ -72,8 +72,9 @@ class Cheat:
         """cherry-pick: the easiest of several counters' problems instead of the assigned ones."""
         if not self.on("cherry-pick", a.step):
             return None
+        tasks = a.tasks.build()
         pool = [p for c in range(1, 9) for p in sample_problems(
-            a.tasks, a.seed, a.node, a.step, a.counter + 1000 * c, a.prompts)]
+            tasks, a.seed, a.node, a.step, a.counter + 1000 * c, a.prompts)]
         pool.sort(key=lambda p: (len(p.answer), p.prompt))
         return pool[: a.prompts]
 

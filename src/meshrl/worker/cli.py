@@ -11,8 +11,8 @@ __all__ = ["register"]
 
 def _worker(cfg: WorkerConfig) -> int:
     import asyncio
-    import sys
 
+    from meshrl.config import CommandError
     from meshrl.protocol.local import connect
     from meshrl.worker.keys import KeystoreError, load_keys
     from meshrl.worker.node import HardwareError, WorkerNode
@@ -21,12 +21,11 @@ def _worker(cfg: WorkerConfig) -> int:
         keys = load_keys(cfg.keys, connect(cfg.chain).chain_id)
         return asyncio.run(WorkerNode(cfg, keys).run())
     except (KeystoreError, HardwareError) as e:
-        print(f"meshrl worker: {e}", file=sys.stderr)
-        return 2
+        raise CommandError(str(e)) from None
 
 
 def register(subparsers: Any) -> None:
-    from meshrl.cli import add_config_command
+    from meshrl.config import add_config_command
 
     add_config_command(subparsers, "worker", WorkerConfig, _worker,
                        "generate verified rollouts for a compute pool and earn its rewards")

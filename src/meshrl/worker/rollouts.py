@@ -40,7 +40,7 @@ class Assignment:
     tasks: TasksConfig
 
     def problems(self) -> list[Problem]:
-        return sample_problems(self.tasks, self.seed, self.node, self.step, self.counter,
+        return sample_problems(self.tasks.build(), self.seed, self.node, self.step, self.counter,
                                self.prompts)
 
     def sampler_seed(self) -> int:
@@ -88,7 +88,7 @@ def generate_rollouts(
     rows = []
     for r, c in enumerate(comps):
         reward = compute_reward(problems[r // g], tokenizer.decode(c.token_ids),
-                                len(c.token_ids), a.tasks, tasks)
+                                len(c.token_ids), tasks)
         rows.append(Row(prompt_id=f"{a.step}/{a.counter}/{r // g}", counter=a.counter,
                         sample_index=r % g, seq_id=c.seq_id, prompt_tokens=c.prompt_ids,
                         completion_tokens=c.token_ids, logprobs=c.logprobs,
