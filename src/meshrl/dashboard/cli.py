@@ -19,7 +19,7 @@ def _serve(cfg: DashboardConfig) -> int:
 
 
 def register(subparsers: Any) -> None:
-    from meshrl.cli import add_config_command
+    from meshrl.config import add_config_command
 
     add_config_command(subparsers, "dashboard", DashboardConfig, _serve,
                        "live web page of a running `meshrl network up` (nodes, versions, curves)")

@@ -16,7 +16,7 @@ def _up(cfg: NetworkConfig) -> int:
 
 
 def register(subparsers: Any) -> None:
-    from meshrl.cli import add_config_command
+    from meshrl.config import add_config_command
 
     group = subparsers.add_parser("network", help="a whole pool on this machine, supervised")
     sub = group.add_subparsers(dest="network_command", metavar="ACTION", required=True)

@@ -67,9 +67,8 @@ def file_groups(entry: LedgerEntry, data: bytes, tokenizer: Any, group_size: int
     if g != group_size or not rows or len(rows) % g:
         raise UnusableFile(f"{entry.sha256[:12]}: {len(rows)} rows in groups of {g}, the "
                            f"trainer takes groups of {group_size}")
-    tasks_cfg = _tasks_config(h.task)
-    tasks = tasks_cfg.build()
-    problems = sample_problems(tasks_cfg, h.prompt_seed, h.node, h.step, rows[0].counter,
+    tasks = _tasks_config(h.task).build()
+    problems = sample_problems(tasks, h.prompt_seed, h.node, h.step, rows[0].counter,
                                len(rows) // g)
     out = FileGroups(entry)
     for k, problem in enumerate(problems):
@@ -87,8 +86,7 @@ def file_groups(entry: LedgerEntry, data: bytes, tokenizer: Any, group_size: int
             out.logprobs.append(list(r.logprobs))
             out.truncated += r.finish_reason == "length"
             text = tokenizer.decode(r.completion_tokens)
-            scores.append(compute_reward(problem, text, len(r.completion_tokens), tasks_cfg,
-                                         tasks).task)
+            scores.append(compute_reward(problem, text, len(r.completion_tokens), tasks).task)
         out.task_rewards.append(scores)
     return out
 
