@@ -23,10 +23,15 @@ DASHBOARD = 15  # port offset of the dashboard
 
 
 def find_anvil(explicit: str = "") -> str:
-    for cand in (explicit, str(Path("node_modules/.bin/anvil")), shutil.which("anvil") or ""):
+    """`explicit` if given (it must exist), else node_modules/.bin/anvil, else PATH."""
+    cands = [explicit] if explicit else [str(Path("node_modules/.bin/anvil")),
+                                         shutil.which("anvil") or ""]
+    for cand in cands:
         if cand and Path(cand).is_file():
             return cand
-    raise FileNotFoundError("anvil not found: run `make setup` (npm install) or set `anvil`")
+    where = f" at {explicit}" if explicit else ""
+    raise FileNotFoundError(f"anvil not found{where}: run `make setup` (npm install) or set "
+                            "`anvil`")
 
 
 @dataclass
