@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from meshrl.wire import SignedClient, read_rollout_file
+import aiohttp
+
+from meshrl.log import get_logger, log_event
+from meshrl.wire import SignedClient, WireHTTPError, read_rollout_file
 from meshrl.wire.models import FileStatus, LedgerEntry, LedgerPage
 
 __all__ = ["FileGroups", "LedgerReader", "UnusableFile", "file_groups"]
+
+log = get_logger("meshrl.rl.network")
+T = TypeVar("T")
 
 
 class UnusableFile(ValueError):
@@ -94,18 +102,34 @@ def file_groups(entry: LedgerEntry, data: bytes, tokenizer: Any, group_size: int
 class LedgerReader:
     """Signed reads of the orchestrator's ledger and file store (the trainer is a `reader`)."""
 
-    def __init__(self, url: str, private_key: str, page: int = 1000) -> None:
-        self.url, self.key, self.page = url, private_key, page
+    def __init__(self, url: str, private_key: str, page: int = 1000,
+                 retry_s: float = 1.0) -> None:
+        self.url, self.key, self.page, self.retry_s = url, private_key, page, retry_s
         self.after = 0  # ledger sequence read up to
+
+    def _run(self, make: Callable[[], Awaitable[T]]) -> T:
+        """Run one exchange; while the orchestrator is unreachable or answers 5xx (restarting),
+        wait and try again: its state survives restarts, so waiting loses nothing."""
+        while True:
+            try:
+                return asyncio.run(make())
+            except (OSError, aiohttp.ClientError, TimeoutError) as e:
+                reason = f"{type(e).__name__}: {e}"
+            except WireHTTPError as e:
+                if e.status < 500:
+                    raise
+                reason = str(e)
+            log_event(log, "orchestrator unreachable, retrying", error=reason)
+            time.sleep(self.retry_s)
 
     def accepted(self) -> list[LedgerEntry]:
         """Accepted files granted after the last call's, in ledger order."""
-        out, self.after = asyncio.run(self._entries(FileStatus.ACCEPTED, self.after))
+        out, self.after = self._run(lambda: self._entries(FileStatus.ACCEPTED, self.after))
         return out
 
     def awaiting_verdict(self) -> list[LedgerEntry]:
         """Files submitted on chain that no verdict has settled yet."""
-        return asyncio.run(self._entries(FileStatus.SUBMITTED, 0))[0]
+        return self._run(lambda: self._entries(FileStatus.SUBMITTED, 0))[0]
 
     async def _entries(self, status: FileStatus, after: int) -> tuple[list[LedgerEntry], int]:
         out: list[LedgerEntry] = []
@@ -122,11 +146,10 @@ class LedgerReader:
         async def go() -> list[bytes]:
             async with SignedClient(self.url, self.key) as c:
                 return [await c.get_bytes(e.download) for e in entries]
-        return asyncio.run(go())
+        return self._run(go)
 
     def set_step(self, step: int) -> int:
         """Move the pool to `step` (monotone); returns the pool's step after the call."""
-        from meshrl.wire import WireHTTPError
         from meshrl.wire.models import HeartbeatAck, StepUpdate
 
         async def go() -> int:
@@ -139,4 +162,4 @@ class LedgerReader:
                     if e.status != 409:  # 409: the pool is already past it (a resumed run)
                         raise
                     return step
-        return asyncio.run(go())
+        return self._run(go)
