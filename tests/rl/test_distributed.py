@@ -130,7 +130,9 @@ def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_checkpoint_at_two_ranks_resumes_at_one_and_two(tiny_args, tiny_cfg, tmp_path):
+def test_checkpoints_cross_world_sizes(tiny_args, tiny_cfg, tmp_path):
+    """A run checkpointed at 2 ranks resumes at 2 (bitwise) and in one process (1e-5); a run
+    checkpointed by one process resumes at 2 ranks. All continue as the uninterrupted run."""
     from meshrl.rl.dcp_checkpoint import has_sharded_state
     from meshrl.rl.loop import train
 
@@ -150,18 +152,23 @@ def test_checkpoint_at_two_ranks_resumes_at_one_and_two(tiny_args, tiny_cfg, tmp
     shutil.copytree(runs / "cut", runs / "cut1")
     _torchrun(cli + tiny_args(steps=4, **common, **{"run.name": "cut"}))
     train(tiny_cfg(steps=4, **common, **{"run.name": "cut1"}))  # one plain process
+    train(tiny_cfg(steps=2, **common, **{"run.name": "plain"}))  # checkpoint of one process
+    assert not has_sharded_state(runs / "plain" / "checkpoints" / "step_2")
+    _torchrun(cli + tiny_args(steps=4, **common, **{"run.name": "plain"}))
 
-    full, two, one = (_step_records(runs / n) for n in ("full", "cut", "cut1"))
+    full, two, one, up = (_step_records(runs / n) for n in ("full", "cut", "cut1", "plain"))
     assert [r["step"] for r in full] == [1, 2, 3, 4]
     assert all(r["kept_groups"] > 0 and "loss" in r for r in full)
     # same data (rewards of the sampled completions) and versions, none repeated or skipped
-    for resumed in (two, one):
+    for resumed in (two, one, up):
         assert [(r["reward"], r["version"]) for r in resumed] == [
             (r["reward"], r["version"]) for r in full]
     assert [r["loss"] for r in two] == [r["loss"] for r in full]  # same world size: exact
-    for a, b in zip(one, full, strict=True):
+    for a, b in zip(one + up, full + full, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
-    w_full, w_two, w_one = (_final_weights(runs / n) for n in ("full", "cut", "cut1"))
-    assert set(w_full) == set(w_two) == set(w_one)
+    w_full, w_two, w_one, w_up = (_final_weights(runs / n)
+                                  for n in ("full", "cut", "cut1", "plain"))
+    assert set(w_full) == set(w_two) == set(w_one) == set(w_up)
     assert all(torch.equal(w_two[k], v) for k, v in w_full.items())
     assert _rel(_flat(w_one, w_full), _flat(w_full, w_full)) < 1e-5
+    assert _rel(_flat(w_up, w_full), _flat(w_full, w_full)) < 1e-5

@@ -48,7 +48,8 @@ def save_sharded_state(directory: str | Path, model: Any, optimizer: Any) -> Non
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory),
+             no_dist=not torch.distributed.is_initialized())
 
 
 def load_sharded_state(checkpoint: str | Path, model: Any, optimizer: Any) -> None:
@@ -62,7 +63,8 @@ def load_sharded_state(checkpoint: str | Path, model: Any, optimizer: Any) -> No
         raise FileNotFoundError(f"{directory}: no DCP metadata (not a sharded checkpoint)")
     model_sd, optim_sd = get_state_dict(model, optimizer)  # the layout to fill, in place
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(directory))
+    single = not torch.distributed.is_initialized()  # one plain process reads every shard
+    dcp.load(state, checkpoint_id=str(directory), no_dist=single)
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
 

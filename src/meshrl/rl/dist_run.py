@@ -173,24 +173,23 @@ class DistributedRun(RLRun):
         """Rank 0's `host_model` (and a plain AdamW state of it) into every rank's shards."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
-            get_state_dict,
+            get_optimizer_state_dict,
             set_model_state_dict,
-            set_state_dict,
+            set_optimizer_state_dict,
         )
 
+        # separate calls: the combined set_state_dict skips the model on ranks given {}
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        full = self.host_model.state_dict() if self.world.is_main else {}
+        set_model_state_dict(self.model, full, options=options)
         if optimizer_state is None:
-            full = self.host_model.state_dict() if self.world.is_main else {}
-            set_model_state_dict(self.model, full, options=options)
             return
-        model_sd: dict[str, Any] = {}
         optim_sd: dict[str, Any] = {}
         if self.world.is_main:
             plain = torch.optim.AdamW(self.host_model.parameters())
             plain.load_state_dict(optimizer_state)  # keyed by position; FQN-keyed below
-            model_sd, optim_sd = get_state_dict(self.host_model, plain)
-        set_state_dict(self.model, self.trainer.optimizer, model_state_dict=model_sd,
-                       optim_state_dict=optim_sd, options=options)
+            optim_sd = get_optimizer_state_dict(self.host_model, plain)
+        set_optimizer_state_dict(self.model, self.trainer.optimizer, optim_sd, options=options)
 
     def _start_pipeline(self, carried: list[RolloutBatch]) -> RankSource:
         pipeline = self._rollout_pipeline(carried) if self.world.is_main else None

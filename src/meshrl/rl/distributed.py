@@ -187,7 +187,7 @@ class FSDPTrainer(Trainer):
                 for m, a, w in super().micro_batches(batch, advantages, total_rows)]
 
     def sum_over_ranks(self, totals: dict[str, float]) -> dict[str, float]:
-        keys = sorted(totals)  # every rank reports the same metric names (same loss)
+        keys = list(totals)  # every rank reports the same metric names in the same order
         t = torch.tensor([totals[k] for k in keys], dtype=torch.float64, device=self.world.device)
         dist.all_reduce(t)
         t /= self.world.size  # the weights carried a factor n (micro_batches)
