@@ -86,7 +86,7 @@ def run(backend, name: str, n: int) -> None:
         measure(
             backend,
             "create_pool",
-            lambda: F._send(F.contract.functions.create_pool(domain, mgr.address, 1)),
+            lambda: F._send(F.contract.functions.create_pool(domain, mgr.address, 1, 10**6)),
             n,
         ),
         measure(
@@ -109,7 +109,7 @@ def run(backend, name: str, n: int) -> None:
     )
     results.append(measure(backend, "add_node", lambda: P.add_node(node2, 4), n))
     P.add_node(node, 8)
-    expiry = backend.now() + 10**6
+    expiry = backend.now() + 3600  # invites live at most a day
     results.append(
         measure(
             backend,
@@ -125,12 +125,21 @@ def run(backend, name: str, n: int) -> None:
     results.append(
         measure(backend, "submit_work", lambda: P.submit_work(pool, node.address, f0, 100), n)
     )
-    files = [keccak(text=f"file-{i}") for i in range(1, 11)]
-    for f in files:
-        P.submit_work(pool, node.address, f, 100)
+    results.append(
+        measure(
+            backend,
+            "submit_work_with_interval",  # a pool with min_interval: one more slot per node
+            lambda: P.submit_work(pool, node.address, f0, 100),
+            n,
+            setup=lambda: M.set_pool_limits(pool, 10**6, 60),
+        )
+    )
+    files = [P.work_id(node.address, keccak(text=f"file-{i}")) for i in range(1, 11)]
+    for i in range(1, 11):
+        P.submit_work(pool, node.address, keccak(text=f"file-{i}"), 100)
     results.append(measure(backend, "soft_invalidate", lambda: V.soft_invalidate(files[0]), n))
     results.append(measure(backend, "hard_invalidate", lambda: V.hard_invalidate(files[0]), n))
-    results.append(measure(backend, "slash", lambda: V.slash(prov.address, TOKEN), n))
+    results.append(measure(backend, "slash", lambda: F.slash(prov.address, TOKEN), n))
     results.append(measure(backend, "leave_pool", lambda: P.leave_pool(node.address), n))
     backend.advance_time(params.lock_period + 1)
     results.append(measure(backend, "claim_1", lambda: P.claim(files[:1]), n))

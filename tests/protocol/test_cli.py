@@ -60,8 +60,12 @@ def test_chain_commands(anvil_backend, tmp_path, capsys) -> None:
     assert rc == 0 and out[0]["stake"] == to_base_units("12.5")
     rc, out, _ = _run(capsys, "chain", "create-pool", *as_fed, "--domain", "math")
     assert rc == 0 and out[0]["pool"] == 1 and out[0]["status"] == 2
-    rc, out, _ = _run(capsys, "chain", "create-pool", *as_fed, "--domain", "math")
+    rc, out, _ = _run(
+        capsys, "chain", "create-pool", *as_fed, "--domain", "math", "--max_units", "500",
+        "--min_interval", "30",
+    )  # fmt: skip
     assert out[0]["domain"] == 1 and out[0]["pool"] == 2  # the domain is reused
+    assert (out[0]["max_units"], out[0]["min_interval"]) == (500, 30)
     rc, out, _ = _run(
         capsys, "chain", "balances", *common, "--addresses", f'["{provider.address}"]'
     )
@@ -71,6 +75,12 @@ def test_chain_commands(anvil_backend, tmp_path, capsys) -> None:
 
     rc, _, err = _run(capsys, "chain", "register", *as_provider, "--tokens", "10")
     assert rc == 1 and "stake: already registered" in err
+    rc, out, _ = _run(capsys, "chain", "propose-federator", *as_fed, "--to", provider.address)
+    assert rc == 0 and out[0]["proposed"] == provider.address
+    rc, out, _ = _run(capsys, "chain", "accept-federator", *as_provider)
+    assert rc == 0 and out[0]["federator"] == provider.address
+    rc, _, err = _run(capsys, "chain", "mint", *as_fed, "--tokens", "1")
+    assert rc == 1 and "roles: not federator" in err  # the old key lost the token too
     rc, _, err = _run(capsys, "chain", "status", *common, "--chain.chain_id", "84532")
     assert rc == 1 and "is chain 31337, expected 84532" in err
     rc, _, err = _run(

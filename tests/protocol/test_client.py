@@ -143,9 +143,10 @@ def test_full_lifecycle_seen_through_the_cursor(world: World) -> None:
     s.add_node(world.n2, 2)
     s.join_pool(*world.invite(world.pool, world.n2.address, nonce=77))
     f = file_hash("life")
-    s.submit_work(world.pool, world.n2.address, f, 8)
+    wid = s.submit_work(world.pool, world.n2.address, f, 8).event("WorkSubmitted").args["work_id"]
+    assert wid == world.fed.work_id(world.n2.address, f)
     world.backend.advance_time(world.fed.contract.functions.lock_period().call() + 1)
-    s.claim([f])
+    s.claim([wid])
     s.leave_pool(world.n2.address)
     s.remove_node(world.n2.address)
     s.request_unstake(200 * TOKEN)

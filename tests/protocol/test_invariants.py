@@ -38,6 +38,7 @@ ACTION = st.one_of(
     st.tuples(st.just("invalidate"), st.booleans()),
     st.tuples(st.just("claim")),
     st.tuples(st.just("leave_or_join")),
+    st.tuples(st.just("eject")),
 )
 
 
@@ -53,19 +54,21 @@ def _apply(w: World, action: tuple, state: dict) -> None:
     elif kind == "withdraw":
         providers[action[1]].withdraw()
     elif kind == "slash":
-        w.validator.slash(providers[action[1]].address, action[2])
+        w.fed.slash(providers[action[1]].address, action[2])
     elif kind == "advance":
         w.backend.advance_time(action[1])
     elif kind == "submit":
         f = file_hash(f"inv-{state['n']}")
         state["n"] += 1
         w.p1.submit_work(w.pool, w.n1.address, f, action[1])
-        state["files"].append(f)
+        state["files"].append(w.fed.work_id(w.n1.address, f))
     elif kind == "invalidate" and state["files"]:
         f = state["files"][-1]
         (w.validator.hard_invalidate if action[1] else w.validator.soft_invalidate)(f)
     elif kind == "claim" and state["files"]:
         w.p1.claim(state["files"][:1])
+    elif kind == "eject":
+        w.manager.eject_node(w.pool, w.n1.address)
     elif kind == "leave_or_join":
         if w.fed.node(w.n1.address).pool:
             w.p1.leave_pool(w.n1.address)

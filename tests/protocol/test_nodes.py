@@ -22,13 +22,16 @@ def _proof(
         protocol or world.fed.contract.address,
         chain_id or world.backend.chain_id,
         provider,
+        world.fed.node_generation(world.n2.address),
     )
 
 
 def test_digest_matches_contract(world: World) -> None:
-    onchain = world.fed.contract.functions.ownership_digest(world.p1.address).call()
+    n1, p1 = world.n1.address, world.p1.address
+    world.manager.eject_node(world.pool, n1)  # generation 1: the digest must follow it
+    onchain = world.fed.contract.functions.ownership_digest(n1, p1).call()
     assert onchain == ownership_digest(
-        world.fed.contract.address, world.backend.chain_id, world.p1.address
+        world.fed.contract.address, world.backend.chain_id, n1, p1, 1
     )
 
 

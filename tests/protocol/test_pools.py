@@ -44,9 +44,21 @@ def test_lifecycle(world: World) -> None:
 
 
 def test_invite_digest_matches_contract(world: World) -> None:
-    args = (world.domain, world.pool, world.n3.address, 7, 12345)
+    n1 = world.n1.address
+    world.manager.eject_node(world.pool, n1)  # generation 1: the digest must follow it
+    args = (world.domain, world.pool, n1, 7, 12345)
     onchain = world.fed.contract.functions.invite_digest(*args).call()
-    assert onchain == invite_digest(world.fed.contract.address, world.backend.chain_id, *args)
+    offchain = invite_digest(
+        world.fed.contract.address,
+        world.backend.chain_id,
+        world.domain,
+        world.pool,
+        n1,
+        1,
+        7,
+        12345,
+    )
+    assert onchain == offchain
 
 
 def test_join_with_invite_by_provider_or_node(world: World) -> None:
@@ -74,6 +86,7 @@ def test_join_refused_without_valid_invite(world: World) -> None:
         world.domain,
         pool,
         n3,
+        0,
         1,
         now + 600,
     )

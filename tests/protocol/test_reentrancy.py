@@ -10,17 +10,22 @@ import pytest
 
 from meshrl.protocol import EthTesterBackend, Protocol, deploy
 from meshrl.protocol.artifacts import compile_contract
-from meshrl.protocol.signing import sign_invite, sign_ownership
+from meshrl.protocol.signing import sign_invite, sign_ownership, work_id
 
 from .helpers import PARAMS, TOKEN, file_hash, key
 
 EVIL = Path(__file__).parent / "contracts" / "evil_token.vy"
+NODE = key("r-node")
+
+
+def _wid(label: str) -> bytes:
+    return work_id(NODE.address, file_hash(label))
 
 
 @pytest.fixture(scope="module")
 def prepared():
     backend = EthTesterBackend()
-    fed, mgr, node = key("r-fed"), key("r-mgr"), key("r-node")
+    fed, mgr, node = key("r-fed"), key("r-mgr"), NODE
     for a in (fed, mgr, node):
         backend.fund(a.address, 10**21)
     art = compile_contract(EVIL)
@@ -58,17 +63,21 @@ def prepared():
         },
     )
     act(f.register_provider(1000 * TOKEN))
-    act(f.add_node(node.address, 1, sign_ownership(node.key, P.contract.address, chain_id, addr)))
+    act(
+        f.add_node(node.address, 1, sign_ownership(node.key, P.contract.address, chain_id, addr, 0))
+    )
     domain = P.create_domain("d")
     pool = P.create_pool(domain, mgr.address, TOKEN)
     P.start_pool(pool)
-    expiry = backend.now() + 10**6
+    expiry = backend.now() + 3600
     P.as_(node).join_pool(
         pool,
         node.address,
         1,
         expiry,
-        sign_invite(mgr.key, P.contract.address, chain_id, domain, pool, node.address, 1, expiry),
+        sign_invite(
+            mgr.key, P.contract.address, chain_id, domain, pool, node.address, 0, 1, expiry
+        ),
     )
     for label in ("a", "b", "c"):
         act(f.submit_work(pool, node.address, file_hash(label), 10))
@@ -99,26 +108,26 @@ def test_reentering_withdraw_is_stopped(setup) -> None:
     backend, P, evil, act = setup
     f = P.contract.functions
     held = evil.functions.balanceOf(P.contract.address).call()
-    _arm(backend, P, evil, f.claim([file_hash("a")]))  # a valid claim on its own
+    _arm(backend, P, evil, f.claim([_wid("a")]))  # a valid claim on its own
     act(f.withdraw())
     assert evil.functions.reentered().call()
     assert not evil.functions.reentry_ok().call()
     assert evil.functions.reentry_data().call() == b""  # the bare revert of the lock
     assert evil.functions.balanceOf(P.contract.address).call() == held - 500 * TOKEN
-    assert P.work(file_hash("a")).status == 1  # the re-entered claim did not happen
+    assert P.work(_wid("a")).status == 1  # the re-entered claim did not happen
 
 
 def test_reentering_claim_is_stopped(setup) -> None:
     backend, P, evil, act = setup
     f = P.contract.functions
-    _arm(backend, P, evil, f.claim([file_hash("b")]))
-    act(f.claim([file_hash("a")]))
+    _arm(backend, P, evil, f.claim([_wid("b")]))
+    act(f.claim([_wid("a")]))
     assert evil.functions.reentered().call() and not evil.functions.reentry_ok().call()
     assert evil.functions.reentry_data().call() == b""
     assert P.totals()["claimed"] == 10 * TOKEN  # one claim, not two
-    assert P.work(file_hash("b")).status == 1
+    assert P.work(_wid("b")).status == 1
     # the same claim outside the callback works: the lock, not the claim, stopped it
-    act(f.claim([file_hash("b")]))
+    act(f.claim([_wid("b")]))
     assert P.totals()["claimed"] == 20 * TOKEN
 
 

@@ -82,15 +82,16 @@ def test_withdraw_only_after_unbonding_delay(world: World) -> None:
     world.expect_revert("stake: nothing unbonding", p2.withdraw)
 
 
-def test_slash_only_by_validator(world: World) -> None:
-    for who in (world.stranger, world.p2, world.fed, world.manager):
+def test_discretionary_slash_only_by_federator(world: World) -> None:
+    # Validators slash only through hard_invalidate (a work item, `slash_penalty`).
+    for who in (world.stranger, world.p2, world.validator, world.manager):
         world.expect_revert(
-            "roles: not validator", lambda w=who: w.slash(world.p1.address, TOKEN), check_funds=True
+            "roles: not federator", lambda w=who: w.slash(world.p1.address, TOKEN), check_funds=True
         )
     world.expect_revert(
-        "stake: not a provider", lambda: world.validator.slash(world.stranger.address, TOKEN)
+        "stake: not a provider", lambda: world.fed.slash(world.stranger.address, TOKEN)
     )
-    world.validator.slash(world.p1.address, 40 * TOKEN)
+    world.fed.slash(world.p1.address, 40 * TOKEN)
     assert world.fed.provider(world.p1.address).stake == 260 * TOKEN
     assert world.fed.totals()["slashed"] == 40 * TOKEN
 
@@ -98,17 +99,17 @@ def test_slash_only_by_validator(world: World) -> None:
 def test_slash_takes_stake_then_unbonding_and_caps(world: World) -> None:
     world.p2.remove_node(world.n3.address)
     world.p2.request_unstake(150 * TOKEN)  # stake 50, unbonding 150
-    r = world.validator.slash(world.p2.address, 120 * TOKEN)
+    r = world.fed.slash(world.p2.address, 120 * TOKEN)
     assert r.event("Slashed").args["amount"] == 120 * TOKEN
     info = world.fed.provider(world.p2.address)
     assert (info.stake, info.unbonding) == (0, 80 * TOKEN)
-    r = world.validator.slash(world.p2.address, 10**30)
+    r = world.fed.slash(world.p2.address, 10**30)
     assert r.event("Slashed").args["amount"] == 80 * TOKEN
     assert world.fed.totals()["slashed"] == 200 * TOKEN
 
 
 def test_collect_slashed_only_by_federator(world: World) -> None:
-    world.validator.slash(world.p1.address, 30 * TOKEN)
+    world.fed.slash(world.p1.address, 30 * TOKEN)
     world.expect_revert(
         "roles: not federator", lambda: world.stranger.collect_slashed(world.stranger.address)
     )
@@ -123,10 +124,12 @@ def test_params_and_roles_only_by_federator(world: World) -> None:
     world.expect_revert("roles: not federator", lambda: s.set_stake_params(1, 1, 1))
     world.expect_revert("roles: not federator", lambda: s.set_work_params(1, 1, 1))
     world.expect_revert("roles: not federator", lambda: s.set_validator(s.address, True))
-    world.expect_revert("roles: not federator", lambda: s.transfer_federator(s.address))
-    world.fed.set_stake_params(1, 2, 3)
-    assert world.fed.contract.functions.unbonding_delay().call() == 3
-    world.fed.transfer_federator(s.address)
+    world.expect_revert("roles: not federator", lambda: s.propose_federator(s.address))
+    world.fed.set_stake_params(1, 2, 3600)
+    assert world.fed.contract.functions.unbonding_delay().call() == 3600
+    world.fed.propose_federator(s.address)
+    assert world.fed.federator() == world.fed.address  # nothing moves before the acceptance
+    s.accept_federator()
     assert world.fed.federator() == s.address
     world.expect_revert("roles: not federator", lambda: world.fed.set_validator(s.address, True))
     s.set_validator(s.address, True)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from meshrl.protocol import WorkStatus
+import pytest
+
+from meshrl.protocol import WorkStatus, work_id
 
 from .helpers import PARAMS, RATE, TOKEN, World, file_hash
 
@@ -10,16 +12,23 @@ LOCK, WINDOW = PARAMS.lock_period, PARAMS.invalidation_window
 
 
 def _submit(world: World, label: str, units: int = 10) -> bytes:
+    """Submit a file from n1; returns the work id."""
     f = file_hash(label)
     world.p1.submit_work(world.pool, world.n1.address, f, units)
-    return f
+    return world.fed.work_id(world.n1.address, f)
 
 
 def test_submit_records_work_and_reward(world: World) -> None:
     f = file_hash("a")
     r = world.p1.submit_work(world.pool, world.n1.address, f, 12)
-    assert r.event("WorkSubmitted").args["reward"] == 12 * RATE
-    w = world.fed.work(f)
+    args = r.event("WorkSubmitted").args
+    assert args["reward"] == 12 * RATE and args["file_sha256"] == f
+    wid = args["work_id"]
+    assert wid == world.fed.contract.functions.work_id(world.n1.address, f).call()
+    assert wid == work_id(world.n1.address, f)  # the off-chain half agrees
+    with pytest.raises(ValueError, match="32 bytes"):
+        work_id(world.n1.address, f[:31])
+    w = world.fed.work(wid)
     assert (w.pool, w.node, w.provider, w.units, w.status) == (
         world.pool,
         world.n1.address,
@@ -33,8 +42,10 @@ def test_submit_records_work_and_reward(world: World) -> None:
 
 def test_submit_rules(world: World) -> None:
     p1, pool, n1 = world.p1, world.pool, world.n1.address
-    f = _submit(world, "dup")
-    world.expect_revert("work: duplicate file", lambda: p1.submit_work(pool, n1, f, 1))
+    _submit(world, "dup")
+    world.expect_revert(
+        "work: duplicate file", lambda: p1.submit_work(pool, n1, file_hash("dup"), 1)
+    )
     world.expect_revert("work: zero units", lambda: p1.submit_work(pool, n1, file_hash("z"), 0))
     world.expect_revert("work: empty hash", lambda: p1.submit_work(pool, n1, bytes(32), 1))
     world.expect_revert(

@@ -33,6 +33,7 @@ _EXPORTS = {
     "ownership_digest": "signing",
     "sign_invite": "signing",
     "sign_ownership": "signing",
+    "work_id": "signing",
 }
 
 __all__ = sorted(_EXPORTS)

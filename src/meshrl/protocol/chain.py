@@ -19,9 +19,11 @@ from meshrl.protocol.records import (
     Receipt,
     WorkInfo,
 )
-from meshrl.protocol.signing import sign_invite, sign_ownership
+from meshrl.protocol.signing import sign_invite, sign_ownership, work_id
 
-__all__ = ["Protocol", "deploy"]
+__all__ = ["DEFAULT_MAX_UNITS", "Protocol", "deploy"]
+
+DEFAULT_MAX_UNITS = 1_000_000  # work units one rollout file may claim, unless a pool says else
 
 
 def _deploy_one(backend: Backend, account: LocalAccount, name: str, *args: Any) -> Any:
@@ -37,7 +39,9 @@ def deploy(
     params: ProtocolParams | None = None,
     token: str | None = None,
 ) -> Deployment:
-    """Deploy token + protocol with `federator` as admin, and make the protocol a minter.
+    """Deploy token + protocol with `federator` as admin. The new token's minting right and
+    ownership go to the protocol (the federator keeps none of its own: it acts through the
+    protocol, so handing over the federator role hands over the token too).
 
     With `token`, use that existing ERC-20 instead (it must let the protocol mint rewards).
     """
@@ -61,7 +65,11 @@ def deploy(
     )
     dep = Deployment(backend.chain_id, token, protocol, federator.address, block)
     if own_token:
-        Protocol(backend, dep, federator).set_minter(protocol, True)
+        c = Protocol(backend, dep, federator)
+        t = c.token.functions
+        c._send(t.set_minter(protocol, True))
+        c._send(t.set_minter(federator.address, False))
+        c._send(t.transfer_ownership(protocol))
     return dep
 
 
@@ -133,20 +141,44 @@ class Protocol:
         return self._send(self.token.functions.transfer(to, amount), gas)
 
     def approve(self, spender: str, amount: int) -> Receipt:
+        """Set an allowance outright (racy when changing one non-zero value to another)."""
         return self._send(self.token.functions.approve(spender, amount))
 
+    def increase_allowance(self, spender: str, added: int) -> Receipt:
+        return self._send(self.token.functions.increaseAllowance(spender, added))
+
+    def decrease_allowance(self, spender: str, subtracted: int) -> Receipt:
+        """Lower an allowance; reverts if the spender already used more than would be left."""
+        return self._send(self.token.functions.decreaseAllowance(spender, subtracted))
+
+    def allowance(self, owner: str, spender: str) -> int:
+        return self._view(self.token.functions.allowance(owner, spender))
+
+    # treasury (the token's powers, held by the protocol, used by the federator)
     def mint(self, to: str, amount: int) -> Receipt:
-        return self._send(self.token.functions.mint(to, amount))
+        return self._send(self.contract.functions.mint(to, amount))
 
     def set_minter(self, minter: str, enabled: bool) -> Receipt:
-        return self._send(self.token.functions.set_minter(minter, enabled))
+        return self._send(self.contract.functions.set_minter(minter, enabled))
+
+    def recover_tokens(self, receiver: str) -> Receipt:
+        """Send stake tokens transferred to the protocol by mistake (not staked) to `receiver`."""
+        return self._send(self.contract.functions.recover_tokens(receiver))
 
     # roles
     def set_validator(self, validator: str, enabled: bool = True) -> Receipt:
         return self._send(self.contract.functions.set_validator(validator, enabled))
 
-    def transfer_federator(self, federator: str) -> Receipt:
-        return self._send(self.contract.functions.transfer_federator(federator))
+    def propose_federator(self, federator: str) -> Receipt:
+        """First step of a hand-over (the zero address cancels); nothing moves yet."""
+        return self._send(self.contract.functions.propose_federator(federator))
+
+    def accept_federator(self) -> Receipt:
+        """Second step, by the proposed account: it takes every federator power."""
+        return self._send(self.contract.functions.accept_federator())
+
+    def pending_federator(self) -> str:
+        return self._view(self.contract.functions.pending_federator())
 
     def is_validator(self, who: str) -> bool:
         return self._view(self.contract.functions.validators(who))
@@ -205,7 +237,11 @@ class Protocol:
         """Add a node, signing the ownership proof with its key unless `signature` is given."""
         if signature is None:
             signature = sign_ownership(
-                node_key.key, self.contract.address, self.backend.chain_id, self.address
+                node_key.key,
+                self.contract.address,
+                self.backend.chain_id,
+                self.address,
+                self.node_generation(node_key.address),
             )
         return self._send(
             self.contract.functions.add_node(node_key.address, compute_units, signature)
@@ -216,6 +252,10 @@ class Protocol:
 
     def node(self, node: str) -> NodeInfo:
         return NodeInfo(*self._view(self.contract.functions.node_info(node)))
+
+    def node_generation(self, node: str) -> int:
+        """The generation ownership proofs and invites for `node` must name now."""
+        return self._view(self.contract.functions.node_generation(node))
 
     # pools
     def create_domain(self, name: str) -> int:
@@ -233,9 +273,20 @@ class Protocol:
                 return domain
         return None
 
-    def create_pool(self, domain: int, manager: str, reward_rate: int) -> int:
-        r = self._send(self.contract.functions.create_pool(domain, manager, reward_rate))
-        return r.event("PoolCreated").args["pool"]
+    def create_pool(
+        self, domain: int, manager: str, reward_rate: int, max_units: int = DEFAULT_MAX_UNITS
+    ) -> int:
+        """A pending pool whose files may claim at most `max_units` work units each."""
+        fn = self.contract.functions.create_pool(domain, manager, reward_rate, max_units)
+        return self._send(fn).event("PoolCreated").args["pool"]
+
+    def set_pool_manager(self, pool: int, manager: str) -> Receipt:
+        """Replace a pool's manager key (federator); the old key's invites stop working."""
+        return self._send(self.contract.functions.set_pool_manager(pool, manager))
+
+    def set_pool_limits(self, pool: int, max_units: int, min_interval: int = 0) -> Receipt:
+        """Units per file, and seconds between two submissions of a node (manager/federator)."""
+        return self._send(self.contract.functions.set_pool_limits(pool, max_units, min_interval))
 
     def start_pool(self, pool: int) -> Receipt:
         return self._send(self.contract.functions.start_pool(pool))
@@ -247,7 +298,8 @@ class Protocol:
         return self._send(self.contract.functions.set_reward_rate(pool, rate))
 
     def sign_invite(self, pool: int, node: str, nonce: int, expiry: int) -> bytes:
-        """An invite for `node`, signed by this client's account (the pool manager)."""
+        """An invite for `node` in its current generation, signed by this client's account
+        (the pool manager). `expiry` may be at most a day after the join."""
         info = self.pool(pool)
         return sign_invite(
             self._signer().key,
@@ -256,6 +308,7 @@ class Protocol:
             info.domain,
             pool,
             node,
+            self.node_generation(node),
             nonce,
             expiry,
         )
@@ -278,25 +331,34 @@ class Protocol:
     def is_blacklisted(self, pool: int, node: str) -> bool:
         return self._view(self.contract.functions.blacklisted(pool, node))
 
-    # work and rewards
+    # work and rewards: items are keyed by work id = keccak256(abi_encode(node, file sha256))
+    @staticmethod
+    def work_id(node: str, file_sha256: bytes) -> bytes:
+        return work_id(node, file_sha256)
+
     def submit_work(self, pool: int, node: str, file_sha256: bytes, units: int) -> Receipt:
+        """Submit a file's work; the `WorkSubmitted` event carries its `work_id`."""
         return self._send(self.contract.functions.submit_work(pool, node, file_sha256, units))
 
-    def hard_invalidate(self, file_sha256: bytes) -> Receipt:
-        return self._send(self.contract.functions.hard_invalidate(file_sha256))
+    def hard_invalidate(self, work_id: bytes) -> Receipt:
+        return self._send(self.contract.functions.hard_invalidate(work_id))
 
-    def soft_invalidate(self, file_sha256: bytes) -> Receipt:
-        return self._send(self.contract.functions.soft_invalidate(file_sha256))
+    def soft_invalidate(self, work_id: bytes) -> Receipt:
+        return self._send(self.contract.functions.soft_invalidate(work_id))
 
-    def claim(self, files: list[bytes], gas: int | None = None) -> Receipt:
-        return self._send(self.contract.functions.claim(list(files)), gas)
+    def claim(self, work_ids: list[bytes], gas: int | None = None) -> Receipt:
+        return self._send(self.contract.functions.claim(list(work_ids)), gas)
 
     def set_work_params(self, invalidation_window: int, lock_period: int, penalty: int) -> Receipt:
         fn = self.contract.functions.set_work_params(invalidation_window, lock_period, penalty)
         return self._send(fn)
 
-    def work(self, file_sha256: bytes) -> WorkInfo:
-        return WorkInfo(*self._view(self.contract.functions.work_info(file_sha256)))
+    def work(self, work_id: bytes) -> WorkInfo:
+        return WorkInfo(*self._view(self.contract.functions.work_info(work_id)))
 
-    def claimable(self, file_sha256: bytes) -> bool:
-        return self._view(self.contract.functions.claimable(file_sha256))
+    def claimable(self, work_id: bytes) -> bool:
+        return self._view(self.contract.functions.claimable(work_id))
+
+    def last_submission(self, node: str) -> int:
+        """When `node` last submitted in a pool with a submission interval (0: never)."""
+        return self._view(self.contract.functions.last_submission(node))

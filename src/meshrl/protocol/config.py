@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from meshrl.config import Config
 
@@ -45,6 +45,15 @@ class ProtocolParams(Config):
     invalidation_window: int = Field(3600, ge=0, description="seconds validators may invalidate")
     lock_period: int = Field(86400, ge=0, description="seconds before a reward is claimable")
     slash_penalty: int = Field(50 * TOKEN, ge=0, description="stake slashed on hard invalidation")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ProtocolParams:
+        # The contracts refuse these too; say so before a deployment is attempted.
+        if self.lock_period < self.invalidation_window:
+            raise ValueError("lock_period must be >= invalidation_window")
+        if self.unbonding_delay < self.invalidation_window:
+            raise ValueError("unbonding_delay must be >= invalidation_window")
+        return self
 
 
 class ChainConfig(Config):

@@ -88,6 +88,8 @@ class PoolInfo:
     status: int
     reward_rate: int
     node_count: int
+    max_units: int  # work units one file may claim
+    min_interval: int  # seconds between two submissions of one node (0: none)
 
 
 @dataclass(frozen=True)

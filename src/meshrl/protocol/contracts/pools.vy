@@ -1,22 +1,32 @@
 # pragma version ~=0.4.3
 """
 @title Compute pools
-@notice The federator creates domains and pools (each with a manager key and a reward rate
-        per work unit). A pool goes pending -> active -> completed. A node joins an active pool
-        only with a one-time invite the manager signed (EIP-191) over
-        keccak256(abi_encode(protocol, chain id, domain, pool, node, nonce, expiry)).
+@notice The federator creates domains and pools (each with a manager key, a reward rate
+        per work unit and a maximum of work units per file). A pool goes pending -> active ->
+        completed. A node joins an active pool only with a one-time invite the manager signed
+        (EIP-191) over keccak256(abi_encode(protocol, chain id, domain, pool, node, node
+        generation, nonce, expiry)), at most MAX_INVITE_LIFETIME before its expiry, while its
+        provider's stake covers its nodes. An ejection opens a new node generation, which
+        voids every invite the node still holds.
 """
 
 from . import roles
 from . import sig
 from . import nodes
+from . import stake
 
 uses: roles
 uses: nodes
+uses: stake
 
 PENDING: constant(uint8) = 1
 ACTIVE: constant(uint8) = 2
 COMPLETED: constant(uint8) = 3
+# Bounds that keep every sum a user can grow (units, rewards, supply) far from overflow:
+# 2**64 units * 2**128 per unit fits a reward in 2**192.
+MAX_UNITS: constant(uint256) = 2**64
+MAX_REWARD_RATE: constant(uint256) = 2**128
+MAX_INVITE_LIFETIME: constant(uint256) = 86400
 
 struct Pool:
     domain: uint256
@@ -24,6 +34,8 @@ struct Pool:
     status: uint8
     reward_rate: uint256
     node_count: uint256
+    max_units: uint256
+    min_interval: uint256
 
 event DomainCreated:
     domain: indexed(uint256)
@@ -42,6 +54,15 @@ event PoolStatusChanged:
 event RewardRateSet:
     pool: indexed(uint256)
     reward_rate: uint256
+
+event PoolManagerSet:
+    pool: indexed(uint256)
+    manager: indexed(address)
+
+event PoolLimitsSet:
+    pool: indexed(uint256)
+    max_units: uint256
+    min_interval: uint256
 
 event NodeJoined:
     pool: indexed(uint256)
@@ -87,22 +108,34 @@ def create_domain(name: String[64]) -> uint256:
 
 
 @external
-def create_pool(domain: uint256, manager: address, reward_rate: uint256) -> uint256:
+def create_pool(domain: uint256, manager: address, reward_rate: uint256, max_units: uint256) -> uint256:
     """
     @notice Create a pending pool in `domain`; ids start at 1.
-    @dev Federator only.
+    @dev Federator only. No submission interval (see `set_pool_limits`).
     @param domain An existing domain id.
     @param manager The key that signs invites and may eject nodes.
-    @param reward_rate Reward (token base units) per work unit.
+    @param reward_rate Reward (token base units) per work unit, at most MAX_REWARD_RATE.
+    @param max_units The most work units one file may claim (1..MAX_UNITS).
     @return The new pool id.
     """
     roles._check_federator()
     assert domain != 0 and domain <= self.domain_count, "pools: unknown domain"
     assert manager != empty(address), "pools: zero address"
+    assert reward_rate <= MAX_REWARD_RATE, "pools: reward rate too high"
+    self._check_max_units(max_units)
     self.pool_count += 1
     pid: uint256 = self.pool_count
-    self.pool_info[pid] = Pool(domain=domain, manager=manager, status=PENDING, reward_rate=reward_rate, node_count=0)
+    self.pool_info[pid] = Pool(
+        domain=domain,
+        manager=manager,
+        status=PENDING,
+        reward_rate=reward_rate,
+        node_count=0,
+        max_units=max_units,
+        min_interval=0,
+    )
     log PoolCreated(pool=pid, domain=domain, manager=manager, reward_rate=reward_rate)
+    log PoolLimitsSet(pool=pid, max_units=max_units, min_interval=0)
     return pid
 
 
@@ -142,15 +175,51 @@ def set_reward_rate(pool: uint256, reward_rate: uint256):
     """
     roles._check_federator()
     assert self.pool_info[pool].status != 0, "pools: unknown pool"
+    assert reward_rate <= MAX_REWARD_RATE, "pools: reward rate too high"
     self.pool_info[pool].reward_rate = reward_rate
     log RewardRateSet(pool=pool, reward_rate=reward_rate)
+
+
+@external
+def set_pool_manager(pool: uint256, manager: address):
+    """
+    @notice Replace a pool's manager key (e.g. after a federator hand-over, or a leaked key).
+    @dev Federator only. Invites the old key signed stop working at once.
+    @param pool The pool id.
+    @param manager The new manager.
+    """
+    roles._check_federator()
+    assert self.pool_info[pool].status != 0, "pools: unknown pool"
+    assert manager != empty(address), "pools: zero address"
+    self.pool_info[pool].manager = manager
+    log PoolManagerSet(pool=pool, manager=manager)
+
+
+@external
+def set_pool_limits(pool: uint256, max_units: uint256, min_interval: uint256):
+    """
+    @notice Bound the work a pool accepts: units per file, and seconds between two
+            submissions of one node (0: no interval).
+    @dev Federator or the pool's manager. Applies to submissions from now on.
+    @param pool The pool id.
+    @param max_units The most work units one file may claim (1..MAX_UNITS).
+    @param min_interval Seconds a node waits between submissions (at most a day).
+    """
+    self._check_admin(pool)
+    self._check_max_units(max_units)
+    assert min_interval <= 86400, "pools: interval too long"
+    self.pool_info[pool].max_units = max_units
+    self.pool_info[pool].min_interval = min_interval
+    log PoolLimitsSet(pool=pool, max_units=max_units, min_interval=min_interval)
 
 
 @external
 def join_pool(pool: uint256, node: address, nonce: uint256, expiry: uint256, signature: Bytes[65]):
     """
     @notice Join `node` to an active pool with the manager's invite.
-    @dev Called by the node key or its provider. Each invite works once.
+    @dev Called by the node key or its provider, whose stake must cover its nodes. Each
+         invite works once, only for the node generation it names, and only within
+         MAX_INVITE_LIFETIME of its expiry.
     @param pool The pool id.
     @param node The node joining.
     @param nonce The invite's nonce.
@@ -164,6 +233,8 @@ def join_pool(pool: uint256, node: address, nonce: uint256, expiry: uint256, sig
     assert nodes.node_info[node].pool == 0, "pools: node already in a pool"
     assert not self.blacklisted[pool][node], "pools: node blacklisted"
     assert block.timestamp <= expiry, "pools: invite expired"
+    assert expiry <= block.timestamp + MAX_INVITE_LIFETIME, "pools: invite lifetime too long"
+    stake._check_covered(nodes.node_info[node].provider)
     digest: bytes32 = self._invite_digest(p.domain, pool, node, nonce, expiry)
     assert not self.invite_used[digest], "pools: invite used"
     assert sig._recover(digest, signature) == p.manager, "pools: bad invite signature"
@@ -190,7 +261,7 @@ def leave_pool(node: address):
 @external
 def eject_node(pool: uint256, node: address):
     """
-    @notice Remove `node` from `pool`.
+    @notice Remove `node` from `pool`; the invites it still holds become void.
     @dev Federator or the pool's manager.
     @param pool The pool id.
     @param node The node to eject.
@@ -219,8 +290,9 @@ def blacklist_node(pool: uint256, node: address):
 @view
 def invite_digest(domain: uint256, pool: uint256, node: address, nonce: uint256, expiry: uint256) -> bytes32:
     """
-    @notice The digest a pool manager signs (EIP-191) to invite `node`.
-    @return keccak256(abi_encode(this contract, chain id, domain, pool, node, nonce, expiry)).
+    @notice The digest a pool manager signs (EIP-191) to invite `node` in its current generation.
+    @return keccak256(abi_encode(this contract, chain id, domain, pool, node, node generation,
+            nonce, expiry)).
     """
     return self._invite_digest(domain, pool, node, nonce, expiry)
 
@@ -228,7 +300,14 @@ def invite_digest(domain: uint256, pool: uint256, node: address, nonce: uint256,
 @internal
 @view
 def _invite_digest(domain: uint256, pool: uint256, node: address, nonce: uint256, expiry: uint256) -> bytes32:
-    return keccak256(abi_encode(self, chain.id, domain, pool, node, nonce, expiry))
+    generation: uint256 = nodes.node_generation[node]
+    return keccak256(abi_encode(self, chain.id, domain, pool, node, generation, nonce, expiry))
+
+
+@internal
+@pure
+def _check_max_units(max_units: uint256):
+    assert max_units > 0 and max_units <= MAX_UNITS, "pools: bad max units"
 
 
 @internal
@@ -247,4 +326,5 @@ def _remove(pool: uint256, node: address):
 @internal
 def _eject(pool: uint256, node: address):
     self._remove(pool, node)
+    nodes._next_generation(node)
     log NodeEjected(pool=pool, node=node, by=msg.sender)

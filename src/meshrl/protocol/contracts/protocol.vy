@@ -3,7 +3,7 @@
 @title meshrl protocol
 @notice One contract composed of the roles, stake, nodes, pools and work modules.
 @dev The stake/reward token is a separate ERC-20 (token.vy); this contract must be one of
-     its minters so claimed rewards can be minted.
+     its minters so claimed rewards can be minted, and (for the treasury functions) its owner.
 """
 
 from ethereum.ercs import IERC20
@@ -12,12 +12,14 @@ from . import stake
 from . import nodes
 from . import pools
 from . import work
+from . import treasury
 
 initializes: roles
 initializes: stake[roles := roles]
 initializes: nodes[stake := stake]
-initializes: pools[roles := roles, nodes := nodes]
+initializes: pools[roles := roles, nodes := nodes, stake := stake]
 initializes: work[roles := roles, stake := stake, nodes := nodes, pools := pools]
+initializes: treasury[roles := roles, stake := stake]
 
 exports: (
     roles.__interface__,
@@ -25,6 +27,7 @@ exports: (
     nodes.__interface__,
     pools.__interface__,
     work.__interface__,
+    treasury.__interface__,
 )
 
 

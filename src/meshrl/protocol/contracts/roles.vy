@@ -1,13 +1,18 @@
 # pragma version ~=0.4.3
 """
 @title Roles
-@notice The federator administers domains, pools, reward rates and the validator set;
-        validators verify work and may invalidate it and slash stake.
+@notice The federator administers domains, pools, reward rates, the validator set and the
+        token (through the protocol); validators verify work and may invalidate it. The role
+        changes hands in two steps (propose, accept), and with it every power it carries.
 """
 
 event ValidatorSet:
     validator: indexed(address)
     enabled: bool
+
+event FederatorProposed:
+    federator: indexed(address)
+    proposed: indexed(address)
 
 event FederatorTransferred:
     previous: indexed(address)
@@ -15,6 +20,7 @@ event FederatorTransferred:
 
 
 federator: public(address)
+pending_federator: public(address)
 validators: public(HashMap[address, bool])
 
 
@@ -38,16 +44,27 @@ def set_validator(validator: address, enabled: bool):
 
 
 @external
-def transfer_federator(federator: address):
+def propose_federator(federator: address):
     """
-    @notice Hand the federator role to another account.
-    @dev Federator only.
-    @param federator The new federator.
+    @notice Propose the account that may take over the federator role (empty address: cancel).
+    @dev Federator only. Nothing moves until the proposed account calls `accept_federator`.
+    @param federator The proposed federator.
     """
     self._check_federator()
-    assert federator != empty(address), "roles: zero address"
-    log FederatorTransferred(previous=self.federator, federator=federator)
-    self.federator = federator
+    self.pending_federator = federator
+    log FederatorProposed(federator=msg.sender, proposed=federator)
+
+
+@external
+def accept_federator():
+    """
+    @notice Take over the federator role (and with it the protocol's token powers).
+    @dev Only the proposed account; the old federator keeps no power.
+    """
+    assert msg.sender == self.pending_federator, "roles: not proposed federator"
+    log FederatorTransferred(previous=self.federator, federator=msg.sender)
+    self.federator = msg.sender
+    self.pending_federator = empty(address)
 
 
 @internal

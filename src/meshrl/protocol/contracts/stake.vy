@@ -2,7 +2,9 @@
 """
 @title Stake
 @notice Providers register with stake. The minimum stake grows with the compute units of
-        their nodes; unstaking waits out an unbonding delay; validators may slash.
+        their nodes; unstaking waits out an unbonding delay, never shorter than the work module's
+        invalidation window (so stake cannot leave before its last work is judged). Stake is
+        slashed by hard invalidations of work, or by the federator.
 @dev Slashed tokens stay in the contract (`total_slashed`) until the federator collects them.
      Invariant: total_stake == sum(stake), total_unbonding == sum(unbonding).
 """
@@ -55,6 +57,8 @@ total_slashed: public(uint256)
 min_stake: public(uint256)
 stake_per_unit: public(uint256)
 unbonding_delay: public(uint256)
+# The work module's invalidation window, mirrored here so the two parameters stay ordered.
+min_unbonding_delay: public(uint256)
 
 
 @deploy
@@ -133,12 +137,13 @@ def withdraw() -> uint256:
 def slash(provider: address, amount: uint256) -> uint256:
     """
     @notice Take up to `amount` from a provider's stake (then from its unbonding tokens).
-    @dev Validators only.
+    @dev Federator only: validators slash only through `hard_invalidate`, tied to a work item
+         and limited to `slash_penalty`.
     @param provider The provider to slash.
     @param amount The penalty.
     @return The amount actually slashed.
     """
-    roles._check_validator()
+    roles._check_federator()
     assert self.providers[provider].registered, "stake: not a provider"
     return self._slash(provider, amount)
 
@@ -185,6 +190,7 @@ def required_stake(provider: address) -> uint256:
 
 @internal
 def _set_params(min_stake: uint256, stake_per_unit: uint256, unbonding_delay: uint256):
+    assert unbonding_delay >= self.min_unbonding_delay, "stake: unbonding shorter than window"
     self.min_stake = min_stake
     self.stake_per_unit = stake_per_unit
     self.unbonding_delay = unbonding_delay
@@ -197,6 +203,14 @@ def _required(compute_units: uint256) -> uint256:
     if compute_units == 0:
         return 0
     return max(self.min_stake, compute_units * self.stake_per_unit)
+
+
+@internal
+@view
+def _check_covered(provider: address):
+    # A provider slashed below what its nodes require may not work or earn until it tops up.
+    required: uint256 = self._required(self.providers[provider].compute_units)
+    assert self.providers[provider].stake >= required, "stake: below minimum for nodes"
 
 
 @internal
@@ -218,6 +232,12 @@ def _slash(provider: address, amount: uint256) -> uint256:
     self.total_slashed += from_stake + from_unbonding
     log Slashed(provider=provider, amount=from_stake + from_unbonding, by=msg.sender)
     return from_stake + from_unbonding
+
+
+@internal
+def _set_min_unbonding_delay(delay: uint256):
+    assert self.unbonding_delay >= delay, "work: window longer than unbonding"
+    self.min_unbonding_delay = delay
 
 
 @internal

@@ -2,7 +2,13 @@
 """
 @title MeshToken
 @notice The ERC-20 used for stake and rewards. The owner appoints minters (the protocol
-        contract mints rewards when they are claimed).
+        contract mints rewards when they are claimed). At deployment the deployer hands
+        ownership to the protocol contract and gives up its own minting right, so the token's
+        powers move with the protocol's federator role.
+@dev `approve` overwrites an allowance, so changing a non-zero allowance to another non-zero
+     value lets a spender that front-runs the change spend both. Use `increaseAllowance` /
+     `decreaseAllowance` (the latter reverts if the spender already spent too much) or set the
+     allowance to zero first.
 """
 
 from ethereum.ercs import IERC20
@@ -22,6 +28,10 @@ event Approval:
 event MinterSet:
     minter: indexed(address)
     enabled: bool
+
+event OwnershipTransferred:
+    previous: indexed(address)
+    owner: indexed(address)
 
 
 name: public(String[32])
@@ -86,6 +96,37 @@ def approve(spender: address, amount: uint256) -> bool:
 
 
 @external
+def increaseAllowance(spender: address, added: uint256) -> bool:
+    """
+    @notice Raise `spender`'s allowance by `added` (race-free, unlike `approve`).
+    @param spender The account allowed to spend.
+    @param added The amount added to the allowance.
+    @return True on success.
+    """
+    allowed: uint256 = self.allowance[msg.sender][spender] + added
+    self.allowance[msg.sender][spender] = allowed
+    log Approval(owner=msg.sender, spender=spender, value=allowed)
+    return True
+
+
+@external
+def decreaseAllowance(spender: address, subtracted: uint256) -> bool:
+    """
+    @notice Lower `spender`'s allowance by `subtracted`; reverts if less than that is left.
+    @dev A spender that front-ran the change has already used its allowance, so the decrease
+         reverts instead of granting a fresh one.
+    @param spender The account allowed to spend.
+    @param subtracted The amount taken off the allowance.
+    @return True on success.
+    """
+    allowed: uint256 = self.allowance[msg.sender][spender]
+    assert allowed >= subtracted, "token: allowance below decrease"
+    self.allowance[msg.sender][spender] = allowed - subtracted
+    log Approval(owner=msg.sender, spender=spender, value=allowed - subtracted)
+    return True
+
+
+@external
 def mint(receiver: address, amount: uint256):
     """
     @notice Create `amount` new tokens for `receiver`.
@@ -111,6 +152,19 @@ def set_minter(minter: address, enabled: bool):
     assert msg.sender == self.owner, "token: not owner"
     self.minters[minter] = enabled
     log MinterSet(minter=minter, enabled=enabled)
+
+
+@external
+def transfer_ownership(owner: address):
+    """
+    @notice Hand the right to appoint minters to `owner` (at deployment: the protocol).
+    @dev Owner only. The previous owner keeps only the minting right it gave itself, if any.
+    @param owner The new owner.
+    """
+    assert msg.sender == self.owner, "token: not owner"
+    assert owner != empty(address), "token: zero address"
+    log OwnershipTransferred(previous=self.owner, owner=owner)
+    self.owner = owner
 
 
 @internal
