@@ -172,3 +172,16 @@ def test_checkpoints_cross_world_sizes(tiny_args, tiny_cfg, tmp_path):
     assert all(torch.equal(w_two[k], v) for k, v in w_full.items())
     assert _rel(_flat(w_one, w_full), _flat(w_full, w_full)) < 1e-5
     assert _rel(_flat(w_up, w_full), _flat(w_full, w_full)) < 1e-5
+
+
+def test_metrics_writer_of_other_ranks_writes_nothing(tmp_path):
+    from meshrl.rl.metrics import MetricsWriter, read_metrics
+
+    off = MetricsWriter(tmp_path / "a" / "metrics.jsonl", enabled=False)
+    off.log({"kind": "step", "step": 1})
+    off.close()
+    assert not (tmp_path / "a").exists()
+    on = MetricsWriter(tmp_path / "b" / "metrics.jsonl")
+    on.log({"kind": "step", "step": 1})
+    on.close()
+    assert read_metrics(tmp_path / "b" / "metrics.jsonl") == [{"kind": "step", "step": 1}]
