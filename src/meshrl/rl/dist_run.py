@@ -141,6 +141,10 @@ class DistributedRun(RLRun):
     def _reached_target(self) -> bool:
         return bool(self.world.broadcast(super()._reached_target()))
 
+    def _finish(self) -> dict[str, Any]:
+        self.accuracy = self.world.broadcast(self.accuracy)  # every rank reports rank 0's
+        return super()._finish()
+
     # ------------------------------------------------------------------- start, resume, save
     def _resume_or_warm_start(self) -> list[RolloutBatch]:
         from meshrl.rl.checkpoint import latest_checkpoint
