@@ -33,6 +33,7 @@ __all__ = [
     "load_sharded_state",
     "save_distributed_checkpoint",
     "save_sharded_state",
+    "write_trainer_state",
 ]
 
 SHARDED_DIR = "sharded"

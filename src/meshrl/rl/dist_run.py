@@ -30,7 +30,7 @@ from meshrl.rl.loop import RLRun, group_rows
 from meshrl.rl.pipeline import RolloutPipeline
 from meshrl.rl.rollouts import RolloutBatch
 
-__all__ = ["DistributedRun", "RankSource", "train_distributed"]
+__all__ = ["DistributedRun", "RankSource", "gather_full", "train_distributed"]
 
 Weights = dict[str, torch.Tensor]
 
