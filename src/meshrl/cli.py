@@ -24,6 +24,8 @@ SUBSYSTEMS = [
     "meshrl.protocol.cli",
     "meshrl.inference.cli",
     "meshrl.toploc.cli",
+    "meshrl.discovery.cli",
+    "meshrl.orchestrator.cli",
 ]
 
 

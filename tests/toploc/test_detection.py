@@ -31,7 +31,8 @@ def calibrated(honest_claims, recomputed) -> Thresholds:
         pairs = list(zip(honest_claims, recomputed[mode], strict=True))[:N_CALIB]
         for group in groups(pairs):
             rollouts.append([r for c, (h, _) in group for r in verify_proofs(h, c.proofs)])
-    return calibrate_thresholds(rollouts, fpr=1e-3)
+    # this suite's cheat rollouts are short (4 x 64 tokens): pool from 4 chunks on
+    return calibrate_thresholds(rollouts, fpr=1e-3, min_pooled_chunks=4)
 
 
 def _rollouts(claims, rec, spec, thresholds):
@@ -43,8 +44,8 @@ def _rollouts(claims, rec, spec, thresholds):
 
 
 def test_calibrated_thresholds_are_tighter(calibrated):
-    default = Thresholds()
-    assert calibrated.max_exp_mismatches < default.max_exp_mismatches
+    default = Thresholds.paper()
+    assert calibrated.max_exp_mismatches <= default.max_exp_mismatches
     assert calibrated.max_mant_err_mean < default.max_mant_err_mean
     assert calibrated.max_pooled_mant_err_mean is not None
 
@@ -102,7 +103,7 @@ def test_model_and_prompt_cheats_are_rejected(scenario, calibrated, kind):
         r.reasons for r in reports
     ]
     if kind in ("other-model", "int4"):  # blatant: caught even by the paper's thresholds
-        default = _validate_cheat(scenario, claims, calibrated, Thresholds())
+        default = _validate_cheat(scenario, claims, calibrated, Thresholds.paper())
         assert all(any(x.startswith("toploc") for x in r.reasons) for r in default)
 
 

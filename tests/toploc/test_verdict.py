@@ -7,11 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshrl.toploc import (
+    HEADROOM,
     ChunkResult,
     Thresholds,
     calibrate_thresholds,
     rollout_stats,
     tail_threshold,
+    threshold_ratios,
     verdict,
 )
 
@@ -20,14 +22,27 @@ def _chunk(exp=0, mean=0.0, median=0.0, n=128, exact=128):
     return ChunkResult(exp, mean, median, n, exact)
 
 
-def test_default_thresholds_are_the_papers():
-    th = Thresholds()
+def test_paper_thresholds():
+    th = Thresholds.paper()
     assert (th.max_exp_mismatches, th.max_mant_err_mean, th.max_mant_err_median) == (38, 10, 8)
-    assert verdict([_chunk(38, 10.0, 8.0)]).accepted
-    assert not verdict([_chunk(39, 0.0, 0.0)]).accepted
-    assert not verdict([_chunk(0, 10.5, 0.0)]).accepted
-    assert not verdict([_chunk(0, 0.0, 8.5)]).accepted
-    assert not verdict([_chunk(0, math.nan, 0.0)]).accepted
+    assert th.max_pooled_mant_err_mean is None
+    assert verdict([_chunk(38, 10.0, 8.0)], th).accepted
+    assert not verdict([_chunk(39, 0.0, 0.0)], th).accepted
+    assert not verdict([_chunk(0, 10.5, 0.0)], th).accepted
+    assert not verdict([_chunk(0, 0.0, 8.5)], th).accepted
+    assert not verdict([_chunk(0, math.nan, 0.0)], th).accepted
+
+
+def test_default_thresholds_are_tighter_than_the_papers():
+    th, paper = Thresholds(), Thresholds.paper()
+    assert th.max_exp_mismatches <= paper.max_exp_mismatches
+    assert th.max_mant_err_mean < paper.max_mant_err_mean
+    assert th.max_mant_err_median <= paper.max_mant_err_median
+    assert None not in (th.max_pooled_exp_mismatch_rate, th.max_pooled_mant_err_mean,
+                        th.max_pooled_mant_inexact_rate)
+    assert verdict([_chunk(0, 0.4, 0.0, 128, 70)] * th.min_pooled_chunks).accepted
+    signs = ChunkResult(0, 0.0, 0.0, 128, 128, sign_mismatches=th.max_sign_mismatches + 1)
+    assert not verdict([signs]).accepted and "sign" in verdict([signs]).reasons[0]
 
 
 def test_rollout_stats_hand_checked():
@@ -35,7 +50,7 @@ def test_rollout_stats_hand_checked():
     assert s.chunks == 2
     assert s.exp_mismatch_rate == pytest.approx(8 / 256)
     assert s.mant_err_mean == pytest.approx((100 + 25) / 150)
-    assert s.mant_err_zero_rate == pytest.approx(90 / 150)
+    assert s.mant_inexact_rate == pytest.approx(60 / 150)
 
 
 def test_pooled_tests_catch_what_chunks_miss():
@@ -45,9 +60,23 @@ def test_pooled_tests_catch_what_chunks_miss():
     v = verdict(slightly_off, th)
     assert not v.accepted and "rollout" in v.reasons[0]
     assert verdict(slightly_off[:3], th).accepted  # too short for pooled tests
-    th_zero = Thresholds(min_pooled_mant_err_zero_rate=0.6, min_pooled_chunks=1)
-    assert not verdict([_chunk(0, 0.1, 0.0, 128, 70)], th_zero).accepted
-    assert verdict([_chunk(0, 0.1, 0.0, 128, 90)], th_zero).accepted
+    th_inexact = Thresholds(max_pooled_mant_inexact_rate=0.4, min_pooled_chunks=1)
+    assert not verdict([_chunk(0, 0.1, 0.0, 128, 70)], th_inexact).accepted
+    assert verdict([_chunk(0, 0.1, 0.0, 128, 90)], th_inexact).accepted
+
+
+def test_threshold_ratios_hand_checked():
+    th = Thresholds(max_exp_mismatches=10, max_mant_err_mean=2.0, max_mant_err_median=2.0,
+                    max_pooled_exp_mismatch_rate=None, max_pooled_mant_err_mean=1.0,
+                    max_pooled_mant_inexact_rate=0.5, min_pooled_chunks=2)
+    ro = [_chunk(4, 0.6, 1.0, 100, 80), _chunk(2, 0.2, 0.0, 100, 90)]
+    r = threshold_ratios([ro, ro[:1]], th)  # the second rollout is too short to pool
+    assert r["chunk.exp_mismatches"] == pytest.approx(0.4)
+    assert r["chunk.mant_err_mean"] == pytest.approx(0.3)
+    assert r["chunk.mant_err_median"] == pytest.approx(0.5)
+    assert r["pooled.mant_err_mean"] == pytest.approx(0.4)  # (60 + 20) / 200
+    assert r["pooled.mant_inexact_rate"] == pytest.approx(0.15 / 0.5)  # 1 - 170 / 200
+    assert "pooled.exp_mismatch_rate" not in r
 
 
 def test_tail_threshold_hand_checked():
@@ -72,25 +101,27 @@ def test_tail_threshold_properties(xs, rate):
     assert tail_threshold(xs, rate / 10) >= t - 1e-9  # rarer -> higher
 
 
-def test_calibration_accepts_its_honest_data_and_tightens():
+def test_calibration_accepts_its_honest_data_with_headroom():
     honest = [
         [_chunk(i % 5, 0.3 + 0.01 * (i % 7), 0.0, 128, 90 + i % 5) for i in range(j, j + 16)]
         for j in range(40)
     ]
     th = calibrate_thresholds(honest, fpr=1e-3, chunk_margin=1.0, pooled_margin=1.0)
-    assert th.max_exp_mismatches == 4 and th.max_mant_err_mean < 1.0
-    assert th.max_pooled_mant_err_mean is not None and th.min_pooled_mant_err_zero_rate < 0.72
+    # integer statistics: at least max + 1 and max / 0.7; means: at least max / 0.7
+    assert th.max_exp_mismatches == 6 and th.max_mant_err_median == 1
+    assert th.max_mant_err_mean == pytest.approx(0.36 / HEADROOM)
     assert all(verdict(ro, th).accepted for ro in honest)
-    cheat = [_chunk(3, 0.5, 0.0, 128, 60)] * 16
-    assert verdict(cheat, Thresholds()).accepted and not verdict(cheat, th).accepted
+    assert max(threshold_ratios(honest, th).values()) <= HEADROOM + 1e-12
+    cheat = [_chunk(3, 0.6, 0.0, 128, 60)] * 16
+    assert verdict(cheat, Thresholds.paper()).accepted and not verdict(cheat, th).accepted
     with pytest.raises(ValueError):
         calibrate_thresholds([[ChunkResult(-1, math.inf, math.inf, reason="bad")]])
 
 
 def test_margin_widens_from_the_median():
     honest = [[_chunk(i % 5, 0.2 + 0.01 * i, 0.0, 128, 100) for i in range(16)]] * 20
-    tight = calibrate_thresholds(honest, fpr=1e-3, chunk_margin=1.0)
-    wide = calibrate_thresholds(honest, fpr=1e-3, chunk_margin=2.0)
+    tight = calibrate_thresholds(honest, fpr=1e-3, chunk_margin=2.0, headroom=1.0)
+    wide = calibrate_thresholds(honest, fpr=1e-3, chunk_margin=4.0, headroom=1.0)
     median = sorted(0.2 + 0.01 * i for i in range(16))[8]
     assert wide.max_mant_err_mean - median == pytest.approx(2 * (tight.max_mant_err_mean - median))
     assert wide.max_exp_mismatches >= tight.max_exp_mismatches

@@ -1,27 +1,30 @@
-"""`meshrl toploc calibrate`: measure honest noise on this hardware, derive thresholds, report.
+"""`meshrl toploc calibrate`: measure honest noise over the honest variation, derive thresholds.
 
-1. Honest workers generate completions (bf16, KV-cache decoding, seeded sampler) and prove them.
-2. The validator recomputes them in every honest mode (`recompute.HONEST_MODES`: batch size,
-   padding, threads, attention kernel, fp32) and collects ChunkResults.
-3. Thresholds come from the calibration half (`calibrate_thresholds` at the chosen rate); the
-   other half measures the honest false-positive rate, per chunk and per rollout.
-4. Each subtle change (one layer's MLP scaled, all weights noised, weights quantized) is run as
-   a cheating worker and its rejection rate is measured under the paper's defaults and under
-   the calibrated thresholds. Everything goes to one JSON file; progress goes to stderr.
+1. Every honest worker setup (`honest.HONEST_WORKERS`: meshrl's decoder, `transformers`
+   generate at several batch sizes, thread counts and attention kernels) generates completions
+   and proves them; its proofs are byte-identical to the reference library's.
+2. Every honest validator setup (`honest.HONEST_VALIDATORS`) recomputes every completion and
+   verifies its proofs: workers x validators x prompts x chunks honest ChunkResults.
+3. Thresholds are fitted on the calibration half of the prompts (`calibrate_thresholds`); the
+   held-out half, and all honest chunks together, measure false rejections and how close honest
+   statistics come to each threshold (`threshold_ratios`), under the fitted thresholds and the
+   defaults of `Thresholds`.
+4. Each subtle change (weights quantized, one layer's MLP scaled, all weights noised) runs as a
+   cheating worker checked by every validator setup; its rejection rate is measured under the
+   defaults, the fitted thresholds and the paper's. One JSON report; progress on stderr.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
 from meshrl.config import Config
-from meshrl.toploc.modes import HONEST_MODES
 
 if TYPE_CHECKING:
     from meshrl.toploc.proofs import ChunkResult
@@ -36,21 +39,22 @@ class CalibrateConfig(Config):
     model_dir: str = Field("", description="HF model directory instead of a preset")
     calib_prompts: int = Field(32, description="prompts whose recomputations set thresholds")
     eval_prompts: int = Field(32, description="held-out prompts measuring honest rejections")
-    cheat_prompts: int = Field(16, description="prompts per subtle change")
+    cheat_prompts: int = Field(16, description="prompts per subtle change and worker setup")
     max_new_tokens: int = Field(128, description="tokens per completion (no EOS)")
     group: int = Field(4, description="completions per rollout")
     seed: int = Field(1234, description="sampling seed")
-    fpr: float = Field(1e-3, description="target honest rejection rate per rollout")
+    fpr: float = Field(1e-4, description="false-positive budget: honest rejections per rollout")
     chunk_margin: float = Field(3.0, description="widen per-chunk thresholds from the median")
     pooled_margin: float = Field(2.0, description="widen pooled thresholds from the median")
-    modes: list[str] = Field(list(HONEST_MODES), description="honest recompute modes")
-    cheat_mode: str = Field("bf16-batch8", description="validator mode for the cheat rows")
-    scales: list[float] = Field([1.01, 1.02, 1.05, 1.1, 1.5], description="layer MLP scales")
-    noises: list[float] = Field([0.001, 0.002, 0.005, 0.01, 0.05], description="relative noise")
-    bits: list[int] = Field([8, 6, 4], description="weight quantization bit widths")
-    threads: int = Field(1, description="torch threads (tiny models run best on one)")
+    workers: list[str] = Field([], description="honest worker setups (empty: all)")
+    validators: list[str] = Field([], description="honest validator setups (empty: all)")
+    cheat_workers: list[str] = Field(["meshrl-b16", "hf-b1"],
+                                     description="worker setups the cheats run in")
+    scales: list[float] = Field([1.1], description="one layer's MLP output scaled by")
+    noises: list[float] = Field([0.01], description="relative weight noise")
+    bits: list[int] = Field([8], description="weight quantization bit widths")
     out: str = Field("runs/toploc_calibration.json", description="JSON report path")
-    save_raw: bool = Field(True, description="include every ChunkResult in the report")
+    save_raw: bool = Field(False, description="include every ChunkResult in the report")
 
 
 Rollouts = list[list["ChunkResult"]]
@@ -64,56 +68,56 @@ def _prompts(n: int, offset: int, vocab: int) -> list[list[int]]:
     return [torch.randint(4, vocab, (m,), generator=g).tolist() for m in lens]
 
 
-def _worker(model, prompts, cfg: CalibrateConfig, first_seq: int):
+def _pick(setups: tuple, names: list[str]) -> list:
+    known = {s.name: s for s in setups}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown setup(s) {unknown}; known: {', '.join(known)}")
+    return [known[n] for n in names] if names else list(setups)
+
+
+def _prove(model, setup, prompts, cfg: CalibrateConfig, first_seq: int):
+    from meshrl.toploc.honest import work_with
     from meshrl.toploc.proofs import build_proofs
-    from meshrl.toploc.recompute import generate
 
-    seq_ids = list(range(first_seq, first_seq + len(prompts)))
-    gens = generate(model, prompts, cfg.max_new_tokens, cfg.seed, seq_ids=seq_ids)
-    return [(g.prompt_ids, g.token_ids, build_proofs(g.hidden_states)) for g in gens]
+    work = work_with(model, setup, prompts, cfg.max_new_tokens, cfg.seed, first_seq)
+    return [(tokens, build_proofs(hidden)) for tokens, hidden in work]
 
 
-def _check(model, work, mode: str, group: int) -> Rollouts:
+def _check(model, setup, prompts, work, group: int) -> Rollouts:
+    """Verify every completion of `work` in validator `setup`; rollouts of `group` completions."""
+    from meshrl.toploc.honest import recompute_with
     from meshrl.toploc.proofs import verify_proofs
-    from meshrl.toploc.recompute import recompute_mode
 
-    rec = recompute_mode(model, [w[0] for w in work], [w[1] for w in work], mode)
-    per = [verify_proofs(h, w[2]) for w, (h, _) in zip(work, rec, strict=True)]
+    hidden = recompute_with(model, setup, prompts, [w[0] for w in work])
+    per = [verify_proofs(h, w[1]) for h, w in zip(hidden, work, strict=True)]
     return [[r for p in per[i : i + group] for r in p] for i in range(0, len(per), group)]
 
 
-def _rates(rollouts: Rollouts, th: Thresholds) -> dict[str, float]:
-    from meshrl.toploc.thresholds import verdict
+def _rates(rollouts: Rollouts, th: Thresholds) -> dict[str, Any]:
+    from meshrl.toploc.thresholds import threshold_ratios, verdict
 
     chunks = [c for ro in rollouts for c in ro]
-    chunk_rej = sum(not verdict([c], th.model_copy(update={"min_pooled_chunks": 10**9})).accepted
-                    for c in chunks)
+    alone = th.model_copy(update={"min_pooled_chunks": 10**9})
+    chunk_rej = sum(not verdict([c], alone).accepted for c in chunks)
     roll_rej = sum(not verdict(ro, th).accepted for ro in rollouts)
     return {"chunk_reject": chunk_rej / len(chunks), "rollout_reject": roll_rej / len(rollouts),
-            "chunks": len(chunks), "rollouts": len(rollouts)}
-
-
-def _summary(rollouts: Rollouts) -> dict[str, float]:
-    chunks = [c for ro in rollouts for c in ro]
-    return {
-        "exp_mismatches_max": max(c.exp_mismatches for c in chunks),
-        "mant_err_mean_max": max(c.mant_err_mean for c in chunks),
-        "mant_err_mean_avg": sum(c.mant_err_mean for c in chunks) / len(chunks),
-    }
+            "chunks": len(chunks), "rollouts": len(rollouts),
+            "max_ratio": {k: round(v, 4) for k, v in threshold_ratios(rollouts, th).items()}}
 
 
 def _raw(rollouts: Rollouts) -> list[list[list[float]]]:
-    return [[[c.exp_mismatches, c.mant_err_mean, c.mant_err_median, c.n_matched, c.n_exact]
-             for c in ro] for ro in rollouts]
+    return [[[c.exp_mismatches, c.mant_err_mean, c.mant_err_median, c.n_matched, c.n_exact,
+              c.sign_mismatches] for c in ro] for ro in rollouts]
 
 
 def _changes(cfg: CalibrateConfig) -> list[tuple[str, Callable[[Any], Any]]]:
     from meshrl.toploc import perturb
 
     out: list[tuple[str, Callable[[Any], Any]]] = []
+    out += [(f"int{b}", lambda m, b=b: perturb.quantize_weights(m, b)) for b in cfg.bits]
     out += [(f"layer_mlp_x{s}", lambda m, s=s: perturb.scale_layer_mlp(m, s)) for s in cfg.scales]
     out += [(f"noise_{n:g}", lambda m, n=n: perturb.noise_weights(m, n)) for n in cfg.noises]
-    out += [(f"int{b}", lambda m, b=b: perturb.quantize_weights(m, b)) for b in cfg.bits]
     return out
 
 
@@ -129,53 +133,68 @@ def _load_model(cfg: CalibrateConfig):
                        dtype=torch.bfloat16), tok
 
 
-def run_calibration(cfg: CalibrateConfig, modes: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run the whole measurement; returns (and writes to cfg.out) the JSON report."""
-    import torch
+def _honest(model, cfg, workers, validators, prompts, log, t0) -> dict[str, Rollouts]:
+    """Rollouts per "worker|validator" pair, prompts in order."""
+    from meshrl.log import log_event
 
+    out = {}
+    for w in workers:
+        work = _prove(model, w, prompts, cfg, 0)
+        for v in validators:
+            out[f"{w.name}|{v.name}"] = _check(model, v, prompts, work, cfg.group)
+        log_event(log, "honest worker checked", worker=w.name, s=round(time.time() - t0, 1))
+    return out
+
+
+def run_calibration(cfg: CalibrateConfig) -> dict[str, Any]:
+    """Run the whole measurement; returns (and writes to cfg.out) the JSON report."""
     from meshrl.log import get_logger, log_event
+    from meshrl.toploc.honest import HONEST_VALIDATORS, HONEST_WORKERS
     from meshrl.toploc.thresholds import Thresholds, calibrate_thresholds
 
     log = get_logger("meshrl.toploc.calibrate")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     t0 = time.time()
     model, tok = _load_model(cfg)
-    modes = list(modes or cfg.modes)
-    n_honest = cfg.calib_prompts + cfg.eval_prompts
-    work = _worker(model, _prompts(n_honest, 1, tok.vocab_size), cfg, 0)
-    log_event(log, "honest completions generated", n=len(work), s=round(time.time() - t0, 1))
-    calib: Rollouts = []
-    held_out: dict[str, Rollouts] = {}
-    for mode in modes:
-        calib += _check(model, work[: cfg.calib_prompts], mode, cfg.group)
-        held_out[mode] = _check(model, work[cfg.calib_prompts :], mode, cfg.group)
-        log_event(log, "honest mode recomputed", mode=mode, s=round(time.time() - t0, 1))
-    th = calibrate_thresholds(calib, fpr=cfg.fpr, chunk_margin=cfg.chunk_margin,
-                              pooled_margin=cfg.pooled_margin)
-    default = Thresholds()
+    workers = _pick(HONEST_WORKERS, cfg.workers)
+    validators = _pick(HONEST_VALIDATORS, cfg.validators)
+    prompts = _prompts(cfg.calib_prompts + cfg.eval_prompts, 1, tok.vocab_size)
+    honest = _honest(model, cfg, workers, validators, prompts, log, t0)
+    n_calib = cfg.calib_prompts // cfg.group  # rollouts of the calibration half
+    calib = [ro for rs in honest.values() for ro in rs[:n_calib]]
+    held_out = [ro for rs in honest.values() for ro in rs[n_calib:]]
+    every = [ro for rs in honest.values() for ro in rs]
+    fitted = calibrate_thresholds(calib, fpr=cfg.fpr, chunk_margin=cfg.chunk_margin,
+                                  pooled_margin=cfg.pooled_margin,
+                                  min_pooled_chunks=Thresholds().min_pooled_chunks)
+    sets = {"default": Thresholds(), "fitted": fitted, "paper": Thresholds.paper()}
     report: dict[str, Any] = {
-        "model": cfg.model_dir or cfg.preset, "fpr_target": cfg.fpr,
-        "calibrated_thresholds": th.model_dump(), "default_thresholds": default.model_dump(),
-        "honest": {m: {"default": _rates(r, default), "calibrated": _rates(r, th),
-                       **_summary(r)} for m, r in held_out.items()},
+        "model": cfg.model_dir or cfg.preset, "fpr_budget": cfg.fpr, "config": cfg.model_dump(),
+        "workers": [w.name for w in workers], "validators": [v.name for v in validators],
+        "thresholds": {k: th.model_dump() for k, th in sets.items()},
+        "honest_all": {k: _rates(every, th) for k, th in sets.items()},
+        "honest_held_out": {k: _rates(held_out, th) for k, th in sets.items()},
+        "honest_pairs": {p: _rates(rs, sets["default"]) for p, rs in honest.items()},
         "changes": {},
-        "raw": {"calib": _raw(calib), "honest": {m: _raw(r) for m, r in held_out.items()},
-                "changes": {}},
     }
+    log_event(log, "honest measured", chunks=report["honest_all"]["default"]["chunks"],
+              s=round(time.time() - t0, 1))
     cheat_prompts = _prompts(cfg.cheat_prompts, 2, tok.vocab_size)
+    raw_changes = {}
     for name, change in _changes(cfg):
-        bad = _worker(change(model), cheat_prompts, cfg, 10_000)
-        rollouts = _check(model, bad, cfg.cheat_mode, cfg.group)
-        report["raw"]["changes"][name] = _raw(rollouts)
-        report["changes"][name] = {"default": _rates(rollouts, default),
-                                   "calibrated": _rates(rollouts, th), **_summary(rollouts)}
+        bad_model = change(model)
+        rollouts: Rollouts = []
+        for w in _pick(HONEST_WORKERS, cfg.cheat_workers):
+            work = _prove(bad_model, w, cheat_prompts, cfg, 10_000)
+            rollouts += [ro for v in validators
+                         for ro in _check(model, v, cheat_prompts, work, cfg.group)]
+        raw_changes[name] = _raw(rollouts)
+        report["changes"][name] = {k: _rates(rollouts, th) for k, th in sets.items()}
         log_event(log, "change measured", change=name, s=round(time.time() - t0, 1),
-                  **{k: v["rollout_reject"] for k, v in report["changes"][name].items()
-                     if isinstance(v, dict)})
+                  **{k: v["rollout_reject"] for k, v in report["changes"][name].items()})
     report["seconds"] = round(time.time() - t0, 1)
-    if not cfg.save_raw:
-        del report["raw"]
+    if cfg.save_raw:
+        report["raw"] = {"honest": {p: _raw(rs) for p, rs in honest.items()},
+                         "changes": raw_changes}
     if cfg.out:
         path = Path(cfg.out)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,26 +17,27 @@ def _calibrate(cfg: CalibrateConfig) -> int:
     report = run_calibration(cfg)
     for row in table_rows(report):
         print(json.dumps(row))
-    print(json.dumps({"out": cfg.out, "calibrated_thresholds": report["calibrated_thresholds"],
+    print(json.dumps({"out": cfg.out, "fitted_thresholds": report["thresholds"]["fitted"],
                       "seconds": report["seconds"]}))
     return 0
 
 
 def table_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per honest mode and per change: rejection rates under both threshold sets."""
+    """One row for the honest chunks (all, held out) and one per change: rejection rates under
+    the default, fitted and paper thresholds, and the honest rows' largest value / threshold."""
     rows = []
-    for kind in ("honest", "changes"):
-        for name, r in report[kind].items():
-            rows.append({
-                "kind": kind, "name": name,
-                "default_rollout_reject": r["default"]["rollout_reject"],
-                "calibrated_rollout_reject": r["calibrated"]["rollout_reject"],
-                "default_chunk_reject": round(r["default"]["chunk_reject"], 4),
-                "calibrated_chunk_reject": round(r["calibrated"]["chunk_reject"], 4),
-                "rollouts": r["default"]["rollouts"], "chunks": r["default"]["chunks"],
-                "mant_err_mean_avg": round(r["mant_err_mean_avg"], 3),
-                "exp_mismatches_max": r["exp_mismatches_max"],
-            })
+    named = [("honest", "all", report["honest_all"]),
+             ("honest", "held_out", report["honest_held_out"])]
+    named += [("change", name, r) for name, r in report["changes"].items()]
+    for kind, name, r in named:
+        row: dict[str, Any] = {"kind": kind, "name": name, "rollouts": r["default"]["rollouts"],
+                               "chunks": r["default"]["chunks"]}
+        for th in ("default", "fitted", "paper"):
+            row[f"{th}_rollout_reject"] = round(r[th]["rollout_reject"], 4)
+            row[f"{th}_chunk_reject"] = round(r[th]["chunk_reject"], 4)
+        if kind == "honest":
+            row["default_max_ratio"] = max(r["default"]["max_ratio"].values())
+        rows.append(row)
     return rows
 
 

@@ -6,16 +6,21 @@ value of the flattened chunk, and interpolate the polynomial over GF(65497) thro
 (flat index mod m, bf16 bit pattern), m being the largest modulus <= 65497 that keeps the k
 indices distinct. A proof is `>u2 m` followed by k `>u2` coefficients (ascending degree).
 
-Departures from the reference implementation, all on purpose:
+Wire-compatible with the reference (toploc 0.1.6) by default, checked byte for byte and
+statistic for statistic against its vectors (`../shared/toploc-vectors`, tests/toploc): the same
+chunking (a short last chunk for a token count that is not a multiple of `chunk_size`), the
+same top-k selection including its tie choice (torch.topk on |value|, see `_select`), the same
+verifier statistics (exponent mismatches, mean and upper-median mantissa error).
+
+Departures, all on purpose and none visible on the wire:
 - Every input dtype (bf16, fp16, fp32, fp64) is first rounded to bf16; selection and comparison
   both work on those bf16 values, so a fp32 validator and a bf16 worker compare like with like
   (the reference compares fp32 mantissas against bf16 ones).
-- Top-k ties are broken by the lower flat index, so equal bf16 values select the same indices on
-  both sides (torch.topk leaves ties unspecified).
-- A sign flip counts as a mismatch together with the exponent (the reference ignores the sign).
+- Sign flips among exponent-matched entries are reported too (`sign_mismatches`; the reference
+  ignores the sign), and the verdict bounds them.
 - Bad input never crashes and never passes: `verify_proofs` returns a `ChunkResult` with a
   `reason` for a malformed proof, a missing or extra proof, a short chunk or non-finite values.
-- Everything is vectorised over chunks (see `gf.py`); there is no per-point Python loop.
+- Everything is vectorised over chunks (see `gf.py`) and runs on one thread (`proof_threads`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +46,7 @@ __all__ = [
     "chunk_lengths",
     "find_moduli",
     "proof_from_base64",
+    "proof_threads",
     "proof_to_base64",
     "to_bf16_bits",
     "verify_proofs",
@@ -58,11 +66,13 @@ class ProofError(ValueError):
 class ChunkResult:
     """How far one chunk's recomputed top-k values are from the committed ones.
 
-    exp_mismatches: top-k entries whose sign or exponent differs (an index the worker did not
+    exp_mismatches: top-k entries whose exponent bits differ (an index the worker did not
     commit to evaluates to a pseudo-random value, so a different top-k set shows up here too).
     mant_err_mean / mant_err_median: |mantissa difference| (bf16 units of 2^-7) over the
-    `n_matched` entries whose sign and exponent agree (`n_exact` of them bit-exact); inf when
-    there are none.
+    `n_matched` entries whose exponents agree (`n_exact` of them bit-exact); the median is the
+    upper one (element n // 2 of the sorted errors); inf when there are none. These three are
+    the reference's statistics, value for value.
+    sign_mismatches: exponent-matched entries whose sign differs (not in the reference).
     reason: why the chunk could not be checked at all (malformed proof, ...); None otherwise.
     """
 
@@ -72,6 +82,7 @@ class ChunkResult:
     n_matched: int = 0
     n_exact: int = 0
     reason: str | None = None
+    sign_mismatches: int = 0
 
 
 def to_bf16_bits(activations: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -91,79 +102,34 @@ def to_bf16_bits(activations: torch.Tensor | np.ndarray) -> torch.Tensor:
     return a.contiguous().view(torch.int16)
 
 
-def chunk_lengths(n_tokens: int, chunk_size: int, fold_tail: bool = True) -> list[int]:
-    """Tokens per chunk. With `fold_tail` (the default) a remainder shorter than `chunk_size` is
-    folded into the last full chunk ([32, ..., 32, 40] for 1000 tokens), so no proof commits to
-    a few tokens only and 1000 tokens cost 31 proofs, not 32; without it the last chunk is the
-    short remainder, as in the reference TOPLOC library."""
+def chunk_lengths(n_tokens: int, chunk_size: int) -> list[int]:
+    """Tokens per chunk: whole chunks of `chunk_size`, then the remainder as a short last chunk
+    ([32] * 31 + [8] for 1000 tokens), exactly as the reference TOPLOC library chunks."""
     n_full, rest = divmod(n_tokens, chunk_size)
-    if not fold_tail or n_full == 0 or rest == 0:
-        return [chunk_size] * n_full + ([rest] if rest else [])
-    return [chunk_size] * (n_full - 1) + [chunk_size + rest]
+    return [chunk_size] * n_full + ([rest] if rest else [])
 
 
-def _chunk_bits(bits: torch.Tensor, chunk_size: int, fold_tail: bool) -> list[torch.Tensor]:
-    """Flattened chunks grouped by length: [equal chunks as one [C, L] batch, last chunk]."""
-    lengths = chunk_lengths(bits.shape[0], chunk_size, fold_tail)
-    n_equal = sum(1 for n in lengths if n == chunk_size)
+def _chunk_bits(bits: torch.Tensor, chunk_size: int) -> list[torch.Tensor]:
+    """Flattened chunks grouped by length: [whole chunks as one [C, L] batch, short last chunk]."""
+    n_full = bits.shape[0] // chunk_size
     groups = []
-    if n_equal:
-        groups.append(bits[: n_equal * chunk_size].reshape(n_equal, -1))
-    if n_equal < len(lengths):
-        groups.append(bits[n_equal * chunk_size :].reshape(1, -1))
+    if n_full:
+        groups.append(bits[: n_full * chunk_size].reshape(n_full, -1))
+    if n_full * chunk_size < bits.shape[0]:
+        groups.append(bits[n_full * chunk_size :].reshape(1, -1))
     return groups
 
 
-_TIE_MARGIN = 32
-
-
-def _group_size(length: int, topk: int) -> int:
-    """Elements per group for the two-stage top-k: ~sqrt(length / topk), a power of two, so that
-    both stages sort about as few keys as possible (nb groups, then topk * s candidates)."""
-    if length < 4 * topk:
-        return 1
-    return 1 << max(0, round(math.log2(length / topk) / 2))
-
-
 def _select(flat: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k by |value| with ties to the lower index: (flat indices [C, k], bit patterns [C, k]).
+    """Top-k by |value| per row: (flat indices [C, k], bit patterns [C, k] as int64).
 
-    `flat` holds int16 bf16 bit patterns; |value| orders like the pattern without its sign bit
-    (NaN and inf rank above every finite value). Two stages, both exact:
-    1. split each row into `nb` strided groups (column j mod nb) and take each group's largest
-       |value|. If T is the k-th largest group maximum, k distinct elements are >= T, so every
-       element of the top-k is >= T and lies in a group whose maximum is >= T.
-    2. the candidates are all elements of those groups (every group tied at T included), in
-       ascending index order; rank them by the key (|value| << 16) | (65535 - position) and
-       keep the top k.
-    The sort work is nb + k * s keys per row instead of nb * s (about 7x less at 32 x 896).
+    `flat` holds int16 bf16 bit patterns; with the sign bit cleared they order exactly like
+    |value| (NaN and inf above every finite value). The selection is torch.topk on those
+    magnitudes, the same CPU kernel and the same comparisons as the reference's
+    `chunk.abs().topk(k)`, so ties at the k-th magnitude resolve to the same indices (the tie
+    rule of docs/toploc.md; bytes pinned against the reference's vectors by the tests).
     """
-    rows, length = flat.shape
-    mag = flat & 0x7FFF  # sign bit cleared: non-negative int16 that orders like |value|
-    s = _group_size(length, topk)
-    if s == 1:
-        cand = torch.arange(length).expand(rows, length)
-    else:
-        nb = -(-length // s)
-        if nb * s != length:  # pad with -1: below every magnitude, never selected
-            mag = torch.cat([mag, mag.new_full((rows, nb * s - length), -1)], dim=1)
-        gmax = mag.view(rows, s, nb).amax(1)  # [rows, nb]
-        # bf16 maxima tie often: take a margin of extra groups at once (any superset is exact)
-        take = min(nb, topk + _TIE_MARGIN)
-        top, groups = gmax.topk(take, dim=-1, sorted=True)
-        ties = (gmax >= top[:, topk - 1 : topk]).sum(-1).max()
-        if ties > take:  # more groups tied with the k-th maximum than the margin: take them all
-            groups = gmax.topk(int(ties), dim=-1, sorted=False).indices
-        # element i of group g is column g + nb * i: with groups sorted, cand is ascending
-        cand = (nb * torch.arange(s).unsqueeze(-1) + groups.sort(-1).values.unsqueeze(-2))
-        cand = cand.flatten(1)
-    width = cand.shape[-1]
-    if width <= 1 << 16:  # cand ascending: (|value| << 16) | (65535 - position) ranks exactly
-        key = (mag.gather(-1, cand).to(torch.int32) << 16) | (0xFFFF - torch.arange(
-            width, dtype=torch.int32))
-    else:
-        key = (mag.gather(-1, cand).to(torch.int64) << 32) + (0xFFFFFFFF - cand)
-    idx = cand.gather(-1, key.topk(topk, dim=-1, sorted=False).indices)
+    idx = (flat & 0x7FFF).topk(topk, dim=-1).indices
     return idx, flat.gather(-1, idx).to(torch.int64) & 0xFFFF
 
 
@@ -201,12 +167,29 @@ def _check_inputs(chunk_size: int, topk: int) -> None:
         raise ProofError(f"chunk_size and topk must be >= 1, got {chunk_size} and {topk}")
 
 
+@contextmanager
+def proof_threads() -> Iterator[None]:
+    """Run proof work on one intra-op thread, restoring the caller's count afterwards.
+
+    Proof kernels are small (a few ms per 1000 tokens): two OpenMP threads gain little when a
+    core is free and lose 20-35x when another process holds one, since each parallel region
+    then waits for a descheduled thread. Workers and validators also generate on the same
+    cores, so one thread is the steady choice (docs/toploc.md; benchmarks/bench_toploc.py).
+    """
+    n = torch.get_num_threads()
+    if n != 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if n != 1:
+            torch.set_num_threads(n)
+
+
 def build_proofs(
     activations: torch.Tensor | np.ndarray,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     topk: int = DEFAULT_TOPK,
-    *,
-    fold_tail: bool = True,
 ) -> list[bytes]:
     """One proof (2 + 2 * topk bytes) per chunk of activations [tokens, H] (see `chunk_lengths`).
 
@@ -218,15 +201,16 @@ def build_proofs(
     if bits.shape[0] == 0:
         raise ProofError("no activations to commit to")
     proofs: list[bytes] = []
-    for flat in _chunk_bits(bits, chunk_size, fold_tail):
-        if flat.shape[-1] < topk:
-            raise ProofError(f"a chunk has {flat.shape[-1]} values, fewer than topk={topk}")
-        idx, vals = _select(flat, topk)
-        if _nonfinite(vals).any():  # NaN / inf outrank every finite |value|: no full scan
-            raise ProofError("activations contain NaN or inf")
-        moduli = find_moduli(idx)
-        coeffs = gf.interpolate(idx % moduli.unsqueeze(-1), vals)
-        proofs.extend(_encode(moduli, coeffs))
+    with proof_threads():
+        for flat in _chunk_bits(bits, chunk_size):
+            if flat.shape[-1] < topk:
+                raise ProofError(f"a chunk has {flat.shape[-1]} values, fewer than topk={topk}")
+            idx, vals = _select(flat, topk)
+            if _nonfinite(vals).any():  # NaN / inf outrank every finite |value|: no full scan
+                raise ProofError("activations contain NaN or inf")
+            moduli = find_moduli(idx)
+            coeffs = gf.interpolate(idx % moduli.unsqueeze(-1), vals)
+            proofs.extend(_encode(moduli, coeffs))
     return proofs
 
 
@@ -278,23 +262,25 @@ def _failed(reason: str) -> ChunkResult:
 
 
 def _compare(own: torch.Tensor, claimed: torch.Tensor) -> list[ChunkResult]:
-    """Per-row statistics of claimed vs recomputed bf16 bit patterns, both [C, k]."""
-    mismatch = (own >> 7) != (claimed >> 7)  # sign + exponent bits
-    err = ((own & 0x7F) - (claimed & 0x7F)).abs().double()
+    """Per-row statistics of claimed vs recomputed bf16 bit patterns, both [C, k], as the
+    reference computes them: exponent bits compared, |mantissa difference| over the entries
+    whose exponents agree, mean and upper median (the element at n // 2 when sorted)."""
+    mismatch = ((own ^ claimed) & _EXP_MASK) != 0
+    sign = (((own ^ claimed) & 0x8000) != 0) & ~mismatch
+    err = ((own & 0x7F) - (claimed & 0x7F)).abs()
     n = (~mismatch).sum(-1)
     exact = ((err == 0) & ~mismatch).sum(-1)
     total = err.masked_fill(mismatch, 0).sum(-1)
-    ranked = err.masked_fill(mismatch, math.inf).sort(-1).values
-    lo = ranked.gather(-1, ((n - 1).clamp(min=0) // 2).unsqueeze(-1)).squeeze(-1)
-    hi = ranked.gather(-1, (n // 2).clamp(max=own.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
+    ranked = err.masked_fill(mismatch, 1 << 8).sort(-1).values  # mismatches sort last
+    median = ranked.gather(-1, (n // 2).clamp(max=own.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
     out = []
-    rows = zip(mismatch.sum(-1).tolist(), total.tolist(), lo.tolist(), hi.tolist(), n.tolist(),
-               exact.tolist(), strict=True)
-    for m, t, a, b, c, z in rows:
+    rows = zip(mismatch.sum(-1).tolist(), total.tolist(), median.tolist(), n.tolist(),
+               exact.tolist(), sign.sum(-1).tolist(), strict=True)
+    for m, t, med, c, z, sg in rows:
         if c == 0:
-            out.append(ChunkResult(m, math.inf, math.inf, 0, 0))
+            out.append(ChunkResult(m, math.inf, math.inf, 0, 0, sign_mismatches=sg))
         else:
-            out.append(ChunkResult(m, t / c, (a + b) / 2, c, z))
+            out.append(ChunkResult(m, t / c, float(med), c, z, sign_mismatches=sg))
     return out
 
 
@@ -303,30 +289,41 @@ def verify_proofs(
     proofs: list[bytes] | list[str],
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     topk: int = DEFAULT_TOPK,
-    *,
-    fold_tail: bool = True,
 ) -> list[ChunkResult]:
     """Check proofs against recomputed activations [tokens, hidden]: one ChunkResult per chunk.
 
     The list has max(#chunks, #proofs) entries; chunks without a proof and proofs without a
-    chunk get a `reason`. Proofs may be bytes or base64 text. `fold_tail` must match the
-    builder's (see `chunk_lengths`).
+    chunk get a `reason`. Proofs may be bytes or base64 text.
     """
     _check_inputs(chunk_size, topk)
     try:
         bits = to_bf16_bits(activations)
     except ProofError as e:
         return [_failed(f"bad activations: {e}") for _ in range(max(1, len(proofs)))]
-    n_chunks = len(chunk_lengths(bits.shape[0], chunk_size, fold_tail))
+    n_chunks = len(chunk_lengths(bits.shape[0], chunk_size))
     results: list[ChunkResult | None] = [None] * max(n_chunks, len(proofs))
     for i in range(n_chunks, len(proofs)):
         results[i] = _failed(f"proof {i} has no chunk: {len(proofs)} proofs for {n_chunks} chunks")
     for i in range(len(proofs), n_chunks):
         results[i] = _failed(f"chunk {i} has no proof: {len(proofs)} proofs for {n_chunks} chunks")
     moduli, coeffs, reasons = _decode_all(list(proofs[:n_chunks]), topk)
+    with proof_threads():
+        chunk_ids, own, claimed = _recompute_claims(bits, chunk_size, topk, moduli, coeffs,
+                                                    reasons, results)
+        if chunk_ids:  # one comparison for every checkable chunk
+            for i, res in zip(chunk_ids, _compare(own, claimed), strict=True):
+                results[i] = res
+    return results  # type: ignore[return-value]
+
+
+def _recompute_claims(bits, chunk_size, topk, moduli, coeffs, reasons, results):
+    """Own top-k of every chunk that has a well-formed proof, and the proof's values there:
+    (chunk ids, own bit patterns [n, k], claimed bit patterns [n, k]); other chunks get their
+    failure written into `results`."""
+    n_proofs = len(reasons)
     start, chunk_ids, picked, values = 0, [], [], []
-    for flat in _chunk_bits(bits, chunk_size, fold_tail):
-        ids = list(range(start, min(start + flat.shape[0], len(proofs))))
+    for flat in _chunk_bits(bits, chunk_size):
+        ids = list(range(start, min(start + flat.shape[0], n_proofs)))
         start += flat.shape[0]
         if not ids:
             continue
@@ -348,9 +345,8 @@ def verify_proofs(
         chunk_ids += [ids[row] for row in good]
         picked.append(idx[rows])
         values.append(own[rows])
-    if chunk_ids:  # one evaluation and comparison for every checkable chunk
-        xs = torch.cat(picked) % torch.from_numpy(moduli[chunk_ids]).unsqueeze(-1)
-        claimed = gf.evaluate(torch.from_numpy(coeffs[chunk_ids]), xs)
-        for i, res in zip(chunk_ids, _compare(torch.cat(values), claimed), strict=True):
-            results[i] = res
-    return results  # type: ignore[return-value]
+    if not chunk_ids:
+        return chunk_ids, None, None
+    xs = torch.cat(picked) % torch.from_numpy(moduli[chunk_ids]).unsqueeze(-1)
+    claimed = gf.evaluate(torch.from_numpy(coeffs[chunk_ids]), xs)
+    return chunk_ids, torch.cat(values), claimed

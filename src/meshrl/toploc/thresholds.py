@@ -11,7 +11,9 @@ when no single chunk crosses its own threshold.
 Threshold fitting (`tail_threshold`) is peaks-over-threshold with an exponential tail: below the
 empirical resolution (rate < 10 / n) the quantile is extrapolated as q90 + beta * ln(0.1 / rate)
 with beta the mean excess over the 90th percentile, and never set below the honest maximum;
-`calibrate_thresholds` then widens each threshold's distance from the honest median by a margin.
+`calibrate_thresholds` then widens each threshold's distance from the honest median by a margin
+and keeps it at least 1 / HEADROOM (1 / 0.7) times the largest honest value, so honest work from
+any engine, batch size, thread count or attention kernel stays well clear of rejection.
 """
 
 from __future__ import annotations
@@ -26,39 +28,65 @@ from meshrl.config import Config
 from meshrl.toploc.proofs import DEFAULT_TOPK, ChunkResult
 
 __all__ = [
+    "HEADROOM",
     "RolloutStats",
     "Thresholds",
     "Verdict",
     "calibrate_thresholds",
     "rollout_stats",
     "tail_threshold",
+    "threshold_ratios",
     "verdict",
 ]
 
-# per-chunk statistics and pooled (rollout) statistics, each with a threshold field below
-CHUNK_STATS = ("exp_mismatches", "mant_err_mean", "mant_err_median")
-POOLED_STATS = ("exp_mismatch_rate", "mant_err_mean", "mant_err_zero_rate")
+# per-chunk statistics and pooled (rollout) statistics, each with a `max_...` threshold below
+CHUNK_STATS = ("exp_mismatches", "mant_err_mean", "mant_err_median", "sign_mismatches")
+POOLED_STATS = ("exp_mismatch_rate", "mant_err_mean", "mant_inexact_rate")
+HEADROOM = 0.7  # calibrated thresholds keep every honest statistic at most this share of them
 
 
 class Thresholds(Config):
-    """Largest accepted values; None disables a pooled test. Defaults: the TOPLOC paper's."""
+    """Largest accepted values; None disables a pooled test.
 
-    max_exp_mismatches: float = Field(38, description="per chunk: sign/exponent mismatches")
-    max_mant_err_mean: float = Field(10.0, description="per chunk: mean |mantissa difference|")
+    The defaults are calibrated (`meshrl toploc calibrate`; docs/toploc.md, numbers in
+    benchmarks/README.md): `calibrate_thresholds` over 10,240 honest chunks of the calibration
+    model from five worker setups (meshrl's decoder and `transformers` generate at batch 1-64,
+    1-2 threads, sdpa / eager) checked by eight validator setups (batch 1-64, left / right
+    padding, 1-2 threads, sdpa / eager, bf16 / fp32), rounded up to two digits. Every honest
+    statistic stays at most 70% of its threshold, and int8 weights, one layer's MLP scaled by
+    1.1 and 1% weight noise are rejected in every rollout of 16 chunks, by the pooled tests (the
+    per-chunk fits reach the paper's caps for mismatches and median, and give 3.0 for the
+    mean). `paper()` keeps the paper's per-chunk thresholds and no pooled tests: loose enough
+    for any GPU and kernel, blind to those changes.
+    """
+
+    max_exp_mismatches: float = Field(38, description="per chunk: exponent mismatches")
+    max_mant_err_mean: float = Field(3.0, description="per chunk: mean |mantissa difference|")
     max_mant_err_median: float = Field(8.0, description="per chunk: median |mantissa difference|")
+    max_sign_mismatches: int = Field(
+        4, description="per chunk: sign flips among exponent-matched entries"
+    )
     max_pooled_exp_mismatch_rate: float | None = Field(
-        None, description="rollout: mismatches / compared entries over all chunks"
+        0.048, description="rollout: mismatches / compared entries over all chunks"
     )
     max_pooled_mant_err_mean: float | None = Field(
-        None, description="rollout: mean |mantissa difference| over all matched entries"
+        0.78, description="rollout: mean |mantissa difference| over all matched entries"
     )
-    min_pooled_mant_err_zero_rate: float | None = Field(
-        None, description="rollout: smallest accepted fraction of bit-exact matched mantissas"
+    max_pooled_mant_inexact_rate: float | None = Field(
+        0.68, description="rollout: fraction of matched entries whose mantissa differs"
     )
     min_pooled_chunks: int = Field(
-        4, description="pooled tests apply only to rollouts with at least this many chunks"
+        16, description="pooled tests apply only to rollouts with at least this many chunks"
     )
     topk: int = Field(DEFAULT_TOPK, description="entries committed per chunk")
+
+    @classmethod
+    def paper(cls) -> Thresholds:
+        """The TOPLOC paper's per-chunk thresholds (38 mismatches of 128, mantissa error mean
+        10, median 8), no pooled tests: loose enough for any hardware, blind to subtle changes."""
+        return cls(max_exp_mismatches=38, max_mant_err_mean=10.0, max_mant_err_median=8.0,
+                   max_pooled_exp_mismatch_rate=None, max_pooled_mant_err_mean=None,
+                   max_pooled_mant_inexact_rate=None)
 
 
 @dataclass(frozen=True)
@@ -68,7 +96,7 @@ class RolloutStats:
     chunks: int
     exp_mismatch_rate: float
     mant_err_mean: float
-    mant_err_zero_rate: float
+    mant_inexact_rate: float
 
 
 @dataclass(frozen=True)
@@ -80,19 +108,32 @@ class Verdict:
 
 def rollout_stats(results: Sequence[ChunkResult], topk: int = DEFAULT_TOPK) -> RolloutStats:
     """Pool the chunks of a rollout: mismatch rate, matched-entry mantissa error mean and the
-    fraction of matched entries with an exact mantissa (chunks with a `reason` are skipped)."""
+    fraction of matched entries whose mantissa is not exact (chunks with a `reason` skipped)."""
     good = [r for r in results if r.reason is None]
     if not good:
         return RolloutStats(0, math.nan, math.nan, math.nan)
     matched = sum(r.n_matched for r in good)
     err_sum = sum(r.mant_err_mean * r.n_matched for r in good if r.n_matched)
-    zeros = sum(r.n_exact for r in good)
+    exact = sum(r.n_exact for r in good)
     return RolloutStats(
         chunks=len(good),
         exp_mismatch_rate=sum(r.exp_mismatches for r in good) / (topk * len(good)),
         mant_err_mean=err_sum / matched if matched else math.inf,
-        mant_err_zero_rate=zeros / matched if matched else 0.0,
+        mant_inexact_rate=1.0 - exact / matched if matched else 1.0,
     )
+
+
+_CHUNK_TESTS = (
+    ("exponent mismatches", "exp_mismatches", "max_exp_mismatches"),
+    ("mantissa error mean", "mant_err_mean", "max_mant_err_mean"),
+    ("mantissa error median", "mant_err_median", "max_mant_err_median"),
+    ("sign mismatches", "sign_mismatches", "max_sign_mismatches"),
+)
+_POOLED_TESTS = (
+    ("exponent mismatch rate", "exp_mismatch_rate", "max_pooled_exp_mismatch_rate"),
+    ("mantissa error mean", "mant_err_mean", "max_pooled_mant_err_mean"),
+    ("inexact-mantissa rate", "mant_inexact_rate", "max_pooled_mant_inexact_rate"),
+)
 
 
 def verdict(results: Sequence[ChunkResult], thresholds: Thresholds | None = None) -> Verdict:
@@ -105,32 +146,41 @@ def verdict(results: Sequence[ChunkResult], thresholds: Thresholds | None = None
         if r.reason is not None:
             reasons.append(r.reason)
             continue
-        checks = (
-            ("exponent mismatches", r.exp_mismatches, th.max_exp_mismatches),
-            ("mantissa error mean", r.mant_err_mean, th.max_mant_err_mean),
-            ("mantissa error median", r.mant_err_median, th.max_mant_err_median),
-        )
-        for name, value, limit in checks:
-            if not value <= limit:  # NaN fails too
-                reasons.append(f"chunk {i}: {name} {value:.4g} > {limit:.4g}")
+        for name, stat, limit in _CHUNK_TESTS:
+            value, bound = getattr(r, stat), getattr(th, limit)
+            if not value <= bound:  # NaN fails too
+                reasons.append(f"chunk {i}: {name} {value:.4g} > {bound:.4g}")
     stats = rollout_stats(results, th.topk)
     if not reasons and stats.chunks >= th.min_pooled_chunks:
-        if th.max_pooled_exp_mismatch_rate is not None and not (
-            stats.exp_mismatch_rate <= th.max_pooled_exp_mismatch_rate
-        ):
-            reasons.append(f"rollout: exponent mismatch rate {stats.exp_mismatch_rate:.4g} > "
-                           f"{th.max_pooled_exp_mismatch_rate:.4g}")
-        if th.max_pooled_mant_err_mean is not None and not (
-            stats.mant_err_mean <= th.max_pooled_mant_err_mean
-        ):
-            reasons.append(f"rollout: mantissa error mean {stats.mant_err_mean:.4g} > "
-                           f"{th.max_pooled_mant_err_mean:.4g}")
-        if th.min_pooled_mant_err_zero_rate is not None and not (
-            stats.mant_err_zero_rate >= th.min_pooled_mant_err_zero_rate
-        ):
-            reasons.append(f"rollout: exact-mantissa rate {stats.mant_err_zero_rate:.4g} < "
-                           f"{th.min_pooled_mant_err_zero_rate:.4g}")
+        for name, stat, limit in _POOLED_TESTS:
+            value, bound = getattr(stats, stat), getattr(th, limit)
+            if bound is not None and not value <= bound:
+                reasons.append(f"rollout: {name} {value:.4g} > {bound:.4g}")
     return Verdict(accepted=not reasons, reasons=reasons, stats=stats)
+
+
+def threshold_ratios(
+    rollouts: Sequence[Sequence[ChunkResult]], thresholds: Thresholds
+) -> dict[str, float]:
+    """The largest value / threshold of every enabled test over `rollouts` (pooled tests over
+    the rollouts long enough for them): how close honest work comes to rejection."""
+    th = thresholds
+    chunks = [c for ro in rollouts for c in ro if c.reason is None]
+    out = {}
+    for _, stat, limit in _CHUNK_TESTS:
+        values = [getattr(c, stat) for c in chunks]
+        out[f"chunk.{stat}"] = _ratio(values, getattr(th, limit))
+    pooled = [rollout_stats(ro, th.topk) for ro in rollouts]
+    pooled = [p for p in pooled if p.chunks >= th.min_pooled_chunks]
+    for _, stat, limit in _POOLED_TESTS:
+        if getattr(th, limit) is not None and pooled:
+            out[f"pooled.{stat}"] = _ratio([getattr(p, stat) for p in pooled], getattr(th, limit))
+    return out
+
+
+def _ratio(values: Sequence[float], bound: float) -> float:
+    top = max(values, default=0.0)
+    return top / bound if bound > 0 else (0.0 if top <= 0 else math.inf)
 
 
 def tail_threshold(samples: Sequence[float], rate: float) -> float:
@@ -160,34 +210,37 @@ def tail_threshold(samples: Sequence[float], rate: float) -> float:
     return max(q90 + beta * math.log(0.1 / rate), xs[-1])
 
 
-def _widen(samples: Sequence[float], rate: float, margin: float) -> float:
-    """tail_threshold, with its distance from the honest median multiplied by `margin`."""
+def _fit(samples: Sequence[float], rate: float, margin: float, headroom: float) -> float:
+    """tail_threshold with its distance from the honest median multiplied by `margin`, and at
+    least max(samples) / headroom."""
     xs = sorted(float(x) for x in samples if math.isfinite(x))
     t = tail_threshold(xs, rate)
     center = xs[len(xs) // 2]
-    return center + margin * (t - center)
+    return max(center + margin * (t - center), xs[-1] / headroom)
 
 
 def calibrate_thresholds(
     honest_rollouts: Sequence[Sequence[ChunkResult]],
-    fpr: float = 1e-3,
+    fpr: float = 1e-4,
     chunks_per_rollout: int | None = None,
     topk: int = DEFAULT_TOPK,
-    min_pooled_chunks: int = 4,
+    min_pooled_chunks: int = 16,
     chunk_margin: float = 3.0,
     pooled_margin: float = 2.0,
+    headroom: float = HEADROOM,
 ) -> Thresholds:
-    """Thresholds that reject an honest rollout with probability about `fpr`.
+    """Thresholds that reject an honest rollout with probability about `fpr`, and sit at least
+    1 / headroom above every honest value seen.
 
-    The rate is split evenly over the six tests (Bonferroni); per-chunk tests get a further
+    The rate is split evenly over the seven tests (Bonferroni); per-chunk tests get a further
     share of 1 / chunks_per_rollout (default: the mean rollout length) since a rollout fails
     when any of its chunks does. Each fitted threshold's distance from the honest median is then
     multiplied by a margin: calibration sets are small and their chunks correlated (the same
-    completions recomputed in several modes), so the fitted tail is itself uncertain. Single
-    chunks have heavy honest tails (one chunk of fp32-vs-bf16 recomputation may sit at twice the
-    median error), so they get the wider `chunk_margin`; the pooled rollout statistics average
-    hundreds of entries, are tight, and carry the sensitive tests with `pooled_margin`.
-    Per-chunk thresholds are capped at the paper's defaults.
+    completions recomputed in several setups), so the fitted tail is itself uncertain. Single
+    chunks have heavy honest tails, so they get the wider `chunk_margin`; the pooled rollout
+    statistics average hundreds of entries, are tight, and carry the sensitive tests with
+    `pooled_margin`. Per-chunk thresholds are capped at the paper's; the sign test keeps its
+    default (honest work flips no sign: only an uncommitted index can, by chance).
     """
     chunks = [r for ro in honest_rollouts for r in ro if r.reason is None]
     if not chunks:
@@ -196,30 +249,19 @@ def calibrate_thresholds(
         chunks_per_rollout = max(1, round(len(chunks) / max(1, len(honest_rollouts))))
     per_test = fpr / (len(CHUNK_STATS) + len(POOLED_STATS))
     per_chunk = per_test / chunks_per_rollout
-    th = {
-        "max_exp_mismatches": math.floor(
-            _widen([c.exp_mismatches for c in chunks], per_chunk, chunk_margin)
-        ),
-        "max_mant_err_mean": _widen([c.mant_err_mean for c in chunks], per_chunk, chunk_margin),
-        "max_mant_err_median": _widen(
-            [c.mant_err_median for c in chunks], per_chunk, chunk_margin
-        ),
-    }
+    paper = Thresholds.paper()
+    th: dict[str, float | None] = {}
+    for stat in ("exp_mismatches", "mant_err_mean", "mant_err_median"):
+        values = [getattr(c, stat) for c in chunks]
+        fitted = _fit(values, per_chunk, chunk_margin, headroom)
+        if stat != "mant_err_mean":  # integer-valued: the next integer, at least max + 1
+            fitted = math.ceil(max(fitted, max(values) + 1))
+        th[f"max_{stat}"] = min(fitted, getattr(paper, f"max_{stat}"))
     pooled = [rollout_stats(ro, topk) for ro in honest_rollouts]
     pooled = [p for p in pooled if p.chunks >= min_pooled_chunks]
-    if pooled:
-        th["max_pooled_exp_mismatch_rate"] = _widen(
-            [p.exp_mismatch_rate for p in pooled], per_test, pooled_margin
+    for stat in POOLED_STATS:
+        th[f"max_pooled_{stat}"] = (
+            _fit([getattr(p, stat) for p in pooled], per_test, pooled_margin, headroom)
+            if pooled else None
         )
-        th["max_pooled_mant_err_mean"] = _widen(
-            [p.mant_err_mean for p in pooled], per_test, pooled_margin
-        )
-        # a lower tail: fit the upper tail of 1 - rate
-        th["min_pooled_mant_err_zero_rate"] = 1.0 - _widen(
-            [1.0 - p.mant_err_zero_rate for p in pooled], per_test, pooled_margin
-        )
-    # calibration only ever tightens the paper's per-chunk thresholds
-    default = Thresholds()
-    for name in ("max_exp_mismatches", "max_mant_err_mean", "max_mant_err_median"):
-        th[name] = min(th[name], getattr(default, name))
     return Thresholds(**th, topk=topk, min_pooled_chunks=min_pooled_chunks)

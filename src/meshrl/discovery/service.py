@@ -1,0 +1,180 @@
+"""The discovery service: nodes announce themselves (signed node info), a pool's manager lists
+the nodes that want its pool, and a loop keeps every entry's status in step with the chain.
+
+| route | caller |
+| --- | --- |
+| `PUT /nodes` | a node added on chain by the provider it names (capped per IP address) |
+| `GET /nodes/{address}` | that node |
+| `GET /pools/{pool}/nodes` | the pool's manager on chain (its orchestrator) |
+
+Status from the chain: `in_pool` while the node is in a pool; `ejected` once it left a pool
+(ejected or left) until it joins again; `blacklisted` when the pool it wants blacklisted it;
+otherwise `pending`. Entries of nodes no longer on chain (removed by their provider) disappear.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from meshrl.discovery.config import DiscoveryConfig
+from meshrl.discovery.state import Registry
+from meshrl.log import get_logger, log_event
+from meshrl.protocol.chain import Protocol
+from meshrl.wire.errors import WireError
+from meshrl.wire.guard import RequestGuard
+from meshrl.wire.models import Health, NodeAnnouncement, NodeEntry, NodeList, NodeStatus
+from meshrl.wire.service import Call, Route, build_app
+
+__all__ = ["Discovery"]
+
+log = get_logger("meshrl.discovery")
+ZERO = "0x" + "00" * 20
+
+
+class Discovery:
+    def __init__(self, cfg: DiscoveryConfig, protocol: Protocol) -> None:
+        self.cfg, self.protocol = cfg, protocol
+        self.registry = Registry(cfg.db)
+        self.guard = RequestGuard(cfg.guard)
+        self._chain = ThreadPoolExecutor(1, thread_name_prefix="chain")
+        self._managers: dict[int, tuple[str, float]] = {}
+        self._runner: web.AppRunner | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.url = ""
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._chain, fn, *args)
+
+    # handlers
+    async def health(self, call: Call) -> Health:
+        return Health(service="discovery", info={"nodes": len(self.registry.all())})
+
+    async def announce(self, call: Call) -> NodeEntry:
+        info: NodeAnnouncement = call.body
+        node = await self._run(self.protocol.node, call.address)
+        if node.provider == ZERO:
+            raise WireError(403, "node not on chain", "its provider must add it first")
+        if node.provider.lower() != info.provider.lower():
+            raise WireError(403, "provider mismatch", f"node was added by {node.provider}")
+        ip = call.request.remote or ""
+        if self.registry.count_ip(ip, call.address) >= self.cfg.max_nodes_per_ip:
+            raise WireError(429, "too many nodes for this IP address",
+                            f"at most {self.cfg.max_nodes_per_ip}")
+        old = self.registry.get(call.address)
+        status = await self._run(self._status, call.address, info.pool_id, old)
+        entry = NodeEntry(address=call.address, info=info, status=status[0],
+                          chain_pool=status[1], ip=ip, updated_at=time.time())
+        self.registry.put(entry)
+        return entry
+
+    async def own_entry(self, call: Call) -> NodeEntry:
+        if call.param("address").lower() != call.address.lower():
+            raise WireError(403, "only a node reads its own entry")
+        entry = self.registry.get(call.address)
+        if entry is None:
+            raise WireError(404, "not announced")
+        return entry
+
+    async def pool_nodes(self, call: Call) -> NodeList:
+        try:
+            pool = int(call.param("pool_id"))
+        except ValueError:
+            raise WireError(400, "bad pool id") from None
+        if pool <= 0 or pool >= 2**256:
+            raise WireError(400, "bad pool id")
+        if (await self._manager(pool)).lower() != call.address.lower():
+            raise WireError(403, "not the pool's manager")
+        return NodeList(nodes=self.registry.for_pool(pool))
+
+    async def _manager(self, pool: int) -> str:
+        hit = self._managers.get(pool)
+        if hit is not None and time.monotonic() - hit[1] < self.cfg.manager_cache_s:
+            return hit[0]
+        manager = (await self._run(self.protocol.pool, pool)).manager
+        self._managers[pool] = (manager, time.monotonic())
+        return manager
+
+    # chain sync
+    def _status(self, address: str, pool_id: int, old: NodeEntry | None) -> tuple[NodeStatus, int]:
+        """(status, pool on chain) of one node (blocking: runs on the chain thread)."""
+        chain_pool = self.protocol.node(address).pool
+        if chain_pool != 0:
+            return NodeStatus.IN_POOL, chain_pool
+        if self.protocol.is_blacklisted(pool_id, address):
+            return NodeStatus.BLACKLISTED, 0
+        if old is not None and old.status in (NodeStatus.IN_POOL, NodeStatus.EJECTED):
+            return NodeStatus.EJECTED, 0
+        return NodeStatus.PENDING, 0
+
+    def _sync_one(self, entry: NodeEntry) -> tuple[NodeStatus, int] | None:
+        if self.protocol.node(entry.address).provider == ZERO:
+            return None
+        return self._status(entry.address, entry.info.pool_id, entry)
+
+    async def sync(self) -> int:
+        """One pass over the registry; returns how many entries changed or disappeared."""
+        changed = 0
+        for entry in self.registry.all():
+            status = await self._run(self._sync_one, entry)
+            if status is None:
+                self.registry.delete(entry.address)
+                log_event(log, "node gone from chain", node=entry.address)
+                changed += 1
+            elif status != (entry.status, entry.chain_pool):
+                self.registry.set_status(entry.address, *status)
+                changed += 1
+        return changed
+
+    async def _sync_forever(self) -> None:
+        while True:
+            try:
+                await self.sync()
+            except Exception as e:  # the chain may be briefly unreachable; retry next round
+                log_event(log, "sync error", error=repr(e))
+            await asyncio.sleep(self.cfg.sync_s)
+
+    def routes(self) -> list[Route]:
+        small = 16 << 10
+        return [
+            Route("GET", "/health", self.health, response=Health, signed=False,
+                  summary="liveness"),
+            Route("PUT", "/nodes", self.announce, body=NodeAnnouncement, response=NodeEntry,
+                  max_body=small, tags=("node",), summary="announce or update a node"),
+            Route("GET", "/nodes/{address}", self.own_entry, response=NodeEntry, max_body=0,
+                  tags=("node",), summary="a node's own entry and status"),
+            Route("GET", "/pools/{pool_id}/nodes", self.pool_nodes, response=NodeList,
+                  max_body=0, tags=("orchestrator",),
+                  summary="nodes that want this pool (its manager only)"),
+        ]
+
+    async def start(self) -> None:
+        app = build_app("discovery", self.routes(), self.guard)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://{self.cfg.host}:{port}"
+        self._task = asyncio.create_task(self._sync_forever())
+        log_event(log, "discovery listening", url=self.url)
+        if self.cfg.ready_file:
+            tmp = Path(self.cfg.ready_file + ".tmp")
+            tmp.write_text(self.url)
+            tmp.replace(self.cfg.ready_file)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self._chain.shutdown(wait=False, cancel_futures=True)
+        self.registry.close()

@@ -1,0 +1,94 @@
+"""Typed configuration of `meshrl orchestrator` (TOML + dotted overrides)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from meshrl.config import Config
+from meshrl.protocol.config import ChainConfig, hex_address
+from meshrl.wire.guard import GuardConfig
+
+__all__ = [
+    "DiskStoreConfig",
+    "HeartbeatConfig",
+    "OnboardingConfig",
+    "OrchestratorConfig",
+    "Requirements",
+    "WorkConfig",
+]
+
+
+class DiskStoreConfig(Config):
+    """The built-in file store: rollout files on the orchestrator's own disk."""
+
+    type: Literal["disk"] = "disk"
+    root: str = Field("runs/orchestrator/files", description="directory of stored files")
+    fsync: bool = Field(True, description="fsync each file before acknowledging its upload")
+
+
+class Requirements(Config):
+    """What a node's announced hardware must have to be invited."""
+
+    min_cores: int = Field(1, ge=1, description="CPU cores")
+    min_memory_gb: float = Field(0.0, ge=0, description="host memory")
+    min_accelerators: int = Field(0, ge=0, description="accelerators (GPUs) in total")
+    min_accelerator_memory_gb: float = Field(0.0, ge=0, description="memory per accelerator")
+
+
+class OnboardingConfig(Config):
+    discovery_url: str = Field("", description="discovery service (empty: no onboarding)")
+    poll_s: float = Field(5.0, gt=0, description="seconds between discovery reads")
+    invite_ttl_s: int = Field(600, ge=10, description="seconds an invite stays valid")
+    recheck_s: float = Field(30.0, ge=0, description="seconds before a refused candidate is "
+                             "checked again")
+    requirements: Requirements = Requirements()
+
+
+class HeartbeatConfig(Config):
+    interval_s: float = Field(10.0, gt=0, description="seconds between a node's heartbeats")
+    dead_after: int = Field(3, ge=1, description="missed heartbeats before ejection")
+    slack: float = Field(0.5, ge=0, le=1, description="fraction of an interval a heartbeat "
+                         "may be late before it counts as missed")
+    eject: bool = Field(True, description="eject dead nodes on chain")
+
+
+class WorkConfig(Config):
+    """The work order every node of the pool receives."""
+
+    step: int = Field(0, ge=0, description="the pool's current training step")
+    async_level: int = Field(2, ge=0, description="policy versions a node may lag behind")
+    task: dict[str, Any] = Field(default_factory=lambda: {"type": "arithmetic"},
+                                 description="task config sent to nodes")
+    sampling: dict[str, Any] = Field(default_factory=lambda: {"max_new_tokens": 64,
+                                     "temperature": 1.0}, description="sampling parameters")
+    seed: int = Field(0, ge=0, description="base seed prompts are derived from")
+    prompts_per_file: int = Field(8, ge=1, description="prompts per rollout file")
+    shardcast_servers: list[str] = Field(default_factory=list, description="policy sources")
+    max_file_bytes: int = Field(64 << 20, ge=1, description="largest rollout file accepted")
+    max_units_per_file: int = Field(1 << 20, ge=1, description="most work units per file "
+                                    "(the pool's on-chain maximum, if lower, wins)")
+    slot_ttl_s: float = Field(600.0, gt=0, description="seconds an upload slot stays valid")
+
+
+class OrchestratorConfig(Config):
+    """One orchestrator per compute pool; its chain key is the pool's manager key."""
+
+    host: str = Field("127.0.0.1", description="listen address")
+    port: int = Field(8600, ge=0, lt=65536, description="listen port (0: any free port)")
+    pool_id: int = Field(1, ge=1, description="the compute pool this orchestrator manages")
+    db: str = Field("runs/orchestrator/state.db", description="SQLite state (WAL)")
+    ready_file: str = Field("", description="write {url} here once listening (tests, scripts)")
+    readers: list[str] = Field(default_factory=list,
+                               description="addresses that may read the ledger and files (trainer)")
+    chain_poll_s: float = Field(2.0, gt=0, description="seconds between chain event polls")
+    validator_cache_s: float = Field(30.0, ge=0, description="seconds a validator check is kept")
+    chain: ChainConfig = ChainConfig()
+    guard: GuardConfig = GuardConfig()
+    store: DiskStoreConfig = DiskStoreConfig()
+    heartbeat: HeartbeatConfig = HeartbeatConfig()
+    onboarding: OnboardingConfig = OnboardingConfig()
+    work: WorkConfig = WorkConfig()
+
+    _readers = field_validator("readers", mode="before")(hex_address)

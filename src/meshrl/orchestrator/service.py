@@ -1,0 +1,183 @@
+"""The orchestrator of one compute pool: the HTTP API plus four loops (chain events, onboarding,
+heartbeat monitor, slot expiry), all on one event loop over one SQLite state.
+
+Start-up after a crash: the state is reopened (nodes, invites, slots, ledger, chain cursor),
+partial uploads are deleted, and every live node's miss clock restarts, so the orchestrator's
+own downtime never ejects a node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from meshrl.log import get_logger, log_event
+from meshrl.orchestrator.api import OrchestratorApi
+from meshrl.orchestrator.chainview import ChainView
+from meshrl.orchestrator.config import OrchestratorConfig
+from meshrl.orchestrator.onboarding import Onboarding
+from meshrl.orchestrator.state import State
+from meshrl.orchestrator.store import DiskFileStore, FileStore
+from meshrl.protocol.chain import Protocol
+from meshrl.wire.guard import RequestGuard
+from meshrl.wire.models import NodeState
+from meshrl.wire.service import build_app
+
+__all__ = ["Orchestrator", "missed_heartbeats"]
+
+log = get_logger("meshrl.orchestrator")
+STEP = "pool_step"
+
+
+def missed_heartbeats(silence_s: float, interval_s: float, slack: float) -> int:
+    """Heartbeats missed after `silence_s` without one: the first is missed `slack` intervals
+    after it was due (network jitter is not a failure), each further one an interval later."""
+    late = silence_s - interval_s * (1.0 + slack)
+    return 0 if late <= 0 else 1 + int(late / interval_s)
+
+
+class _Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.heartbeats = Counter("meshrl_orchestrator_heartbeats", "heartbeats received",
+                                  registry=registry)
+        self.upload_bytes = Counter("meshrl_orchestrator_upload_bytes", "bytes stored",
+                                    registry=registry)
+        self.ejections = Counter("meshrl_orchestrator_ejections", "nodes ejected as dead",
+                                 registry=registry)
+        self.nodes = Gauge("meshrl_orchestrator_nodes", "nodes by state", ["state"],
+                           registry=registry)
+        self.files = Gauge("meshrl_orchestrator_files", "ledger files by status", ["status"],
+                           registry=registry)
+        self.signature_seconds = Gauge("meshrl_orchestrator_signature_seconds",
+                                       "time spent recovering request signatures",
+                                       registry=registry)
+
+
+class Orchestrator:
+    def __init__(self, cfg: OrchestratorConfig, protocol: Protocol,
+                 store: FileStore | None = None) -> None:
+        self.cfg, self.protocol = cfg, protocol
+        self.manager = protocol.address
+        self.readers = set(cfg.readers)
+        self.state = State(cfg.db)
+        self.store = store or DiskFileStore(cfg.store.root, fsync=cfg.store.fsync)
+        self.chain = ChainView(protocol, cfg.pool_id, cfg.validator_cache_s)
+        self.guard = RequestGuard(cfg.guard)
+        self.registry = CollectorRegistry()
+        self.metrics = _Metrics(self.registry)
+        self.step = int(self.state.get_meta(STEP, str(cfg.work.step)))
+        self.domain = 0
+        self.max_units = cfg.work.max_units_per_file
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.onboarding = Onboarding(self)
+
+    # the pool's step and the versions a node may generate with
+    def set_step(self, step: int) -> None:
+        self.state.set_meta(STEP, str(step))
+        self.step = step
+
+    def policy_versions(self) -> list[int]:
+        return list(range(max(0, self.step - self.cfg.work.async_level), self.step + 1))
+
+    def health_info(self) -> dict[str, Any]:
+        return {"pool_id": self.cfg.pool_id, "step": self.step,
+                "nodes": {s.value: len(self.state.nodes((s,))) for s in NodeState},
+                "files": self.state.count_files(), "chain_block": self.chain.cursor.next_block,
+                "signatures": {"verified": self.guard.verified,
+                               "seconds": round(self.guard.verify_seconds, 6)}}
+
+    async def start(self) -> None:
+        pool = await self.chain.run(self.protocol.pool, self.cfg.pool_id)
+        if pool.manager.lower() != self.manager.lower():
+            raise RuntimeError(f"{self.manager} is not the manager of pool {self.cfg.pool_id}")
+        self.domain = pool.domain
+        # the chain refuses a file claiming more units than the pool allows: say so up front
+        self.max_units = min(self.cfg.work.max_units_per_file, pool.max_units)
+        self.chain.restore_cursor(self.state)
+        revived = self.state.grace(time.time())
+        api = OrchestratorApi(self)
+        app = build_app("orchestrator", api.routes(), self.guard, registry=self.registry)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://{self.cfg.host}:{port}"
+        for loop in (self._follow_chain, self._monitor, self._expire_slots, self.onboarding.run):
+            self._tasks.append(asyncio.create_task(self._forever(loop)))
+        log_event(log, "orchestrator listening", url=self.url, pool=self.cfg.pool_id,
+                  step=self.step, nodes_resumed=revived, cursor=self.chain.cursor.next_block)
+        if self.cfg.ready_file:
+            tmp = Path(self.cfg.ready_file + ".tmp")
+            tmp.write_text(self.url)
+            tmp.replace(self.cfg.ready_file)
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self.onboarding.close()
+        self.chain.close()
+        self.state.close()
+
+    async def _forever(self, step: Any) -> None:
+        """Run one loop body forever; an error is logged and retried, never fatal."""
+        while True:
+            try:
+                delay = await step()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log_event(log, "loop error", loop=step.__name__, error=repr(e))
+                delay = 2.0
+            await asyncio.sleep(delay)
+
+    async def _follow_chain(self) -> float:
+        await self.chain.follow(self.state)
+        return self.cfg.chain_poll_s
+
+    async def _expire_slots(self) -> float:
+        self.state.expire_slots(time.time())
+        self._refresh_gauges()
+        return 5.0
+
+    async def _monitor(self) -> float:
+        """healthy → unhealthy (one heartbeat missed) → dead (K missed) → ejected on chain."""
+        hb = self.cfg.heartbeat
+        now = time.time()
+        live = (NodeState.HEALTHY, NodeState.UNHEALTHY, NodeState.DEAD)
+        for node in self.state.nodes(live):
+            missed = missed_heartbeats(now - node.last_seen, hb.interval_s, hb.slack)
+            if missed >= hb.dead_after:
+                await self._bury(node.address, missed)
+            elif missed >= 1 and node.state is NodeState.HEALTHY:
+                self.state.set_node_state(node.address, NodeState.UNHEALTHY)
+        return min(1.0, hb.interval_s / 4)
+
+    async def _bury(self, node: str, missed: int) -> None:
+        self.state.set_node_state(node, NodeState.DEAD)
+        why = await self.chain.eject(node) if self.cfg.heartbeat.eject else "ejection off"
+        current = self.state.node(node)
+        if current is not None and current.state is NodeState.DEAD:  # no heartbeat meanwhile
+            self.state.set_node_state(node, NodeState.EJECTED)
+        self.metrics.ejections.inc()
+        log_event(log, "node ejected", node=node, missed=missed, chain=why or "ok")
+
+    def _refresh_gauges(self) -> None:
+        for s in NodeState:
+            self.metrics.nodes.labels(s.value).set(len(self.state.nodes((s,))))
+        for status, n in self.state.count_files().items():
+            self.metrics.files.labels(status).set(n)
+        self.metrics.signature_seconds.set(self.guard.verify_seconds)

@@ -1,0 +1,255 @@
+"""The orchestrator's state in SQLite (WAL): nodes, invites, upload slots, the file ledger and
+the chain cursor. Every change is one transaction committed before the HTTP answer, so a
+restarted orchestrator (even after `kill -9`) has everything it acknowledged.
+
+WAL with `synchronous=NORMAL`: a committed transaction is in the WAL file (the OS's page cache)
+when `commit()` returns, which survives the death of the process; only a power loss can take
+the last transactions, which `synchronous=FULL` (`durable=True`) would also protect.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshrl.wire.models import FileStatus, NodeState
+
+__all__ = ["FileRow", "NodeRow", "SlotRow", "State"]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS nodes (
+    address TEXT PRIMARY KEY, provider TEXT NOT NULL, state TEXT NOT NULL,
+    last_seen REAL NOT NULL, policy_version INTEGER NOT NULL DEFAULT -1,
+    step INTEGER NOT NULL DEFAULT 0, tokens_per_s REAL NOT NULL DEFAULT 0,
+    files_pending INTEGER NOT NULL DEFAULT 0, heartbeats INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS invites (
+    node TEXT PRIMARY KEY, provider TEXT NOT NULL, nonce INTEGER NOT NULL,
+    expiry INTEGER NOT NULL, signature TEXT NOT NULL, created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS slots (
+    slot_id TEXT PRIMARY KEY, node TEXT NOT NULL, sha256 TEXT NOT NULL, size INTEGER NOT NULL,
+    expires_at REAL NOT NULL, used INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS files (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, sha256 TEXT UNIQUE NOT NULL, node TEXT NOT NULL,
+    provider TEXT NOT NULL, step INTEGER NOT NULL, policy_version INTEGER NOT NULL,
+    work_units INTEGER NOT NULL, size INTEGER NOT NULL, status TEXT NOT NULL,
+    verdict TEXT NOT NULL DEFAULT '', validator TEXT NOT NULL DEFAULT '',
+    updated_at REAL NOT NULL, work_id TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS files_step ON files (step, status);
+CREATE INDEX IF NOT EXISTS files_work ON files (work_id);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    address: str
+    provider: str
+    state: NodeState
+    last_seen: float
+    policy_version: int
+    step: int
+    tokens_per_s: float
+    files_pending: int
+    heartbeats: int
+
+
+@dataclass(frozen=True)
+class SlotRow:
+    slot_id: str
+    node: str
+    sha256: str
+    size: int
+    expires_at: float
+    used: int  # 0 free, 1 an upload is running, 2 done
+
+
+@dataclass(frozen=True)
+class FileRow:
+    seq: int
+    sha256: str
+    node: str
+    provider: str
+    step: int
+    policy_version: int
+    work_units: int
+    size: int
+    status: FileStatus
+    verdict: str
+    validator: str
+    updated_at: float
+    work_id: str  # the chain's key of the submitted work (hex), "" until submitted
+
+
+class State:
+    """One SQLite connection used from the event loop's thread (each call is short)."""
+
+    def __init__(self, path: str | Path, durable: bool = False) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    # meta
+    def get_meta(self, key: str, default: str = "") -> str:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return default if row is None else row[0]
+
+    def set_meta(self, key: str, value: str, db: sqlite3.Connection | None = None) -> None:
+        (db or self.db).execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE "
+                                "SET value = excluded.value", (key, value))
+
+    # nodes
+    def node(self, address: str) -> NodeRow | None:
+        row = self.db.execute("SELECT * FROM nodes WHERE address = ?", (address,)).fetchone()
+        return None if row is None else NodeRow(*row[:2], NodeState(row[2]), *row[3:])
+
+    def nodes(self, states: tuple[NodeState, ...] = tuple(NodeState)) -> list[NodeRow]:
+        marks = ",".join("?" * len(states))
+        rows = self.db.execute(f"SELECT * FROM nodes WHERE state IN ({marks}) ORDER BY address",
+                               [s.value for s in states])
+        return [NodeRow(*r[:2], NodeState(r[2]), *r[3:]) for r in rows]
+
+    def upsert_node(self, address: str, provider: str, state: NodeState, now: float) -> None:
+        self.db.execute(
+            "INSERT INTO nodes (address, provider, state, last_seen) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT(address) DO UPDATE SET provider = excluded.provider, "
+            "state = excluded.state, last_seen = excluded.last_seen",
+            (address, provider, state.value, now))
+
+    def set_node_state(self, address: str, state: NodeState) -> None:
+        self.db.execute("UPDATE nodes SET state = ? WHERE address = ?", (state.value, address))
+
+    def heartbeat(self, address: str, now: float, policy_version: int, step: int,
+                  tokens_per_s: float, files_pending: int) -> None:
+        self.db.execute(
+            "UPDATE nodes SET last_seen = ?, state = ?, policy_version = ?, step = ?, "
+            "tokens_per_s = ?, files_pending = ?, heartbeats = heartbeats + 1 WHERE address = ?",
+            (now, NodeState.HEALTHY.value, policy_version, step, tokens_per_s, files_pending,
+             address))
+
+    def grace(self, now: float) -> int:
+        """After a restart: every live node's miss clock starts again (downtime is ours)."""
+        live = (NodeState.HEALTHY.value, NodeState.UNHEALTHY.value)
+        cur = self.db.execute("UPDATE nodes SET last_seen = MAX(last_seen, ?) "
+                              "WHERE state IN (?, ?)", (now, *live))
+        return cur.rowcount
+
+    # invites
+    def invite(self, node: str) -> tuple[str, int, int, str] | None:
+        return self.db.execute("SELECT provider, nonce, expiry, signature FROM invites "
+                               "WHERE node = ?", (node,)).fetchone()
+
+    def put_invite(self, node: str, provider: str, nonce: int, expiry: int, sig: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO invites VALUES (?, ?, ?, ?, ?, ?)",
+                        (node, provider, nonce, expiry, sig, time.time()))
+
+    def drop_invite(self, node: str) -> None:
+        self.db.execute("DELETE FROM invites WHERE node = ?", (node,))
+
+    # slots and files
+    def slot(self, slot_id: str) -> SlotRow | None:
+        row = self.db.execute("SELECT * FROM slots WHERE slot_id = ?", (slot_id,)).fetchone()
+        return None if row is None else SlotRow(*row)
+
+    def file(self, sha256: str) -> FileRow | None:
+        row = self.db.execute("SELECT * FROM files WHERE sha256 = ?", (sha256,)).fetchone()
+        return None if row is None else FileRow(*row[:8], FileStatus(row[8]), *row[9:])
+
+    def files(self, step: int | None, status: FileStatus | None, after: int, limit: int,
+              sha256: str | None = None) -> list[FileRow]:
+        sql, args = "SELECT * FROM files WHERE seq > ?", [after]
+        if sha256 is not None:
+            sql, args = sql + " AND sha256 = ?", [*args, sha256]
+        if step is not None:
+            sql, args = sql + " AND step = ?", [*args, step]
+        if status is not None:
+            sql, args = sql + " AND status = ?", [*args, status.value]
+        rows = self.db.execute(sql + " ORDER BY seq LIMIT ?", [*args, limit])
+        return [FileRow(*r[:8], FileStatus(r[8]), *r[9:]) for r in rows]
+
+    def set_file_status(self, sha256: str, status: FileStatus, db: sqlite3.Connection | None = None,
+                        verdict: str | None = None, validator: str | None = None) -> None:
+        (db or self.db).execute(
+            "UPDATE files SET status = ?, verdict = COALESCE(?, verdict), "
+            "validator = COALESCE(?, validator), updated_at = ? WHERE sha256 = ?",
+            (status.value, verdict, validator, time.time(), sha256))
+
+    def grant_slot(self, slot_id: str, node: str, provider: str, sha256: str, size: int,
+                   step: int, policy_version: int, work_units: int, expires_at: float) -> bool:
+        """A slot and its ledger row (granted); False if the file is already known and live."""
+        with self.tx() as db:
+            old = db.execute("SELECT status FROM files WHERE sha256 = ?", (sha256,)).fetchone()
+            if old is not None and old[0] != FileStatus.EXPIRED.value:
+                return False
+            db.execute("INSERT INTO slots VALUES (?, ?, ?, ?, ?, 0)",
+                       (slot_id, node, sha256, size, expires_at))
+            db.execute(
+                "INSERT INTO files (sha256, node, provider, step, policy_version, work_units, "
+                "size, status, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(sha256) DO UPDATE SET node = excluded.node, "
+                "provider = excluded.provider, step = excluded.step, "
+                "policy_version = excluded.policy_version, work_units = excluded.work_units, "
+                "size = excluded.size, status = excluded.status, updated_at = excluded.updated_at",
+                (sha256, node, provider, step, policy_version, work_units, size,
+                 FileStatus.GRANTED.value, time.time()))
+        return True
+
+    def claim_slot(self, slot_id: str) -> bool:
+        """Take a free slot for one upload (so two concurrent uploads cannot both use it)."""
+        cur = self.db.execute("UPDATE slots SET used = 1 WHERE slot_id = ? AND used = 0",
+                              (slot_id,))
+        return cur.rowcount == 1
+
+    def release_slot(self, slot_id: str) -> None:
+        """A failed upload gives its slot back (nothing was stored)."""
+        self.db.execute("UPDATE slots SET used = 0 WHERE slot_id = ? AND used = 1", (slot_id,))
+
+    def finish_upload(self, slot_id: str, sha256: str) -> None:
+        with self.tx() as db:
+            db.execute("UPDATE slots SET used = 2 WHERE slot_id = ?", (slot_id,))
+            self.set_file_status(sha256, FileStatus.UPLOADED, db)
+
+    def expire_slots(self, now: float) -> int:
+        """Slots never used past their expiry: their files become `expired` (can be re-granted)."""
+        with self.tx() as db:
+            rows = db.execute("SELECT slot_id, sha256 FROM slots WHERE used = 0 AND "
+                              "expires_at < ?", (now,)).fetchall()
+            for slot_id, sha256 in rows:
+                db.execute("DELETE FROM slots WHERE slot_id = ?", (slot_id,))
+                db.execute("UPDATE files SET status = ?, updated_at = ? WHERE sha256 = ? AND "
+                           "status = ?", (FileStatus.EXPIRED.value, now, sha256,
+                                          FileStatus.GRANTED.value))
+        return len(rows)
+
+    def file_by_work_id(self, work_id: str) -> FileRow | None:
+        row = self.db.execute("SELECT * FROM files WHERE work_id = ?", (work_id,)).fetchone()
+        return None if row is None else FileRow(*row[:8], FileStatus(row[8]), *row[9:])
+
+    def set_work_id(self, sha256: str, work_id: str) -> None:
+        self.db.execute("UPDATE files SET work_id = ? WHERE sha256 = ?", (work_id, sha256))
+
+    def count_files(self) -> dict[str, int]:
+        rows = self.db.execute("SELECT status, COUNT(*) FROM files GROUP BY status")
+        return {status: n for status, n in rows}

@@ -1,0 +1,143 @@
+"""The client helper every role uses: signs each request (EIP-191) and parses typed answers.
+
+`SignedClient(base_url, private_key)` wraps an aiohttp session (pass your own to share one
+connection pool or to inject a transport). JSON bodies are signed over their exact bytes;
+uploads are streamed from disk and signed over the file's sha256, which the receiving store
+checks while it writes. A non-2xx answer raises `WireHTTPError(status, reason, detail)`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar, overload
+from urllib.parse import urlencode
+
+import aiohttp
+from pydantic import BaseModel
+from yarl import URL
+
+from meshrl.wire.errors import WireHTTPError
+from meshrl.wire.signing import address_of, sign_request
+
+__all__ = ["SignedClient"]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class SignedClient:
+    """Signed JSON calls and streamed uploads against one service's base URL."""
+
+    def __init__(
+        self,
+        base_url: str,
+        private_key: bytes | str,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        timeout_s: float = 60.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._key = private_key
+        self.address = address_of(private_key)
+        self._own_session = session is None
+        self._session = session
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        return self._session
+
+    async def close(self) -> None:
+        if self._own_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> SignedClient:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    @overload
+    async def call(self, method: str, path: str, body: Any = ..., *, response: type[M],
+                   query: Mapping[str, Any] | None = ...) -> M: ...
+    @overload
+    async def call(self, method: str, path: str, body: Any = ..., *, response: None = ...,
+                   query: Mapping[str, Any] | None = ...) -> Any: ...
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        response: type[M] | None = None,
+        query: Mapping[str, Any] | None = None,
+    ) -> M | Any:
+        """Send a signed request with a JSON body (a model, a dict or None); parse the answer."""
+        if isinstance(body, BaseModel):
+            raw = body.model_dump_json().encode()
+        elif body is None:
+            raw = b""
+        else:
+            raw = json.dumps(body).encode()
+        path_qs = path + ("?" + urlencode(query) if query else "")
+        headers = sign_request(self._key, method, path_qs, raw, address=self.address).as_dict()
+        if raw:
+            headers["content-type"] = "application/json"
+        url = URL(self.base_url + path_qs, encoded=True)
+        async with self.session.request(method, url, data=raw, headers=headers) as resp:
+            data = await resp.read()
+            _raise_for(resp.status, data)
+        parsed = json.loads(data) if data else None
+        return response.model_validate(parsed) if response is not None else parsed
+
+    async def upload(
+        self, method: str, path: str, file: str | Path, sha256: str, *, chunk_size: int = 1 << 20
+    ) -> Any:
+        """Stream `file` as the body, signed over its declared `sha256` (lower hex)."""
+        file = Path(file)
+        size = file.stat().st_size
+        headers = sign_request(self._key, method, path, body_sha256=sha256,
+                               address=self.address).as_dict()
+        headers["content-type"] = "application/octet-stream"
+        headers["content-length"] = str(size)
+        url = URL(self.base_url + path, encoded=True)
+        async with self.session.request(
+            method, url, data=_chunks(file, chunk_size), headers=headers
+        ) as resp:
+            data = await resp.read()
+            _raise_for(resp.status, data)
+        return json.loads(data) if data else None
+
+    async def get_bytes(self, path: str) -> bytes:
+        """A signed GET whose answer is raw bytes (a file download)."""
+        headers = sign_request(self._key, "GET", path, b"", address=self.address).as_dict()
+        async with self.session.get(URL(self.base_url + path, encoded=True),
+                                    headers=headers) as resp:
+            data = await resp.read()
+            _raise_for(resp.status, data)
+        return data
+
+
+async def _chunks(file: Path, size: int) -> AsyncIterator[bytes]:
+    with file.open("rb") as f:
+        while chunk := f.read(size):
+            yield chunk
+
+
+def _raise_for(status: int, data: bytes) -> None:
+    if status < 300:
+        return
+    try:
+        err = json.loads(data)
+        reason, detail = str(err.get("error", "")), str(err.get("detail", ""))
+    except (ValueError, AttributeError):
+        reason, detail = data[:200].decode(errors="replace"), ""
+    raise WireHTTPError(status, reason, detail)

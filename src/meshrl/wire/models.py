@@ -1,0 +1,248 @@
+"""Request and response models shared by the services and their clients (pydantic, JSON).
+
+Addresses are 0x-hex (compared case-insensitively, returned checksummed by the services);
+hashes are lower-case hex without 0x. The OpenAPI documents of the services are built from
+these models.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "Accelerator",
+    "FileStatus",
+    "Hardware",
+    "Health",
+    "Heartbeat",
+    "HeartbeatAck",
+    "Invite",
+    "LedgerEntry",
+    "LedgerPage",
+    "LedgerQuery",
+    "NodeAnnouncement",
+    "NodeEntry",
+    "NodeList",
+    "NodeState",
+    "NodeStatus",
+    "PoolNode",
+    "PoolNodes",
+    "SlotRequest",
+    "StepUpdate",
+    "UploadReceipt",
+    "UploadSlot",
+    "Verdict",
+    "VerdictAck",
+    "VerdictKind",
+    "WorkOrder",
+]
+
+SHA256 = r"^[0-9a-f]{64}$"
+ADDRESS = r"^0x[0-9a-fA-F]{40}$"
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Health(Model):
+    status: str = "ok"
+    service: str
+    info: dict[str, Any] = {}
+
+
+# --- discovery -----------------------------------------------------------------------------
+
+class Accelerator(Model):
+    name: str = Field(max_length=128)
+    memory_gb: float = Field(ge=0)
+    count: int = Field(1, ge=1, le=1024)
+
+
+class Hardware(Model):
+    cores: int = Field(ge=1, le=1 << 16)
+    memory_gb: float = Field(ge=0)
+    accelerators: list[Accelerator] = Field(default_factory=list, max_length=64)
+
+
+class NodeAnnouncement(Model):
+    """What a node PUTs to discovery (the signer is the node)."""
+
+    provider: str = Field(pattern=ADDRESS)
+    pool_id: int = Field(ge=1, description="the pool the node wants to join")
+    endpoints: list[str] = Field(default_factory=list, max_length=16)
+    hardware: Hardware
+    software: dict[str, str] = Field(default_factory=dict, max_length=32)
+
+
+class NodeStatus(StrEnum):
+    PENDING = "pending"  # announced; on chain, not in a pool
+    IN_POOL = "in_pool"
+    EJECTED = "ejected"
+    BLACKLISTED = "blacklisted"
+
+
+class NodeEntry(Model):
+    address: str
+    info: NodeAnnouncement
+    status: NodeStatus
+    chain_pool: int = 0
+    ip: str = ""
+    updated_at: float
+
+
+class NodeList(Model):
+    nodes: list[NodeEntry]
+
+
+# --- orchestrator --------------------------------------------------------------------------
+
+class Invite(Model):
+    """A pool manager's one-time invite: the node calls `join_pool` with it on chain."""
+
+    pool_id: int
+    domain_id: int
+    node: str
+    nonce: int
+    expiry: int
+    signature: str = Field(description="0x-hex, 65 bytes (meshrl.protocol.signing.sign_invite)")
+
+
+class Heartbeat(Model):
+    policy_version: int = Field(-1, ge=-1, description="loaded policy version (-1: none)")
+    step: int = Field(0, ge=0)
+    tokens_per_s: float = Field(0.0, ge=0)
+    files_pending: int = Field(0, ge=0)
+
+
+class NodeState(StrEnum):
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"  # one heartbeat missed
+    DEAD = "dead"  # K missed: ejection on chain pending
+    EJECTED = "ejected"  # must be invited again
+
+
+class HeartbeatAck(Model):
+    state: NodeState
+    interval_s: float
+    step: int = Field(description="the pool's current step")
+
+
+class WorkOrder(Model):
+    """What a node generates now: task, sampling, step, allowed policy versions, sources."""
+
+    pool_id: int
+    step: int
+    policy_versions: list[int] = Field(description="versions a node may generate with")
+    async_level: int
+    task: dict[str, Any]
+    sampling: dict[str, Any]
+    seed: int = Field(description="base seed from which the node's prompts are derived")
+    prompts_per_file: int
+    shardcast_servers: list[str]
+    max_file_bytes: int
+    max_units_per_file: int
+
+
+class SlotRequest(Model):
+    sha256: str = Field(pattern=SHA256)
+    size: int = Field(ge=1)
+    step: int = Field(ge=0)
+    policy_version: int = Field(ge=0)
+    work_units: int = Field(ge=1)
+
+
+class UploadSlot(Model):
+    """Where and until when to upload one file (single use)."""
+
+    slot_id: str
+    method: str = "PUT"
+    url: str = Field(description="path on the orchestrator (disk store) or a pre-signed URL")
+    signed: bool = Field(True, description="sign the upload like any request (disk store)")
+    expires_at: float
+    sha256: str
+    size: int
+
+
+class UploadReceipt(Model):
+    sha256: str
+    size: int
+    status: str
+
+
+class FileStatus(StrEnum):
+    GRANTED = "granted"
+    UPLOADED = "uploaded"
+    SUBMITTED = "submitted"
+    ACCEPTED = "accepted"
+    SOFT_INVALIDATED = "soft_invalidated"
+    HARD_INVALIDATED = "hard_invalidated"
+    EXPIRED = "expired"
+
+
+class VerdictKind(StrEnum):
+    ACCEPT = "accept"
+    SOFT_INVALID = "soft_invalid"
+    HARD_INVALID = "hard_invalid"
+
+
+class Verdict(Model):
+    sha256: str = Field(pattern=SHA256)
+    verdict: VerdictKind
+    reason: str = Field("", max_length=500)
+
+
+class VerdictAck(Model):
+    sha256: str
+    status: FileStatus
+
+
+class LedgerEntry(Model):
+    seq: int = Field(description="ledger order (grant order); pages are ordered by it")
+    sha256: str
+    node: str
+    provider: str
+    step: int
+    policy_version: int
+    work_units: int
+    size: int
+    status: FileStatus
+    verdict: str = ""
+    download: str = Field("", description="signed GET path of the file (empty until uploaded)")
+
+
+class StepUpdate(Model):
+    """The trainer moves the pool to `step` (monotone)."""
+
+    step: int = Field(ge=0)
+
+
+class PoolNode(Model):
+    address: str
+    provider: str
+    state: NodeState
+    last_seen: float
+    policy_version: int
+    step: int
+    tokens_per_s: float
+    files_pending: int
+
+
+class PoolNodes(Model):
+    nodes: list[PoolNode]
+
+
+class LedgerQuery(Model):
+    step: int | None = Field(None, ge=0, description="only files of this step")
+    status: FileStatus | None = Field(None, description="only files in this state")
+    sha256: str | None = Field(None, pattern=SHA256, description="only this file")
+    after: int = Field(0, ge=0, description="ledger sequence to start after (paging)")
+    limit: int = Field(500, ge=1, le=5000)
+
+
+class LedgerPage(Model):
+    entries: list[LedgerEntry]
+    next_after: int = Field(description="pass as `after` for the next page")

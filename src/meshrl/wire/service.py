@@ -1,0 +1,227 @@
+"""One HTTP stack for every service: aiohttp routes declared with pydantic models.
+
+A service lists `Route`s; `build_app` turns them into an aiohttp application whose middleware
+verifies every signed route (`RequestGuard`), parses the JSON body and query into the route's
+models, serialises the response model, counts requests in Prometheus metrics and answers every
+refusal as `{"error": reason, "detail": ...}` with a 4xx status. The OpenAPI document is built
+from the same routes (`openapi_document`), served at `/openapi.json`; `/health` and `/metrics`
+are unsigned.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from pydantic import BaseModel, ValidationError
+
+from meshrl.wire.errors import WireError
+from meshrl.wire.guard import RequestGuard, VerifiedRequest
+
+__all__ = ["Call", "Route", "build_app", "error_response", "openapi_document"]
+
+
+@dataclass
+class Call:
+    """What a handler gets: the raw request, its verified signer, and the parsed models."""
+
+    request: web.Request
+    signer: VerifiedRequest | None
+    body: Any = None
+    query: Any = None
+
+    @property
+    def address(self) -> str:
+        if self.signer is None:
+            raise WireError(401, "missing signature headers")
+        return self.signer.address
+
+    def param(self, name: str) -> str:
+        return self.request.match_info[name]
+
+
+Handler = Callable[[Call], Awaitable[BaseModel | web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One endpoint. `stream` routes are not read by the middleware: the handler reads
+    `call.request.content` itself and must check the bytes against `call.signer.body_sha256`."""
+
+    method: str
+    path: str
+    handler: Handler
+    body: type[BaseModel] | None = None
+    query: type[BaseModel] | None = None
+    response: type[BaseModel] | None = None
+    signed: bool = True
+    max_body: int | None = None
+    stream: bool = False
+    summary: str = ""
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+METRICS_KEY = web.AppKey("metrics_registry", CollectorRegistry)
+
+
+def error_response(status: int, reason: str, detail: str = "") -> web.Response:
+    return web.json_response({"error": reason, "detail": detail}, status=status)
+
+
+class _Metrics:
+    def __init__(self, service: str, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "meshrl_http_requests", "HTTP requests by route and status",
+            ["service", "route", "status"], registry=self.registry)
+        self.latency = Histogram(
+            "meshrl_http_request_seconds", "HTTP request latency", ["service", "route"],
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10))
+        self.service = service
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise WireError(413, "body too large", f"{request.content_length} > {limit} bytes")
+    body = await request.content.read(limit + 1)
+    if len(body) > limit:
+        raise WireError(413, "body too large", f"more than {limit} bytes")
+    return body
+
+
+def _parse(model: type[BaseModel], data: Any, what: str) -> BaseModel:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        msgs = "; ".join(f"{'.'.join(map(str, x['loc'])) or what}: {x['msg']}" for x in e.errors())
+        raise WireError(422, f"invalid {what}", msgs[:500]) from None
+
+
+async def _dispatch(route: Route, guard: RequestGuard, request: web.Request) -> web.StreamResponse:
+    signer, body_model = None, None
+    if route.stream:
+        signer = guard.check_headers(request.method, request.raw_path, request.headers,
+                                     request.content_length, route.max_body)
+    else:
+        limit = route.max_body if route.max_body is not None else guard.cfg.max_body_bytes
+        raw = await _read_body(request, limit)
+        if route.signed:
+            signer = guard.check(request.method, request.raw_path, request.headers, raw, limit)
+        if route.body is not None:
+            try:
+                data = json.loads(raw) if raw else None
+            except (ValueError, UnicodeDecodeError):
+                raise WireError(400, "malformed json") from None
+            body_model = _parse(route.body, data, "body")
+    query = _parse(route.query, dict(request.query), "query") if route.query else None
+    result = await route.handler(Call(request, signer, body_model, query))
+    if isinstance(result, web.StreamResponse):
+        return result
+    return web.Response(body=result.model_dump_json().encode(), content_type="application/json")
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """aiohttp's own refusals (no such route, wrong method) answered as JSON too."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return error_response(e.status, e.reason.lower())
+
+
+def build_app(
+    service: str, routes: list[Route], guard: RequestGuard, version: str = "1",
+    registry: CollectorRegistry | None = None, client_max_size: int = 1 << 30,
+) -> web.Application:
+    """The aiohttp application of `routes` plus `/openapi.json` and `/metrics` (of `registry`,
+    a fresh one by default, where the service may register its own metrics too)."""
+    metrics = _Metrics(service, registry or CollectorRegistry())
+    app = web.Application(client_max_size=client_max_size, middlewares=[_json_errors])
+    app[METRICS_KEY] = metrics.registry
+
+    def wrap(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            t0 = time.perf_counter()
+            try:
+                resp = await _dispatch(route, guard, request)
+            except WireError as e:
+                resp = error_response(e.status, e.reason, e.detail)
+            metrics.latency.labels(service, route.path).observe(time.perf_counter() - t0)
+            metrics.requests.labels(service, route.path, str(resp.status)).inc()
+            return resp
+        return handle
+
+    for route in routes:
+        app.router.add_route(route.method, route.path, wrap(route))
+    doc = openapi_document(service, routes, version)
+
+    async def openapi(_: web.Request) -> web.Response:
+        return web.json_response(doc)
+
+    async def prometheus(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(metrics.registry),
+                            content_type="text/plain", charset="utf-8")
+
+    app.router.add_get("/openapi.json", openapi)
+    app.router.add_get("/metrics", prometheus)
+    return app
+
+
+def openapi_document(service: str, routes: list[Route], version: str = "1") -> dict[str, Any]:
+    """OpenAPI 3.1 from the routes' pydantic models (schemas under components/schemas)."""
+    schemas: dict[str, Any] = {"Error": {
+        "type": "object", "required": ["error"],
+        "properties": {"error": {"type": "string"}, "detail": {"type": "string"}}}}
+
+    def ref(model: type[BaseModel]) -> dict[str, str]:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+        return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+    paths: dict[str, Any] = {}
+    for r in routes:
+        op: dict[str, Any] = {"summary": r.summary, "tags": list(r.tags), "responses": {
+            "4XX": {"description": "refused", "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/Error"}}}}}}
+        ok: dict[str, Any] = {"description": "ok"}
+        if r.response is not None:
+            ok["content"] = {"application/json": {"schema": ref(r.response)}}
+        op["responses"]["200"] = ok
+        if r.body is not None:
+            op["requestBody"] = {"required": True,
+                                 "content": {"application/json": {"schema": ref(r.body)}}}
+        elif r.stream:
+            op["requestBody"] = {"required": True, "content": {"application/octet-stream": {}}}
+        params = [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
+                  for n in _path_params(r.path)]
+        if r.query is not None:
+            for name, f in r.query.model_fields.items():
+                params.append({"name": name, "in": "query", "required": f.is_required(),
+                               "description": f.description or "", "schema": {}})
+        if params:
+            op["parameters"] = params
+        if r.signed:
+            op["security"] = [{"eip191": []}]
+        paths.setdefault(r.path, {})[r.method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": f"meshrl {service}", "version": version},
+        "paths": paths,
+        "components": {"schemas": schemas, "securitySchemes": {"eip191": {
+            "type": "apiKey", "in": "header", "name": "x-signature",
+            "description": "EIP-191 signature; see meshrl.wire.signing for the message"}}},
+    }
+
+
+def _path_params(path: str) -> list[str]:
+    return [part[1:-1].split(":")[0] for part in path.split("/")
+            if part.startswith("{") and part.endswith("}")]

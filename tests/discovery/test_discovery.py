@@ -1,0 +1,146 @@
+"""`meshrl discovery` as a process against anvil: who may announce, who may list a pool's
+candidates, the per-IP cap, and statuses that follow the chain."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from meshrl.wire import SignedClient, WireHTTPError
+from meshrl.wire.models import NodeEntry, NodeList, NodeStatus
+from orchestrator.conftest import anvil_or_skip
+from orchestrator.net import Chain, Service, announcement, hexkey, run, start_chain, wait_for
+
+
+@dataclass
+class Disc:
+    chain: Chain
+    url: str
+
+    def client(self, name: str) -> SignedClient:
+        return SignedClient(self.url, hexkey(self.chain.accounts[name]))
+
+
+@pytest.fixture(scope="module")
+def disc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Disc]:
+    anvil_or_skip()
+    tmp: Path = tmp_path_factory.mktemp("disc")
+    chain = start_chain(tmp)
+    svc = Service("discovery", {
+        "port": 0, "db": str(tmp / "disc.db"), "sync_s": 0.3, "manager_cache_s": 0.0,
+        "max_nodes_per_ip": 3,
+        "chain": {"deployment": str(chain.deployment), "rpc_url": chain.node.url}}, tmp)
+    try:
+        yield Disc(chain, svc.start())
+    finally:
+        svc.stop()
+        chain.close()
+
+
+def expect(status: int, reason: str, coro) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(WireHTTPError) as e:
+        run(coro)
+    assert (e.value.status, e.value.reason) == (status, reason)
+
+
+async def put(d: Disc, node: str, provider: str) -> NodeEntry:
+    async with d.client(node) as c:
+        return await c.call("PUT", "/nodes", announcement(d.chain, provider), response=NodeEntry)
+
+
+def test_who_may_announce(disc: Disc) -> None:
+    expect(403, "node not on chain", put(disc, "stranger", "p1"))
+    expect(403, "provider mismatch", put(disc, "n1", "p2"))
+    entry = run(put(disc, "n1", "p1"))
+    assert (entry.status, entry.ip, entry.info.hardware.cores) == (NodeStatus.PENDING,
+                                                                   "127.0.0.1", 8)
+
+    async def unsigned() -> int:
+        async with aiohttp.ClientSession() as s, s.put(disc.url + "/nodes", json={}) as r:
+            return r.status
+    assert run(unsigned()) == 401
+
+
+def test_a_node_reads_only_its_own_entry(disc: Disc) -> None:
+    run(put(disc, "n1", "p1"))
+    n1 = disc.chain.accounts["n1"].address
+
+    async def read(who: str) -> NodeEntry:
+        async with disc.client(who) as c:
+            return await c.call("GET", f"/nodes/{n1}", response=NodeEntry)
+    assert run(read("n1")).address == n1
+    expect(403, "only a node reads its own entry", read("n2"))
+
+
+def test_only_the_pool_manager_lists_candidates(disc: Disc) -> None:
+    run(put(disc, "n1", "p1"))
+
+    async def listing(who: str, pool: int | str) -> NodeList:
+        async with disc.client(who) as c:
+            return await c.call("GET", f"/pools/{pool}/nodes", response=NodeList)
+    nodes = run(listing("mgr", disc.chain.pool)).nodes
+    assert disc.chain.accounts["n1"].address in {n.address for n in nodes}
+    expect(403, "not the pool's manager", listing("stranger", disc.chain.pool))
+    expect(400, "bad pool id", listing("mgr", "x"))
+
+
+def test_cap_per_ip_address(disc: Disc) -> None:
+    for n in ("n1", "n2", "n3"):
+        run(put(disc, n, "p1"))
+    run(put(disc, "n1", "p1"))  # an update is not a new node
+    expect(429, "too many nodes for this IP address", put(disc, "n4", "p1"))
+
+
+def test_status_follows_the_chain(disc: Disc) -> None:
+    chain = disc.chain
+    n3 = chain.accounts["n3"].address
+    run(put(disc, "n3", "p1"))
+
+    async def status(node: str) -> NodeStatus | None:
+        async with disc.client(node) as c:
+            try:
+                e = await c.call("GET", f"/nodes/{chain.accounts[node].address}",
+                                 response=NodeEntry)
+                return e.status
+            except WireHTTPError as err:
+                if err.status == 404:
+                    return None
+                raise
+
+    async def becomes(node: str, want: NodeStatus | None) -> None:
+        await wait_for(lambda: _eq(status(node), want), timeout=10)
+
+    mgr = chain.client("mgr")
+    mgr.blacklist_node(chain.pool, n3)
+    run(becomes("n3", NodeStatus.BLACKLISTED))
+    # the node is removed on chain by its provider: its entry disappears
+    chain.client("p1").remove_node(n3)
+    run(becomes("n3", None))
+
+
+async def _eq(get, want) -> bool:  # type: ignore[no-untyped-def]
+    return (await get) == want
+
+
+def test_in_pool_then_ejected(disc: Disc) -> None:
+    chain = disc.chain
+    n2 = chain.accounts["n2"]
+    run(put(disc, "n2", "p1"))
+    mgr = chain.client("mgr")
+    exp = chain.fed.backend.now() + 600
+    chain.client("n2").join_pool(chain.pool, n2.address, 7, exp,
+                                 mgr.sign_invite(chain.pool, n2.address, 7, exp))
+
+    async def st() -> NodeStatus:
+        async with disc.client("n2") as c:
+            return (await c.call("GET", f"/nodes/{n2.address}", response=NodeEntry)).status
+    run(wait_for(lambda: _eq(st(), NodeStatus.IN_POOL), timeout=10))
+    mgr.eject_node(chain.pool, n2.address)
+    run(wait_for(lambda: _eq(st(), NodeStatus.EJECTED), timeout=10))
+    asyncio.run(asyncio.sleep(0.7))  # and it stays ejected over further syncs
+    assert run(st()) == NodeStatus.EJECTED

@@ -1,0 +1,80 @@
+"""One chain, one discovery and one orchestrator process for the module's tests; n1 and n2 are
+onboarded members kept alive by a heartbeat thread."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from meshrl.protocol.anvil import find_anvil
+
+from .net import Chain, Heartbeater, Service, hexkey, onboard, run, start_chain
+
+
+def anvil_or_skip() -> None:
+    if find_anvil() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("anvil is required in CI (make setup installs it via npm)")
+        pytest.skip("anvil not installed (run `make setup`)")
+
+
+@dataclass
+class Pool:
+    chain: Chain
+    disc: Service
+    orch: Service
+    tmp: Path
+
+    def key(self, name: str) -> str:
+        return hexkey(self.chain.accounts[name])
+
+
+def orchestrator_config(chain: Chain, tmp: Path, **over: object) -> dict:
+    cfg: dict = {
+        "port": 0, "pool_id": chain.pool, "db": str(tmp / "orch.db"),
+        "readers": [chain.accounts["trainer"].address], "chain_poll_s": 0.2,
+        "validator_cache_s": 0.0,
+        "chain": {"deployment": str(chain.deployment), "rpc_url": chain.node.url,
+                  "private_key": hexkey(chain.accounts["mgr"])},
+        "guard": {"rate_per_minute": 3000, "rate_burst": 40},
+        "store": {"root": str(tmp / "files")},
+        "heartbeat": {"interval_s": 1.0, "dead_after": 3},
+        "onboarding": {"poll_s": 0.2, "recheck_s": 0.5, "requirements": {"min_cores": 4}},
+        "work": {"step": 3, "async_level": 1, "max_file_bytes": 1 << 21,
+                 "max_units_per_file": 10_000, "slot_ttl_s": 30.0},
+    }
+    for k, v in over.items():
+        cfg[k] = {**cfg[k], **v} if isinstance(v, dict) else v
+    return cfg
+
+
+@pytest.fixture(scope="package")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    anvil_or_skip()
+    tmp = tmp_path_factory.mktemp("pool")
+    chain = start_chain(tmp)
+    disc = Service("discovery", {
+        "port": 0, "db": str(tmp / "disc.db"), "sync_s": 0.5, "manager_cache_s": 0.0,
+        "chain": {"deployment": str(chain.deployment), "rpc_url": chain.node.url}}, tmp)
+    orch: Service | None = None
+    try:
+        disc.start()
+        cfg = orchestrator_config(chain, tmp)
+        cfg["onboarding"] = {**cfg["onboarding"], "discovery_url": disc.url}
+        orch = Service("orchestrator", cfg, tmp)
+        orch.start()
+        p = Pool(chain, disc, orch, tmp)
+        for n in ("n1", "n2"):
+            run(onboard(chain, disc.url, orch.url, n, "p1"))
+        beats = Heartbeater(orch.url, [p.key("n1"), p.key("n2")], every=0.3)
+        yield p
+        beats.stop()
+    finally:
+        if orch is not None:
+            orch.stop()
+        disc.stop()
+        chain.close()

@@ -1,0 +1,231 @@
+"""Attacks on the orchestrator, each refused with its reason and with no state changed: the
+ledger, the node table (by /health) and the file store are compared before and after."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from yarl import URL
+
+from meshrl.wire import SignedClient, WireHTTPError, sign_request
+from meshrl.wire.models import Heartbeat, LedgerPage, SlotRequest, UploadSlot, Verdict
+
+from .conftest import Pool
+from .net import run
+
+
+async def snapshot(pool: Pool) -> tuple[Any, ...]:
+    async with aiohttp.ClientSession() as s, s.get(pool.orch.url + "/health") as r:
+        health = (await r.json())["info"]
+    async with SignedClient(pool.orch.url, pool.key("trainer")) as t:
+        ledger = await t.call("GET", "/ledger", response=LedgerPage)
+    files = sorted(p.name for p in (pool.tmp / "files").rglob("*") if p.is_file())
+    health.pop("chain_block")
+    health.pop("signatures")
+    return health, [(e.sha256, e.status) for e in ledger.entries], files
+
+
+def refused(pool: Pool, attack: Callable[[], Awaitable[Any]], status: int,
+            reason: str | set[str]) -> None:
+    """`attack` must raise WireHTTPError(status, reason) and change nothing observable."""
+    reasons = {reason} if isinstance(reason, str) else reason
+    async def t() -> None:
+        before = await snapshot(pool)
+        with pytest.raises(WireHTTPError) as e:
+            await attack()
+        assert e.value.status == status and e.value.reason in reasons, e.value
+        assert await snapshot(pool) == before
+    run(t())
+
+
+async def send(url: str, method: str, path: str, body: bytes, headers: dict) -> Any:
+    """A raw request; a non-2xx answer raises WireHTTPError like the client helper."""
+    target = URL(url + path, encoded=True)  # as written: no client-side normalisation
+    async with aiohttp.ClientSession() as s, s.request(method, target, data=body,
+                                                       headers=headers) as r:
+        data = await r.json()
+        if r.status >= 300:
+            raise WireHTTPError(r.status, data["error"], data.get("detail", ""))
+        return data
+
+
+HB = Heartbeat().model_dump_json().encode()
+
+
+def test_replayed_request(pool: Pool) -> None:
+    h = sign_request(pool.key("n1"), "POST", "/heartbeat", HB).as_dict()
+    run(send(pool.orch.url, "POST", "/heartbeat", HB, h))
+    refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", HB, h), 409,
+            "replayed nonce")
+
+
+@pytest.mark.parametrize("offset, reason", [(-400, "stale timestamp"), (400, "future timestamp")])
+def test_stale_and_future_timestamps(pool: Pool, offset: int, reason: str) -> None:
+    h = sign_request(pool.key("n1"), "POST", "/heartbeat", HB,
+                     timestamp=int(time.time()) + offset).as_dict()
+    refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", HB, h), 401, reason)
+
+
+def test_forged_signature(pool: Pool) -> None:
+    h = sign_request(pool.key("n1"), "POST", "/heartbeat", HB).as_dict()
+    sig = bytearray.fromhex(h["x-signature"][2:])
+    sig[10] ^= 0x55
+    h["x-signature"] = "0x" + sig.hex()
+    # a changed r either recovers no key or someone else's
+    refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", HB, h), 401,
+            {"bad signature", "signature of another address"})
+
+
+def test_valid_signature_of_another_address(pool: Pool) -> None:
+    h = sign_request(pool.key("stranger"), "POST", "/heartbeat", HB).as_dict()
+    h["x-address"] = pool.chain.accounts["n1"].address
+    refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", HB, h), 401,
+            "signature of another address")
+
+
+def test_oversized_body(pool: Pool) -> None:
+    body = b'{"policy_version": 0, "pad": "' + b"x" * (20 << 10) + b'"}'
+    h = sign_request(pool.key("n1"), "POST", "/heartbeat", body).as_dict()
+    refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", body, h), 413,
+            "body too large")
+
+
+async def grant(pool: Pool, node: str, data: bytes) -> UploadSlot:
+    async with SignedClient(pool.orch.url, pool.key(node)) as c:
+        req = SlotRequest(sha256=hashlib.sha256(data).hexdigest(), size=len(data), step=3,
+                          policy_version=3, work_units=10)
+        return await c.call("POST", "/uploads", req, response=UploadSlot)
+
+
+def _file(pool: Pool, name: str, data: bytes) -> Path:
+    path = pool.tmp / name
+    path.write_bytes(data)
+    return path
+
+
+def test_upload_whose_bytes_do_not_match(pool: Pool) -> None:
+    good = b"rollout-a" * 1000
+    slot = run(grant(pool, "n1", good))
+    bad = _file(pool, "bad", b"rollout-b" * 1000)  # same size, other bytes
+    sha_good = hashlib.sha256(good).hexdigest()
+
+    async def lie() -> Any:  # signs the granted sha256 but sends other bytes
+        async with SignedClient(pool.orch.url, pool.key("n1")) as c:
+            return await c.upload("PUT", slot.url, bad, sha_good)
+
+    async def honest_other() -> Any:  # signs what it sends, which is not the granted file
+        async with SignedClient(pool.orch.url, pool.key("n1")) as c:
+            return await c.upload("PUT", slot.url, bad, hashlib.sha256(bad.read_bytes())
+                                  .hexdigest())
+    refused(pool, lie, 400, "sha256 mismatch")
+    refused(pool, honest_other, 400, "sha256 mismatch")
+
+    async def then_honest() -> Any:  # the slot is still usable by its node with the right file
+        async with SignedClient(pool.orch.url, pool.key("n1")) as c:
+            return await c.upload("PUT", slot.url, _file(pool, "good", good), sha_good)
+    assert run(then_honest())["status"] == "uploaded"
+
+
+def test_upload_without_slot_into_other_nodes_slot_and_twice(pool: Pool) -> None:
+    data = b"rollout-c" * 1000
+    path, sha = _file(pool, "c", data), hashlib.sha256(data).hexdigest()
+
+    def up(node: str, url: str) -> Callable[[], Awaitable[Any]]:
+        async def go() -> Any:
+            async with SignedClient(pool.orch.url, pool.key(node)) as c:
+                return await c.upload("PUT", url, path, sha)
+        return go
+    refused(pool, up("n1", "/uploads/" + "ab" * 16), 404, "no such slot")
+    slot = run(grant(pool, "n1", data))
+    refused(pool, up("n2", slot.url), 403, "slot of another node")
+    assert run(up("n1", slot.url)())["status"] == "uploaded"
+    refused(pool, up("n1", slot.url), 409, "slot already used")
+
+
+def test_concurrent_uses_of_one_slot_store_once(pool: Pool) -> None:
+    data = b"rollout-d" * 100_000
+    path, sha = _file(pool, "d", data), hashlib.sha256(data).hexdigest()
+    slot = run(grant(pool, "n1", data))
+
+    async def race() -> list[Any]:
+        async with SignedClient(pool.orch.url, pool.key("n1")) as c:
+            return await asyncio.gather(*(c.upload("PUT", slot.url, path, sha)
+                                          for _ in range(4)), return_exceptions=True)
+    outcomes = run(race())
+    ok = [o for o in outcomes if isinstance(o, dict)]
+    assert len(ok) == 1
+    assert all(isinstance(o, WireHTTPError) and o.status == 409 for o in outcomes if o not in ok)
+
+
+def test_heartbeat_from_node_not_in_pool(pool: Pool) -> None:
+    async def hb() -> Any:  # n5 is on chain (provider p2) but never joined
+        async with SignedClient(pool.orch.url, pool.key("n5")) as c:
+            return await c.call("POST", "/heartbeat", Heartbeat())
+    refused(pool, hb, 403, "not in pool")
+
+
+def test_verdict_from_an_address_without_the_validator_role(pool: Pool) -> None:
+    async def t() -> Any:
+        async with SignedClient(pool.orch.url, pool.key("trainer")) as c:
+            page = await c.call("GET", "/ledger", response=LedgerPage)
+        sha = page.entries[0].sha256
+        async with SignedClient(pool.orch.url, pool.key("stranger")) as c:
+            return await c.call("POST", "/verdicts", Verdict(sha256=sha, verdict="accept"))
+    refused(pool, t, 403, "not a validator")
+
+
+@pytest.mark.parametrize("path, status, reason", [
+    ("/files/..%2F..%2Fstate.db", 400, "bad file name"),
+    ("/files/%2E%2E", 400, "bad file name"),
+    ("/files/" + "0" * 63 + "%2F", 400, "bad file name"),
+    ("/uploads/..%2F..%2Fescape", 400, "bad slot id"),
+])
+def test_paths_that_try_to_leave_the_store(pool: Pool, path: str, status: int,
+                                           reason: str) -> None:
+    method = "GET" if path.startswith("/files") else "PUT"
+
+    body = b"" if method == "GET" else b"x"
+
+    async def t() -> Any:
+        h = sign_request(pool.key("trainer" if method == "GET" else "n1"), method, path,
+                         body).as_dict()
+        return await send(pool.orch.url, method, path, body, h)
+    refused(pool, t, status, reason)
+    assert not (pool.tmp / "escape").exists()
+
+
+def test_flood_from_one_address_is_429_while_others_are_served(pool: Pool) -> None:
+    async def t() -> None:
+        async with SignedClient(pool.orch.url, pool.key("n4")) as flood, \
+                SignedClient(pool.orch.url, pool.key("trainer")) as other:
+            async def one() -> int:
+                try:
+                    await flood.call("GET", "/work")  # n4 is not a member: 403 until limited
+                    return 200
+                except WireHTTPError as e:
+                    return e.status
+            codes = await asyncio.gather(*(one() for _ in range(120)))
+            assert codes.count(429) >= 60 and set(codes) <= {403, 429}
+            page = await other.call("GET", "/ledger", response=LedgerPage)
+            assert page.entries
+    run(t())
+
+
+def test_slot_beyond_the_unit_and_size_limits(pool: Pool) -> None:
+    def ask(units: int, size: int = 100, version: int = 3) -> Callable[[], Awaitable[Any]]:
+        async def go() -> Any:
+            async with SignedClient(pool.orch.url, pool.key("n1")) as c:
+                return await c.call("POST", "/uploads", SlotRequest(
+                    sha256="ee" * 32, size=size, step=3, policy_version=version,
+                    work_units=units))
+        return go
+    refused(pool, ask(10_001), 422, "too many work units")
+    refused(pool, ask(10, size=(1 << 21) + 1), 413, "file too large")
+    refused(pool, ask(10, version=1), 409, "stale work")  # step 3, async level 1: versions 2, 3

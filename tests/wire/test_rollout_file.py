@@ -1,0 +1,137 @@
+"""The rollout file: round trip, and a strict reader for corrupt, truncated and wrong files."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from meshrl.wire.errors import RolloutFileError
+from meshrl.wire.rollout_file import (
+    COLUMNS,
+    METADATA_KEY,
+    read_rollout_file,
+    rollout_file_bytes,
+    write_rollout_file,
+)
+
+from .helpers import sample_rollout
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    rf = sample_rollout()
+    sha = write_rollout_file(tmp_path / "r.parquet", rf)
+    data = (tmp_path / "r.parquet").read_bytes()
+    assert sha == hashlib.sha256(data).hexdigest()
+    back = read_rollout_file(tmp_path / "r.parquet")
+    assert back.header == rf.header
+    assert len(back.completions) == 6
+    for a, b in zip(back.completions, rf.completions, strict=True):
+        assert a.completion_tokens == b.completion_tokens
+        assert a.toploc_proofs == b.toploc_proofs
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-6)  # stored as float32
+    assert read_rollout_file(data).header.sampling_seed == 77
+
+
+def _table_bytes(table: pa.Table) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+def _good_table() -> pa.Table:
+    return pq.read_table(pa.BufferReader(rollout_file_bytes(sample_rollout())))
+
+
+def test_truncated_and_corrupt_files() -> None:
+    data = rollout_file_bytes(sample_rollout())
+    for bad in (data[: len(data) // 2], data[:-9], b"", b"PAR1" + b"\x00" * 100):
+        with pytest.raises(RolloutFileError, match="not a readable Parquet"):
+            read_rollout_file(bad)
+    flipped = bytearray(data)
+    flipped[len(data) // 3] ^= 0xFF
+    with pytest.raises(RolloutFileError):
+        read_rollout_file(bytes(flipped))
+
+
+def test_wrong_schema_version_and_missing_header() -> None:
+    t = _good_table()
+    meta = json.loads(t.schema.metadata[METADATA_KEY])
+    meta["schema_version"] = 2
+    with pytest.raises(RolloutFileError, match="schema version 2"):
+        read_rollout_file(_table_bytes(t.replace_schema_metadata({METADATA_KEY: json.dumps(meta)})))
+    with pytest.raises(RolloutFileError, match=r"no meshrl\.rollout header"):
+        read_rollout_file(_table_bytes(t.replace_schema_metadata({})))
+    meta["schema_version"] = 1
+    meta["work_units"] = "many"
+    with pytest.raises(RolloutFileError, match=r"bad header.*work_units"):
+        read_rollout_file(_table_bytes(t.replace_schema_metadata({METADATA_KEY: json.dumps(meta)})))
+
+
+def test_wrong_types_and_missing_columns() -> None:
+    t = _good_table()
+    i = COLUMNS.get_field_index("reward")
+    wrong = t.set_column(i, "reward", pa.array([str(x) for x in t["reward"].to_pylist()]))
+    with pytest.raises(RolloutFileError, match="wrong columns or types"):
+        read_rollout_file(_table_bytes(wrong))
+    with pytest.raises(RolloutFileError, match="wrong columns or types"):
+        read_rollout_file(_table_bytes(t.drop_columns(["logprobs"])))
+
+
+def test_inconsistent_lengths_and_bad_values() -> None:
+    t = _good_table()
+    lp = t["logprobs"].to_pylist()
+    lp[2] = lp[2][:-1]
+    i = COLUMNS.get_field_index("logprobs")
+    bad = t.set_column(i, COLUMNS.field(i), pa.array(lp, pa.list_(pa.float32())))
+    with pytest.raises(RolloutFileError, match="completion 2: 8 logprobs for 9"):
+        read_rollout_file(_table_bytes(bad))
+    proofs = t["toploc_proofs"].to_pylist()
+    proofs[0][0] = proofs[0][0][:-1]
+    i = COLUMNS.get_field_index("toploc_proofs")
+    bad = t.set_column(i, COLUMNS.field(i), pa.array(proofs, pa.list_(pa.binary())))
+    with pytest.raises(RolloutFileError, match="proofs must be 10 bytes"):
+        read_rollout_file(_table_bytes(bad))
+    fr = t["finish_reason"].to_pylist()
+    fr[1] = "gave up"
+    i = COLUMNS.get_field_index("finish_reason")
+    bad = t.set_column(i, COLUMNS.field(i), pa.array(fr, pa.string()))
+    with pytest.raises(RolloutFileError, match="finish reason 'gave up'"):
+        read_rollout_file(_table_bytes(bad))
+
+
+def test_nulls_are_refused() -> None:
+    t = _good_table()
+    i = COLUMNS.get_field_index("completion_tokens")
+    vals = t["completion_tokens"].to_pylist()
+    vals[0] = None
+    loose = pa.field("completion_tokens", pa.list_(pa.int32()))  # nullable, as a forger writes it
+    bad = t.set_column(i, loose, pa.array(vals, pa.list_(pa.int32())))
+    with pytest.raises(RolloutFileError):
+        read_rollout_file(_table_bytes(bad))
+
+
+def test_writer_refuses_inconsistent_files() -> None:
+    rf = sample_rollout()
+    rf.completions[0].logprobs.append(0.0)
+    with pytest.raises(RolloutFileError, match="completion 0"):
+        rollout_file_bytes(rf)
+    rf = sample_rollout()
+    rf.completions[1].sample_index = 0
+    with pytest.raises(RolloutFileError, match="duplicate"):
+        rollout_file_bytes(rf)
+
+
+def test_null_inside_a_list_is_refused() -> None:
+    t = _good_table()
+    i = COLUMNS.get_field_index("prompt_tokens")
+    vals = t["prompt_tokens"].to_pylist()
+    vals[3][1] = None
+    bad = t.set_column(i, COLUMNS.field(i), pa.array(vals, pa.list_(pa.int32())))
+    with pytest.raises(RolloutFileError, match="'prompt_tokens' has nulls"):
+        read_rollout_file(_table_bytes(bad))

@@ -1,0 +1,176 @@
+"""The service scaffolding on a real loopback server: signed calls, refusals as JSON 4xx,
+streamed bodies, OpenAPI and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from pydantic import BaseModel, Field
+
+from meshrl.wire import (
+    Call,
+    GuardConfig,
+    RequestGuard,
+    Route,
+    SignedClient,
+    WireError,
+    WireHTTPError,
+    build_app,
+    sign_request,
+)
+
+KEY = "0x" + "42" * 32
+
+
+class Echo(BaseModel):
+    text: str = Field(max_length=100)
+    n: int = 0
+
+
+class Query(BaseModel):
+    k: int = Field(ge=0)
+
+
+class Stored(BaseModel):
+    address: str
+    size: int
+
+
+async def echo(call: Call) -> Echo:
+    return Echo(text=call.body.text + "!", n=call.body.n + call.query.k)
+
+
+async def store(call: Call) -> Stored:
+    h, size = hashlib.sha256(), 0
+    async for chunk in call.request.content.iter_chunked(1 << 16):
+        h.update(chunk)
+        size += len(chunk)
+    if h.hexdigest() != call.signer.body_sha256:
+        raise WireError(400, "body sha256 mismatch")
+    return Stored(address=call.address, size=size)
+
+
+ROUTES = [
+    Route("POST", "/echo", echo, body=Echo, query=Query, response=Echo, max_body=200),
+    Route("PUT", "/blob/{name}", store, response=Stored, stream=True, max_body=1 << 22),
+]
+
+
+def serve(test: Callable[[str], Awaitable[Any]], **guard: int) -> Any:
+    async def main() -> Any:
+        app = build_app("test", ROUTES, RequestGuard(GuardConfig(**guard)))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            return await test(f"http://127.0.0.1:{port}")
+        finally:
+            await runner.cleanup()
+    return asyncio.run(main())
+
+
+async def raw(url: str, method: str, path: str, body: bytes, headers: dict) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as s, s.request(method, url + path, data=body,
+                                                       headers=headers) as r:
+        return r.status, await r.json()
+
+
+def test_signed_call_and_refusals() -> None:
+    async def t(url: str) -> None:
+        async with SignedClient(url, KEY) as c:
+            out = await c.call("POST", "/echo", Echo(text="hi", n=1), response=Echo,
+                               query={"k": 2})
+            assert out == Echo(text="hi!", n=3)
+            for body, query, status, reason in [
+                ({"text": "x" * 101}, {"k": 0}, 422, "invalid body"),
+                ({"text": "x"}, {"k": -1}, 422, "invalid query"),
+                ({"text": "x" * 300}, {"k": 0}, 413, "body too large"),
+            ]:
+                try:
+                    await c.call("POST", "/echo", body, query=query)
+                    raise AssertionError("not refused")
+                except WireHTTPError as e:
+                    assert (e.status, e.reason) == (status, reason)
+        body = b"{not json"
+        h = sign_request(KEY, "POST", "/echo?k=1", body).as_dict()
+        assert (await raw(url, "POST", "/echo?k=1", body, h)) == (
+            400, {"error": "malformed json", "detail": ""})
+        body = b'{"text": "a"}'
+        h = sign_request(KEY, "POST", "/echo?k=1", body).as_dict()
+        assert (await raw(url, "POST", "/echo?k=1", body, h))[0] == 200
+        assert (await raw(url, "POST", "/echo?k=1", body, h)) == (
+            409, {"error": "replayed nonce", "detail": ""})
+        assert (await raw(url, "POST", "/echo?k=1", body, {}))[1]["error"] == \
+            "missing signature headers"
+    serve(t)
+
+
+def test_streamed_upload_checks_its_hash(tmp_path: Path) -> None:
+    data = bytes(range(256)) * 4096  # 1 MiB
+    f = tmp_path / "blob"
+    f.write_bytes(data)
+
+    async def t(url: str) -> None:
+        async with SignedClient(url, KEY) as c:
+            sha = hashlib.sha256(data).hexdigest()
+            out = await c.upload("PUT", "/blob/a", f, sha)
+            assert out == {"address": c.address, "size": len(data)}
+            try:
+                await c.upload("PUT", "/blob/b", f, "0" * 64)
+                raise AssertionError("not refused")
+            except WireHTTPError as e:
+                assert (e.status, e.reason) == (400, "body sha256 mismatch")
+    serve(t)
+
+
+def test_flood_is_429_while_others_are_served() -> None:
+    async def t(url: str) -> None:
+        async with SignedClient(url, KEY) as a, SignedClient(url, "0x" + "43" * 32) as b:
+            codes = []
+            for _ in range(8):
+                try:
+                    await a.call("POST", "/echo", {"text": "x"}, query={"k": 0})
+                    codes.append(200)
+                except WireHTTPError as e:
+                    codes.append(e.status)
+            assert codes == [200] * 5 + [429] * 3
+            assert (await b.call("POST", "/echo", {"text": "y"}, query={"k": 0}))["text"] == "y!"
+    serve(t, rate_per_minute=5, rate_burst=5)
+
+
+def test_openapi_and_metrics() -> None:
+    async def t(url: str) -> None:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(url + "/openapi.json") as r:
+                doc = await r.json()
+            async with SignedClient(url, KEY, session=s) as c:
+                await c.call("POST", "/echo", {"text": "x"}, query={"k": 0})
+            async with s.get(url + "/metrics") as r:
+                metrics = await r.text()
+        assert doc["openapi"] == "3.1.0"
+        op = doc["paths"]["/echo"]["post"]
+        assert op["requestBody"]["content"]["application/json"]["schema"]["$ref"] == \
+            "#/components/schemas/Echo"
+        assert doc["components"]["schemas"]["Echo"]["properties"]["text"]["maxLength"] == 100
+        assert [p["name"] for p in doc["paths"]["/blob/{name}"]["put"]["parameters"]] == ["name"]
+        assert 'meshrl_http_requests_total{route="/echo",service="test",status="200"} 1.0' \
+            in metrics
+    serve(t)
+
+
+def test_unknown_route_and_method_are_json_4xx() -> None:
+    async def t(url: str) -> None:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(url + "/nope") as r:
+                assert (r.status, await r.json()) == (404, {"error": "not found", "detail": ""})
+            async with s.delete(url + "/echo") as r:
+                assert r.status == 405 and (await r.json())["error"] == "method not allowed"
+    serve(t)
