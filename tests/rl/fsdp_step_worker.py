@@ -23,6 +23,7 @@ SCENARIOS = {
     "uneven": (3, 4, {}),
     "idle_rank": (1, 128, {}),
     "activation_checkpointing": (4, 8, {"activation_checkpointing": True}),
+    "zero2": (4, 8, {"reshard_after_forward": False}),
     "bf16": (4, 128, {"mixed_precision": "bf16"}),
 }
 GROUP_SIZE = 4

@@ -49,6 +49,52 @@ def test_launched_by_torchrun_reads_the_launcher_variables():
     assert not launched_by_torchrun({"LOCAL_RANK": "0"})
 
 
+def test_init_world_joins_a_group_with_the_configured_timeout(monkeypatch):
+    """A world of one rank (gloo): collectives work, the timeout is the configured one."""
+    import socket
+
+    import torch.distributed as dist
+
+    from meshrl.rl.config import DistributedConfig
+    from meshrl.rl.distributed import init_world
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)  # the env:// rendezvous reads the process environment
+    world = init_world(DistributedConfig(timeout_s=123), env)
+    try:
+        assert (world.rank, world.size, world.device.type, world.is_main) == (0, 1, "cpu", True)
+        group = dist.distributed_c10d._get_default_group()
+        assert group._get_backend(torch.device("cpu")).options._timeout.total_seconds() == 123
+        assert world.broadcast({"a": 1}) == {"a": 1} and world.all_reduce_max(7) == 7
+    finally:
+        world.close()
+    assert not dist.is_initialized()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
+def test_nccl_without_cuda_is_a_clear_error():
+    from meshrl.rl.config import DistributedConfig
+    from meshrl.rl.distributed import init_world
+
+    with pytest.raises(RuntimeError, match="needs CUDA"):
+        init_world(DistributedConfig(backend="nccl"), {"RANK": "0", "WORLD_SIZE": "1"})
+
+
+def test_mixed_precision_auto_is_on_for_gpus_only():
+    from meshrl.rl.config import DistributedConfig
+    from meshrl.rl.distributed import mixed_precision_on
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert not mixed_precision_on(DistributedConfig(), cpu)
+    assert mixed_precision_on(DistributedConfig(), gpu)
+    assert mixed_precision_on(DistributedConfig(mixed_precision="bf16"), cpu)
+    assert not mixed_precision_on(DistributedConfig(mixed_precision="off"), gpu)
+
+
 @pytest.fixture(scope="module")
 def fsdp_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp")
@@ -80,7 +126,8 @@ def _flat(weights: dict[str, torch.Tensor], keys) -> torch.Tensor:
     return torch.cat([weights[k].flatten() for k in keys])
 
 
-@pytest.mark.parametrize("name", ["even", "uneven", "idle_rank", "activation_checkpointing"])
+@pytest.mark.parametrize(
+    "name", ["even", "uneven", "idle_rank", "activation_checkpointing", "zero2"])
 def test_fsdp_steps_match_single_process(fsdp_results, name):
     """Loss, gradient norm and weights after two steps equal the one-process trainer's within
     1e-5 relative. Where the ranks' micro-batches are the single process's too (all scenarios

@@ -38,6 +38,7 @@ __all__ = [
     "World",
     "init_world",
     "launched_by_torchrun",
+    "mixed_precision_on",
     "rank_share",
     "shard_policy",
 ]
@@ -121,6 +122,7 @@ class PackedPolicy(torch.nn.Module):
 
 
 def mixed_precision_on(cfg: DistributedConfig, device: torch.device) -> bool:
+    """Compute in bf16 on `device`? (`auto`: on GPUs only)"""
     return cfg.mixed_precision == "bf16" or (
         cfg.mixed_precision == "auto" and device.type == "cuda"
     )
