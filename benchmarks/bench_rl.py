@@ -1,6 +1,6 @@
 """RL trainer benchmarks (one JSON object per line).
 
-1. `rollout`: generated tokens/s of each rollout backend (torch loop, inference engine) for the
+1. `rollout`: generated tokens/s of each inference backend (reference HF loop, CPU engine) for the
    same batch shape (random weights, so completions often run to the length cap).
 2. `async_vs_sync`: wall time per step of async_level 2 vs 0 on the same config (generator in a
    child process; `speedup`; best of `--repeats` alternating runs of each), and vs a
@@ -67,18 +67,22 @@ def ours(steps: int, async_level: int, threads: int, prompts: int, group: int,
 
 def rollout_throughput(backend: str, prompts: int, group: int, tokens: int,
                        repeats: int = 10) -> dict:
+    from meshrl.inference import SamplingParams, build_backend
     from meshrl.model import CharTokenizer, build_model
-    from meshrl.rl.generation import GenParams, make_generator
 
     tok = CharTokenizer()
-    gen = make_generator(backend, build_model("qwen2-tiny", tok.vocab_size), tok)
+    gen = build_backend(backend, build_model("qwen2-tiny", tok.vocab_size), tok)
     batch = [[1, *tok.encode(f"{i % 100}+{(7 * i) % 100}=")] for i in range(prompts * group)]
-    gen.generate(batch, GenParams(tokens, seed=0), list(range(len(batch))))
+
+    def params(seed: int) -> SamplingParams:
+        return SamplingParams(max_new_tokens=tokens, seed=seed)
+
+    gen.generate(batch, params(0), list(range(len(batch))))
     t0 = time.perf_counter()
     for r in range(repeats):
-        gen.generate(batch, GenParams(tokens, seed=r), list(range(len(batch))))
+        gen.generate(batch, params(r), list(range(len(batch))))
     dt = (time.perf_counter() - t0) / repeats
-    outs = gen.generate(batch, GenParams(tokens, seed=0), list(range(len(batch))))
+    outs = gen.generate(batch, params(0), list(range(len(batch))))
     generated = sum(len(o.token_ids) for o in outs)
     return {"bench": "rollout", "backend": backend, "batch": len(batch), "max_new_tokens": tokens,
             "seconds": dt, "tokens_per_s": generated / dt}
@@ -131,7 +135,7 @@ def main() -> None:
     args = ap.parse_args()
     shape = dict(prompts=8, group=8, tokens=8)
     torch.set_num_threads(1)
-    for backend in ("torch", "engine"):
+    for backend in ("reference", "engine"):
         print(json.dumps(rollout_throughput(backend, **shape)), flush=True)
 
     for spec in args.async_configs:

@@ -100,7 +100,7 @@ def test_onednn_weights_generate_alike_and_follow_reloads(tok, random_prompts) -
     assert on.packed is not None and off.packed is None
     assert [o.token_ids for o in on.generate(prompts, greedy)] == \
         [o.token_ids for o in off.generate(prompts, greedy)]
-    on.load_weights(second.state_dict())  # the prepacked copy is rebuilt with the weights
+    on.load_weights(second.state_dict(), 1)  # the prepacked copy is rebuilt with the weights
     fresh = CPUEngine(second, tok, EngineConfig(decode_kernels="native", onednn_weights="off"))
     for a, b in zip(on.generate(prompts, greedy), fresh.generate(prompts, greedy), strict=True):
         assert a.token_ids == b.token_ids

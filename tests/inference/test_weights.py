@@ -35,11 +35,14 @@ def test_hot_reload_from_state_dict_and_directory(tok, tmp_path, random_prompts)
     engine = CPUEngine(m1, tok)
     before = [o.token_ids for o in engine.generate(prompts, GREEDY)]
     assert before != want
-    engine.load_weights(m2.state_dict())
-    assert [o.token_ids for o in engine.generate(prompts, GREEDY)] == want
+    assert {o.policy_version for o in engine.generate(prompts, GREEDY)} == {0}
+    engine.load_weights(m2.state_dict(), 1)
+    after = engine.generate(prompts, GREEDY)
+    assert [o.token_ids for o in after] == want and {o.policy_version for o in after} == {1}
     save_model(m1, tok, tmp_path / "m1")
-    engine.load_weights(tmp_path / "m1")
-    assert [o.token_ids for o in engine.generate(prompts, GREEDY)] == before
+    engine.load_weights(tmp_path / "m1", 2)
+    again = engine.generate(prompts, GREEDY)
+    assert [o.token_ids for o in again] == before and {o.policy_version for o in again} == {2}
     fresh = CPUEngine.from_pretrained(tmp_path / "m1")
     assert [o.token_ids for o in fresh.generate(prompts, GREEDY)] == before
 
@@ -51,32 +54,34 @@ def test_bad_checkpoints_are_refused_and_keep_the_old_weights(
     before = [o.token_ids for o in engine.generate(prompts, GREEDY)]
     big = build_model("qwen2-4l-256", tok.vocab_size, seed=0)
     with pytest.raises(WeightLoadError, match="shape"):
-        engine.load_weights(big.state_dict())
+        engine.load_weights(big.state_dict(), 1)
     save_model(big, tok, tmp_path / "big")
     with pytest.raises(WeightLoadError, match="architecture"):
-        engine.load_weights(tmp_path / "big")
+        engine.load_weights(tmp_path / "big", 1)
     state = dict(engine_state(tok))
     del state["model.norm.weight"]
     with pytest.raises(WeightLoadError, match=r"missing model\.norm\.weight"):
-        engine.load_weights(state)
+        engine.load_weights(state, 1)
     state = dict(engine_state(tok))
     del state["model.layers.1.self_attn.k_proj.bias"]
     with pytest.raises(WeightLoadError, match=r"missing model\.layers\.1\.self_attn\.k_proj\.bias"):
-        engine.load_weights(state)
+        engine.load_weights(state, 1)
     state = {**engine_state(tok)}
     state["lm_head.weight"] = state["model.embed_tokens.weight"] + 1.0
     with pytest.raises(WeightLoadError, match="tied"):
-        engine.load_weights(state)
+        engine.load_weights(state, 1)
     with pytest.raises(WeightLoadError, match="unexpected"):
-        engine.load_weights({**engine_state(tok), "model.extra.weight": torch.zeros(3)})
+        engine.load_weights({**engine_state(tok), "model.extra.weight": torch.zeros(3)}, 1)
     with pytest.raises(WeightLoadError, match="not a directory"):
-        engine.load_weights(tmp_path / "nowhere")
+        engine.load_weights(tmp_path / "nowhere", 1)
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "model.safetensors").write_bytes(b"\x00\x01not a safetensors file")
     with pytest.raises(WeightLoadError, match="unreadable"):
-        engine.load_weights(broken)
-    assert [o.token_ids for o in engine.generate(prompts, GREEDY)] == before
+        engine.load_weights(broken, 1)
+    kept = engine.generate(prompts, GREEDY)
+    assert [o.token_ids for o in kept] == before
+    assert {o.policy_version for o in kept} == {0}  # a refused load does not bump the version
 
 
 def engine_state(tok) -> dict[str, torch.Tensor]:

@@ -14,7 +14,7 @@ from meshrl.rl.loop import train
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["engine", "torch"])
+@pytest.mark.parametrize("backend", ["engine", "reference"])
 def test_rl_improves_on_the_warm_start(tiny_cfg, tmp_path, backend):
     cfg = tiny_cfg(**{
         "rollout.backend": backend,

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from meshrl.inference import ReferenceBackend, SamplingParams
 from meshrl.model import CharTokenizer, build_model
 from meshrl.rl.config import RolloutConfig
-from meshrl.rl.generation import TorchGenerator
 from meshrl.rl.pipeline import RolloutPipeline, is_fresh, required_version
 from meshrl.rl.rollouts import generate_batch
 from meshrl.tasks import TasksConfig
@@ -34,7 +36,7 @@ def test_schedule_always_satisfies_the_rule(index, level, base):
 
 def _pipeline(level, carried=None, start=0):
     model = build_model("qwen2-tiny", TOK.vocab_size, seed=0)
-    gen = TorchGenerator(build_model("qwen2-tiny", TOK.vocab_size, seed=0), 0, TOK.eos_token_id)
+    gen = ReferenceBackend(build_model("qwen2-tiny", TOK.vocab_size, seed=0), TOK)
     cfg = RolloutConfig(prompts_per_step=2, group_size=2, max_new_tokens=3)
 
     def make(g, index, version):
@@ -89,30 +91,37 @@ def test_stale_carried_batch_is_dropped_counted_and_regenerated():
     assert batch.index == 4 and batch.version == 4
 
 
-def test_subprocess_generator_matches_in_process_and_reloads_weights():
-    from meshrl.rl.generation import GenParams
-    from meshrl.rl.subprocess_generator import SubprocessGenerator
+def test_subprocess_backend_matches_in_process_and_reloads_weights():
+    from meshrl.inference import WeightLoadError
+    from meshrl.rl.subprocess_backend import SubprocessBackend
 
     model = build_model("qwen2-tiny", TOK.vocab_size, seed=6)
-    local = TorchGenerator(model, 0, TOK.eos_token_id)
-    remote = SubprocessGenerator("torch", model, TOK, num_threads=1)
+    local = ReferenceBackend(copy.deepcopy(model), TOK)
+    remote = SubprocessBackend("reference", model, TOK, num_threads=1)
     try:
         prompts = [[1, *TOK.encode(f"{i}+{i}=")] for i in range(6)]
-        params = GenParams(5, seed=3)
+        params = SamplingParams(max_new_tokens=5, seed=3)
         assert [o.token_ids for o in remote.generate(prompts, params, list(range(6)))] == [
             o.token_ids for o in local.generate(prompts, params, list(range(6)))]
         other = build_model("qwen2-tiny", TOK.vocab_size, seed=7).state_dict()
-        remote.load_weights(other)
-        local.load_weights(other)
-        assert [o.logprobs for o in remote.generate(prompts, params, list(range(6)))] == [
+        remote.load_weights(other, 3)
+        local.load_weights(other, 3)
+        got = remote.generate(prompts, params, list(range(6)))
+        assert [o.logprobs for o in got] == [
             o.logprobs for o in local.generate(prompts, params, list(range(6)))]
+        assert {o.policy_version for o in got} == {3}
+        scored = remote.score(prompts, [o.token_ids for o in got])
+        assert [s.logprobs.tolist() for s in scored] == [
+            s.logprobs.tolist() for s in local.score(prompts, [o.token_ids for o in got])]
         # weights travel through shared memory: the caller's later edits do not leak in
         other["model.norm.weight"].mul_(3.0)
         assert remote.generate(prompts, params, list(range(6)))[0].logprobs == (
             local.generate(prompts, params, list(range(6)))[0].logprobs)
-        # a state dict of another layout is shipped whole and refused by the child, loudly
-        with pytest.raises(RuntimeError, match="generator process"):
-            remote.load_weights({"model.norm.weight": torch.ones(3)})
+        # a state dict of another layout is shipped whole and refused by the child, with the
+        # backend's own error type
+        with pytest.raises(WeightLoadError, match="missing"):
+            remote.load_weights({"model.norm.weight": torch.ones(3)}, 4)
+        assert {o.policy_version for o in remote.generate(prompts, params)} == {3}
     finally:
         remote.close()
     assert not remote._proc.is_alive()

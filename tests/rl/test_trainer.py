@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
+from meshrl.inference import ReferenceBackend, SamplingParams
 from meshrl.model import CharTokenizer, build_model
 from meshrl.rl.config import TrainerConfig
-from meshrl.rl.generation import GenParams, TorchGenerator
 from meshrl.rl.losses import LossConfig
 from meshrl.rl.packing import PackCost, pack_groups, packed_logprobs, slice_groups
 from meshrl.rl.trainer import Trainer, lr_factor
@@ -121,8 +121,9 @@ def test_slice_groups_keeps_rows_and_trims():
 def test_generator_logprobs_match_trainer_and_greedy_matches_hf_generate():
     model = _model(1)
     prompts, _ = _rows()
-    gen = TorchGenerator(model, TOK.pad_token_id, TOK.eos_token_id)
-    outs = gen.generate(prompts, GenParams(6, temperature=1.0, seed=7), seq_ids=[0, 1, 2])
+    gen = ReferenceBackend(model, TOK)
+    outs = gen.generate(prompts, SamplingParams(max_new_tokens=6, temperature=1.0, seed=7),
+                        seq_ids=[0, 1, 2])
     batch = pack_groups(prompts, [o.token_ids for o in outs], [o.logprobs for o in outs],
                         TOK.pad_token_id)
     with torch.no_grad():
@@ -130,7 +131,8 @@ def test_generator_logprobs_match_trainer_and_greedy_matches_hf_generate():
     mask = batch["loss_mask"]
     assert torch.allclose(lp[mask], batch["inference_logprobs"][mask], atol=1e-4)
     # greedy decoding agrees with transformers' own generate on each unpadded prompt
-    greedy = gen.generate(prompts, GenParams(6, temperature=0.0), seq_ids=[0, 1, 2])
+    greedy = gen.generate(prompts, SamplingParams(max_new_tokens=6, temperature=0.0),
+                          seq_ids=[0, 1, 2])
     for p, o in zip(prompts, greedy, strict=True):
         ref = model.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False,
                              eos_token_id=TOK.eos_token_id, pad_token_id=TOK.pad_token_id)
@@ -138,11 +140,11 @@ def test_generator_logprobs_match_trainer_and_greedy_matches_hf_generate():
 
 
 def test_sampling_is_reproducible_per_seed():
-    gen = TorchGenerator(_model(2), TOK.pad_token_id, TOK.eos_token_id)
+    gen = ReferenceBackend(_model(2), TOK)
     prompts = [[1, *TOK.encode("3+4=")]] * 8
-    a = gen.generate(prompts, GenParams(5, seed=11), seq_ids=list(range(8)))
-    b = gen.generate(prompts, GenParams(5, seed=11), seq_ids=list(range(8)))
-    c = gen.generate(prompts, GenParams(5, seed=12), seq_ids=list(range(8)))
+    a = gen.generate(prompts, SamplingParams(max_new_tokens=5, seed=11), seq_ids=list(range(8)))
+    b = gen.generate(prompts, SamplingParams(max_new_tokens=5, seed=11), seq_ids=list(range(8)))
+    c = gen.generate(prompts, SamplingParams(max_new_tokens=5, seed=12), seq_ids=list(range(8)))
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
     assert [o.token_ids for o in a] != [o.token_ids for o in c]
     assert len({tuple(o.token_ids) for o in a}) > 1  # distinct completions within a group

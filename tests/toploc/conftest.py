@@ -4,8 +4,9 @@ import pytest
 import torch
 from toploc_scenario import MAX_NEW, PRESET, Scenario, make_prompts, one_thread, run_worker
 
+from meshrl.inference import SamplingParams
 from meshrl.model import CharTokenizer, build_model
-from meshrl.toploc.validate import Claim, SamplingSpec
+from meshrl.toploc.validate import Claim
 
 
 @pytest.fixture(scope="session")
@@ -13,8 +14,8 @@ def scenario() -> Scenario:
     tok = CharTokenizer()
     model = build_model(PRESET, tok.vocab_size, seed=0, dtype=torch.bfloat16)
     # no EOS: every completion runs to the limit, so 48 prompts give 192 chunks
-    spec = SamplingSpec(seed=1234, max_new_tokens=MAX_NEW, temperature=1.0)
-    return Scenario(tok, model, spec, make_prompts(48, seed=1, vocab=tok.vocab_size))
+    params = SamplingParams(seed=1234, max_new_tokens=MAX_NEW, temperature=1.0, ignore_eos=True)
+    return Scenario(tok, model, params, make_prompts(48, seed=1, vocab=tok.vocab_size))
 
 
 @pytest.fixture(scope="session")

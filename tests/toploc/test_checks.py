@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from meshrl.inference import ReferenceBackend, ReferenceConfig, SamplingParams
 from meshrl.inference.sampling import sample_tokens
 from meshrl.model import CharTokenizer, build_model
 from meshrl.toploc import (
@@ -13,7 +14,6 @@ from meshrl.toploc import (
     recompute_logprobs,
 )
 from meshrl.toploc.perturb import noise_weights, quantize_tensor, quantize_weights, scale_layer_mlp
-from meshrl.toploc.recompute import generate, prefill
 
 EOS = 2
 
@@ -87,9 +87,12 @@ def test_reference_worker_matches_prefill_and_uses_post_norm_states():
     tok = CharTokenizer()
     model = build_model("qwen2-tiny", tok.vocab_size, seed=0)  # fp32: decode ~= prefill
     prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15]]
-    gens = generate(model, prompts, 12, seed=3, temperature=1.0)
-    rec = prefill(model, prompts, [g.token_ids for g in gens], batch_size=2, pad_left=True)
-    for g, (h, lg) in zip(gens, rec, strict=True):
+    backend = ReferenceBackend(model, tok, ReferenceConfig(max_batch_size=2, score_padding="left"))
+    params = SamplingParams(max_new_tokens=12, seed=3, ignore_eos=True, return_hidden_states=True)
+    gens = backend.generate(prompts, params)
+    rec = backend.score(prompts, [g.token_ids for g in gens], return_logits=True)
+    for g, r in zip(gens, rec, strict=True):
+        h, lg = r.hidden_states, r.logits
         assert len(g.token_ids) == 12 == h.shape[0] and g.finish_reason == "length"
         assert torch.allclose(g.hidden_states, h, atol=1e-4)
         assert check_sampling(lg, g.token_ids, 3, g.seq_id).ok
@@ -103,4 +106,4 @@ def test_reference_worker_matches_prefill_and_uses_post_norm_states():
     last = raw[0][0] if isinstance(raw[0], tuple) else raw[0]
     assert torch.allclose(out.hidden_states[-1], model.model.norm(last), atol=1e-5)  # post-norm
     assert not torch.allclose(out.hidden_states[-1], last, atol=1e-2)
-    assert torch.allclose(out.hidden_states[-1][0, 3:-1], rec[0][0], atol=1e-4)
+    assert torch.allclose(out.hidden_states[-1][0, 3:-1], rec[0].hidden_states, atol=1e-4)

@@ -11,7 +11,6 @@ from toploc_scenario import GROUP, MAX_NEW, groups, one_thread, recompute, run_w
 from meshrl.toploc import Thresholds, build_proofs, calibrate_thresholds, verify_proofs
 from meshrl.toploc.modes import HONEST_MODES
 from meshrl.toploc.perturb import quantize_weights, scale_layer_mlp
-from meshrl.toploc.recompute import prefill
 from meshrl.toploc.validate import Claim, ValidatorConfig, validate_rollout
 
 pytestmark = pytest.mark.slow
@@ -30,15 +29,16 @@ def calibrated(honest_claims, recomputed) -> Thresholds:
     for mode in HONEST_MODES:
         pairs = list(zip(honest_claims, recomputed[mode], strict=True))[:N_CALIB]
         for group in groups(pairs):
-            rollouts.append([r for c, (h, _) in group for r in verify_proofs(h, c.proofs)])
+            rollouts.append([r for c, rec in group
+                             for r in verify_proofs(rec.hidden_states, c.proofs)])
     # this suite's cheat rollouts are short (4 x 64 tokens): pool from 4 chunks on
     return calibrate_thresholds(rollouts, fpr=1e-3, min_pooled_chunks=4)
 
 
-def _rollouts(claims, rec, spec, thresholds):
+def _rollouts(claims, rec, scenario, thresholds):
     return [
-        validate_rollout([c for c, _ in g], [r for _, r in g], spec,
-                         ValidatorConfig(thresholds=thresholds))
+        validate_rollout([c for c, _ in g], [r for _, r in g], scenario.params,
+                         scenario.tok.eos_token_id, ValidatorConfig(thresholds=thresholds))
         for g in groups(list(zip(claims, rec, strict=True)))
     ]
 
@@ -56,14 +56,14 @@ def test_honest_recomputation_is_accepted(scenario, honest_claims, recomputed, c
     n_chunks = sum(len(c.proofs) for c in claims)
     assert n_chunks * len(HONEST_MODES) >= 1000  # over all modes
     for thresholds in (Thresholds(), calibrated):
-        reports = _rollouts(claims, rec, scenario.spec, thresholds)
+        reports = _rollouts(claims, rec, scenario, thresholds)
         assert all(r.accepted for r in reports), [r.reasons for r in reports if not r.accepted]
         assert sum(len(r.chunk_results) for r in reports) == n_chunks
 
 
 def _validate_cheat(scenario, claims, calibrated, thresholds=None):
     rec = recompute(scenario.model, claims, "bf16-batch8")
-    return _rollouts(claims, rec, scenario.spec, thresholds or calibrated)
+    return _rollouts(claims, rec, scenario, thresholds or calibrated)
 
 
 CHEAT_PROMPTS = slice(16, 24)  # 8 prompts, two rollouts of four
@@ -114,10 +114,10 @@ def test_tokens_the_sampler_did_not_pick_are_rejected(scenario, honest_claims, c
     for i, c in enumerate(claims):
         j = 5 + 7 * i
         c.token_ids = [*c.token_ids[:j], (c.token_ids[j] + 17 - 4) % 90 + 4, *c.token_ids[j + 1 :]]
-    rec = prefill(scenario.model, [c.prompt_ids for c in claims], [c.token_ids for c in claims])
-    for c, (h, lg) in zip(claims, rec, strict=True):
-        c.proofs = build_proofs(h)
-        c.logprobs = torch.log_softmax(lg, -1).gather(-1, torch.tensor(c.token_ids)[:, None])
+    rec = recompute(scenario.model, claims, "bf16-batch8")
+    for c, r in zip(claims, rec, strict=True):
+        c.proofs = build_proofs(r.hidden_states)
+        c.logprobs = torch.log_softmax(r.logits, -1).gather(-1, torch.tensor(c.token_ids)[:, None])
         c.logprobs = c.logprobs.squeeze(-1).tolist()
     reports = _validate_cheat(scenario, claims, calibrated)
     assert not any(r.accepted for r in reports)
@@ -130,13 +130,13 @@ def test_truncated_completion_claimed_finished_is_rejected(scenario, honest_clai
     for c in honest_claims[16:24]:
         n = 70
         claims.append(Claim(c.prompt_ids, c.token_ids[:n], c.logprobs[:n], "length", c.seq_id,
-                            [*c.proofs[:2], c.proofs[2]]))
+                            c.policy_version, proofs=[*c.proofs[:2], c.proofs[2]]))
     rec = recompute(scenario.model, claims, "bf16-batch8")
-    for c, (h, _) in zip(claims, rec, strict=True):
-        c.proofs = build_proofs(h)  # consistent proofs for the truncated completion
-    reports = _rollouts(claims, rec, scenario.spec, calibrated)
+    for c, r in zip(claims, rec, strict=True):
+        c.proofs = build_proofs(r.hidden_states)  # consistent proofs for the truncated completion
+    reports = _rollouts(claims, rec, scenario, calibrated)
     assert not any(r.accepted for r in reports)
     assert all(any("termination" in x for x in r.reasons) for r in reports)
     eos = [Claim(**{**vars(c), "finish_reason": "eos"}) for c in claims]
-    assert not any(r.accepted for r in _rollouts(eos, rec, scenario.spec, calibrated))
+    assert not any(r.accepted for r in _rollouts(eos, rec, scenario, calibrated))
     assert MAX_NEW > 70 and GROUP == 4

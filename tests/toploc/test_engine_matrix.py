@@ -11,15 +11,17 @@ from __future__ import annotations
 import pytest
 from toploc_scenario import groups, make_prompts
 
-from meshrl.inference.backend import SamplingParams
+from meshrl.inference import SamplingParams
 from meshrl.inference.engine import CPUEngine, EngineConfig
 from meshrl.toploc import Thresholds, build_proofs, calibrate_thresholds, verify_proofs
 from meshrl.toploc.perturb import quantize_weights, scale_layer_mlp
 from meshrl.toploc.recompute import recompute_mode
-from meshrl.toploc.validate import Claim, SamplingSpec, ValidatorConfig, validate_rollout
+from meshrl.toploc.validate import Claim, ValidatorConfig, validate_rollout
 
 pytestmark = pytest.mark.slow
 MAX_NEW, SEED, N_CALIB = 96, 77, 8
+PARAMS = SamplingParams(max_new_tokens=MAX_NEW, temperature=1.0, seed=SEED,
+                        return_hidden_states=True)
 MODES = ("engine-batch64", "engine-batch1-threads1", "hf-bf16-batch8", "fp32-eager-leftpad")
 FP32_MODES = ("engine-batch64", "engine-batch1-threads1", "fp32-eager-leftpad")
 
@@ -27,19 +29,14 @@ FP32_MODES = ("engine-batch64", "engine-batch1-threads1", "fp32-eager-leftpad")
 @pytest.fixture(scope="module")
 def setup(scenario):
     tok, model = scenario.tok, scenario.model  # bf16 weights; the engine runs them in fp32
-    spec = SamplingSpec(seed=SEED, max_new_tokens=MAX_NEW, temperature=1.0,
-                        eos_token_ids=(tok.eos_token_id,))
     prompts = make_prompts(24, seed=5, vocab=tok.vocab_size)
-    return model, tok, spec, prompts
+    return model, tok, prompts
 
 
 def _engine_claims(model, tok, prompts, seq_ids) -> list[Claim]:
     engine = CPUEngine(model, tok, EngineConfig())
-    params = SamplingParams(max_new_tokens=MAX_NEW, temperature=1.0, seed=SEED,
-                            return_hidden_states=True)
-    comps = engine.generate(prompts, params, seq_ids=seq_ids)
-    return [Claim(c.prompt_ids, c.token_ids, c.logprobs, c.finish_reason, c.seq_id,
-                  build_proofs(c.hidden_states)) for c in comps]
+    comps = engine.generate(prompts, PARAMS, seq_ids=seq_ids)
+    return [Claim.of(c, build_proofs(c.hidden_states)) for c in comps]
 
 
 def _recompute(model, tok, claims, mode):
@@ -47,15 +44,14 @@ def _recompute(model, tok, claims, mode):
     if mode.startswith("engine"):
         cfg = EngineConfig(max_batch_size=1, num_threads=1) if "batch1" in mode else \
             EngineConfig(max_batch_size=64)
-        res = CPUEngine(model, tok, cfg).score(ps, cs, return_hidden_states=True,
-                                               return_logits=True)
-        return [(r.hidden_states, r.logits) for r in res]
+        return CPUEngine(model, tok, cfg).score(ps, cs, return_hidden_states=True,
+                                                return_logits=True)
     return recompute_mode(model, ps, cs, "bf16-batch8" if mode == "hf-bf16-batch8" else mode)
 
 
 @pytest.fixture(scope="module")
 def honest(setup):
-    model, tok, _, prompts = setup
+    model, tok, prompts = setup
     claims = _engine_claims(model, tok, prompts, list(range(len(prompts))))
     return claims, {m: _recompute(model, tok, claims, m) for m in MODES}
 
@@ -65,7 +61,8 @@ def _calibrate(honest, modes) -> Thresholds:
     rollouts = []
     for m in modes:
         for g in groups(list(zip(claims, rec[m], strict=True))[:N_CALIB]):
-            rollouts.append([r for c, (h, _) in g for r in verify_proofs(h, c.proofs)])
+            rollouts.append([r for c, rec_ in g for r in verify_proofs(rec_.hidden_states,
+                                                                       c.proofs)])
     return calibrate_thresholds(rollouts, fpr=1e-3)
 
 
@@ -74,9 +71,10 @@ def calibrated(honest) -> dict[str, Thresholds]:
     return {"all": _calibrate(honest, MODES), "fp32": _calibrate(honest, FP32_MODES)}
 
 
-def _reports(claims, rec, spec, th):
-    return [validate_rollout([c for c, _ in g], [r for _, r in g], spec, ValidatorConfig(
-        thresholds=th)) for g in groups(list(zip(claims, rec, strict=True)))]
+def _reports(claims, rec, tok, th):
+    return [validate_rollout([c for c, _ in g], [r for _, r in g], PARAMS, tok.eos_token_id,
+                             ValidatorConfig(thresholds=th))
+            for g in groups(list(zip(claims, rec, strict=True)))]
 
 
 def test_engine_completions_end_correctly(honest):
@@ -87,17 +85,17 @@ def test_engine_completions_end_correctly(honest):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_engine_honest_accepted(setup, honest, calibrated, mode):
-    _, _, spec, _ = setup
+    _, tok, _ = setup
     claims, rec = honest
     sets = [Thresholds(), calibrated["all"]] + ([calibrated["fp32"]] if mode in FP32_MODES else [])
     for th in sets:
-        reports = _reports(claims[N_CALIB:], rec[mode][N_CALIB:], spec, th)
+        reports = _reports(claims[N_CALIB:], rec[mode][N_CALIB:], tok, th)
         assert all(r.accepted for r in reports), [r.reasons for r in reports if not r.accepted]
 
 
 @pytest.mark.parametrize("kind", ["int4", "int8", "layer-x1.1", "altered-prompt"])
 def test_engine_cheats_rejected(setup, calibrated, kind):
-    model, tok, spec, prompts = setup
+    model, tok, prompts = setup
     ps, seq_ids = prompts[N_CALIB : N_CALIB + 8], list(range(N_CALIB, N_CALIB + 8))
     if kind == "altered-prompt":
         altered = [[*p[:-1], (p[-1] + 1 - 4) % 90 + 4] for p in ps]
@@ -109,6 +107,6 @@ def test_engine_cheats_rejected(setup, calibrated, kind):
                "layer-x1.1": lambda m: scale_layer_mlp(m, 1.1)}[kind](model)
         claims = _engine_claims(bad, tok, ps, seq_ids)
     rec = _recompute(model, tok, claims, "engine-batch64")
-    reports = _reports(claims, rec, spec, calibrated["fp32"])
+    reports = _reports(claims, rec, tok, calibrated["fp32"])
     assert reports and not any(r.accepted for r in reports)
     assert all(any(x.startswith("toploc") for x in r.reasons) for r in reports)

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
+from meshrl.inference import Completion, ReferenceBackend, SamplingParams
 from meshrl.model import CharTokenizer
 from meshrl.toploc import build_proofs
-from meshrl.toploc.recompute import Generated, generate, recompute_mode
-from meshrl.toploc.validate import Claim, SamplingSpec
+from meshrl.toploc.recompute import recompute_mode
+from meshrl.toploc.validate import Claim
 
 PRESET = "qwen2-tiny"
 MAX_NEW = 128
@@ -22,7 +23,7 @@ GROUP = 4  # completions per rollout
 class Scenario:
     tok: CharTokenizer
     model: torch.nn.Module  # bf16, what honest workers run
-    spec: SamplingSpec
+    params: SamplingParams
     prompts: list[list[int]]
 
 
@@ -32,18 +33,14 @@ def make_prompts(n: int, seed: int, vocab: int) -> list[list[int]]:
     return [torch.randint(4, vocab, (m,), generator=g).tolist() for m in lens]
 
 
-def to_claims(gens: list[Generated]) -> list[Claim]:
-    return [
-        Claim(g.prompt_ids, g.token_ids, g.logprobs, g.finish_reason, g.seq_id,
-              build_proofs(g.hidden_states))
-        for g in gens
-    ]
+def to_claims(gens: list[Completion]) -> list[Claim]:
+    return [Claim.of(g, build_proofs(g.hidden_states)) for g in gens]
 
 
 def run_worker(model, scenario: Scenario, prompts, max_new=MAX_NEW, seq_ids=None) -> list[Claim]:
-    gens = generate(model, prompts, max_new, scenario.spec.seed, scenario.spec.temperature,
-                    eos_token_ids=scenario.spec.eos_token_ids, seq_ids=seq_ids)
-    return to_claims(gens)
+    params = scenario.params.model_copy(update={"max_new_tokens": max_new,
+                                                "return_hidden_states": True})
+    return to_claims(ReferenceBackend(model, scenario.tok).generate(prompts, params, seq_ids))
 
 
 def recompute(model, claims, mode: str):

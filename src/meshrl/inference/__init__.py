@@ -1,4 +1,5 @@
-"""Rollout inference: batched generation with log-probs, hidden states and replayable sampling.
+"""The one inference contract (`InferenceBackend`, `SamplingParams`, `Completion`) and its two
+backends: the fast CPU engine and the naive Hugging Face reference.
 
 Names that need torch are imported on first use (PEP 562), so the light config models and the
 CLI can be imported without it.
@@ -10,16 +11,20 @@ from typing import TYPE_CHECKING
 
 from meshrl.inference.backend import (
     Completion,
+    FinishReason,
     InferenceBackend,
     InferenceError,
     InvalidRequestError,
     ScoreResult,
+    WeightLoadError,
+    build_backend,
 )
-from meshrl.inference.params import EngineConfig, SamplingParams
+from meshrl.inference.params import EngineConfig, ReferenceConfig, SamplingParams
 from meshrl.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from meshrl.inference.engine import CPUEngine
+    from meshrl.inference.reference import ReferenceBackend
     from meshrl.inference.sampling import (
         BatchSampler,
         check_sampled_tokens,
@@ -28,12 +33,11 @@ if TYPE_CHECKING:
         token_margins,
         top_p_mask,
     )
-    from meshrl.inference.transformer import WeightLoadError
 
 _LAZY = {
     "BatchSampler": "sampling",
     "CPUEngine": "engine",
-    "WeightLoadError": "transformer",
+    "ReferenceBackend": "reference",
     "check_sampled_tokens": "sampling",
     "gumbel_noise": "sampling",
     "sample_tokens": "sampling",
@@ -46,12 +50,16 @@ __all__ = [
     "CPUEngine",
     "Completion",
     "EngineConfig",
+    "FinishReason",
     "InferenceBackend",
     "InferenceError",
     "InvalidRequestError",
+    "ReferenceBackend",
+    "ReferenceConfig",
     "SamplingParams",
     "ScoreResult",
     "WeightLoadError",
+    "build_backend",
     "check_sampled_tokens",
     "gumbel_noise",
     "sample_tokens",

@@ -9,7 +9,6 @@ and its KV cache are compacted in place so finished rows stop costing compute.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,7 +17,14 @@ from typing import Any
 
 import torch
 
-from meshrl.inference.backend import Completion, InferenceBackend, InvalidRequestError, ScoreResult
+from meshrl.inference.backend import (
+    Completion,
+    InferenceBackend,
+    ScoreResult,
+    WeightLoadError,
+    check_generate_request,
+    check_score_request,
+)
 from meshrl.inference.native import (
     NativeKernels,
     NativeUnavailableError,
@@ -32,7 +38,6 @@ from meshrl.inference.transformer import (
     KVCache,
     ModelSpec,
     PackedWeights,
-    WeightLoadError,
     decode_step,
     forward,
 )
@@ -102,10 +107,12 @@ def _real_slots(pad: torch.Tensor, width: int) -> torch.Tensor:
 class CPUEngine(InferenceBackend):
     """Default backend: meshrl's own forward over HF Qwen2 / Llama weights, float32 on CPU.
 
-    The weights are copied (fused) at construction; call `load_weights` to pick up new ones.
+    The weights are copied (fused) at construction as policy `version`; call `load_weights` to
+    pick up new ones.
     """
 
-    def __init__(self, model: Any, tokenizer: Any = None, cfg: EngineConfig | None = None) -> None:
+    def __init__(self, model: Any, tokenizer: Any = None, cfg: EngineConfig | None = None,
+                 version: int = 0) -> None:
         self.cfg = cfg or EngineConfig()
         self.spec = ModelSpec.from_hf_config(model.config)
         self.max_seq_len = min(self.cfg.max_seq_len or self.spec.max_positions,
@@ -116,7 +123,7 @@ class CPUEngine(InferenceBackend):
         self.eos_token_id: int | None = None if eos is None else int(eos)
         self.hidden_dtype = getattr(torch, self.cfg.hidden_dtype)
         self.kernels = _load_kernels(self.cfg)
-        self._set_weights(model.state_dict())
+        self._set_weights(model.state_dict(), version)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, cfg: EngineConfig | None = None) -> CPUEngine:
@@ -125,18 +132,28 @@ class CPUEngine(InferenceBackend):
         return cls(load_model(model_dir), load_tokenizer(model_dir), cfg)
 
     # ---- weights -------------------------------------------------------------------------
-    def load_weights(self, source: str | Path | dict[str, torch.Tensor]) -> None:
-        """Swap in new weights; on any error the engine keeps its current weights."""
+    def load_weights(self, source: str | Path | dict[str, torch.Tensor], version: int) -> None:
+        """Swap in policy `version`; on any error the engine keeps its current weights."""
         state = _read_checkpoint(Path(source), self.spec) if isinstance(source, str | Path) \
             else source
-        self._set_weights(state)
+        self._set_weights(state, version)
 
-    def _set_weights(self, state: dict[str, torch.Tensor]) -> None:
+    def _set_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         with torch.no_grad():
             weights = PackedWeights.pack(self.spec, state)  # raises before anything changes
             packed = prepack(weights, self.cfg.max_batch_size) if (
                 self.kernels is not None and self._onednn()) else None
-        self.weights, self.packed = weights, packed
+        # one tuple, so a generate running in another thread sees a consistent triple
+        self._loaded = (weights, packed, int(version))
+
+    @property
+    def weights(self) -> PackedWeights:
+        return self._loaded[0]
+
+    @property
+    def packed(self) -> Any:
+        """oneDNN-prepacked layer weights of the native decode step, or None."""
+        return self._loaded[1]
 
     def _onednn(self) -> bool:
         mode = self.cfg.onednn_weights
@@ -146,13 +163,8 @@ class CPUEngine(InferenceBackend):
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, seq_ids: list[int] | None = None
     ) -> list[Completion]:
-        prompts = [self._ids(p, f"prompt {i}") for i, p in enumerate(prompts)]
-        seq_ids = list(range(len(prompts))) if seq_ids is None else _ints(seq_ids, "seq_ids")
-        self._check_prompts(prompts, params)
-        if len(seq_ids) != len(prompts):
-            raise InvalidRequestError(f"{len(seq_ids)} seq_ids for {len(prompts)} prompts")
-        if any(s < 0 for s in seq_ids):
-            raise InvalidRequestError("seq_ids must be non-negative integers")
+        prompts, seq_ids = check_generate_request(prompts, params, seq_ids, self.spec.vocab,
+                                                  self.max_seq_len, self.tokenizer is not None)
         out: list[Completion] = []
         step = self.cfg.max_batch_size
         with _threads(self.cfg.num_threads):
@@ -162,37 +174,11 @@ class CPUEngine(InferenceBackend):
                 )
         return out
 
-    def _check_prompts(self, prompts: list[list[int]], params: SamplingParams) -> None:
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise InvalidRequestError(f"prompt {i} is empty")
-            if len(p) >= self.max_seq_len:
-                raise InvalidRequestError(
-                    f"prompt {i} has {len(p)} tokens; the context holds {self.max_seq_len}, "
-                    f"so at most {self.max_seq_len - 1} leave room to generate"
-                )
-        self._ids(params.stop_token_ids, "stop_token_ids")
-        if params.stop_strings:
-            if self.tokenizer is None:
-                raise InvalidRequestError("stop_strings need a tokenizer")
-            if any(s == "" for s in params.stop_strings):
-                raise InvalidRequestError("stop_strings may not contain an empty string")
-
-    def _ids(self, ids: Any, what: str) -> list[int]:
-        """Token ids as a list of Python ints, or a clear error."""
-        out = _ints(ids, what)
-        bad = [t for t in out if not 0 <= t < self.spec.vocab]
-        if bad:
-            raise InvalidRequestError(
-                f"{what}: token ids {bad[:5]} outside the vocabulary [0, {self.spec.vocab})"
-            )
-        return out
-
     @torch.inference_mode()
     def _generate_batch(
         self, prompts: list[list[int]], seq_ids: list[int], p: SamplingParams
     ) -> list[Completion]:
-        w, packed = self.weights, self.packed  # one consistent pair even if weights are swapped
+        w, packed, version = self._loaded  # consistent even if weights are swapped meanwhile
         b = len(prompts)
         lens = torch.tensor([len(x) for x in prompts])
         budget = (self.max_seq_len - lens).clamp(max=p.max_new_tokens)
@@ -206,8 +192,9 @@ class CPUEngine(InferenceBackend):
         ws = None if self.kernels is None else NativeWorkspace.allocate(w, b)
         out = _Outputs(b, steps, self.spec.hidden, self.hidden_dtype if p.return_hidden_states
                        else None, budget.tolist())
+        eos = None if p.ignore_eos else self.eos_token_id
         stop_ids = torch.tensor(sorted({*p.stop_token_ids} | (
-            set() if self.eos_token_id is None else {self.eos_token_id})), dtype=torch.int64)
+            set() if eos is None else {eos})), dtype=torch.int64)
         budget_ends = set(budget.tolist())
         temp = p.temperature if p.temperature > 0 else 1.0
         # same tokens as sample_tokens(logits, seed, seq_ids, j, ...), with per-row work hoisted
@@ -228,7 +215,7 @@ class CPUEngine(InferenceBackend):
             if ended.any():
                 for r in ended.nonzero()[:, 0].tolist():
                     t = int(tok[r])
-                    reason = "eos" if t == self.eos_token_id else "stop" if (
+                    reason = "eos" if t == eos else "stop" if (
                         t in p.stop_token_ids or (hit is not None and bool(hit[r]))) else "length"
                     out.finish(int(live.rows[r]), j + 1, reason)
                 live.alive &= ~ended
@@ -250,7 +237,7 @@ class CPUEngine(InferenceBackend):
                 h = decode_step_native(self.kernels, w, tok, live.pos, cache, width + j,
                                        live.start, ws, packed=packed)
             live.pos += 1
-        return out.completions(prompts, seq_ids)
+        return out.completions(prompts, seq_ids, version)
 
     def _stop_string_hits(
         self, tokens: torch.Tensor, live: _LiveRows, j: int, stop_strings: tuple[str, ...]
@@ -277,20 +264,8 @@ class CPUEngine(InferenceBackend):
         return_hidden_states: bool = True,
         return_logits: bool = False,
     ) -> list[ScoreResult]:
-        if len(completions) != len(prompts):
-            raise InvalidRequestError(f"{len(completions)} completions for {len(prompts)} prompts")
-        if temperature < 0:
-            raise InvalidRequestError(f"temperature must be >= 0, got {temperature}")
-        prompts = [self._ids(p, f"prompt {i}") for i, p in enumerate(prompts)]
-        comps = [self._ids(c.token_ids if isinstance(c, Completion) else c, f"completion {i}")
-                 for i, c in enumerate(completions)]
-        for i, (p, c) in enumerate(zip(prompts, comps, strict=True)):
-            if len(p) == 0:
-                raise InvalidRequestError(f"prompt {i} is empty")
-            if len(p) + len(c) > self.max_seq_len:
-                raise InvalidRequestError(
-                    f"sequence {i} has {len(p) + len(c)} tokens; the context holds "
-                    f"{self.max_seq_len}")
+        prompts, comps = check_score_request(prompts, completions, temperature, self.spec.vocab,
+                                             self.max_seq_len)
         temp = temperature if temperature > 0 else 1.0
         out: list[ScoreResult] = []
         step = self.cfg.max_batch_size
@@ -369,13 +344,14 @@ class _Outputs:
     def finish(self, row: int, length: int, reason: str) -> None:
         self.length[row], self.reason[row] = length, reason
 
-    def completions(self, prompts: list[list[int]], seq_ids: list[int]) -> list[Completion]:
+    def completions(self, prompts: list[list[int]], seq_ids: list[int],
+                    version: int) -> list[Completion]:
         tok, lp, n = self.tokens.tolist(), self.logprobs.tolist(), self.length
         return [
             Completion(
                 prompt_ids=prompts[i], token_ids=tok[i][: n[i]], logprobs=lp[i][: n[i]],
                 finish_reason=self.reason[i],  # type: ignore[arg-type]
-                seq_id=seq_ids[i],
+                seq_id=seq_ids[i], policy_version=version,
                 hidden_states=None if self.hidden is None else self.hidden[i, : n[i]].clone(),
             )
             for i in range(len(prompts))
@@ -387,14 +363,6 @@ def _pad_bias(pad: torch.Tensor, spec: ModelSpec, cache: KVCache) -> torch.Tenso
     bias = torch.zeros(len(pad), spec.kv_heads, 1, slots)
     bias.masked_fill_(torch.arange(slots) < pad[:, None, None, None], float("-inf"))
     return bias.view(-1, 1, slots)
-
-
-def _ints(values: Any, what: str) -> list[int]:
-    """Python ints from a list / tuple / 1-D tensor / array of integers."""
-    try:
-        return [operator.index(v) for v in values]
-    except TypeError:
-        raise InvalidRequestError(f"{what}: expected a sequence of integers") from None
 
 
 def _read_checkpoint(directory: Path, spec: ModelSpec) -> dict[str, torch.Tensor]:

@@ -8,11 +8,14 @@ from pydantic import Field
 
 from meshrl.config import Config
 
-__all__ = ["EngineConfig", "SamplingParams"]
+__all__ = ["EngineConfig", "ReferenceConfig", "SamplingParams"]
 
 
 class SamplingParams(Config):
-    """How to sample one batch. The tokenizer's EOS always stops a completion."""
+    """How to sample one batch: the one parameter type of every backend's `generate`.
+
+    The tokenizer's EOS stops a completion unless `ignore_eos` is set.
+    """
 
     max_new_tokens: int = Field(64, ge=1, description="tokens to generate at most per prompt")
     temperature: float = Field(1.0, ge=0.0, description="softmax temperature; 0 = greedy")
@@ -20,7 +23,14 @@ class SamplingParams(Config):
     seed: int = Field(0, ge=0, lt=2**64, description="seed of the replayable Gumbel noise")
     stop_token_ids: tuple[int, ...] = Field((), description="extra token ids that end a completion")
     stop_strings: tuple[str, ...] = Field((), description="strings that end a completion")
-    return_hidden_states: bool = Field(False, description="return final hidden states (bf16)")
+    ignore_eos: bool = Field(
+        False, description="generate past EOS (fixed-length completions for benchmarks and "
+        "calibration); stop tokens and strings still stop"
+    )
+    return_hidden_states: bool = Field(
+        False, description="return final hidden states (engine: EngineConfig.hidden_dtype; "
+        "reference: the model's dtype)"
+    )
 
 
 class EngineConfig(Config):
@@ -52,3 +62,17 @@ class EngineConfig(Config):
     compact_below: float = Field(
         0.75, ge=0.0, le=1.0, description="drop finished rows when the alive fraction falls below"
     )
+
+
+class ReferenceConfig(Config):
+    """How the reference backend batches (`meshrl.inference.reference.ReferenceBackend`).
+
+    Its batching only changes float noise, which is what the TOPLOC validator's honest
+    recompute modes vary on purpose.
+    """
+
+    max_batch_size: int = Field(1024, ge=1, description="rows per forward; more run in turn")
+    score_padding: Literal["left", "right"] = Field(
+        "right", description="which side `score` pads a batch's sequences on"
+    )
+    score_pad_to: int = Field(0, ge=0, description="`score` pads every batch to this width")

@@ -22,13 +22,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from meshrl.inference.backend import InferenceError
+from meshrl.inference.backend import WeightLoadError
 
 __all__ = ["KVCache", "ModelSpec", "PackedWeights", "WeightLoadError", "decode_step", "forward"]
-
-
-class WeightLoadError(InferenceError):
-    """Weights that do not fit the engine's model: missing or unexpected keys, wrong shapes."""
 
 
 @dataclass(frozen=True)

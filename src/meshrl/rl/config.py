@@ -69,8 +69,10 @@ class RolloutConfig(Config):
     max_new_tokens: int = Field(8, ge=1, description="completion length cap")
     temperature: float = Field(1.0, gt=0, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
-    backend: Literal["torch", "engine"] = Field("engine", description="rollout generator")
-    subprocess: bool = Field(False, description="run the generator in a child process (async)")
+    backend: Literal["engine", "reference"] = Field(
+        "engine", description="inference backend: the CPU engine or the naive HF reference loop"
+    )
+    subprocess: bool = Field(False, description="run the backend in a child process (async)")
     node_id: str = Field("trainer", description="node id mixed into problem sampling")
 
 

@@ -114,7 +114,7 @@ class DistributedRun(RLRun):
         return self.world.is_main
 
     def _host_model(self) -> Any:
-        # other ranks never evaluate or save: their eval generator is built but never used
+        # other ranks never evaluate or save: their eval backend is built but never used
         return copy.deepcopy(self.model) if self.world.is_main else self.model
 
     def _build_trainer(self) -> FSDPTrainer:

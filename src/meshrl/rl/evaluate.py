@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from meshrl.inference import InferenceBackend, SamplingParams
 from meshrl.rl.config import EvalCommandConfig, EvalConfig
-from meshrl.rl.generation import GenParams, RolloutGenerator, TorchGenerator
 from meshrl.rl.rollouts import encode_prompt
 
 __all__ = ["evaluate", "evaluate_checkpoint", "heldout_problems", "resolve_model_dir"]
@@ -26,7 +26,7 @@ def heldout_problems(tasks_cfg: Any, cfg: EvalConfig) -> list[Any]:
 
 
 def evaluate(
-    generator: RolloutGenerator,
+    backend: InferenceBackend,
     tokenizer: Any,
     problems: list[Any],
     tasks_cfg: Any,
@@ -36,11 +36,11 @@ def evaluate(
     from meshrl.tasks import compute_reward
 
     correct, tokens = 0.0, 0
-    params = GenParams(cfg.max_new_tokens, temperature=0.0)
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=0.0)
     for start in range(0, len(problems), cfg.batch_size):
         chunk = problems[start : start + cfg.batch_size]
         prompts = [encode_prompt(tokenizer, p.prompt) for p in chunk]
-        outs = generator.generate(prompts, params, seq_ids=list(range(len(chunk))))
+        outs = backend.generate(prompts, params, seq_ids=list(range(len(chunk))))
         for p, o in zip(chunk, outs, strict=True):
             text = tokenizer.decode(o.token_ids)
             correct += compute_reward(p, text, len(o.token_ids), tasks_cfg).task
@@ -69,13 +69,13 @@ def evaluate_checkpoint(cfg: EvalCommandConfig) -> dict[str, Any]:
     """Load the model `cfg.checkpoint` points at and evaluate it on the held-out set."""
     import torch
 
+    from meshrl.inference import ReferenceBackend
     from meshrl.model import load_model, load_tokenizer
 
     torch.set_num_threads(cfg.threads)
     model_dir = resolve_model_dir(cfg.checkpoint)
     tokenizer = load_tokenizer(model_dir)
-    generator = TorchGenerator(load_model(model_dir), tokenizer.pad_token_id,
-                               tokenizer.eos_token_id)
-    result = evaluate(generator, tokenizer, heldout_problems(cfg.tasks, cfg.eval), cfg.tasks,
+    backend = ReferenceBackend(load_model(model_dir), tokenizer)
+    result = evaluate(backend, tokenizer, heldout_problems(cfg.tasks, cfg.eval), cfg.tasks,
                       cfg.eval)
     return {"model": str(model_dir), **result}

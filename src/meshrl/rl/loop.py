@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from meshrl.inference import ReferenceBackend, build_backend
 from meshrl.rl.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
@@ -24,7 +25,6 @@ from meshrl.rl.checkpoint import (
 )
 from meshrl.rl.config import RLConfig
 from meshrl.rl.evaluate import evaluate, heldout_problems
-from meshrl.rl.generation import TorchGenerator, make_generator
 from meshrl.rl.metrics import MetricsWriter, plot_curves
 from meshrl.rl.packing import PackCost, pack_groups
 from meshrl.rl.pipeline import RolloutPipeline
@@ -64,9 +64,7 @@ class RLRun:
         self.host_model = self._host_model()
         self.heldout = heldout_problems(cfg.tasks, cfg.eval)
         self.exclude = frozenset(p.prompt for p in self.heldout)
-        self.eval_generator = TorchGenerator(
-            self.host_model, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
-        )
+        self.eval_backend = ReferenceBackend(self.host_model, self.tokenizer)  # the live policy
         self.metrics = MetricsWriter(
             self.dir / "metrics.jsonl", cfg.run.wandb_project, cfg.run.name, cfg.model_dump(),
             enabled=self._is_main(),
@@ -144,7 +142,7 @@ class RLRun:
         )
 
     def evaluate(self, phase: str, step: int | None = None) -> float:
-        result = evaluate(self.eval_generator, self.tokenizer, self.heldout, self.cfg.tasks,
+        result = evaluate(self.eval_backend, self.tokenizer, self.heldout, self.cfg.tasks,
                           self.cfg.eval)
         self.accuracy = result["accuracy"]
         step = self.step if step is None else step
@@ -238,19 +236,19 @@ class RLRun:
         """The rollout source, not started: a generator with its own copy of the policy."""
         cfg = self.cfg
         if cfg.rollout.subprocess:
-            from meshrl.rl.subprocess_generator import SubprocessGenerator
+            from meshrl.rl.subprocess_backend import SubprocessBackend
 
-            generator = SubprocessGenerator(cfg.rollout.backend, copy.deepcopy(self.host_model),
-                                            self.tokenizer, self.async_threads)
+            backend = SubprocessBackend(cfg.rollout.backend, copy.deepcopy(self.host_model),
+                                        self.tokenizer, self.async_threads)
         else:
-            generator = make_generator(cfg.rollout.backend, copy.deepcopy(self.host_model),
-                                       self.tokenizer)
+            backend = build_backend(cfg.rollout.backend, copy.deepcopy(self.host_model),
+                                    self.tokenizer)
 
         def make_batch(gen: Any, index: int, version: int) -> RolloutBatch:
             return generate_batch(gen, self.tokenizer, cfg.rollout, cfg.tasks, cfg.run.seed,
                                   index, version, self.exclude)
 
-        return RolloutPipeline(generator, make_batch, cfg.async_level, self.step, carried,
+        return RolloutPipeline(backend, make_batch, cfg.async_level, self.step, carried,
                                num_threads=self.async_threads)
 
     def _reached_target(self) -> bool:

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from meshrl.inference import InferenceBackend, SamplingParams
 from meshrl.rl.config import RolloutConfig
-from meshrl.rl.generation import GenParams, RolloutGenerator
 
 __all__ = [
     "RolloutBatch",
@@ -91,7 +91,7 @@ def batch_seed(seed: int, index: int) -> int:
 
 
 def generate_batch(
-    generator: RolloutGenerator,
+    backend: InferenceBackend,
     tokenizer: Any,
     cfg: RolloutConfig,
     tasks_cfg: Any,
@@ -100,15 +100,21 @@ def generate_batch(
     version: int,
     exclude: frozenset[str] = frozenset(),
 ) -> RolloutBatch:
-    """Draw batch `index`'s problems, sample `group_size` completions each, and score them."""
+    """Draw batch `index`'s problems, sample `group_size` completions each with policy `version`
+    (the one loaded into `backend`), and score them."""
     from meshrl.tasks import Problem, compute_reward
 
     t0 = time.perf_counter()
     problems = draw_problems(tasks_cfg, seed, cfg.node_id, index, cfg.prompts_per_step, exclude)
     g = cfg.group_size
     prompts = [encode_prompt(tokenizer, p.prompt) for p in problems for _ in range(g)]
-    params = GenParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, seed=batch_seed(seed, index))
-    samples = generator.generate(prompts, params, seq_ids=list(range(len(prompts))))
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                            top_p=cfg.top_p, seed=batch_seed(seed, index))
+    samples = backend.generate(prompts, params, seq_ids=list(range(len(prompts))))
+    made_by = {s.policy_version for s in samples}
+    if made_by - {version}:
+        raise RuntimeError(f"batch {index}: completions of policy versions {sorted(made_by)}, "
+                           f"expected {version}")
     rewards, scores = [], []
     for i, s in enumerate(samples):
         text = tokenizer.decode(s.token_ids)

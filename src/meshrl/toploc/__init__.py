@@ -22,7 +22,7 @@ _EXPORTS = {
                "proof_to_base64", "to_bf16_bits", "verify_proofs"],
     "thresholds": ["HEADROOM", "RolloutStats", "Thresholds", "Verdict", "calibrate_thresholds",
                    "rollout_stats", "tail_threshold", "threshold_ratios", "verdict"],
-    "validate": ["Claim", "RolloutReport", "SamplingSpec", "ValidatorConfig", "validate_rollout"],
+    "validate": ["Claim", "RolloutReport", "ValidatorConfig", "validate_rollout"],
     "calibrate": ["CalibrateConfig", "run_calibration"],
     "modes": ["HONEST_MODES"],
 }
@@ -40,7 +40,6 @@ __all__ = [
     "ProofError",
     "RolloutReport",
     "RolloutStats",
-    "SamplingSpec",
     "Thresholds",
     "ValidatorConfig",
     "Verdict",
@@ -113,7 +112,6 @@ if TYPE_CHECKING:
     from meshrl.toploc.validate import (
         Claim,
         RolloutReport,
-        SamplingSpec,
         ValidatorConfig,
         validate_rollout,
     )

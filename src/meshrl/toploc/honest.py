@@ -5,12 +5,14 @@ validator may recompute with any of them too; each choice moves the final hidden
 float noise. Calibration (`calibrate.py`) proves honest completions in every `WorkerSetup` and
 checks them in every `ValidatorSetup`, so thresholds are set over all of it:
 
-- workers: meshrl's KV-cache decoder (`recompute.generate`, batched, left-padded), and
+- workers: meshrl's reference decoder (`meshrl.inference.ReferenceBackend.generate`, batched,
+  left-padded, through the inference contract), and
   `transformers` `generate` (the usual engine of other implementations) at batch 1 to 64,
   1 or 2 threads, sdpa or eager attention. Their proofs are the reference library's proofs:
   `build_proofs` makes byte-identical ones (tests/toploc/test_vectors.py).
-- validators: one prefill of prompt + completion at batch 1 to 64, right or left padding (with
-  extra padding width), 1 or 2 threads, sdpa or eager, in the model's bf16 or in fp32.
+- validators: one prefill of prompt + completion (`ReferenceBackend.score`) at batch 1 to 64,
+  right or left padding (with extra padding width), 1 or 2 threads, sdpa or eager, in the
+  model's bf16 or in fp32.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from meshrl.toploc.recompute import generate, prefill
+from meshrl.inference import ReferenceBackend, ReferenceConfig, SamplingParams
 
 __all__ = [
     "HONEST_VALIDATORS",
@@ -39,7 +41,7 @@ __all__ = [
 @dataclass(frozen=True)
 class WorkerSetup:
     name: str
-    engine: str  # "meshrl": recompute.generate; "hf": transformers generate
+    engine: str  # "meshrl": ReferenceBackend.generate; "hf": transformers generate
     batch_size: int
     threads: int = 1
     attn: str = "sdpa"
@@ -108,7 +110,7 @@ def hf_generate(
     """(completion tokens, final hidden states [n, H]) per prompt from `transformers` generate:
     left-padded batches, multinomial sampling at temperature 1 (seeded per batch), exactly
     `max_new_tokens` tokens. Hidden state j is the last position of generate step j, the one
-    that predicted token j (after the final norm), as in `recompute.generate`."""
+    that predicted token j (after the final norm), as in `ReferenceBackend.generate`."""
     out = []
     for b in range(0, len(prompts), batch_size):
         batch = prompts[b : b + batch_size]
@@ -141,13 +143,12 @@ def work_with(
             return hf_generate(m, prompts, max_new_tokens, seed, setup.batch_size)
         if setup.engine != "meshrl":
             raise ValueError(f"unknown worker engine {setup.engine!r}")
-        out = []
-        for b in range(0, len(prompts), setup.batch_size):
-            seq_ids = list(range(first_seq + b, first_seq + b + setup.batch_size))
-            gens = generate(m, prompts[b : b + setup.batch_size], max_new_tokens, seed,
-                            seq_ids=seq_ids[: len(prompts[b : b + setup.batch_size])])
-            out += [(g.token_ids, g.hidden_states) for g in gens]
-        return out
+        backend = ReferenceBackend(m, cfg=ReferenceConfig(max_batch_size=setup.batch_size))
+        params = SamplingParams(max_new_tokens=max_new_tokens, seed=seed, ignore_eos=True,
+                                return_hidden_states=True)
+        seq_ids = list(range(first_seq, first_seq + len(prompts)))
+        gens = backend.generate([list(p) for p in prompts], params, seq_ids)
+        return [(g.token_ids, g.hidden_states) for g in gens]
 
 
 def recompute_with(
@@ -155,8 +156,10 @@ def recompute_with(
     completions: Sequence[Sequence[int]],
 ) -> list[torch.Tensor]:
     """Final hidden states [n, H] per completion from one prefill, as validator `setup` runs it."""
+    cfg = ReferenceConfig(max_batch_size=setup.batch_size,
+                          score_padding="left" if setup.pad_left else "right",
+                          score_pad_to=setup.pad_to)
     with threads(setup.threads):
-        m = _variant(model, setup.attn, setup.fp32)
-        res = prefill(m, prompts, completions, batch_size=setup.batch_size,
-                      pad_left=setup.pad_left, pad_to=setup.pad_to)
-    return [h for h, _ in res]
+        backend = ReferenceBackend(_variant(model, setup.attn, setup.fp32), cfg=cfg)
+        res = backend.score([list(p) for p in prompts], [list(c) for c in completions])
+    return [r.hidden_states for r in res]
