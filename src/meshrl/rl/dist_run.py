@@ -155,8 +155,10 @@ class DistributedRun(RLRun):
         ckpt = self.world.broadcast(str(found) if found else None)
         if ckpt is None:
             if self.world.is_main:
-                super()._warm_start()
+                super()._warm_start()  # saves the KL reference policy when there is one
             self._broadcast_host(optimizer_state=None)
+            if not self.world.is_main:
+                self._keep_reference(fresh=False)  # rank 0 saved it before the broadcast
             return []
         return self._resume(Path(ckpt))
 

@@ -171,6 +171,11 @@ class FSDPTrainer(Trainer):
     def logprobs(self, micro: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         return self.policy(micro)
 
+    def reference_logprobs(self, micro: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        if self.reference is not None:  # a plain copy on every rank, on this rank's device
+            self.reference.to(self.world.device)
+        return super().reference_logprobs(micro)
+
     def train_share(self, share: dict[str, torch.Tensor], advantages: torch.Tensor,
                     total_rows: int, idle: bool = False) -> dict[str, float]:
         """One optimizer step, this rank holding `share` of a batch of `total_rows` completions;
