@@ -232,3 +232,12 @@ def test_metrics_writer_of_other_ranks_writes_nothing(tmp_path):
     on.log({"kind": "step", "step": 1})
     on.close()
     assert read_metrics(tmp_path / "b" / "metrics.jsonl") == [{"kind": "step", "step": 1}]
+
+
+def test_in_process_train_under_torchrun_is_a_clear_error(tiny_cfg, monkeypatch):
+    from meshrl.rl.loop import train
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(RuntimeError, match="train_distributed"):
+        train(tiny_cfg(steps=1))

@@ -38,15 +38,14 @@ __all__ = ["RLRun", "group_rows", "train"]
 
 def train(cfg: RLConfig) -> dict[str, Any]:
     """Run (or resume) the training job described by `cfg`; returns the final summary.
-    Under torchrun every rank runs it, with the policy sharded by FSDP2 (dist_run.py)."""
+    One process; under torchrun `meshrl train` calls `dist_run.train_distributed` on every rank."""
     import os
 
     from meshrl.rl.distributed import launched_by_torchrun
 
     if launched_by_torchrun(os.environ):
-        from meshrl.rl.dist_run import train_distributed
-
-        return train_distributed(cfg, os.environ)
+        raise RuntimeError("this process was started by torchrun: call "
+                           "meshrl.rl.dist_run.train_distributed (as `meshrl train` does)")
     return RLRun(cfg).run()
 
 
