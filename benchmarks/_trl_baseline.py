@@ -26,16 +26,19 @@ def hf_char_tokenizer(tok: Any) -> Any:
 
 
 def run_trl(steps: int, prompts_per_step: int, group_size: int, max_new_tokens: int,
-            lr: float, seed: int = 0) -> dict[str, float]:
-    """Time `steps` GRPOTrainer steps; returns seconds per step (after 2 warm-up steps)."""
+            lr: float, seed: int = 0, model_dir: str | None = None) -> dict[str, float]:
+    """Time `steps` GRPOTrainer steps from the preset (or the policy in `model_dir`); returns
+    seconds per step (after 2 warm-up steps) and the mean completion length TRL logged."""
     from datasets import Dataset
     from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from meshrl.model import CharTokenizer, build_model
+    from meshrl.model import CharTokenizer, build_model, load_model
 
     tok = CharTokenizer()
-    model = build_model("qwen2-tiny", tok.vocab_size, seed=seed)
+    model = load_model(model_dir) if model_dir else build_model("qwen2-tiny", tok.vocab_size,
+                                                                 seed=seed)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     model.generation_config.bos_token_id = tok.bos_token_id
@@ -61,13 +64,17 @@ def run_trl(steps: int, prompts_per_step: int, group_size: int, max_new_tokens: 
         args = GRPOConfig(
             output_dir=out, per_device_train_batch_size=prompts_per_step * group_size,
             num_generations=group_size, max_completion_length=max_new_tokens, max_steps=steps,
-            learning_rate=lr, logging_steps=10_000, save_strategy="no", report_to=[],
+            learning_rate=lr, logging_steps=1, save_strategy="no", report_to=[],
             use_cpu=True, bf16=False, seed=seed, disable_tqdm=True, dataloader_num_workers=0,
         )
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args,
                               train_dataset=Dataset.from_list(rows),
                               processing_class=hf_char_tokenizer(tok), callbacks=[timer])
+        trainer.remove_callback(PrinterCallback)  # logs every step (for the lengths), not to stdout
         trainer.train()
     gaps = [b - a for a, b in zip(timer.stamps[1:], timer.stamps[2:], strict=False)]
     tokens = float(trainer.state.num_input_tokens_seen or 0)
-    return {"step_seconds": sum(gaps) / len(gaps), "tokens_seen": tokens}
+    lengths = [h["completions/mean_length"] for h in trainer.state.log_history
+               if "completions/mean_length" in h]
+    return {"step_seconds": sum(gaps) / len(gaps), "tokens_seen": tokens,
+            "completion_tokens_mean": sum(lengths) / max(1, len(lengths))}

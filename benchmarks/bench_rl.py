@@ -14,9 +14,14 @@
    meshrl's trainer and TRL's GRPOTrainer, in this process: `speedup` = our steps/s at our
    best setting (async with the generator in a child process, or synchronous in one process
    on 2 threads) over TRL's at its best thread count (1 or 2); every setting is reported.
+   From a random policy every completion runs to the length cap, which is not the work RL does:
+4. `trainer_vs_trl_warm`: the same comparison from one warm-started policy (qwen2-tiny after
+   `--warm-steps` supervised steps on 2-digit addition, so completions are answers of ~3-4
+   tokens), which both trainers load; reports the mean completion length each saw and its own
+   `speedup`.
 
-Usage: python benchmarks/bench_rl.py [--steps 30] [--skip-trl] [--repeats 3]
-       [--async-configs 8x8x8 1x8x96 1x4x128]
+Usage: python benchmarks/bench_rl.py [--steps 30] [--skip-trl] [--only-trl] [--repeats 3]
+       [--async-configs 8x8x8 1x8x96 1x4x128] [--trl-starts random warm] [--warm-steps 300]
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 def ours(steps: int, async_level: int, threads: int, prompts: int, group: int,
-         tokens: int, subprocess: bool = False) -> dict[str, float]:
+         tokens: int, subprocess: bool = False, model_dir: str | None = None) -> dict[str, float]:
     from meshrl.config import load_config
     from meshrl.rl.config import RLConfig
     from meshrl.rl.loop import train
@@ -51,6 +56,7 @@ def ours(steps: int, async_level: int, threads: int, prompts: int, group: int,
             "--rollout.prompts_per_step", str(prompts), "--rollout.group_size", str(group),
             "--rollout.max_new_tokens", str(tokens), "--trainer.lr", "1e-4",
             "--rollout.subprocess", str(subprocess).lower(),
+            *(["--model.path", model_dir] if model_dir else []),
         ])
         train(cfg)
         rows = [r for r in read_metrics(Path(tmp) / cfg.run.name / "metrics.jsonl")
@@ -62,6 +68,55 @@ def ours(steps: int, async_level: int, threads: int, prompts: int, group: int,
         "tokens_per_s": sum(r["tokens"] for r in rows) / sum(r["step_seconds"] for r in rows),
         "gen_seconds": statistics.mean(r["gen_seconds"] for r in rows),
         "wait_seconds": statistics.mean(r["wait_seconds"] for r in rows),
+        "completion_tokens_mean": statistics.mean(r["completion_tokens"] for r in rows)
+        / (prompts * group),
+    }
+
+
+def warm_policy(directory: str, steps: int) -> str:
+    """qwen2-tiny after `steps` supervised steps on 2-digit addition (meshrl's warm-start, no
+    early stop), saved to `directory`: it answers in a few tokens, as RL's starting policy does."""
+    from meshrl.model import CharTokenizer, build_model, save_model
+    from meshrl.rl.config import SFTConfig
+    from meshrl.rl.sft import warm_start
+    from meshrl.tasks import TasksConfig
+
+    tok = CharTokenizer()
+    model = build_model("qwen2-tiny", tok.vocab_size, seed=0)
+    cfg = SFTConfig(max_steps=steps, eval_every=steps, target_accuracy=1.0, max_accuracy=1.0)
+    warm_start(model, tok, cfg, TasksConfig().build(), lambda step: 0.0, seed=0)
+    save_model(model, tok, directory)
+    return directory
+
+
+def trainer_vs_trl(steps: int, shape: dict, model_dir: str | None) -> dict:
+    """Our best setting against TRL's best thread count on the same work and starting policy."""
+    from _trl_baseline import run_trl
+
+    runs = {"async_level 2, generator process": ours(steps, 2, 2, **shape, subprocess=True,
+                                                     model_dir=model_dir),
+            "async_level 0, one process": ours(steps, 0, 2, **shape, model_dir=model_dir)}
+    mine_name, mine = min(runs.items(), key=lambda kv: kv[1]["step_seconds"])
+    trls = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        trls.append({"threads": threads, **run_trl(steps, shape["prompts"], shape["group"],
+                                                    shape["tokens"], lr=1e-4,
+                                                    model_dir=model_dir)})
+    trl = min(trls, key=lambda r: r["step_seconds"])
+    return {
+        "bench": "trainer_vs_trl_warm" if model_dir else "trainer_vs_trl", "config": shape,
+        "ours_step_seconds": mine["step_seconds"], "trl_step_seconds": trl["step_seconds"],
+        "ours_setting": mine_name,
+        "ours_step_seconds_by_setting": {k: v["step_seconds"] for k, v in runs.items()},
+        "trl_threads": trl["threads"],
+        "trl_step_seconds_by_threads": {r["threads"]: r["step_seconds"] for r in trls},
+        "ours_completion_tokens_mean": mine["completion_tokens_mean"],
+        "trl_completion_tokens_mean": trl["completion_tokens_mean"],
+        "ours_tokens_per_s": mine["tokens_per_s"],
+        "trl_tokens_per_s": trl["tokens_seen"] / steps / trl["step_seconds"],
+        "speedup": trl["step_seconds"] / mine["step_seconds"],
+        "load_average_1m": round(os.getloadavg()[0], 2),
     }
 
 
@@ -132,41 +187,31 @@ def main() -> None:
                     help="prompts x group x max-new-tokens of the async-vs-sync runs (one line "
                          "each); in 1x8x96 and 1x4x128 generation and training take "
                          "comparable time")
+    ap.add_argument("--only-trl", action="store_true", help="only the two TRL comparisons")
+    ap.add_argument("--trl-starts", nargs="+", choices=["random", "warm"],
+                    default=["random", "warm"], help="starting policies of the TRL comparisons")
+    ap.add_argument("--warm-steps", type=int, default=300,
+                    help="supervised steps of the warm-started policy of trainer_vs_trl_warm")
     args = ap.parse_args()
     shape = dict(prompts=8, group=8, tokens=8)
     torch.set_num_threads(1)
-    for backend in ("reference", "engine"):
-        print(json.dumps(rollout_throughput(backend, **shape)), flush=True)
-
-    for spec in args.async_configs:
-        prompts, group, tokens = (int(x) for x in spec.split("x"))
-        config = dict(prompts=prompts, group=group, tokens=tokens)
-        print(json.dumps(async_vs_sync(args.steps, config, args.repeats)), flush=True)
+    if not args.only_trl:
+        for backend in ("reference", "engine"):
+            print(json.dumps(rollout_throughput(backend, **shape)), flush=True)
+        for spec in args.async_configs:
+            prompts, group, tokens = (int(x) for x in spec.split("x"))
+            config = dict(prompts=prompts, group=group, tokens=tokens)
+            print(json.dumps(async_vs_sync(args.steps, config, args.repeats)), flush=True)
     if args.skip_trl:
         return
-    from _trl_baseline import run_trl
-
-    runs = {"async_level 2, generator process": ours(args.steps, 2, 2, **shape, subprocess=True),
-            "async_level 0, one process": ours(args.steps, 0, 2, **shape)}
-    mine_name, mine = min(runs.items(), key=lambda kv: kv[1]["step_seconds"])
-    trls = []
-    for threads in (1, 2):
-        torch.set_num_threads(threads)
-        trls.append({"threads": threads, **run_trl(args.steps, shape["prompts"], shape["group"],
-                                                    shape["tokens"], lr=1e-4)})
-    trl = min(trls, key=lambda r: r["step_seconds"])
-    trl_tokens = trl["tokens_seen"] / args.steps
-    print(json.dumps({
-        "bench": "trainer_vs_trl", "config": shape,
-        "ours_step_seconds": mine["step_seconds"], "trl_step_seconds": trl["step_seconds"],
-        "ours_setting": mine_name,
-        "ours_step_seconds_by_setting": {k: v["step_seconds"] for k, v in runs.items()},
-        "trl_threads": trl["threads"],
-        "trl_step_seconds_by_threads": {r["threads"]: r["step_seconds"] for r in trls},
-        "ours_tokens_per_s": mine["tokens_per_s"],
-        "trl_tokens_per_s": trl_tokens / trl["step_seconds"],
-        "speedup": trl["step_seconds"] / mine["step_seconds"],
-    }), flush=True)
+    if "random" in args.trl_starts:
+        print(json.dumps(trainer_vs_trl(args.steps, shape, None)), flush=True)
+    if "warm" not in args.trl_starts:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.set_num_threads(1)  # two threads crawl when the machine is oversubscribed
+        warm = warm_policy(str(Path(tmp) / "warm"), args.warm_steps)
+        print(json.dumps(trainer_vs_trl(args.steps, shape, warm)), flush=True)
 
 
 if __name__ == "__main__":

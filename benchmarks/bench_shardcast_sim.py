@@ -1,112 +1,105 @@
-"""Broadcast time vs number of workers: star (origin serves everyone) vs relay tree.
+"""Broadcast time vs number of workers when uploads are the limit: star vs relays, simulated,
+and the simulation checked against real processes.
 
-1. Simulation (meshrl.shardcast.simulate): every node's upload is capped (default 1 Gbit/s,
-   symmetric links), a 10 GB checkpoint in 50 MB shards, fanout-4 relay tree.
-2. Validation on loopback: real origin / relays / clients (one process, asyncio) whose servers
-   are throttled with `max_upload_rate`, small enough that the CPU is never the limit; the
-   measured times are printed next to the simulation's prediction for the same setup.
+1. `simulate` (fluid model, every node's upload capped, default 1 Gbit/s; a 10 GB checkpoint in
+   50 MB shards): star vs a fanout-4 relay tree where each worker asks only its parent relay.
+2. `simulate_relays`, the deployed shape: R = sqrt(N) relays mirror the origin, every worker asks
+   any server that holds a shard, the origin serves relays first and workers only with spare
+   upload (as `ShardServer` does).
+3. Validation (skip with `--no-real`): the topologies of `bench_shardcast_links.py` (origin +
+   0 / 2 / 4 relays + 8 clients, each its own process on loopback, uploads capped at B) run for
+   real; each line gives the measured time next to `simulate_relays`' prediction for the same
+   setup and their ratio (the goal: within 15%).
 
-Prints one JSON object per line; `speedup` = star time / tree time.
+Prints one JSON object per line; `speedup` = star time / relays time.
 
-    python benchmarks/bench_shardcast_sim.py [--no-real]
+    python benchmarks/bench_shardcast_sim.py [--no-real] [--size-mb 200] [--mbytes-per-s 10]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
+import math
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from meshrl.shardcast import (
-    ClientConfig,
-    Origin,
-    OriginConfig,
-    Relay,
-    RelayConfig,
-    ServerConfig,
-    ShardcastClient,
-)
-from meshrl.shardcast.simulate import build_topology, simulate
+from bench_shardcast import _load, make_file
+from bench_shardcast_links import link_bound, run_topology
+from meshrl.shardcast.simulate import simulate, simulate_relays
 
 
-def sim_table(workers: list[int], size: float, shards: int, upload: float, fanout: int) -> None:
+def tree_table(workers: list[int], size: float, shards: int, upload: float, fanout: int) -> None:
     for n in workers:
         star = simulate("star", n, size, shards, upload, download=upload, fanout=fanout)
         tree = simulate("tree", n, size, shards, upload, download=upload, fanout=fanout)
         print(json.dumps({
-            "bench": "shardcast_sim", "workers": n, "size_gb": size / 1e9, "shards": shards,
+            "bench": "shardcast_sim_tree", "workers": n, "size_gb": size / 1e9, "shards": shards,
             "upload_gbit": upload * 8 / 1e9, "fanout": fanout, "relays": tree.relays,
             "star_s": round(star.seconds, 1), "tree_s": round(tree.seconds, 1),
             "speedup": round(star.seconds / tree.seconds, 2),
-        }))
+        }), flush=True)
 
 
-async def real_run(kind: str, n: int, work: Path, size: int, shard: int, rate: float,
-                   fanout: int) -> float:
-    spec = build_topology(kind, n, fanout)
-    server = ServerConfig(max_upload_rate=rate)
-    fast = ClientConfig(poll_interval=0.02, fsync=False, concurrency=4, shard_order="sequential")
-    origin = Origin(OriginConfig(root=str(work / "o"), server=server))
-    urls = [await origin.start()]
-    services: list = [origin]
-    for name, parent in spec[1:]:
-        if name.startswith("relay"):
-            relay = Relay(RelayConfig(root=str(work / name), upstreams=[urls[parent]],
-                                      server=server, client=fast))
-            urls.append(await relay.start())
-            services.append(relay)
-        else:
-            urls.append("")
-    clients = [ShardcastClient([urls[p]], fast) for name, p in spec if name.startswith("worker")]
-    src = work / "w.bin"
-    src.write_bytes(bytes(range(256)) * (size // 256))
-    fetches = [asyncio.create_task(c.fetch(work / f"out{i}", 1)) for i, c in enumerate(clients)]
-    await asyncio.sleep(0.3)  # everyone is waiting for version 1
-    t0 = time.perf_counter()
-    await origin.publish(src, 1, shard)
-    await asyncio.gather(*fetches)
-    wall = time.perf_counter() - t0
-    for c in clients:
-        await c.close()
-    for s in reversed(services):
-        await s.stop()
-    return wall
-
-
-def real_table(workers: list[int], size: int, shard: int, rate: float, fanout: int) -> None:
+def relays_table(workers: list[int], size: float, shards: int, upload: float) -> None:
     for n in workers:
-        row = {"bench": "shardcast_loopback_throttled", "workers": n, "size_mb": size / 1e6,
-               "upload_MBps": rate / 1e6, "fanout": fanout}
-        for kind in ("star", "tree"):
-            work = Path(tempfile.mkdtemp(prefix="bench_sc_sim_", dir="/tmp"))
-            try:
-                row[f"{kind}_s"] = round(asyncio.run(
-                    real_run(kind, n, work, size, shard, rate, fanout)), 2)
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
-            row[f"{kind}_sim_s"] = round(simulate(kind, n, size, size // shard, rate,
-                                                  concurrency=4, fanout=fanout).seconds, 2)
-        row["speedup"] = round(row["star_s"] / row["tree_s"], 2)
-        print(json.dumps(row), flush=True)
+        r = max(1, round(math.sqrt(n)))
+        star = n * size / upload  # the origin's upload carries every copy
+        res = simulate_relays(n, r, size, shards, upload)
+        print(json.dumps({
+            "bench": "shardcast_sim_relays", "workers": n, "relays": r, "size_gb": size / 1e9,
+            "shards": shards, "upload_gbit": upload * 8 / 1e9, "star_s": round(star, 1),
+            "relays_s": round(res.seconds, 1), "bound_s": round(link_bound(size, upload, r, n), 1),
+            "speedup": round(star / res.seconds, 2),
+        }), flush=True)
+
+
+def validate(args: argparse.Namespace) -> None:
+    work = Path(tempfile.mkdtemp(prefix="bench_shardcast_sim_", dir="/tmp"))
+    try:
+        src = work / "src" / "weights.bin"
+        src.parent.mkdir()
+        make_file(src, args.size_mb * 1_000_000)
+        size, rate = args.size_mb * 1e6, args.mbytes_per_s * 1e6
+        shards = max(1, round(args.size_mb / args.shard_mb))
+        for relays in (0, 2, 4):
+            load = _load()
+            measured = run_topology(work, src, relays, args)["wall_s"]
+            sim = simulate_relays(args.clients, relays, size, shards, rate, args.concurrency,
+                                  args.relay_concurrency, serve_clients=args.origin_serves)
+            print(json.dumps({
+                "bench": "shardcast_sim_vs_real", "relays": relays, "clients": args.clients,
+                "size_mb": args.size_mb, "upload_MBps": args.mbytes_per_s,
+                "measured_s": round(measured, 2), "sim_s": round(sim.seconds, 2),
+                "measured_over_sim": round(measured / sim.seconds, 3), "goal": [0.85, 1.15],
+                "load_before": load, "load_after": _load(),
+            }), flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--no-real", action="store_true", help="only the simulation")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--no-real", action="store_true", help="only the simulations")
+    ap.add_argument("--size-mb", type=int, default=200)
+    ap.add_argument("--shard-mb", type=float, default=2)
+    ap.add_argument("--mbytes-per-s", type=float, default=10, help="B: each server's upload")
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--relay-concurrency", type=int, default=2)
+    ap.add_argument("--origin-serves", choices=["always", "spare", "never"], default="spare")
     args = ap.parse_args()
-    sim_table([1, 2, 4, 8, 16, 32, 64, 128, 256, 1024], 10e9, 200, 125e6, 4)
+    tree_table([1, 2, 4, 8, 16, 32, 64, 128, 256, 1024], 10e9, 200, 125e6, 4)
+    relays_table([8, 16, 32, 64, 128], 10e9, 50, 125e6)
     if not args.no_real:
         import logging
 
         logging.getLogger("meshrl").setLevel(logging.WARNING)
-        real_table([1, 2, 4, 8], 2_000_000, 125_000, 4_000_000, 2)
+        validate(args)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """The `meshrl` command: one subcommand group per role.
 
 Each subsystem exposes `register(subparsers)` in its own light `cli` module (no torch at import
-time) so `meshrl --help` answers fast; handlers import the heavy parts when they run.
+time) so `meshrl --help` answers fast; handlers import the heavy parts when they run. Expected
+failures (a bad config, a missing file, a `CommandError` a handler raises) end in one line on
+stderr, `meshrl <command>: <problem>`, and a non-zero exit; a traceback means a bug.
 """
 
 from __future__ import annotations
@@ -9,12 +11,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Callable
-from typing import Any
 
-from meshrl.config import Config, ConfigError, config_help, load_config
+from meshrl.config import CommandError, ConfigError, load_config
 
-__all__ = ["add_config_command", "main"]
+__all__ = ["main"]
 
 # Subsystem CLI modules, each with `register(subparsers)`. Add a line per subsystem.
 SUBSYSTEMS = [
@@ -27,27 +27,6 @@ SUBSYSTEMS = [
     "meshrl.discovery.cli",
     "meshrl.orchestrator.cli",
 ]
-
-
-def add_config_command(
-    subparsers: Any,
-    name: str,
-    config_cls: type[Config],
-    handler: Callable[[Any], int | None],
-    help: str,
-) -> argparse.ArgumentParser:
-    """A subcommand parsing TOML files + dotted overrides into `config_cls`, then `handler(cfg)`."""
-    parser = subparsers.add_parser(
-        name,
-        help=help,
-        description=help,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="options (as --dotted.key VALUE, after the config files):\n"
-        + config_help(config_cls),
-    )
-    parser.add_argument("configs", nargs="*", help="TOML config files, merged in order")
-    parser.set_defaults(_config_cls=config_cls, _handler=handler)
-    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,16 +58,25 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "_handler", None) is None:
         if unknown:
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-        if getattr(args, "func", None) is not None:
-            return int(args.func(args) or 0)
         parser.print_help()
         return 0 if args.command is None else 2
+    name = " ".join(w for w in head if not w.startswith("-") and w not in args.configs)
     try:
         cfg = load_config(args._config_cls, args.configs, unknown + overrides)
     except ConfigError as e:
-        print(f"meshrl {args.command}: {e}", file=sys.stderr)
-        return 2
-    return int(args._handler(cfg) or 0)
+        return _fail(name, e, 2)
+    try:
+        return int(args._handler(cfg) or 0)
+    except (CommandError, OSError) as e:  # OSError: missing files, permissions, ports in use
+        return _fail(name, e, 1)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _fail(command: str, error: BaseException, code: int) -> int:
+    message = " ".join(str(error).split()) or type(error).__name__
+    print(f"meshrl {command}: {message}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

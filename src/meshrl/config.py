@@ -8,16 +8,26 @@ This module must stay light (no torch) so `--help` answers fast.
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-__all__ = ["Config", "ConfigError", "config_help", "load_config", "parse_overrides"]
+__all__ = [
+    "CommandError",
+    "Config",
+    "ConfigError",
+    "add_config_command",
+    "config_help",
+    "load_config",
+    "parse_overrides",
+]
 
 C = TypeVar("C", bound="Config")
 
@@ -30,6 +40,11 @@ class Config(BaseModel):
 
 class ConfigError(ValueError):
     """A configuration that cannot be loaded: bad TOML, unknown key, or invalid value."""
+
+
+class CommandError(Exception):
+    """An expected failure of a command (missing file, bad model directory, unreachable server):
+    `meshrl` prints it as one line naming the problem and exits 1, without a traceback."""
 
 
 def _parse_value(raw: str) -> Any:
@@ -146,3 +161,28 @@ def config_help(cls: type[BaseModel], prefix: str = "") -> str:
         desc = f"  {field.description}" if field.description else ""
         lines.append(f"  --{prefix}{name}  ({tname}, default: {default!r}){desc}")
     return "\n".join(line for line in lines if line)
+
+
+def add_config_command(
+    subparsers: Any,
+    name: str,
+    config_cls: type[Config],
+    handler: Callable[[Any], int | None],
+    help: str,
+) -> argparse.ArgumentParser:
+    """A subcommand parsing TOML files + dotted overrides into `config_cls`, then `handler(cfg)`.
+
+    It lives here, below every package, so a package's `cli.py` registers its commands without
+    importing the `meshrl` command line (which imports every package's `cli.py`).
+    """
+    parser = subparsers.add_parser(
+        name,
+        help=help,
+        description=help,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="options (as --dotted.key VALUE, after the config files):\n"
+        + config_help(config_cls),
+    )
+    parser.add_argument("configs", nargs="*", help="TOML config files, merged in order")
+    parser.set_defaults(_config_cls=config_cls, _handler=handler)
+    return parser

@@ -25,11 +25,24 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is when a record is emitted, not the one at set-up (a
+    command run in-process under a redirected or captured stderr must not write to a stale one)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def get_logger(name: str, level: int = logging.INFO) -> logging.Logger:
     """A logger under the `meshrl` hierarchy that writes JSON lines (configured once)."""
     root = logging.getLogger("meshrl")
     if not any(getattr(h, "_meshrl", False) for h in root.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(_JsonFormatter())
         handler._meshrl = True  # type: ignore[attr-defined]
         root.addHandler(handler)

@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -23,12 +24,52 @@ def test_noise_is_a_pure_function_of_seed_sequence_position() -> None:
     assert torch.equal(gumbel_noise(5, [2], [7], 50)[0], a[2])
 
 
-def test_noise_golden_values() -> None:
-    # pinned: changing the derivation breaks every validator, so it must be deliberate
-    g = gumbel_noise(1234, [3], [9], 4)[0]
-    assert g.shape == (4,)
-    assert torch.allclose(g, gumbel_noise(1234, [3], [9], 4)[0])
-    assert math.isfinite(g.sum().item())
+def _spec_mix(x: int) -> int:
+    """m(x) of docs/sampling.md, on Python ints (a second implementation, not the package's)."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) % 2**32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) % 2**32
+    return x ^ (x >> 16)
+
+
+def _spec_noise(seed: int, seq_id: int, position: int, v: int) -> float:
+    """g[v] exactly as docs/sampling.md writes it down."""
+    s = _spec_mix((seed % 2**32) ^ _spec_mix(seed >> 32) ^ 0x9E3779B9)
+    key = _spec_mix(_spec_mix(s ^ _spec_mix(seq_id % 2**32)) ^ (position % 2**32))
+    h = _spec_mix(key ^ _spec_mix((v + 0x632BE5AB) % 2**32))
+    u = (h + 0.5) / 2**32
+    return -math.log(-math.log(u))
+
+
+# Pinned: changing the derivation breaks every validator, so it must be deliberate.
+GOLDEN = {
+    (1234, 3, 9): [-0.18430288105291912, 1.4469170945207166, 1.6716683251130753,
+                   0.9498427959986132],
+    (0xDEADBEEFCAFEBABE, 70000, 513): [0.5291502921349557, -0.6899878915888892,
+                                        -0.06062126788667133, 2.1661745641974997],
+    (0, 0, 0): [0.4829294361531205, 0.33325399575993603, 3.65745938333362, 0.284020910260721],
+}
+
+
+@pytest.mark.parametrize("key", sorted(GOLDEN))
+def test_noise_golden_values(key: tuple[int, int, int]) -> None:
+    seed, seq_id, position = key
+    got = gumbel_noise(seed, [seq_id], [position], 4)[0].tolist()
+    # the hash is exact; float64 logs may differ in the last bit between SIMD and libm
+    assert got == pytest.approx(GOLDEN[key], rel=1e-13, abs=1e-13)
+    assert got == pytest.approx([_spec_noise(seed, seq_id, position, v) for v in range(4)],
+                                rel=1e-13, abs=1e-13)
+
+
+def test_noise_matches_the_spec_over_a_grid() -> None:
+    seeds, vocab = (1, 2**32 - 1, 2**32 + 5, 2**63 + 12345), 97
+    pairs = [(q, p) for q in (0, 1, 7, 2**31, 2**32 + 3) for p in (0, 1, 300, 2**32 - 1)]
+    for seed in seeds:
+        got = gumbel_noise(seed, [q for q, _ in pairs], [p for _, p in pairs], vocab)
+        want = torch.tensor([[_spec_noise(seed, q, p, v) for v in range(vocab)]
+                             for q, p in pairs], dtype=torch.float64)
+        assert torch.allclose(got, want, rtol=1e-13, atol=1e-13), seed
 
 
 def test_gumbel_max_samples_softmax() -> None:

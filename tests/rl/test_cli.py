@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import subprocess
 import sys
+
+import pytest
 
 import meshrl.rl
 from meshrl.cli import main
@@ -30,30 +34,45 @@ def test_demo_config_loads_with_overrides():
 
 
 def test_public_api_is_exported():
+    """Each exported name is the object its module defines (and lists in its own __all__)."""
     for name in meshrl.rl.__all__:
-        assert getattr(meshrl.rl, name) is not None
+        module = importlib.import_module(f"meshrl.rl.{meshrl.rl._EXPORTS[name]}")
+        assert getattr(meshrl.rl, name) is getattr(module, name), name
+        assert name in module.__all__, name
+        assert importlib.util.find_spec(f"meshrl.rl.{name}") is None, name  # not a submodule
     assert {"train", "RLConfig", "RolloutPipeline", "Trainer", "is_fresh"} <= set(meshrl.rl.__all__)
 
 
 def test_train_then_eval_from_the_command_line(tmp_path, capsys):
     args = [
-        "train", "--run.dir", str(tmp_path), "--run.name", "cli", "--steps", "2",
+        "train", "--run.dir", str(tmp_path), "--run.name", "cli", "--steps", "3",
         "--run.progress", "false", "--sft.max_steps", "2", "--sft.eval_every", "1",
         "--eval.num_problems", "16", "--rollout.prompts_per_step", "2",
-        "--rollout.group_size", "2", "--rollout.max_new_tokens", "3",
+        "--rollout.group_size", "2", "--rollout.max_new_tokens", "3", "--filter_groups", "false",
     ]
     assert main(args) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["steps"] == 2
+    assert summary["steps"] == 3 and summary["run_dir"] == str(tmp_path / "cli")
     assert (tmp_path / "cli" / "curves.png").stat().st_size > 1000
     records = [json.loads(x) for x in (tmp_path / "cli" / "metrics.jsonl").read_text().split("\n")
                if x]
     steps = [r for r in records if r["kind"] == "step"]
-    assert len(steps) == 2
-    for key in ("reward", "accuracy", "entropy", "grad_norm", "clip_fraction", "staleness",
-                "tokens_per_s", "wait_seconds"):
-        assert key in steps[-1] or steps[-1]["kept_groups"] == 0, key
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    # async_level 2: batch k comes from version max(0, k - 2)
+    assert [r["version"] for r in steps] == [0, 0, 0]
+    assert [r["staleness"] for r in steps] == [0, 1, 2]
+    for r in steps:
+        assert (r["groups"], r["kept_groups"]) == (2, 2)  # filtering off: every group trains
+        assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["step_seconds"], rel=1e-6)
+        assert r["entropy"] > 0 and r["grad_norm"] >= 0 and 0 <= r["clip_fraction"] <= 1
+        assert r["lr"] == pytest.approx(3e-4 * min(1.0, r["step"] / 6))  # warm-up of 5 steps
+        assert r["tokens"] > 4 * 4  # 4 completions behind prompts of >= 4 tokens
+    evals = [r for r in records if r["kind"] == "eval" and r["phase"] == "rl"]
+    assert evals[-1]["step"] == 3 and evals[-1]["n"] == 16
+    assert summary["accuracy"] == evals[-1]["accuracy"]
+    # `meshrl eval` of the run's last checkpoint reproduces the run's own last evaluation
     assert main(["eval", "--checkpoint", str(tmp_path / "cli"), "--eval.num_problems", "16"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert 0.0 <= result["accuracy"] <= 1.0 and result["n"] == 16
-    assert result["model"].endswith("step_2/model")
+    assert result["model"].endswith("step_3/model")
+    assert (result["accuracy"], result["mean_tokens"], result["n"]) == (
+        evals[-1]["accuracy"], evals[-1]["mean_tokens"], 16)

@@ -14,6 +14,7 @@ from meshrl.tasks import TasksConfig
 
 TOK = CharTokenizer()
 CFG = RolloutConfig(prompts_per_step=4, group_size=4, max_new_tokens=6)
+TASKS = TasksConfig().build()
 
 
 @pytest.fixture(autouse=True)
@@ -28,9 +29,9 @@ def _one_thread():
 def _batches(kind: str, version: int = 0):
     model = build_model("qwen2-tiny", TOK.vocab_size, seed=4)
     backend = build_backend(kind, model, TOK)
-    first = generate_batch(backend, TOK, CFG, TasksConfig(), 0, 3, 0)
+    first = generate_batch(backend, TOK, CFG, TASKS, 0, 3, 0)
     backend.load_weights(build_model("qwen2-tiny", TOK.vocab_size, seed=5).state_dict(), version)
-    return backend, first, generate_batch(backend, TOK, CFG, TasksConfig(), 0, 3, version)
+    return backend, first, generate_batch(backend, TOK, CFG, TASKS, 0, 3, version)
 
 
 def test_engine_and_reference_rollouts_agree_before_and_after_a_reload():
@@ -50,7 +51,7 @@ def test_a_batch_from_another_policy_version_is_refused():
     backend = build_backend("engine", build_model("qwen2-tiny", TOK.vocab_size, seed=4), TOK)
     backend.load_weights(build_model("qwen2-tiny", TOK.vocab_size, seed=5).state_dict(), 2)
     with pytest.raises(RuntimeError, match=r"policy versions \[2\], expected 3"):
-        generate_batch(backend, TOK, CFG, TasksConfig(), 0, 3, 3)
+        generate_batch(backend, TOK, CFG, TASKS, 0, 3, 3)
 
 
 def test_unknown_backend_kind_is_a_clear_error():

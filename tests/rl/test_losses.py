@@ -113,11 +113,68 @@ def test_entropy_kl_and_tis_terms() -> None:
                              ref_logprobs=ref)
     assert m["kl"] == pytest.approx(math.exp(-0.5) - 0.5, rel=1e-5)
     assert with_kl.item() == pytest.approx(base.item() + m["kl"], rel=1e-5)
-    inf = old - torch.tensor([[math.log(3.0), math.log(0.5)]])  # weights 3 -> capped 2, 0.5
-    tis, m = policy_loss(new, old, torch.tensor([1.0]), mask, LossConfig(tis_cap=2.0),
-                         inference_logprobs=inf)
-    assert tis.item() == pytest.approx(base.item() * (2.0 + 0.5) / 2, rel=1e-5)
-    assert m["tis_weight_mean"] == pytest.approx(1.25)
+    (g,) = torch.autograd.grad(with_kl - base, new)  # d/dlogp k3 = 1 - ref/p, token mean
+    assert torch.allclose(g, torch.full((1, 2), (1 - math.exp(-0.5)) / 2), atol=1e-6)
+
+
+def _decoupled(cap: float | None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """dapo, A = 1, two tokens: pi = pi_prox = (0.5, 0.2), behaviour (0.25, 0.4), so
+    pi_prox / pi_behaviour = (2, 0.5): the rollout came from a different (stale) policy."""
+    new = torch.tensor([[math.log(0.5), math.log(0.2)]], requires_grad=True)
+    behaviour = torch.tensor([[math.log(0.25), math.log(0.4)]])
+    cfg = LossConfig(type="dapo", tis_cap=cap)
+    prox = new.detach().clone() if cap is not None else None
+    loss, m = policy_loss(new, behaviour, torch.tensor([1.0]), torch.ones(1, 2), cfg,
+                          proximal_logprobs=prox)
+    (g,) = torch.autograd.grad(loss, new)
+    return loss.detach(), g, m
+
+
+def test_decoupled_objective_hand_values() -> None:
+    # coupled: ratio vs behaviour (2, 0.5); token 1 clipped at 1.2 (no gradient), token 2 in
+    # range: loss mean(-1.2, -0.5), d/dlogp = (0, -0.5 / 2)
+    loss, g, m = _decoupled(None)
+    assert loss.item() == pytest.approx(-0.85)
+    assert torch.allclose(g, torch.tensor([[0.0, -0.25]]))
+    assert "tis_weight_mean" not in m and m["ratio_mean"] == pytest.approx(1.25)
+    # decoupled, cap 1.5: ratio vs proximal = 1, weights min((2, 0.5), 1.5) = (1.5, 0.5)
+    loss, g, m = _decoupled(1.5)
+    assert loss.item() == pytest.approx(-1.0)
+    assert torch.allclose(g, torch.tensor([[-0.75, -0.25]]))
+    assert m["tis_weight_mean"] == pytest.approx(1.0) and m["tis_capped_fraction"] == 0.5
+    assert m["ratio_mean"] == pytest.approx(1.0) and m["clip_fraction"] == 0.0
+    # the cap changes the gradient: cap 3 keeps weight 2 on token 1
+    loss, g, m = _decoupled(3.0)
+    assert torch.allclose(g, torch.tensor([[-1.0, -0.25]]))
+    assert m["tis_weight_mean"] == pytest.approx(1.25) and m["tis_capped_fraction"] == 0.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-4, 4), min_size=2, max_size=2),
+       st.lists(st.floats(-4, 4), min_size=2, max_size=2), st.floats(0.1, 5.0))
+def test_tis_weight_never_exceeds_the_cap(prox: list[float], behaviour: list[float],
+                                          cap: float) -> None:
+    new = torch.tensor([prox], requires_grad=True)
+    cfg = LossConfig(type="dapo", tis_cap=cap)
+    loss, m = policy_loss(new, torch.tensor([behaviour]), torch.tensor([1.0]), torch.ones(1, 2),
+                          cfg, proximal_logprobs=new.detach().clone())
+    (g,) = torch.autograd.grad(loss, new)
+    weights = [min(math.exp(p - b), cap) for p, b in zip(prox, behaviour, strict=True)]
+    # on-proximal ratio is 1: the gradient is -A * w / num_tokens per token
+    assert torch.allclose(g, -torch.tensor([weights]) / 2, atol=1e-5, rtol=1e-4)
+    assert max(weights) <= cap and m["tis_weight_mean"] == pytest.approx(sum(weights) / 2,
+                                                                         rel=1e-4)
+
+
+def test_decoupled_inputs_are_checked() -> None:
+    new = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match="proximal_logprobs"):
+        policy_loss(new, new, torch.ones(1), torch.ones(1, 2), LossConfig(tis_cap=2.0))
+    with pytest.raises(ValueError, match=r"without loss\.tis_cap"):
+        policy_loss(new, new, torch.ones(1), torch.ones(1, 2), LossConfig(),
+                    proximal_logprobs=new)
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        policy_loss(new, new, torch.ones(1), torch.ones(1, 2), LossConfig(kl_coef=0.1))
 
 
 @settings(max_examples=40, deadline=None)

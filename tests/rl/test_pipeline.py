@@ -17,6 +17,7 @@ from meshrl.rl.rollouts import generate_batch
 from meshrl.tasks import TasksConfig
 
 TOK = CharTokenizer()
+TASKS = TasksConfig().build()
 
 
 def test_is_fresh_positive_and_negative():
@@ -40,7 +41,7 @@ def _pipeline(level, carried=None, start=0):
     cfg = RolloutConfig(prompts_per_step=2, group_size=2, max_new_tokens=3)
 
     def make(g, index, version):
-        return generate_batch(g, TOK, cfg, TasksConfig(), 0, index, version)
+        return generate_batch(g, TOK, cfg, TASKS, 0, index, version)
 
     return model, RolloutPipeline(gen, make, level, start, carried).start(model.state_dict())
 

@@ -40,7 +40,10 @@ def test_origin_relay_and_follower_processes(tmp_path):
             assert cli(publish) == 0  # versions 0, then 1
             seen.append(json.loads(follower.stdout.readline()))
         deadline = time.monotonic() + 10
-        while not (tmp_path / "r" / "v1").exists() and time.monotonic() < deadline:
+        # the follower reports a version, then prunes older ones (keep=1): wait for both
+        while time.monotonic() < deadline and not (
+            (tmp_path / "r" / "v1").exists() and not (tmp_path / "w" / "v0").exists()
+        ):
             time.sleep(0.05)
     finally:
         if watchdog is not None:

@@ -101,7 +101,7 @@ def test_corrupted_relay_is_detected_and_never_written(tmp_path):
     data = src.read_bytes()
 
     async def main():
-        origin, url = await _origin(tmp_path, max_upload_rate=3_000_000)
+        origin, url = await _origin(tmp_path, max_upload_mbps=24)
         relay = Relay(RelayConfig(root=str(tmp_path / "r"), upstreams=[url], client=FAST,
                                 server=ServerConfig()))
         rurl = await relay.start()

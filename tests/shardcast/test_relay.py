@@ -26,7 +26,7 @@ def test_relay_chain_serves_verified_shards_before_the_version_arrives(tmp_path)
 
     async def main():
         origin = Origin(OriginConfig(root=str(tmp_path / "o"),
-                                     server=ServerConfig(max_upload_rate=1_500_000)))
+                                     server=ServerConfig(max_upload_mbps=12)))
         ourl = await origin.start()
         r1 = Relay(RelayConfig(root=str(tmp_path / "r1"), upstreams=[ourl], client=FAST,
                                server=ServerConfig()))
@@ -75,12 +75,12 @@ def test_relay_killed_mid_transfer_client_finishes_from_the_others(tmp_path):
     async def main():
         nonlocal relay
         origin = Origin(OriginConfig(root=str(tmp_path / "o"),
-                                     server=ServerConfig(max_upload_rate=rate)))
+                                     server=ServerConfig(max_upload_mbps=rate / 125_000)))
         ourl = await origin.start()
         await origin.publish(src, 1, SHARD)
         relay, rurl = await asyncio.to_thread(spawn_service, [
             "relay", "--root", str(tmp_path / "r"), "--upstreams", f'["{ourl}"]',
-            "--server.port", "0", "--server.max_upload_rate", str(rate),
+            "--server.port", "0", "--server.max_upload_mbps", str(rate / 125_000),
             "--client.poll_interval", "0.05"], log)
         while 1 not in (await get_json(f"{rurl}/versions"))["complete"]:
             await asyncio.sleep(0.05)

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshrl.shardcast.simulate import build_topology, simulate
+from meshrl.shardcast.simulate import build_topology, simulate, simulate_relays
 
 
 @pytest.mark.parametrize("n", [1, 3, 10])
@@ -55,3 +55,31 @@ def test_unknown_topology_is_refused():
         build_topology("ring", 3)
     with pytest.raises(ValueError):
         build_topology("tree", 3, fanout=1)
+
+
+def test_relays_model_star_and_two_relays_against_the_link_bound():
+    size, upload = 200e6, 20e6
+    star = simulate_relays(8, 0, size, 100, upload)
+    assert star.seconds == pytest.approx(8 * size / upload)  # the origin carries every copy
+    two = simulate_relays(8, 2, size, 100, upload)
+    bound = size * (2 + 8) / 3 / upload  # 10 copies through 3 uploaders
+    assert bound <= two.seconds <= 1.05 * bound
+    never = simulate_relays(8, 2, size, 100, upload, serve_clients="never")
+    assert never.seconds >= size * 8 / 2 / upload  # only the two relays serve the workers
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 8), relays=st.integers(0, 3), shards=st.integers(1, 10),
+       conc=st.integers(1, 4), mode=st.sampled_from(["always", "spare"]))
+def test_relays_model_every_worker_gets_every_shard(n, relays, shards, conc, mode):
+    r = simulate_relays(n, relays, 1e6, shards, 1e6, concurrency=conc, serve_clients=mode)
+    assert r.transfers == (n + relays) * shards
+    assert r.seconds >= 1.0 - 1e-9  # the origin sends every byte at least once
+    assert r.worker_mean_seconds <= r.seconds + 1e-9
+
+
+def test_relays_model_refuses_impossible_setups():
+    with pytest.raises(ValueError):
+        simulate_relays(4, 0, 1e6, 4, 1e6, serve_clients="never")
+    with pytest.raises(ValueError):
+        simulate_relays(4, 1, 1e6, 4, 1e6, serve_clients="sometimes")

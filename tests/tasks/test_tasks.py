@@ -39,7 +39,7 @@ def test_reverse_task() -> None:
 
 
 def test_sampling_is_a_pure_function_of_its_inputs() -> None:
-    cfg = TasksConfig(mix=[ArithmeticConfig(), ReverseConfig(weight=2.0)])
+    cfg = TasksConfig(mix=[ArithmeticConfig(), ReverseConfig(weight=2.0)]).build()
     a = sample_problems(cfg, 7, "0xAbC", 3, 5, 32)
     assert a == sample_problems(cfg, 7, "0xabc", 3, 5, 32)  # addresses are case-insensitive
     for other in [(8, "0xabc", 3, 5), (7, "0xabd", 3, 5), (7, "0xabc", 4, 5), (7, "0xabc", 3, 6)]:
@@ -49,7 +49,7 @@ def test_sampling_is_a_pure_function_of_its_inputs() -> None:
 
 
 def test_length_target_reward() -> None:
-    cfg = TasksConfig(length_target={"enabled": True, "targets": [10], "alpha": 0.01})
+    cfg = TasksConfig(length_target={"enabled": True, "targets": [10], "alpha": 0.01}).build()
     (p,) = sample_problems(cfg, 0, "n", 0, 0, 1)
     assert p.meta["target_length"] == 10 and "about 10 tokens" in p.prompt
     r = compute_reward(p, p.answer, 4, cfg)
@@ -80,15 +80,40 @@ def test_math_task_from_jsonl_and_parquet(tmp_path: Path) -> None:
 
 
 def test_math_task_bad_files(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError):
-        _ = MathConfig(path=str(tmp_path / "missing.jsonl")).build().rows
+    with pytest.raises(FileNotFoundError):  # when the run builds its tasks, not mid-run
+        TasksConfig(mix=[MathConfig(path=str(tmp_path / "missing.jsonl"))]).build()
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"problem": "x"}\n')
     with pytest.raises(ValueError, match="lacks a problem or answer"):
-        _ = MathConfig(path=str(bad)).build().rows
+        MathConfig(path=str(bad)).build()
     bad.write_text("{not json\n")
     with pytest.raises(ValueError, match=r"bad\.jsonl:1: invalid JSON"):
-        _ = MathConfig(path=str(bad)).build().rows
+        MathConfig(path=str(bad)).build()
+
+
+def test_tasks_are_built_once_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A math task reads its file when the run builds its tasks, never per problem or reward;
+    the sampling and reward functions refuse a config (which they would have to rebuild)."""
+    import meshrl.tasks.math as math_task
+
+    jl = tmp_path / "m.jsonl"
+    jl.write_text("\n".join(json.dumps({"problem": f"{i}+1?", "answer": str(i + 1)})
+                            for i in range(50)))
+    reads: list[str] = []
+    real = math_task.load_math_rows
+    monkeypatch.setattr(math_task, "load_math_rows", lambda p: reads.append(str(p)) or real(p))
+    cfg = TasksConfig(mix=[MathConfig(path=str(jl)), ArithmeticConfig()])
+    tasks = cfg.build()
+    assert reads == [str(jl)]
+    problems = [p for step in range(20) for p in sample_problems(tasks, 0, "n", step, 0, 16)]
+    rewards = [compute_reward(p, p.answer, 3, tasks).task for p in problems]
+    assert {p.task for p in problems} == {"math", "arithmetic"}
+    assert rewards == [1.0] * len(problems)
+    assert reads == [str(jl)]  # 320 problems drawn and scored, one read
+    with pytest.raises(TypeError, match="TaskSet"):
+        sample_problems(cfg, 0, "n", 0, 0, 1)
+    with pytest.raises(TypeError, match="TaskSet"):
+        compute_reward(problems[0], "1", 1, cfg)
 
 
 def test_tasks_config_from_toml(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ from meshrl.inference.backend import (
     InvalidRequestError,
     ScoreResult,
     WeightLoadError,
-    build_backend,
 )
+from meshrl.inference.build import build_backend
 from meshrl.inference.params import EngineConfig, ReferenceConfig, SamplingParams
 from meshrl.lazy import lazy_getattr
 

@@ -38,7 +38,6 @@ __all__ = [
     "InvalidRequestError",
     "ScoreResult",
     "WeightLoadError",
-    "build_backend",
     "check_generate_request",
     "check_score_request",
 ]
@@ -108,24 +107,6 @@ class InferenceBackend(ABC):
     def load_weights(self, source: str | Path | dict[str, torch.Tensor], version: int) -> None:
         """Replace the policy weights (model directory or HF state dict) with policy `version`;
         on any error (checked before anything changes) the backend keeps its weights."""
-
-
-def build_backend(
-    kind: Literal["engine", "reference"], model: Any, tokenizer: Any, max_batch_size: int = 1024,
-) -> InferenceBackend:
-    """A backend of `kind` over `model` (the engine copies its weights; the reference uses the
-    model itself) at policy version 0."""
-    if kind == "engine":
-        from meshrl.inference.engine import CPUEngine
-        from meshrl.inference.params import EngineConfig
-
-        return CPUEngine(model, tokenizer, EngineConfig(max_batch_size=max_batch_size))
-    if kind == "reference":
-        from meshrl.inference.params import ReferenceConfig
-        from meshrl.inference.reference import ReferenceBackend
-
-        return ReferenceBackend(model, tokenizer, ReferenceConfig(max_batch_size=max_batch_size))
-    raise ValueError(f"unknown inference backend {kind!r} (expected 'engine' or 'reference')")
 
 
 # ---- request checks shared by the backends --------------------------------------------------

@@ -49,7 +49,7 @@ def _generate(cfg: GenerateConfig) -> int:
 
 
 def register(subparsers: Any) -> None:
-    from meshrl.cli import add_config_command
+    from meshrl.config import add_config_command
 
     group = subparsers.add_parser("inference", help="generate rollouts with the inference engine")
     sub = group.add_subparsers(dest="inference_command", metavar="ACTION", required=True)

@@ -12,26 +12,65 @@ __all__ = ["load_model", "save_model"]
 
 
 def save_model(model: Any, tokenizer: Any, directory: str | Path) -> Path:
-    """Write `model` (safetensors) and `tokenizer` to `directory` atomically (temp dir + rename)."""
+    """Write `model` (safetensors) and `tokenizer` to `directory`, replacing it atomically.
+
+    `directory` is a symlink to a hidden sibling `.<name>.v-<random>` holding the files. A new
+    version is written completely (and fsynced) into a fresh sibling, then one rename swaps the
+    link: a crash at any moment leaves `directory` naming a complete model, old or new. (Two
+    renames of real directories would leave no directory at all between them.)
+    """
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    _recover(directory)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.v-", dir=directory.parent))
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save(tmp)
-        if directory.exists():
-            old = directory.with_name(f".{directory.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(directory, old)
-            os.replace(tmp, directory)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, directory)
+        _fsync_tree(tmp)
+        if directory.exists() and not directory.is_symlink():  # written by an older meshrl
+            os.replace(directory, _legacy(directory))  # `_recover` undoes a crash right here
+        link = directory.with_name(f".{directory.name}.link-{tmp.name[-8:]}")
+        os.symlink(tmp.name, link)
+        os.replace(link, directory)  # the atomic swap
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _sweep(directory)
     return directory
+
+
+def _legacy(directory: Path) -> Path:
+    return directory.with_name(f".{directory.name}.v-legacy")
+
+
+def _recover(directory: Path) -> None:
+    """Put back a real model directory that a crash left moved aside (see `save_model`)."""
+    legacy = _legacy(directory)
+    if not directory.exists() and not directory.is_symlink() and legacy.is_dir():
+        os.replace(legacy, directory)
+
+
+def _sweep(directory: Path) -> None:
+    """Delete the versions and links of `directory` that it no longer points at."""
+    current = os.readlink(directory) if directory.is_symlink() else None
+    for sibling in directory.parent.glob(f".{directory.name}.*"):
+        if sibling.name == current or not sibling.name[len(directory.name) + 2 :].startswith(
+                ("v-", "link-")):
+            continue
+        if sibling.is_symlink() or sibling.is_file():
+            sibling.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(sibling, ignore_errors=True)
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in [*root.rglob("*"), root]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def load_model(directory: str | Path, dtype: Any = None) -> Any:
@@ -40,6 +79,7 @@ def load_model(directory: str | Path, dtype: Any = None) -> Any:
     from transformers import AutoModelForCausalLM
 
     directory = Path(directory)
+    _recover(directory)
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"{directory}: not a model directory (no config.json)")
     model = AutoModelForCausalLM.from_pretrained(

@@ -20,8 +20,11 @@ class ModelInitConfig(Config):
 def _init(cfg: ModelInitConfig) -> int:
     import json
 
-    from meshrl.model import CharTokenizer, build_model, save_model
+    from meshrl.config import CommandError
+    from meshrl.model import PRESETS, CharTokenizer, build_model, save_model
 
+    if cfg.preset not in PRESETS:
+        raise CommandError(f"unknown model preset {cfg.preset!r}; known: {', '.join(PRESETS)}")
     tok = CharTokenizer()
     model = build_model(cfg.preset, tok.vocab_size, seed=cfg.seed)
     save_model(model, tok, cfg.out)
@@ -31,7 +34,7 @@ def _init(cfg: ModelInitConfig) -> int:
 
 
 def register(subparsers: Any) -> None:
-    from meshrl.cli import add_config_command
+    from meshrl.config import add_config_command
 
     group = subparsers.add_parser("model", help="create or inspect policy models")
     sub = group.add_subparsers(dest="model_command", metavar="ACTION", required=True)

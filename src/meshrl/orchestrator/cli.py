@@ -24,13 +24,19 @@ def _run(cfg: OrchestratorConfig) -> int:
         finally:
             await orch.stop()
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
+    from meshrl.config import CommandError
+    from meshrl.protocol.errors import ChainError
+
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(main())
+    except ChainError as e:  # no deployment, unreachable chain: one line, not a traceback
+        raise CommandError(str(e)) from e
     return 0
 
 
 def register(subparsers: Any) -> None:
-    from meshrl.cli import add_config_command
+    from meshrl.config import add_config_command
 
     add_config_command(subparsers, "orchestrator", OrchestratorConfig, _run,
                        help="serve one compute pool: onboarding, heartbeats, work, uploads, "

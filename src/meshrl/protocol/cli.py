@@ -252,7 +252,7 @@ class CompileConfig(Config):
 
 
 def register(subparsers: Any) -> None:
-    from meshrl.cli import add_config_command
+    from meshrl.config import add_config_command
 
     group = subparsers.add_parser("chain", help="protocol contracts: local chain, deploy, act")
     sub = group.add_subparsers(dest="chain_command", metavar="ACTION", required=True)

@@ -2,7 +2,8 @@
 pipeline, warm-start, evaluation, checkpoints).
 
 Names are resolved lazily (PEP 562) so that importing `meshrl.rl.cli` for `meshrl --help` does
-not import torch.
+not import torch. No export shares its name with a submodule: importing the submodule would
+replace the exported object with the module (`meshrl.rl.evaluate.evaluate` is the function).
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ _EXPORTS = {
     "pack_groups": "packing",
     "packed_logprobs": "packing",
     "warm_start": "sft",
-    "evaluate": "evaluate",
     "evaluate_checkpoint": "evaluate",
     "heldout_problems": "evaluate",
     "latest_checkpoint": "checkpoint",

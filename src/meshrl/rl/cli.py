@@ -28,7 +28,7 @@ def _eval(cfg: EvalCommandConfig) -> int:
 
 
 def register(subparsers: Any) -> None:
-    from meshrl.cli import add_config_command
+    from meshrl.config import add_config_command
 
     add_config_command(subparsers, "train", RLConfig, _train,
                        "supervised warm-start, then asynchronous RL (resumes a run's checkpoint)")

@@ -35,9 +35,13 @@ class LossConfig(Config):
     delta: float = Field(4.0, gt=1, description="grpo: upper bound of the unclipped ratio")
     max_tokens: int = Field(8, gt=0, description="dr_grpo: constant length normaliser")
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus coefficient")
-    kl_coef: float = Field(0.0, ge=0, description="KL(policy || reference) coefficient")
+    kl_coef: float = Field(
+        0.0, ge=0, description="k3 KL to the frozen warm-started policy (kept in <run>/reference)"
+    )
     tis_cap: float | None = Field(
-        None, gt=0, description="cap of the truncated importance weight vs inference log-probs"
+        None, gt=0,
+        description="decoupled objective: clip vs the proximal policy, weight tokens by"
+        " min(pi_prox / pi_inference, tis_cap)",
     )
 
     @property

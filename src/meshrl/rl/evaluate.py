@@ -8,17 +8,18 @@ from typing import Any
 from meshrl.inference import InferenceBackend, SamplingParams
 from meshrl.rl.config import EvalCommandConfig, EvalConfig
 from meshrl.rl.rollouts import encode_prompt
+from meshrl.tasks import TaskSet
 
 __all__ = ["evaluate", "evaluate_checkpoint", "heldout_problems", "resolve_model_dir"]
 
 
-def heldout_problems(tasks_cfg: Any, cfg: EvalConfig) -> list[Any]:
+def heldout_problems(tasks: TaskSet, cfg: EvalConfig) -> list[Any]:
     """`cfg.num_problems` distinct problems from the held-out seed (deterministic)."""
     from meshrl.tasks import sample_problems
 
     seen: dict[str, Any] = {}
     for counter in range(256):
-        for p in sample_problems(tasks_cfg, cfg.seed, "heldout", 0, counter, cfg.num_problems):
+        for p in sample_problems(tasks, cfg.seed, "heldout", 0, counter, cfg.num_problems):
             seen.setdefault(p.prompt, p)
         if len(seen) >= cfg.num_problems:
             break
@@ -29,7 +30,7 @@ def evaluate(
     backend: InferenceBackend,
     tokenizer: Any,
     problems: list[Any],
-    tasks_cfg: Any,
+    tasks: TaskSet,
     cfg: EvalConfig,
 ) -> dict[str, float]:
     """Greedy accuracy (verifier score 1.0) and mean completion length on `problems`."""
@@ -43,7 +44,7 @@ def evaluate(
         outs = backend.generate(prompts, params, seq_ids=list(range(len(chunk))))
         for p, o in zip(chunk, outs, strict=True):
             text = tokenizer.decode(o.token_ids)
-            correct += compute_reward(p, text, len(o.token_ids), tasks_cfg).task
+            correct += compute_reward(p, text, len(o.token_ids), tasks).task
             tokens += len(o.token_ids)
     n = max(1, len(problems))
     return {"accuracy": correct / n, "mean_tokens": tokens / n, "n": float(len(problems))}
@@ -76,6 +77,6 @@ def evaluate_checkpoint(cfg: EvalCommandConfig) -> dict[str, Any]:
     model_dir = resolve_model_dir(cfg.checkpoint)
     tokenizer = load_tokenizer(model_dir)
     backend = ReferenceBackend(load_model(model_dir), tokenizer)
-    result = evaluate(backend, tokenizer, heldout_problems(cfg.tasks, cfg.eval), cfg.tasks,
-                      cfg.eval)
+    tasks = cfg.tasks.build()
+    result = evaluate(backend, tokenizer, heldout_problems(tasks, cfg.eval), tasks, cfg.eval)
     return {"model": str(model_dir), **result}

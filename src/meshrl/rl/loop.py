@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from meshrl.config import CommandError
 from meshrl.inference import ReferenceBackend, build_backend
 from meshrl.rl.checkpoint import (
     latest_checkpoint,
@@ -50,7 +51,8 @@ class RLRun:
         default = self.async_threads if cfg.async_level > 0 else cfg.run.threads
         torch.set_num_threads(cfg.run.trainer_threads or default)
         self.tokenizer, self.model = self._build_policy()
-        self.heldout = heldout_problems(cfg.tasks, cfg.eval)
+        self.tasks = cfg.tasks.build()  # once per run: a math task reads its file here
+        self.heldout = heldout_problems(self.tasks, cfg.eval)
         self.exclude = frozenset(p.prompt for p in self.heldout)
         self.eval_backend = ReferenceBackend(self.model, self.tokenizer)  # the live policy
         self.metrics = MetricsWriter(
@@ -122,7 +124,7 @@ class RLRun:
         return {**stats, **self.trainer.train_step(tensors, advantages.reshape(-1)[rows])}
 
     def evaluate(self, phase: str, step: int | None = None) -> float:
-        result = evaluate(self.eval_backend, self.tokenizer, self.heldout, self.cfg.tasks,
+        result = evaluate(self.eval_backend, self.tokenizer, self.heldout, self.tasks,
                           self.cfg.eval)
         self.accuracy = result["accuracy"]
         step = self.step if step is None else step
@@ -161,14 +163,16 @@ class RLRun:
                 self.metrics.log({"kind": "sft", "step": step, "loss": loss,
                                   "accuracy": accuracy, "elapsed": self.elapsed()})
 
-            result = warm_start(self.model, self.tokenizer, self.cfg.sft, self.cfg.tasks,
+            result = warm_start(self.model, self.tokenizer, self.cfg.sft, self.tasks,
                                 lambda step: self.evaluate("sft", step), self.cfg.run.seed,
                                 self.exclude, on_eval=on_eval)
             self.metrics.log({"kind": "warm_start", **result, "elapsed": self.elapsed()})
+            self._keep_reference(fresh=True)
             self.evaluate("rl")
             return []
         from meshrl.model import load_model
 
+        self._keep_reference(fresh=False)
         self.model.load_state_dict(load_model(ckpt / "model").state_dict())
         state = load_trainer_state(ckpt)
         self.trainer.load_state_dict(state["trainer"])
@@ -177,6 +181,21 @@ class RLRun:
         self.accuracy = float(state["accuracy"])
         self.metrics.log({"kind": "resume", "step": self.step, "checkpoint": str(ckpt)})
         return [RolloutBatch.from_dict(b) for b in state["in_flight"]]
+
+    def _keep_reference(self, fresh: bool) -> None:
+        """The KL term's frozen reference: the warm-started policy, kept in `<run>/reference`
+        so a resumed run measures KL to the same policy."""
+        if not self.cfg.loss.kl_coef:
+            return
+        from meshrl.model import load_model, save_model
+
+        path = self.dir / "reference"
+        if fresh:
+            save_model(self.model, self.tokenizer, path)
+        elif not (path / "config.json").is_file():
+            raise CommandError(f"{path}: no reference policy to resume loss.kl_coef > 0 with (the"
+                               " run started with kl_coef = 0; start a new run to use the KL term)")
+        self.trainer.reference = load_model(path).requires_grad_(False)
 
     def _start_pipeline(self, carried: list[RolloutBatch]) -> RolloutPipeline:
         cfg = self.cfg
@@ -190,7 +209,7 @@ class RLRun:
                                     self.tokenizer)
 
         def make_batch(gen: Any, index: int, version: int) -> RolloutBatch:
-            return generate_batch(gen, self.tokenizer, cfg.rollout, cfg.tasks, cfg.run.seed,
+            return generate_batch(gen, self.tokenizer, cfg.rollout, self.tasks, cfg.run.seed,
                                   index, version, self.exclude)
 
         pipeline = RolloutPipeline(backend, make_batch, cfg.async_level, self.step, carried,
@@ -208,6 +227,7 @@ class RLRun:
             "staleness": self.step - 1 - batch.version, **stats,
             "kept_groups": int(keep.sum()), "groups": int(keep.numel()),
             "truncated": batch.truncated, "tokens": batch.num_tokens,
+            "completion_tokens": batch.num_completion_tokens,
             "tokens_per_s": batch.num_tokens / max(seconds, 1e-9),
             "step_seconds": seconds, "wait_seconds": wait, "gen_seconds": batch.gen_seconds,
             "dropped_stale": pipeline.dropped_stale, "elapsed": self.elapsed(),

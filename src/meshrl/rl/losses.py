@@ -1,7 +1,8 @@
 """Policy-gradient losses of the GRPO family, as pure functions of shape-annotated tensors.
 
 All take per-token log-probs under the current policy `logprobs` [B, T], under the policy that
-generated the rollout `old_logprobs` [B, T], sequence advantages [B] and a 0/1 `mask` [B, T].
+generated the rollout (the inference engine's, the *behaviour* policy) `behaviour_logprobs`
+[B, T], sequence advantages [B] and a 0/1 `mask` [B, T].
 
 - grpo   INTELLECT-2's two-sided clipping: c1 = min(ratio, delta), c2 = clip(ratio, 1-eps, 1+eps),
          per-token loss max(-c1 A, -c2 A). The upper bound delta keeps negative-advantage tokens
@@ -14,9 +15,19 @@ generated the rollout `old_logprobs` [B, T], sequence advantages [B] and a 0/1 `
 - cispo  REINFORCE on every token weighted by a clipped, stopped importance ratio
          (no token's gradient is dropped by clipping).
 
-Optional terms: entropy bonus (-coef * mean entropy), KL to a reference policy (k3 estimator),
-and truncated importance sampling (TIS) against the inference engine's own log-probs:
-w = min(exp(old_logprobs - inference_logprobs), tis_cap), detached, multiplies each token's loss.
+Which policy the ratio is taken against depends on `tis_cap`:
+
+- `tis_cap` unset (coupled, as in prime-rl): ratio = pi / pi_behaviour; the clip bounds both the
+  update and the staleness of an asynchronous rollout.
+- `tis_cap` set (decoupled, as in AReaL): the trainer also passes `proximal_logprobs`, the
+  log-probs of the policy just before this update, recomputed by the trainer. The ratio
+  pi / pi_prox is clipped (it bounds the update), and each token's loss is multiplied by the
+  truncated importance weight w = min(pi_prox / pi_behaviour, tis_cap), detached, which corrects
+  for the rollout coming from an older (or numerically different) policy without letting one
+  stale token dominate.
+
+Optional terms: entropy bonus (-coef * mean entropy) and KL to a frozen reference policy (k3
+estimator, +coef * KL).
 """
 
 from __future__ import annotations
@@ -41,25 +52,25 @@ def _per_sequence_then_batch(x: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
 
 def policy_loss(
     logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     cfg: LossConfig,
-    inference_logprobs: torch.Tensor | None = None,
+    proximal_logprobs: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Scalar loss to minimise, and metrics (clip_fraction, ratio_mean, kl, entropy, ...)."""
-    if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape:
-        raise ValueError(
-            f"shape mismatch: logprobs {tuple(logprobs.shape)}, old {tuple(old_logprobs.shape)},"
-            f" mask {tuple(mask.shape)}"
-        )
-    if advantages.shape != logprobs.shape[:1]:
-        raise ValueError(f"advantages must be [B]={logprobs.shape[0]}, got {advantages.shape}")
+    """Scalar loss to minimise, and metrics (clip_fraction, ratio_mean, tis_weight_mean, kl, ...).
+
+    `proximal_logprobs` is required when `cfg.tis_cap` is set (the decoupled objective) and
+    refused otherwise; `ref_logprobs` is required when `cfg.kl_coef > 0`.
+    """
+    _check_shapes(logprobs, behaviour_logprobs, advantages, mask, proximal_logprobs, ref_logprobs,
+                  cfg)
     mask = mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype)[:, None]
-    log_ratio = logprobs - old_logprobs.detach()
+    anchor = behaviour_logprobs if cfg.tis_cap is None else proximal_logprobs
+    log_ratio = logprobs - anchor.detach()
     ratio = torch.exp(log_ratio)
     metrics: dict[str, float] = {}
 
@@ -79,8 +90,11 @@ def policy_loss(
         token_loss = torch.maximum(-unclipped * adv, -clipped * adv)
         is_clipped = (-clipped * adv) > (-unclipped * adv)
 
-    if inference_logprobs is not None and cfg.tis_cap is not None:
-        tis = torch.exp(old_logprobs - inference_logprobs).clamp(max=cfg.tis_cap).detach()
+    if cfg.tis_cap is not None:
+        raw = torch.exp(proximal_logprobs - behaviour_logprobs).detach()
+        tis = raw.clamp(max=cfg.tis_cap)
+        capped = (raw > cfg.tis_cap).to(mask.dtype)
+        metrics["tis_capped_fraction"] = masked_mean(capped, mask).item()
         token_loss = token_loss * tis
         metrics["tis_weight_mean"] = masked_mean(tis, mask).item()
 
@@ -100,10 +114,33 @@ def policy_loss(
         d = ref_logprobs.detach() - logprobs
         kl = masked_mean(torch.exp(d) - d - 1, mask)  # k3: unbiased, always >= 0
         metrics["kl"] = kl.item()
-        if cfg.kl_coef:
-            loss = loss + cfg.kl_coef * kl
+        loss = loss + cfg.kl_coef * kl
 
     metrics["clip_fraction"] = masked_mean(is_clipped.to(mask.dtype), mask).item()
     metrics["ratio_mean"] = masked_mean(ratio.detach(), mask).item()
     metrics["policy_loss"] = loss.item()
     return loss, metrics
+
+
+def _check_shapes(
+    logprobs: torch.Tensor,
+    behaviour: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    proximal: torch.Tensor | None,
+    ref: torch.Tensor | None,
+    cfg: LossConfig,
+) -> None:
+    if cfg.tis_cap is not None and proximal is None:
+        raise ValueError("loss.tis_cap needs proximal_logprobs (the decoupled objective)")
+    if cfg.tis_cap is None and proximal is not None:
+        raise ValueError("proximal_logprobs given without loss.tis_cap: the ratio would ignore it")
+    if cfg.kl_coef > 0 and ref is None:
+        raise ValueError("loss.kl_coef > 0 needs ref_logprobs from the reference policy")
+    for name, t in (("behaviour", behaviour), ("mask", mask), ("proximal", proximal),
+                    ("ref", ref)):
+        if t is not None and t.shape != logprobs.shape:
+            raise ValueError(f"shape mismatch: logprobs {tuple(logprobs.shape)}, {name}"
+                             f" {tuple(t.shape)}")
+    if advantages.shape != logprobs.shape[:1]:
+        raise ValueError(f"advantages must be [B]={logprobs.shape[0]}, got {advantages.shape}")

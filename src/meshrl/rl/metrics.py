@@ -19,7 +19,13 @@ class MetricsWriter:
         self._file = self.path.open("a")
         self._wandb = None
         if wandb_project:
-            import wandb  # optional dependency: `pip install meshrl[wandb]`
+            try:
+                import wandb  # optional dependency: `pip install meshrl[wandb]`
+            except ImportError:
+                from meshrl.config import CommandError
+
+                raise CommandError("run.wandb_project needs wandb: pip install 'meshrl[wandb]'"
+                                   " (or leave run.wandb_project unset)") from None
 
             self._wandb = wandb.init(project=wandb_project, name=run_name, config=config or {})
 

@@ -17,6 +17,7 @@ import torch
 
 from meshrl.inference import InferenceBackend, SamplingParams
 from meshrl.rl.config import RolloutConfig
+from meshrl.tasks import TaskSet
 
 __all__ = [
     "RolloutBatch",
@@ -35,7 +36,7 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
 
 
 def draw_problems(
-    tasks_cfg: Any,
+    tasks: TaskSet,
     seed: int,
     node_id: str,
     step: int,
@@ -50,7 +51,7 @@ def draw_problems(
     while len(out) < n:
         if counter > 64:
             raise RuntimeError("could not draw training problems outside the held-out set")
-        fresh = sample_problems(tasks_cfg, seed, node_id, step, counter, n)
+        fresh = sample_problems(tasks, seed, node_id, step, counter, n)
         out.extend(p for p in fresh if p.prompt not in exclude)
         counter += 1
     return out[:n]
@@ -94,7 +95,7 @@ def generate_batch(
     backend: InferenceBackend,
     tokenizer: Any,
     cfg: RolloutConfig,
-    tasks_cfg: Any,
+    tasks: TaskSet,
     seed: int,
     index: int,
     version: int,
@@ -105,7 +106,7 @@ def generate_batch(
     from meshrl.tasks import Problem, compute_reward
 
     t0 = time.perf_counter()
-    problems = draw_problems(tasks_cfg, seed, cfg.node_id, index, cfg.prompts_per_step, exclude)
+    problems = draw_problems(tasks, seed, cfg.node_id, index, cfg.prompts_per_step, exclude)
     g = cfg.group_size
     prompts = [encode_prompt(tokenizer, p.prompt) for p in problems for _ in range(g)]
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
@@ -118,7 +119,7 @@ def generate_batch(
     rewards, scores = [], []
     for i, s in enumerate(samples):
         text = tokenizer.decode(s.token_ids)
-        r = compute_reward(problems[i // g], text, len(s.token_ids), tasks_cfg)
+        r = compute_reward(problems[i // g], text, len(s.token_ids), tasks)
         rewards.append(r.total)
         scores.append(r.task)
     return RolloutBatch(

@@ -16,6 +16,7 @@ import torch
 
 from meshrl.rl.config import SFTConfig
 from meshrl.rl.rollouts import collate, draw_problems, encode_prompt
+from meshrl.tasks import TaskSet
 
 __all__ = ["SFTConfig", "warm_start"]
 
@@ -39,7 +40,7 @@ def warm_start(
     model: Any,
     tokenizer: Any,
     cfg: SFTConfig,
-    tasks_cfg: Any,
+    tasks: TaskSet,
     evaluate_fn: Callable[[int], float],
     seed: int,
     exclude: frozenset[str] = frozenset(),
@@ -58,7 +59,7 @@ def warm_start(
     best = {"steps": 0.0, "accuracy": evaluate_fn(0), "loss": float("nan")}
     loss_value = float("nan")
     for step in range(1, cfg.max_steps + 1):
-        problems = draw_problems(tasks_cfg, seed, "sft", step, cfg.batch_size, exclude)
+        problems = draw_problems(tasks, seed, "sft", step, cfg.batch_size, exclude)
         model.train()
         loss = sft_loss(model, sft_batch(tokenizer, problems))
         opt.zero_grad(set_to_none=True)

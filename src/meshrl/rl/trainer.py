@@ -1,11 +1,21 @@
 """The policy-gradient trainer: AdamW, warm-up, gradient clipping, micro-batched accumulation.
 
-One optimizer step per rollout batch. The "old" log-probs of the clipped objective are the
-*inference* log-probs the generator recorded (the behaviour policy, as in prime-rl): with
+One optimizer step per rollout batch. By default the "old" log-probs of the clipped objective
+are the *inference* log-probs the generator recorded (the behaviour policy, as in prime-rl): with
 asynchronous generation the batch comes from a policy up to `async_level` versions old, and the
-ratio against the behaviour policy is what the clip must bound. Recomputing old log-probs with
-the current weights (textbook GRPO with one update per batch) would make every ratio exactly 1
-and hide that staleness.
+ratio against the behaviour policy is what the clip must bound.
+
+With `loss.tis_cap` the objective is decoupled (AReaL): the ratio is taken against the proximal
+policy, the weights just before this update, and a truncated importance weight
+min(pi_prox / pi_behaviour, tis_cap) corrects for staleness (see losses.py). The proximal
+log-probs are the detached log-probs of the same forward pass that computes the gradient: every
+micro-batch runs before the single optimizer step, so that pass *is* the policy before the
+update, and a separate no-grad pass would compute the same numbers for one more forward pass.
+(With one update per batch the proximal ratio is 1, so its clip is inactive and the update is
+the TIS-weighted policy gradient.)
+
+With `loss.kl_coef > 0` a frozen reference policy (the warm-started one, set by the run) scores
+every micro-batch without gradients and the k3 KL to it joins the loss.
 
 Batches come in the shared-prompt layout of `packing.py`: a group's prompt is computed once for
 all its completions, which about halves the work of a step on short-answer tasks.
@@ -42,9 +52,10 @@ class Trainer:
 
     def __init__(
         self, model: Any, cfg: TrainerConfig, loss_cfg: Any, temperature: float = 1.0,
-        total_steps: int | None = None,
+        total_steps: int | None = None, reference: Any | None = None,
     ) -> None:
         self.model = model
+        self.reference = reference  # frozen policy of the KL term (loss.kl_coef > 0)
         self.cfg = cfg
         self.loss_cfg = loss_cfg
         self.temperature = temperature
@@ -52,7 +63,7 @@ class Trainer:
             model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
             fused=True,  # one kernel over all parameters: ~4x faster than the per-tensor loop
         )
-        if cfg.decay != "constant" and not total_steps:
+        if cfg.decay != "constant" and total_steps is None:
             raise ValueError(f"trainer.decay={cfg.decay!r} needs the run's total step count")
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(cfg, s, total_steps or 0)
@@ -67,9 +78,12 @@ class Trainer:
         logprobs, entropy = packed_logprobs(self.model, micro, self.temperature)
         mask = micro["loss_mask"]
         inference = torch.where(mask, micro["inference_logprobs"], logprobs.detach())
+        # the weights before this batch's one optimizer step: the proximal policy (module doc)
+        proximal = logprobs.detach() if self.loss_cfg.tis_cap is not None else None
         loss, metrics = policy_loss(
             logprobs, inference, advantages, mask, self.loss_cfg,
-            inference_logprobs=inference, entropy=entropy,
+            proximal_logprobs=proximal, ref_logprobs=self.reference_logprobs(micro),
+            entropy=entropy,
         )
         (loss * weight).backward()
         with torch.no_grad():
@@ -77,6 +91,15 @@ class Trainer:
             diff = (logprobs.detach() - inference) * m
             metrics["mismatch_kl"] = float((diff.exp() - 1 - diff).sum() / m.sum().clamp(min=1))
         return {"loss": float(loss.detach()), **{k: float(v) for k, v in metrics.items()}}
+
+    def reference_logprobs(self, micro: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """Log-probs of the frozen reference policy on `micro` (None without a KL term)."""
+        if not self.loss_cfg.kl_coef:
+            return None
+        if self.reference is None:
+            raise ValueError("loss.kl_coef > 0 needs a reference policy (Trainer(reference=...))")
+        with torch.no_grad():
+            return packed_logprobs(self.reference, micro, self.temperature)[0]
 
     def train_step(
         self, batch: dict[str, torch.Tensor], advantages: torch.Tensor

@@ -95,7 +95,7 @@ def _fetch(cfg: FetchConfig) -> int:
 
 
 def register(subparsers: Any) -> None:
-    from meshrl.cli import add_config_command
+    from meshrl.config import add_config_command
 
     group = subparsers.add_parser("shardcast", help="broadcast checkpoints through relays")
     sub = group.add_subparsers(dest="shardcast_command", metavar="ACTION", required=True)

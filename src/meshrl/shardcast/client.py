@@ -32,10 +32,13 @@ from meshrl.shardcast.errors import (
     ShardUnavailableError,
     VersionNotFoundError,
 )
-from meshrl.shardcast.manifest import Manifest, ManifestError
+from meshrl.shardcast.manifest import Manifest
 from meshrl.shardcast.pool import ServerPool, ServerState
 from meshrl.shardcast.store import ShardWriter, file_paths, place_output, verify_files
+from meshrl.shardcast.tracker import ServerTracker
 from meshrl.shardcast.transport import (
+    PROGRESS_HEADER,
+    RELAY_HEADER,
     AiohttpTransport,
     PieceMismatchError,
     RawHttpTransport,
@@ -58,7 +61,7 @@ class FetchResult:
     servers: dict[str, dict[str, Any]]
 
 
-class ShardcastClient:
+class ShardcastClient(ServerTracker):
     """Fetches versions from `urls`.
 
     `session` (aiohttp) carries the small JSON requests; `transport` moves shard bytes (default:
@@ -72,25 +75,21 @@ class ShardcastClient:
         session: aiohttp.ClientSession | None = None,
         seed: int | None = None,
         transport: ShardTransport | None = None,
+        relay_token: str | None = None,
     ) -> None:
-        self.cfg = cfg or ClientConfig()
-        self.pool = ServerPool(urls, self.cfg.failure_decay, seed)
-        self._session, self._own_session = session, session is None
-        self._avail = asyncio.Event()
+        cfg = cfg or ClientConfig()
+        super().__init__(ServerPool(urls, cfg.failure_decay, seed, cfg.origin_weight), cfg,
+                         session)
+        self._progress = 0.0  # of the version being fetched (sent: servers favour the behind)
+        # a relay says so (X-Shardcast-Relay) and is served before clients
+        headers = {RELAY_HEADER: relay_token or "1"} if relay_token is not None else {}
         if transport is None:
             plain = all(u.startswith("http://") for u in urls)
             if self.cfg.transport == "raw" and plain:
-                transport = RawHttpTransport(self.cfg.connect_timeout)
+                transport = RawHttpTransport(self.cfg.connect_timeout, headers)
             else:
-                transport = AiohttpTransport(self.session)
+                transport = AiohttpTransport(self.session, headers)
         self.transport = transport
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            conn = aiohttp.TCPConnector(limit=0, limit_per_host=0)
-            self._session = aiohttp.ClientSession(connector=conn)
-        return self._session
 
     async def close(self) -> None:
         await self.transport.close()
@@ -103,127 +102,6 @@ class ShardcastClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    def _timeout(self, total: float | None = None) -> aiohttp.ClientTimeout:
-        c = self.cfg
-        return aiohttp.ClientTimeout(total=total, sock_connect=c.connect_timeout,
-                                     sock_read=c.stall_timeout)
-
-    async def _get_json(self, url: str, timeout: float | None = None) -> Any:
-        async with self.session.get(url, timeout=self._timeout(timeout)) as r:
-            if r.status != 200:
-                raise TransferError(f"{url}: HTTP {r.status}", r.status)
-            return await r.json(content_type=None)
-
-    # ---- discovery ----------------------------------------------------------------------
-    async def wait_for_version(self, version: int | None = None, after: int = -1) -> int:
-        """`version` once some server holds it, else the newest version > `after` (long-poll)."""
-        deadline = time.monotonic() + self.cfg.wait_timeout
-        floor = version - 1 if version is not None else after
-        while True:
-            wait = max(0.0, min(deadline - time.monotonic(), 10.0))
-            urls = list(self.pool.servers)
-            tasks = [asyncio.create_task(self._get_json(f"{u}/versions?after={floor}&wait={wait}",
-                                                        wait + self.cfg.connect_timeout + 5))
-                     for u in urls]
-            newest, beyond = None, True
-            try:
-                for fut in asyncio.as_completed(tasks):
-                    try:
-                        listing = await fut
-                    except (aiohttp.ClientError, TimeoutError, TransferError, ValueError):
-                        beyond = False
-                        continue
-                    held = set(listing["complete"]) | set(listing["partial"])
-                    if version is not None and version in held:
-                        return version
-                    if version is None and held and max(held) > after:
-                        return max(held)
-                    beyond &= bool(held) and min(held) > (version or 0)
-                    newest = listing["latest"] if newest is None else newest
-            finally:
-                for t in tasks:
-                    t.cancel()
-            if version is not None and beyond and newest is not None:
-                raise VersionNotFoundError(f"shardcast: version {version} no longer held anywhere")
-            if time.monotonic() >= deadline:
-                what = f"version {version}" if version is not None else f"a version > {after}"
-                raise VersionNotFoundError(f"shardcast: {what} did not appear in time")
-            await asyncio.sleep(self.cfg.poll_interval)
-
-    async def get_manifest(self, version: int) -> Manifest:
-        """The version's manifest, taken from the first server in URL order that serves it."""
-        for s in self.pool.servers.values():
-            s.manifest_digest, s.complete, s.have = None, False, set()
-        found = await asyncio.gather(
-            *(self._server_manifest(s, version) for s in self.pool.servers.values()))
-        chosen = next((m for m in found if m is not None), None)
-        if chosen is None:
-            raise VersionNotFoundError(f"shardcast: no server serves manifest {version}")
-        for s in self.pool.servers.values():
-            if s.manifest_digest not in (None, chosen.digest):
-                log_event(log, "manifest mismatch, server ignored", url=s.url, version=version)
-        return chosen
-
-    async def _server_manifest(self, s: ServerState, version: int) -> Manifest | None:
-        try:
-            async with self.session.get(f"{s.url}/v/{version}/manifest",
-                                        timeout=self._timeout(self.cfg.stall_timeout)) as r:
-                if r.status != 200:
-                    return None
-                m = Manifest.from_json(await r.read())
-        except (aiohttp.ClientError, TimeoutError, ManifestError):
-            return None
-        if m.version != version:
-            return None
-        s.manifest_digest = m.digest
-        await self._refresh_have(s, version)
-        return m
-
-    async def _refresh_have(self, s: ServerState, version: int) -> None:
-        try:
-            info = await self._get_json(f"{s.url}/v/{version}/have", self.cfg.stall_timeout)
-        except (aiohttp.ClientError, TimeoutError, TransferError, ValueError):
-            return
-        self._set_have(s, info)
-
-    def _set_have(self, s: ServerState, info: dict[str, Any]) -> None:
-        before = (s.complete, len(s.have))
-        s.complete, s.have = bool(info["complete"]), set(info["have"] or ())
-        if (s.complete, len(s.have)) != before:
-            self._avail.set()
-
-    async def _watch(self, s: ServerState, m: Manifest) -> None:
-        """Keep one server's availability current while `m` downloads (long-polls, no spinning)."""
-        v, lp, errors = m.version, self.cfg.long_poll, 0
-        while True:
-            try:
-                if s.complete and s.manifest_digest == m.digest:
-                    await asyncio.sleep(lp)  # nothing to learn unless a shard 404s there
-                elif s.manifest_digest is None:  # wait until it holds the version
-                    listing = await self._get_json(f"{s.url}/versions?after={v - 1}&wait={lp}",
-                                                   lp + self.cfg.stall_timeout)
-                    if v in set(listing["complete"]) | set(listing["partial"]):
-                        await self._server_manifest(s, v)
-                    elif listing["latest"] is not None and listing["latest"] >= v:
-                        return  # it moved past this version without holding it
-                elif s.manifest_digest != m.digest:
-                    return  # it serves another manifest for this version: never used
-                else:
-                    info = await self._get_json(
-                        f"{s.url}/v/{v}/have?known={len(s.have)}&wait={lp}",
-                        lp + self.cfg.stall_timeout)
-                    self._set_have(s, info)
-                    await asyncio.sleep(self.cfg.poll_interval)  # batch the next announcements
-                errors = 0
-            except TransferError as e:
-                if e.status == 404:  # it dropped the version (e.g. an aborted mirror)
-                    s.manifest_digest, s.complete, s.have = None, False, set()
-                errors += 1
-            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
-                errors += 1
-            if errors:
-                await asyncio.sleep(min(self.cfg.poll_interval * 2**errors, self.cfg.max_backoff))
 
     # ---- shards -------------------------------------------------------------------------
     async def fetch_shards(
@@ -259,16 +137,20 @@ class ShardcastClient:
 
         async def worker() -> None:
             while (index := await next_shard()) is not None:
-                await self._get_shard(m, index, functools.partial(sink, index))
+                if not await self._get_shard(m, index, functools.partial(sink, index)):
+                    pending.append(index)  # only busy servers hold it: take another meanwhile
+                    continue
                 if on_shard is not None:
                     on_shard(index)
                 progress(m.shards[index].size)
 
         t0, done, step = time.monotonic(), [0, 0], max(1, len(m.shards) // 10)
+        self._progress = 0.0
 
         def progress(nbytes: int) -> None:  # one log line per ~10% of the shards
             done[0] += 1
             done[1] += nbytes
+            self._progress = done[1] / max(m.total_size, 1)
             if done[0] % step == 0 or done[0] == len(m.shards):
                 rate = done[1] / max(time.monotonic() - t0, 1e-9) / 1e6
                 log_event(log, "progress", version=m.version, shards=done[0],
@@ -287,37 +169,29 @@ class ShardcastClient:
 
     async def _get_shard(
         self, m: Manifest, index: int, sink: Callable[[int, memoryview], None]
-    ) -> None:
+    ) -> bool:
         """Shard `index` through `sink`, verified piece by piece (resumed on another server
-        after a failure, a bad piece fetched again from another server)."""
+        after a failure, a bad piece fetched again from another server). False: no usable
+        server holds it now (e.g. the only holder is busy) and nothing of it arrived yet."""
         shard, digest = m.shards[index], m.digest
         digests = [shard.piece_digest(j) for j in range(m.piece_count(shard))]
         rx = ShardReceiver(shard.size, m.piece_size, digests, sink, self.cfg.pieces_in_flight)
         tried = set[str]()
         attempt, deadline = 0, time.monotonic() + self.cfg.wait_timeout
+        again: ServerState | None = None  # the server that sent a slice: asked for the rest
         while attempt < self.cfg.max_attempts:
-            s = self.pool.choose(index, digest, avoid=tried)
-            if s is None:  # nobody holds it now (a relay that held it was lost)
+            s, again = again or self.pool.choose(index, digest, avoid=tried), None
+            if s is None:  # nobody usable holds it now (busy, or a relay that held it was lost)
+                if rx.filled == 0:
+                    return False
                 if time.monotonic() > deadline:
                     break
                 self._avail.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._avail.wait(), self.cfg.poll_interval)
                 continue
-            before, start = rx.filled, time.monotonic()
-            s.active += 1
-            rx.source = s.url
-            error: BaseException | None = None
-            try:
-                await self.transport.fetch(f"{s.url}/v/{m.version}/shard/{index}", rx,
-                                           self.cfg.stall_timeout)
-            except (OSError, TimeoutError, TransferError, aiohttp.ClientError) as e:
-                error = e
-            finally:
-                s.active -= 1
-                got = rx.filled - (before if rx.filled >= before else 0)
-                if got:
-                    self.pool.record_success(s, got, time.monotonic() - start)
+            before = rx.filled
+            error = await self._transfer(s, f"{s.url}/v/{m.version}/shard/{index}", rx)
             try:
                 await rx.settle()  # raises OutputWriteError at once: retrying cannot help
             except PieceMismatchError as e:
@@ -329,7 +203,12 @@ class ShardcastClient:
                           pos=e.pos)
                 continue
             if rx.complete:  # every piece verified and written (even if the link broke after)
-                return
+                return True
+            if error is None and rx.filled > before:  # a slice: the same server for the rest
+                again = s
+                continue
+            if self._refused(s, error):
+                continue
             attempt += 1
             self.pool.record_failure(s)
             if isinstance(error, TransferError) and error.status == 404:
@@ -341,6 +220,35 @@ class ShardcastClient:
             await asyncio.sleep(min(delay, self.cfg.max_backoff))
         raise ShardUnavailableError(f"shardcast: shard {index} of version {m.version} failed "
                                     f"{attempt} times on {sorted(tried) or 'no server'}")
+
+    async def _transfer(self, s: ServerState, url: str, rx: ShardReceiver
+                        ) -> BaseException | None:
+        """One request to `s` into `rx`; its error, if any. Measures `s`'s throughput."""
+        before, start = rx.filled, time.monotonic()
+        s.active += 1
+        rx.source = s.url
+        error: BaseException | None = None
+        try:
+            await self.transport.fetch(url, rx, self.cfg.stall_timeout,
+                                       {PROGRESS_HEADER: f"{self._progress:.4f}"})
+        except (OSError, TimeoutError, TransferError, aiohttp.ClientError) as e:
+            error = e
+        finally:
+            s.active -= 1
+            got = rx.filled - (before if rx.filled >= before else 0)
+            if got:  # a stream cut to serve relays says nothing about the link: bytes only
+                self.pool.record_success(s, got, time.monotonic() - start,
+                                         measure=not _is_refusal(error))
+        return error
+
+    def _refused(self, s: ServerState, error: BaseException | None) -> bool:
+        """A server that keeps its upload for relays (403, 503): not a failure."""
+        if not _is_refusal(error):
+            return False
+        assert isinstance(error, TransferError)
+        self.pool.record_refusal(s, error.status == 403,
+                                 min(error.retry_after or 1e9, self.cfg.busy_backoff))
+        return True
 
     # ---- whole versions -----------------------------------------------------------------
     async def fetch(self, out: str | Path, version: int | None = None) -> FetchResult:
@@ -406,3 +314,6 @@ class ShardcastClient:
             for _, old in held[:-keep]:
                 shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
 
+
+def _is_refusal(error: BaseException | None) -> bool:
+    return isinstance(error, TransferError) and error.status in (403, 503)

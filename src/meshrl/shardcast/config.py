@@ -19,14 +19,39 @@ __all__ = [
 ]
 
 MB = 1_000_000
+MBIT = 125_000  # bytes/s in one megabit/s
 
 
 class ServerConfig(Config):
     host: str = Field("127.0.0.1", description="bind address")
     port: int = Field(0, ge=0, le=65535, description="bind port (0: any free port)")
-    max_upload_rate: float = Field(0.0, ge=0, description="upload cap in bytes/s (0: none)")
+    max_upload_mbps: float = Field(
+        0.0, ge=0, description="upload cap over all connections, megabits/s (0: none)")
+    max_connection_mbps: float = Field(
+        0.0, ge=0, description="upload cap of each connection, megabits/s (0: none)")
+    serve_clients: Literal["always", "spare", "never"] = Field(
+        "always", description="shards for clients (not relays): always; only with upload "
+        "capacity that relays leave unused (needs max_upload_mbps); or never")
+    relay_token: str = Field(
+        "", description="if set, only requests carrying it in X-Shardcast-Relay count as relays")
+    preempt_after: float = Field(
+        2.0, gt=0, description="seconds a client's stream may starve behind relays before "
+        "it is cut (the client resumes it elsewhere)")
+    spare_slice: int = Field(
+        1 << 20, gt=0, description="with serve_clients = spare: most bytes of one answer to a "
+        "client's Range request (it asks again for the rest, so relays never wait long)")
     chunk_size: int = Field(1 << 20, gt=0, description="bytes per write when streaming a shard")
     scan_interval: float = Field(0.5, gt=0, description="seconds between store re-scans")
+
+    @property
+    def upload_rate(self) -> float:
+        """max_upload_mbps in bytes/s."""
+        return self.max_upload_mbps * MBIT
+
+    @property
+    def connection_rate(self) -> float:
+        """max_connection_mbps in bytes/s."""
+        return self.max_connection_mbps * MBIT
 
 
 class ClientConfig(Config):
@@ -52,6 +77,11 @@ class ClientConfig(Config):
     failure_decay: float = Field(10.0, gt=0, description="seconds for a server failure to fade")
     fsync: bool = Field(True, description="fsync the output before the atomic rename")
     verify_files: bool = Field(False, description="re-hash whole files after the shards verify")
+    busy_backoff: float = Field(
+        0.5, gt=0, description="most seconds a server that said busy (503) is left alone")
+    origin_weight: float = Field(
+        0.5, gt=0, description="an origin's share against a relay of equal measured "
+        "throughput (< 1: relays are preferred, the origin's link is the scarcest)")
 
 
 class ServersConfig(Config):
@@ -70,7 +100,7 @@ class PublishConfig(Config):
 class OriginConfig(Config):
     root: str = Field("runs/shardcast/origin", description="store directory")
     keep: int = Field(5, ge=1, description="versions kept; older ones are deleted once unread")
-    server: ServerConfig = ServerConfig(port=8470)
+    server: ServerConfig = ServerConfig(port=8470, serve_clients="spare")
 
 
 class RelayConfig(Config):
@@ -79,6 +109,7 @@ class RelayConfig(Config):
     upstreams: list[str] = Field(["http://127.0.0.1:8470"], description="servers to mirror")
     server: ServerConfig = ServerConfig(port=8471)
     client: ClientConfig = ClientConfig()
+    token: str = Field("", description="sent upstream in X-Shardcast-Relay (their relay_token)")
 
 
 class FetchConfig(Config):

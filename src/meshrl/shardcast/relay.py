@@ -66,7 +66,7 @@ class Relay:
         self.cfg = cfg
         self.store = VersionStore(cfg.root, cfg.keep)
         self.server = ShardServer(self.store, cfg.server, role="relay")
-        self.client = ShardcastClient(cfg.upstreams, cfg.client, session)
+        self.client = ShardcastClient(cfg.upstreams, cfg.client, session, relay_token=cfg.token)
         self.mirrored: dict[str, dict[str, float]] = {}
         self.server.info["mirrored"] = self.mirrored
         self._task: asyncio.Task[None] | None = None
@@ -100,6 +100,7 @@ class Relay:
         m = await self.client.get_manifest(version)
         partial = self.store.begin_partial(m)
         self.server.notify()
+        log_event(log, "mirroring", version=version, shards=len(m.shards))
 
         def on_shard(index: int) -> None:
             partial.have.add(index)  # only now is the shard advertised and served

@@ -16,37 +16,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
+import functools
+import math
 import time
+import weakref
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
 from meshrl.log import get_logger, log_event
 from meshrl.shardcast.config import ServerConfig
+from meshrl.shardcast.ratelimit import TokenBucket
 from meshrl.shardcast.store import VersionStore
+from meshrl.shardcast.transport import PREEMPTIBLE_HEADER, PROGRESS_HEADER, RELAY_HEADER
 
-__all__ = ["RateLimiter", "ShardServer"]
+__all__ = ["ShardServer"]
 
 log = get_logger("meshrl.shardcast.server")
-
-
-class RateLimiter:
-    """Caps the bytes/s shared by all responses of one server (its upload bandwidth)."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-        self._next = 0.0
-
-    async def take(self, n: int) -> None:
-        if self.rate <= 0:
-            return
-        now = time.monotonic()
-        start = max(now, self._next)
-        self._next = start + n / self.rate
-        if start > now:
-            await asyncio.sleep(start - now)
 
 
 def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
@@ -70,7 +58,12 @@ class ShardServer:
     def __init__(self, store: VersionStore, cfg: ServerConfig, role: str = "origin") -> None:
         self.store, self.cfg, self.role = store, cfg, role
         self.counters: Counter[str] = Counter()
-        self.limiter = RateLimiter(cfg.max_upload_rate)
+        self.step = _step(cfg)
+        self.bucket = (TokenBucket(cfg.upload_rate, _burst(cfg.upload_rate, self.step))
+                       if cfg.upload_rate > 0 else None)
+        self._sliced = cfg.serve_clients == "spare" and self.bucket is not None
+        self._conn_buckets: weakref.WeakKeyDictionary[Any, TokenBucket] = (
+            weakref.WeakKeyDictionary())
         self.first_serve: dict[int, float] = {}  # version -> time its first shard was served
         self.pipelined: Counter[int] = Counter()  # shards served while the version was partial
         self.info: dict[str, Any] = {}  # extra fields for /health (a relay's mirror timings)
@@ -165,13 +158,31 @@ class ShardServer:
         while True:
             v = self._version(request)
             if v in self.store.complete:
-                return web.json_response({"complete": True, "have": None})
+                return web.json_response({"complete": True, "have": None, "role": self.role})
             have = self.store.partial[v].have
             left = deadline - time.monotonic()
             if len(have) > known or left <= 0:
-                return web.json_response({"complete": False, "have": sorted(have)})
+                return web.json_response({"complete": False, "have": sorted(have),
+                                          "role": self.role})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), left)
+
+    def _is_relay(self, request: web.Request) -> bool:
+        claim = request.headers.get(RELAY_HEADER)
+        return claim is not None and (not self.cfg.relay_token or claim == self.cfg.relay_token)
+
+    def _admit(self, relay: bool) -> None:
+        """Refuse a client's shard request when this server keeps its upload for relays."""
+        mode = self.cfg.serve_clients
+        if relay or mode == "always":
+            return
+        if mode == "never":
+            self.counters["client_refusals"] += 1
+            raise web.HTTPForbidden(text="this server serves shards to relays only")
+        if self.bucket is not None and self.bucket.high_waited(_SPARE_WINDOW):
+            self.counters["busy_refusals"] += 1
+            raise web.HTTPServiceUnavailable(
+                text="upload saturated by relays", headers={"Retry-After": str(_RETRY_AFTER)})
 
     async def shard(self, request: web.Request) -> web.StreamResponse:
         v, i = self._version(request), int(request.match_info["index"])
@@ -180,6 +191,8 @@ class ShardServer:
         if not self.store.has_shard(v, i):
             self.counters["shard_misses"] += 1
             raise web.HTTPNotFound(text=f"version {v} shard {i} not held")
+        relay = self._is_relay(request)
+        self._admit(relay)
         with self.store.open_shard(v, i) as (fd, offset, size):
             try:
                 rng = _parse_range(request.headers.get("Range"), size)
@@ -188,54 +201,111 @@ class ShardServer:
                     headers={"Content-Range": f"bytes */{size}"}
                 ) from None
             start, end = rng or (0, size)
+            if rng and not relay and self._sliced:  # the rest is asked for again (or refused)
+                end = min(end, start + self.cfg.spare_slice)
             resp = web.StreamResponse(status=206 if rng else 200)
             resp.content_length = end - start
             resp.content_type = "application/octet-stream"
             resp.headers["X-Shard-Sha256"] = self.store.manifest(v).shards[i].sha256  # type: ignore[union-attr]
+            if not relay and self.bucket is not None:
+                resp.headers[PREEMPTIBLE_HEADER] = "1"
             if rng:
-                self.counters["range_requests"] += 1
+                self.counters["range_requests"] += start > 0
                 resp.headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-            await resp.prepare(request)
-            self.first_serve.setdefault(v, time.time())
-            if partial:
-                self.pipelined[v] += 1
-            if self.cfg.max_upload_rate > 0:
-                await self._stream(resp, fd, offset + start, end - start)
+            if self.bucket is None and self.cfg.connection_rate <= 0:
+                await resp.prepare(request)
+                self._first_bytes(v, partial)
+                await self._sendfile(request, fd, offset + start, end - start)
             else:
-                await self._sendfile(request, resp, fd, offset + start, end - start)
+                started = functools.partial(self._first_bytes, v, partial)
+                if not await self._throttled(request, resp, fd, offset + start, end - start,
+                                             relay, started):
+                    return resp  # cut (the connection is closed)
+            if relay:
+                self.counters["bytes_sent_relays"] += end - start
+            await resp.write_eof()
             self.counters["shards_served"] += 1
             return resp
 
-    async def _sendfile(self, request: web.Request, resp: web.StreamResponse, fd: int,
-                        offset: int, length: int) -> None:
-        """Zero-copy send (os.sendfile) of an unthrottled shard, as aiohttp's FileResponse."""
+    def _first_bytes(self, v: int, partial: bool) -> None:
+        self.first_serve.setdefault(v, time.time())
+        if partial:
+            self.pipelined[v] += 1
+
+    async def _sendfile(self, request: web.Request, fd: int, offset: int, length: int) -> None:
+        """Zero-copy send (os.sendfile) of shard bytes, as aiohttp's FileResponse."""
         transport = request.transport
         if transport is None:
             raise ConnectionResetError("connection lost")
         with open(fd, "rb", buffering=0, closefd=False) as f:
-            try:
-                await asyncio.get_running_loop().sendfile(transport, f, offset, length)
-            except NotImplementedError:  # e.g. a transport without sendfile support
-                await self._stream(resp, fd, offset, length)
-                return
+            await asyncio.get_running_loop().sendfile(transport, f, offset, length)
         self.counters["bytes_sent"] += length
-        await resp.write_eof()
 
-    async def _stream(self, resp: web.StreamResponse, fd: int, offset: int, length: int) -> None:
-        step = self.cfg.chunk_size
-        if self.cfg.max_upload_rate > 0:  # small writes keep a throttled stream smooth
-            step = min(step, max(4096, int(self.cfg.max_upload_rate / 100)))
+    async def _throttled(self, request: web.Request, resp: web.StreamResponse, fd: int,
+                         offset: int, length: int, relay: bool,
+                         started: Callable[[], None]) -> bool:
+        """Send in steps of `self.step` bytes, each after its tokens: the connection's, then
+        the server's (relays first). A client starved longer than `preempt_after` is refused
+        (503) before its first byte, or cut after it (its answer said it may be)."""
+        conn = None
+        if self.cfg.connection_rate > 0 and request.transport is not None:
+            conn = self._conn_buckets.get(request.transport)
+            if conn is None:
+                rate = self.cfg.connection_rate
+                conn = TokenBucket(rate, _burst(rate, self.step))
+                self._conn_buckets[request.transport] = conn
+        timeout = None if relay else self.cfg.preempt_after
+        rank = _progress(request)
         pos = 0
         while pos < length:
-            n = min(step, length - pos)
-            await self.limiter.take(n)
-            chunk = os.pread(fd, n, offset + pos)
-            if not chunk:
-                raise ConnectionResetError("shard file shrank while serving")
-            await resp.write(chunk)
-            pos += len(chunk)
-            self.counters["bytes_sent"] += len(chunk)
-        await resp.write_eof()
+            n = min(self.step, length - pos)
+            if conn is not None:
+                await conn.take(n)
+            if self.bucket is not None:
+                try:
+                    await self.bucket.take(n, high=relay, timeout=timeout, rank=rank)
+                except TimeoutError:
+                    self.counters["preempted"] += 1
+                    if pos == 0:
+                        raise web.HTTPServiceUnavailable(
+                            text="upload taken by relays",
+                            headers={"Retry-After": str(_RETRY_AFTER)}) from None
+                    if request.transport is not None:
+                        request.transport.close()
+                    return False
+            if pos == 0:
+                await resp.prepare(request)
+                started()
+            await self._sendfile(request, fd, offset + pos, n)
+            pos += n
+        return True
+
+
+_SPARE_WINDOW = 0.25  # s: relays queued for upload this recently leave nothing spare
+_RETRY_AFTER = 1  # s: what a client refused for lack of spare capacity is told
+
+
+def _progress(request: web.Request) -> float:
+    """The client's claimed fraction of the version held (0 if absent or malformed)."""
+    try:
+        claim = float(request.headers.get(PROGRESS_HEADER, "0"))
+    except ValueError:
+        return 0.0
+    return min(max(claim, 0.0), 1.0) if math.isfinite(claim) else 0.0
+
+
+def _burst(rate: float, step: int) -> float:
+    """50 ms of the rate: a loop woken late (busy CPU) still sends what it was owed."""
+    return max(2 * step, 0.05 * rate)
+
+
+def _step(cfg: ServerConfig) -> int:
+    """Bytes per throttled send: 10 ms of the tightest rate (fair, and few enough calls to
+    cost little CPU), 16 KiB at least."""
+    rates = [r for r in (cfg.upload_rate, cfg.connection_rate) if r > 0]
+    if not rates:
+        return cfg.chunk_size
+    return min(cfg.chunk_size, max(16384, int(min(rates) / 100)))
 
 
 def _long_poll_args(request: web.Request, name: str) -> tuple[int, float]:

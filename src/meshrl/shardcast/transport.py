@@ -7,26 +7,24 @@ is the limit. Connections are kept alive and reused per server. `AiohttpTranspor
 through an aiohttp session (for proxies, TLS, or tests). Both resume at `rx.filled` with a
 `Range` request and keep what arrived when a transfer breaks.
 
-`ShardReceiver` verifies a shard piece by piece (see `manifest.py`): each full piece is hashed
-and, only if it matches the manifest, written by the sink. A receiver holds one piece (or a few,
-when pieces are verified in worker threads), never a whole shard: the bytes are hashed and
-written while still in the CPU cache, and no shard-sized buffer is ever faulted in.
+`ShardReceiver` (`receiver.py`, re-exported here) verifies a shard piece by piece.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
 
-from meshrl.shardcast.errors import OutputWriteError
+from meshrl.shardcast.receiver import PieceMismatchError, ShardReceiver, TransferError
 
 __all__ = [
+    "PREEMPTIBLE_HEADER",
+    "PROGRESS_HEADER",
+    "RELAY_HEADER",
     "AiohttpTransport",
     "PieceMismatchError",
     "RawHttpTransport",
@@ -36,164 +34,30 @@ __all__ = [
 ]
 
 _HEAD_MAX = 64 * 1024
+RELAY_HEADER = "X-Shardcast-Relay"  # sent by a relay mirroring: served before clients
+# on an answer the server may cut to serve relays first: a cut then means "busy", not "broken"
+PREEMPTIBLE_HEADER = "X-Shardcast-Preemptible"
+# a client's fraction of the version already held: servers serve the furthest behind first
+PROGRESS_HEADER = "X-Shardcast-Progress"
 
 
-class TransferError(Exception):
-    """A shard transfer that failed (HTTP status, short body, bad Content-Range...)."""
-
-    def __init__(self, msg: str, status: int | None = None) -> None:
-        super().__init__(msg)
-        self.status = status
+def _preempted() -> TransferError:
+    return TransferError("stream cut by the server to serve relays", 503, 1.0)
 
 
-class PieceMismatchError(TransferError):
-    """A piece whose sha256 is not the manifest's; `sources` sent bytes of it."""
-
-    def __init__(self, pos: int, sources: set[str]) -> None:
-        super().__init__(f"piece at byte {pos} does not match its sha256")
-        self.pos, self.sources = pos, sources
-
-
-Sink = Callable[[int, memoryview], None]  # (byte position in the shard, verified bytes)
-
-
-class ShardReceiver:
-    """One shard as it arrives: `filled` bytes received so far, written only once verified.
-
-    The transport asks `get_buffer()` where the next bytes go and reports them with
-    `received(n)`; a full piece is verified and passed to `sink(pos, data)`. With `depth` 0 this
-    happens at once on the event loop (about 1 ms per MiB; the cheapest on few cores, where
-    handing every piece to another thread costs more CPU than the hash). With `depth` > 0 it
-    happens in worker threads while the next pieces arrive (for many cores and fast links), and
-    `received` returns False while `depth` pieces are in flight: the transport should stop
-    reading until `on_space` is called. A bad piece or a failed write aborts the transfer
-    (`on_abort`); `settle()` waits for the pieces in flight and raises `PieceMismatchError`
-    (after rewinding `filled` to the bad piece) or `OutputWriteError`.
-    """
-
-    def __init__(self, size: int, piece_size: int, digests: list[str], sink: Sink,
-                 depth: int = 0) -> None:
-        if len(digests) != -(-size // piece_size):
-            raise ValueError("one digest per piece is needed")
-        self.size, self.piece_size, self.digests, self.sink = size, piece_size, digests, sink
-        self.depth = depth
-        self.filled = 0
-        self.source = ""  # the server currently sending (blamed for a bad piece)
-        self.on_space: Callable[[], None] | None = None
-        self.on_abort: Callable[[Exception], None] | None = None
-        self._free: list[bytearray] = []
-        self._cur = bytearray(min(piece_size, size))
-        self._cur_sources: set[str] = set()
-        self._pending: set[asyncio.Future[bool]] = set()
-        self._done: set[int] = set()
-        self._bad: PieceMismatchError | None = None
-        self._write_error: BaseException | None = None
-
-    @property
-    def complete(self) -> bool:
-        return len(self._done) == len(self.digests)
-
-    def _piece_len(self, pos: int) -> int:
-        return min(self.piece_size, self.size - pos)
-
-    def _cur_start(self) -> int:
-        return self.filled - self.filled % self.piece_size
-
-    def get_buffer(self) -> memoryview:
-        start = self._cur_start()
-        return memoryview(self._cur)[self.filled - start : self._piece_len(start)]
-
-    def feed(self, data: bytes | memoryview) -> bool:
-        """Copy `data` in (for transports that hand out their own chunks)."""
-        data, ok = memoryview(data), True
-        while data:
-            if self.filled >= self.size:
-                raise TransferError("body longer than the shard")
-            view = self.get_buffer()
-            n = min(len(view), len(data))
-            view[:n] = data[:n]
-            data = data[n:]
-            ok = self.received(n)
-        return ok
-
-    def received(self, n: int) -> bool:
-        start = self._cur_start()
-        self.filled += n
-        if self.source:
-            self._cur_sources.add(self.source)
-        if self.filled - start == self._piece_len(start) and self.filled > start:
-            self._submit(start)
-        return self.depth == 0 or len(self._pending) < self.depth
-
-    def restart(self) -> None:
-        """The server sends the shard from byte 0 (it ignored our Range)."""
-        self.filled = 0
-        self._cur_sources = set()
-
-    def _submit(self, start: int) -> None:
-        buf, sources = self._cur, self._cur_sources
-        self._cur_sources = set()
-        j, length = start // self.piece_size, self._piece_len(start)
-        if self.depth == 0:  # inline: the piece is still in this core's cache
-            try:
-                ok = self._verify_write(buf, start, length, self.digests[j])
-            except Exception as e:  # a failed write: settle() reports it
-                return self._finish(j, start, sources, False, e)
-            return self._finish(j, start, sources, ok, None)
-        self._cur = self._free.pop() if self._free else bytearray(len(buf))
-        fut = asyncio.get_running_loop().run_in_executor(
-            None, self._verify_write, buf, start, length, self.digests[j])
-        self._pending.add(fut)
-
-        def done(f: asyncio.Future[bool]) -> None:
-            self._pending.discard(f)
-            self._free.append(buf)
-            exc = f.exception()
-            self._finish(j, start, sources, exc is None and f.result(), exc)
-            if len(self._pending) < self.depth and self.on_space is not None:
-                self.on_space()
-
-        fut.add_done_callback(done)
-
-    def _verify_write(self, buf: bytearray, start: int, length: int, digest: str) -> bool:
-        data = memoryview(buf)[:length]
-        if hashlib.sha256(data).hexdigest() != digest:
-            return False
-        self.sink(start, data)
-        return True
-
-    def _finish(self, j: int, start: int, sources: set[str], ok: bool,
-                exc: BaseException | None) -> None:
-        if exc is not None:
-            self._write_error = self._write_error or exc
-            self._abort(OutputWriteError(f"shardcast: cannot write: {exc}"))
-        elif ok:
-            self._done.add(j)
-        else:
-            if self._bad is None or start < self._bad.pos:
-                self._bad = PieceMismatchError(start, sources)
-            self._abort(self._bad)
-
-    def _abort(self, exc: Exception) -> None:
-        if self.on_abort is not None:
-            self.on_abort(exc)
-
-    async def settle(self) -> None:
-        """Wait for the pieces being verified; raise what went wrong with them."""
-        while self._pending:
-            await asyncio.wait(set(self._pending))
-        if self._write_error is not None:
-            raise OutputWriteError(f"shardcast: cannot write: {self._write_error}")
-        if self._bad is not None:
-            bad, self._bad = self._bad, None
-            self.filled = min(self.filled, bad.pos)  # every byte before it is verified
-            self._cur_sources = set()
-            raise bad
+def _retry_after(value: str | None) -> float:
+    """A Retry-After header in seconds (0 if absent or a date)."""
+    try:
+        return max(0.0, float(value)) if value else 0.0
+    except ValueError:
+        return 0.0
 
 
 class ShardTransport(Protocol):
-    async def fetch(self, url: str, rx: ShardReceiver, stall_timeout: float) -> None:
-        """Receive the rest of a shard from `url` into `rx`, from `rx.filled`; raise on failure."""
+    async def fetch(self, url: str, rx: ShardReceiver, stall_timeout: float,
+                    headers: dict[str, str] | None = None) -> None:
+        """Receive the rest of a shard from `url` into `rx`, from `rx.filled`; raise on failure.
+        `headers` are sent with this request only."""
 
     async def close(self) -> None: ...
 
@@ -262,7 +126,8 @@ class _Response(asyncio.BufferedProtocol):
             except TransferError as e:
                 return self._fail(e)
             if not self.in_body:
-                return self._fail(TransferError(f"HTTP {self.status}", self.status))
+                return self._fail(TransferError(f"HTTP {self.status}", self.status,
+                                                _retry_after(self.headers.get("retry-after"))))
             extra = memoryview(self.head)[end + 4 : self.head_n]
             if len(extra) > self.expect - rx.filled:
                 return self._fail(TransferError("more data than Content-Length"))
@@ -317,8 +182,10 @@ def _consume(fut: asyncio.Future[None]) -> None:
 class RawHttpTransport:
     """Minimal keep-alive HTTP/1.1 GET client writing bodies straight into piece buffers."""
 
-    def __init__(self, connect_timeout: float = 5.0) -> None:
+    def __init__(self, connect_timeout: float = 5.0, headers: dict[str, str] | None = None
+                 ) -> None:
         self.connect_timeout = connect_timeout
+        self._extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._idle: dict[tuple[str, int], list[_Response]] = {}
 
     async def _connect(self, host: str, port: int) -> _Response:
@@ -332,27 +199,27 @@ class RawHttpTransport:
             loop.create_connection(_Response, host, port), self.connect_timeout)
         return proto
 
-    async def fetch(self, url: str, rx: ShardReceiver, stall_timeout: float) -> None:
+    async def fetch(self, url: str, rx: ShardReceiver, stall_timeout: float,
+                    headers: dict[str, str] | None = None) -> None:
         u = urlsplit(url)
         if u.scheme != "http" or not u.hostname:
             raise TransferError(f"RawHttpTransport speaks plain http only: {url}")
         port = u.port or 80
         proto = await self._connect(u.hostname, port)
         done = proto.start(rx)
-        rng = f"Range: bytes={rx.filled}-\r\n" if rx.filled else ""
-        req = f"GET {u.path} HTTP/1.1\r\nHost: {u.netloc}\r\n{rng}\r\n"
+        extra = self._extra + "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        req = (f"GET {u.path} HTTP/1.1\r\nHost: {u.netloc}\r\nRange: bytes={rx.filled}-\r\n"
+               f"{extra}\r\n")
         assert proto.transport is not None
         proto.transport.write(req.encode("latin-1"))
         ok = False
         try:
-            last = -1
-            while not done.done():
-                if rx.filled == last:
-                    raise TimeoutError(f"no data from {u.netloc} for {stall_timeout}s")
-                last = rx.filled
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(done), stall_timeout)
-            done.result()
+            try:
+                await self._wait(done, rx, stall_timeout, u.netloc)
+            except OSError as e:  # includes a stall (TimeoutError)
+                if proto.in_body and proto.headers.get(PREEMPTIBLE_HEADER.lower()):
+                    raise _preempted() from e
+                raise
             ok = proto.headers.get("connection", "").lower() != "close"
         finally:
             if ok:
@@ -361,6 +228,19 @@ class RawHttpTransport:
                 if proto.transport is not None:
                     proto.transport.close()
                 done.add_done_callback(_consume)  # a late connection_lost is not an error
+
+    @staticmethod
+    async def _wait(done: asyncio.Future[None], rx: ShardReceiver, stall_timeout: float,
+                    where: str) -> None:
+        """Until the answer is in; TimeoutError after `stall_timeout` s without a byte."""
+        last = -1
+        while not done.done():
+            if rx.filled == last:
+                raise TimeoutError(f"no data from {where} for {stall_timeout}s")
+            last = rx.filled
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(done), stall_timeout)
+        done.result()
 
     async def close(self) -> None:
         for protos in self._idle.values():
@@ -373,26 +253,37 @@ class RawHttpTransport:
 class AiohttpTransport:
     """The same contract through an aiohttp session."""
 
-    def __init__(self, session: aiohttp.ClientSession) -> None:
-        self.session = session
+    def __init__(self, session: aiohttp.ClientSession, headers: dict[str, str] | None = None
+                 ) -> None:
+        self.session, self.headers = session, headers or {}
 
-    async def fetch(self, url: str, rx: ShardReceiver, stall_timeout: float) -> None:
-        headers = {"Range": f"bytes={rx.filled}-"} if rx.filled else {}
+    async def fetch(self, url: str, rx: ShardReceiver, stall_timeout: float,
+                    headers: dict[str, str] | None = None) -> None:
+        headers = {**self.headers, **(headers or {}), "Range": f"bytes={rx.filled}-"}
         timeout = aiohttp.ClientTimeout(sock_read=stall_timeout)
         space = asyncio.Event()
         rx.on_space, rx.on_abort = space.set, None
         async with self.session.get(url, headers=headers, timeout=timeout) as r:
             if r.status not in (200, 206):
-                raise TransferError(f"HTTP {r.status}", r.status)
+                raise TransferError(f"HTTP {r.status}", r.status,
+                                    _retry_after(r.headers.get("Retry-After")))
             if r.status == 200:
                 rx.restart()
             elif not r.headers.get("Content-Range", "").startswith(f"bytes {rx.filled}-"):
                 raise TransferError("bad Content-Range")
-            async for chunk in r.content.iter_chunked(1 << 20):
-                space.clear()
-                if not rx.feed(chunk):
-                    await asyncio.wait_for(space.wait(), stall_timeout)
-        if rx.filled != rx.size:
+            # a server may answer with less than asked (a slice): the caller asks again
+            expect = rx.filled + (r.content_length if r.content_length is not None
+                                  else rx.size - rx.filled)
+            try:
+                async for chunk in r.content.iter_chunked(1 << 20):
+                    space.clear()
+                    if not rx.feed(chunk):
+                        await asyncio.wait_for(space.wait(), stall_timeout)
+            except (aiohttp.ClientError, OSError) as e:
+                if r.headers.get(PREEMPTIBLE_HEADER):
+                    raise _preempted() from e
+                raise
+        if rx.filled != expect:
             raise TransferError("body ended early")
 
     async def close(self) -> None:

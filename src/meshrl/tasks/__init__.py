@@ -12,6 +12,7 @@ from meshrl.tasks.reward import Reward, length_penalty, task_reward
 from meshrl.tasks.sampling import (
     LengthTargetConfig,
     TasksConfig,
+    TaskSet,
     compute_reward,
     problem_seed,
     sample_problems,
@@ -29,6 +30,7 @@ __all__ = [
     "ReverseTextTask",
     "Reward",
     "Task",
+    "TaskSet",
     "TasksConfig",
     "compute_reward",
     "get_task",

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import random
 import threading
-from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -71,10 +70,7 @@ class MathTask(Task):
 
     def __init__(self, cfg: MathConfig) -> None:
         self.cfg = cfg
-
-    @cached_property
-    def rows(self) -> list[tuple[str, str]]:
-        return load_math_rows(self.cfg.path)
+        self.rows = load_math_rows(cfg.path)  # once, when the run builds its tasks
 
     def sample(self, rng: random.Random) -> Problem:
         index = rng.randrange(len(self.rows))

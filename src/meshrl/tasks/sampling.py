@@ -2,6 +2,10 @@
 
 A worker cannot choose easy prompts: a validator recomputes `sample_problems` from the same
 inputs and checks that the rollout file holds exactly those prompts.
+
+Tasks are built once per run: `TasksConfig.build()` returns a `TaskSet` (a `math` task reads its
+data file there, once), and `sample_problems` / `compute_reward` take only a `TaskSet`, never a
+config, so nothing can rebuild the tasks per call.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from meshrl.tasks.reward import Reward, task_reward
 
 __all__ = [
     "LengthTargetConfig",
+    "TaskSet",
     "TaskSpec",
     "TasksConfig",
     "compute_reward",
@@ -44,14 +49,31 @@ class TasksConfig(Config):
     )
     length_target: LengthTargetConfig = LengthTargetConfig()
 
-    def build(self) -> dict[str, Task]:
-        tasks = {}
-        for spec in self.mix:
+    def build(self) -> TaskSet:
+        """The run's tasks, built once (data files are read here)."""
+        return TaskSet(self)
+
+
+class TaskSet:
+    """The built tasks of one mix: what `sample_problems` and `compute_reward` draw from."""
+
+    def __init__(self, cfg: TasksConfig) -> None:
+        self.cfg = cfg
+        self.tasks: dict[str, Task] = {}
+        for spec in cfg.mix:
             task = spec.build()
-            if task.name in tasks:
+            if task.name in self.tasks:
                 raise ValueError(f"tasks: {task.name!r} appears twice in the mix")
-            tasks[task.name] = task
-        return tasks
+            self.tasks[task.name] = task
+        self.names = [spec.type for spec in cfg.mix]
+        self.weights = [spec.weight for spec in cfg.mix]
+
+
+def _check(tasks: object) -> TaskSet:
+    if not isinstance(tasks, TaskSet):
+        raise TypeError(f"expected a TaskSet (TasksConfig.build(), once per run), got "
+                        f"{type(tasks).__name__}")
+    return tasks
 
 
 def problem_seed(seed: int, node_id: str, step: int, counter: int) -> int:
@@ -62,24 +84,16 @@ def problem_seed(seed: int, node_id: str, step: int, counter: int) -> int:
 
 
 def sample_problems(
-    cfg: TasksConfig,
-    seed: int,
-    node_id: str,
-    step: int,
-    counter: int,
-    n: int,
-    tasks: dict[str, Task] | None = None,
+    tasks: TaskSet, seed: int, node_id: str, step: int, counter: int, n: int
 ) -> list[Problem]:
     """The `n` problems assigned to (node, step, counter). Pure: same inputs, same problems."""
-    tasks = tasks if tasks is not None else cfg.build()
+    tasks = _check(tasks)
     rng = random.Random(problem_seed(seed, node_id, step, counter))
-    names = [spec.type for spec in cfg.mix]
-    weights = [spec.weight for spec in cfg.mix]
+    lt = tasks.cfg.length_target
     out = []
     for _ in range(n):
-        task = tasks[rng.choices(names, weights)[0]]
+        task = tasks.tasks[rng.choices(tasks.names, tasks.weights)[0]]
         problem = task.sample(rng)
-        lt = cfg.length_target
         if lt.enabled:
             target = rng.choice(lt.targets)
             problem = Problem(
@@ -92,19 +106,11 @@ def sample_problems(
     return out
 
 
-def compute_reward(
-    problem: Problem,
-    completion: str,
-    num_tokens: int,
-    cfg: TasksConfig,
-    tasks: dict[str, Task] | None = None,
-) -> Reward:
-    """Reward of `completion` for `problem` under this task mix (length term if enabled).
-
-    Pass `tasks` (from `cfg.build()`) when scoring many completions, to build tasks once.
-    """
-    tasks = tasks if tasks is not None else cfg.build()
-    if problem.task not in tasks:
+def compute_reward(problem: Problem, completion: str, num_tokens: int, tasks: TaskSet) -> Reward:
+    """Reward of `completion` for `problem` under this task mix (length term if enabled)."""
+    tasks = _check(tasks)
+    if problem.task not in tasks.tasks:
         raise KeyError(f"problem of unknown task {problem.task!r}")
-    alpha = cfg.length_target.alpha if cfg.length_target.enabled else 0.0
-    return task_reward(problem, completion, num_tokens, tasks[problem.task], alpha)
+    lt = tasks.cfg.length_target
+    alpha = lt.alpha if lt.enabled else 0.0
+    return task_reward(problem, completion, num_tokens, tasks.tasks[problem.task], alpha)

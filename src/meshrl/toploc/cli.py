@@ -42,7 +42,7 @@ def table_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def register(subparsers: Any) -> None:
-    from meshrl.cli import add_config_command
+    from meshrl.config import add_config_command
 
     group = subparsers.add_parser("toploc", help="verifiable-inference proofs")
     sub = group.add_subparsers(dest="toploc_command", metavar="ACTION", required=True)

@@ -1,0 +1,86 @@
+"""Every `meshrl` command, given bad input, answers with one line naming the problem and a
+non-zero exit status: never a Python traceback. A new command must add its case here."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from meshrl.cli import build_parser, main
+
+DEAD_URL = "http://127.0.0.1:9"  # discard port: nothing listens, connections are refused
+
+
+def _leaves(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple]:
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out.extend(_leaves(sub, (*prefix, name)))
+    return out or [prefix]
+
+
+def _cases(tmp: Path) -> dict[tuple[str, ...], tuple[list[str], str]]:
+    """command -> (bad arguments, a phrase the one-line error must contain)."""
+    missing = str(tmp / "missing")
+    a_file = tmp / "a_file"
+    chain = ["--chain.deployment", str(tmp / "nodeploy.json"), "--chain.rpc_url", DEAD_URL]
+    return {
+        ("model", "init"): (["--preset", "nope", "--out", str(tmp / "m")], "nope"),
+        ("train",): (["--model.path", missing, "--run.dir", str(tmp / "runs"),
+                      "--run.progress", "false"], "missing"),
+        ("eval",): (["--checkpoint", missing], "missing"),
+        ("inference", "generate"): (["--model", missing, "--prompts", '["1+1="]'], "missing"),
+        ("toploc", "calibrate"): (["--model_dir", missing, "--out", str(tmp / "c.json")],
+                                  "missing"),
+        ("shardcast", "publish"): (["--src", missing, "--root", str(tmp / "o")], "missing"),
+        ("shardcast", "origin"): (["--root", str(a_file)], "a_file"),
+        ("shardcast", "relay"): (["--root", str(a_file), "--upstreams", f'["{DEAD_URL}"]'],
+                                 "a_file"),
+        ("shardcast", "fetch"): (["--out", str(tmp / "x"), "--server.urls", f'["{DEAD_URL}"]',
+                                  "--client.wait_timeout", "0.3", "--client.max_attempts", "1"],
+                                 "did not appear in time"),
+        ("chain", "node"): (["--anvil", missing, *chain], "anvil not found"),
+        ("chain", "deploy"): (chain, "127.0.0.1:9"),
+        ("chain", "status"): (chain, "nodeploy.json"),
+        ("chain", "register"): (chain, "nodeploy.json"),
+        ("chain", "stake"): (chain, "nodeploy.json"),
+        ("chain", "mint"): ([*chain, "--to", "0x" + "11" * 20], "nodeploy.json"),
+        ("chain", "create-pool"): (chain, "nodeploy.json"),
+        ("chain", "balances"): (chain, "nodeploy.json"),
+        ("chain", "propose-federator"): ([*chain, "--to", "0x" + "22" * 20], "nodeploy.json"),
+        ("chain", "accept-federator"): (chain, "nodeploy.json"),
+        ("chain", "compile"): (["--contracts", "x"], "unknown key 'contracts'"),
+        ("discovery",): ([*chain, "--db", str(tmp / "d.db")], "nodeploy.json"),
+        ("orchestrator",): ([*chain, "--db", str(tmp / "o.db")], "nodeploy.json"),
+    }
+
+
+def test_every_command_has_a_bad_input_case(tmp_path: Path) -> None:
+    assert sorted(_leaves(build_parser())) == sorted(_cases(tmp_path))
+
+
+@pytest.mark.parametrize("command", sorted(_cases(Path("/nonexistent"))), ids=" ".join)
+def test_bad_input_is_one_line_and_nonzero(command, tmp_path: Path, capsys) -> None:
+    (tmp_path / "a_file").write_text("not a directory")
+    args, phrase = _cases(tmp_path)[command]
+    code = main([*command, *args])
+    err = capsys.readouterr().err
+    # structured log lines (JSON) may come before it; the error itself is one plain line
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("{")]
+    assert code in (1, 2), err
+    assert "Traceback" not in err
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"meshrl {' '.join(command)}: "), lines[0]
+    assert phrase in lines[0], lines[0]
+
+
+def test_config_errors_exit_2_and_name_the_key(tmp_path: Path, capsys) -> None:
+    assert main(["train", "--trainer.steps", "0"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "meshrl train: invalid config: unknown key 'trainer.steps'"
+        " (did you mean 'trainer.warmup_steps'?)")
+    assert main(["eval", str(tmp_path / "nope.toml")]) == 2
+    assert "config file not found" in capsys.readouterr().err
