@@ -225,7 +225,7 @@ def test_trainer_matches_engine_rollouts_and_an_eager_per_row_reference():
     ref.config._attn_implementation = "eager"  # an independent attention implementation
     cfg = RolloutConfig(prompts_per_step=4, group_size=4, max_new_tokens=5)
     batch = generate_batch(build_backend("engine", copy.deepcopy(model), TOK), TOK, cfg,
-                           TasksConfig(), 0, 1, 0)
+                           TasksConfig().build(), 0, 1, 0)
     packed = pack_groups(batch.prompt_ids, batch.completion_ids, batch.inference_logprobs,
                          TOK.pad_token_id, cost=PackCost.for_model(model))
     mask = packed["loss_mask"]
