@@ -26,6 +26,8 @@ SUBSYSTEMS = [
     "meshrl.toploc.cli",
     "meshrl.discovery.cli",
     "meshrl.orchestrator.cli",
+    "meshrl.worker.cli",
+    "meshrl.validator.cli",
 ]
 
 

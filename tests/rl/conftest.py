@@ -13,10 +13,11 @@ def _threads():
 
 
 @pytest.fixture
-def tiny_cfg(tmp_path):
-    """A seconds-long RL config: no warm-start, 4 prompts x 4 completions, 32 held-out problems."""
+def tiny_args(tmp_path):
+    """Command-line arguments of a seconds-long RL run: no warm-start, 4 prompts x 4
+    completions, 32 held-out problems; `overrides` become `--key value` pairs."""
 
-    def make(**overrides: object) -> RLConfig:
+    def make(**overrides: object) -> list[str]:
         base = [
             "--run.dir", str(tmp_path / "runs"), "--run.progress", "false",
             "--run.plot", "false", "--run.threads", "1",
@@ -27,6 +28,16 @@ def tiny_cfg(tmp_path):
         extra = []
         for k, v in overrides.items():
             extra += [f"--{k}", str(v).lower() if isinstance(v, bool) else str(v)]
-        return load_config(RLConfig, [], base + extra)
+        return base + extra
+
+    return make
+
+
+@pytest.fixture
+def tiny_cfg(tiny_args):
+    """The `tiny_args` run as an `RLConfig`."""
+
+    def make(**overrides: object) -> RLConfig:
+        return load_config(RLConfig, [], tiny_args(**overrides))
 
     return make

@@ -30,6 +30,7 @@ from meshrl.tasks import TasksConfig
 TOK = CharTokenizer()
 HERE = "tests/rl/test_options.py::"
 TRAINER, LOSSES = "tests/rl/test_trainer.py::", "tests/rl/test_losses.py::"
+DIST = "tests/rl/test_distributed.py::"
 COVERED = {
     "steps": "tests/rl/test_cli.py::test_train_then_eval_from_the_command_line",
     "async_level": "tests/rl/test_cli.py::test_train_then_eval_from_the_command_line",
@@ -91,6 +92,11 @@ COVERED = {
     "eval.every": HERE + "test_run_outputs",
     "eval.batch_size": HERE + "test_eval_options",
     "eval.max_new_tokens": HERE + "test_eval_options",
+    "dist.backend": DIST + "test_nccl_without_cuda_is_a_clear_error",
+    "dist.mixed_precision": DIST + "test_fsdp_bf16_mixed_precision_runs_close_to_fp32",
+    "dist.activation_checkpointing": DIST + "test_fsdp_steps_match_single_process",
+    "dist.reshard_after_forward": DIST + "test_fsdp_steps_match_single_process",
+    "dist.timeout_s": DIST + "test_init_world_joins_a_group_with_the_configured_timeout",
 }
 
 

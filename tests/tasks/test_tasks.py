@@ -129,3 +129,13 @@ def test_tasks_config_from_toml(tmp_path: Path) -> None:
         ArithmeticConfig(operators="/")
     with pytest.raises(KeyError, match="unknown task"):
         get_task("chess")
+
+
+def test_sampling_seed_is_pinned_and_apart_from_the_problem_seed():
+    from meshrl.tasks import problem_seed, sampling_seed
+
+    s = sampling_seed(7, "0xAB", 3, 1)
+    assert s == sampling_seed(7, "0xab", 3, 1) == 7929646625896259613  # case-insensitive
+    assert s != problem_seed(7, "0xAB", 3, 1)
+    assert len({sampling_seed(7, "0xab", 3, c) for c in range(100)}) == 100
+    assert 0 <= s < 2**64

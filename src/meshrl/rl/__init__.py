@@ -45,6 +45,15 @@ _EXPORTS = {
     "plot_curves": "metrics",
     "RLRun": "loop",
     "train": "loop",
+    "DistributedConfig": "config",
+    "FSDPTrainer": "distributed",
+    "World": "distributed",
+    "init_world": "distributed",
+    "rank_share": "distributed",
+    "shard_policy": "distributed",
+    "DistributedRun": "dist_run",
+    "load_sharded_state": "dcp_checkpoint",
+    "save_sharded_state": "dcp_checkpoint",
 }
 
 __all__ = sorted(_EXPORTS)

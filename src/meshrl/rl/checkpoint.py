@@ -21,6 +21,7 @@ __all__ = [
     "TRAINER_STATE",
     "latest_checkpoint",
     "load_trainer_state",
+    "prune_checkpoints",
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
@@ -58,9 +59,14 @@ def save_checkpoint(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    prune_checkpoints(root, keep)
+    return final
+
+
+def prune_checkpoints(root: Path, keep: int) -> None:
+    """Delete all but the newest `keep` complete checkpoints under `root`."""
     for old in _checkpoints(root)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def _checkpoints(root: Path) -> list[Path]:

@@ -11,10 +11,19 @@ __all__ = ["register"]
 
 def _train(cfg: RLConfig) -> int:
     import json
+    import os
 
-    from meshrl.rl.loop import train
+    from meshrl.rl.distributed import launched_by_torchrun
 
-    print(json.dumps(train(cfg)))
+    if launched_by_torchrun(os.environ):  # one rank of a torchrun job: FSDP2 (dist_run.py)
+        from meshrl.rl.dist_run import train_distributed
+
+        summary = train_distributed(cfg, os.environ)
+    else:
+        from meshrl.rl.loop import train
+
+        summary = train(cfg)
+    print(json.dumps(summary))
     return 0
 
 

@@ -14,6 +14,7 @@ from meshrl.config import Config
 from meshrl.tasks import TasksConfig
 
 __all__ = [
+    "DistributedConfig",
     "EvalCommandConfig",
     "EvalConfig",
     "LossConfig",
@@ -119,6 +120,30 @@ class RunConfig(Config):
     wandb_project: str | None = Field(None, description="also log to this wandb project")
 
 
+class DistributedConfig(Config):
+    """The trainer under `torchrun` (distributed.py): FSDP2 sharding of the policy.
+
+    Read only when `meshrl train` runs under torchrun (WORLD_SIZE set); one plain process
+    ignores it.
+    """
+
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="process-group backend (auto: nccl on GPUs, gloo on CPU)"
+    )
+    mixed_precision: Literal["auto", "off", "bf16"] = Field(
+        "auto", description="bf16 params with fp32 gradient reduction (auto: on GPUs only)"
+    )
+    activation_checkpointing: bool = Field(
+        False, description="recompute decoder-layer activations in backward (less memory)"
+    )
+    reshard_after_forward: bool = Field(
+        True, description="free gathered layer weights after forward (ZeRO-3; else ZeRO-2)"
+    )
+    timeout_s: float = Field(
+        3600, gt=0, description="collective timeout (rank 0 warm-starts while others wait)"
+    )
+
+
 class ModelConfig(Config):
     preset: str = Field("qwen2-tiny", description="model preset to start from")
     path: str | None = Field(None, description="start from this model directory instead")
@@ -139,6 +164,7 @@ class RLConfig(Config):
     trainer: TrainerConfig = TrainerConfig()
     loss: LossConfig = LossConfig()
     eval: EvalConfig = EvalConfig()
+    dist: DistributedConfig = DistributedConfig()
 
 
 class EvalCommandConfig(Config):

@@ -33,11 +33,19 @@ from meshrl.rl.rollouts import RolloutBatch, generate_batch
 from meshrl.rl.sft import warm_start
 from meshrl.rl.trainer import Trainer
 
-__all__ = ["RLRun", "train"]
+__all__ = ["RLRun", "group_rows", "train"]
 
 
 def train(cfg: RLConfig) -> dict[str, Any]:
-    """Run (or resume) the training job described by `cfg`; returns the final summary."""
+    """Run (or resume) the training job described by `cfg`; returns the final summary.
+    One process; under torchrun `meshrl train` calls `dist_run.train_distributed` on every rank."""
+    import os
+
+    from meshrl.rl.distributed import launched_by_torchrun
+
+    if launched_by_torchrun(os.environ):
+        raise RuntimeError("this process was started by torchrun: call "
+                           "meshrl.rl.dist_run.train_distributed (as `meshrl train` does)")
     return RLRun(cfg).run()
 
 
@@ -51,16 +59,19 @@ class RLRun:
         default = self.async_threads if cfg.async_level > 0 else cfg.run.threads
         torch.set_num_threads(cfg.run.trainer_threads or default)
         self.tokenizer, self.model = self._build_policy()
+        # the whole policy as one plain module, evaluated, saved and copied to the generator:
+        # the trained model itself in one process, a copy on rank 0 under FSDP
+        self.host_model = self._host_model()
         self.tasks = cfg.tasks.build()  # once per run: a math task reads its file here
         self.heldout = heldout_problems(self.tasks, cfg.eval)
         self.exclude = frozenset(p.prompt for p in self.heldout)
-        self.eval_backend = ReferenceBackend(self.model, self.tokenizer)  # the live policy
+        self.eval_backend = ReferenceBackend(self.host_model, self.tokenizer)  # the live policy
         self.metrics = MetricsWriter(
-            self.dir / "metrics.jsonl", cfg.run.wandb_project, cfg.run.name, cfg.model_dump()
+            self.dir / "metrics.jsonl", cfg.run.wandb_project, cfg.run.name, cfg.model_dump(),
+            enabled=self._is_main(),
         )
         self.pack_cost = PackCost.for_model(self.model)
-        self.trainer = Trainer(self.model, cfg.trainer, cfg.loss, cfg.rollout.temperature,
-                               total_steps=cfg.steps)
+        self.trainer = self._build_trainer()
         self.step = 0
         self.elapsed_before = 0.0  # wall time of earlier sessions of this run
         self.t0 = time.perf_counter()
@@ -108,20 +119,28 @@ class RLRun:
         self, batch: RolloutBatch, advantages: torch.Tensor, keep: torch.Tensor
     ) -> dict[str, float]:
         """One optimizer step on the completions of the kept groups (none kept: no update)."""
-        g = batch.rewards.shape[1]
-        rows = [i for i in range(len(batch.prompt_ids)) if bool(keep[i // g])]
+        groups = keep.nonzero().flatten().tolist()
         stats = {"reward": float(batch.rewards.mean()),
                  "accuracy": float(batch.task_rewards.mean())}
-        if not rows:
+        if not groups:
             return stats
-        tensors = pack_groups(
+        return {**stats, **self.train_groups(batch, advantages, groups)}
+
+    def train_groups(
+        self, batch: RolloutBatch, advantages: torch.Tensor, groups: list[int]
+    ) -> dict[str, float]:
+        rows = group_rows(groups, batch.rewards.shape[1])
+        return self.trainer.train_step(self.pack(batch, rows), advantages.reshape(-1)[rows])
+
+    def pack(self, batch: RolloutBatch, rows: list[int]) -> dict[str, torch.Tensor]:
+        """The completions `rows` of `batch` in the shared-prompt layout of packing.py."""
+        return pack_groups(
             [batch.prompt_ids[i] for i in rows],
             [batch.completion_ids[i] for i in rows],
             [batch.inference_logprobs[i] for i in rows],
             self.tokenizer.pad_token_id,
             cost=self.pack_cost,
         )
-        return {**stats, **self.trainer.train_step(tensors, advantages.reshape(-1)[rows])}
 
     def evaluate(self, phase: str, step: int | None = None) -> float:
         result = evaluate(self.eval_backend, self.tokenizer, self.heldout, self.tasks,
@@ -133,20 +152,35 @@ class RLRun:
         return self.accuracy
 
     def checkpoint(self, pipeline: RolloutPipeline) -> Path:
+        state = self.checkpoint_state(pipeline)
+        return save_checkpoint(self.dir / "checkpoints", self.step, self.model, self.tokenizer,
+                               state, keep=self.cfg.run.keep_checkpoints)
+
+    def checkpoint_state(self, pipeline: RolloutPipeline) -> dict[str, Any]:
+        """Everything of a checkpoint but the weights (and, sharded, the optimizer)."""
         in_flight = pipeline.pending(self.step + self.cfg.async_level - 1)
-        state = {
+        return {
             "trainer": self.trainer.state_dict(),
             "rng": rng_state(),
             "elapsed": self.elapsed(),
             "accuracy": self.accuracy,
             "in_flight": [b.to_dict() for b in in_flight],
         }
-        return save_checkpoint(self.dir / "checkpoints", self.step, self.model, self.tokenizer,
-                               state, keep=self.cfg.run.keep_checkpoints)
 
     # ------------------------------------------------------------------------------- plumbing
     def elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.t0
+
+    def _is_main(self) -> bool:
+        """Does this process write metrics, evaluate and publish? (the only one: yes)"""
+        return True
+
+    def _host_model(self) -> Any:
+        return self.model
+
+    def _build_trainer(self) -> Trainer:
+        return Trainer(self.model, self.cfg.trainer, self.cfg.loss, self.cfg.rollout.temperature,
+                       total_steps=self.cfg.steps)
 
     def _build_policy(self) -> tuple[Any, Any]:
         from meshrl.model import CharTokenizer, build_model, load_model, load_tokenizer
@@ -159,28 +193,44 @@ class RLRun:
     def _resume_or_warm_start(self) -> list[RolloutBatch]:
         ckpt = latest_checkpoint(self.dir / "checkpoints") if self.cfg.run.resume else None
         if ckpt is None:
-            def on_eval(step: int, accuracy: float, loss: float) -> None:
-                self.metrics.log({"kind": "sft", "step": step, "loss": loss,
-                                  "accuracy": accuracy, "elapsed": self.elapsed()})
-
-            result = warm_start(self.model, self.tokenizer, self.cfg.sft, self.tasks,
-                                lambda step: self.evaluate("sft", step), self.cfg.run.seed,
-                                self.exclude, on_eval=on_eval)
-            self.metrics.log({"kind": "warm_start", **result, "elapsed": self.elapsed()})
-            self._keep_reference(fresh=True)
-            self.evaluate("rl")
+            self._warm_start()
             return []
-        from meshrl.model import load_model
+        return self._resume(ckpt)
 
+    def _warm_start(self) -> None:
+        """Supervised warm-start of `host_model`, then the first held-out evaluation."""
+        def on_eval(step: int, accuracy: float, loss: float) -> None:
+            self.metrics.log({"kind": "sft", "step": step, "loss": loss,
+                              "accuracy": accuracy, "elapsed": self.elapsed()})
+
+        result = warm_start(self.host_model, self.tokenizer, self.cfg.sft, self.tasks,
+                            lambda step: self.evaluate("sft", step), self.cfg.run.seed,
+                            self.exclude, on_eval=on_eval)
+        self.metrics.log({"kind": "warm_start", **result, "elapsed": self.elapsed()})
+        self._keep_reference(fresh=True)
+        self.evaluate("rl")
+
+    def _resume(self, ckpt: Path) -> list[RolloutBatch]:
+        """Restore weights, optimizer, schedule, RNG, clocks and the batches in flight."""
         self._keep_reference(fresh=False)
-        self.model.load_state_dict(load_model(ckpt / "model").state_dict())
         state = load_trainer_state(ckpt)
+        self._restore_weights(ckpt, state)
         self.trainer.load_state_dict(state["trainer"])
         set_rng_state(state["rng"])
         self.step, self.elapsed_before = int(state["step"]), float(state["elapsed"])
         self.accuracy = float(state["accuracy"])
         self.metrics.log({"kind": "resume", "step": self.step, "checkpoint": str(ckpt)})
         return [RolloutBatch.from_dict(b) for b in state["in_flight"]]
+
+    def _restore_weights(self, ckpt: Path, state: dict[str, Any]) -> None:
+        """Policy weights (and, from a sharded checkpoint, the optimizer) of `ckpt`."""
+        from meshrl.model import load_model
+        from meshrl.rl.dcp_checkpoint import has_sharded_state, load_sharded_state
+
+        if has_sharded_state(ckpt):  # written under torchrun: any world size resumes it
+            load_sharded_state(ckpt, self.model, self.trainer.optimizer)
+        else:
+            self.model.load_state_dict(load_model(ckpt / "model").state_dict())
 
     def _keep_reference(self, fresh: bool) -> None:
         """The KL term's frozen reference: the warm-started policy, kept in `<run>/reference`
@@ -191,30 +241,33 @@ class RLRun:
 
         path = self.dir / "reference"
         if fresh:
-            save_model(self.model, self.tokenizer, path)
+            save_model(self.host_model, self.tokenizer, path)
         elif not (path / "config.json").is_file():
             raise CommandError(f"{path}: no reference policy to resume loss.kl_coef > 0 with (the"
                                " run started with kl_coef = 0; start a new run to use the KL term)")
         self.trainer.reference = load_model(path).requires_grad_(False)
 
     def _start_pipeline(self, carried: list[RolloutBatch]) -> RolloutPipeline:
+        return self._rollout_pipeline(carried).start(self.model.state_dict())
+
+    def _rollout_pipeline(self, carried: list[RolloutBatch]) -> RolloutPipeline:
+        """The rollout source, not started: a generator with its own copy of the policy."""
         cfg = self.cfg
         if cfg.rollout.subprocess:
             from meshrl.rl.subprocess_backend import SubprocessBackend
 
-            backend = SubprocessBackend(cfg.rollout.backend, copy.deepcopy(self.model),
+            backend = SubprocessBackend(cfg.rollout.backend, copy.deepcopy(self.host_model),
                                         self.tokenizer, self.async_threads)
         else:
-            backend = build_backend(cfg.rollout.backend, copy.deepcopy(self.model),
+            backend = build_backend(cfg.rollout.backend, copy.deepcopy(self.host_model),
                                     self.tokenizer)
 
         def make_batch(gen: Any, index: int, version: int) -> RolloutBatch:
             return generate_batch(gen, self.tokenizer, cfg.rollout, self.tasks, cfg.run.seed,
                                   index, version, self.exclude)
 
-        pipeline = RolloutPipeline(backend, make_batch, cfg.async_level, self.step, carried,
-                                   num_threads=self.async_threads)
-        return pipeline.start(self.model.state_dict())
+        return RolloutPipeline(backend, make_batch, cfg.async_level, self.step, carried,
+                               num_threads=self.async_threads)
 
     def _reached_target(self) -> bool:
         target = self.cfg.stop_at_accuracy
@@ -236,13 +289,19 @@ class RLRun:
     def _progress_bar(self) -> Any:
         from tqdm import tqdm
 
-        return tqdm(total=self.cfg.steps, initial=self.step, disable=not self.cfg.run.progress,
+        return tqdm(total=self.cfg.steps, initial=self.step,
+                    disable=not (self.cfg.run.progress and self._is_main()),
                     desc="rl", dynamic_ncols=True)
 
     def _finish(self) -> dict[str, Any]:
         self.metrics.close()
         png = None
-        if self.cfg.run.plot:
+        if self.cfg.run.plot and self._is_main():
             png = plot_curves(self.dir / "metrics.jsonl", self.dir / "curves.png")
         return {"steps": self.step, "accuracy": self.accuracy, "elapsed": self.elapsed(),
                 "run_dir": str(self.dir), "plot": str(png) if png else None}
+
+
+def group_rows(groups: list[int], group_size: int) -> list[int]:
+    """Completion rows of the given groups (rows are grouped: group i holds rows i*g .. i*g+g-1)."""
+    return [g * group_size + j for g in groups for j in range(group_size)]

@@ -10,14 +10,19 @@ __all__ = ["MetricsWriter", "plot_curves", "read_metrics"]
 
 
 class MetricsWriter:
-    """Appends one JSON object per record to `path`; mirrors them to wandb when enabled."""
+    """Appends one JSON object per record to `path`; mirrors them to wandb when enabled.
+
+    `enabled=False` (a trainer rank other than 0) writes nothing: one process owns the file."""
 
     def __init__(self, path: str | Path, wandb_project: str | None = None, run_name: str = "",
-                 config: dict[str, Any] | None = None) -> None:
+                 config: dict[str, Any] | None = None, enabled: bool = True) -> None:
         self.path = Path(path)
+        self._file = None
+        self._wandb = None
+        if not enabled:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a")
-        self._wandb = None
         if wandb_project:
             try:
                 import wandb  # optional dependency: `pip install meshrl[wandb]`
@@ -30,6 +35,8 @@ class MetricsWriter:
             self._wandb = wandb.init(project=wandb_project, name=run_name, config=config or {})
 
     def log(self, record: dict[str, Any]) -> None:
+        if self._file is None:
+            return
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self._wandb is not None:
@@ -39,7 +46,8 @@ class MetricsWriter:
             self._wandb.log(data, step=step if kind == "step" else None)
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
         if self._wandb is not None:
             self._wandb.finish()
 

@@ -69,13 +69,17 @@ class Trainer:
             self.optimizer, lambda s: lr_factor(cfg, s, total_steps or 0)
         )
 
+    def logprobs(self, micro: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Completion-token log-probs and entropies [R, T] of a packed micro-batch."""
+        return packed_logprobs(self.model, micro, self.temperature)
+
     def forward_backward(
         self, micro: dict[str, torch.Tensor], advantages: torch.Tensor, weight: float
     ) -> dict[str, float]:
         """Loss on one micro-batch, backpropagated scaled by `weight` (its share of the batch)."""
         from meshrl.rl.losses import policy_loss
 
-        logprobs, entropy = packed_logprobs(self.model, micro, self.temperature)
+        logprobs, entropy = self.logprobs(micro)
         mask = micro["loss_mask"]
         inference = torch.where(mask, micro["inference_logprobs"], logprobs.detach())
         # the weights before this batch's one optimizer step: the proximal policy (module doc)
@@ -102,22 +106,39 @@ class Trainer:
             return packed_logprobs(self.reference, micro, self.temperature)[0]
 
     def train_step(
-        self, batch: dict[str, torch.Tensor], advantages: torch.Tensor
+        self, batch: dict[str, torch.Tensor], advantages: torch.Tensor,
+        total_rows: int | None = None,
     ) -> dict[str, float]:
         """One optimizer step over a `pack_groups` batch (advantages: one per completion row),
-        in micro-batches of whole groups holding about `micro_batch_size` completions each."""
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        n = batch["row_group"].shape[0]
-        totals: dict[str, float] = {}
+        in micro-batches of whole groups holding about `micro_batch_size` completions each.
+        `total_rows`: completions of the whole batch when this is one rank's share of it."""
+        n = total_rows or batch["row_group"].shape[0]
+        return self.step_on(self.micro_batches(batch, advantages, n))
+
+    def micro_batches(
+        self, batch: dict[str, torch.Tensor], advantages: torch.Tensor, total_rows: int
+    ) -> list[tuple[dict[str, torch.Tensor], torch.Tensor, float]]:
+        """(micro-batch, its advantages, its share of the batch's completions) triples."""
+        out = []
         r0 = 0  # rows are in group order, so each micro-batch's rows follow the previous ones
         for g0, g1 in _micro_groups(batch["row_group"], self.cfg.micro_batch_size):
             micro = slice_groups(batch, g0, g1)
             r1 = r0 + micro["row_group"].numel()
-            weight = (r1 - r0) / n
-            for k, v in self.forward_backward(micro, advantages[r0:r1], weight).items():
-                totals[k] = totals.get(k, 0.0) + v * weight
+            out.append((micro, advantages[r0:r1], (r1 - r0) / total_rows))
             r0 = r1
+        return out
+
+    def step_on(
+        self, micros: list[tuple[dict[str, torch.Tensor], torch.Tensor, float]]
+    ) -> dict[str, float]:
+        """Accumulate the weighted gradients of `micros`, clip, and take the optimizer step."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {}
+        for micro, adv, weight in micros:
+            for k, v in self.forward_backward(micro, adv, weight).items():
+                totals[k] = totals.get(k, 0.0) + v * weight
+        totals = self.sum_over_ranks(totals)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         totals["lr"] = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
@@ -126,11 +147,16 @@ class Trainer:
         totals["grad_norm"] = float(grad_norm)
         return totals
 
+    def sum_over_ranks(self, totals: dict[str, float]) -> dict[str, float]:
+        """Batch metrics from this process's weighted sums (one process: they are the batch's)."""
+        return totals
+
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        if "optimizer" in state:  # absent when a sharded checkpoint holds it (dcp_checkpoint.py)
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
 

@@ -16,6 +16,7 @@ from meshrl.tasks.sampling import (
     compute_reward,
     problem_seed,
     sample_problems,
+    sampling_seed,
 )
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "load_math_rows",
     "problem_seed",
     "sample_problems",
+    "sampling_seed",
     "task_reward",
 ]
 

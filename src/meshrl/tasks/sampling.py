@@ -31,6 +31,7 @@ __all__ = [
     "compute_reward",
     "problem_seed",
     "sample_problems",
+    "sampling_seed",
 ]
 
 TaskSpec = Annotated[ArithmeticConfig | ReverseConfig | MathConfig, Field(discriminator="type")]
@@ -80,6 +81,17 @@ def problem_seed(seed: int, node_id: str, step: int, counter: int) -> int:
     """A 64-bit seed from (seed, node id, step, counter), stable across machines and versions."""
     node = node_id.lower()  # addresses are case-insensitive hex
     digest = hashlib.sha256(f"meshrl/v1|{seed}|{node}|{step}|{counter}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def sampling_seed(seed: int, node_id: str, step: int, counter: int) -> int:
+    """The seed of the replayable sampler for the rollouts of (node, step, counter).
+
+    Distinct from `problem_seed` (another domain tag), so knowing the problems says nothing about
+    the sampling noise; a validator recomputes it from the same public inputs.
+    """
+    node = node_id.lower()
+    digest = hashlib.sha256(f"meshrl/v1/sampling|{seed}|{node}|{step}|{counter}".encode()).digest()
     return int.from_bytes(digest[:8], "big")
 
 

@@ -1,0 +1,228 @@
+"""`meshrl train` under torchrun: the run of loop.py with a sharded policy on every rank.
+
+The algorithm is `RLRun.run`, unchanged; what differs is who does what.
+
+- Rank 0 owns the rollout source (the pipeline with its generator and the `async_level` rule),
+  the metrics file, evaluation, and the consolidated HF policy (`host_model`, a plain copy kept
+  on rank 0) that the generator, evaluation and checkpoints' `model/` take their weights from.
+- Every rank gets each batch from rank 0 (`RankSource.get`), computes the same group
+  advantages, and trains on its share of the kept groups (`rank_share`); FSDP reduces the
+  gradients.
+- Publishing version `s` gathers the full weights (a collective) and rank 0 hands them to the
+  generator: the schedule of versions and batches is exactly the single-process one.
+- The supervised warm-start runs on rank 0's plain copy while the other ranks wait; its result
+  is then broadcast into every rank's shards.
+- Checkpoints are sharded with DCP (dcp_checkpoint.py) and resume at any world size.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from meshrl.rl.config import RLConfig
+from meshrl.rl.distributed import FSDPTrainer, World, init_world, rank_share, shard_policy
+from meshrl.rl.loop import RLRun, group_rows
+from meshrl.rl.pipeline import RolloutPipeline
+from meshrl.rl.rollouts import RolloutBatch
+
+__all__ = ["DistributedRun", "RankSource", "gather_full", "train_distributed"]
+
+Weights = dict[str, torch.Tensor]
+
+
+def train_distributed(cfg: RLConfig, env: Mapping[str, str]) -> dict[str, Any]:
+    """Join torchrun's process group, run, leave it (also on errors)."""
+    world = init_world(cfg.dist, env)
+    try:
+        return DistributedRun(cfg, world).run()
+    finally:
+        world.close()
+
+
+def gather_full(world: World, weights: Weights) -> Weights:
+    """Full CPU tensors of a sharded state dict on rank 0 ({} elsewhere). Collective: every rank
+    calls it with the same keys. Tied parameters are gathered once."""
+    from torch.distributed.tensor import DTensor
+
+    out: Weights = {}
+    seen: dict[int, torch.Tensor] = {}
+    for key, value in weights.items():
+        if id(value) not in seen:
+            full = value.full_tensor() if isinstance(value, DTensor) else value
+            seen[id(value)] = full.detach().cpu() if world.is_main else full[:0]
+        if world.is_main:
+            out[key] = seen[id(value)]
+    return out
+
+
+class RankSource:
+    """The rollout pipeline as every rank sees it: rank 0 runs it, the others receive."""
+
+    def __init__(self, world: World, pipeline: RolloutPipeline | None, run: DistributedRun):
+        if world.is_main != (pipeline is not None):
+            raise ValueError("rank 0, and only rank 0, owns the rollout pipeline")
+        self.world = world
+        self.pipeline = pipeline
+        self.run = run
+
+    @property
+    def dropped_stale(self) -> int:
+        return self.pipeline.dropped_stale if self.pipeline is not None else 0
+
+    def start(self, weights: Weights) -> RankSource:
+        full = gather_full(self.world, weights)
+        if self.pipeline is not None:
+            self.run.set_latest(full)
+            self.pipeline.start(full)
+        return self
+
+    def get(self, step: int) -> RolloutBatch:
+        batch = self.pipeline.get(step) if self.pipeline is not None else None
+        return self.world.broadcast(batch)
+
+    def publish(self, version: int, weights: Weights) -> None:
+        full = gather_full(self.world, weights)
+        if self.pipeline is not None:
+            self.run.set_latest(full)
+            self.pipeline.publish(version, full)
+
+    def pending(self, upto: int) -> list[RolloutBatch]:
+        return self.pipeline.pending(upto) if self.pipeline is not None else []
+
+    def close(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.close()
+
+
+class DistributedRun(RLRun):
+    """`RLRun` on one rank of a torchrun job (module docstring)."""
+
+    def __init__(self, cfg: RLConfig, world: World) -> None:
+        self.world = world
+        self.latest_weights: Weights | None = None  # rank 0: newest published version, full
+        self._latest_serial = 0  # counts `set_latest` calls
+        self._host_serial = 0  # the serial of the weights now in host_model (0: none)
+        super().__init__(cfg)
+
+    # --------------------------------------------------------------------------- who does what
+    def _is_main(self) -> bool:
+        return self.world.is_main
+
+    def _host_model(self) -> Any:
+        # other ranks never evaluate or save: their eval backend is built but never used
+        return copy.deepcopy(self.model) if self.world.is_main else self.model
+
+    def _build_trainer(self) -> FSDPTrainer:
+        cfg = self.cfg
+        policy = shard_policy(self.model, self.world, cfg.dist, cfg.rollout.temperature)
+        return FSDPTrainer(policy, self.world, cfg.trainer, cfg.loss, cfg.rollout.temperature,
+                           total_steps=cfg.steps)
+
+    def train_groups(
+        self, batch: RolloutBatch, advantages: torch.Tensor, groups: list[int]
+    ) -> dict[str, float]:
+        g = batch.rewards.shape[1]
+        mine = [groups[i] for i in rank_share(len(groups), self.world.rank, self.world.size)]
+        rows = group_rows(mine or groups[:1], g)  # no groups here: a filler of weight 0
+        return self.trainer.train_share(self.pack(batch, rows), advantages.reshape(-1)[rows],
+                                        total_rows=len(groups) * g, idle=not mine)
+
+    def evaluate(self, phase: str, step: int | None = None) -> float:
+        if not self.world.is_main:
+            return self.accuracy
+        self._sync_host()
+        return super().evaluate(phase, step)
+
+    def _reached_target(self) -> bool:
+        return bool(self.world.broadcast(super()._reached_target()))
+
+    def _finish(self) -> dict[str, Any]:
+        self.accuracy = self.world.broadcast(self.accuracy)  # every rank reports rank 0's
+        return super()._finish()
+
+    # ------------------------------------------------------------------- start, resume, save
+    def _resume_or_warm_start(self) -> list[RolloutBatch]:
+        from meshrl.rl.checkpoint import latest_checkpoint
+
+        found = None
+        if self.world.is_main and self.cfg.run.resume:
+            found = latest_checkpoint(self.dir / "checkpoints")
+        ckpt = self.world.broadcast(str(found) if found else None)
+        if ckpt is None:
+            if self.world.is_main:
+                super()._warm_start()  # saves the KL reference policy when there is one
+            self._broadcast_host(optimizer_state=None)
+            if not self.world.is_main:
+                self._keep_reference(fresh=False)  # rank 0 saved it before the broadcast
+            return []
+        return self._resume(Path(ckpt))
+
+    def _restore_weights(self, ckpt: Path, state: dict[str, Any]) -> None:
+        from meshrl.rl.dcp_checkpoint import has_sharded_state
+
+        if has_sharded_state(ckpt):
+            return super()._restore_weights(ckpt, state)
+        # a checkpoint of one plain process: rank 0 reads it, every rank takes its shards
+        optimizer_state = state["trainer"].pop("optimizer")
+        if self.world.is_main:
+            from meshrl.model import load_model
+
+            self.host_model.load_state_dict(load_model(ckpt / "model").state_dict())
+        self._broadcast_host(optimizer_state)
+
+    def _broadcast_host(self, optimizer_state: dict[str, Any] | None) -> None:
+        """Rank 0's `host_model` (and a plain AdamW state of it) into every rank's shards."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        # separate calls: the combined set_state_dict skips the model on ranks given {}
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        full = self.host_model.state_dict() if self.world.is_main else {}
+        set_model_state_dict(self.model, full, options=options)
+        if optimizer_state is None:
+            return
+        optim_sd: dict[str, Any] = {}
+        if self.world.is_main:
+            plain = torch.optim.AdamW(self.host_model.parameters())
+            plain.load_state_dict(optimizer_state)  # keyed by position; FQN-keyed below
+            optim_sd = get_optimizer_state_dict(self.host_model, plain)
+        set_optimizer_state_dict(self.model, self.trainer.optimizer, optim_sd, options=options)
+
+    def _start_pipeline(self, carried: list[RolloutBatch]) -> RankSource:
+        pipeline = self._rollout_pipeline(carried) if self.world.is_main else None
+        return RankSource(self.world, pipeline, self).start(self.model.state_dict())
+
+    def checkpoint(self, pipeline: Any) -> Path:
+        from meshrl.model import save_model
+        from meshrl.rl.dcp_checkpoint import save_distributed_checkpoint, write_trainer_state
+
+        def write_main(directory: Path) -> None:
+            state = self.checkpoint_state(pipeline)
+            state["trainer"] = {"scheduler": self.trainer.scheduler.state_dict()}
+            self._sync_host()
+            save_model(self.host_model, self.tokenizer, directory / "model")
+            write_trainer_state(directory, state, self.step)
+
+        return save_distributed_checkpoint(
+            self.dir / "checkpoints", self.step, self.world, self.model, self.trainer.optimizer,
+            write_main, keep=self.cfg.run.keep_checkpoints,
+        )
+
+    def set_latest(self, weights: Weights) -> None:
+        self.latest_weights = weights
+        self._latest_serial += 1
+
+    def _sync_host(self) -> None:
+        """Load the newest published weights into rank 0's plain copy (once per version)."""
+        if self.latest_weights is not None and self._host_serial != self._latest_serial:
+            self.host_model.load_state_dict(self.latest_weights)
+            self._host_serial = self._latest_serial

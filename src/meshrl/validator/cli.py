@@ -1,0 +1,31 @@
+"""`meshrl validator` (light imports only: torch loads after the command line is parsed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshrl.validator.config import ValidatorConfig
+
+__all__ = ["register"]
+
+
+def _validator(cfg: ValidatorConfig) -> int:
+    import asyncio
+
+    from meshrl.config import CommandError
+    from meshrl.protocol.local import connect
+    from meshrl.validator.keys import ValidatorKeyError, load_validator_key
+    from meshrl.validator.node import ValidatorNode
+
+    try:
+        account = load_validator_key(cfg.keys, connect(cfg.chain).chain_id)
+    except ValidatorKeyError as e:
+        raise CommandError(str(e)) from None
+    return asyncio.run(ValidatorNode(cfg, account).run())
+
+
+def register(subparsers: Any) -> None:
+    from meshrl.config import add_config_command
+
+    add_config_command(subparsers, "validator", ValidatorConfig, _validator,
+                       "verify every rollout file submitted to a pool; accept or invalidate")

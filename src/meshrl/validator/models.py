@@ -1,0 +1,72 @@
+"""One inference backend per policy version, loaded once and kept while files of it arrive.
+
+Version 0 may come from a local model directory; every version can come from the pool's
+shardcast servers (verified, atomic). A version that is not available yet raises
+`VersionUnavailable`: the validator's own problem, so the file is retried, never judged on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from meshrl.inference.params import EngineConfig
+
+__all__ = ["ModelCache", "VersionUnavailable"]
+
+
+class VersionUnavailable(RuntimeError):
+    """The policy version cannot be fetched (yet)."""
+
+
+class ModelCache:
+    def __init__(self, work_dir: str | Path, model_dir: str, servers: list[str],
+                 engine: EngineConfig, keep: int = 3, fetch_timeout: float = 30.0) -> None:
+        self.root = Path(work_dir) / "policy"
+        self.model_dir, self.servers, self.engine_cfg = model_dir, servers, engine
+        self.keep, self.fetch_timeout = keep, fetch_timeout
+        self.engines: OrderedDict[int, Any] = OrderedDict()
+        self.tokenizer: Any = None
+        self.loads = 0
+
+    async def get(self, version: int) -> Any:
+        if version in self.engines:
+            self.engines.move_to_end(version)
+            return self.engines[version]
+        path = await self._locate(version)
+        engine = await asyncio.to_thread(self._load, path, version)
+        self.engines[version] = engine
+        while len(self.engines) > self.keep:
+            self.engines.popitem(last=False)
+        return engine
+
+    async def _locate(self, version: int) -> Path:
+        local = self.root / f"v{version}"
+        if (local / "config.json").is_file():
+            return local
+        if version == 0 and self.model_dir:
+            return Path(self.model_dir)
+        if not self.servers:
+            raise VersionUnavailable(f"policy version {version}: no model_dir / shardcast")
+        from meshrl.shardcast import ClientConfig, ShardcastClient
+
+        cfg = ClientConfig(wait_timeout=self.fetch_timeout)
+        try:
+            async with ShardcastClient(self.servers, cfg) as sc:
+                return (await sc.fetch(local, version)).path
+        except Exception as e:  # any failure to fetch is ours, never the worker's
+            raise VersionUnavailable(f"policy version {version}: {e}") from e
+
+    def _load(self, path: Path, version: int) -> Any:
+        from meshrl.inference import CPUEngine
+        from meshrl.model import load_model, load_tokenizer
+
+        model = load_model(path)
+        if self.tokenizer is None:
+            self.tokenizer = load_tokenizer(path)
+        engine = CPUEngine(model, self.tokenizer, self.engine_cfg)
+        engine.load_weights(model.state_dict(), version)
+        self.loads += 1
+        return engine

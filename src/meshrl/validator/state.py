@@ -1,0 +1,83 @@
+"""The validator's persisted progress: the chain block cursor, queued files and judged files.
+
+Saved atomically (temporary file, fsync, rename) after every change, so a validator killed at
+any point resumes where it was: blocks before `next_block` have had all their `WorkSubmitted`
+events queued, queued files are judged (or retried) after a restart, a judged submission is
+never judged again, and verdicts not yet delivered to the orchestrator are sent again. A verdict
+is recorded only after its on-chain transaction (if any) is mined; a crash in between is covered
+by reading the work item's on-chain status before acting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Job", "ValidatorState"]
+
+
+@dataclass
+class Job:
+    """One submitted file to judge (a submission: the same file by two nodes is two jobs)."""
+
+    work_id: str
+    sha256: str
+    node: str
+    provider: str
+    pool: int
+    units: int
+    block: int
+    attempts: int = 0
+    not_before: float = 0.0
+    last_error: str = ""
+
+
+@dataclass
+class ValidatorState:
+    path: Path
+    next_block: int = 0
+    queue: list[Job] = field(default_factory=list)
+    judged: dict[str, str] = field(default_factory=dict)  # work id -> verdict kind
+    outgoing: list[dict[str, str]] = field(default_factory=list)  # verdicts not yet posted
+
+    @classmethod
+    def load(cls, path: str | Path, start_block: int) -> ValidatorState:
+        path = Path(path)
+        if not path.is_file():
+            return cls(path, start_block)
+        data: dict[str, Any] = json.loads(path.read_text())
+        return cls(path, int(data["next_block"]), [Job(**j) for j in data["queue"]],
+                   dict(data["judged"]), list(data.get("outgoing", [])))
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"next_block": self.next_block, "queue": [asdict(j) for j in self.queue],
+                "judged": self.judged, "outgoing": self.outgoing}
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with open(tmp, "w") as f:
+            json.dump(data, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def enqueue(self, jobs: list[Job], next_block: int) -> None:
+        """Queue new submissions (skipping judged / queued ones) and advance the cursor, at once."""
+        known = self.judged.keys() | {j.work_id for j in self.queue}
+        self.queue += [j for j in jobs if j.work_id not in known]
+        self.next_block = next_block
+        self.save()
+
+    def record(self, job: Job, verdict: str, outgoing: dict[str, str] | None = None) -> None:
+        """A judged job leaves the queue; its verdict for the orchestrator is queued with it."""
+        self.queue = [j for j in self.queue if j.work_id != job.work_id]
+        self.judged[job.work_id] = verdict
+        if outgoing is not None:
+            self.outgoing.append(outgoing)
+        self.save()
+
+    def posted(self, verdict: dict[str, str]) -> None:
+        self.outgoing = [v for v in self.outgoing if v != verdict]
+        self.save()

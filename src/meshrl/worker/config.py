@@ -1,0 +1,99 @@
+"""Configuration of `meshrl worker` (torch-free, so `meshrl worker --help` answers fast)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from meshrl.config import Config
+from meshrl.inference.params import EngineConfig
+from meshrl.protocol.config import ChainConfig
+
+__all__ = [
+    "CHEAT_MODES",
+    "CheatConfig",
+    "HardwareRequirements",
+    "KeysConfig",
+    "OnboardConfig",
+    "WorkerConfig",
+]
+
+CheatMode = Literal[
+    "none", "other-model", "int8", "scale-layer", "cherry-pick", "forge-rewards",
+    "forge-sampling", "truncate", "stale-policy", "copy", "inflate-units",
+]
+CHEAT_MODES: tuple[str, ...] = CheatMode.__args__  # type: ignore[attr-defined]
+
+
+class KeysConfig(Config):
+    """Where the provider and node keys come from. Never a key on the command line."""
+
+    provider_keystore: str = Field("", description="eth-account keystore file of the provider")
+    node_keystore: str = Field("", description="eth-account keystore file of the node")
+    password_env: str = Field(
+        "MESHRL_KEYSTORE_PASSWORD", description="environment variable holding the password")
+    password_file: str = Field("", description="file holding the password (instead of the env)")
+    dev_index: int | None = Field(
+        None, ge=0, le=999, description="local chains only: derive keys from anvil's test "
+        "mnemonic, provider = account 2*i+1, node = account 2*i+2 (account 0 is the federator)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> KeysConfig:
+        has_files = bool(self.provider_keystore or self.node_keystore)
+        if self.dev_index is not None and has_files:
+            raise ValueError("keys: give keystore files or dev_index, not both")
+        return self
+
+
+class HardwareRequirements(Config):
+    """What the pool asks of a node (checked before onboarding)."""
+
+    min_cpu_cores: int = Field(1, ge=1, description="logical CPU cores")
+    min_memory_gb: float = Field(1.0, ge=0, description="total memory (GiB)")
+    min_disk_gb: float = Field(0.5, ge=0, description="free disk under the work directory (GiB)")
+    min_torch: str = Field("2.0", description="lowest torch version (major.minor)")
+    python_packages: list[str] = Field(
+        ["safetensors", "pyarrow"], description="packages that must import")
+
+
+class CheatConfig(Config):
+    """A dishonest worker, for tests of the validator. `none` in any real deployment."""
+
+    mode: CheatMode = Field("none", description="the cheat: " + ", ".join(CHEAT_MODES))
+    after_step: int = Field(-1, description="cheat only on steps > this (-1: from the start)")
+    scale: float = Field(1.1, description="scale-layer: factor of one layer's MLP output")
+    temperature: float = Field(0.0, ge=0, description="forge-sampling: the temperature used")
+    copy_from: str = Field("", description="copy: another worker's outbox directory")
+    other_seed: int = Field(12345, description="other-model: init seed of the other model")
+
+
+class OnboardConfig(Config):
+    """On-chain onboarding amounts (token base units)."""
+
+    stake: int = Field(0, ge=0, description="stake to register with; 0: the contract's minimum "
+                       "for the node's compute units")
+    compute_units: int = Field(1, ge=1, description="compute units the node is added with")
+
+
+class WorkerConfig(Config):
+    """`meshrl worker`: generate verified rollouts for one pool and earn its rewards."""
+
+    pool_id: int = Field(1, ge=1, description="compute pool to work for")
+    orchestrator_url: str = Field("http://127.0.0.1:8600", description="the pool's orchestrator")
+    discovery_url: str = Field("http://127.0.0.1:8500", description="discovery service")
+    work_dir: str = Field("runs/worker", description="outbox, policy versions and state")
+    model_dir: str = Field("", description="initial policy (version 0) if shardcast has none")
+    max_files: int = Field(0, ge=0, description="stop after submitting this many files (0: run)")
+    poll_interval: float = Field(1.0, gt=0, description="seconds between work-order polls")
+    heartbeat_interval: float = Field(10.0, gt=0, description="seconds between heartbeats")
+    crash_test_pause: float = Field(
+        0.0, ge=0, description="crash tests only: pause this long at each phase boundary "
+        "(counter taken, file written, slot granted, uploaded, submitted on chain), logging "
+        "the phase, so a test can kill -9 the worker inside each phase")
+    keys: KeysConfig = KeysConfig()
+    chain: ChainConfig = ChainConfig()
+    onboard: OnboardConfig = OnboardConfig()
+    engine: EngineConfig = EngineConfig()
+    hardware: HardwareRequirements = HardwareRequirements()
+    cheat: CheatConfig = CheatConfig()

@@ -1,0 +1,76 @@
+"""The worker's real `Courier`: upload slots on the orchestrator, `submit_work` on chain.
+
+Uploads are made resumable by remembering the granted slot in the outbox record before the
+upload starts: after a crash the same slot is used again, and the orchestrator's answer "slot
+already used" means the bytes arrived before the crash. A grant refused with "file already
+known" while no slot is remembered means a grant was lost in a crash: it expires on the
+orchestrator, after which it can be granted again (`RetryLater` until then).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from eth_account.signers.local import LocalAccount
+
+from meshrl.protocol import Protocol, TxReverted, WorkStatus
+from meshrl.wire import SignedClient, WireHTTPError
+from meshrl.wire.models import SlotRequest, UploadSlot
+from meshrl.worker.delivery import DuplicateSubmission, Pause, RetryLater, StaleFile
+from meshrl.worker.outbox import Outbox, OutboxEntry
+
+__all__ = ["ChainCourier"]
+
+
+class ChainCourier:
+    def __init__(self, orch: SignedClient, chain: Protocol, provider: LocalAccount,
+                 node: str, pool: int, outbox: Outbox, skip_upload: bool = False,
+                 pause: Pause | None = None) -> None:
+        self.orch, self.chain, self.node, self.pool = orch, chain.as_(provider), node, pool
+        self.outbox = outbox
+        self.skip_upload = skip_upload  # the `copy` cheat: the bytes are already stored
+        self.pause = pause
+
+    async def upload(self, entry: OutboxEntry, path: Path) -> None:
+        if self.skip_upload:
+            return
+        if entry.slot_url and entry.slot_expires > time.time():
+            try:
+                await self.orch.upload("PUT", entry.slot_url, path, entry.sha256)
+                return
+            except WireHTTPError as e:
+                if e.status == 409 and e.reason == "slot already used":
+                    return  # it arrived before a crash
+                if e.status not in (404, 410):
+                    raise
+        req = SlotRequest(sha256=entry.sha256, size=entry.size, step=entry.step,
+                          policy_version=entry.policy_version, work_units=entry.work_units)
+        try:
+            slot = await self.orch.call("POST", "/uploads", req, response=UploadSlot)
+        except WireHTTPError as e:
+            if e.status == 409 and e.reason == "stale work":
+                raise StaleFile(e.detail) from None
+            if e.status == 409 and e.reason == "file already known":
+                raise RetryLater("a slot granted before a crash has not expired yet") from None
+            raise
+        self.outbox.set_slot(entry, slot.url, slot.expires_at)
+        if self.pause is not None:
+            await self.pause("slot-granted", entry)
+        await self.orch.upload(slot.method, slot.url, path, entry.sha256)
+
+    async def submitted(self, entry: OutboxEntry) -> bool:
+        wid = Protocol.work_id(self.node, bytes.fromhex(entry.sha256))
+        info = await asyncio.to_thread(self.chain.work, wid)
+        return info.status != WorkStatus.NONE
+
+    async def submit(self, entry: OutboxEntry) -> str:
+        try:
+            r = await asyncio.to_thread(self.chain.submit_work, self.pool, self.node,
+                                        bytes.fromhex(entry.sha256), entry.work_units)
+        except TxReverted as e:
+            if "duplicate file" in str(e):
+                raise DuplicateSubmission(str(e)) from None
+            raise
+        return r.tx_hash

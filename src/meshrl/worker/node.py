@@ -1,0 +1,216 @@
+"""The worker process: check, onboard, then generate -> outbox -> upload -> submit, forever.
+
+Reads top to bottom as the node's life: `run` checks the machine, onboards (chain, discovery,
+invite), starts the heartbeat and policy-follower tasks, delivers whatever a previous run left in
+the outbox, then loops over `work_once`. Generation runs in a thread so heartbeats and policy
+downloads continue meanwhile; a new policy version is swapped into the engine between two files
+(`load_weights` is atomic, so generation stops only for the load itself). SIGTERM / Ctrl-C set
+`stop`: the current file is finished into the outbox, then the process exits cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from meshrl.log import get_logger, log_event
+from meshrl.protocol import Deployment, Protocol
+from meshrl.protocol.local import connect
+from meshrl.wire import SignedClient, WireHTTPError
+from meshrl.wire.models import Heartbeat, HeartbeatAck, WorkOrder
+from meshrl.wire.rollout_file import read_rollout_file, rollout_file_bytes
+from meshrl.worker.cheats import Cheat
+from meshrl.worker.config import WorkerConfig
+from meshrl.worker.courier import ChainCourier
+from meshrl.worker.delivery import RetryLater, deliver_all
+from meshrl.worker.hardware import missing, probe
+from meshrl.worker.keys import WorkerKeys
+from meshrl.worker.onboard import announce_and_join, onboard_chain
+from meshrl.worker.outbox import Outbox, OutboxEntry, atomic_write
+from meshrl.worker.policy import PolicyHolder, assignment_of
+
+__all__ = ["HardwareError", "WorkerNode"]
+
+log = get_logger("meshrl.worker")
+
+
+class HardwareError(RuntimeError):
+    """The machine does not meet the pool's requirements (the message lists what is missing)."""
+
+
+class WorkerNode:
+    def __init__(self, cfg: WorkerConfig, keys: WorkerKeys) -> None:
+        self.cfg, self.keys = cfg, keys
+        self.work_dir = Path(cfg.work_dir)
+        self.outbox = Outbox(self.work_dir / "outbox")
+        self.cheat = Cheat(cfg.cheat)
+        self.stop = asyncio.Event()
+        self.order: WorkOrder | None = None
+        self.pool_step = 0
+        self.files_done = 0
+        self.tokens_per_s = 0.0
+        self.policy: PolicyHolder | None = None
+
+    # ---- life ----------------------------------------------------------------------------
+    async def run(self) -> int:
+        self._install_signals()
+        hw = probe(self.work_dir, self.cfg.hardware.python_packages)
+        lacking = missing(hw, self.cfg.hardware)
+        if lacking:
+            raise HardwareError("this machine does not meet the pool's requirements: "
+                                + "; ".join(lacking))
+        chain = Protocol(connect(self.cfg.chain), Deployment.load(self.cfg.chain.deployment))
+        steps = await asyncio.to_thread(onboard_chain, chain, self.keys, self.cfg)
+        log_event(log, "on chain", steps=steps, node=self.keys.node.address)
+        async with SignedClient(self.cfg.orchestrator_url, self.keys.node.key) as orch:
+            self.join = lambda: announce_and_join(chain, self.keys, self.cfg, hw, orch,
+                                                  self.stop)
+            log_event(log, "pool", status=await self.join())
+            beats = asyncio.create_task(self._heartbeats(orch))  # from now on: alive
+            tasks = [beats]
+            try:
+                self.order = await self._work_order(orch)
+                self.policy = await PolicyHolder.start(self.cfg, self.order, self.cheat)
+                tasks.append(asyncio.create_task(self.policy.follow(
+                    self.order.shardcast_servers, lambda: self.pool_step, self.stop)))
+                courier = ChainCourier(orch, chain, self.keys.provider, self.keys.node.address,
+                                       self.cfg.pool_id, self.outbox,
+                                       skip_upload=self.cfg.cheat.mode == "copy",
+                                       pause=self._pause)
+                await self._deliver(courier)  # what a previous run left behind
+                while not self.stop.is_set() and not self._enough():
+                    await self.work_once(orch, courier)
+            finally:
+                self.stop.set()
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        log_event(log, "stopped", files=self.files_done)
+        return 0
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop.set)
+
+    def _enough(self) -> bool:
+        return self.cfg.max_files > 0 and self.files_done >= self.cfg.max_files
+
+    # ---- one file ------------------------------------------------------------------------
+    async def work_once(self, orch: SignedClient, courier: ChainCourier) -> None:
+        self.order = order = await self._work_order(orch)
+        version = self.policy.version
+        if version not in order.policy_versions and not self.cheat.frozen_version(order.step):
+            await self._sleep(self.cfg.poll_interval)  # the follower is fetching a newer one
+            return
+        if self.cheat.on("copy", order.step):
+            entry, data = self._copied(order)
+        else:
+            entry, data = await self._generate(order)
+        if entry is None:
+            await self._sleep(self.cfg.poll_interval)
+            return
+        self.outbox.put(data, entry)
+        log_event(log, "file written", sha256=entry.sha256, step=entry.step,
+                  counter=entry.counter, version=version, units=entry.work_units)
+        await self._pause("written", entry)
+        await self._deliver(courier)
+
+    async def _generate(self, order: WorkOrder) -> tuple[OutboxEntry, bytes]:
+        counter = self._next_counter(order.step)
+        a = assignment_of(order, self.keys.node.address, counter)
+        t0 = time.perf_counter()
+        rf = await asyncio.to_thread(self.policy.generate, a, self.keys.provider.address)
+        rf = self.cheat.finish(rf)
+        tokens = sum(len(c.completion_tokens) for c in rf.completions)
+        self.tokens_per_s = tokens / max(1e-9, time.perf_counter() - t0)
+        data = rollout_file_bytes(rf)
+        await self._pause("generated", None)  # in memory only: a crash here loses the work
+        h = rf.header
+        # stale-policy: an old version would be refused a slot, so the slot request lies
+        claimed = max(order.policy_versions) if self.cheat.frozen_version(order.step) \
+            else h.policy_version
+        return OutboxEntry(hashlib.sha256(data).hexdigest(), len(data), h.step, counter,
+                           claimed, h.work_units), data
+
+    def _copied(self, order: WorkOrder) -> tuple[OutboxEntry | None, bytes]:
+        """copy: another worker's newest submitted file, not copied before."""
+        seen = {r["sha256"] for r in self.outbox.sent()}
+        src = sorted(Path(self.cfg.cheat.copy_from, "sent").glob("*.parquet"),
+                     key=lambda p: p.stat().st_mtime, reverse=True)
+        for path in src:
+            if path.stem in seen:
+                continue
+            data = path.read_bytes()
+            h = read_rollout_file(data).header
+            return OutboxEntry(path.stem, len(data), h.step, -1, h.policy_version,
+                               h.work_units), data
+        return None, b""
+
+    async def _deliver(self, courier: ChainCourier) -> None:
+        order = self.order
+        assert order is not None
+        try:
+            counts = await deliver_all(self.outbox, courier, order.step, order.async_level,
+                                       self._pause)
+        except RetryLater as e:
+            log_event(log, "delivery postponed", reason=str(e))
+            return
+        self.files_done += counts["sent"]
+        if counts["sent"] or counts["dropped"]:
+            log_event(log, "delivered", **counts, total=self.files_done)
+
+    # ---- state ---------------------------------------------------------------------------
+    def _next_counter(self, step: int) -> int:
+        """A counter never used before at this step (persisted before generation starts)."""
+        path = self.work_dir / "counters.json"
+        counters: dict[str, int] = json.loads(path.read_text()) if path.is_file() else {}
+        used = [e.counter for e in self.outbox.pending() if e.step == step]
+        used += [r["counter"] for r in self.outbox.sent() if r["step"] == step]
+        counter = max([counters.get(str(step), 0), *(c + 1 for c in used)])
+        counters[str(step)] = counter + 1
+        atomic_write(path, json.dumps(counters).encode())
+        return counter
+
+    async def _work_order(self, orch: SignedClient) -> WorkOrder:
+        while True:
+            try:
+                order = await orch.call("GET", "/work", response=WorkOrder)
+                self.pool_step = order.step
+                return order
+            except (WireHTTPError, OSError) as e:
+                log_event(log, "no work order yet", error=str(e))
+                if self.stop.is_set():
+                    raise
+                if isinstance(e, WireHTTPError) and e.status == 403:
+                    await self.join()  # ejected (missed heartbeats): invited and joined again
+                await self._sleep(self.cfg.poll_interval)
+
+    async def _heartbeats(self, orch: SignedClient) -> None:
+        while not self.stop.is_set():
+            version = -1 if self.policy is None else self.policy.version
+            hb = Heartbeat(policy_version=version, step=self.pool_step,
+                           tokens_per_s=self.tokens_per_s, files_pending=len(self.outbox))
+            try:
+                ack: Any = await orch.call("POST", "/heartbeat", hb, response=HeartbeatAck)
+                self.pool_step = ack.step
+            except (WireHTTPError, OSError) as e:
+                log_event(log, "heartbeat failed", error=str(e))
+            await self._sleep(self.cfg.heartbeat_interval)
+
+    async def _pause(self, phase: str, entry: OutboxEntry | None) -> None:
+        """crash tests: hold still at a phase boundary so a test can kill -9 the process."""
+        if self.cfg.crash_test_pause > 0:
+            log_event(log, "crash-test pause", phase=phase,
+                      sha256=None if entry is None else entry.sha256)
+            await asyncio.sleep(self.cfg.crash_test_pause)
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop.wait(), seconds)

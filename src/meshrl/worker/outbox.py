@@ -1,0 +1,174 @@
+"""The worker's outbox: finished rollout files survive crashes and are submitted exactly once.
+
+A file goes through three phases, each recorded on disk before the next starts:
+  written   - `<sha>.parquet` and its `<sha>.json` record are in the outbox (both written to a
+              temporary name, fsynced, then renamed: a crash leaves either nothing or both);
+  uploaded  - the orchestrator's store holds the bytes (an upload is idempotent: a store that
+              already has the sha256 answers so, and the worker moves on);
+  submitted - `submit_work` is on chain. Before submitting, the worker asks the chain whether
+              the file is already there (a crash between sending the transaction and recording
+              it), and a "duplicate" revert also counts as submitted, so a file is never
+              submitted twice; its record then moves to `sent.jsonl` and the bytes to `sent/`.
+A file whose policy version is older than the pool's step allows (`step - async_level`) is no
+use to the trainer: it is moved to `dropped/` with the reason, never submitted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+__all__ = ["Outbox", "OutboxEntry", "OutboxError", "Phase", "atomic_write", "is_stale"]
+
+Phase = Literal["written", "uploaded", "submitted"]
+_PHASES: tuple[str, ...] = ("written", "uploaded", "submitted")
+
+
+class OutboxError(RuntimeError):
+    """An outbox on disk that cannot be read or written."""
+
+
+@dataclass
+class OutboxEntry:
+    sha256: str
+    size: int
+    step: int
+    counter: int
+    policy_version: int
+    work_units: int
+    phase: Phase = "written"
+    created: float = 0.0
+    tx_hash: str = ""
+    slot_url: str = ""  # the upload slot granted for this file (reused after a crash)
+    slot_expires: float = 0.0
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that a crash leaves the old file or the new one, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Outbox:
+    """Files waiting to be uploaded and submitted, in one directory."""
+
+    def __init__(self, root: str | Path, keep_sent: int = 16) -> None:
+        self.root = Path(root)
+        self.keep_sent = keep_sent
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "dropped").mkdir(exist_ok=True)
+        (self.root / "sent").mkdir(exist_ok=True)
+        for tmp in self.root.glob(".*.tmp"):  # a write a crash interrupted: never renamed
+            tmp.unlink(missing_ok=True)
+
+    def data_path(self, sha256: str) -> Path:
+        return self.root / f"{sha256}.parquet"
+
+    def _record_path(self, sha256: str) -> Path:
+        return self.root / f"{sha256}.json"
+
+    def put(self, data: bytes, entry: OutboxEntry) -> OutboxEntry:
+        """Store a finished file (bytes first, record last: a record always has its bytes)."""
+        entry.created = entry.created or time.time()
+        atomic_write(self.data_path(entry.sha256), data)
+        self._save(entry)
+        return entry
+
+    def _save(self, entry: OutboxEntry) -> None:
+        atomic_write(self._record_path(entry.sha256), json.dumps(asdict(entry)).encode())
+
+    def pending(self) -> list[OutboxEntry]:
+        """Entries not yet finished, oldest first (bytes without a record are a crashed put)."""
+        out = []
+        for rec in self.root.glob("*.json"):
+            try:
+                entry = OutboxEntry(**json.loads(rec.read_text()))
+            except (OSError, ValueError, TypeError) as e:
+                raise OutboxError(f"outbox record {rec} is unreadable: {e}") from None
+            if entry.phase not in _PHASES:
+                raise OutboxError(f"outbox record {rec} has unknown phase {entry.phase!r}")
+            if not self.data_path(entry.sha256).is_file():
+                raise OutboxError(f"outbox record {rec} has no file")
+            out.append(entry)
+        for orphan in self.root.glob("*.parquet"):
+            if not self._record_path(orphan.stem).is_file():
+                orphan.unlink()
+        return sorted(out, key=lambda e: (e.created, e.sha256))
+
+    def __iter__(self) -> Iterator[OutboxEntry]:
+        return iter(self.pending())
+
+    def __len__(self) -> int:
+        return len(list(self.root.glob("*.json")))
+
+    def mark(self, entry: OutboxEntry, phase: Phase, tx_hash: str = "") -> None:
+        entry.phase = phase
+        entry.tx_hash = tx_hash or entry.tx_hash
+        self._save(entry)
+
+    def set_slot(self, entry: OutboxEntry, url: str, expires: float) -> None:
+        entry.slot_url, entry.slot_expires = url, expires
+        self._save(entry)
+
+    def finish(self, entry: OutboxEntry) -> None:
+        """A submitted file leaves the outbox: its record is appended to `sent.jsonl` and its
+        bytes kept in `sent/` (the newest `keep_sent`, evidence in a dispute)."""
+        self._append("sent.jsonl", asdict(entry))
+        data = self.data_path(entry.sha256)
+        if data.is_file():
+            os.replace(data, self.root / "sent" / data.name)
+        self._record_path(entry.sha256).unlink(missing_ok=True)
+        kept = sorted((self.root / "sent").glob("*.parquet"), key=lambda p: p.stat().st_mtime)
+        for old in kept[: max(0, len(kept) - self.keep_sent)]:
+            old.unlink(missing_ok=True)
+
+    def drop(self, entry: OutboxEntry, reason: str) -> None:
+        """A file that must not be submitted (stale) moves to `dropped/` with its reason."""
+        self._append("dropped.jsonl", {**asdict(entry), "reason": reason})
+        shutil.move(self.data_path(entry.sha256), self.root / "dropped" / f"{entry.sha256}.parquet")
+        self._record_path(entry.sha256).unlink(missing_ok=True)
+
+    def sent(self) -> list[dict]:
+        """Submitted files, once each (a crash inside `finish` may have logged one twice)."""
+        return list({r["sha256"]: r for r in self._read("sent.jsonl")}.values())
+
+    def dropped(self) -> list[dict]:
+        return self._read("dropped.jsonl")
+
+    def _append(self, name: str, record: dict) -> None:
+        with open(self.root / name, "a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _read(self, name: str) -> list[dict]:
+        path = self.root / name
+        if not path.is_file():
+            return []
+        # a crash may cut the last line short; it is the only line that can be partial
+        return [json.loads(line) for line in path.read_text().splitlines()
+                if line.strip().endswith("}")]
+
+
+def is_stale(policy_version: int, pool_step: int, async_level: int) -> bool:
+    """The trainer uses rollouts of policy versions >= step - async_level only."""
+    return policy_version < pool_step - async_level

@@ -1,0 +1,117 @@
+"""The policy a worker generates with: the engine, its version, and how new versions arrive.
+
+Version 0 is the model directory in the config when the pool names no shardcast servers;
+otherwise the newest version the work order allows is fetched (verified, atomic) and later
+versions are followed and hot-loaded into the running engine. A cheat that changes weights is
+applied here, when its step comes, so the rest of the worker is the honest code path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from meshrl.inference import SamplingParams
+from meshrl.log import get_logger, log_event
+from meshrl.tasks import TasksConfig
+from meshrl.wire.models import WorkOrder
+from meshrl.wire.rollout_file import RolloutFile
+from meshrl.worker.cheats import WEIGHT_CHEATS, Cheat
+from meshrl.worker.config import WorkerConfig
+from meshrl.worker.rollouts import Assignment, generate_rollouts
+
+__all__ = ["PolicyHolder", "assignment_of", "tasks_of"]
+
+log = get_logger("meshrl.worker")
+
+
+def tasks_of(task: dict[str, Any]) -> TasksConfig:
+    """A work order's task: a whole tasks config (`mix`, ...) or one task of the mix."""
+    return TasksConfig.model_validate(task if "mix" in task else {"mix": [task]})
+
+
+def assignment_of(order: WorkOrder, node: str, counter: int) -> Assignment:
+    s = dict(order.sampling)
+    group = int(s.pop("group_size", 1))
+    return Assignment(seed=order.seed, node=node, pool_id=order.pool_id, step=order.step,
+                      counter=counter, prompts=order.prompts_per_file, group_size=group,
+                      sampling=SamplingParams(**s), tasks=tasks_of(order.task))
+
+
+class PolicyHolder:
+    """The engine and the honest weights of its current version (one lock around swaps)."""
+
+    def __init__(self, cfg: WorkerConfig, cheat: Cheat, model_dir: Path, version: int) -> None:
+        from meshrl.inference import CPUEngine
+        from meshrl.model import load_model, load_tokenizer
+
+        self.cfg, self.cheat = cfg, cheat
+        model = load_model(model_dir)
+        self.model_config = model.config
+        self.tokenizer = load_tokenizer(model_dir)
+        self.engine = CPUEngine(model, self.tokenizer, cfg.engine)
+        self.engine.load_weights(model.state_dict(), version)
+        self.honest: dict[str, Any] = model.state_dict()
+        self.version = version
+        self.cheating = False
+        self.lock = threading.Lock()
+
+    @classmethod
+    async def start(cls, cfg: WorkerConfig, order: WorkOrder, cheat: Cheat) -> PolicyHolder:
+        if not order.shardcast_servers:
+            if not cfg.model_dir:
+                raise ValueError("worker: the pool has no shardcast servers; set model_dir")
+            return await asyncio.to_thread(cls, cfg, cheat, Path(cfg.model_dir), 0)
+        from meshrl.shardcast import ShardcastClient
+
+        out = Path(cfg.work_dir) / "policy"
+        async with ShardcastClient(order.shardcast_servers) as sc:
+            res = await sc.fetch(out / f"v{max(order.policy_versions)}",
+                                 max(order.policy_versions))
+        return await asyncio.to_thread(cls, cfg, cheat, res.path, res.version)
+
+    def load(self, model_dir: Path, version: int) -> None:
+        """Hot-load a new version (generation in another thread keeps its consistent weights)."""
+        from meshrl.model import load_model
+
+        state = load_model(model_dir).state_dict()
+        with self.lock:
+            self.engine.load_weights(state, version)
+            # published only once the weights are in: `version` is what readers trust
+            self.honest, self.version, self.cheating = state, version, False
+        log_event(log, "policy loaded", version=version)
+
+    def _weights_for(self, step: int) -> None:
+        want = self.cheat.active(step) and self.cheat.cfg.mode in WEIGHT_CHEATS
+        if want != self.cheating:
+            state = self.cheat.weights(self.honest, self.model_config, step) if want \
+                else self.honest
+            self.engine.load_weights(state, self.version)
+            self.cheating = want
+
+    def generate(self, a: Assignment, provider: str) -> RolloutFile:
+        with self.lock:
+            self._weights_for(a.step)
+            c = self.cheat
+            return generate_rollouts(self.engine, self.tokenizer, a, provider,
+                                     problems=c.problems(a), sampling=c.sampling(a),
+                                     edit=c.edit(a.step, self.tokenizer.eos_token_id))
+
+    async def follow(self, servers: list[str], step: Callable[[], int],
+                     stop: asyncio.Event) -> None:
+        """Fetch and hot-load each new version from shardcast until `stop`."""
+        if not servers:
+            return
+        from meshrl.shardcast import ShardcastClient
+
+        async def on_version(res: Any) -> None:
+            if self.cheat.frozen_version(step()):
+                return
+            await asyncio.to_thread(self.load, res.path, res.version)
+
+        async with ShardcastClient(servers) as sc:
+            await sc.follow(Path(self.cfg.work_dir) / "policy", on_version, after=self.version,
+                            stop=stop)

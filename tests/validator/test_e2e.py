@@ -1,0 +1,180 @@
+"""Real processes on loopback: anvil, discovery, orchestrator, `meshrl worker` (honest and every
+cheat mode) and one `meshrl validator`. Honest files are accepted; every cheat is hard-invalidated
+on chain, its provider slashed by the penalty and its node ejected."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from network import PARAMS, Net, fund_provider, key, start_net, validator, wait_until, worker
+
+from meshrl.protocol import WorkStatus
+from meshrl.protocol.anvil import find_anvil
+from meshrl.wire import SignedClient
+from meshrl.wire.models import LedgerPage, StepUpdate
+
+pytestmark = [pytest.mark.slow, pytest.mark.anvil]
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory):
+    if find_anvil() is None:
+        pytest.skip("anvil not installed (run `make setup`)")
+    n = start_net(tmp_path_factory.mktemp("roles"))
+    yield n
+    n.close()
+
+
+def _works(net: Net, node: str) -> list:
+    """(work id, WorkInfo) of every submission by `node`."""
+    out = []
+    for e in net.fed.events(net.fed.deployment.block).poll():
+        if e.name == "WorkSubmitted" and e.args["node"].lower() == node.lower():
+            wid = bytes(e.args["work_id"])
+            out.append((wid, net.fed.work(wid)))
+    return out
+
+
+def _ledger(net: Net) -> dict[str, str]:
+    async def read() -> LedgerPage:
+        async with SignedClient(net.orch.url, "0x" + bytes(key("mgr").key).hex()) as c:
+            return await c.call("GET", "/ledger", response=LedgerPage)
+    return {e.sha256: e.status.value for e in asyncio.run(read()).entries}
+
+
+def _set_step(net: Net, step: int) -> None:
+    async def go() -> None:
+        async with SignedClient(net.orch.url, "0x" + bytes(key("mgr").key).hex()) as c:
+            await c.call("POST", "/step", StepUpdate(step=step))
+    asyncio.run(go())
+
+
+def _status(net: Net, node: str) -> list[int]:
+    return [w.status for _, w in _works(net, node)]
+
+
+def _hard(net: Net, node: str, n: int = 1):
+    """Until `node` has n hard-invalidated submissions."""
+    return lambda: _status(net, node).count(WorkStatus.HARD_INVALIDATED) >= n
+
+
+def _accepted(net: Net, node: str, n: int = 1):
+    """Until the orchestrator's ledger has n accepted files of `node`."""
+    def check() -> bool:
+        shas = {bytes(e.args["file_sha256"]).hex() for e in net.fed.events(
+            net.fed.deployment.block).poll() if e.name == "WorkSubmitted" and
+            e.args["node"].lower() == node.lower()}
+        return sum(_ledger(net).get(s) == "accepted" for s in shas) >= n
+    return check
+
+
+CHEATS = ["other-model", "int8", "scale-layer", "cherry-pick", "forge-rewards", "forge-sampling",
+          "truncate", "inflate-units"]
+
+
+def test_honest_file_accepted_and_a_cheat_slashed(net: Net) -> None:
+    """The short path: one honest worker, one forging worker, one validator."""
+    accounts = {name: fund_provider(net, name) for name in ("h0", "f0")}
+    v = validator(net)
+    v.start()
+    h, f = worker(net, "h0"), worker(net, "f0", {"mode": "forge-rewards"})
+    h.start()
+    f.start()
+    assert h.wait(300) == 0 and f.wait(300) == 0
+    wait_until(_hard(net, accounts["f0"][1].address), 240)
+    wait_until(_accepted(net, accounts["h0"][1].address), 240)
+    p, n, _ = accounts["f0"]
+    assert _status(net, n.address) == [WorkStatus.HARD_INVALIDATED]
+    assert net.fed.provider(p.address).stake == _initial_stake(net) - PARAMS.slash_penalty
+    assert net.fed.node(n.address).pool == 0
+    hn = accounts["h0"][1].address
+    assert _status(net, hn) == [WorkStatus.SUBMITTED] and net.fed.node(hn).pool == net.pool
+    v.proc.terminate()
+    assert v.wait(60) == 0
+    log = v.log.read_text()
+    assert '"verdict": "hard"' in log and "rewards:" in log and '"verdict": "accept"' in log
+
+
+def test_honest_accepted_and_every_cheat_slashed(net: Net) -> None:
+    accounts = {name: fund_provider(net, name) for name in ["honest", *CHEATS, "copy", "turn",
+                                                            "stale"]}
+    v = validator(net)
+    v.start()
+    honest = worker(net, "honest", max_files=2)
+    honest.start()
+    cheats = {m: worker(net, m, {"mode": m}) for m in CHEATS}
+    for batch in (CHEATS[:4], CHEATS[4:]):  # a few processes at a time on a small machine
+        for m in batch:
+            cheats[m].start()
+        for m in batch:
+            assert cheats[m].wait(300) == 0, cheats[m].log.read_text()[-3000:]
+    assert honest.wait(300) == 0
+    # the copier re-submits the honest node's newest file as its own
+    copier = worker(net, "copy", {"mode": "copy", "copy_from": str(net.tmp / "w-honest" /
+                                                                    "outbox")})
+    copier.start()
+    # a node that is honest at step 0 and cheats after it
+    turn = worker(net, "turn", {"mode": "forge-rewards", "after_step": 0})
+    turn.start()
+    assert copier.wait(300) == 0 and turn.wait(300) == 0
+    _set_step(net, 1)
+    turn2 = worker(net, "turn", {"mode": "forge-rewards", "after_step": 0})
+    turn2.start()
+    assert turn2.wait(300) == 0
+    _set_step(net, 3)  # version 0 is now older than async_level allows
+    stale = worker(net, "stale", {"mode": "stale-policy"})
+    stale.start()
+    assert stale.wait(300) == 0
+
+    slashed = [*CHEATS, "copy", "stale", "turn"]
+    for name in slashed:
+        wait_until(_hard(net, accounts[name][1].address), 240)
+    wait_until(_accepted(net, accounts["honest"][1].address, 2), 240)
+    wait_until(_accepted(net, accounts["turn"][1].address, 1), 240)
+    slashed.remove("turn")
+    for name in slashed:
+        p, n, _ = accounts[name]
+        status = _status(net, n.address)
+        assert status == [WorkStatus.HARD_INVALIDATED], (name, status, v.log.read_text()[-3000:])
+        info = net.fed.provider(p.address)
+        assert info.stake == _initial_stake(net) - PARAMS.slash_penalty, name
+        assert net.fed.node(n.address).pool == 0, f"{name} not ejected"
+    h = accounts["honest"]
+    assert _status(net, h[1].address) == [WorkStatus.SUBMITTED] * 2
+    assert net.fed.node(h[1].address).pool == net.pool
+    assert _status(net, accounts["turn"][1].address) == [WorkStatus.SUBMITTED,
+                                                         WorkStatus.HARD_INVALIDATED]
+    turn_stake = net.fed.provider(accounts["turn"][0].address).stake
+    assert turn_stake == _initial_stake(net) - PARAMS.slash_penalty
+    v.proc.terminate()
+    assert v.wait(60) == 0
+
+
+def _initial_stake(net: Net) -> int:
+    return max(PARAMS.min_stake, PARAMS.stake_per_unit)
+
+
+def test_own_failures_never_slash_and_restart_resumes(net: Net) -> None:
+    """A submission whose file the validator cannot download (never uploaded) is retried with
+    backoff and then only soft-invalidated: no slash, no ejection. The validator restarted here
+    resumes from its persisted cursor and judges nothing twice."""
+    p, n = key("h0-provider"), key("h0-node")  # onboarded by the first test
+    judged_before = _verdict_count(net)
+    sha = bytes(range(32))
+    net.client(p).submit_work(net.pool, n.address, sha, 10)
+    v = validator(net)
+    v.start()
+    wait_until(lambda: WorkStatus.SOFT_INVALIDATED in _status(net, n.address), 240)
+    assert net.fed.provider(p.address).stake == _initial_stake(net)
+    assert net.fed.node(n.address).pool == net.pool
+    v.proc.terminate()
+    assert v.wait(60) == 0
+    log = v.log.read_text()
+    assert "retry later" in log and "validator could not judge the file" in log
+    assert _verdict_count(net) == judged_before + 1  # the old submissions were not judged again
+
+
+def _verdict_count(net: Net) -> int:
+    log = net.tmp / "validator.log"
+    return log.read_text().count('"msg": "verdict"') if log.exists() else 0

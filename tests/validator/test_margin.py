@@ -1,0 +1,73 @@
+"""No honest work is ever invalidated: 216 honest rollout files over batch sizes, completion
+lengths up to 128 tokens, async_level 0-2 and engine thread counts 1 and 2 (worker and validator
+set up differently), zero findings; prints the margin of every statistic to its threshold."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from helpers import PROVIDER, assignment, claim, roundtrip, rules
+
+from meshrl.inference import CPUEngine, EngineConfig
+from meshrl.validator.replay import ReplayConfig
+from meshrl.validator.verify import verify_files
+from meshrl.worker.rollouts import generate_rollouts
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+# (max_new_tokens, prompts per file, group size): 4- to 8-row files, 8 to 128 tokens
+SHAPES = [(8, 2, 4), (32, 2, 2), (128, 2, 2), (64, 4, 2)]
+WORKERS = [(1, 128), (2, 3), (1, 2)]  # (threads, max_batch_size)
+VALIDATORS = [EngineConfig(num_threads=2, max_batch_size=7), EngineConfig(num_threads=1)]
+FILES_PER_CASE = 6  # 4 shapes x 3 workers x 3 async levels x 6 = 216 files
+
+
+def test_honest_files_are_never_invalidated(model, tok):
+    cfg = ReplayConfig()
+    th = cfg.thresholds
+    validators = [CPUEngine(model, tok, c) for c in VALIDATORS]
+    worst = {"exp_mismatches": 0, "mant_err_mean": 0.0, "mant_err_median": 0.0,
+             "pooled_exp_mismatch_rate": 0.0, "pooled_mant_err_mean": 0.0,
+             "pooled_mant_inexact_rate": 0.0, "sampling_margin": 0.0, "logprob_diff": 0.0}
+    files = rejected = 0
+    for (max_new, prompts, group), (threads, batch), level in itertools.product(
+            SHAPES, WORKERS, (0, 1, 2)):
+        wk = CPUEngine(model, tok, EngineConfig(num_threads=threads, max_batch_size=batch))
+        r = rules(max_new=max_new, prompts=prompts, group=group, async_level=level)
+        step = 5
+        wk.load_weights(model.state_dict(), version=step - level)  # the oldest version allowed
+        items = []
+        for c in range(FILES_PER_CASE):
+            rf = roundtrip(generate_rollouts(wk, tok, assignment(r, step=step, counter=c),
+                                             PROVIDER))[0]
+            items.append((rf, claim(rf), r))
+        v = validators[files % len(validators)]
+        for rep in verify_files(v, tok, items, cfg):
+            files += 1
+            rejected += not rep.accepted
+            assert rep.accepted, rep.reason()
+            s = rep.stats
+            worst["exp_mismatches"] = max(worst["exp_mismatches"], s.max_exp_mismatches)
+            worst["mant_err_mean"] = max(worst["mant_err_mean"], s.max_mant_err_mean)
+            worst["mant_err_median"] = max(worst["mant_err_median"], s.max_mant_err_median)
+            worst["pooled_exp_mismatch_rate"] = max(worst["pooled_exp_mismatch_rate"],
+                                                    s.pooled["exp_mismatch_rate"])
+            worst["pooled_mant_err_mean"] = max(worst["pooled_mant_err_mean"],
+                                                s.pooled["mant_err_mean"])
+            worst["pooled_mant_inexact_rate"] = max(worst["pooled_mant_inexact_rate"],
+                                                    s.pooled["mant_inexact_rate"])
+            worst["sampling_margin"] = max(worst["sampling_margin"], s.max_sampling_margin)
+            worst["logprob_diff"] = max(worst["logprob_diff"], s.max_logprob_diff)
+    limits = {"exp_mismatches": th.max_exp_mismatches, "mant_err_mean": th.max_mant_err_mean,
+              "mant_err_median": th.max_mant_err_median,
+              "pooled_exp_mismatch_rate": th.max_pooled_exp_mismatch_rate,
+              "pooled_mant_err_mean": th.max_pooled_mant_err_mean,
+              "pooled_mant_inexact_rate": th.max_pooled_mant_inexact_rate,
+              "sampling_margin": cfg.sampling_tolerance, "logprob_diff": cfg.logprob_atol}
+    print(json.dumps({"honest_files": files, "invalidated": rejected, "worst": worst,
+                      "thresholds": limits}))
+    assert files >= 200 and rejected == 0
+    for k, limit in limits.items():  # every honest statistic well inside its threshold
+        assert worst[k] <= limit / 2, (k, worst[k], limit)

@@ -1,0 +1,63 @@
+"""The delivery phase machine against a real in-process chain (eth-tester): a stale file is
+dropped unsubmitted, a file already on chain (a crash after the transaction) is finished without
+a second submission, and a duplicate revert counts as submitted."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import pytest
+from eth_account import Account
+
+from meshrl.protocol import EthTesterBackend, Protocol, ProtocolParams, deploy
+from meshrl.protocol.signing import sign_invite
+from meshrl.worker.courier import ChainCourier
+from meshrl.worker.delivery import DuplicateSubmission, deliver
+from meshrl.worker.outbox import Outbox, OutboxEntry
+
+TOKEN = 10**18
+
+
+def _pool():
+    backend = EthTesterBackend()
+    fed, mgr, prov, node = (Account.create() for _ in range(4))
+    for a in (fed, mgr, prov, node):
+        backend.fund(a.address, 10**21)
+    dep = deploy(backend, fed, ProtocolParams(min_stake=10 * TOKEN, stake_per_unit=TOKEN))
+    chain = Protocol(backend, dep, fed)
+    pool = chain.create_pool(chain.create_domain("d"), mgr.address, 1)
+    chain.start_pool(pool)
+    chain.mint(prov.address, 100 * TOKEN)
+    p = chain.as_(prov)
+    p.register_provider(20 * TOKEN)
+    p.add_node(node, 1)
+    expiry = backend.w3.eth.get_block("latest")["timestamp"] + 3600
+    sig = sign_invite(mgr.key, dep.protocol, backend.chain_id, chain.pool(pool).domain, pool,
+                      node.address, chain.node_generation(node.address), 1, expiry)
+    chain.as_(node).join_pool(pool, node.address, 1, expiry, sig)
+    return chain, pool, prov, node
+
+
+def _entry(box: Outbox, data: bytes, version: int) -> OutboxEntry:
+    e = OutboxEntry(hashlib.sha256(data).hexdigest(), len(data), step=4, counter=0,
+                    policy_version=version, work_units=10)
+    return box.put(data, e)
+
+
+def test_stale_dropped_and_submitted_once(tmp_path):
+    chain, pool, prov, node = _pool()
+    box = Outbox(tmp_path)
+    courier = ChainCourier(None, chain, prov, node.address, pool, box)  # type: ignore[arg-type]
+    stale = _entry(box, b"old", version=1)
+    assert asyncio.run(deliver(box, stale, courier, pool_step=4, async_level=2)) == "dropped"
+    assert box.dropped()[0]["reason"] == "policy version 1 < step 4 - async_level 2"
+    # on chain already, recorded only as uploaded (a crash right after the transaction)
+    done = _entry(box, b"sent before the crash", version=3)
+    box.mark(done, "uploaded")
+    asyncio.run(courier.submit(done))
+    assert asyncio.run(deliver(box, done, courier, pool_step=4, async_level=2)) == "sent"
+    subs = [e for e in chain.events().poll() if e.name == "WorkSubmitted"]
+    assert len(subs) == 1 and box.pending() == []
+    with pytest.raises(DuplicateSubmission, match="duplicate file"):
+        asyncio.run(courier.submit(done))

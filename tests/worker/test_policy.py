@@ -1,0 +1,77 @@
+"""Policy versions through a real shardcast origin on loopback: the worker starts on the newest
+allowed version, follows new ones and hot-loads them while it keeps generating; the validator's
+model cache fetches the version a file names, loads it once, and reports one it cannot fetch."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "validator"))
+from helpers import TASKS
+
+from meshrl.inference import CPUEngine, EngineConfig
+from meshrl.model import CharTokenizer, build_model, save_model
+from meshrl.shardcast import Origin, OriginConfig
+from meshrl.shardcast.config import ServerConfig
+from meshrl.validator.models import ModelCache, VersionUnavailable
+from meshrl.wire.models import WorkOrder
+from meshrl.worker.cheats import Cheat
+from meshrl.worker.config import CheatConfig, WorkerConfig
+from meshrl.worker.policy import PolicyHolder, assignment_of
+
+
+def _order(url: str, step: int) -> WorkOrder:
+    return WorkOrder(pool_id=1, step=step, policy_versions=list(range(max(0, step - 1), step + 1)),
+                     async_level=1, task=TASKS.model_dump(mode="json"),
+                     sampling={"max_new_tokens": 8, "group_size": 2}, seed=3,
+                     prompts_per_file=2, shardcast_servers=[url], max_file_bytes=1 << 20,
+                     max_units_per_file=10_000)
+
+
+def test_follow_hot_loads_new_versions_and_validator_fetches_them(tmp_path):
+    tok = CharTokenizer()
+    dirs = [save_model(build_model("qwen2-tiny", tok.vocab_size, seed=s), tok, tmp_path / f"m{s}")
+            for s in (1, 2)]
+
+    async def scenario() -> None:
+        origin = Origin(OriginConfig(root=str(tmp_path / "origin"), server=ServerConfig()))
+        url = await origin.start()
+        try:
+            await origin.publish(dirs[0], 1, shard_size=1 << 20)
+            cfg = WorkerConfig(work_dir=str(tmp_path / "w"), engine=EngineConfig(num_threads=1))
+            holder = await PolicyHolder.start(cfg, _order(url, 1), Cheat(CheatConfig()))
+            assert holder.version == 1
+            stop = asyncio.Event()
+            follow = asyncio.create_task(holder.follow([url], lambda: 2, stop))
+            a = assignment_of(_order(url, 2), "0x" + "ab" * 20, 0)
+            gen = asyncio.create_task(asyncio.to_thread(holder.generate, a, "0x" + "cd" * 20))
+            await origin.publish(dirs[1], 2, shard_size=1 << 20)
+            for _ in range(2400):  # a loaded machine may take a while
+                if holder.version == 2:
+                    break
+                await asyncio.sleep(0.05)
+            first = await gen  # generation went on while version 2 arrived
+            assert first.header.policy_version in (1, 2) and holder.version == 2
+            fresh = CPUEngine.from_pretrained(dirs[1], EngineConfig(num_threads=1))
+            probe = [[1, 20, 30]], [[40, 41, 42]]
+            got = holder.engine.score(*probe)[0].logprobs
+            assert torch.allclose(got, fresh.score(*probe)[0].logprobs, atol=1e-6)
+            stop.set()
+            follow.cancel()  # it may sit in a long-poll for the next version
+            await asyncio.gather(follow, return_exceptions=True)
+
+            cache = ModelCache(tmp_path / "v", "", [url], EngineConfig(num_threads=1),
+                               fetch_timeout=2.0)
+            engine = await cache.get(2)
+            assert engine is await cache.get(2) and cache.loads == 1
+            with pytest.raises(VersionUnavailable, match="policy version 7"):
+                await cache.get(7)
+        finally:
+            await origin.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 240))
