@@ -79,8 +79,9 @@ class PolicyHolder:
 
         state = load_model(model_dir).state_dict()
         with self.lock:
-            self.honest, self.version, self.cheating = state, version, False
             self.engine.load_weights(state, version)
+            # published only once the weights are in: `version` is what readers trust
+            self.honest, self.version, self.cheating = state, version, False
         log_event(log, "policy loaded", version=version)
 
     def _weights_for(self, step: int) -> None:
