@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench clean node
+.PHONY: setup demo demo-local test lint bench clean node
 
 setup: $(STAMP) node
 
@@ -22,7 +22,12 @@ node_modules/.bin/anvil: package.json
 	npm install --no-audit --no-fund --loglevel=error
 	touch $@
 
+# the whole system: anvil, services, shardcast, trainer, validator, workers (one a cheater)
 demo: setup
+	$(BIN)/meshrl network up configs/network.toml
+
+# the trainer alone, generating its own rollouts on this machine
+demo-local: setup
 	$(BIN)/meshrl train configs/arithmetic.toml
 
 test: setup

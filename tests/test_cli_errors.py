@@ -53,6 +53,9 @@ def _cases(tmp: Path) -> dict[tuple[str, ...], tuple[list[str], str]]:
         ("chain", "propose-federator"): ([*chain, "--to", "0x" + "22" * 20], "nodeploy.json"),
         ("chain", "accept-federator"): (chain, "nodeploy.json"),
         ("chain", "compile"): (["--contracts", "x"], "unknown key 'contracts'"),
+        ("chain", "devnet"): (chain, "127.0.0.1:9"),
+        ("network", "up"): (["--anvil", missing, "--dir", str(tmp / "net")], "anvil not found"),
+        ("dashboard",): (["--port", "70000"], "port"),
         ("discovery",): ([*chain, "--db", str(tmp / "d.db")], "nodeploy.json"),
         ("orchestrator",): ([*chain, "--db", str(tmp / "o.db")], "nodeploy.json"),
     }

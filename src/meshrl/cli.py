@@ -28,6 +28,8 @@ SUBSYSTEMS = [
     "meshrl.orchestrator.cli",
     "meshrl.worker.cli",
     "meshrl.validator.cli",
+    "meshrl.network.cli",
+    "meshrl.dashboard.cli",
 ]
 
 

@@ -103,7 +103,8 @@ class OrchestratorApi:
             pool_id=self.cfg.pool_id, step=self.o.step, policy_versions=self.o.policy_versions(),
             async_level=w.async_level, task=w.task, sampling=w.sampling, seed=w.seed,
             prompts_per_file=w.prompts_per_file, shardcast_servers=w.shardcast_servers,
-            max_file_bytes=w.max_file_bytes, max_units_per_file=self.o.max_units)
+            max_file_bytes=w.max_file_bytes, max_units_per_file=self.o.max_units,
+            files_per_step=w.files_per_step)
 
     async def grant(self, call: Call) -> UploadSlot:
         node = self.member(call)

@@ -70,6 +70,8 @@ class WorkConfig(Config):
     max_units_per_file: int = Field(1 << 20, ge=1, description="most work units per file "
                                     "(the pool's on-chain maximum, if lower, wins)")
     slot_ttl_s: float = Field(600.0, gt=0, description="seconds an upload slot stays valid")
+    files_per_step: int = Field(0, ge=0, description="files each node makes per step, at most "
+                                "(0: no limit), announced in the work order")
 
 
 class OrchestratorConfig(Config):

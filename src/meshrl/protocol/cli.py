@@ -239,6 +239,13 @@ def _balances(cfg: BalancesConfig) -> int:
     return 0
 
 
+def _devnet(cfg: Any) -> int:
+    from meshrl.protocol.devnet import setup_devnet
+
+    _print(setup_devnet(cfg))
+    return 0
+
+
 def _compile(cfg: Config) -> int:
     from meshrl.protocol.artifacts import write_artifacts
 
@@ -263,6 +270,10 @@ def register(subparsers: Any) -> None:
         _handled("node", _node),
         "start a local anvil on 127.0.0.1, deploy, write the deployment file",
     )
+    from meshrl.protocol.devnet import DevnetConfig
+
+    add_config_command(sub, "devnet", DevnetConfig, _handled("devnet", _devnet),
+                       "local chain only: deploy, fund, mint, validator role, one started pool")
     add_config_command(
         sub,
         "deploy",

@@ -19,6 +19,7 @@ __all__ = [
     "EvalConfig",
     "LossConfig",
     "ModelConfig",
+    "NetworkSourceConfig",
     "RLConfig",
     "RolloutConfig",
     "RunConfig",
@@ -120,6 +121,25 @@ class RunConfig(Config):
     wandb_project: str | None = Field(None, description="also log to this wandb project")
 
 
+class NetworkSourceConfig(Config):
+    """Training on a pool (network_source.py): rollouts are the accepted files of the
+    orchestrator's ledger, each policy version is published through a shardcast origin store.
+    Empty `orchestrator_url`: the single-machine mode (the trainer generates its own)."""
+
+    orchestrator_url: str = Field("", description="the pool's orchestrator (empty: local mode)")
+    key_file: str = Field("", description="file holding the trainer's 0x-hex private key (an "
+                          "address in the orchestrator's `readers`)")
+    origin_root: str = Field("runs/shardcast/origin", description="the shardcast origin's store "
+                             "(a running `meshrl shardcast origin` serves it)")
+    shard_size: int = Field(1 << 20, gt=0, description="bytes per shard of a published policy")
+    poll_s: float = Field(0.5, gt=0, description="seconds between ledger reads while waiting")
+    max_wait_s: float = Field(0.0, ge=0, description="give up waiting for a batch after this "
+                              "long (0: wait forever)")
+    judge_lag: int | None = Field(2, ge=1, description="step s waits until every file of steps "
+                                  "<= s - judge_lag submitted on chain has its verdict, so a "
+                                  "cheat is slashed within that many steps (None: no wait)")
+
+
 class DistributedConfig(Config):
     """The trainer under `torchrun` (distributed.py): FSDP2 sharding of the policy.
 
@@ -164,6 +184,7 @@ class RLConfig(Config):
     trainer: TrainerConfig = TrainerConfig()
     loss: LossConfig = LossConfig()
     eval: EvalConfig = EvalConfig()
+    network: NetworkSourceConfig = NetworkSourceConfig()
     dist: DistributedConfig = DistributedConfig()
 
 

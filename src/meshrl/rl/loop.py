@@ -56,7 +56,8 @@ class RLRun:
         self.cfg = cfg
         self.dir = Path(cfg.run.dir) / cfg.run.name
         self.async_threads = max(1, cfg.run.threads // 2)
-        default = self.async_threads if cfg.async_level > 0 else cfg.run.threads
+        local_gen = cfg.async_level > 0 and not cfg.network.orchestrator_url
+        default = self.async_threads if local_gen else cfg.run.threads
         torch.set_num_threads(cfg.run.trainer_threads or default)
         self.tokenizer, self.model = self._build_policy()
         # the whole policy as one plain module, evaluated, saved and copied to the generator:
@@ -253,6 +254,12 @@ class RLRun:
     def _rollout_pipeline(self, carried: list[RolloutBatch]) -> RolloutPipeline:
         """The rollout source, not started: a generator with its own copy of the policy."""
         cfg = self.cfg
+        if cfg.network.orchestrator_url:  # on a pool: accepted files from the ledger
+            from meshrl.rl.network_source import NetworkSource
+
+            source = NetworkSource(cfg.network, cfg.rollout, cfg.async_level, self.step,
+                                   self.dir, (self.model, self.tokenizer), self.exclude)
+            return source.start(self.model.state_dict())  # type: ignore[return-value]
         if cfg.rollout.subprocess:
             from meshrl.rl.subprocess_backend import SubprocessBackend
 

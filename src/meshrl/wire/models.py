@@ -145,6 +145,8 @@ class WorkOrder(Model):
     shardcast_servers: list[str]
     max_file_bytes: int
     max_units_per_file: int
+    files_per_step: int = Field(0, ge=0, description="files a node makes per step, at most "
+                                "(0: no limit); keeps nodes from flooding the validators")
 
 
 class SlotRequest(Model):

@@ -109,6 +109,9 @@ class WorkerNode:
         if version not in order.policy_versions and not self.cheat.frozen_version(order.step):
             await self._sleep(self.cfg.poll_interval)  # the follower is fetching a newer one
             return
+        if order.files_per_step and self._made(order.step) >= order.files_per_step:
+            await self._sleep(self.cfg.poll_interval)  # this step has its files: wait for next
+            return
         if self.cheat.on("copy", order.step):
             entry, data = self._copied(order)
         else:
@@ -167,6 +170,12 @@ class WorkerNode:
             log_event(log, "delivered", **counts, total=self.files_done)
 
     # ---- state ---------------------------------------------------------------------------
+    def _made(self, step: int) -> int:
+        """Files generated at `step` so far (the counters taken)."""
+        path = self.work_dir / "counters.json"
+        counters: dict[str, int] = json.loads(path.read_text()) if path.is_file() else {}
+        return counters.get(str(step), 0)
+
     def _next_counter(self, step: int) -> int:
         """A counter never used before at this step (persisted before generation starts)."""
         path = self.work_dir / "counters.json"

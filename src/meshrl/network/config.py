@@ -1,0 +1,98 @@
+"""`meshrl network up`: the shape of a local network (torch-free, so `--help` answers fast).
+
+Threads. On one machine every role shares the cores, and a torch kernel that spins on several
+threads while another process holds a core is slowed many times over (TOPLOC at 2 threads ran
+20-35x slower next to a busy process; at 1 thread it did not). So each role gets a thread count
+here: it is written into the role's own config (`engine.num_threads` of workers and validator,
+`run.threads` of the trainer) and into the role's environment as `OMP_NUM_THREADS` /
+`MKL_NUM_THREADS` (the services and shardcast use no torch: 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from meshrl.config import Config
+from meshrl.protocol.config import ProtocolParams
+
+__all__ = ["CheatSpec", "NetworkConfig", "PoolSpec", "ThreadsConfig", "WorkersSpec"]
+
+TOKEN = 10**18
+
+
+class ThreadsConfig(Config):
+    """torch threads per role process (see the module docstring)."""
+
+    trainer: int = Field(1, ge=1, description="the trainer's torch threads")
+    validator: int = Field(1, ge=1, description="the validator's engine threads")
+    worker: int = Field(1, ge=1, description="each worker's engine threads")
+
+
+class CheatSpec(Config):
+    mode: str = Field("forge-rewards", description="worker.cheat.mode of the dishonest worker")
+    after_step: int = Field(3, ge=-1, description="honest up to this pool step, then cheats")
+
+
+class WorkersSpec(Config):
+    honest: int = Field(3, ge=0, description="honest workers")
+    dishonest: int = Field(1, ge=0, description="workers that turn dishonest")
+    cheat: CheatSpec = CheatSpec()
+    poll_interval: float = Field(0.25, gt=0, description="seconds between work-order polls")
+    heartbeat_interval: float = Field(2.0, gt=0, description="seconds between heartbeats")
+
+
+class PoolSpec(Config):
+    """The pool's public rules: the orchestrator's `[work]`, the validator's `[pool]`, and the
+    trainer's rollout shape all come from here, so they cannot disagree."""
+
+    task: dict[str, Any] = Field(default_factory=lambda: {"mix": [{"type": "arithmetic"}]},
+                                 description="tasks config (the trainer's held-out set too)")
+    max_new_tokens: int = Field(8, ge=1, description="completion length cap")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    group_size: int = Field(8, ge=2, description="completions per prompt")
+    prompts_per_file: int = Field(8, ge=1, description="prompts per rollout file")
+    async_level: int = Field(2, ge=0, description="policy versions a file may lag its step")
+    seed: int = Field(11, ge=0, description="base seed prompts derive from")
+    files_per_step: int = Field(2, ge=0, description="files each worker makes per pool step "
+                                "(0: no limit; keep it above the trainer's files per step "
+                                "divided by the honest workers)")
+    reward_rate: int = Field(10**15, ge=0, description="token base units per work unit")
+    heartbeat_s: float = Field(2.0, gt=0, description="the orchestrator's heartbeat interval")
+    dead_after: int = Field(15, ge=1, description="missed heartbeats before a node is ejected")
+
+
+class NetworkConfig(Config):
+    """`meshrl network up`: anvil, discovery, orchestrator, shardcast, trainer, validator and
+    workers as separate processes on loopback, supervised."""
+
+    name: str = Field("network", description="run directory name under dir")
+    dir: str = Field("runs", description="parent directory of runs")
+    base_port: int = Field(18540, ge=1024, le=65000, description="first of the ports used: "
+                           "anvil, discovery, orchestrator, origin, relays, in that order")
+    relays: int = Field(2, ge=0, le=10, description="shardcast relays under the origin")
+    dashboard: bool = Field(True, description="serve the live page at base_port + 15")
+    train_config: str = Field("configs/arithmetic.toml", description="the trainer's RL config")
+    train: dict[str, Any] = Field(default_factory=dict, description="RL config keys that "
+                                  "override train_config (nested tables)")
+    max_minutes: float = Field(0.0, ge=0, description="stop the network after this long (0: "
+                               "when the trainer finishes)")
+    after_training: Literal["stop", "serve"] = Field(
+        "stop", description="when the trainer finishes: stop the network, or keep serving it "
+        "(dashboard, claims) until Ctrl-C")
+    faults: str = Field("", description="fault plan: TOML with [[kill]] role/at_s tables "
+                        "(see meshrl/network/faults.py)")
+    restart_backoff_s: float = Field(1.0, gt=0, description="first delay before a restart")
+    max_fast_deaths: int = Field(5, ge=1, description="give up on a role that dies this many "
+                                 "times in a row within 10 s of its start")
+    anvil: str = Field("", description="anvil binary (default: node_modules/.bin, then PATH)")
+    chain: ProtocolParams = ProtocolParams(
+        min_stake=100 * TOKEN, stake_per_unit=10 * TOKEN, unbonding_delay=600,
+        invalidation_window=600, lock_period=600, slash_penalty=50 * TOKEN)
+    poll_s: float = Field(0.25, gt=0, description="how often the orchestrator reads the chain and "
+                          "the validator and trainer look for new work: each poll is latency "
+                          "on every step's path from a worker to the trainer")
+    threads: ThreadsConfig = ThreadsConfig()
+    workers: WorkersSpec = WorkersSpec()
+    pool: PoolSpec = PoolSpec()

@@ -1,0 +1,197 @@
+"""The end-of-run report (`report.json` + `report.md` in the run directory).
+
+Sources, each what its role wrote or serves: the trainer's `metrics.jsonl` (curves, accuracy)
+and `rollouts.jsonl` (files trained on), the orchestrator's ledger (every file's status per
+node, read with the trainer's reader key while the network is still up), the chain through
+`meshrl chain balances` (stake and tokens per provider), the role logs (when each policy
+version was published and when each worker loaded it), `events.jsonl` and `faults.json`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from meshrl.network.config import NetworkConfig
+
+__all__ = ["build_report", "write_report"]
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def _ledger(info: dict[str, Any]) -> list[Any]:
+    from meshrl.wire import SignedClient
+    from meshrl.wire.models import LedgerPage
+
+    key = Path(info["trainer_key_file"]).read_text().strip()
+
+    async def read() -> list[Any]:
+        out, after = [], 0
+        async with SignedClient(info["orchestrator"], key, timeout_s=10) as c:
+            while True:
+                page = await c.call("GET", "/ledger", response=LedgerPage,
+                                    query={"after": after, "limit": 2000})
+                if not page.entries:
+                    return out
+                out += page.entries
+                after = page.next_after
+    try:
+        return asyncio.run(read())
+    except Exception:  # the orchestrator is down: the report says so instead of failing
+        return []
+
+
+def _balances(info: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    providers = [w["provider"] for w in info["workers"].values()]
+    argv = [sys.executable, "-m", "meshrl.cli", "chain", "balances",
+            "--chain.rpc_url", info["rpc_url"], "--chain.deployment", info["deployment"],
+            "--addresses", json.dumps(providers)]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    rows = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
+    return {r["address"].lower(): r for r in rows}
+
+
+def _broadcast(root: Path, workers: list[str]) -> list[dict[str, Any]]:
+    published = {r["version"]: r["ts"] for r in _lines(root / "logs" / "trainer.log")
+                 if r.get("msg") == "published"}
+    loaded: dict[int, dict[str, float]] = defaultdict(dict)
+    for name in workers:
+        for r in _lines(root / "logs" / f"{name}.log"):
+            if r.get("msg") in ("policy loaded", "fetched") and "version" in r:
+                loaded[r["version"]].setdefault(name, r["ts"])
+    out = []
+    for v, t in sorted(published.items()):
+        per = {n: round(loaded[v][n] - t, 2) for n in workers if n in loaded[v]}
+        out.append({"version": v, "workers_loaded": len(per), "max_s": max(per.values(),
+                    default=None), "per_worker_s": per})
+    return out
+
+
+def build_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
+    info = json.loads((root / "network.json").read_text())
+    metrics = _lines(root / "trainer" / "metrics.jsonl")
+    evals = [m for m in metrics if m.get("kind") == "eval" and m.get("phase") == "rl"]
+    reached = next((m for m in evals if m["accuracy"] >= 0.8), None)
+    records = _lines(root / "trainer" / "rollouts.jsonl")
+    used = Counter(f["node"].lower() for r in records for f in r["used"])
+    ledger = _ledger(info)
+    chain = _balances(info)
+    nodes = {}
+    for name, w in info["workers"].items():
+        node = w["node"].lower()
+        mine = [e for e in ledger if e.node.lower() == node]
+        status = Counter(e.status.value for e in mine)
+        paid = [e for e in mine if e.status.value in ("accepted", "submitted")]
+        bal = chain.get(w["provider"].lower(), {})
+        nodes[name] = {
+            "node": w["node"], "provider": w["provider"], "dishonest": w["dishonest"],
+            "files": dict(status), "trained_on": used.get(node, 0),
+            "tokens": sum(e.work_units for e in mine),
+            "rewards_earned": sum(e.work_units for e in paid) * cfg.pool.reward_rate,
+            "stake": bal.get("stake"), "token_balance": bal.get("tokens"),
+            "stake_slashed": None if "stake" not in bal else
+            max(0, max(cfg.chain.min_stake, cfg.chain.stake_per_unit) - bal["stake"])}
+    events = _lines(root / "events.jsonl")
+    return {
+        "outcome": _lines_json(root / "outcome.json"),
+        "accuracy": evals[-1]["accuracy"] if evals else None,
+        "reached_80": None if reached is None else {"step": reached["step"],
+                                                    "elapsed_s": reached["elapsed"]},
+        "steps": max((m["step"] for m in metrics if m.get("kind") == "step"), default=0),
+        "curves": None,
+        "nodes": nodes,
+        "versions": _broadcast(root, list(info["workers"])),
+        "restarts": [e for e in events if e["event"] in ("died", "killed", "recovered")],
+        "faults": _lines_json(root / "faults.json") or [],
+        "invalidations": [r for r in _lines(root / "logs" / "validator.log")
+                          if r.get("msg") == "verdict" and r.get("verdict") != "accept"],
+    }
+
+
+def _lines_json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def plot_curves(metrics: list[dict[str, Any]], out: Path) -> Path | None:
+    """Batch reward per step and held-out accuracy over wall time, for the report (the trainer
+    draws its own only when it finishes on its own)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [m for m in metrics if m.get("kind") == "step"]
+    evals = [m for m in metrics if m.get("kind") == "eval"]
+    if not steps and not evals:
+        return None
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    ax1.plot([m["step"] for m in steps], [m["reward"] for m in steps], lw=0.8)
+    ax1.set(xlabel="RL step", ylabel="batch reward (accepted rollouts)", title="reward")
+    for phase, style in (("sft", "o--"), ("rl", "o-")):
+        pts = [m for m in evals if m.get("phase") == phase]
+        ax2.plot([m["elapsed"] for m in pts], [m["accuracy"] for m in pts], style, label=phase)
+    ax2.axhline(0.8, color="grey", lw=0.5)
+    ax2.set(xlabel="trainer wall time (s)", ylabel="greedy held-out accuracy", ylim=(0, 1),
+            title="held-out accuracy")
+    ax2.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def write_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
+    rep = build_report(cfg, root)
+    png = plot_curves(_lines(root / "trainer" / "metrics.jsonl"), root / "curves.png")
+    rep["curves"] = None if png is None else str(png)
+    (root / "report.json").write_text(json.dumps(rep, indent=1, default=str))
+    (root / "report.md").write_text(_markdown(rep))
+    return rep
+
+
+def _tokens(base_units: int | None) -> str:
+    return "n/a" if base_units is None else f"{base_units / 10**18:.3f}"
+
+
+def _markdown(rep: dict[str, Any]) -> str:
+    acc = rep["accuracy"]
+    out = ["# Network run report", "",
+           f"- held-out accuracy: {'n/a' if acc is None else f'{acc:.3f}'} after "
+           f"{rep['steps']} steps",
+           f"- reached 80%: {rep['reached_80'] or 'no'}",
+           f"- curves: `{rep['curves']}`", "", "## Nodes", "",
+           "| node | dishonest | files | trained on | work units | rewards earned (tokens) | "
+           "stake | slashed |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, n in rep["nodes"].items():
+        files = ", ".join(f"{k} {v}" for k, v in sorted(n["files"].items()))
+        out.append(f"| {name} | {n['dishonest']} | {files} | {n['trained_on']} | "
+                   f"{n['tokens']} | {_tokens(n['rewards_earned'])} | {_tokens(n['stake'])} | "
+                   f"{_tokens(n['stake_slashed'])} |")
+    out += ["", "## Policy versions (seconds from publish to load, slowest worker)", "",
+            "| version | workers | max s |", "| --- | --- | --- |"]
+    out += [f"| {v['version']} | {v['workers_loaded']} | {v['max_s']} |"
+            for v in rep["versions"]]
+    out += ["", "## Faults", "", "| role | at s | detect s | recover s |",
+            "| --- | --- | --- | --- |"]
+    out += [f"| {f['role']} | {f['at_s']} | {f['detect_s']} | {f['recover_s']} |"
+            for f in rep["faults"]]
+    out += ["", "## Invalidations", ""]
+    out += [f"- {v.get('node')} {v.get('verdict')}: {v.get('reason')}"
+            for v in rep["invalidations"]]
+    return "\n".join(out) + "\n"

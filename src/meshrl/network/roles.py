@@ -1,0 +1,228 @@
+"""Every role of a local network as a command line and a config file it reads.
+
+The pool's rules are written once (`PoolSpec`) into the orchestrator's `[work]`, the validator's
+`[pool]` and the trainer's rollout shape; each role validates its own config when it starts.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from meshrl.network.config import NetworkConfig
+from meshrl.network.keys import DevKeys, hexkey
+from meshrl.network.toml import write_toml
+
+__all__ = ["Layout", "RoleSpec", "build_roles", "find_anvil"]
+
+CHAIN_ID = 31337
+DASHBOARD = 15  # port offset of the dashboard
+
+
+def find_anvil(explicit: str = "") -> str:
+    """`explicit` if given (it must exist), else node_modules/.bin/anvil, else PATH."""
+    cands = [explicit] if explicit else [str(Path("node_modules/.bin/anvil")),
+                                         shutil.which("anvil") or ""]
+    for cand in cands:
+        if cand and Path(cand).is_file():
+            return cand
+    where = f" at {explicit}" if explicit else ""
+    raise FileNotFoundError(f"anvil not found{where}: run `make setup` (npm install) or set "
+                            "`anvil`")
+
+
+@dataclass
+class RoleSpec:
+    name: str
+    argv: list[str]
+    threads: int = 1
+    health: str = ""  # GET this URL until it answers 200 before the next role starts
+    rpc: bool = False  # health is a JSON-RPC endpoint (anvil)
+    critical: bool = False  # the run ends when this role exits 0 (the trainer)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Layout:
+    """Where a network's files and ports are."""
+
+    cfg: NetworkConfig
+
+    @property
+    def root(self) -> Path:
+        return Path(self.cfg.dir) / self.cfg.name
+
+    def port(self, offset: int) -> int:
+        return self.cfg.base_port + offset
+
+    def url(self, offset: int) -> str:
+        return f"http://127.0.0.1:{self.port(offset)}"
+
+    @property
+    def rpc_url(self) -> str:
+        return self.url(0)
+
+    @property
+    def discovery_url(self) -> str:
+        return self.url(1)
+
+    @property
+    def orchestrator_url(self) -> str:
+        return self.url(2)
+
+    @property
+    def origin_url(self) -> str:
+        return self.url(3)
+
+    @property
+    def dashboard_url(self) -> str:
+        return self.url(DASHBOARD)
+
+    def relay_urls(self) -> list[str]:
+        return [self.url(4 + i) for i in range(self.cfg.relays)]
+
+    @property
+    def deployment(self) -> Path:
+        return self.root / "chain" / "deployment.json"
+
+    def config_path(self, role: str) -> Path:
+        return self.root / "configs" / f"{role}.toml"
+
+    def workers(self) -> list[tuple[str, int, bool]]:
+        """(name, dev index, dishonest) of every worker."""
+        w = self.cfg.workers
+        out = [(f"worker-{i}", i, False) for i in range(w.honest)]
+        return out + [(f"cheater-{j}", w.honest + j, True) for j in range(w.dishonest)]
+
+
+def _meshrl(*args: str) -> list[str]:
+    return [sys.executable, "-m", "meshrl.cli", *args]
+
+
+def _chain(lay: Layout, key: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {"rpc_url": lay.rpc_url, "deployment": str(lay.deployment)}
+    return {**out, "private_key": key} if key else out
+
+
+def _rules(cfg: NetworkConfig, servers: list[str]) -> dict[str, Any]:
+    p = cfg.pool
+    return {"async_level": p.async_level, "seed": p.seed, "prompts_per_file": p.prompts_per_file,
+            "task": p.task, "shardcast_servers": servers,
+            "sampling": {"max_new_tokens": p.max_new_tokens, "temperature": p.temperature,
+                         "top_p": 1.0, "group_size": p.group_size}}
+
+
+def devnet_argv(lay: Layout, keys: DevKeys) -> list[str]:
+    """`meshrl chain devnet`: contracts, gas, stake tokens, validator role, the pool."""
+    cfg = lay.cfg
+    n = len(lay.workers())
+    providers = [keys.provider(i).address for i in range(n)]
+    nodes = [keys.node(i).address for i in range(n)]
+    path = write_toml(lay.config_path("devnet"), {
+        "chain": _chain(lay, hexkey(keys.federator())),
+        "params": cfg.chain.model_dump(mode="json"),
+        "manager": keys.manager().address, "validators": [keys.validator().address],
+        "providers": providers, "fund": [*providers, *nodes, keys.trainer().address],
+        "reward_rate": cfg.pool.reward_rate})
+    return _meshrl("chain", "devnet", str(path))
+
+
+def build_roles(lay: Layout, keys: DevKeys, pool_id: int) -> list[RoleSpec]:
+    """Every supervised role, in start order (anvil is started before the chain set-up)."""
+    cfg, root = lay.cfg, lay.root
+    servers = [*lay.relay_urls(), lay.origin_url]
+    roles = [_service(lay, "discovery", 1, {"port": lay.port(1), "db": str(root / "discovery.db"),
+                                            "sync_s": 1.0, "chain": _chain(lay)})]
+    roles.append(_service(lay, "orchestrator", 2, {
+        "port": lay.port(2), "pool_id": pool_id, "db": str(root / "orchestrator" / "state.db"),
+        "readers": [keys.trainer().address], "chain_poll_s": cfg.poll_s,
+        "chain": _chain(lay, hexkey(keys.manager())),
+        "guard": {"rate_per_minute": 6000, "rate_burst": 300},
+        "store": {"root": str(root / "orchestrator" / "files")},
+        "heartbeat": {"interval_s": cfg.pool.heartbeat_s, "dead_after": cfg.pool.dead_after},
+        "onboarding": {"poll_s": 1.0, "discovery_url": lay.discovery_url},
+        "work": {**_rules(cfg, servers), "slot_ttl_s": 120.0,
+                 "files_per_step": cfg.pool.files_per_step}}))
+    origin = root / "shardcast" / "origin"
+    roles.append(RoleSpec("origin", _meshrl("shardcast", "origin", "--root", str(origin),
+                                            "--server.port", str(lay.port(3))),
+                          health=lay.origin_url + "/health"))
+    for i, url in enumerate(lay.relay_urls()):
+        roles.append(RoleSpec(f"relay-{i}", _meshrl(
+            "shardcast", "relay", "--root", str(root / "shardcast" / f"relay-{i}"),
+            "--upstreams", f'["{lay.origin_url}"]', "--server.port", str(lay.port(4 + i))),
+            health=url + "/health"))
+    roles.append(_trainer(lay, keys, origin))
+    roles.append(_validator(lay, keys, pool_id, servers))
+    roles += [_worker(lay, name, i, bad, pool_id) for name, i, bad in lay.workers()]
+    if cfg.dashboard:
+        roles.append(RoleSpec("dashboard", _meshrl(
+            "dashboard", "--run", str(root), "--port", str(lay.port(DASHBOARD))),
+            health=lay.dashboard_url + "/health"))
+    return roles
+
+
+def anvil_role(lay: Layout) -> RoleSpec:
+    state = lay.root / "chain" / "anvil-state.json"
+    state.parent.mkdir(parents=True, exist_ok=True)
+    argv = [find_anvil(lay.cfg.anvil), "--host", "127.0.0.1", "--port", str(lay.port(0)),
+            "--chain-id", str(CHAIN_ID), "--silent", "--state", str(state),
+            "--state-interval", "2"]
+    return RoleSpec("anvil", argv, health=lay.rpc_url, rpc=True)
+
+
+def _service(lay: Layout, role: str, offset: int, cfg: dict[str, Any]) -> RoleSpec:
+    path = write_toml(lay.config_path(role), cfg)
+    return RoleSpec(role, _meshrl(role, str(path)), health=lay.url(offset) + "/health")
+
+
+def _trainer(lay: Layout, keys: DevKeys, origin: Path) -> RoleSpec:
+    cfg, p = lay.cfg, lay.cfg.pool
+    key_file = lay.root / "keys" / "trainer.key"
+    key_file.parent.mkdir(parents=True, exist_ok=True)
+    key_file.write_text(hexkey(keys.trainer()))
+    key_file.chmod(0o600)
+    net = {"async_level": p.async_level, "tasks": p.task,
+           "run": {"dir": str(lay.root), "name": "trainer", "threads": cfg.threads.trainer,
+                   "progress": False},
+           "rollout": {"group_size": p.group_size, "temperature": p.temperature,
+                       "max_new_tokens": p.max_new_tokens},
+           "network": {"orchestrator_url": lay.orchestrator_url, "key_file": str(key_file),
+                       "origin_root": str(origin), "poll_s": cfg.poll_s}}
+    path = write_toml(lay.config_path("trainer"), _merge(net, cfg.train))
+    return RoleSpec("trainer", _meshrl("train", cfg.train_config, str(path)),
+                    threads=cfg.threads.trainer, critical=True)
+
+
+def _validator(lay: Layout, keys: DevKeys, pool_id: int, servers: list[str]) -> RoleSpec:
+    cfg = lay.cfg
+    path = write_toml(lay.config_path("validator"), {
+        "pool_id": pool_id, "orchestrator_url": lay.orchestrator_url,
+        "work_dir": str(lay.root / "validator"), "poll_interval": cfg.poll_s,
+        "keys": {"dev_index": keys.validator_index}, "chain": _chain(lay),
+        "pool": _rules(cfg, servers), "engine": {"num_threads": cfg.threads.validator},
+        "retry": {"backoff": 1.0, "max_attempts": 6}})
+    return RoleSpec("validator", _meshrl("validator", str(path)), threads=cfg.threads.validator)
+
+
+def _worker(lay: Layout, name: str, index: int, dishonest: bool, pool_id: int) -> RoleSpec:
+    cfg = lay.cfg
+    cheat = cfg.workers.cheat.model_dump() if dishonest else {"mode": "none"}
+    path = write_toml(lay.config_path(name), {
+        "pool_id": pool_id, "orchestrator_url": lay.orchestrator_url,
+        "discovery_url": lay.discovery_url, "work_dir": str(lay.root / "workers" / name),
+        "poll_interval": cfg.workers.poll_interval,
+        "heartbeat_interval": cfg.workers.heartbeat_interval,
+        "keys": {"dev_index": index}, "chain": _chain(lay),
+        "engine": {"num_threads": cfg.threads.worker}, "cheat": cheat})
+    return RoleSpec(name, _meshrl("worker", str(path)), threads=cfg.threads.worker)
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

@@ -1,0 +1,164 @@
+"""The supervisor of a local network: starts each role as its own process (own session, so a
+Ctrl-C reaches only the supervisor, which then stops the roles in reverse order), waits for each
+service's health before starting the roles that need it, restarts a role that dies (with a
+doubling backoff; a role that keeps dying at start-up ends the run), and records every start,
+exit and restart in `events.jsonl`. Role output goes to `logs/<role>.log`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from meshrl.log import get_logger, log_event
+from meshrl.network.roles import RoleSpec
+
+__all__ = ["Proc", "RoleFailed", "Supervisor", "healthy"]
+
+log = get_logger("meshrl.network")
+FAST_DEATH_S = 10.0
+
+
+class RoleFailed(RuntimeError):
+    """A role could not be started or kept alive."""
+
+
+@dataclass
+class Proc:
+    spec: RoleSpec
+    popen: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    restarts: int = 0
+    fast_deaths: int = 0
+    due: float = 0.0  # when a dead role is started again (0: not waiting)
+    done: bool = False  # exited 0 and is not restarted (the trainer at the end of the run)
+
+
+class Supervisor:
+    def __init__(self, root: Path, backoff_s: float = 1.0, max_fast_deaths: int = 5) -> None:
+        self.root = root
+        self.logs = root / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.backoff_s, self.max_fast_deaths = backoff_s, max_fast_deaths
+        self.procs: dict[str, Proc] = {}
+        self.stopping = False
+        self._events: IO[str] = (root / "events.jsonl").open("a")
+
+    # ---- starting --------------------------------------------------------------------------
+    def start(self, spec: RoleSpec, ready_timeout: float = 120.0) -> Proc:
+        p = self.procs.setdefault(spec.name, Proc(spec))
+        self._spawn(p)
+        if spec.health:
+            self.wait_healthy(p, ready_timeout)
+        return p
+
+    def _spawn(self, p: Proc) -> None:
+        s = p.spec
+        threads = str(s.threads)
+        env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
+               "PYTHONUNBUFFERED": "1", **s.env}
+        with (self.logs / f"{s.name}.log").open("ab") as out:
+            p.popen = subprocess.Popen(s.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True)
+        p.started, p.due = time.monotonic(), 0.0
+        self.event("start", s.name, pid=p.popen.pid, restarts=p.restarts)
+
+    def wait_healthy(self, p: Proc, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not healthy(p.spec):
+            if p.popen is not None and p.popen.poll() is not None:
+                raise RoleFailed(f"{p.spec.name} exited with {p.popen.returncode} while "
+                                 f"starting; see {self.logs / (p.spec.name + '.log')}")
+            if time.monotonic() > deadline:
+                raise RoleFailed(f"{p.spec.name} not healthy after {timeout:.0f}s")
+            time.sleep(0.2)
+
+    # ---- supervising -----------------------------------------------------------------------
+    def poll(self) -> list[str]:
+        """One supervision round: notice exits, restart what is due. Returns the names of
+        critical roles that finished (exited 0)."""
+        finished = []
+        now = time.monotonic()
+        for p in self.procs.values():
+            if p.done or p.popen is None:
+                continue
+            rc = p.popen.poll()
+            if rc is None and p.due == 0.0:
+                if now - p.started > FAST_DEATH_S:
+                    p.fast_deaths = 0
+                continue
+            if p.due == 0.0:  # just noticed the exit
+                if rc == 0 and p.spec.critical:
+                    p.done = True
+                    self.event("finished", p.spec.name, rc=rc)
+                    finished.append(p.spec.name)
+                    continue
+                self._schedule_restart(p, rc, now)
+            elif now >= p.due and not self.stopping:
+                p.restarts += 1
+                self._spawn(p)
+        return finished
+
+    def _schedule_restart(self, p: Proc, rc: int | None, now: float) -> None:
+        alive = now - p.started
+        p.fast_deaths = p.fast_deaths + 1 if alive < FAST_DEATH_S else 0
+        if p.fast_deaths >= self.max_fast_deaths:
+            self.event("gave up", p.spec.name, rc=rc)
+            raise RoleFailed(f"{p.spec.name} died {p.fast_deaths} times within "
+                             f"{FAST_DEATH_S:.0f}s of starting; see its log")
+        delay = min(30.0, self.backoff_s * 2 ** max(0, p.fast_deaths - 1))
+        p.due = now + delay
+        self.event("died", p.spec.name, rc=rc, alive_s=round(alive, 1), restart_in_s=delay)
+
+    def kill(self, name: str) -> int:
+        """Fault injection: SIGKILL one role's process; returns its pid."""
+        p = self.procs[name]
+        assert p.popen is not None
+        pid = p.popen.pid
+        os.kill(pid, signal.SIGKILL)
+        self.event("killed", name, pid=pid)
+        return pid
+
+    # ---- stopping --------------------------------------------------------------------------
+    def stop_all(self, timeout: float = 20.0) -> None:
+        """SIGTERM every role in reverse start order, SIGKILL what outlives `timeout`."""
+        self.stopping = True
+        for p in reversed(list(self.procs.values())):
+            if p.popen is not None and p.popen.poll() is None:
+                p.popen.send_signal(signal.SIGTERM)
+                try:
+                    p.popen.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    p.popen.kill()
+                    p.popen.wait()
+                self.event("stopped", p.spec.name, rc=p.popen.returncode)
+        self._events.close()
+
+    def event(self, what: str, role: str, **fields: Any) -> None:
+        record = {"t": time.time(), "event": what, "role": role, **fields}
+        if not self._events.closed:
+            self._events.write(json.dumps(record) + "\n")
+            self._events.flush()
+        log_event(log, what, role=role, **fields)
+
+
+def healthy(spec: RoleSpec) -> bool:
+    try:
+        if spec.rpc:
+            body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_blockNumber",
+                               "params": []}).encode()
+            req = urllib.request.Request(spec.health, body,
+                                         {"content-type": "application/json"})
+        else:
+            req = urllib.request.Request(spec.health)
+        with urllib.request.urlopen(req, timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False

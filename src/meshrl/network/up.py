@@ -1,0 +1,127 @@
+"""`meshrl network up`: start a whole pool on loopback and supervise it until the trainer
+finishes (or Ctrl-C, or `max_minutes`).
+
+Order: anvil (its state dumped to `chain/anvil-state.json` every 2 s and on exit, so a second
+`up` resumes the same chain), `meshrl chain devnet` (skipped when the chain already has the
+contracts), discovery, orchestrator, the shardcast origin and relays, the trainer, the
+validator, the workers. Every role keeps its state under `runs/<name>/`, so starting the same
+network again resumes it: the chain from its state file, the services from SQLite, the trainer
+from its newest checkpoint, workers from their outboxes and the validator from its cursor.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from meshrl.log import get_logger, log_event
+from meshrl.network.config import NetworkConfig
+from meshrl.network.faults import Faults
+from meshrl.network.keys import DevKeys
+from meshrl.network.report import write_report
+from meshrl.network.roles import Layout, anvil_role, build_roles, devnet_argv
+from meshrl.network.supervisor import RoleFailed, Supervisor
+
+__all__ = ["network_up"]
+
+log = get_logger("meshrl.network")
+
+
+def network_up(cfg: NetworkConfig) -> int:
+    lay = Layout(cfg)
+    lay.root.mkdir(parents=True, exist_ok=True)
+    keys = DevKeys(len(lay.workers()))
+    sup = Supervisor(lay.root, cfg.restart_backoff_s, cfg.max_fast_deaths)
+    interrupted: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        interrupted.append(signum)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    t0 = time.monotonic()
+    outcome = "interrupted"
+    faults: Faults | None = None
+    try:
+        sup.start(anvil_role(lay))
+        pool = _devnet(lay, keys)
+        roles = build_roles(lay, keys, pool)
+        faults = Faults(cfg.faults, [r.name for r in roles])
+        _write_network_file(lay, keys, pool, [r.name for r in roles])
+        for spec in roles:
+            if interrupted:
+                break
+            sup.start(spec)
+        while not interrupted:
+            finished = sup.poll()
+            faults.tick(sup)
+            if "trainer" in finished:
+                outcome = "trained"
+                if cfg.after_training == "stop":
+                    break
+            late = cfg.max_minutes and time.monotonic() - t0 > 60 * cfg.max_minutes
+            if late and outcome != "trained":
+                outcome = "time limit"
+                break
+            time.sleep(0.5)
+    except (RoleFailed, ValueError) as e:
+        outcome = f"failed: {e}"
+        log_event(log, "role failed", error=str(e))
+    finally:
+        if faults is not None:
+            faults.write(lay.root / "faults.json")
+        _write_outcome(lay, outcome, time.monotonic() - t0)
+        _report(cfg, lay)  # while the orchestrator and the chain still answer
+        sup.stop_all()
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 0 if outcome in ("trained", "interrupted", "time limit") else 1
+
+
+def _report(cfg: NetworkConfig, lay: Layout) -> None:
+    if not (lay.root / "network.json").is_file():
+        return
+    try:
+        rep = write_report(cfg, lay.root)
+        log_event(log, "report", path=str(lay.root / "report.md"), accuracy=rep["accuracy"])
+    except Exception as e:  # a report must never keep the network from stopping
+        log_event(log, "report failed", error=f"{type(e).__name__}: {e}")
+
+
+def _devnet(lay: Layout, keys: DevKeys) -> int:
+    with (lay.root / "logs" / "devnet.log").open("ab") as out:
+        res = subprocess.run(devnet_argv(lay, keys), stdout=subprocess.PIPE, stderr=out,
+                             check=False)
+    if res.returncode != 0:
+        raise RoleFailed(f"chain set-up failed; see {lay.root / 'logs' / 'devnet.log'}")
+    info = json.loads(res.stdout.decode().strip().splitlines()[-1])
+    log_event(log, "chain ready", **info)
+    return int(info["pool_id"])
+
+
+def _write_network_file(lay: Layout, keys: DevKeys, pool: int, roles: list[str]) -> None:
+    """`network.json`: where everything is, for the dashboard, tests and people."""
+    workers = {name: {"provider": keys.provider(i).address, "node": keys.node(i).address,
+                      "dishonest": bad} for name, i, bad in lay.workers()}
+    info = {"pool_id": pool, "reward_rate": lay.cfg.pool.reward_rate, "rpc_url": lay.rpc_url,
+            "deployment": str(lay.deployment),
+            "discovery": lay.discovery_url, "orchestrator": lay.orchestrator_url,
+            "origin": lay.origin_url, "relays": lay.relay_urls(), "roles": roles,
+            "dashboard": lay.dashboard_url if lay.cfg.dashboard else None,
+            "workers": workers, "validator": keys.validator().address,
+            "manager": keys.manager().address, "trainer": keys.trainer().address,
+            "trainer_key_file": str(lay.root / "keys" / "trainer.key"),
+            "trainer_dir": str(lay.root / "trainer")}
+    (lay.root / "network.json").write_text(json.dumps(info, indent=1))
+
+
+def _write_outcome(lay: Layout, outcome: str, seconds: float) -> None:
+    path = lay.root / "outcome.json"
+    sessions = json.loads(path.read_text())["sessions"] if path.is_file() else []
+    sessions.append({"outcome": outcome, "seconds": round(seconds, 1), "ended": time.time()})
+    path.write_text(json.dumps({"outcome": outcome, "sessions": sessions}, indent=1))
+    log_event(log, "network stopped", outcome=outcome, seconds=round(seconds, 1),
+              run=str(Path(lay.root)))

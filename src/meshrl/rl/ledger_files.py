@@ -1,0 +1,165 @@
+"""Accepted rollout files, as the trainer takes them: read from the orchestrator's ledger,
+downloaded, checked and turned into groups of completions.
+
+A file's rows are `prompts x group_size` completions, row r belonging to prompt r // group_size
+(the worker's rule, docs/roles.md). The trainer re-derives each prompt's problem from the file's
+header exactly as the validator does (`sample_problems(task, prompt_seed, node, step, counter,
+prompts)`) to score the verifier's accuracy for its metrics and to drop prompts of the held-out
+set; rewards it trains on are the file's own, which the validator recomputed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import aiohttp
+
+from meshrl.log import get_logger, log_event
+from meshrl.wire import SignedClient, WireHTTPError, read_rollout_file
+from meshrl.wire.models import FileStatus, LedgerEntry, LedgerPage
+
+__all__ = ["FileGroups", "LedgerReader", "UnusableFile", "file_groups"]
+
+log = get_logger("meshrl.rl.network")
+T = TypeVar("T")
+
+
+class UnusableFile(ValueError):
+    """An accepted file the trainer cannot use (wrong group size, wrong hash, bad rows)."""
+
+
+@dataclass
+class FileGroups:
+    """The groups of one accepted file, in the trainer's row layout."""
+
+    entry: LedgerEntry
+    problems: list[dict[str, Any]] = field(default_factory=list)
+    prompt_ids: list[list[int]] = field(default_factory=list)  # one per completion
+    completion_ids: list[list[int]] = field(default_factory=list)
+    logprobs: list[list[float]] = field(default_factory=list)
+    rewards: list[list[float]] = field(default_factory=list)  # [group][sample]
+    task_rewards: list[list[float]] = field(default_factory=list)
+    truncated: int = 0
+    excluded: int = 0  # groups dropped because their prompt is held out
+
+    @property
+    def groups(self) -> int:
+        return len(self.rewards)
+
+
+def _tasks_config(task: dict[str, Any]) -> Any:
+    from meshrl.tasks import TasksConfig
+
+    return TasksConfig.model_validate(task if "mix" in task else {"mix": [task]})
+
+
+def file_groups(entry: LedgerEntry, data: bytes, tokenizer: Any, group_size: int,
+                exclude: frozenset[str] = frozenset()) -> FileGroups:
+    """Check an accepted file's bytes against its ledger entry and split it into groups."""
+    from meshrl.tasks import compute_reward, sample_problems
+
+    if hashlib.sha256(data).hexdigest() != entry.sha256:
+        raise UnusableFile(f"{entry.sha256[:12]}: downloaded bytes do not hash to the ledger's")
+    rf = read_rollout_file(data)
+    h = rf.header
+    if h.policy_version != entry.policy_version or h.node.lower() != entry.node.lower():
+        raise UnusableFile(f"{entry.sha256[:12]}: header (node {h.node}, version "
+                           f"{h.policy_version}) differs from the ledger entry")
+    g = int(h.sampling.get("group_size", 1))
+    rows = rf.completions
+    if g != group_size or not rows or len(rows) % g:
+        raise UnusableFile(f"{entry.sha256[:12]}: {len(rows)} rows in groups of {g}, the "
+                           f"trainer takes groups of {group_size}")
+    tasks = _tasks_config(h.task).build()
+    problems = sample_problems(tasks, h.prompt_seed, h.node, h.step, rows[0].counter,
+                               len(rows) // g)
+    out = FileGroups(entry)
+    for k, problem in enumerate(problems):
+        group = rows[k * g:(k + 1) * g]
+        if problem.prompt in exclude:
+            out.excluded += 1
+            continue
+        out.problems.append({"task": problem.task, "prompt": problem.prompt,
+                             "answer": problem.answer, "meta": dict(problem.meta)})
+        out.rewards.append([r.reward for r in group])
+        scores = []
+        for r in group:
+            out.prompt_ids.append(list(r.prompt_tokens))
+            out.completion_ids.append(list(r.completion_tokens))
+            out.logprobs.append(list(r.logprobs))
+            out.truncated += r.finish_reason == "length"
+            text = tokenizer.decode(r.completion_tokens)
+            scores.append(compute_reward(problem, text, len(r.completion_tokens), tasks).task)
+        out.task_rewards.append(scores)
+    return out
+
+
+class LedgerReader:
+    """Signed reads of the orchestrator's ledger and file store (the trainer is a `reader`)."""
+
+    def __init__(self, url: str, private_key: str, page: int = 1000,
+                 retry_s: float = 1.0) -> None:
+        self.url, self.key, self.page, self.retry_s = url, private_key, page, retry_s
+        self.after = 0  # ledger sequence read up to
+
+    def _run(self, make: Callable[[], Awaitable[T]]) -> T:
+        """Run one exchange; while the orchestrator is unreachable or answers 5xx (restarting),
+        wait and try again: its state survives restarts, so waiting loses nothing."""
+        while True:
+            try:
+                return asyncio.run(make())
+            except (OSError, aiohttp.ClientError, TimeoutError) as e:
+                reason = f"{type(e).__name__}: {e}"
+            except WireHTTPError as e:
+                if e.status < 500:
+                    raise
+                reason = str(e)
+            log_event(log, "orchestrator unreachable, retrying", error=reason)
+            time.sleep(self.retry_s)
+
+    def accepted(self) -> list[LedgerEntry]:
+        """Accepted files granted after the last call's, in ledger order."""
+        out, self.after = self._run(lambda: self._entries(FileStatus.ACCEPTED, self.after))
+        return out
+
+    def awaiting_verdict(self) -> list[LedgerEntry]:
+        """Files submitted on chain that no verdict has settled yet."""
+        return self._run(lambda: self._entries(FileStatus.SUBMITTED, 0))[0]
+
+    async def _entries(self, status: FileStatus, after: int) -> tuple[list[LedgerEntry], int]:
+        out: list[LedgerEntry] = []
+        async with SignedClient(self.url, self.key) as c:
+            while True:
+                query = {"status": status.value, "after": after, "limit": self.page}
+                page = await c.call("GET", "/ledger", response=LedgerPage, query=query)
+                out.extend(page.entries)
+                if not page.entries:
+                    return out, after
+                after = page.next_after
+
+    def download(self, entries: list[LedgerEntry]) -> list[bytes]:
+        async def go() -> list[bytes]:
+            async with SignedClient(self.url, self.key) as c:
+                return [await c.get_bytes(e.download) for e in entries]
+        return self._run(go)
+
+    def set_step(self, step: int) -> int:
+        """Move the pool to `step` (monotone); returns the pool's step after the call."""
+        from meshrl.wire.models import HeartbeatAck, StepUpdate
+
+        async def go() -> int:
+            async with SignedClient(self.url, self.key) as c:
+                try:
+                    ack = await c.call("POST", "/step", StepUpdate(step=step),
+                                       response=HeartbeatAck)
+                    return ack.step
+                except WireHTTPError as e:
+                    if e.status != 409:  # 409: the pool is already past it (a resumed run)
+                        raise
+                    return step
+        return self._run(go)

@@ -1,0 +1,190 @@
+"""The trainer on a pool: batches are accepted rollout files from the orchestrator's ledger,
+every policy version goes out through a shardcast origin store.
+
+`NetworkSource` has the interface `RLRun` uses of `RolloutPipeline` (start, publish, get,
+pending, close, dropped_stale), so the algorithm in loop.py is the same in both modes.
+
+- `publish(v)` saves the live policy (HF layout), publishes it as shardcast version `v` in the
+  origin's store (a running origin serves it; relays mirror it) and moves the pool to step `v`,
+  so workers generate with versions `v - async_level .. v`.
+- `get(s)` takes accepted files in ledger order, applying the async rule (a file of policy
+  version v is used at step s only if 0 <= s - v <= async_level; older ones are dropped and
+  counted), until the batch holds `prompts_per_step` groups; it waits while there are too few.
+  Before that it waits until every file of steps <= s - `judge_lag` submitted on chain has a
+  verdict: the trainer never runs more than `judge_lag` steps ahead of the validators, so a
+  cheater is slashed and ejected within that many steps of its first dishonest file.
+- Records: `rollouts.jsonl` in the run directory has one line per step with every file it
+  used and every file it dropped. A file appears in the records at most once, so no accepted
+  rollout is used twice; on resume from the checkpoint of step c the lines of steps >= c are cut
+  (their update was lost with the crash) and those files are free again.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from meshrl.log import get_logger, log_event
+from meshrl.rl.config import NetworkSourceConfig, RolloutConfig
+from meshrl.rl.ledger_files import FileGroups, LedgerReader, UnusableFile, file_groups
+from meshrl.rl.pipeline import is_fresh
+from meshrl.rl.rollouts import RolloutBatch
+from meshrl.wire.models import LedgerEntry
+
+__all__ = ["BatchTimeout", "NetworkSource", "read_records"]
+
+log = get_logger("meshrl.rl.network")
+
+
+class BatchTimeout(TimeoutError):
+    """No full batch of accepted groups arrived within `network.max_wait_s`."""
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The trainer's per-step records of used and dropped files."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class NetworkSource:
+    def __init__(self, cfg: NetworkSourceConfig, rollout: RolloutConfig, async_level: int,
+                 start_step: int, run_dir: Path, policy: tuple[Any, Any],
+                 exclude: frozenset[str] = frozenset()) -> None:
+        if not cfg.key_file:
+            raise ValueError("network.key_file: the trainer needs its key to read the ledger")
+        key = Path(cfg.key_file).read_text().strip()
+        self.cfg, self.rollout, self.async_level = cfg, rollout, async_level
+        self.model, self.tokenizer = policy
+        self.exclude = exclude
+        self.reader = LedgerReader(cfg.orchestrator_url, key)
+        self.records_path = run_dir / "rollouts.jsonl"
+        self.seen = self._resume_records(start_step)  # sha256 of every file used or dropped
+        self.queue: list[LedgerEntry] = []  # accepted, not yet taken, in ledger order
+        self.dropped_stale = 0
+        self.start_step = start_step
+
+    def _resume_records(self, start_step: int) -> set[str]:
+        kept = [r for r in read_records(self.records_path) if r["step"] < start_step]
+        self.records_path.parent.mkdir(parents=True, exist_ok=True)
+        self.records_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        return {f["sha256"] for r in kept for f in [*r["used"], *r["dropped"]]}
+
+    # ---- the pipeline interface ------------------------------------------------------------
+    def start(self, weights: dict[str, torch.Tensor]) -> NetworkSource:
+        self.publish(self.start_step, weights)
+        return self
+
+    def publish(self, version: int, weights: dict[str, torch.Tensor]) -> None:
+        """Publish the live policy (whose weights are `weights`) as `version`; move the pool."""
+        from meshrl.model import save_model
+        from meshrl.shardcast.store import VersionStore
+
+        t0 = time.perf_counter()
+        store = VersionStore(self.cfg.origin_root, keep=1 << 30)  # the origin prunes
+        if store.manifest(version) is None:
+            tmp = Path(tempfile.mkdtemp(prefix=f".publish-{version}-",
+                                        dir=store.root.parent))
+            try:
+                save_model(self.model, self.tokenizer, tmp / "model")
+                store.publish(tmp / "model", version, self.cfg.shard_size)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        else:  # published before a crash: workers may already hold it, keep theirs
+            log_event(log, "version already published", version=version)
+        pool_step = self.reader.set_step(version)
+        log_event(log, "published", version=version, pool_step=pool_step,
+                  seconds=round(time.perf_counter() - t0, 3))
+
+    def get(self, step: int) -> RolloutBatch:
+        """The batch of `step`: accepted groups of fresh files, at least `prompts_per_step`."""
+        t0 = time.perf_counter()
+        if self.cfg.judge_lag is not None:
+            self._wait_judged(step - self.cfg.judge_lag, t0)
+        taken: list[FileGroups] = []
+        dropped: list[dict[str, Any]] = []
+        while sum(f.groups for f in taken) < self.rollout.prompts_per_step:
+            entry = self._next_entry(t0)
+            if not is_fresh(step, entry.policy_version, self.async_level):
+                self.dropped_stale += 1
+                dropped.append(_ref(entry, "stale"))
+                continue
+            try:
+                taken.append(self._load(entry))
+            except (UnusableFile, ValueError) as e:
+                log_event(log, "file unusable", sha256=entry.sha256, reason=str(e))
+                dropped.append(_ref(entry, f"unusable: {e}"))
+        self._record(step, taken, dropped, time.perf_counter() - t0)
+        return _batch(step, taken, self.rollout.group_size, time.perf_counter() - t0)
+
+    def pending(self, upto: int) -> list[RolloutBatch]:
+        return []  # nothing in flight belongs to the trainer: the ledger keeps it
+
+    def close(self) -> None:
+        pass
+
+    # ---- plumbing --------------------------------------------------------------------------
+    def _next_entry(self, t0: float) -> LedgerEntry:
+        while not self.queue:
+            fresh = [e for e in self.reader.accepted() if e.sha256 not in self.seen]
+            self.queue.extend(fresh)
+            if self.queue:
+                break
+            if self.cfg.max_wait_s and time.perf_counter() - t0 > self.cfg.max_wait_s:
+                raise BatchTimeout(f"no full batch of accepted groups in {self.cfg.max_wait_s}s")
+            time.sleep(self.cfg.poll_s)
+        entry = self.queue.pop(0)
+        self.seen.add(entry.sha256)
+        return entry
+
+    def _wait_judged(self, upto: int, t0: float) -> None:
+        """Until no file of steps <= `upto` awaits its verdict: the trainer never runs more than
+        `judge_lag` steps ahead of the validators, so a cheat is slashed and ejected within
+        that many steps however fast honest files arrive."""
+        while upto >= 0:
+            waiting = [e for e in self.reader.awaiting_verdict() if e.step <= upto]
+            if not waiting:
+                return
+            if self.cfg.max_wait_s and time.perf_counter() - t0 > self.cfg.max_wait_s:
+                raise BatchTimeout(f"{len(waiting)} files of steps <= {upto} still unjudged")
+            time.sleep(self.cfg.poll_s)
+
+    def _load(self, entry: LedgerEntry) -> FileGroups:
+        (data,) = self.reader.download([entry])
+        return file_groups(entry, data, self.tokenizer, self.rollout.group_size, self.exclude)
+
+    def _record(self, step: int, taken: list[FileGroups], dropped: list[dict[str, Any]],
+                wait: float) -> None:
+        used = [{**_ref(f.entry), "groups": f.groups, "excluded": f.excluded} for f in taken]
+        line = {"step": step, "t": time.time(), "used": used, "dropped": dropped,
+                "wait_s": round(wait, 3)}
+        with self.records_path.open("a") as out:
+            out.write(json.dumps(line) + "\n")
+
+
+def _ref(e: LedgerEntry, reason: str | None = None) -> dict[str, Any]:
+    out = {"sha256": e.sha256, "node": e.node, "step": e.step, "version": e.policy_version}
+    return out if reason is None else {**out, "reason": reason}
+
+
+def _batch(step: int, files: list[FileGroups], g: int, seconds: float) -> RolloutBatch:
+    rewards = [row for f in files for row in f.rewards]
+    return RolloutBatch(
+        index=step,
+        version=min(f.entry.policy_version for f in files),
+        problems=[p for f in files for p in f.problems],
+        prompt_ids=[r for f in files for r in f.prompt_ids],
+        completion_ids=[r for f in files for r in f.completion_ids],
+        inference_logprobs=[r for f in files for r in f.logprobs],
+        rewards=torch.tensor(rewards, dtype=torch.float32).view(-1, g),
+        task_rewards=torch.tensor([r for f in files for r in f.task_rewards],
+                                  dtype=torch.float32).view(-1, g),
+        truncated=sum(f.truncated for f in files),
+        gen_seconds=seconds,
+    )

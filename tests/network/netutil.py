@@ -1,0 +1,95 @@
+"""Shared by the network end-to-end tests: start `meshrl network up` from a TOML text, wait,
+read the chain, the ledger and the supervisor's events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from meshrl.network.keys import dev_account
+from meshrl.protocol import Deployment, Protocol
+from meshrl.protocol.backend import RpcBackend
+from meshrl.wire import SignedClient
+from meshrl.wire.models import LedgerPage
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait(check: Any, timeout: float, what: str, every: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (out := check()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(every)
+    return out
+
+
+def events(root: Path) -> list[dict[str, Any]]:
+    path = root / "events.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def run_network(tmp: Path, config: str, name: str, port_offset: int = 0,
+                timeout: float = 1500) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
+    """`meshrl network up` with configs/network.toml + `config`; yields (run dir, process) once
+    the trainer finished (the config keeps the network serving), and stops it with Ctrl-C."""
+    port = 21000 + (os.getpid() % 150) * 40 + port_offset
+    cfg = tmp / "net.toml"
+    cfg.write_text(config.format(port=port))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    out = (tmp / "up.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "meshrl.cli", "network", "up",
+                             str(ROOT / "configs" / "network.toml"), str(cfg),
+                             "--dir", str(tmp)], cwd=ROOT, env=env, stdout=out,
+                            stderr=subprocess.STDOUT)
+    root = tmp / name
+    try:
+        wait(lambda: any(e["event"] == "finished" for e in events(root)) or
+             proc.poll() is not None, timeout, "trainer did not finish", every=2.0)
+        assert proc.poll() is None, (tmp / "up.log").read_text()[-3000:]
+        yield root, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        out.close()
+
+
+def info(root: Path) -> dict[str, Any]:
+    return json.loads((root / "network.json").read_text())
+
+
+def chain(root: Path) -> Protocol:
+    net = info(root)
+    return Protocol(RpcBackend(net["rpc_url"]), Deployment.load(net["deployment"]),
+                    dev_account(0))
+
+
+def ledger(root: Path) -> dict[str, Any]:
+    net = info(root)
+    key = Path(net["trainer_key_file"]).read_text().strip()
+
+    async def read() -> dict[str, Any]:
+        out, after = {}, 0
+        async with SignedClient(net["orchestrator"], key) as c:
+            while True:
+                page = await c.call("GET", "/ledger", response=LedgerPage,
+                                    query={"after": after, "limit": 1000})
+                if not page.entries:
+                    return out
+                out.update({e.sha256: e for e in page.entries})
+                after = page.next_after
+    return asyncio.run(read())
+
+

@@ -1,0 +1,108 @@
+"""Fault injection end to end: a shortened network where the supervisor kills -9 a worker, a
+relay, the validator, the trainer and the orchestrator mid-run. Each is restarted and
+recovers, the run completes, no accepted rollout is used twice, no honest node is ejected and no
+work is judged twice on chain."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import netutil as nu
+import pytest
+
+from meshrl.protocol.anvil import find_anvil
+from meshrl.rl.network_source import read_records
+
+pytestmark = [pytest.mark.slow, pytest.mark.anvil]
+
+STEPS = 24
+KILLS = [("worker-1", 8), ("relay-0", 14), ("validator", 20), ("orchestrator", 26),
+         ("trainer", 34)]
+CONFIG = f"""
+name = "faults"
+base_port = {{port}}
+after_training = "serve"
+faults = "{{faults}}"
+[workers]
+honest = 2
+dishonest = 0
+[pool]
+prompts_per_file = 4
+dead_after = 60
+[train]
+steps = {STEPS}
+stop_at_accuracy = 2.0
+[train.sft]
+max_steps = 30
+[train.rollout]
+prompts_per_step = 8
+[train.eval]
+num_problems = 32
+every = 100
+[train.run]
+checkpoint_every = 3
+plot = false
+"""
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory):
+    if find_anvil() is None:
+        pytest.skip("anvil not installed (run `make setup`)")
+    tmp = tmp_path_factory.mktemp("faults")
+    plan = tmp / "faults.toml"
+    plan.write_text("settle_s = 5.0\n" + "".join(
+        f'[[kill]]\nrole = "{r}"\nat_s = {t}\n' for r, t in KILLS))
+    config = CONFIG.replace("{faults}", str(plan))
+    run = nu.run_network(tmp, config, "faults", port_offset=20)
+    root, proc = next(run)
+    try:  # the trainer finished; wait until every killed role is back too
+        nu.wait(lambda: len([e for e in nu.events(root) if e["event"] == "recovered"])
+                >= len(KILLS), 180, "not every killed role recovered")
+        yield root, proc
+    finally:
+        run.close()
+
+
+def test_every_killed_role_recovers_and_the_run_completes(net) -> None:
+    root, _ = net
+    ev = nu.events(root)
+    for role, _ in KILLS:
+        assert any(e["event"] == "killed" and e["role"] == role for e in ev), role
+        assert any(e["event"] == "recovered" and e["role"] == role for e in ev), role
+    metrics = [json.loads(x) for x in (root / "trainer" / "metrics.jsonl").read_text()
+               .splitlines()]
+    assert max(m["step"] for m in metrics if m["kind"] == "step") == STEPS
+    # the killed trainer started again: from its checkpoint, or warm-started again when it died
+    # before its first one (a deterministic warm-start: the same version 0)
+    assert sum(m["kind"] in ("resume", "warm_start") for m in metrics) == 2
+
+
+def test_nothing_used_twice_nothing_judged_twice_nobody_ejected(net) -> None:
+    root, _ = net
+    records = read_records(root / "trainer" / "rollouts.jsonl")
+    assert [r["step"] for r in records] == list(range(STEPS))
+    seen = [f["sha256"] for r in records for f in [*r["used"], *r["dropped"]]]
+    assert len(seen) == len(set(seen))
+    ledger = nu.ledger(root)
+    for r in records:
+        for f in r["used"]:
+            assert ledger[f["sha256"]].status.value == "accepted"
+    evs = nu.chain(root).events().poll()
+    judged = [bytes(e.args["work_id"]) for e in evs if e.name == "WorkInvalidated"]
+    assert len(judged) == len(set(judged))
+    assert not [e for e in evs if e.name == "NodeEjected"]
+    assert not [e for e in evs if e.name == "WorkInvalidated" and e.args["hard"]]
+
+
+def test_faults_are_reported_with_detect_and_recover_times(net) -> None:
+    root, proc = net
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(180) == 0
+    faults = json.loads((root / "faults.json").read_text())
+    assert [f["role"] for f in faults] == [r for r, _ in KILLS]
+    for f in faults:
+        assert 0 < f["detect_s"] <= f["recover_s"] < 120, f
+    rep = json.loads((root / "report.json").read_text())
+    assert [f["role"] for f in rep["faults"]] == [r for r, _ in KILLS]

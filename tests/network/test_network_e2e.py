@@ -1,0 +1,256 @@
+"""`meshrl network up` end to end, shortened: anvil, discovery, orchestrator, a shardcast origin
+and two relays, the trainer, one validator, two honest workers and one that forges rewards after
+step 1, as separate processes. Checked against the chain, the orchestrator's ledger and the
+trainer's records: the cheater is hard-invalidated, slashed and ejected within two steps of its
+first dishonest file and none of its dishonest rollouts is trained on; honest workers are never
+invalidated and their rewards can be claimed after the lock; no file is used or judged twice;
+Ctrl-C stops every role cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import netutil as nu
+import pytest
+
+from meshrl.network.keys import dev_account
+from meshrl.protocol import Protocol, WorkStatus
+from meshrl.protocol.anvil import find_anvil
+from meshrl.rl.network_source import read_records
+
+pytestmark = [pytest.mark.slow, pytest.mark.anvil]
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = 10**18
+AFTER_STEP = 1  # the cheater is honest at pool steps 0..1
+STEPS = 7
+CONFIG = f"""
+name = "e2e"
+base_port = {{port}}
+after_training = "serve"
+max_minutes = 25
+[workers]
+honest = 2
+dishonest = 1
+cheat = {{{{ mode = "forge-rewards", after_step = {AFTER_STEP} }}}}
+[pool]
+prompts_per_file = 4
+dead_after = 60
+[train]
+steps = {STEPS}
+stop_at_accuracy = 2.0
+[train.sft]
+max_steps = 30
+[train.rollout]
+prompts_per_step = 8
+[train.eval]
+num_problems = 32
+every = 100
+[train.run]
+checkpoint_every = 2
+plot = false
+"""
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory):
+    if find_anvil() is None:
+        pytest.skip("anvil not installed (run `make setup`)")
+    yield from nu.run_network(tmp_path_factory.mktemp("network"), CONFIG, "e2e")
+
+
+def _chain_events(chain: Protocol) -> list[Any]:
+    return chain.events().poll()
+
+
+def test_cheater_slashed_ejected_within_two_steps_never_trained_on(net) -> None:
+    root, _ = net
+    info, chain, ledger = nu.info(root), nu.chain(root), nu.ledger(root)
+    bad = info["workers"]["cheater-0"]
+    node, provider = bad["node"].lower(), bad["provider"]
+    mine = [e for e in ledger.values() if e.node.lower() == node]
+    dishonest = [e for e in mine if e.step > AFTER_STEP]
+    assert dishonest, "the cheater never reached its dishonest steps"
+    assert {e.status.value for e in dishonest} <= {"hard_invalidated", "granted", "expired",
+                                                  "uploaded"}
+    evs = _chain_events(chain)
+    hard = [e for e in evs if e.name == "WorkInvalidated" and e.args["hard"]
+            and e.args["node"].lower() == node]
+    assert hard
+    slashed = sum(e.args["slashed"] for e in hard)
+    assert slashed >= 50 * TOKEN and chain.provider(provider).stake == 100 * TOKEN - slashed
+    assert any(e.name == "NodeEjected" and e.args["node"].lower() == node for e in evs)
+    assert chain.node(bad["node"]).pool == 0
+    # within two steps: when the first hard invalidation was mined, the trainer had not yet
+    # taken the batch of step (first dishonest step + 2)
+    first_bad = min(e.step for e in dishonest)
+    t_inv = chain.backend.w3.eth.get_block(hard[0].block)["timestamp"]
+    records = read_records(root / "trainer" / "rollouts.jsonl")
+    taken_before = [r["step"] for r in records if r["t"] < t_inv]
+    assert max(taken_before, default=-1) <= first_bad + 1, (first_bad, taken_before)
+    # never trained on: every used file is accepted in the ledger and valid on chain
+    for r in records:
+        for f in r["used"]:
+            assert ledger[f["sha256"]].status.value == "accepted", f
+            wid = chain.work_id(f["node"], bytes.fromhex(f["sha256"]))
+            assert chain.work(wid).status in (WorkStatus.SUBMITTED, WorkStatus.CLAIMED)
+            if f["node"].lower() == node:
+                assert f["step"] <= AFTER_STEP, f
+
+
+def test_trainer_records_against_the_ledger(net) -> None:
+    root, _ = net
+    ledger = nu.ledger(root)
+    records = read_records(root / "trainer" / "rollouts.jsonl")
+    assert [r["step"] for r in records] == list(range(STEPS))
+    used = [f["sha256"] for r in records for f in r["used"]]
+    seen = used + [f["sha256"] for r in records for f in r["dropped"]]
+    assert len(seen) == len(set(seen)), "a file was taken twice"
+    for r in records:
+        assert sum(f["groups"] + f["excluded"] for f in r["used"]) >= 8
+        for f in r["used"]:
+            e = ledger[f["sha256"]]
+            assert 0 <= r["step"] - e.policy_version <= 2  # the async rule
+            assert (e.node.lower(), e.step) == (f["node"].lower(), f["step"])
+    metrics = [json.loads(x) for x in (root / "trainer" / "metrics.jsonl").read_text()
+               .splitlines()]
+    assert [m["step"] for m in metrics if m["kind"] == "step"] == list(range(1, STEPS + 1))
+
+
+def test_no_work_judged_twice(net) -> None:
+    root, _ = net
+    chain = nu.chain(root)
+    evs = _chain_events(chain)
+    judged = [bytes(e.args["work_id"]) for e in evs if e.name == "WorkInvalidated"]
+    assert len(judged) == len(set(judged))
+    verdicts = [json.loads(x) for x in (root / "logs" / "validator.log").read_text()
+                .splitlines() if '"msg": "verdict"' in x]
+    shas = [v["sha256"] for v in verdicts]
+    assert shas and len(shas) == len(set(shas))
+
+
+def test_honest_never_invalidated_and_paid_after_the_lock(net) -> None:
+    root, _ = net
+    info, chain = nu.info(root), nu.chain(root)
+    evs = _chain_events(chain)
+    honest = [w for w in info["workers"].values() if not w["dishonest"]]
+    for w in honest:
+        node = w["node"].lower()
+        assert not [e for e in evs if e.name == "WorkInvalidated"
+                    and e.args["node"].lower() == node]
+        assert chain.node(w["node"]).pool == info["pool_id"]
+    w = honest[0]
+    works = [bytes(e.args["work_id"]) for e in evs if e.name == "WorkSubmitted"
+             and e.args["node"].lower() == w["node"].lower()]
+    assert works
+    assert not chain.claimable(works[-1])  # the newest is still locked
+    chain.backend.advance_time(600 + 1)
+    ready = [wid for wid in works if chain.claimable(wid)]
+    assert ready == works
+    owed = sum(chain.work(wid).reward for wid in ready)
+    assert owed > 0
+    me = chain.as_(dev_account_of(w["provider"]))
+    before = chain.balance(w["provider"])
+    for i in range(0, len(ready), 64):  # the contract takes at most 64 ids per claim
+        me.claim(ready[i:i + 64])
+    assert chain.balance(w["provider"]) == before + owed
+    assert all(chain.work(wid).status == WorkStatus.CLAIMED for wid in ready)
+
+
+def dev_account_of(address: str) -> Any:
+    for i in range(64):
+        a = dev_account(i)
+        if a.address.lower() == address.lower():
+            return a
+    raise KeyError(address)
+
+
+def _chromium() -> tuple[str, str] | None:
+    browser, driver = "/usr/bin/chromium", "/usr/bin/chromedriver"
+    if not (Path(browser).exists() and Path(driver).exists()):
+        return None
+    return browser, driver
+
+
+def test_dashboard_in_headless_chromium(net) -> None:
+    """The live page in a real Chromium: no console errors, the running nodes shown, updated
+    without a reload; its screenshot is saved with the test output (runs/test-output/)."""
+    found = _chromium()
+    if found is None:
+        pytest.skip("chromium / chromedriver not installed (apt-get install chromium "
+                    "chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    root, _ = net
+    url = nu.info(root)["dashboard"]  # the network's own `dashboard` role
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = found[0]
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = None
+    try:
+        nu.wait(lambda: _get_ok(url + "/health"), 60, "dashboard not up", 0.5)
+        driver = webdriver.Chrome(service=Service(found[1]), options=opts)
+        driver.set_window_size(1200, 1400)
+        driver.get(url + "/")
+        rows = lambda: driver.find_elements("css selector", "#nodes tbody tr")  # noqa: E731
+        nu.wait(lambda: len(rows()) == 3, 60, "nodes not shown", 0.5)
+        text = driver.find_element("id", "nodes").text
+        assert "worker-0" in text and "worker-1" in text and "cheater-0 (cheat)" in text
+        assert "healthy" in text
+        first = driver.find_element("id", "status").text
+        nu.wait(lambda: driver.find_element("id", "status").text != first, 30,
+              "page did not update", 0.5)
+        assert driver.find_elements("css selector", "#versions tbody tr")
+        assert driver.find_elements("css selector", "#reward polyline")
+        assert "rewards" in driver.find_element("id", "invalid").text
+        out = ROOT / "runs" / "test-output"
+        out.mkdir(parents=True, exist_ok=True)
+        assert driver.save_screenshot(str(out / "dashboard.png"))
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert not errors, errors
+    finally:
+        if driver is not None:
+            driver.quit()
+
+
+def _get_ok(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def test_ctrl_c_stops_every_role(net) -> None:
+    root, proc = net
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(180) == 0
+    ev = nu.events(root)
+    assert {e["role"] for e in ev if e["event"] == "start"} >= {"anvil", *nu.info(root)["roles"]}
+    # an ejected cheater's worker may end on its refused work order; every other role cleanly
+    assert all(e["rc"] in (0, -15) for e in ev if e["event"] == "stopped"
+               and not e["role"].startswith("cheater"))
+    for e in ev:
+        if e["event"] == "start":  # every process the supervisor started is gone
+            with pytest.raises(ProcessLookupError):
+                os.kill(e["pid"], 0)
+    assert json.loads((root / "outcome.json").read_text())["outcome"] == "trained"
+    # the report, written before the roles stopped, agrees with the chain and the records
+    rep = json.loads((root / "report.json").read_text())
+    nodes = rep["nodes"]
+    assert nodes["cheater-0"]["stake_slashed"] >= 50 * TOKEN
+    assert nodes["cheater-0"]["files"].get("hard_invalidated", 0) >= 1
+    for name in ("worker-0", "worker-1"):
+        assert nodes[name]["stake_slashed"] == 0 and "hard_invalidated" not in nodes[name]["files"]
+    used = sum(len(r["used"]) for r in read_records(root / "trainer" / "rollouts.jsonl"))
+    assert sum(n["trained_on"] for n in nodes.values()) == used
+    assert rep["steps"] == STEPS and (root / "report.md").is_file()

@@ -1,0 +1,67 @@
+"""The trainer's side of an accepted file: a real worker file (engine, rewards, proofs) read
+back through its Parquet bytes and split into the trainer's groups."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from meshrl.inference import CPUEngine, EngineConfig, SamplingParams
+from meshrl.model import CharTokenizer, build_model
+from meshrl.rl.ledger_files import UnusableFile, file_groups
+from meshrl.tasks import ArithmeticConfig, TasksConfig
+from meshrl.wire.models import FileStatus, LedgerEntry
+from meshrl.wire.rollout_file import rollout_file_bytes
+from meshrl.worker.rollouts import Assignment, generate_rollouts
+
+NODE, PROVIDER = "0x" + "ab" * 20, "0x" + "cd" * 20
+TASKS = TasksConfig(mix=[ArithmeticConfig(digits=2, operators="+")])
+
+
+@pytest.fixture(scope="module")
+def worker_file():
+    tok = CharTokenizer()
+    engine = CPUEngine(build_model("qwen2-tiny", tok.vocab_size, seed=3), tok,
+                       EngineConfig(num_threads=1))
+    a = Assignment(seed=5, node=NODE, pool_id=1, step=3, counter=2, prompts=3, group_size=4,
+                   sampling=SamplingParams(max_new_tokens=6, temperature=1.0), tasks=TASKS)
+    rf = generate_rollouts(engine, tok, a, PROVIDER)
+    data = rollout_file_bytes(rf)
+    entry = LedgerEntry(seq=1, sha256=hashlib.sha256(data).hexdigest(), node=NODE,
+                        provider=PROVIDER, step=3, policy_version=rf.header.policy_version,
+                        work_units=rf.header.work_units, size=len(data),
+                        status=FileStatus.ACCEPTED, download="/files/x")
+    return tok, a, rf, data, entry
+
+
+def test_groups_follow_the_worker_rows(worker_file) -> None:
+    tok, a, rf, data, entry = worker_file
+    fg = file_groups(entry, data, tok, 4)
+    assert fg.groups == 3 and len(fg.completion_ids) == 12
+    assert [p["prompt"] for p in fg.problems] == [p.prompt for p in a.problems()]
+    assert fg.completion_ids == [r.completion_tokens for r in rf.completions]
+    assert fg.rewards == [[r.reward for r in rf.completions[k * 4:(k + 1) * 4]]
+                          for k in range(3)]
+    # no length term in this task mix: the verifier's score is the file's reward
+    assert fg.task_rewards == fg.rewards
+    assert fg.truncated == sum(r.finish_reason == "length" for r in rf.completions)
+
+
+def test_held_out_prompts_are_left_out(worker_file) -> None:
+    tok, a, _, data, entry = worker_file
+    held = frozenset({a.problems()[1].prompt})
+    fg = file_groups(entry, data, tok, 4, exclude=held)
+    assert fg.groups == 2 and fg.excluded == 1 and len(fg.prompt_ids) == 8
+    assert held.isdisjoint(p["prompt"] for p in fg.problems)
+
+
+def test_unusable_files_are_refused(worker_file) -> None:
+    tok, _, _, data, entry = worker_file
+    with pytest.raises(UnusableFile, match="group"):
+        file_groups(entry, data, tok, 8)
+    with pytest.raises(UnusableFile, match="hash"):
+        file_groups(entry, data + b"x", tok, 4)
+    other = entry.model_copy(update={"policy_version": entry.policy_version + 1})
+    with pytest.raises(UnusableFile, match="differs"):
+        file_groups(other, data, tok, 4)
