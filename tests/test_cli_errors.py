@@ -58,6 +58,8 @@ def _cases(tmp: Path) -> dict[tuple[str, ...], tuple[list[str], str]]:
         ("dashboard",): (["--port", "70000"], "port"),
         ("discovery",): ([*chain, "--db", str(tmp / "d.db")], "nodeploy.json"),
         ("orchestrator",): ([*chain, "--db", str(tmp / "o.db")], "nodeploy.json"),
+        ("worker",): ([*chain, "--work_dir", str(tmp / "w")], "127.0.0.1:9"),
+        ("validator",): ([*chain, "--work_dir", str(tmp / "v")], "127.0.0.1:9"),
     }
 
 

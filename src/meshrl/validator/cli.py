@@ -13,15 +13,16 @@ def _validator(cfg: ValidatorConfig) -> int:
     import asyncio
 
     from meshrl.config import CommandError
+    from meshrl.protocol.errors import ChainError
     from meshrl.protocol.local import connect
     from meshrl.validator.keys import ValidatorKeyError, load_validator_key
     from meshrl.validator.node import ValidatorNode
 
     try:
         account = load_validator_key(cfg.keys, connect(cfg.chain).chain_id)
-    except ValidatorKeyError as e:
+        return asyncio.run(ValidatorNode(cfg, account).run())
+    except (ValidatorKeyError, ChainError) as e:  # one line, not a traceback
         raise CommandError(str(e)) from None
-    return asyncio.run(ValidatorNode(cfg, account).run())
 
 
 def register(subparsers: Any) -> None:

@@ -13,6 +13,7 @@ def _worker(cfg: WorkerConfig) -> int:
     import asyncio
 
     from meshrl.config import CommandError
+    from meshrl.protocol.errors import ChainError
     from meshrl.protocol.local import connect
     from meshrl.worker.keys import KeystoreError, load_keys
     from meshrl.worker.node import HardwareError, WorkerNode
@@ -20,7 +21,7 @@ def _worker(cfg: WorkerConfig) -> int:
     try:
         keys = load_keys(cfg.keys, connect(cfg.chain).chain_id)
         return asyncio.run(WorkerNode(cfg, keys).run())
-    except (KeystoreError, HardwareError) as e:
+    except (KeystoreError, HardwareError, ChainError) as e:  # one line, not a traceback
         raise CommandError(str(e)) from None
 
 
