@@ -1,11 +1,15 @@
 """No honest work is ever invalidated: 216 honest rollout files over batch sizes, completion
 lengths up to 128 tokens, async_level 0-2 and engine thread counts 1 and 2 (worker and validator
-set up differently), zero findings; prints the margin of every statistic to its threshold."""
+set up differently), zero findings; prints the margin of every statistic to its threshold.
+
+CI judges 2 files per case (72 files, every shape x worker x async level); the full 216-file run
+(6 per case) is `MESHRL_MARGIN_FILES=6 pytest -s tests/validator/test_margin.py`."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 
 import pytest
 from helpers import PROVIDER, assignment, claim, roundtrip, rules
@@ -21,7 +25,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 SHAPES = [(8, 2, 4), (32, 2, 2), (128, 2, 2), (64, 4, 2)]
 WORKERS = [(1, 128), (2, 3), (1, 2)]  # (threads, max_batch_size)
 VALIDATORS = [EngineConfig(num_threads=2, max_batch_size=7), EngineConfig(num_threads=1)]
-FILES_PER_CASE = 6  # 4 shapes x 3 workers x 3 async levels x 6 = 216 files
+# 4 shapes x 3 workers x 3 async levels x 2 = 72 files in CI; x 6 = 216 for the full count
+FILES_PER_CASE = int(os.environ.get("MESHRL_MARGIN_FILES", "2"))
 
 
 def test_honest_files_are_never_invalidated(model, tok):
