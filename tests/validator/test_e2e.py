@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from network import PARAMS, Net, fund_provider, key, start_net, validator, wait_until, worker
 
 from meshrl.protocol import WorkStatus
 from meshrl.protocol.anvil import find_anvil
 from meshrl.wire import SignedClient
 from meshrl.wire.models import LedgerPage, StepUpdate
+from network import PARAMS, Net, fund_provider, key, start_net, validator, wait_until, worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.anvil]
 

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "validator"))
-from network import fund_provider, start_net, wait_until, worker
-
 from meshrl.protocol.anvil import find_anvil
+from network import fund_provider, start_net, wait_until, worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.anvil]
 
