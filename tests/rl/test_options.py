@@ -31,6 +31,7 @@ TOK = CharTokenizer()
 HERE = "tests/rl/test_options.py::"
 TRAINER, LOSSES = "tests/rl/test_trainer.py::", "tests/rl/test_losses.py::"
 DIST = "tests/rl/test_distributed.py::"
+NET = "tests/network/test_network_e2e.py::"
 COVERED = {
     "steps": "tests/rl/test_cli.py::test_train_then_eval_from_the_command_line",
     "async_level": "tests/rl/test_cli.py::test_train_then_eval_from_the_command_line",
@@ -97,6 +98,13 @@ COVERED = {
     "dist.activation_checkpointing": DIST + "test_fsdp_steps_match_single_process",
     "dist.reshard_after_forward": DIST + "test_fsdp_steps_match_single_process",
     "dist.timeout_s": DIST + "test_init_world_joins_a_group_with_the_configured_timeout",
+    # the pool mode: a shortened network run on loopback (the trainer reads the orchestrator's
+    # ledger with its key, publishes into the origin's store, and waits for verdicts)
+    "network.orchestrator_url": NET + "test_trainer_records_against_the_ledger",
+    "network.key_file": NET + "test_trainer_records_against_the_ledger",
+    "network.origin_root": NET + "test_trainer_records_against_the_ledger",
+    "network.poll_s": NET + "test_trainer_records_against_the_ledger",
+    "network.judge_lag": NET + "test_cheater_slashed_ejected_within_two_steps_never_trained_on",
 }
 
 

@@ -131,10 +131,7 @@ class NetworkSourceConfig(Config):
                           "address in the orchestrator's `readers`)")
     origin_root: str = Field("runs/shardcast/origin", description="the shardcast origin's store "
                              "(a running `meshrl shardcast origin` serves it)")
-    shard_size: int = Field(1 << 20, gt=0, description="bytes per shard of a published policy")
     poll_s: float = Field(0.5, gt=0, description="seconds between ledger reads while waiting")
-    max_wait_s: float = Field(0.0, ge=0, description="give up waiting for a batch after this "
-                              "long (0: wait forever)")
     judge_lag: int | None = Field(2, ge=1, description="step s waits until every file of steps "
                                   "<= s - judge_lag submitted on chain has its verdict, so a "
                                   "cheat is slashed within that many steps (None: no wait)")

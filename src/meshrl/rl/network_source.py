@@ -37,13 +37,13 @@ from meshrl.rl.pipeline import is_fresh
 from meshrl.rl.rollouts import RolloutBatch
 from meshrl.wire.models import LedgerEntry
 
-__all__ = ["BatchTimeout", "NetworkSource", "read_records"]
+__all__ = ["NetworkSource", "read_records"]
 
 log = get_logger("meshrl.rl.network")
 
 
-class BatchTimeout(TimeoutError):
-    """No full batch of accepted groups arrived within `network.max_wait_s`."""
+# bytes per shard of a published policy: small enough to pipeline through relays
+SHARD_SIZE = 1 << 20
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -93,7 +93,7 @@ class NetworkSource:
                                         dir=store.root.parent))
             try:
                 save_model(self.model, self.tokenizer, tmp / "model")
-                store.publish(tmp / "model", version, self.cfg.shard_size)
+                store.publish(tmp / "model", version, SHARD_SIZE)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         else:  # published before a crash: workers may already hold it, keep theirs
@@ -106,11 +106,11 @@ class NetworkSource:
         """The batch of `step`: accepted groups of fresh files, at least `prompts_per_step`."""
         t0 = time.perf_counter()
         if self.cfg.judge_lag is not None:
-            self._wait_judged(step - self.cfg.judge_lag, t0)
+            self._wait_judged(step - self.cfg.judge_lag)
         taken: list[FileGroups] = []
         dropped: list[dict[str, Any]] = []
         while sum(f.groups for f in taken) < self.rollout.prompts_per_step:
-            entry = self._next_entry(t0)
+            entry = self._next_entry()
             if not is_fresh(step, entry.policy_version, self.async_level):
                 self.dropped_stale += 1
                 dropped.append(_ref(entry, "stale"))
@@ -130,20 +130,18 @@ class NetworkSource:
         pass
 
     # ---- plumbing --------------------------------------------------------------------------
-    def _next_entry(self, t0: float) -> LedgerEntry:
+    def _next_entry(self) -> LedgerEntry:
         while not self.queue:
             fresh = [e for e in self.reader.accepted() if e.sha256 not in self.seen]
             self.queue.extend(fresh)
             if self.queue:
                 break
-            if self.cfg.max_wait_s and time.perf_counter() - t0 > self.cfg.max_wait_s:
-                raise BatchTimeout(f"no full batch of accepted groups in {self.cfg.max_wait_s}s")
             time.sleep(self.cfg.poll_s)
         entry = self.queue.pop(0)
         self.seen.add(entry.sha256)
         return entry
 
-    def _wait_judged(self, upto: int, t0: float) -> None:
+    def _wait_judged(self, upto: int) -> None:
         """Until no file of steps <= `upto` awaits its verdict: the trainer never runs more than
         `judge_lag` steps ahead of the validators, so a cheat is slashed and ejected within
         that many steps however fast honest files arrive."""
@@ -151,8 +149,6 @@ class NetworkSource:
             waiting = [e for e in self.reader.awaiting_verdict() if e.step <= upto]
             if not waiting:
                 return
-            if self.cfg.max_wait_s and time.perf_counter() - t0 > self.cfg.max_wait_s:
-                raise BatchTimeout(f"{len(waiting)} files of steps <= {upto} still unjudged")
             time.sleep(self.cfg.poll_s)
 
     def _load(self, entry: LedgerEntry) -> FileGroups:
