@@ -10,29 +10,14 @@ __all__ = ["register"]
 
 
 def _run(cfg: DiscoveryConfig) -> int:
-    import asyncio
-    import contextlib
-
     from meshrl.discovery.service import Discovery
-    from meshrl.protocol.local import open_protocol
-
-    async def main() -> None:
-        service = Discovery(cfg, open_protocol(cfg.chain, signer=False))
-        await service.start()
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await service.stop()
-
-    from meshrl.config import CommandError
     from meshrl.protocol.errors import ChainError
+    from meshrl.protocol.local import open_protocol
+    from meshrl.wire.service import serve_forever
 
-    try:
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(main())
-    except ChainError as e:  # no deployment, unreachable chain: one line, not a traceback
-        raise CommandError(str(e)) from e
-    return 0
+    # no deployment, unreachable chain: one line, not a traceback
+    return serve_forever(lambda: Discovery(cfg, open_protocol(cfg.chain, signer=False)),
+                         errors=(ChainError,))
 
 
 def register(subparsers: Any) -> None:

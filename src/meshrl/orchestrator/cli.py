@@ -10,29 +10,13 @@ __all__ = ["register"]
 
 
 def _run(cfg: OrchestratorConfig) -> int:
-    import asyncio
-    import contextlib
-
     from meshrl.orchestrator.service import Orchestrator
-    from meshrl.protocol.local import open_protocol
-
-    async def main() -> None:
-        orch = Orchestrator(cfg, open_protocol(cfg.chain))
-        await orch.start()
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await orch.stop()
-
-    from meshrl.config import CommandError
     from meshrl.protocol.errors import ChainError
+    from meshrl.protocol.local import open_protocol
+    from meshrl.wire.service import serve_forever
 
-    try:
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(main())
-    except ChainError as e:  # no deployment, unreachable chain: one line, not a traceback
-        raise CommandError(str(e)) from e
-    return 0
+    # no deployment, unreachable chain: one line, not a traceback
+    return serve_forever(lambda: Orchestrator(cfg, open_protocol(cfg.chain)), errors=(ChainError,))
 
 
 def register(subparsers: Any) -> None:

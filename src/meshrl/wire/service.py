@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from meshrl.wire.errors import WireError
 from meshrl.wire.guard import RequestGuard, VerifiedRequest
 
-__all__ = ["Call", "Route", "build_app", "error_response", "openapi_document"]
+__all__ = ["Call", "Route", "build_app", "error_response", "openapi_document", "serve_forever"]
 
 
 @dataclass
@@ -225,3 +225,28 @@ def openapi_document(service: str, routes: list[Route], version: str = "1") -> d
 def _path_params(path: str) -> list[str]:
     return [part[1:-1].split(":")[0] for part in path.split("/")
             if part.startswith("{") and part.endswith("}")]
+
+
+def serve_forever(make: Callable[[], Any], errors: tuple[type[Exception], ...] = ()) -> int:
+    """A role's command: build the service (`make()`, an object with async `start`/`stop`) in
+    the event loop, serve until Ctrl-C, stop it. An error in `errors` (no deployment, an
+    unreachable chain) ends as one line (`CommandError`), not a traceback."""
+    import asyncio
+    import contextlib
+
+    from meshrl.config import CommandError
+
+    async def main() -> None:
+        service = make()
+        await service.start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await service.stop()
+
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(main())
+    except errors as e:
+        raise CommandError(str(e)) from e
+    return 0
