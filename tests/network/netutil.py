@@ -88,7 +88,8 @@ def ledger(root: Path) -> dict[str, Any]:
                                     query={"after": after, "limit": 1000})
                 if not page.entries:
                     return out
-                out.update({e.sha256: e for e in page.entries})
+                # the granted row of each file (a copy submitted by another node has its own)
+                out.update({e.sha256: e for e in page.entries if e.granted})
                 after = page.next_after
     return asyncio.run(read())
 

@@ -108,3 +108,4 @@ def test_faults_are_reported_with_detect_and_recover_times(net) -> None:
         assert 0 < f["detect_s"] <= f["recover_s"] < 120, f
     rep = json.loads((root / "report.json").read_text())
     assert [f["role"] for f in rep["faults"]] == [r for r, _ in KILLS]
+    assert not [c for c in rep["checks"] if not c["ok"]], rep["checks"]

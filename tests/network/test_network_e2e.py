@@ -254,3 +254,8 @@ def test_ctrl_c_stops_every_role(net) -> None:
     used = sum(len(r["used"]) for r in read_records(root / "trainer" / "rollouts.jsonl"))
     assert sum(n["trained_on"] for n in nodes.values()) == used
     assert rep["steps"] == STEPS and (root / "report.md").is_file()
+    # its checks, computed from the run's records, all hold (the cheater's among them)
+    assert not [c for c in rep["checks"] if not c["ok"]], rep["checks"]
+    assert "cheater_caught[cheater-0]" in {c["name"] for c in rep["checks"]}
+    assert nodes["cheater-0"]["rewards_earned"] == 0  # wiped by its hard invalidation
+    assert sum(nodes[n]["rewards_claimed"] for n in ("worker-0", "worker-1")) > 0

@@ -72,6 +72,8 @@ def test_chain_commands(anvil_backend, tmp_path, capsys) -> None:
     assert out[0]["tokens"] == to_base_units("37.5") and out[0]["stake"] == to_base_units("12.5")
     rc, out, _ = _run(capsys, "chain", "status", *common)
     assert rc == 0 and out[0]["pools"] == 2 and out[0]["stake"] == to_base_units("12.5")
+    rc, out, _ = _run(capsys, "chain", "works", *common, "--pool", "1")
+    assert rc == 0 and (out[0]["pool"], out[0]["works"], out[0]["rewards"]) == (1, [], {})
 
     rc, _, err = _run(capsys, "chain", "register", *as_provider, "--tokens", "10")
     assert rc == 1 and "stake: already registered" in err

@@ -22,7 +22,7 @@ from meshrl.orchestrator.api import OrchestratorApi
 from meshrl.orchestrator.chainview import ChainView
 from meshrl.orchestrator.config import OrchestratorConfig
 from meshrl.orchestrator.onboarding import Onboarding
-from meshrl.orchestrator.state import State
+from meshrl.orchestrator.state import POOL_STEP, State
 from meshrl.orchestrator.store import DiskFileStore, FileStore
 from meshrl.protocol.chain import Protocol
 from meshrl.wire.guard import RequestGuard
@@ -32,7 +32,6 @@ from meshrl.wire.service import build_app
 __all__ = ["Orchestrator", "missed_heartbeats"]
 
 log = get_logger("meshrl.orchestrator")
-STEP = "pool_step"
 
 
 def missed_heartbeats(silence_s: float, interval_s: float, slack: float) -> int:
@@ -71,7 +70,7 @@ class Orchestrator:
         self.guard = RequestGuard(cfg.guard)
         self.registry = CollectorRegistry()
         self.metrics = _Metrics(self.registry)
-        self.step = int(self.state.get_meta(STEP, str(cfg.work.step)))
+        self.step = int(self.state.get_meta(POOL_STEP, str(cfg.work.step)))
         self.domain = 0
         self.max_units = cfg.work.max_units_per_file
         self.url = ""
@@ -81,7 +80,7 @@ class Orchestrator:
 
     # the pool's step and the versions a node may generate with
     def set_step(self, step: int) -> None:
-        self.state.set_meta(STEP, str(step))
+        self.state.set_meta(POOL_STEP, str(step))
         self.step = step
 
     def policy_versions(self) -> list[int]:

@@ -72,6 +72,11 @@ class BalancesConfig(Config):
     _addresses = field_validator("addresses", mode="before")(hex_address)
 
 
+class WorksConfig(Config):
+    chain: ChainConfig = Field(default_factory=ChainConfig)
+    pool: int = Field(1, ge=1, description="the pool whose work to list")
+
+
 def _print(obj: Any) -> None:
     print(json.dumps(obj, default=str))
 
@@ -239,6 +244,14 @@ def _balances(cfg: BalancesConfig) -> int:
     return 0
 
 
+def _works(cfg: WorksConfig) -> int:
+    from meshrl.protocol.history import pool_history
+    from meshrl.protocol.local import open_protocol
+
+    _print(pool_history(open_protocol(cfg.chain, signer=False), cfg.pool))
+    return 0
+
+
 def _devnet(cfg: Any) -> int:
     from meshrl.protocol.devnet import setup_devnet
 
@@ -328,6 +341,14 @@ def register(subparsers: Any) -> None:
         BalancesConfig,
         _handled("balances", _balances),
         "ether, token, stake of addresses",
+    )
+    add_config_command(
+        sub,
+        "works",
+        WorksConfig,
+        _handled("works", _works),
+        "a pool's work items (status, reward, claimable) and its invalidations, ejections, "
+        "claims (one JSON object)",
     )
     add_config_command(
         sub,
