@@ -69,8 +69,8 @@ def test_copied_file_gets_its_own_row_and_is_never_trained_on(pool: Pool, tmp_pa
         assert (orig.granted, orig.uploaded, copy.granted, copy.uploaded) == (True, True, False,
                                                                               False)
         assert copy.work_id == c.fed.work_id(n5, bytes.fromhex(x)).hex() != orig.work_id
-        assert (copy.step, copy.policy_version, copy.work_units, copy.provider) == (
-            orig.step, orig.policy_version, 54, c.accounts["p2"].address)
+        assert (copy.step, copy.policy_version, copy.work_units, copy.provider.lower()) == (
+            orig.step, orig.policy_version, 54, c.accounts["p2"].address.lower())
         # verdicts address a submission by work id; the copy of y is (wrongly) accepted first
         for key, kind in (((y, n5), "accept"), ((y, n1), "accept"), ((x, n5), "hard_invalid")):
             r = rows[key]
