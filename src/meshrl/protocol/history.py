@@ -59,19 +59,23 @@ def pool_history(p: Protocol, pool: int) -> dict[str, Any]:
     wipes: dict[tuple[str, int], int] = {}
     works: list[dict[str, Any]] = []
     mine: set[bytes] = set()
-    judged, ejected, claims = [], [], []
+    providers: set[str] = set()  # claims are per provider: those with work in this pool
+    judged: list[dict[str, Any]] = []
+    ejected: list[dict[str, Any]] = []
+    claims: list[dict[str, Any]] = []
     for e in p.events().poll():
         a = e.args
         if e.name == "WorkSubmitted" and a["pool"] == pool:
             works.append(_work(p, e, wipes))
             mine.add(bytes(a["work_id"]))
+            providers.add(works[-1]["provider"].lower())
         elif e.name == "WorkInvalidated" and bytes(a["work_id"]) in mine:
             judged.append({"work_id": bytes(a["work_id"]).hex(), "node": a["node"],
                            "hard": a["hard"], "slashed": a["slashed"],
                            "validator": a["validator"], "block": e.block, "ts": times(e.block)})
         elif e.name == "NodeEjected" and a["pool"] == pool:
             ejected.append({"node": a["node"], "block": e.block, "ts": times(e.block)})
-        elif e.name == "RewardsClaimed":
+        elif e.name == "RewardsClaimed" and a["provider"].lower() in providers:
             claims.append({"provider": a["provider"], "amount": a["amount"],
                            "count": a["count"], "block": e.block, "ts": times(e.block)})
     return {"pool": pool, "block": p.backend.block_number(), "now": p.backend.now(),
