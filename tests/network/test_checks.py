@@ -133,3 +133,27 @@ def test_an_unread_ledger_fails_what_needs_it() -> None:
                    "no_accepted_file_lost": "fail", "honest_nodes_kept": "fail",
                    "no_work_judged_twice": "fail", "cheater_caught[cheater-0]": "fail",
                    "reached_80": "pass"}
+
+
+def test_report_rows_and_markdown() -> None:
+    from meshrl.network.report import _markdown, _node_rows
+
+    f = _facts()
+    f.ledger.append(_row(8, C, 3, "hard_invalidated", granted=False))  # a copy, under C
+    chain = {**f.chain, "rewards": {H.lower(): {"earned": 7, "claimable": 5, "claimed": 2}}}
+    info = {"workers": {"worker-0": {"node": H, "provider": "0xp0", "dishonest": False},
+                        "cheater-0": {"node": C, "provider": "0xp1", "dishonest": True}}}
+    nodes = _node_rows(info, f.ledger, f.records, chain, {"0xp1": {"stake": 50 * TOKEN}})
+    assert nodes["cheater-0"]["files"] == {"accepted": 1, "hard_invalidated": 2}
+    assert (nodes["cheater-0"]["not_granted"], nodes["cheater-0"]["stake_slashed"],
+            nodes["cheater-0"]["rewards_earned"], nodes["cheater-0"]["stake"]) == (
+        1, 50 * TOKEN, 0, 50 * TOKEN)
+    assert (nodes["worker-0"]["rewards_earned"], nodes["worker-0"]["rewards_claimable"],
+            nodes["worker-0"]["rewards_claimed"], nodes["worker-0"]["trained_on"]) == (7, 5, 2, 4)
+    checks = [c.as_dict() for c in run_checks(f)]
+    md = _markdown({"accuracy": 0.85, "steps": 4, "reached_80": None, "curves": None,
+                    "outcome": {"outcome": "trained"}, "checks": checks, "nodes": nodes,
+                    "versions": [], "faults": [], "invalidations": []})
+    assert "- checks: 7 of 7 hold" in md
+    assert "- **PASS** `no_accepted_file_lost`: 6 accepted, 5 taken, 0 lost, 1 still waiting" in md
+    assert "| cheater-0 | True | accepted 1, hard_invalidated 2 | 1 | 1 | 30 | 0.000 |" in md
