@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from meshrl.wire.models import FileStatus, NodeState
 
@@ -98,7 +99,7 @@ class FileRow:
     accepted_seq: int  # acceptance order, 0 if never accepted
 
 
-def _file_row(r: tuple) -> FileRow:  # type: ignore[type-arg]
+def _file_row(r: tuple[Any, ...]) -> FileRow:
     return FileRow(*r[:8], FileStatus(r[8]), *r[9:13], bool(r[13]), bool(r[14]), r[15])
 
 
