@@ -3,6 +3,7 @@ with their window, are pruned from the table, and a store that cannot record ref
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
 
@@ -21,7 +22,7 @@ def connect(path: Path) -> sqlite3.Connection:
 
 
 def rows(path: Path) -> list[tuple]:
-    with sqlite3.connect(path) as db:
+    with contextlib.closing(sqlite3.connect(path)) as db:
         return db.execute("SELECT expiry, address, nonce FROM request_nonces "
                           "ORDER BY expiry").fetchall()
 

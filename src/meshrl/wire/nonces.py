@@ -68,7 +68,7 @@ class SqliteNonceStore(NonceStore):
         db.execute("DELETE FROM request_nonces WHERE expiry < ?", (self._pruned_at,))
         rows = db.execute("SELECT expiry, address, nonce FROM request_nonces ORDER BY expiry")
         for expiry, address, nonce in rows:
-            super().add(address, nonce, expiry)  # in expiry order: the heap is a sorted list
+            super().add(address, nonce, expiry)  # memory only: the row is there
 
     def add(self, address: str, nonce: str, expiry: float) -> None:
         self._execute("INSERT OR IGNORE INTO request_nonces VALUES (?, ?, ?)",
