@@ -21,31 +21,8 @@ STEPS = 36
 # that has finished is not restarted (nothing to recover)
 KILLS = [("worker-1", 8), ("trainer", 12), ("relay-0", 16), ("validator", 20),
          ("orchestrator", 26)]
-CONFIG = f"""
-name = "faults"
-base_port = {{port}}
-after_training = "serve"
-faults = "{{faults}}"
-[workers]
-honest = 2
-dishonest = 0
-[pool]
-prompts_per_file = 4
-dead_after = 60
-[train]
-steps = {STEPS}
-stop_at_accuracy = 2.0
-[train.sft]
-max_steps = 30
-[train.rollout]
-prompts_per_step = 8
-[train.eval]
-num_problems = 32
-every = 100
-[train.run]
-checkpoint_every = 3
-plot = false
-"""
+CONFIG = nu.short_network("faults", steps=STEPS, checkpoint_every=3,
+                          top='faults = "{faults}"', workers="honest = 2\ndishonest = 0")
 
 
 @pytest.fixture(scope="module")

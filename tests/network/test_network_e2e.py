@@ -28,32 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 TOKEN = 10**18
 AFTER_STEP = 1  # the cheater is honest at pool steps 0..1
 STEPS = 7
-CONFIG = f"""
-name = "e2e"
-base_port = {{port}}
-after_training = "serve"
-max_minutes = 25
-[workers]
-honest = 2
-dishonest = 1
-cheat = {{{{ mode = "forge-rewards", after_step = {AFTER_STEP} }}}}
-[pool]
-prompts_per_file = 4
-dead_after = 60
-[train]
-steps = {STEPS}
-stop_at_accuracy = 2.0
-[train.sft]
-max_steps = 30
-[train.rollout]
-prompts_per_step = 8
-[train.eval]
-num_problems = 32
-every = 100
-[train.run]
-checkpoint_every = 2
-plot = false
-"""
+CHEAT = f'{{ mode = "forge-rewards", after_step = {AFTER_STEP} }}'
+CONFIG = nu.short_network("e2e", steps=STEPS, checkpoint_every=2, top="max_minutes = 25",
+                          workers=f"honest = 2\ndishonest = 1\ncheat = {CHEAT}")
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ from meshrl.orchestrator.store import DiskFileStore, FileStore
 from meshrl.protocol.chain import Protocol
 from meshrl.wire.guard import RequestGuard
 from meshrl.wire.models import NodeState
+from meshrl.wire.nonces import SqliteNonceStore
 from meshrl.wire.service import build_app
 
 __all__ = ["Orchestrator", "missed_heartbeats"]
@@ -67,7 +68,8 @@ class Orchestrator:
         self.state = State(cfg.db)
         self.store = store or DiskFileStore(cfg.store.root, fsync=cfg.store.fsync)
         self.chain = ChainView(protocol, cfg.pool_id, cfg.validator_cache_s)
-        self.guard = RequestGuard(cfg.guard)
+        # seen nonces live in the state's database: a restart does not reopen replays
+        self.guard = RequestGuard(cfg.guard, nonces=SqliteNonceStore(self.state.db))
         self.registry = CollectorRegistry()
         self.metrics = _Metrics(self.registry)
         self.step = int(self.state.get_meta(POOL_STEP, str(cfg.work.step)))
