@@ -153,7 +153,10 @@ def test_report_rows_and_markdown() -> None:
     checks = [c.as_dict() for c in run_checks(f)]
     md = _markdown({"accuracy": 0.85, "steps": 4, "reached_80": None, "curves": None,
                     "outcome": {"outcome": "trained"}, "checks": checks, "nodes": nodes,
-                    "versions": [], "faults": [], "invalidations": []})
+                    "versions": [], "faults": [], "invalidations": [],
+                    "restarts": [{"event": "retired", "role": "cheater-0", "rc": 3},
+                                 {"event": "recovered", "role": "worker-0"}]})
     assert "- checks: 7 of 7 hold" in md
+    assert "| cheater-0 | retired | 3 |  |" in md and "| worker-0 | recovered" not in md
     assert "- **PASS** `no_accepted_file_lost`: 6 accepted, 5 taken, 0 lost, 1 still waiting" in md
     assert "| cheater-0 | True | accepted 1, hard_invalidated 2 | 1 | 1 | 30 | 0.000 |" in md

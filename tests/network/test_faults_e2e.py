@@ -54,8 +54,11 @@ def test_every_killed_role_recovers_and_the_run_completes(net) -> None:
                .splitlines()]
     assert max(m["step"] for m in metrics if m["kind"] == "step") == STEPS
     # the killed trainer started again: from its checkpoint, or warm-started again when it died
-    # before its first one (a deterministic warm-start: the same version 0)
-    assert sum(m["kind"] in ("resume", "warm_start") for m in metrics) == 2
+    # before its first one (a deterministic warm-start: the same version 0); killed during its
+    # first warm-start (a loaded machine), only the second session's warm-start is recorded
+    assert [e["role"] for e in ev if e["event"] == "start"].count("trainer") == 2
+    starts = [m["kind"] for m in metrics if m["kind"] in ("resume", "warm_start")]
+    assert starts in (["warm_start", "resume"], ["warm_start", "warm_start"], ["warm_start"])
 
 
 def test_nothing_used_twice_nothing_judged_twice_nobody_ejected(net) -> None:

@@ -62,6 +62,13 @@ def test_cheater_slashed_ejected_within_two_steps_never_trained_on(net) -> None:
     assert slashed >= 50 * TOKEN and chain.provider(provider).stake == 100 * TOKEN - slashed
     assert any(e.name == "NodeEjected" and e.args["node"].lower() == node for e in evs)
     assert chain.node(bad["node"]).pool == 0
+    # blacklisted by the orchestrator, so its worker stops for good and is retired, not
+    # restarted (the honest ones stay)
+    assert chain.is_blacklisted(info["pool_id"], bad["node"])
+    nu.wait(lambda: any(e["event"] == "retired" and e["role"] == "cheater-0"
+                        for e in nu.events(root)), 60, "the blacklisted cheater was not retired")
+    assert not [e for e in nu.events(root) if e["event"] == "retired"
+                and e["role"] != "cheater-0"]
     # within two steps: when the first hard invalidation was mined, the trainer had not yet
     # taken the batch of step (first dishonest step + 2)
     first_bad = min(e.step for e in dishonest)

@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from meshrl.config import EXIT_REFUSED
 from meshrl.protocol import WorkStatus
 from meshrl.protocol.anvil import find_anvil
 from meshrl.wire import SignedClient
@@ -95,6 +96,13 @@ def test_honest_file_accepted_and_a_cheat_slashed(net: Net) -> None:
     assert net.fed.node(n.address).pool == 0
     hn = accounts["h0"][1].address
     assert _status(net, hn) == [WorkStatus.SUBMITTED] and net.fed.node(hn).pool == net.pool
+    # the orchestrator blacklists the caught node: started again, it stops for good, in a line
+    wait_until(lambda: net.fed.is_blacklisted(net.pool, n.address), 60)
+    assert not net.fed.is_blacklisted(net.pool, hn)
+    again = worker(net, "f0", {"mode": "forge-rewards"})
+    again.start()
+    assert again.wait(120) == EXIT_REFUSED
+    assert f"node {n.address} is blacklisted in pool {net.pool}" in again.log.read_text()
     v.proc.terminate()
     assert v.wait(60) == 0
     log = v.log.read_text()

@@ -161,7 +161,7 @@ def build_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
         "nodes": _node_rows(info, ledger, records, chain, _balances(info)),
         "chain": None if chain is None else {"block": chain["block"], "now": chain["now"]},
         "versions": _broadcast(root, list(info["workers"])),
-        "restarts": [e for e in events if e["event"] in ("died", "killed", "recovered")],
+        "restarts": [e for e in events if e["event"] in ("died", "killed", "recovered", "retired")],
         "faults": _lines_json(root / "faults.json") or [],
         "invalidations": [v for v in verdicts if v.get("verdict") != "accept"],
     }
@@ -244,6 +244,10 @@ def _markdown(rep: dict[str, Any]) -> str:
             "| --- | --- | --- | --- |"]
     out += [f"| {f['role']} | {f['at_s']} | {f['detect_s']} | {f['recover_s']} |"
             for f in rep["faults"]]
+    out += ["", "## Role exits (the supervisor's record)", "",
+            "| role | event | exit status | alive s |", "| --- | --- | --- | --- |"]
+    out += [f"| {e['role']} | {e['event']} | {e.get('rc', '')} | {e.get('alive_s', '')} |"
+            for e in rep["restarts"] if e["event"] in ("died", "retired")]
     out += ["", "## Invalidations", ""]
     out += [f"- {v.get('node')} {v.get('verdict')}: {v.get('reason')}"
             for v in rep["invalidations"]]

@@ -95,6 +95,16 @@ class ChainView:
         except (TxReverted, ChainError) as e:
             return str(e)
 
+    async def blacklist(self, node: str) -> str:
+        """Blacklist `node` in this pool (ejecting it if still in); "" on success or if it
+        already is, else why not (chain error)."""
+        try:
+            if not await self.run(self.protocol.is_blacklisted, self.pool_id, node):
+                await self.run(self.protocol.blacklist_node, self.pool_id, node)
+            return ""
+        except (TxReverted, ChainError) as e:
+            return str(e)
+
     def restore_cursor(self, state: State) -> None:
         saved = state.get_meta(CURSOR)
         if saved:

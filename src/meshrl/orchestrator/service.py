@@ -26,7 +26,7 @@ from meshrl.orchestrator.state import POOL_STEP, State
 from meshrl.orchestrator.store import DiskFileStore, FileStore
 from meshrl.protocol.chain import Protocol
 from meshrl.wire.guard import RequestGuard
-from meshrl.wire.models import NodeState
+from meshrl.wire.models import FileStatus, NodeState
 from meshrl.wire.nonces import SqliteNonceStore
 from meshrl.wire.service import build_app
 
@@ -78,6 +78,7 @@ class Orchestrator:
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._blacklisted: set[str] = set()  # nodes known blacklisted on chain (lower case)
         self.onboarding = Onboarding(self)
 
     # the pool's step and the versions a node may generate with
@@ -147,7 +148,22 @@ class Orchestrator:
 
     async def _follow_chain(self) -> float:
         await self.chain.follow(self.state)
+        if self.cfg.blacklist_fraud:
+            await self._blacklist_fraud()
         return self.cfg.chain_poll_s
+
+    async def _blacklist_fraud(self) -> None:
+        """Every node with hard-invalidated work is blacklisted here. Read from the ledger on
+        each poll (not from the event), so a crash between the two cannot skip a node."""
+        for node in self.state.nodes_with(FileStatus.HARD_INVALIDATED):
+            if node.lower() in self._blacklisted:
+                continue
+            why = await self.chain.blacklist(node)
+            if why:  # a chain error: tried again on the next poll
+                log_event(log, "blacklist failed", node=node, error=why)
+                continue
+            self._blacklisted.add(node.lower())
+            log_event(log, "node blacklisted", node=node, reason="hard-invalidated work")
 
     async def _expire_slots(self) -> float:
         self.state.expire_slots(time.time())

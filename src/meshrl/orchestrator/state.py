@@ -233,6 +233,12 @@ class State:
         rows = self.db.execute(sql + " ORDER BY seq LIMIT ?", [*args, limit])
         return [_file_row(r) for r in rows]
 
+    def nodes_with(self, status: FileStatus) -> list[str]:
+        """Nodes that have at least one row in `status`."""
+        rows = self.db.execute("SELECT DISTINCT node FROM files WHERE status = ? ORDER BY node",
+                               (status.value,))
+        return [r[0] for r in rows]
+
     def accepted(self, after: int, limit: int) -> list[FileRow]:
         """Accepted rows in the order they were accepted, after acceptance number `after`."""
         rows = self.db.execute("SELECT * FROM files WHERE status = ? AND accepted_seq > ? "
