@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from meshrl.orchestrator.books import NodeMoney
 from meshrl.orchestrator.state import FileRow
 from meshrl.orchestrator.store import StoreRefusal, check_sha, check_slot_id
 from meshrl.wire.errors import WireError
@@ -208,10 +209,19 @@ class OrchestratorApi:
 
     async def nodes(self, call: Call) -> PoolNodes:
         self.trainer(call)
-        return PoolNodes(nodes=[PoolNode(
-            address=n.address, provider=n.provider, state=n.state, last_seen=n.last_seen,
-            policy_version=n.policy_version, step=n.step, tokens_per_s=n.tokens_per_s,
-            files_pending=n.files_pending) for n in self.o.state.nodes()])
+        books = self.o.chain.books
+        money = books.money() if books is not None else {}
+        none = NodeMoney(0, 0, 0, 0, 0)
+        out = []
+        for n in self.o.state.nodes():
+            m = money.get(n.address.lower(), none)
+            out.append(PoolNode(
+                address=n.address, provider=n.provider, state=n.state, last_seen=n.last_seen,
+                policy_version=n.policy_version, step=n.step, tokens_per_s=n.tokens_per_s,
+                files_pending=n.files_pending, stake=m.stake, slashed=m.slashed,
+                rewards_earned=m.earned, rewards_claimed=m.claimed,
+                rewards_claimable=m.claimable))
+        return PoolNodes(nodes=out)
 
     async def step(self, call: Call) -> HeartbeatAck:
         self.trainer(call)

@@ -15,10 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from meshrl.log import get_logger, log_event
+from meshrl.orchestrator.books import Books
 from meshrl.orchestrator.state import POOL_STEP, State
 from meshrl.protocol.chain import Protocol
 from meshrl.protocol.errors import ChainError, TxReverted
-from meshrl.protocol.events import Event
+from meshrl.protocol.events import Event, EventCursor
 from meshrl.wire.models import FileStatus, NodeState
 
 __all__ = ["ChainView", "Eligibility"]
@@ -27,6 +28,7 @@ log = get_logger("meshrl.orchestrator.chain")
 T = TypeVar("T")
 ZERO = "0x" + "00" * 20
 CURSOR = "chain_cursor"
+BOOKS = "books_since"  # meta: the books were kept from this block (the deployment's)
 
 
 class Eligibility:
@@ -46,6 +48,7 @@ class ChainView:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="chain")
         self._validators: dict[str, tuple[bool, float]] = {}
         self.cursor = protocol.events()
+        self.books: Books | None = None
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -110,14 +113,87 @@ class ChainView:
         if saved:
             self.cursor.next_block = int(saved)
 
+    async def open_books(self, state: State) -> None:
+        """Start the money books (after `restore_cursor`). A database from before them is
+        caught up once from the deployment block to the saved cursor, money events only."""
+        books = self.books = Books(state.db, self.pool_id)
+        if not books.has_lock_period():
+            lock = await self.run(self.protocol.backend.call,
+                                  self.protocol.contract.functions.lock_period())
+            books.set_lock_period(int(lock))
+        if state.get_meta(BOOKS):
+            return
+        upto = self.cursor.next_block
+        start = self.protocol.events().next_block
+        if upto > start:
+            catchup = self.protocol.events(start)
+            events, times, _ = await self.run(self._fetch, catchup, upto - 1)
+            with state.tx():
+                for n in state.nodes():
+                    books.joined(n.address, n.provider)
+                providers = self._providers(state)
+                for ev in events:
+                    books.apply(ev, times.get(ev.block), providers)
+            log_event(log, "books caught up", events=len(events), upto=upto)
+        state.set_meta(BOOKS, str(start))
+        await self._resolve(state)
+
+    def _fetch(self, cursor: EventCursor, upto: int | None = None
+               ) -> tuple[list[Event], dict[int, int], int]:
+        """New events, the timestamps of the blocks the books need, and the last block's
+        (blocking). `upto` stops a catch-up at that block."""
+        w3 = self.protocol.backend.w3
+        events = cursor.poll()
+        if upto is not None:
+            events = [e for e in events if e.block <= upto]
+        blocks = {e.block for e in events if self.books and self.books.needs_time(e)}
+        last = max(cursor.next_block - 1, 0)
+        times = {b: int(w3.eth.get_block(b)["timestamp"]) for b in blocks | {last}}
+        return events, times, times[last]
+
+    @staticmethod
+    def _providers(state: State) -> dict[str, str]:
+        return {n.address.lower(): n.provider for n in state.nodes()}
+
     async def follow(self, state: State) -> int:
         """Apply new events to `state`; the cursor moves in the same transaction."""
-        events = await self.run(self.cursor.poll)
+        events, times, now = await self.run(self._fetch, self.cursor)
+        books = self.books
         with state.tx() as db:
+            providers = self._providers(state) if events else {}
             for ev in events:
                 self._apply(state, ev)
+                if books is not None:
+                    if ev.name == "NodeJoined" and ev.args["pool"] == self.pool_id:
+                        node = state.node(ev.args["node"])
+                        if node is not None:
+                            providers[node.address.lower()] = node.provider
+                            books.joined(node.address, node.provider)
+                    books.apply(ev, times.get(ev.block), providers)
+            if books is not None:
+                books.set_chain_time(now)
             state.set_meta(CURSOR, str(self.cursor.next_block), db)
+        await self._resolve(state)
         return len(events)
+
+    async def _resolve(self, state: State) -> None:
+        """Read what the books still need from the chain: touched providers' stakes, and the
+        status of items an unmatched claim may have covered."""
+        books = self.books
+        if books is None:
+            return
+        stakes, claims = books.pending_stakes(), books.pending_claims()
+        if not stakes and not claims:
+            return
+        answers = await self.run(self._read, stakes, claims)
+        with state.tx():
+            books.resolve(*answers)
+
+    def _read(self, providers: list[str], work_ids: list[str]
+              ) -> tuple[dict[str, int], dict[str, int]]:
+        p = self.protocol
+        stakes = {a: p.provider(p.backend.w3.to_checksum_address(a)).stake for a in providers}
+        return stakes, {w: int(p.work(bytes.fromhex(w)).status) for w in work_ids}
 
     def _apply(self, state: State, ev: Event) -> None:
         a = ev.args

@@ -104,6 +104,7 @@ class Orchestrator:
         # the chain refuses a file claiming more units than the pool allows: say so up front
         self.max_units = min(self.cfg.work.max_units_per_file, pool.max_units)
         self.chain.restore_cursor(self.state)
+        await self.chain.open_books(self.state)
         revived = self.state.grace(time.time())
         api = OrchestratorApi(self)
         app = build_app("orchestrator", api.routes(), self.guard, registry=self.registry)

@@ -243,6 +243,15 @@ class PoolNode(Model):
     step: int
     tokens_per_s: float
     files_pending: int
+    # what the chain says (token base units), kept by the orchestrator from its events
+    stake: int = Field(0, description="the node's provider's current stake")
+    slashed: int = Field(0, description="slashed from its provider for this node's "
+                         "hard-invalidated work")
+    rewards_earned: int = Field(0, description="rewards of its valid work (claimed, or "
+                                "submitted and not wiped)")
+    rewards_claimed: int = Field(0, description="rewards of its work claimed by its provider")
+    rewards_claimable: int = Field(0, description="valid, unlocked, unclaimed, not wiped at "
+                                   "the latest block seen")
 
 
 class PoolNodes(Model):
