@@ -5,6 +5,7 @@ must catch the books up for a database from before them."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -133,3 +134,24 @@ def test_claim_of_all_and_a_database_from_before_the_books(books_pool: Pool) -> 
     db.close()
     pool.orch.start()
     assert _matches(pool) == before
+
+
+def test_dashboard_shows_the_chain_numbers(books_pool: Pool, tmp_path: Path) -> None:
+    """The dashboard's node rows carry the orchestrator's chain numbers (its only source)."""
+    from meshrl.dashboard.state import collect_state_sync
+
+    pool, c = books_pool, books_pool.chain
+    truth = _matches(pool)
+    key_file = tmp_path / "trainer.key"
+    key_file.write_text(pool.key("trainer"))
+    workers = {n: {"node": c.accounts[n].address, "dishonest": n == "n5"}
+               for n in ("n1", "n2", "n5")}
+    (tmp_path / "network.json").write_text(json.dumps({
+        "pool_id": c.pool, "orchestrator": pool.orch.url, "trainer_key_file": str(key_file),
+        "workers": workers, "relays": [], "origin": "http://127.0.0.1:9",
+        "trainer_dir": str(tmp_path / "trainer")}))
+    state = collect_state_sync(tmp_path)
+    assert state["errors"] == []
+    got = {r["node"].lower(): (r["stake"], r["slashed"], r["earned"], r["claimed"],
+                               r["claimable"]) for r in state["nodes"]}
+    assert got == truth

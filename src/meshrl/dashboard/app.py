@@ -32,8 +32,11 @@ th{background:#f3f3f3} td:first-child{text-align:left}
 <p id="status" class="muted">loading…</p>
 <h2>Nodes</h2>
 <table id="nodes"><thead><tr><th>node</th><th>state</th><th>policy</th><th>tokens/s</th>
-<th>accepted</th><th>rejected</th><th>pending</th><th>rewards (tokens)</th></tr></thead>
+<th>accepted</th><th>rejected</th><th>pending</th><th>stake</th><th>slashed</th>
+<th>earned</th><th>claimable</th></tr></thead>
 <tbody></tbody></table>
+<p class="muted">stake (the node's provider's), slashed, rewards earned and claimable now: tokens,
+as the chain has them (the orchestrator follows its events)</p>
 <h2>Policy versions</h2>
 <table id="versions"><thead><tr><th>server</th><th>role</th><th>latest</th><th>held</th></tr>
 </thead><tbody></tbody></table>
@@ -52,6 +55,7 @@ function cell(row, text, cls) {
   if (cls) td.className = cls;
   row.appendChild(td);
 }
+function tokens(base) { return (base / 1e18).toFixed(3); }  // 18 decimals; display only
 function fill(id, rows, cols) {
   const body = document.querySelector("#" + id + " tbody");
   body.replaceChildren();
@@ -96,7 +100,9 @@ async function refresh() {
     fill("nodes", s.nodes, [[r => r.name + (r.dishonest ? " (cheat)" : "")],
       [r => r.state, r => r.state === "healthy" ? "" : "bad"], [r => r.policy_version ?? "-"],
       [r => r.tokens_per_s], [r => r.accepted], [r => r.rejected, r => r.hard ? "bad" : ""],
-      [r => r.pending], [r => (r.rewards / 1e18).toFixed(3)]]);
+      [r => r.pending], [r => tokens(r.stake)],
+      [r => tokens(r.slashed), r => r.slashed ? "bad" : ""],
+      [r => tokens(r.earned)], [r => tokens(r.claimable)]]);
     fill("versions", s.versions, [[r => r.url], [r => r.role ?? "down"],
       [r => r.latest ?? "-"], [r => r.complete.join(" ")]]);
     curve("reward", s.reward);

@@ -69,11 +69,8 @@ async def _shardcast(urls: list[str]) -> list[dict[str, Any]]:
 def _nodes(info: dict[str, Any], pool: list[Any], ledger: list[Any]) -> list[dict[str, Any]]:
     by_addr = {n.address.lower(): n for n in pool}
     files: dict[str, Counter[str]] = defaultdict(Counter)
-    units: Counter[str] = Counter()
     for e in ledger:
         files[e.node.lower()][e.status.value] += 1
-        units[e.node.lower()] += e.work_units if e.status.value == "accepted" else 0
-    rate = info.get("reward_rate", 0)
     rows = []
     for name, w in info["workers"].items():
         a = w["node"].lower()
@@ -86,7 +83,10 @@ def _nodes(info: dict[str, Any], pool: list[Any], ledger: list[Any]) -> list[dic
             "tokens_per_s": round(n.tokens_per_s, 1) if n else 0.0,
             "accepted": f["accepted"], "rejected": f["hard_invalidated"] +
             f["soft_invalidated"], "hard": f["hard_invalidated"], "pending": f["submitted"],
-            "rewards": units[a] * rate})
+            # the chain's view, as the orchestrator keeps it (token base units)
+            "stake": n.stake if n else 0, "slashed": n.slashed if n else 0,
+            "earned": n.rewards_earned if n else 0, "claimed": n.rewards_claimed if n else 0,
+            "claimable": n.rewards_claimable if n else 0})
     return rows
 
 
