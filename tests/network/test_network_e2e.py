@@ -194,6 +194,17 @@ def test_dashboard_in_headless_chromium(net) -> None:
         assert driver.find_elements("css selector", "#versions tbody tr")
         assert driver.find_elements("css selector", "#reward polyline")
         assert "rewards" in driver.find_element("id", "invalid").text
+        head = driver.find_element("css selector", "#nodes thead").text
+        assert all(c in head for c in ("stake", "slashed", "earned", "claimable"))
+
+        def cheater_slashed() -> str:  # the slashed column (9th) of the cheater's row, read
+            # in one script: the page replaces its rows on every refresh
+            return driver.execute_script(
+                "const r = [...document.querySelectorAll('#nodes tbody tr')]"
+                ".find(t => t.textContent.includes('(cheat)'));"
+                "return r ? r.cells[8].textContent : '';")
+
+        nu.wait(lambda: cheater_slashed() not in ("", "0.000"), 60, "slash not shown", 0.5)
         out = ROOT / "runs" / "test-output"
         out.mkdir(parents=True, exist_ok=True)
         assert driver.save_screenshot(str(out / "dashboard.png"))
