@@ -5,8 +5,11 @@ must catch the books up for a database from before them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -136,22 +139,92 @@ def test_claim_of_all_and_a_database_from_before_the_books(books_pool: Pool) -> 
     assert _matches(pool) == before
 
 
+def _run_dir(pool: Pool, tmp: Path) -> Path:
+    """A network run directory whose dashboard reads this orchestrator (no shardcast, no
+    trainer: those parts stay empty)."""
+    c = pool.chain
+    key_file = tmp / "trainer.key"
+    key_file.write_text(pool.key("trainer"))
+    workers = {n: {"node": c.accounts[n].address, "dishonest": n == "n5"}
+               for n in ("n1", "n2", "n5")}
+    (tmp / "network.json").write_text(json.dumps({
+        "pool_id": c.pool, "orchestrator": pool.orch.url, "trainer_key_file": str(key_file),
+        "workers": workers, "relays": [], "origin": "http://127.0.0.1:9",
+        "trainer_dir": str(tmp / "trainer")}))
+    return tmp
+
+
 def test_dashboard_shows_the_chain_numbers(books_pool: Pool, tmp_path: Path) -> None:
     """The dashboard's node rows carry the orchestrator's chain numbers (its only source)."""
     from meshrl.dashboard.state import collect_state_sync
 
-    pool, c = books_pool, books_pool.chain
-    truth = _matches(pool)
-    key_file = tmp_path / "trainer.key"
-    key_file.write_text(pool.key("trainer"))
-    workers = {n: {"node": c.accounts[n].address, "dishonest": n == "n5"}
-               for n in ("n1", "n2", "n5")}
-    (tmp_path / "network.json").write_text(json.dumps({
-        "pool_id": c.pool, "orchestrator": pool.orch.url, "trainer_key_file": str(key_file),
-        "workers": workers, "relays": [], "origin": "http://127.0.0.1:9",
-        "trainer_dir": str(tmp_path / "trainer")}))
-    state = collect_state_sync(tmp_path)
+    truth = _matches(books_pool)
+    state = collect_state_sync(_run_dir(books_pool, tmp_path))
     assert state["errors"] == []
     got = {r["node"].lower(): (r["stake"], r["slashed"], r["earned"], r["claimed"],
                                r["claimable"]) for r in state["nodes"]}
     assert got == truth
+
+
+class _Dashboard:
+    """The dashboard app served from a thread of this process, on a free port."""
+
+    def __init__(self, run_dir: Path) -> None:
+        from aiohttp import web
+
+        from meshrl.dashboard.app import build_dashboard
+        from meshrl.dashboard.config import DashboardConfig
+
+        self.loop = asyncio.new_event_loop()
+        self.runner = web.AppRunner(build_dashboard(DashboardConfig(run=str(run_dir),
+                                                                    refresh_s=0.5)))
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def test_page_in_headless_chromium_shows_stake_and_slash(books_pool: Pool,
+                                                         tmp_path: Path) -> None:
+    browser, driver_bin = "/usr/bin/chromium", "/usr/bin/chromedriver"
+    if not (Path(browser).exists() and Path(driver_bin).exists()):
+        pytest.skip("chromium / chromedriver not installed")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service as ChromeService
+
+    _matches(books_pool)
+    dash = _Dashboard(_run_dir(books_pool, tmp_path))
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = browser
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=ChromeService(driver_bin), options=opts)
+    try:
+        driver.get(dash.url + "/")
+        cells = ("return [...document.querySelectorAll('#nodes tbody tr')]"
+                 ".map(r => [...r.cells].map(c => c.textContent));")
+        deadline = time.monotonic() + 30
+        while len(rows := driver.execute_script(cells)) != 3:
+            assert time.monotonic() < deadline, "nodes not shown"
+            time.sleep(0.2)
+        head = driver.find_element("css selector", "#nodes thead").text
+        assert all(col in head for col in ("stake", "slashed", "earned", "claimable"))
+        by_name = {r[0].split(" ")[0]: r[7:] for r in rows}
+        rate = books_pool.chain.fed.pool(books_pool.chain.pool).reward_rate
+        # stake, slashed, earned, claimable in tokens (3 decimals)
+        assert by_name["n5"][:2] == ["950.000", "50.000"]
+        assert by_name["n2"] == ["1007.000", "0.000", f"{20 * rate / 1e18:.3f}", "0.000"]
+        assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert driver.save_screenshot(str(tmp_path / "dashboard.png"))
+    finally:
+        driver.quit()
+        dash.close()

@@ -184,7 +184,6 @@ class Books:
         if not self.db.execute("SELECT 1 FROM providers WHERE address = ?",
                                (provider,)).fetchone():
             return
-        self._want_stake(provider)  # a claim needs covered stake; cheap to refresh
         cands = self._candidates(provider, ts)
         if not cands:
             return  # a claim of other pools' work only
