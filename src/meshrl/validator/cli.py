@@ -16,12 +16,12 @@ def _validator(cfg: ValidatorConfig) -> int:
     from meshrl.protocol.errors import ChainError
     from meshrl.protocol.local import connect
     from meshrl.validator.keys import ValidatorKeyError, load_validator_key
-    from meshrl.validator.node import ValidatorNode
+    from meshrl.validator.node import PoolRulesError, ValidatorNode
 
     try:
         account = load_validator_key(cfg.keys, connect(cfg.chain).chain_id)
         return asyncio.run(ValidatorNode(cfg, account).run())
-    except (ValidatorKeyError, ChainError) as e:  # one line, not a traceback
+    except (ValidatorKeyError, ChainError, PoolRulesError) as e:  # one line, not a traceback
         raise CommandError(str(e)) from None
 
 

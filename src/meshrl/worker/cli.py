@@ -17,11 +17,12 @@ def _worker(cfg: WorkerConfig) -> int:
     from meshrl.protocol.local import connect
     from meshrl.worker.keys import KeystoreError, load_keys
     from meshrl.worker.node import HardwareError, WorkerNode
+    from meshrl.worker.profile import PoolRulesError
 
     try:
         keys = load_keys(cfg.keys, connect(cfg.chain).chain_id)
         return asyncio.run(WorkerNode(cfg, keys).run())
-    except (KeystoreError, HardwareError, ChainError) as e:  # one line, not a traceback
+    except (KeystoreError, HardwareError, ChainError, PoolRulesError) as e:  # one line
         raise CommandError(str(e)) from None
 
 
