@@ -191,13 +191,13 @@ def _error_lines(log: str) -> list[str]:
 
 def test_another_proof_profile_is_refused_before_anything_happens(net: Net) -> None:
     """The pool publishes "meshrl-cpu-engine": a validator configured for "any-hardware" exits
-    with one line; a worker on the reference backend (which that profile does not hold for)
+    with one line; a worker computing in bfloat16 (whose honest files that profile would slash)
     exits with one line before it stakes anything."""
     v = validator(net, name="validator-other", work_dir=str(net.tmp / "v-other"),
                   pool={**RULES, "proof_profile": "any-hardware"})
     v.start()
     p, _, _ = fund_provider(net, "ref")
-    w = worker(net, "ref", backend="reference")
+    w = worker(net, "ref", backend="reference", dtype="bfloat16")
     w.start()
     assert v.wait(120) == 1 and w.wait(120) == 1
     [line] = _error_lines(v.log.read_text())
@@ -206,8 +206,8 @@ def test_another_proof_profile_is_refused_before_anything_happens(net: Net) -> N
                     "'any-hardware': set it to the pool's")
     [line] = _error_lines(w.log.read_text())
     assert line.startswith("meshrl worker: the pool's proof profile 'meshrl-cpu-engine' holds "
-                           "only for meshrl's CPU engine, and this worker's backend is "
-                           "'reference'"), line
+                           "only for float32 compute as in meshrl's CPU engine, and this worker "
+                           "computes in bfloat16"), line
     assert not net.fed.provider(p.address).registered  # nothing staked
 
 
