@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(name, e, 2)
     try:
         return int(args._handler(cfg) or 0)
-    except (CommandError, OSError) as e:  # OSError: missing files, permissions, ports in use
+    except CommandError as e:
+        return _fail(name, e, e.exit_code)
+    except OSError as e:  # missing files, permissions, ports in use
         return _fail(name, e, 1)
     except KeyboardInterrupt:
         return 130

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 __all__ = [
+    "EXIT_REFUSED",
     "CommandError",
     "Config",
     "ConfigError",
@@ -42,9 +43,19 @@ class ConfigError(ValueError):
     """A configuration that cannot be loaded: bad TOML, unknown key, or invalid value."""
 
 
+# Exit status of a role refused for good (e.g. a node blacklisted by its pool): restarting it
+# cannot help, so a supervisor retires it instead of restarting it.
+EXIT_REFUSED = 3
+
+
 class CommandError(Exception):
     """An expected failure of a command (missing file, bad model directory, unreachable server):
-    `meshrl` prints it as one line naming the problem and exits 1, without a traceback."""
+    `meshrl` prints it as one line naming the problem and exits with `exit_code` (1, or
+    `EXIT_REFUSED` when retrying cannot help), without a traceback."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def _parse_value(raw: str) -> Any:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from meshrl.config import load_config
+from meshrl.config import EXIT_REFUSED, load_config
 from meshrl.network.config import NetworkConfig
 from meshrl.network.keys import DevKeys
 from meshrl.network.roles import Layout, RoleSpec, build_roles
@@ -41,16 +41,30 @@ def test_dead_role_is_restarted_and_logged(tmp_path: Path) -> None:
     marker = tmp_path / "runs"
     code = (f"import pathlib,sys; p=pathlib.Path({str(marker)!r}); n=len(p.read_text()) "
             "if p.exists() else 0; p.write_text('x'*(n+1)); print('run', n+1); "
-            "sys.exit(3 if n < 2 else 0) if n < 2 else __import__('time').sleep(60)")
+            "sys.exit(4 if n < 2 else 0) if n < 2 else __import__('time').sleep(60)")
     sup.start(RoleSpec("flaky", _py(code)))
     _until(lambda: sup.poll() is not None and marker.exists() and len(marker.read_text()) >= 3)
     sup.stop_all(timeout=5)
     ev = _events(tmp_path)
     assert [e["event"] for e in ev if e["event"] == "died"] == ["died", "died"]
-    assert all(e["rc"] == 3 for e in ev if e["event"] == "died")
+    assert all(e["rc"] == 4 for e in ev if e["event"] == "died")
     assert [e["restarts"] for e in ev if e["event"] == "start"] == [0, 1, 2]
     assert ev[-1]["event"] == "stopped"
     assert (tmp_path / "logs" / "flaky.log").read_text().count("run ") == 3
+
+
+def test_role_refused_for_good_is_retired_not_restarted(tmp_path: Path) -> None:
+    sup = Supervisor(tmp_path, backoff_s=0.01, max_fast_deaths=2)
+    sup.start(RoleSpec("blacklisted", _py(f"import sys; sys.exit({EXIT_REFUSED})")))
+    sup.start(RoleSpec("alive", _py("import time; time.sleep(60)")))
+    _until(lambda: sup.poll() is not None and sup.procs["blacklisted"].done)
+    for _ in range(20):  # more rounds than max_fast_deaths: no restart, the run goes on
+        assert sup.poll() == []
+        time.sleep(0.02)
+    sup.stop_all(timeout=5)
+    ev = _events(tmp_path)
+    assert [e["event"] for e in ev if e["role"] == "blacklisted"] == ["start", "retired"]
+    assert next(e for e in ev if e["event"] == "retired")["rc"] == EXIT_REFUSED
 
 
 def test_role_dying_at_start_ends_the_run(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from meshrl.config import EXIT_REFUSED
 from meshrl.protocol import WorkStatus
 from meshrl.protocol.anvil import find_anvil
 from meshrl.wire import SignedClient
@@ -192,14 +193,14 @@ def _error_lines(log: str) -> list[str]:
 def test_another_proof_profile_is_refused_before_anything_happens(net: Net) -> None:
     """The pool publishes "meshrl-cpu-engine": a validator configured for "any-hardware" exits
     with one line; a worker computing in bfloat16 (whose honest files that profile would slash)
-    exits with one line before it stakes anything."""
+    exits with one line before it stakes anything; both as refused for good (no restart)."""
     v = validator(net, name="validator-other", work_dir=str(net.tmp / "v-other"),
                   pool={**RULES, "proof_profile": "any-hardware"})
     v.start()
     p, _, _ = fund_provider(net, "ref")
     w = worker(net, "ref", backend="reference", dtype="bfloat16")
     w.start()
-    assert v.wait(120) == 1 and w.wait(120) == 1
+    assert v.wait(120) == EXIT_REFUSED and w.wait(120) == EXIT_REFUSED  # never restarted
     [line] = _error_lines(v.log.read_text())
     assert line == (f"meshrl validator: the orchestrator at {net.orch.url} publishes proof "
                     "profile 'meshrl-cpu-engine', this validator's pool.proof_profile is "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from meshrl.wire import (
     SignedClient,
     WireError,
     WireHTTPError,
+    WireUnavailable,
     build_app,
     sign_request,
 )
@@ -129,6 +131,35 @@ def test_streamed_upload_checks_its_hash(tmp_path: Path) -> None:
             except WireHTTPError as e:
                 assert (e.status, e.reason) == (400, "body sha256 mismatch")
     serve(t)
+
+
+def test_unreachable_service_is_one_transient_oserror(tmp_path: Path) -> None:
+    """Refused, dropped and timed-out connections all arrive as `WireUnavailable`, an OSError,
+    so a role that retries on `OSError` rides out a restarting service."""
+    async def dropper(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)
+        writer.close()  # the connection is dropped with no answer (a dying server)
+
+    async def main() -> list[BaseException]:
+        server = await asyncio.start_server(dropper, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            with socket.socket() as probe:  # a port that was free a moment ago: refused
+                probe.bind(("127.0.0.1", 0))
+                closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+            out = []
+            for url in (closed, f"http://127.0.0.1:{port}"):
+                async with SignedClient(url, KEY, timeout_s=5) as c:
+                    for attempt in (c.call("POST", "/echo", Echo(text="x")),
+                                    c.get_bytes("/blob/a")):
+                        try:
+                            await attempt
+                        except WireUnavailable as e:
+                            out.append(e)
+            return out
+    errors = asyncio.run(main())
+    assert len(errors) == 4
+    assert all(isinstance(e, OSError) and "unreachable" in str(e) for e in errors)
 
 
 def test_flood_is_429_while_others_are_served() -> None:

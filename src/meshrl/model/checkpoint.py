@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,10 @@ def load_model(directory: str | Path, dtype: Any = None) -> Any:
 
     directory = Path(directory)
     _recover(directory)
+    if not sys.stderr.isatty():  # a role's log file: no "Loading weights" bar per hot-load
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"{directory}: not a model directory (no config.json)")
     model = AutoModelForCausalLM.from_pretrained(

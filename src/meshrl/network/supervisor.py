@@ -1,8 +1,9 @@
 """The supervisor of a local network: starts each role as its own process (own session, so a
 Ctrl-C reaches only the supervisor, which then stops the roles in reverse order), waits for each
 service's health before starting the roles that need it, restarts a role that dies (with a
-doubling backoff; a role that keeps dying at start-up ends the run), and records every start,
-exit and restart in `events.jsonl`. Role output goes to `logs/<role>.log`.
+doubling backoff; a role that keeps dying at start-up ends the run; a role that exits with
+`EXIT_REFUSED`, such as a blacklisted worker, is retired), and records every start, exit and
+restart in `events.jsonl`. Role output goes to `logs/<role>.log`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from meshrl.config import EXIT_REFUSED
 from meshrl.log import get_logger, log_event
 from meshrl.network.roles import RoleSpec
 
@@ -38,7 +40,7 @@ class Proc:
     restarts: int = 0
     fast_deaths: int = 0
     due: float = 0.0  # when a dead role is started again (0: not waiting)
-    done: bool = False  # exited 0 and is not restarted (the trainer at the end of the run)
+    done: bool = False  # not restarted: the trainer at the end of the run, a retired role
 
 
 class Supervisor:
@@ -99,6 +101,10 @@ class Supervisor:
                     p.done = True
                     self.event("finished", p.spec.name, rc=rc)
                     finished.append(p.spec.name)
+                    continue
+                if rc == EXIT_REFUSED:  # refused for good (its log says why): no restart
+                    p.done = True
+                    self.event("retired", p.spec.name, rc=rc)
                     continue
                 self._schedule_restart(p, rc, now)
             elif now >= p.due and not self.stopping:

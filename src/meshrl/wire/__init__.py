@@ -12,6 +12,7 @@ _EXPORTS = {
     "RolloutFileError": "errors",
     "WireError": "errors",
     "WireHTTPError": "errors",
+    "WireUnavailable": "errors",
     "SignedHeaders": "signing",
     "address_of": "signing",
     "recover_signer": "signing",

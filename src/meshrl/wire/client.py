@@ -3,13 +3,15 @@
 `SignedClient(base_url, private_key)` wraps an aiohttp session (pass your own to share one
 connection pool or to inject a transport). JSON bodies are signed over their exact bytes;
 uploads are streamed from disk and signed over the file's sha256, which the receiving store
-checks while it writes. A non-2xx answer raises `WireHTTPError(status, reason, detail)`.
+checks while it writes. A non-2xx answer raises `WireHTTPError(status, reason, detail)`; a
+service that cannot be reached (refused, reset, timed out) raises `WireUnavailable`, an `OSError`.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar, overload
@@ -19,7 +21,7 @@ import aiohttp
 from pydantic import BaseModel
 from yarl import URL
 
-from meshrl.wire.errors import WireHTTPError
+from meshrl.wire.errors import WireHTTPError, WireUnavailable
 from meshrl.wire.signing import address_of, sign_request
 
 __all__ = ["SignedClient"]
@@ -92,7 +94,9 @@ class SignedClient:
         if raw:
             headers["content-type"] = "application/json"
         url = URL(self.base_url + path_qs, encoded=True)
-        async with self.session.request(method, url, data=raw, headers=headers) as resp:
+        async with _reachable(self.base_url), self.session.request(
+            method, url, data=raw, headers=headers
+        ) as resp:
             data = await resp.read()
             _raise_for(resp.status, data)
         parsed = json.loads(data) if data else None
@@ -109,7 +113,7 @@ class SignedClient:
         headers["content-type"] = "application/octet-stream"
         headers["content-length"] = str(size)
         url = URL(self.base_url + path, encoded=True)
-        async with self.session.request(
+        async with _reachable(self.base_url), self.session.request(
             method, url, data=_chunks(file, chunk_size), headers=headers
         ) as resp:
             data = await resp.read()
@@ -119,11 +123,23 @@ class SignedClient:
     async def get_bytes(self, path: str) -> bytes:
         """A signed GET whose answer is raw bytes (a file download)."""
         headers = sign_request(self._key, "GET", path, b"", address=self.address).as_dict()
-        async with self.session.get(URL(self.base_url + path, encoded=True),
-                                    headers=headers) as resp:
+        async with _reachable(self.base_url), self.session.get(
+            URL(self.base_url + path, encoded=True), headers=headers
+        ) as resp:
             data = await resp.read()
             _raise_for(resp.status, data)
         return data
+
+
+@asynccontextmanager
+async def _reachable(base_url: str) -> AsyncIterator[None]:
+    """Transport failures (connection refused or reset, timeouts) as one `WireUnavailable`."""
+    try:
+        yield
+    except (aiohttp.ClientError, TimeoutError) as e:
+        if isinstance(e, aiohttp.ClientResponseError):
+            raise
+        raise WireUnavailable(f"{base_url} unreachable: {e or type(e).__name__}") from e
 
 
 async def _chunks(file: Path, size: int) -> AsyncIterator[bytes]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["RolloutFileError", "WireError", "WireHTTPError"]
+__all__ = ["RolloutFileError", "WireError", "WireHTTPError", "WireUnavailable"]
 
 
 class WireError(Exception):
@@ -19,6 +19,11 @@ class WireHTTPError(Exception):
     def __init__(self, status: int, reason: str, detail: str = "") -> None:
         super().__init__(f"HTTP {status} {reason}" + (f": {detail}" if detail else ""))
         self.status, self.reason, self.detail = status, reason, detail
+
+
+class WireUnavailable(ConnectionError):
+    """The service could not be reached or dropped the connection (refused, reset, timed out):
+    transient by nature, so callers that retry catch it with the other `OSError`s."""
 
 
 class RolloutFileError(ValueError):

@@ -12,18 +12,22 @@ __all__ = ["register"]
 def _worker(cfg: WorkerConfig) -> int:
     import asyncio
 
-    from meshrl.config import CommandError
+    from meshrl.config import EXIT_REFUSED, CommandError
     from meshrl.protocol.errors import ChainError
     from meshrl.protocol.local import connect
+    from meshrl.wire import WireHTTPError
     from meshrl.worker.keys import KeystoreError, load_keys
     from meshrl.worker.node import HardwareError, WorkerNode
+    from meshrl.worker.onboard import Blacklisted, OnboardError
     from meshrl.worker.profile import PoolRulesError
 
     try:
         keys = load_keys(cfg.keys, connect(cfg.chain).chain_id)
         return asyncio.run(WorkerNode(cfg, keys).run())
-    except (KeystoreError, HardwareError, ChainError, PoolRulesError) as e:  # one line
-        raise CommandError(str(e)) from None
+    except (Blacklisted, PoolRulesError) as e:  # for good: a supervisor must not restart it
+        raise CommandError(str(e), EXIT_REFUSED) from None
+    except (KeystoreError, HardwareError, ChainError, OnboardError, WireHTTPError) as e:
+        raise CommandError(str(e)) from None  # one line, not a traceback
 
 
 def register(subparsers: Any) -> None:

@@ -168,6 +168,15 @@ class WorkerNode:
         except RetryLater as e:
             log_event(log, "delivery postponed", reason=str(e))
             return
+        except (WireHTTPError, OSError) as e:
+            # the orchestrator is down or restarting (the outbox keeps every file, each phase
+            # is resumed next time), or this node was ejected: the next work-order poll
+            # rejoins, or stops for good if the pool blacklisted it
+            if isinstance(e, WireHTTPError) and e.status not in (403, 429) and e.status < 500:
+                raise
+            log_event(log, "delivery postponed", reason=str(e))
+            await self._sleep(self.cfg.poll_interval)
+            return
         self.files_done += counts["sent"]
         if counts["sent"] or counts["dropped"]:
             log_event(log, "delivered", **counts, total=self.files_done)

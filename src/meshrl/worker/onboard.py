@@ -24,6 +24,10 @@ class OnboardError(RuntimeError):
     """A step of onboarding that cannot succeed as configured (no funds, another provider...)."""
 
 
+class Blacklisted(OnboardError):
+    """The pool blacklisted this node (its work was hard-invalidated): it can never rejoin."""
+
+
 def onboard_chain(chain: Protocol, keys: WorkerKeys, cfg: WorkerConfig) -> list[str]:
     """Register + stake and add the node on chain where needed; the steps taken."""
     me = chain.as_(keys.provider)
@@ -71,6 +75,9 @@ async def announce_and_join(chain: Protocol, keys: WorkerKeys, cfg: WorkerConfig
         return "already in the pool"
     if node.pool != 0:
         raise OnboardError(f"node is in pool {node.pool}, not {cfg.pool_id}")
+    if await asyncio.to_thread(chain.is_blacklisted, cfg.pool_id, keys.node.address):
+        raise Blacklisted(f"node {keys.node.address} is blacklisted in pool {cfg.pool_id} "
+                          "(its work was hard-invalidated) and cannot rejoin it")
     async with SignedClient(cfg.discovery_url, keys.node.key) as disc:
         await disc.call("PUT", "/nodes", announcement(cfg, keys, hw))
     log_event(log, "announced; waiting for an invite", pool=cfg.pool_id)
