@@ -22,60 +22,14 @@ import contextlib
 import json
 import os
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
-sys.path.insert(0, str(SRC))
-ENV = {**os.environ, "PYTHONPATH": str(SRC)}
-
-
-def make_file(path: Path, size: int) -> None:
-    with open(path, "wb") as f:
-        left = size
-        while left:
-            n = min(left, 16 << 20)
-            f.write(os.urandom(n))
-            left -= n
-
-
-def spawn(args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
-    err = open(log, "wb")  # noqa: SIM115 - lives as long as the process
-    proc = subprocess.Popen([sys.executable, "-m", "meshrl.cli", "shardcast", *args],
-                            stdout=subprocess.DEVNULL, stderr=err, env=ENV)
-    for _ in range(400):
-        for line in log.read_text().splitlines():
-            if '"shardcast server up"' in line:
-                return proc, json.loads(line)["url"]
-        time.sleep(0.05)
-    raise RuntimeError(log.read_text())
-
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> float:
-    """user + system CPU seconds of a live process (from /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
-
-
-def wait_cpu(proc: subprocess.Popen) -> tuple[int, float]:
-    """Reap `proc`; its exit code and total CPU seconds."""
-    _, status, ru = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, ru.ru_utime + ru.ru_stime
-
-
-def health(url: str) -> dict:
-    with urllib.request.urlopen(f"{url}/health") as r:
-        return json.load(r)
+import _shardcast_procs as sp
+from _shardcast_procs import cpu_s, health, load1, wait_cpu
 
 
 def plain(work: Path, src: Path, clients: int) -> dict:
@@ -109,37 +63,15 @@ def plain(work: Path, src: Path, clients: int) -> dict:
 def tree(work: Path, src: Path, args: argparse.Namespace) -> dict:
     from meshrl.shardcast.store import VersionStore
 
-    procs: list[subprocess.Popen] = []
-    clients: list[subprocess.Popen] = []
-    try:
-        origin, ourl = spawn(["origin", "--root", str(work / "origin"), "--server.port", "0",
-                              "--server.scan_interval", "0.02"], work / "origin.log")
-        procs.append(origin)
-        relays = []
-        for i in range(args.relays):
-            p, url = spawn(["relay", "--root", str(work / f"relay{i}"),
-                            "--upstreams", f'["{ourl}"]', "--server.port", "0",
-                            "--client.poll_interval", "0.05"], work / f"relay{i}.log")
-            procs.append(p)
-            relays.append(url)
-        urls = json.dumps([ourl, *relays])
-        logs = [work / f"client{i}.log" for i in range(args.clients)]
-        for i in range(args.clients):
-            clients.append(subprocess.Popen(
-                [sys.executable, "-m", "meshrl.cli", "shardcast", "fetch", "--server.urls", urls,
-                 "--version", "1", "--out", str(work / f"out{i}"), "--client.fsync", "false",
-                 *args.client_args],
-                stdout=subprocess.PIPE, stderr=open(logs[i], "wb"), env=ENV))  # noqa: SIM115
-        while not all('"fetch start"' in log.read_text() for log in logs):
-            time.sleep(0.05)  # every client is up and waiting for version 1
-        time.sleep(0.5)
-        cpu0 = {p.pid: cpu_s(p.pid) for p in procs + clients}
+    with sp.tree(work, args.relays, args.clients, client_args=args.client_args,
+                 client_stdout=subprocess.PIPE) as t:
+        cpu0 = {p.pid: cpu_s(p.pid) for p in t.servers + t.clients}
         t0, own0 = time.perf_counter(), time.process_time()
         VersionStore(work / "origin").publish(src, 1, args.shard_mb * 1_000_000, link=args.link)
         t_pub = time.perf_counter() - t0
         publish_cpu = time.process_time() - own0
         ends, client_cpu = [], 0.0
-        for c in clients:
+        for c in t.clients:
             rc, used = wait_cpu(c)
             if rc:
                 raise RuntimeError("a client failed")
@@ -149,8 +81,8 @@ def tree(work: Path, src: Path, args: argparse.Namespace) -> dict:
                 print(c.stdout.read().decode().strip(), round(ends[-1], 3), "cpu",
                       round(cpu0[c.pid], 3), round(used, 3), file=sys.stderr)
         wall = max(ends)
-        services = [cpu_s(p.pid) - cpu0[p.pid] for p in procs]  # until now
-        relay_health = [health(u) for u in relays]
+        services = [cpu_s(p.pid) - cpu0[p.pid] for p in t.servers]  # until now
+        relay_health = [health(u) for u in t.relays]
         for i in range(args.clients):
             if not _same(work / f"out{i}", src):
                 raise RuntimeError(f"client {i} holds a different file")
@@ -158,20 +90,11 @@ def tree(work: Path, src: Path, args: argparse.Namespace) -> dict:
         while time.time() < deadline and any("1" not in h.get("mirrored", {})
                                              for h in relay_health):
             time.sleep(0.2)
-            relay_health = [health(u) for u in relays]
+            relay_health = [health(u) for u in t.relays]
         return {"wall_s": wall, "publish_s": t_pub, "relays": relay_health,
                 "publish_cpu_s": publish_cpu, "client_cpu_s": client_cpu,
                 "origin_cpu_s": services[0], "relay_cpu_s": sum(services[1:]),
-                "origin_bytes_sent": health(ourl)["counters"].get("bytes_sent", 0)}
-    finally:
-        for p in procs + clients:
-            if p.returncode is None:
-                p.kill()
-                p.wait()
-        for d in ["origin", *(f"relay{i}" for i in range(args.relays)),
-                  *(f"out{i}" for i in range(args.clients))]:
-            shutil.rmtree(work / d, ignore_errors=True) if (work / d).is_dir() else (
-                (work / d).unlink(missing_ok=True))
+                "origin_bytes_sent": health(t.origin)["counters"].get("bytes_sent", 0)}
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -182,10 +105,6 @@ def _sha(p: Path) -> str:
     from meshrl.shardcast.manifest import sha256_file
 
     return sha256_file(p)
-
-
-def _load() -> float:
-    return round(os.getloadavg()[0], 2)
 
 
 def _settle() -> None:
@@ -202,7 +121,7 @@ def report_plain(args: argparse.Namespace, rnd: int, r: dict, load: float) -> di
             "cpu_s": round(r["curl_cpu_s"] + r["server_cpu_s"], 3),
             "cpu_per_100MB": {"curl": round(r["curl_cpu_s"] / per100, 3),
                               "server": round(r["server_cpu_s"] / per100, 3)},
-            "load_before": load, "load_after": _load()}
+            "load_before": load, "load_after": load1()}
     print(json.dumps(line), flush=True)
     return line
 
@@ -235,7 +154,7 @@ def report_tree(args: argparse.Namespace, rnd: int, t: dict, plain_line: dict | 
             "publish": round(t["publish_cpu_s"] / (mb / 100), 3),
         },
         "origin_bytes_sent": t["origin_bytes_sent"], **pipelined,
-        "load_before": load, "load_after": _load(),
+        "load_before": load, "load_after": load1(),
     }
     if plain_line is not None:
         line["ratio"] = round(plain_line["wall_s"] / t["wall_s"], 3)
@@ -259,18 +178,14 @@ def main() -> None:
     ap.add_argument("--client-args", type=shlex.split, default=[],
                     help="extra `meshrl shardcast fetch` flags, e.g. '--client.concurrency 2'")
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench_shardcast_", dir="/tmp"))
-    try:
-        src = work / "src" / "weights.bin"
-        src.parent.mkdir()
-        make_file(src, args.size_mb * 1_000_000)
+    with sp.workdir("bench_shardcast_", args.size_mb, args.keep_logs) as (work, src):
         ratios = []
         for rnd in range(args.rounds):
             order = ["plain", "tree"] if rnd % 2 == 0 else ["tree", "plain"]
             got: dict[str, tuple[dict, float]] = {}
             for kind in order:
                 _settle()
-                load = _load()
+                load = load1()
                 got[kind] = (plain(work, src, args.clients) if kind == "plain"
                              else tree(work, src, args), load)
             p_line = report_plain(args, rnd, *got["plain"])
@@ -279,15 +194,7 @@ def main() -> None:
         print(json.dumps({"bench": "shardcast_summary", "size_mb": args.size_mb,
                           "rounds": args.rounds, "ratios": ratios,
                           "ratio_median": round(statistics.median(ratios), 3), "goal": 0.8,
-                          "load_after": _load()}))
-    finally:
-        if args.keep_logs:
-            for p in work.iterdir():
-                if not p.name.endswith(".log"):
-                    shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
-            print(json.dumps({"logs": str(work)}), file=sys.stderr)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+                          "load_after": load1()}))
 
 
 if __name__ == "__main__":

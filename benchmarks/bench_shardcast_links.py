@@ -25,17 +25,15 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_shardcast import ENV, _load, cpu_s, health, make_file, spawn, wait_cpu
+import _shardcast_procs as sp
+from _shardcast_procs import cpu_s, health, load1, wait_cpu
 from meshrl.shardcast.simulate import simulate_relays
 from meshrl.shardcast.store import VersionStore
 
@@ -50,34 +48,14 @@ def link_bound(size: float, rate: float, relays: int, clients: int) -> float:
 def run_topology(work: Path, src: Path, relays: int, args: argparse.Namespace) -> dict:
     """One broadcast of `src` to `args.clients` processes through `relays` relays."""
     mbps = str(args.mbytes_per_s * 8)
-    procs: list[subprocess.Popen] = []
-    clients: list[subprocess.Popen] = []
-    try:
-        origin, ourl = spawn(["origin", "--root", str(work / "origin"), "--server.port", "0",
-                              "--server.scan_interval", "0.02", "--server.max_upload_mbps", mbps,
+    with sp.tree(work, relays, args.clients,
+                 origin_args=["--server.max_upload_mbps", mbps,
                               "--server.serve_clients", args.origin_serves],
-                             work / "origin.log")
-        procs.append(origin)
-        urls = [ourl]
-        for i in range(relays):
-            p, url = spawn(["relay", "--root", str(work / f"relay{i}"), "--upstreams",
-                            f'["{ourl}"]', "--server.port", "0", "--server.max_upload_mbps",
-                            mbps, "--client.poll_interval", "0.05", "--client.concurrency",
-                            str(args.relay_concurrency), "--client.fsync", "false"],
-                           work / f"relay{i}.log")
-            procs.append(p)
-            urls.append(url)
-        logs = [work / f"client{i}.log" for i in range(args.clients)]
-        for i in range(args.clients):
-            clients.append(subprocess.Popen(
-                [sys.executable, "-m", "meshrl.cli", "shardcast", "fetch", "--server.urls",
-                 json.dumps(urls), "--version", "1", "--out", str(work / f"out{i}"),
-                 "--client.fsync", "false", "--client.poll_interval", "0.05",
-                 "--client.concurrency", str(args.concurrency)],
-                stdout=subprocess.DEVNULL, stderr=open(logs[i], "wb"), env=ENV))  # noqa: SIM115
-        while not all('"fetch start"' in log.read_text() for log in logs):
-            time.sleep(0.05)
-        time.sleep(0.5)  # every client is waiting for version 1
+                 relay_args=["--server.max_upload_mbps", mbps, "--client.concurrency",
+                             str(args.relay_concurrency), "--client.fsync", "false"],
+                 client_args=["--client.poll_interval", "0.05", "--client.concurrency",
+                              str(args.concurrency)]) as t:
+        procs, clients, logs, urls = t.servers, t.clients, t.logs, t.urls
         cpu0 = {p.pid: cpu_s(p.pid) for p in procs + clients}
         sampler = _Sampler(urls)
         VersionStore(work / "origin").publish(src, 1, args.shard_mb * 1_000_000, link=True)
@@ -92,7 +70,7 @@ def run_topology(work: Path, src: Path, relays: int, args: argparse.Namespace) -
         sampler.stop(work / "timeline.log", t0_wall)
         wall = max(_fetched_at(log) for log in logs) - t0_wall
         services = [cpu_s(p.pid) - cpu0[p.pid] for p in procs]
-        counters = health(ourl)["counters"]
+        counters = health(t.origin)["counters"]
         return {"wall_s": wall, "exited_s": exited,
                 "origin_bytes_sent": counters.get("bytes_sent", 0),
                 "origin_bytes_to_relays": counters.get("bytes_sent_relays", 0),
@@ -100,16 +78,6 @@ def run_topology(work: Path, src: Path, relays: int, args: argparse.Namespace) -
                 "origin_preempted": counters.get("preempted", 0),
                 "cpu_s": {"origin": services[0], "relays": sum(services[1:]),
                           "clients": client_cpu}}
-    finally:
-        for p in procs + clients:
-            if p.returncode is None:
-                p.kill()
-                p.wait()
-        for d in ["origin", *(f"relay{i}" for i in range(relays)),
-                  *(f"out{i}" for i in range(args.clients))]:
-            path = work / d
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(
-                missing_ok=True)
 
 
 class _Sampler:
@@ -164,7 +132,7 @@ def report(relays: int, r: dict, args: argparse.Namespace, load: float) -> dict:
         "sim_s": round(sim, 2), "measured_over_sim": round(r["wall_s"] / sim, 3),
         "cpu_s": {k: round(v, 2) for k, v in r["cpu_s"].items()},
         "cpu_busy": round(sum(r["cpu_s"].values()) / r["wall_s"] / os.cpu_count(), 3),
-        "load_before": load, "load_after": _load(),
+        "load_before": load, "load_after": load1(),
     }
     print(json.dumps(line), flush=True)
     return line
@@ -184,29 +152,17 @@ def main() -> None:
     ap.add_argument("--origin-serves", choices=["always", "spare", "never"], default="spare")
     ap.add_argument("--keep-logs", action="store_true", help="keep the last run's logs in /tmp")
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench_shardcast_links_", dir="/tmp"))
-    try:
-        src = work / "src" / "weights.bin"
-        src.parent.mkdir()
-        make_file(src, args.size_mb * 1_000_000)
+    with sp.workdir("bench_shardcast_links_", args.size_mb, args.keep_logs) as (work, src):
         walls = {}
         for relays in (int(x) for x in args.relays.split(",")):
             os.sync()
-            load = _load()
+            load = load1()
             walls[relays] = report(relays, run_topology(work, src, relays, args), args,
                                    load)["wall_s"]
         if 0 in walls and 2 in walls:
             print(json.dumps({"bench": "shardcast_links_summary",
                               "speedup_2_relays": round(walls[0] / walls[2], 2),
-                              "load_after": _load()}))
-    finally:
-        if args.keep_logs:
-            for p in work.iterdir():
-                if not p.name.endswith(".log"):
-                    shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
-            print(json.dumps({"logs": str(work)}), file=sys.stderr)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+                              "load_after": load1()}))
 
 
 if __name__ == "__main__":

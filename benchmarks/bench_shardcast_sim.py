@@ -21,14 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_shardcast import _load, make_file
+import _shardcast_procs as sp
+from _shardcast_procs import load1
 from bench_shardcast_links import link_bound, run_topology
 from meshrl.shardcast.simulate import simulate, simulate_relays
 
@@ -59,15 +58,11 @@ def relays_table(workers: list[int], size: float, shards: int, upload: float) ->
 
 
 def validate(args: argparse.Namespace) -> None:
-    work = Path(tempfile.mkdtemp(prefix="bench_shardcast_sim_", dir="/tmp"))
-    try:
-        src = work / "src" / "weights.bin"
-        src.parent.mkdir()
-        make_file(src, args.size_mb * 1_000_000)
+    with sp.workdir("bench_shardcast_sim_", args.size_mb) as (work, src):
         size, rate = args.size_mb * 1e6, args.mbytes_per_s * 1e6
         shards = max(1, round(args.size_mb / args.shard_mb))
         for relays in (0, 2, 4):
-            load = _load()
+            load = load1()
             measured = run_topology(work, src, relays, args)["wall_s"]
             sim = simulate_relays(args.clients, relays, size, shards, rate, args.concurrency,
                                   args.relay_concurrency, serve_clients=args.origin_serves)
@@ -76,10 +71,8 @@ def validate(args: argparse.Namespace) -> None:
                 "size_mb": args.size_mb, "upload_MBps": args.mbytes_per_s,
                 "measured_s": round(measured, 2), "sim_s": round(sim.seconds, 2),
                 "measured_over_sim": round(measured / sim.seconds, 3), "goal": [0.85, 1.15],
-                "load_before": load, "load_after": _load(),
+                "load_before": load, "load_after": load1(),
             }), flush=True)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> None:

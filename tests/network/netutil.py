@@ -37,13 +37,45 @@ def events(root: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
+def short_network(name: str, *, steps: int, checkpoint_every: int, workers: str,
+                  top: str = "") -> str:
+    """The shortened network of the end-to-end tests (TOML over configs/network.toml): 30 SFT
+    steps, then `steps` RL steps of 8 prompts in files of 4, serving on after training. `top`
+    adds top-level keys, `workers` is the body of [workers]; `{port}` is left to `run_network`."""
+    return f"""
+name = "{name}"
+base_port = {{port}}
+after_training = "serve"
+{top}
+[workers]
+{workers}
+[pool]
+prompts_per_file = 4
+dead_after = 60
+[train]
+steps = {steps}
+stop_at_accuracy = 2.0
+[train.sft]
+max_steps = 30
+[train.rollout]
+prompts_per_step = 8
+[train.eval]
+num_problems = 32
+every = 100
+[train.run]
+checkpoint_every = {checkpoint_every}
+plot = false
+"""
+
+
 def run_network(tmp: Path, config: str, name: str, port_offset: int = 0,
                 timeout: float = 1500) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
-    """`meshrl network up` with configs/network.toml + `config`; yields (run dir, process) once
-    the trainer finished (the config keeps the network serving), and stops it with Ctrl-C."""
+    """`meshrl network up` with configs/network.toml + `config` (its `{port}` filled in); yields
+    (run dir, process) once the trainer finished (the config keeps the network serving), and
+    stops it with Ctrl-C."""
     port = 21000 + (os.getpid() % 150) * 40 + port_offset
     cfg = tmp / "net.toml"
-    cfg.write_text(config.format(port=port))
+    cfg.write_text(config.replace("{port}", str(port)))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     out = (tmp / "up.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "meshrl.cli", "network", "up",
@@ -88,7 +120,8 @@ def ledger(root: Path) -> dict[str, Any]:
                                     query={"after": after, "limit": 1000})
                 if not page.entries:
                     return out
-                out.update({e.sha256: e for e in page.entries})
+                # the granted row of each file (a copy submitted by another node has its own)
+                out.update({e.sha256: e for e in page.entries if e.granted})
                 after = page.next_after
     return asyncio.run(read())
 

@@ -21,31 +21,8 @@ STEPS = 36
 # that has finished is not restarted (nothing to recover)
 KILLS = [("worker-1", 8), ("trainer", 12), ("relay-0", 16), ("validator", 20),
          ("orchestrator", 26)]
-CONFIG = f"""
-name = "faults"
-base_port = {{port}}
-after_training = "serve"
-faults = "{{faults}}"
-[workers]
-honest = 2
-dishonest = 0
-[pool]
-prompts_per_file = 4
-dead_after = 60
-[train]
-steps = {STEPS}
-stop_at_accuracy = 2.0
-[train.sft]
-max_steps = 30
-[train.rollout]
-prompts_per_step = 8
-[train.eval]
-num_problems = 32
-every = 100
-[train.run]
-checkpoint_every = 3
-plot = false
-"""
+CONFIG = nu.short_network("faults", steps=STEPS, checkpoint_every=3,
+                          top='faults = "{faults}"', workers="honest = 2\ndishonest = 0")
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +54,11 @@ def test_every_killed_role_recovers_and_the_run_completes(net) -> None:
                .splitlines()]
     assert max(m["step"] for m in metrics if m["kind"] == "step") == STEPS
     # the killed trainer started again: from its checkpoint, or warm-started again when it died
-    # before its first one (a deterministic warm-start: the same version 0)
-    assert sum(m["kind"] in ("resume", "warm_start") for m in metrics) == 2
+    # before its first one (a deterministic warm-start: the same version 0); killed during its
+    # first warm-start (a loaded machine), only the second session's warm-start is recorded
+    assert [e["role"] for e in ev if e["event"] == "start"].count("trainer") == 2
+    starts = [m["kind"] for m in metrics if m["kind"] in ("resume", "warm_start")]
+    assert starts in (["warm_start", "resume"], ["warm_start", "warm_start"], ["warm_start"])
 
 
 def test_nothing_used_twice_nothing_judged_twice_nobody_ejected(net) -> None:
@@ -108,3 +88,4 @@ def test_faults_are_reported_with_detect_and_recover_times(net) -> None:
         assert 0 < f["detect_s"] <= f["recover_s"] < 120, f
     rep = json.loads((root / "report.json").read_text())
     assert [f["role"] for f in rep["faults"]] == [r for r, _ in KILLS]
+    assert not [c for c in rep["checks"] if not c["ok"]], rep["checks"]

@@ -28,32 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 TOKEN = 10**18
 AFTER_STEP = 1  # the cheater is honest at pool steps 0..1
 STEPS = 7
-CONFIG = f"""
-name = "e2e"
-base_port = {{port}}
-after_training = "serve"
-max_minutes = 25
-[workers]
-honest = 2
-dishonest = 1
-cheat = {{{{ mode = "forge-rewards", after_step = {AFTER_STEP} }}}}
-[pool]
-prompts_per_file = 4
-dead_after = 60
-[train]
-steps = {STEPS}
-stop_at_accuracy = 2.0
-[train.sft]
-max_steps = 30
-[train.rollout]
-prompts_per_step = 8
-[train.eval]
-num_problems = 32
-every = 100
-[train.run]
-checkpoint_every = 2
-plot = false
-"""
+CHEAT = f'{{ mode = "forge-rewards", after_step = {AFTER_STEP} }}'
+CONFIG = nu.short_network("e2e", steps=STEPS, checkpoint_every=2, top="max_minutes = 25",
+                          workers=f"honest = 2\ndishonest = 1\ncheat = {CHEAT}")
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +62,13 @@ def test_cheater_slashed_ejected_within_two_steps_never_trained_on(net) -> None:
     assert slashed >= 50 * TOKEN and chain.provider(provider).stake == 100 * TOKEN - slashed
     assert any(e.name == "NodeEjected" and e.args["node"].lower() == node for e in evs)
     assert chain.node(bad["node"]).pool == 0
+    # blacklisted by the orchestrator, so its worker stops for good and is retired, not
+    # restarted (the honest ones stay)
+    assert chain.is_blacklisted(info["pool_id"], bad["node"])
+    nu.wait(lambda: any(e["event"] == "retired" and e["role"] == "cheater-0"
+                        for e in nu.events(root)), 60, "the blacklisted cheater was not retired")
+    assert not [e for e in nu.events(root) if e["event"] == "retired"
+                and e["role"] != "cheater-0"]
     # within two steps: when the first hard invalidation was mined, the trainer had not yet
     # taken the batch of step (first dishonest step + 2)
     first_bad = min(e.step for e in dishonest)
@@ -254,3 +238,8 @@ def test_ctrl_c_stops_every_role(net) -> None:
     used = sum(len(r["used"]) for r in read_records(root / "trainer" / "rollouts.jsonl"))
     assert sum(n["trained_on"] for n in nodes.values()) == used
     assert rep["steps"] == STEPS and (root / "report.md").is_file()
+    # its checks, computed from the run's records, all hold (the cheater's among them)
+    assert not [c for c in rep["checks"] if not c["ok"]], rep["checks"]
+    assert "cheater_caught[cheater-0]" in {c["name"] for c in rep["checks"]}
+    assert nodes["cheater-0"]["rewards_earned"] == 0  # wiped by its hard invalidation
+    assert sum(nodes[n]["rewards_claimed"] for n in ("worker-0", "worker-1")) > 0

@@ -209,8 +209,8 @@ def test_health_metrics_and_openapi(pool: Pool) -> None:
     assert set(doc["paths"]) >= {"/heartbeat", "/work", "/uploads", "/uploads/{slot_id}",
                                  "/verdicts", "/ledger", "/files/{sha256}", "/invite", "/step"}
     ledger = doc["paths"]["/ledger"]["get"]
-    assert {p["name"] for p in ledger["parameters"]} == {"step", "status", "sha256", "after",
-                                                         "limit"}
+    assert {p["name"] for p in ledger["parameters"]} == {"step", "status", "sha256", "work_id",
+                                                         "after", "accepted_after", "limit"}
     assert "LedgerEntry" in doc["components"]["schemas"]
     assert set(disc["paths"]) == {"/health", "/nodes", "/nodes/{address}",
                                   "/pools/{pool_id}/nodes"}

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +20,8 @@ from meshrl.protocol.local import ANVIL_DEV_KEY, to_base_units
 from .helpers import TOKEN, key
 
 pytestmark = pytest.mark.anvil
+SRC = Path(__file__).resolve().parents[2] / "src"
+ENV = {**os.environ, "PYTHONPATH": str(SRC)}
 
 
 def _run(capsys, *args: str) -> tuple[int, list[dict], str]:
@@ -24,21 +32,53 @@ def _run(capsys, *args: str) -> tuple[int, list[dict], str]:
 
 def test_chain_node_starts_anvil_and_writes_deployment(anvil_backend, tmp_path, capsys) -> None:
     path = tmp_path / "deployment.json"
-    rc, out, _ = _run(
-        capsys,
-        "chain",
-        "node",
-        "--port",
-        str(_free_port()),
-        "--chain.deployment",
-        str(path),
-        "--run_seconds",
-        "0.2",
-    )
+
+    def host_handler(signum: int, frame: object) -> None:  # the in-process caller's own
+        raise AssertionError("not to be called")
+
+    previous = signal.signal(signal.SIGTERM, host_handler)
+    try:
+        rc, out, _ = _run(
+            capsys, "chain", "node", "--port", str(_free_port()), "--chain.deployment", str(path),
+            "--run_seconds", "0.2",
+        )  # fmt: skip
+        assert signal.getsignal(signal.SIGTERM) is host_handler  # the command's is gone
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     assert rc == 0
     dep = Deployment.load(path)
     assert dep.chain_id == 31337 and out[0]["protocol"] == dep.protocol
     assert out[0]["url"].startswith("http://127.0.0.1:")
+
+
+def test_chain_node_exits_cleanly_on_sigterm(anvil_backend, tmp_path) -> None:
+    """As the supervisor stops it: SIGTERM ends the command with status 0 and stops anvil."""
+    path = tmp_path / "deployment.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "meshrl.cli", "chain", "node", "--port", str(_free_port()),
+         "--chain.deployment", str(path)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV,
+    )  # fmt: skip
+    try:
+        url = json.loads(proc.stdout.readline())["url"]  # type: ignore[union-attr]
+        assert _answers(url)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert not _answers(url)  # anvil went with it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _answers(url: str) -> bool:
+    req = urllib.request.Request(url, data=b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}',
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 def test_chain_commands(anvil_backend, tmp_path, capsys) -> None:
@@ -72,6 +112,8 @@ def test_chain_commands(anvil_backend, tmp_path, capsys) -> None:
     assert out[0]["tokens"] == to_base_units("37.5") and out[0]["stake"] == to_base_units("12.5")
     rc, out, _ = _run(capsys, "chain", "status", *common)
     assert rc == 0 and out[0]["pools"] == 2 and out[0]["stake"] == to_base_units("12.5")
+    rc, out, _ = _run(capsys, "chain", "works", *common, "--pool", "1")
+    assert rc == 0 and (out[0]["pool"], out[0]["works"], out[0]["rewards"]) == (1, [], {})
 
     rc, _, err = _run(capsys, "chain", "register", *as_provider, "--tokens", "10")
     assert rc == 1 and "stake: already registered" in err

@@ -2,10 +2,12 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 from meshrl.cli import main as cli
 
@@ -56,3 +58,31 @@ def test_origin_relay_and_follower_processes(tmp_path):
     for name in ("model.safetensors", "config.json"):
         assert (tmp_path / "w" / "v1" / name).read_bytes() == (ck / name).read_bytes()
     assert (tmp_path / "r" / "v1" / "data" / "config.json").read_text() == '{"v": 1}'
+
+
+def test_origin_and_relay_stop_cleanly_on_ctrl_c(tmp_path):
+    """`serve_forever`: Ctrl-C stops the service (port closed) and the command exits with 0."""
+    origin, ourl = spawn_service(["origin", "--root", str(tmp_path / "o"), "--server.port", "0"],
+                                 tmp_path / "o.log")
+    relay, rurl = spawn_service(["relay", "--root", str(tmp_path / "r"), "--upstreams",
+                                 f'["{ourl}"]', "--server.port", "0"], tmp_path / "r.log")
+    try:
+        for proc, url, log in ((relay, rurl, "r.log"), (origin, ourl, "o.log")):
+            assert _answers(url)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(20) == 0
+            assert not _answers(url)
+            assert "Traceback" not in (tmp_path / log).read_text()
+    finally:
+        for p in (origin, relay):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False

@@ -47,11 +47,16 @@ def _works(net: Net, node: str) -> list:
     return out
 
 
-def _ledger(net: Net) -> dict[str, str]:
+def _rows(net: Net) -> list:
     async def read() -> LedgerPage:
         async with SignedClient(net.orch.url, "0x" + bytes(key("mgr").key).hex()) as c:
-            return await c.call("GET", "/ledger", response=LedgerPage)
-    return {e.sha256: e.status.value for e in asyncio.run(read()).entries}
+            return await c.call("GET", "/ledger", response=LedgerPage, query={"limit": 5000})
+    return asyncio.run(read()).entries
+
+
+def _ledger(net: Net) -> dict[str, str]:
+    """The status of each file's granted row (a copy submitted by another node has its own)."""
+    return {e.sha256: e.status.value for e in _rows(net) if e.granted}
 
 
 def _set_step(net: Net, step: int) -> None:
@@ -101,6 +106,13 @@ def test_honest_file_accepted_and_a_cheat_slashed(net: Net) -> None:
     assert net.fed.node(n.address).pool == 0
     hn = accounts["h0"][1].address
     assert _status(net, hn) == [WorkStatus.SUBMITTED] and net.fed.node(hn).pool == net.pool
+    # the orchestrator blacklists the caught node: started again, it stops for good, in a line
+    wait_until(lambda: net.fed.is_blacklisted(net.pool, n.address), 60)
+    assert not net.fed.is_blacklisted(net.pool, hn)
+    again = worker(net, "f0", {"mode": "forge-rewards"})
+    again.start()
+    assert again.wait(120) == EXIT_REFUSED
+    assert f"node {n.address} is blacklisted in pool {net.pool}" in again.log.read_text()
     v.proc.terminate()
     assert v.wait(60) == 0
     log = v.log.read_text()
@@ -153,6 +165,14 @@ def test_honest_accepted_and_every_cheat_slashed(net: Net) -> None:
         assert net.fed.node(n.address).pool == 0, f"{name} not ejected"
     h = accounts["honest"]
     assert _status(net, h[1].address) == [WorkStatus.SUBMITTED] * 2
+    # the copy is a ledger row of its own under the copier; the original stays accepted
+    copier = accounts["copy"][1].address.lower()
+    wait_until(lambda: [e.status.value for e in _rows(net)
+                        if e.node.lower() == copier] == ["hard_invalidated"], 60)
+    [copy] = [e for e in _rows(net) if e.node.lower() == copier]
+    assert (copy.granted, copy.status.value) == (False, "hard_invalidated")
+    [original] = [e for e in _rows(net) if e.sha256 == copy.sha256 and e.granted]
+    assert (original.node.lower(), original.status.value) == (h[1].address.lower(), "accepted")
     assert net.fed.node(h[1].address).pool == net.pool
     assert _status(net, accounts["turn"][1].address) == [WorkStatus.SUBMITTED,
                                                          WorkStatus.HARD_INVALIDATED]

@@ -30,6 +30,7 @@ from meshrl.protocol.chain import Protocol
 from meshrl.wire.errors import WireError
 from meshrl.wire.guard import RequestGuard
 from meshrl.wire.models import Health, NodeAnnouncement, NodeEntry, NodeList, NodeStatus
+from meshrl.wire.nonces import SqliteNonceStore
 from meshrl.wire.service import Call, Route, build_app
 
 __all__ = ["Discovery"]
@@ -42,7 +43,8 @@ class Discovery:
     def __init__(self, cfg: DiscoveryConfig, protocol: Protocol) -> None:
         self.cfg, self.protocol = cfg, protocol
         self.registry = Registry(cfg.db)
-        self.guard = RequestGuard(cfg.guard)
+        # seen nonces live in the registry's database: a restart does not reopen replays
+        self.guard = RequestGuard(cfg.guard, nonces=SqliteNonceStore(self.registry.db))
         self._chain = ThreadPoolExecutor(1, thread_name_prefix="chain")
         self._managers: dict[int, tuple[str, float]] = {}
         self._runner: web.AppRunner | None = None

@@ -1,10 +1,12 @@
 """The end-of-run report (`report.json` + `report.md` in the run directory).
 
 Sources, each what its role wrote or serves: the trainer's `metrics.jsonl` (curves, accuracy)
-and `rollouts.jsonl` (files trained on), the orchestrator's ledger (every file's status per
-node, read with the trainer's reader key while the network is still up), the chain through
-`meshrl chain balances` (stake and tokens per provider), the role logs (when each policy
-version was published and when each worker loaded it), `events.jsonl` and `faults.json`.
+and `rollouts.jsonl` (files trained on), the orchestrator's ledger (every submission's status
+per node, read with the trainer's reader key while the network is still up), the chain through
+`meshrl chain balances` (stake and tokens per provider) and `meshrl chain works` (each work
+item's reward and state, invalidations, ejections), the role logs (when each policy version was
+published and when each worker loaded it; the validator's verdicts), `events.jsonl` and
+`faults.json`. The invariants the run must keep are computed from these in `checks.py`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from meshrl.network.checks import RunFacts, run_checks
 from meshrl.network.config import NetworkConfig
 
 __all__ = ["build_report", "write_report"]
@@ -35,7 +38,7 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _ledger(info: dict[str, Any]) -> list[Any]:
+def _ledger(info: dict[str, Any]) -> list[dict[str, Any]] | None:
     from meshrl.wire import SignedClient
     from meshrl.wire.models import LedgerPage
 
@@ -52,19 +55,42 @@ def _ledger(info: dict[str, Any]) -> list[Any]:
                 out += page.entries
                 after = page.next_after
     try:
-        return asyncio.run(read())
+        return [e.model_dump(mode="json") for e in asyncio.run(read())]
     except Exception:  # the orchestrator is down: the report says so instead of failing
+        return None
+
+
+def _chain(info: dict[str, Any], verb: str, *args: str, timeout: float = 60) -> list[Any]:
+    """`meshrl chain <verb>` (a process: the network package does not import the chain
+    client); its JSON lines, or [] when the chain does not answer."""
+    argv = [sys.executable, "-m", "meshrl.cli", "chain", verb, "--chain.rpc_url",
+            info["rpc_url"], "--chain.deployment", info["deployment"], *args]
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                             check=False)
+    except subprocess.TimeoutExpired:
         return []
+    return [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
 
 
 def _balances(info: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    providers = [w["provider"] for w in info["workers"].values()]
-    argv = [sys.executable, "-m", "meshrl.cli", "chain", "balances",
-            "--chain.rpc_url", info["rpc_url"], "--chain.deployment", info["deployment"],
-            "--addresses", json.dumps(providers)]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    rows = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
-    return {r["address"].lower(): r for r in rows}
+    providers = json.dumps([w["provider"] for w in info["workers"].values()])
+    return {r["address"].lower(): r for r in _chain(info, "balances", "--addresses", providers)}
+
+
+def _works(info: dict[str, Any]) -> dict[str, Any] | None:
+    out = _chain(info, "works", "--pool", str(info["pool_id"]), timeout=300)
+    return out[-1] if out else None
+
+
+def _accuracy_goal(cfg: NetworkConfig) -> bool:
+    """Whether the trainer means to reach the 80% target (it stops at an accuracy >= 0.8)."""
+    import tomllib
+
+    goal = cfg.train.get("stop_at_accuracy")
+    if goal is None and Path(cfg.train_config).is_file():
+        goal = tomllib.loads(Path(cfg.train_config).read_text()).get("stop_at_accuracy")
+    return goal is not None and 0.8 <= goal <= 1.0
 
 
 def _broadcast(root: Path, workers: list[str]) -> list[dict[str, Any]]:
@@ -83,30 +109,46 @@ def _broadcast(root: Path, workers: list[str]) -> list[dict[str, Any]]:
     return out
 
 
+def _node_rows(info: dict[str, Any], ledger: list[dict[str, Any]],
+               records: list[dict[str, Any]], chain: dict[str, Any] | None,
+               balances: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    used = Counter(f["node"].lower() for r in records for f in r["used"])
+    rewards = (chain or {}).get("rewards", {})
+    nodes = {}
+    for name, w in info["workers"].items():
+        node = w["node"].lower()
+        mine = [e for e in ledger if e["node"].lower() == node]
+        slashed = [i["slashed"] for i in (chain or {}).get("invalidations", [])
+                   if i["node"].lower() == node]
+        pay = rewards.get(node, {"earned": 0, "claimable": 0, "claimed": 0})
+        bal = balances.get(w["provider"].lower(), {})
+        nodes[name] = {
+            "node": w["node"], "provider": w["provider"], "dishonest": w["dishonest"],
+            "files": dict(Counter(e["status"] for e in mine)),
+            "not_granted": sum(not e["granted"] for e in mine),
+            "trained_on": used.get(node, 0), "tokens": sum(e["work_units"] for e in mine),
+            "rewards_earned": None if chain is None else pay["earned"],
+            "rewards_claimable": None if chain is None else pay["claimable"],
+            "rewards_claimed": None if chain is None else pay["claimed"],
+            "stake": bal.get("stake"), "token_balance": bal.get("tokens"),
+            "stake_slashed": None if chain is None else sum(slashed)}
+    return nodes
+
+
 def build_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
     info = json.loads((root / "network.json").read_text())
     metrics = _lines(root / "trainer" / "metrics.jsonl")
     evals = [m for m in metrics if m.get("kind") == "eval" and m.get("phase") == "rl"]
     reached = next((m for m in evals if m["accuracy"] >= 0.8), None)
     records = _lines(root / "trainer" / "rollouts.jsonl")
-    used = Counter(f["node"].lower() for r in records for f in r["used"])
-    ledger = _ledger(info)
-    chain = _balances(info)
-    nodes = {}
-    for name, w in info["workers"].items():
-        node = w["node"].lower()
-        mine = [e for e in ledger if e.node.lower() == node]
-        status = Counter(e.status.value for e in mine)
-        paid = [e for e in mine if e.status.value in ("accepted", "submitted")]
-        bal = chain.get(w["provider"].lower(), {})
-        nodes[name] = {
-            "node": w["node"], "provider": w["provider"], "dishonest": w["dishonest"],
-            "files": dict(status), "trained_on": used.get(node, 0),
-            "tokens": sum(e.work_units for e in mine),
-            "rewards_earned": sum(e.work_units for e in paid) * cfg.pool.reward_rate,
-            "stake": bal.get("stake"), "token_balance": bal.get("tokens"),
-            "stake_slashed": None if "stake" not in bal else
-            max(0, max(cfg.chain.min_stake, cfg.chain.stake_per_unit) - bal["stake"])}
+    read = _ledger(info)
+    ledger = read or []
+    chain = _works(info)
+    verdicts = [r for r in _lines(root / "logs" / "validator.log") if r.get("msg") == "verdict"]
+    facts = RunFacts(records=records, ledger=ledger, chain=chain, workers=info["workers"],
+                     cheat_after=cfg.workers.cheat.after_step,
+                     async_level=cfg.pool.async_level, evals=evals,
+                     accuracy_goal=_accuracy_goal(cfg), verdicts=verdicts)
     events = _lines(root / "events.jsonl")
     return {
         "outcome": _lines_json(root / "outcome.json"),
@@ -115,12 +157,13 @@ def build_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
                                                     "elapsed_s": reached["elapsed"]},
         "steps": max((m["step"] for m in metrics if m.get("kind") == "step"), default=0),
         "curves": None,
-        "nodes": nodes,
+        "checks": [c.as_dict() for c in run_checks(facts, ledger_read=read is not None)],
+        "nodes": _node_rows(info, ledger, records, chain, _balances(info)),
+        "chain": None if chain is None else {"block": chain["block"], "now": chain["now"]},
         "versions": _broadcast(root, list(info["workers"])),
-        "restarts": [e for e in events if e["event"] in ("died", "killed", "recovered")],
+        "restarts": [e for e in events if e["event"] in ("died", "killed", "recovered", "retired")],
         "faults": _lines_json(root / "faults.json") or [],
-        "invalidations": [r for r in _lines(root / "logs" / "validator.log")
-                          if r.get("msg") == "verdict" and r.get("verdict") != "accept"],
+        "invalidations": [v for v in verdicts if v.get("verdict") != "accept"],
     }
 
 
@@ -170,19 +213,29 @@ def _tokens(base_units: int | None) -> str:
 
 
 def _markdown(rep: dict[str, Any]) -> str:
-    acc = rep["accuracy"]
+    acc, checks = rep["accuracy"], rep["checks"]
+    failed = [c for c in checks if not c["ok"]]
     out = ["# Network run report", "",
+           f"- outcome: {(rep['outcome'] or {}).get('outcome', 'n/a')}",
            f"- held-out accuracy: {'n/a' if acc is None else f'{acc:.3f}'} after "
            f"{rep['steps']} steps",
            f"- reached 80%: {rep['reached_80'] or 'no'}",
-           f"- curves: `{rep['curves']}`", "", "## Nodes", "",
-           "| node | dishonest | files | trained on | work units | rewards earned (tokens) | "
-           "stake | slashed |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+           f"- checks: {len(checks) - len(failed)} of {len(checks)} hold"
+           + (f" (failed: {', '.join(c['name'] for c in failed)})" if failed else ""),
+           f"- curves: `{rep['curves']}`", "", "## Checks", ""]
+    out += [f"- **{c['status'].upper()}** `{c['name']}`: {c['summary']}" for c in checks]
+    out += ["", "## Nodes", "",
+            "Rewards in tokens, from the chain: earned counts valid work only (claimed, or "
+            "submitted and not wiped by a hard invalidation); claimable is unlocked now.", "",
+            "| node | dishonest | files | not granted | trained on | work units | earned | "
+            "claimable | claimed | stake | slashed |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, n in rep["nodes"].items():
         files = ", ".join(f"{k} {v}" for k, v in sorted(n["files"].items()))
-        out.append(f"| {name} | {n['dishonest']} | {files} | {n['trained_on']} | "
-                   f"{n['tokens']} | {_tokens(n['rewards_earned'])} | {_tokens(n['stake'])} | "
-                   f"{_tokens(n['stake_slashed'])} |")
+        out.append(f"| {name} | {n['dishonest']} | {files} | {n['not_granted']} | "
+                   f"{n['trained_on']} | {n['tokens']} | {_tokens(n['rewards_earned'])} | "
+                   f"{_tokens(n['rewards_claimable'])} | {_tokens(n['rewards_claimed'])} | "
+                   f"{_tokens(n['stake'])} | {_tokens(n['stake_slashed'])} |")
     out += ["", "## Policy versions (seconds from publish to load, slowest worker)", "",
             "| version | workers | max s |", "| --- | --- | --- |"]
     out += [f"| {v['version']} | {v['workers_loaded']} | {v['max_s']} |"
@@ -191,6 +244,10 @@ def _markdown(rep: dict[str, Any]) -> str:
             "| --- | --- | --- | --- |"]
     out += [f"| {f['role']} | {f['at_s']} | {f['detect_s']} | {f['recover_s']} |"
             for f in rep["faults"]]
+    out += ["", "## Role exits (the supervisor's record)", "",
+            "| role | event | exit status | alive s |", "| --- | --- | --- | --- |"]
+    out += [f"| {e['role']} | {e['event']} | {e.get('rc', '')} | {e.get('alive_s', '')} |"
+            for e in rep["restarts"] if e["event"] in ("died", "retired")]
     out += ["", "## Invalidations", ""]
     out += [f"- {v.get('node')} {v.get('verdict')}: {v.get('reason')}"
             for v in rep["invalidations"]]

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from meshrl.orchestrator.state import FileRow
 from meshrl.orchestrator.store import StoreRefusal, check_sha, check_slot_id
 from meshrl.wire.errors import WireError
 from meshrl.wire.models import (
@@ -183,31 +184,35 @@ class OrchestratorApi:
         if not await self.o.chain.is_validator(call.address):
             raise WireError(403, "not a validator")
         v: Verdict = call.body
-        row = self.o.state.file(v.sha256)
-        if row is None:
-            raise WireError(404, "no such file")
+        row = self.o.state.file_by_work_id(v.work_id) if v.work_id else self.o.state.file(v.sha256)
+        if row is None:  # the submission may not have reached the ledger yet: ask again
+            raise WireError(404, "no such submission" if v.work_id else "no such file")
+        if row.sha256 != v.sha256:
+            raise WireError(422, "work id of another file", f"work {v.work_id} is {row.sha256}")
         if row.status not in (FileStatus.SUBMITTED, FileStatus.ACCEPTED):
             raise WireError(409, "not awaiting a verdict", f"file is {row.status.value}")
         if v.verdict is VerdictKind.ACCEPT:
-            self.o.state.set_file_status(v.sha256, FileStatus.ACCEPTED, verdict=v.verdict.value,
-                                    validator=call.address)
+            self.o.state.set_file_status(row.seq, FileStatus.ACCEPTED, verdict=v.verdict.value,
+                                         validator=call.address)
         else:  # recorded; the status moves when the chain's WorkInvalidated event is seen
-            self.o.state.set_file_status(v.sha256, FileStatus.SUBMITTED,
-                                    verdict=f"{v.verdict.value}: {v.reason}",
-                                    validator=call.address)
-        return VerdictAck(sha256=v.sha256, status=self.o.state.file(v.sha256).status)  # type: ignore
+            self.o.state.set_file_status(row.seq, FileStatus.SUBMITTED,
+                                         verdict=f"{v.verdict.value}: {v.reason}",
+                                         validator=call.address)
+        after = self.o.state.file_by_work_id(row.work_id) if row.work_id else \
+            self.o.state.file(row.sha256)
+        assert after is not None
+        return VerdictAck(sha256=v.sha256, status=after.status, work_id=after.work_id)
 
     async def ledger(self, call: Call) -> LedgerPage:
         await self.reader(call)
         q: LedgerQuery = call.query
-        rows = self.o.state.files(q.step, q.status, q.after, q.limit, q.sha256)
-        entries = [LedgerEntry(
-            seq=r.seq, sha256=r.sha256, node=r.node, provider=r.provider, step=r.step,
-            policy_version=r.policy_version, work_units=r.work_units, size=r.size,
-            status=r.status, verdict=r.verdict,
-            download=f"/files/{r.sha256}" if r.status not in (
-                FileStatus.GRANTED, FileStatus.EXPIRED) else "") for r in rows]
-        return LedgerPage(entries=entries, next_after=rows[-1].seq if rows else q.after)
+        if q.accepted_after is not None:
+            rows = self.o.state.accepted(q.accepted_after, q.limit)
+            last = rows[-1].accepted_seq if rows else q.accepted_after
+        else:
+            rows = self.o.state.files(q.step, q.status, q.after, q.limit, q.sha256, q.work_id)
+            last = rows[-1].seq if rows else q.after
+        return LedgerPage(entries=[_entry(r) for r in rows], next_after=last)
 
     async def nodes(self, call: Call) -> PoolNodes:
         self.trainer(call)
@@ -252,9 +257,18 @@ class OrchestratorApi:
                   summary="a validator's verdict on a submitted file"),
             Route("GET", "/ledger", self.ledger, query=LedgerQuery, response=LedgerPage,
                   max_body=none, tags=trainer + validator,
-                  summary="files by step and status (accepted: what the trainer may use)"),
+                  summary="submissions by step, status, file or work id; accepted_after: the "
+                  "accepted ones in acceptance order (what the trainer may use)"),
             Route("GET", "/nodes", self.nodes, response=PoolNodes, max_body=none, tags=trainer,
                   summary="the pool's nodes and their last heartbeats"),
             Route("POST", "/step", self.step, body=StepUpdate, response=HeartbeatAck,
                   max_body=small, tags=trainer, summary="the trainer moves the pool to a step"),
         ]
+
+
+def _entry(r: FileRow) -> LedgerEntry:
+    return LedgerEntry(
+        seq=r.seq, sha256=r.sha256, node=r.node, provider=r.provider, step=r.step,
+        policy_version=r.policy_version, work_units=r.work_units, size=r.size, status=r.status,
+        verdict=r.verdict, download=f"/files/{r.sha256}" if r.uploaded else "",
+        work_id=r.work_id, granted=r.granted, uploaded=r.uploaded, accepted_seq=r.accepted_seq)

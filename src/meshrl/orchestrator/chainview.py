@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from meshrl.log import get_logger, log_event
-from meshrl.orchestrator.state import State
+from meshrl.orchestrator.state import POOL_STEP, State
 from meshrl.protocol.chain import Protocol
 from meshrl.protocol.errors import ChainError, TxReverted
 from meshrl.protocol.events import Event
@@ -95,6 +95,16 @@ class ChainView:
         except (TxReverted, ChainError) as e:
             return str(e)
 
+    async def blacklist(self, node: str) -> str:
+        """Blacklist `node` in this pool (ejecting it if still in); "" on success or if it
+        already is, else why not (chain error)."""
+        try:
+            if not await self.run(self.protocol.is_blacklisted, self.pool_id, node):
+                await self.run(self.protocol.blacklist_node, self.pool_id, node)
+            return ""
+        except (TxReverted, ChainError) as e:
+            return str(e)
+
     def restore_cursor(self, state: State) -> None:
         saved = state.get_meta(CURSOR)
         if saved:
@@ -129,16 +139,24 @@ class ChainView:
             row = state.file_by_work_id(bytes(a["work_id"]).hex())
             if row is not None:
                 status = FileStatus.HARD_INVALIDATED if a["hard"] else FileStatus.SOFT_INVALIDATED
-                state.set_file_status(row.sha256, status, validator=a["validator"])
+                state.set_file_status(row.seq, status, validator=a["validator"])
 
     def _submitted(self, state: State, sha: str, a: dict[str, Any]) -> None:
+        """The granted row of the submitting node moves to `submitted`; any other submission of
+        this pool (a file granted to another node, or never granted) gets a row of its own."""
         if a["pool"] != self.pool_id:
             return
+        wid, node = bytes(a["work_id"]).hex(), a["node"]
+        if state.file_by_work_id(wid) is not None:
+            return  # seen before (events are applied once; this keeps it so)
         row = state.file(sha)
-        if row is None or row.node.lower() != a["node"].lower():
-            log_event(log, "submission of a file this pool did not grant", sha256=sha,
-                      node=a["node"])
+        if row is not None and row.node.lower() == node.lower():
+            if row.status in (FileStatus.GRANTED, FileStatus.UPLOADED, FileStatus.EXPIRED):
+                state.set_file_status(row.seq, FileStatus.SUBMITTED)
+                state.set_work_id(row.seq, wid)
             return
-        if row.status in (FileStatus.GRANTED, FileStatus.UPLOADED, FileStatus.EXPIRED):
-            state.set_file_status(sha, FileStatus.SUBMITTED)
-            state.set_work_id(sha, bytes(a["work_id"]).hex())
+        member = state.node(node)
+        claim = state.add_claim(sha, node, member.provider if member else "", a["units"], wid,
+                                int(state.get_meta(POOL_STEP, "0")))
+        log_event(log, "submission of a file this pool did not grant", sha256=sha, node=node,
+                  seq=claim.seq, granted_to=row.node if row else None)

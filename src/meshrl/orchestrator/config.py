@@ -90,6 +90,9 @@ class OrchestratorConfig(Config):
                                description="addresses that may read the ledger and files (trainer)")
     chain_poll_s: float = Field(2.0, gt=0, description="seconds between chain event polls")
     validator_cache_s: float = Field(30.0, ge=0, description="seconds a validator check is kept")
+    blacklist_fraud: bool = Field(True, description="blacklist in this pool every node whose "
+                                  "work was hard-invalidated (ejection alone would let it be "
+                                  "invited again once its provider restakes)")
     chain: ChainConfig = ChainConfig()
     guard: GuardConfig = GuardConfig()
     store: DiskStoreConfig = DiskStoreConfig()

@@ -22,17 +22,17 @@ from meshrl.orchestrator.api import OrchestratorApi
 from meshrl.orchestrator.chainview import ChainView
 from meshrl.orchestrator.config import OrchestratorConfig
 from meshrl.orchestrator.onboarding import Onboarding
-from meshrl.orchestrator.state import State
+from meshrl.orchestrator.state import POOL_STEP, State
 from meshrl.orchestrator.store import DiskFileStore, FileStore
 from meshrl.protocol.chain import Protocol
 from meshrl.wire.guard import RequestGuard
-from meshrl.wire.models import NodeState
+from meshrl.wire.models import FileStatus, NodeState
+from meshrl.wire.nonces import SqliteNonceStore
 from meshrl.wire.service import build_app
 
 __all__ = ["Orchestrator", "missed_heartbeats"]
 
 log = get_logger("meshrl.orchestrator")
-STEP = "pool_step"
 
 
 def missed_heartbeats(silence_s: float, interval_s: float, slack: float) -> int:
@@ -68,20 +68,22 @@ class Orchestrator:
         self.state = State(cfg.db)
         self.store = store or DiskFileStore(cfg.store.root, fsync=cfg.store.fsync)
         self.chain = ChainView(protocol, cfg.pool_id, cfg.validator_cache_s)
-        self.guard = RequestGuard(cfg.guard)
+        # seen nonces live in the state's database: a restart does not reopen replays
+        self.guard = RequestGuard(cfg.guard, nonces=SqliteNonceStore(self.state.db))
         self.registry = CollectorRegistry()
         self.metrics = _Metrics(self.registry)
-        self.step = int(self.state.get_meta(STEP, str(cfg.work.step)))
+        self.step = int(self.state.get_meta(POOL_STEP, str(cfg.work.step)))
         self.domain = 0
         self.max_units = cfg.work.max_units_per_file
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._blacklisted: set[str] = set()  # nodes known blacklisted on chain (lower case)
         self.onboarding = Onboarding(self)
 
     # the pool's step and the versions a node may generate with
     def set_step(self, step: int) -> None:
-        self.state.set_meta(STEP, str(step))
+        self.state.set_meta(POOL_STEP, str(step))
         self.step = step
 
     def policy_versions(self) -> list[int]:
@@ -146,7 +148,22 @@ class Orchestrator:
 
     async def _follow_chain(self) -> float:
         await self.chain.follow(self.state)
+        if self.cfg.blacklist_fraud:
+            await self._blacklist_fraud()
         return self.cfg.chain_poll_s
+
+    async def _blacklist_fraud(self) -> None:
+        """Every node with hard-invalidated work is blacklisted here. Read from the ledger on
+        each poll (not from the event), so a crash between the two cannot skip a node."""
+        for node in self.state.nodes_with(FileStatus.HARD_INVALIDATED):
+            if node.lower() in self._blacklisted:
+                continue
+            why = await self.chain.blacklist(node)
+            if why:  # a chain error: tried again on the next poll
+                log_event(log, "blacklist failed", node=node, error=why)
+                continue
+            self._blacklisted.add(node.lower())
+            log_event(log, "node blacklisted", node=node, reason="hard-invalidated work")
 
     async def _expire_slots(self) -> float:
         self.state.expire_slots(time.time())

@@ -15,10 +15,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from meshrl.wire.models import FileStatus, NodeState
 
-__all__ = ["FileRow", "NodeRow", "SlotRow", "State"]
+__all__ = ["POOL_STEP", "FileRow", "NodeRow", "SlotRow", "State"]
+
+POOL_STEP = "pool_step"  # meta key of the pool's step
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -36,14 +39,19 @@ CREATE TABLE IF NOT EXISTS slots (
     expires_at REAL NOT NULL, used INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS files (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, sha256 TEXT UNIQUE NOT NULL, node TEXT NOT NULL,
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, sha256 TEXT NOT NULL, node TEXT NOT NULL,
     provider TEXT NOT NULL, step INTEGER NOT NULL, policy_version INTEGER NOT NULL,
     work_units INTEGER NOT NULL, size INTEGER NOT NULL, status TEXT NOT NULL,
     verdict TEXT NOT NULL DEFAULT '', validator TEXT NOT NULL DEFAULT '',
-    updated_at REAL NOT NULL, work_id TEXT NOT NULL DEFAULT ''
+    updated_at REAL NOT NULL, work_id TEXT NOT NULL DEFAULT '',
+    granted INTEGER NOT NULL DEFAULT 1, uploaded INTEGER NOT NULL DEFAULT 0,
+    accepted_seq INTEGER NOT NULL DEFAULT 0
 );
+CREATE UNIQUE INDEX IF NOT EXISTS files_granted ON files (sha256) WHERE granted = 1;
+CREATE UNIQUE INDEX IF NOT EXISTS files_claimed ON files (sha256, node) WHERE granted = 0;
 CREATE INDEX IF NOT EXISTS files_step ON files (step, status);
 CREATE INDEX IF NOT EXISTS files_work ON files (work_id);
+CREATE INDEX IF NOT EXISTS files_accepted ON files (accepted_seq);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
@@ -86,6 +94,13 @@ class FileRow:
     validator: str
     updated_at: float
     work_id: str  # the chain's key of the submitted work (hex), "" until submitted
+    granted: bool  # False: a submission on chain of a file this pool did not grant the node
+    uploaded: bool  # the node uploaded the file through its slot
+    accepted_seq: int  # acceptance order, 0 if never accepted
+
+
+def _file_row(r: tuple[Any, ...]) -> FileRow:
+    return FileRow(*r[:8], FileStatus(r[8]), *r[9:13], bool(r[13]), bool(r[14]), r[15])
 
 
 class State:
@@ -96,7 +111,32 @@ class State:
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-        self.db.executescript(SCHEMA)
+        old = self._columns("files")
+        if old and "granted" not in old:
+            self._migrate_files()
+        else:
+            self.db.executescript(SCHEMA)
+
+    def _columns(self, table: str) -> list[str]:
+        return [r[1] for r in self.db.execute(f"PRAGMA table_info({table})")]
+
+    def _migrate_files(self) -> None:
+        """A ledger of the one-row-per-sha256 layout: every row was a grant; accepted rows keep
+        their ledger order as acceptance order."""
+        cols = ", ".join(self._columns("files"))
+        with self.tx() as db:
+            db.execute("ALTER TABLE files RENAME TO files_v1")
+            for index in ("files_step", "files_work"):
+                db.execute(f"DROP INDEX IF EXISTS {index}")
+            for stmt in SCHEMA.split(";"):
+                if stmt.strip():
+                    db.execute(stmt)
+            db.execute(f"INSERT INTO files ({cols}) SELECT {cols} FROM files_v1")
+            db.execute("UPDATE files SET uploaded = status NOT IN (?, ?)",
+                       (FileStatus.GRANTED.value, FileStatus.EXPIRED.value))
+            db.execute("UPDATE files SET accepted_seq = seq WHERE status = ?",
+                       (FileStatus.ACCEPTED.value,))
+            db.execute("DROP TABLE files_v1")
 
     def close(self) -> None:
         self.db.close()
@@ -174,47 +214,91 @@ class State:
         return None if row is None else SlotRow(*row)
 
     def file(self, sha256: str) -> FileRow | None:
-        row = self.db.execute("SELECT * FROM files WHERE sha256 = ?", (sha256,)).fetchone()
-        return None if row is None else FileRow(*row[:8], FileStatus(row[8]), *row[9:])
+        """The granted row of a file (the one that may be trained on)."""
+        row = self.db.execute("SELECT * FROM files WHERE sha256 = ? AND granted = 1",
+                              (sha256,)).fetchone()
+        return None if row is None else _file_row(row)
+
+    def file_by_work_id(self, work_id: str) -> FileRow | None:
+        row = self.db.execute("SELECT * FROM files WHERE work_id = ?", (work_id,)).fetchone()
+        return None if row is None else _file_row(row)
 
     def files(self, step: int | None, status: FileStatus | None, after: int, limit: int,
-              sha256: str | None = None) -> list[FileRow]:
+              sha256: str | None = None, work_id: str | None = None) -> list[FileRow]:
         sql, args = "SELECT * FROM files WHERE seq > ?", [after]
-        if sha256 is not None:
-            sql, args = sql + " AND sha256 = ?", [*args, sha256]
-        if step is not None:
-            sql, args = sql + " AND step = ?", [*args, step]
-        if status is not None:
-            sql, args = sql + " AND status = ?", [*args, status.value]
+        for column, value in (("sha256", sha256), ("work_id", work_id), ("step", step),
+                              ("status", None if status is None else status.value)):
+            if value is not None:
+                sql, args = sql + f" AND {column} = ?", [*args, value]
         rows = self.db.execute(sql + " ORDER BY seq LIMIT ?", [*args, limit])
-        return [FileRow(*r[:8], FileStatus(r[8]), *r[9:]) for r in rows]
+        return [_file_row(r) for r in rows]
 
-    def set_file_status(self, sha256: str, status: FileStatus, db: sqlite3.Connection | None = None,
+    def nodes_with(self, status: FileStatus) -> list[str]:
+        """Nodes that have at least one row in `status`."""
+        rows = self.db.execute("SELECT DISTINCT node FROM files WHERE status = ? ORDER BY node",
+                               (status.value,))
+        return [r[0] for r in rows]
+
+    def accepted(self, after: int, limit: int) -> list[FileRow]:
+        """Accepted rows in the order they were accepted, after acceptance number `after`."""
+        rows = self.db.execute("SELECT * FROM files WHERE status = ? AND accepted_seq > ? "
+                               "ORDER BY accepted_seq LIMIT ?",
+                               (FileStatus.ACCEPTED.value, after, limit))
+        return [_file_row(r) for r in rows]
+
+    def set_file_status(self, seq: int, status: FileStatus, db: sqlite3.Connection | None = None,
                         verdict: str | None = None, validator: str | None = None) -> None:
+        """Move one row; its first acceptance gives it the next acceptance number (one
+        statement, so no crash can leave an accepted row without its number)."""
         (db or self.db).execute(
             "UPDATE files SET status = ?, verdict = COALESCE(?, verdict), "
-            "validator = COALESCE(?, validator), updated_at = ? WHERE sha256 = ?",
-            (status.value, verdict, validator, time.time(), sha256))
+            "validator = COALESCE(?, validator), updated_at = ?, accepted_seq = CASE "
+            "WHEN ? AND accepted_seq = 0 THEN (SELECT COALESCE(MAX(accepted_seq), 0) + 1 "
+            "FROM files) ELSE accepted_seq END WHERE seq = ?",
+            (status.value, verdict, validator, time.time(), status is FileStatus.ACCEPTED, seq))
 
     def grant_slot(self, slot_id: str, node: str, provider: str, sha256: str, size: int,
                    step: int, policy_version: int, work_units: int, expires_at: float) -> bool:
-        """A slot and its ledger row (granted); False if the file is already known and live."""
+        """A slot and the file's granted row; False if the file is already granted and live, or
+        the node already submitted it on chain without a grant."""
         with self.tx() as db:
-            old = db.execute("SELECT status FROM files WHERE sha256 = ?", (sha256,)).fetchone()
-            if old is not None and old[0] != FileStatus.EXPIRED.value:
+            old = db.execute("SELECT seq, status FROM files WHERE sha256 = ? AND granted = 1",
+                             (sha256,)).fetchone()
+            claimed = db.execute("SELECT 1 FROM files WHERE sha256 = ? AND node = ? AND "
+                                 "granted = 0", (sha256, node)).fetchone()
+            if claimed or (old is not None and old[1] != FileStatus.EXPIRED.value):
                 return False
             db.execute("INSERT INTO slots VALUES (?, ?, ?, ?, ?, 0)",
                        (slot_id, node, sha256, size, expires_at))
-            db.execute(
-                "INSERT INTO files (sha256, node, provider, step, policy_version, work_units, "
-                "size, status, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT(sha256) DO UPDATE SET node = excluded.node, "
-                "provider = excluded.provider, step = excluded.step, "
-                "policy_version = excluded.policy_version, work_units = excluded.work_units, "
-                "size = excluded.size, status = excluded.status, updated_at = excluded.updated_at",
-                (sha256, node, provider, step, policy_version, work_units, size,
-                 FileStatus.GRANTED.value, time.time()))
+            values = (node, provider, step, policy_version, work_units, size,
+                      FileStatus.GRANTED.value, time.time())
+            if old is None:
+                db.execute("INSERT INTO files (node, provider, step, policy_version, work_units, "
+                           "size, status, updated_at, sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           (*values, sha256))
+            else:  # an expired grant: the row is granted afresh
+                db.execute("UPDATE files SET node = ?, provider = ?, step = ?, "
+                           "policy_version = ?, work_units = ?, size = ?, status = ?, "
+                           "updated_at = ?, verdict = '', validator = '', work_id = '', "
+                           "uploaded = 0 WHERE seq = ?", (*values, old[0]))
         return True
+
+    def add_claim(self, sha256: str, node: str, provider: str, work_units: int,
+                  work_id: str, fallback_step: int) -> FileRow:
+        """The row of a submission on chain of a file this pool did not grant `node`: judged
+        like any other, never trained on. Step, version and size are the granted file's when
+        the pool knows the file (same bytes), else the pool's step and -1."""
+        known = self.file(sha256)
+        step, version, size = ((known.step, known.policy_version, known.size) if known
+                               else (fallback_step, -1, 0))
+        self.db.execute(
+            "INSERT INTO files (sha256, node, provider, step, policy_version, work_units, size, "
+            "status, updated_at, work_id, granted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+            (sha256, node, provider, step, version, work_units, size,
+             FileStatus.SUBMITTED.value, time.time(), work_id))
+        row = self.file_by_work_id(work_id)
+        assert row is not None
+        return row
 
     def claim_slot(self, slot_id: str) -> bool:
         """Take a free slot for one upload (so two concurrent uploads cannot both use it)."""
@@ -229,7 +313,9 @@ class State:
     def finish_upload(self, slot_id: str, sha256: str) -> None:
         with self.tx() as db:
             db.execute("UPDATE slots SET used = 2 WHERE slot_id = ?", (slot_id,))
-            self.set_file_status(sha256, FileStatus.UPLOADED, db)
+            db.execute("UPDATE files SET status = ?, uploaded = 1, updated_at = ? "
+                       "WHERE sha256 = ? AND granted = 1",
+                       (FileStatus.UPLOADED.value, time.time(), sha256))
 
     def expire_slots(self, now: float) -> int:
         """Slots never used past their expiry: their files become `expired` (can be re-granted)."""
@@ -239,16 +325,12 @@ class State:
             for slot_id, sha256 in rows:
                 db.execute("DELETE FROM slots WHERE slot_id = ?", (slot_id,))
                 db.execute("UPDATE files SET status = ?, updated_at = ? WHERE sha256 = ? AND "
-                           "status = ?", (FileStatus.EXPIRED.value, now, sha256,
-                                          FileStatus.GRANTED.value))
+                           "granted = 1 AND status = ?", (FileStatus.EXPIRED.value, now, sha256,
+                                                          FileStatus.GRANTED.value))
         return len(rows)
 
-    def file_by_work_id(self, work_id: str) -> FileRow | None:
-        row = self.db.execute("SELECT * FROM files WHERE work_id = ?", (work_id,)).fetchone()
-        return None if row is None else FileRow(*row[:8], FileStatus(row[8]), *row[9:])
-
-    def set_work_id(self, sha256: str, work_id: str) -> None:
-        self.db.execute("UPDATE files SET work_id = ? WHERE sha256 = ?", (work_id, sha256))
+    def set_work_id(self, seq: int, work_id: str) -> None:
+        self.db.execute("UPDATE files SET work_id = ? WHERE seq = ?", (work_id, seq))
 
     def count_files(self) -> dict[str, int]:
         rows = self.db.execute("SELECT status, COUNT(*) FROM files GROUP BY status")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any
 
@@ -72,6 +73,11 @@ class BalancesConfig(Config):
     _addresses = field_validator("addresses", mode="before")(hex_address)
 
 
+class WorksConfig(Config):
+    chain: ChainConfig = Field(default_factory=ChainConfig)
+    pool: int = Field(1, ge=1, description="the pool whose work to list")
+
+
 def _print(obj: Any) -> None:
     print(json.dumps(obj, default=str))
 
@@ -91,39 +97,50 @@ def _handled(name: str, fn: Callable[[Any], int]) -> Callable[[Any], int]:
     return run
 
 
-def _node(cfg: NodeConfig) -> int:
+@contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """While the block runs, SIGTERM (e.g. from a supervisor) is a normal exit, so `finally`
+    clauses (stopping anvil) run; then the caller's handler is back. A command called in-process
+    must not change its host's signal handling for good. Off the main thread Python cannot
+    handle signals: nothing is installed."""
     import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        yield
+    finally:  # None: the handler was not set from Python; the default is the closest
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _node(cfg: NodeConfig) -> int:
     import time
 
     from meshrl.log import get_logger, log_event
     from meshrl.protocol.local import start_local_chain
 
     log = get_logger("meshrl.protocol.node")
-    node, dep = start_local_chain(
-        cfg.port, cfg.params, cfg.chain.deployment, cfg.anvil, cfg.chain.private_key
-    )
-    log_event(
-        log,
-        "chain ready",
-        url=node.url,
-        deployment=cfg.chain.deployment,
-        protocol=dep.protocol,
-        token=dep.token,
-    )
-    _print({"url": node.url, **dep.__dict__})
-    start = time.monotonic()
-    # SIGTERM (e.g. from a supervisor) must stop anvil too: turn it into a normal exit.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    try:
-        while node.proc is not None and node.proc.poll() is None:
-            if cfg.run_seconds and time.monotonic() - start >= cfg.run_seconds:
-                break
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        node.stop()
-        log_event(log, "chain stopped", url=node.url)
+    with _sigterm_exits():
+        node, dep = start_local_chain(
+            cfg.port, cfg.params, cfg.chain.deployment, cfg.anvil, cfg.chain.private_key
+        )
+        log_event(log, "chain ready", url=node.url, deployment=cfg.chain.deployment,
+                  protocol=dep.protocol, token=dep.token)
+        _print({"url": node.url, **dep.__dict__})
+        start = time.monotonic()
+        try:
+            while node.proc is not None and node.proc.poll() is None:
+                if cfg.run_seconds and time.monotonic() - start >= cfg.run_seconds:
+                    break
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            node.stop()
+            log_event(log, "chain stopped", url=node.url)
     return 0
 
 
@@ -239,6 +256,14 @@ def _balances(cfg: BalancesConfig) -> int:
     return 0
 
 
+def _works(cfg: WorksConfig) -> int:
+    from meshrl.protocol.history import pool_history
+    from meshrl.protocol.local import open_protocol
+
+    _print(pool_history(open_protocol(cfg.chain, signer=False), cfg.pool))
+    return 0
+
+
 def _devnet(cfg: Any) -> int:
     from meshrl.protocol.devnet import setup_devnet
 
@@ -328,6 +353,14 @@ def register(subparsers: Any) -> None:
         BalancesConfig,
         _handled("balances", _balances),
         "ether, token, stake of addresses",
+    )
+    add_config_command(
+        sub,
+        "works",
+        WorksConfig,
+        _handled("works", _works),
+        "a pool's work items (status, reward, claimable) and its invalidations, ejections, "
+        "claims (one JSON object)",
     )
     add_config_command(
         sub,

@@ -23,7 +23,7 @@ from meshrl.log import get_logger, log_event
 from meshrl.wire import SignedClient, WireHTTPError, read_rollout_file
 from meshrl.wire.models import FileStatus, LedgerEntry, LedgerPage
 
-__all__ = ["FileGroups", "LedgerReader", "UnusableFile", "file_groups"]
+__all__ = ["FileGroups", "LedgerReader", "UnusableFile", "file_groups", "trainable"]
 
 log = get_logger("meshrl.rl.network")
 T = TypeVar("T")
@@ -50,6 +50,12 @@ class FileGroups:
     @property
     def groups(self) -> int:
         return len(self.rewards)
+
+
+def trainable(e: LedgerEntry) -> bool:
+    """Only a file accepted on the row of the node it was granted to, and uploaded by that
+    node, may be trained on (never a node's submission of a file it was not granted)."""
+    return e.status is FileStatus.ACCEPTED and e.granted and e.uploaded
 
 
 def _tasks_config(task: dict[str, Any]) -> Any:
@@ -105,7 +111,7 @@ class LedgerReader:
     def __init__(self, url: str, private_key: str, page: int = 1000,
                  retry_s: float = 1.0) -> None:
         self.url, self.key, self.page, self.retry_s = url, private_key, page, retry_s
-        self.after = 0  # ledger sequence read up to
+        self.after = 0  # acceptance number read up to
 
     def _run(self, make: Callable[[], Awaitable[T]]) -> T:
         """Run one exchange; while the orchestrator is unreachable or answers 5xx (restarting),
@@ -123,13 +129,26 @@ class LedgerReader:
             time.sleep(self.retry_s)
 
     def accepted(self) -> list[LedgerEntry]:
-        """Accepted files granted after the last call's, in ledger order."""
-        out, self.after = self._run(lambda: self._entries(FileStatus.ACCEPTED, self.after))
+        """Entries accepted since the last call's, in acceptance order (every row, a node's
+        submission of a file it was not granted included: the caller decides what it uses)."""
+        out, self.after = self._run(self._feed)
         return out
 
     def awaiting_verdict(self) -> list[LedgerEntry]:
-        """Files submitted on chain that no verdict has settled yet."""
+        """Submissions on chain that no verdict has settled yet."""
         return self._run(lambda: self._entries(FileStatus.SUBMITTED, 0))[0]
+
+    async def _feed(self) -> tuple[list[LedgerEntry], int]:
+        out: list[LedgerEntry] = []
+        after = self.after
+        async with SignedClient(self.url, self.key) as c:
+            while True:
+                query = {"accepted_after": after, "limit": self.page}
+                page = await c.call("GET", "/ledger", response=LedgerPage, query=query)
+                out.extend(page.entries)
+                if not page.entries:
+                    return out, after
+                after = page.next_after
 
     async def _entries(self, status: FileStatus, after: int) -> tuple[list[LedgerEntry], int]:
         out: list[LedgerEntry] = []

@@ -7,9 +7,11 @@ pending, close, dropped_stale), so the algorithm in loop.py is the same in both 
 - `publish(v)` saves the live policy (HF layout), publishes it as shardcast version `v` in the
   origin's store (a running origin serves it; relays mirror it) and moves the pool to step `v`,
   so workers generate with versions `v - async_level .. v`.
-- `get(s)` takes accepted files in ledger order, applying the async rule (a file of policy
-  version v is used at step s only if 0 <= s - v <= async_level; older ones are dropped and
-  counted), until the batch holds `prompts_per_step` groups; it waits while there are too few.
+- `get(s)` takes accepted files in the order they were accepted (`GET /ledger?accepted_after=`;
+  the order a file was granted in says nothing of when it is judged), only rows granted to and
+  uploaded by their node, each sha256 once, applying the async rule (a file of policy version v
+  is used at step s only if 0 <= s - v <= async_level; older ones are dropped and counted),
+  until the batch holds `prompts_per_step` groups; it waits while there are too few.
   Before that it waits until every file of steps <= s - `judge_lag` submitted on chain has a
   verdict: the trainer never runs more than `judge_lag` steps ahead of the validators, so a
   cheater is slashed and ejected within that many steps of its first dishonest file.
@@ -32,7 +34,13 @@ import torch
 
 from meshrl.log import get_logger, log_event
 from meshrl.rl.config import NetworkSourceConfig, RolloutConfig
-from meshrl.rl.ledger_files import FileGroups, LedgerReader, UnusableFile, file_groups
+from meshrl.rl.ledger_files import (
+    FileGroups,
+    LedgerReader,
+    UnusableFile,
+    file_groups,
+    trainable,
+)
 from meshrl.rl.pipeline import is_fresh
 from meshrl.rl.rollouts import RolloutBatch
 from meshrl.wire.models import LedgerEntry
@@ -66,7 +74,7 @@ class NetworkSource:
         self.reader = LedgerReader(cfg.orchestrator_url, key)
         self.records_path = run_dir / "rollouts.jsonl"
         self.seen = self._resume_records(start_step)  # sha256 of every file used or dropped
-        self.queue: list[LedgerEntry] = []  # accepted, not yet taken, in ledger order
+        self.queue: list[LedgerEntry] = []  # trainable, not yet taken, in acceptance order
         self.dropped_stale = 0
         self.start_step = start_step
 
@@ -131,22 +139,31 @@ class NetworkSource:
 
     # ---- plumbing --------------------------------------------------------------------------
     def _next_entry(self) -> LedgerEntry:
-        while not self.queue:
-            fresh = [e for e in self.reader.accepted() if e.sha256 not in self.seen]
-            self.queue.extend(fresh)
-            if self.queue:
-                break
+        while (entry := self.take()) is None:
             time.sleep(self.cfg.poll_s)
-        entry = self.queue.pop(0)
-        self.seen.add(entry.sha256)
         return entry
+
+    def take(self) -> LedgerEntry | None:
+        """The next trainable accepted file in acceptance order, never one taken before (the
+        ledger is read when the queue is empty); None when there is none now."""
+        if not self.queue:
+            self.queue.extend(e for e in self.reader.accepted() if trainable(e))
+        while self.queue:
+            entry = self.queue.pop(0)
+            if entry.sha256 not in self.seen:
+                self.seen.add(entry.sha256)
+                return entry
+        return None
 
     def _wait_judged(self, upto: int) -> None:
         """Until no file of steps <= `upto` awaits its verdict: the trainer never runs more than
         `judge_lag` steps ahead of the validators, so a cheat is slashed and ejected within
-        that many steps however fast honest files arrive."""
+        that many steps however fast honest files arrive. Submissions of a file the pool never
+        stored (version -1) are not waited for: nothing of them can be trained on, and the
+        validator settles them only after its retries."""
         while upto >= 0:
-            waiting = [e for e in self.reader.awaiting_verdict() if e.step <= upto]
+            waiting = [e for e in self.reader.awaiting_verdict()
+                       if e.step <= upto and e.policy_version >= 0]
             if not waiting:
                 return
             time.sleep(self.cfg.poll_s)

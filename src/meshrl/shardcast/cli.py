@@ -32,33 +32,18 @@ def _publish(cfg: PublishConfig) -> int:
     return 0
 
 
-def _serve(make: Any) -> int:
-    import asyncio
-    import contextlib
-
-    async def run() -> None:
-        service = make()
-        await service.start()
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await service.stop()
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run())
-    return 0
-
-
 def _origin(cfg: OriginConfig) -> int:
     from meshrl.shardcast.relay import Origin
+    from meshrl.wire.service import serve_forever
 
-    return _serve(lambda: Origin(cfg))
+    return serve_forever(lambda: Origin(cfg))
 
 
 def _relay(cfg: RelayConfig) -> int:
     from meshrl.shardcast.relay import Relay
+    from meshrl.wire.service import serve_forever
 
-    return _serve(lambda: Relay(cfg))
+    return serve_forever(lambda: Relay(cfg))
 
 
 def _fetch(cfg: FetchConfig) -> int:

@@ -33,7 +33,6 @@ class Outcome:
     decision: Decision | None = None
     error: str | None = None  # the validator's own failure: retry
     stats: dict[str, Any] = field(default_factory=dict)
-    ledger_node_matches: bool = True  # the orchestrator's ledger row is this submission's
 
 
 def pool_rules(cfg: ValidatorConfig) -> PoolRules:
@@ -65,7 +64,7 @@ class Judge:
 
     async def judge(self, jobs: list[Job]) -> list[Outcome]:
         outs: list[Outcome | None] = [None] * len(jobs)
-        files: dict[int, tuple[RolloutFile, list[Finding], bool]] = {}
+        files: dict[int, tuple[RolloutFile, list[Finding]]] = {}
         for i, job in enumerate(jobs):
             res = await self._fetch(job)
             if isinstance(res, Outcome):
@@ -73,7 +72,7 @@ class Judge:
             else:
                 files[i] = res
         by_version: dict[int, list[int]] = defaultdict(list)
-        for i, (rf, _, _) in files.items():
+        for i, (rf, _) in files.items():
             by_version[rf.header.policy_version].append(i)
         for version, idx in by_version.items():
             try:
@@ -94,10 +93,10 @@ class Judge:
             for i, rep in zip(idx, reports, strict=True):
                 findings = files[i][1] + rep.findings
                 outs[i] = Outcome(decide(findings), stats={} if rep.stats is None else
-                                  asdict(rep.stats), ledger_node_matches=files[i][2])
+                                  asdict(rep.stats))
         return [o if o is not None else Outcome(error="not judged") for o in outs]
 
-    async def _fetch(self, job: Job) -> tuple[RolloutFile, list[Finding], bool] | Outcome:
+    async def _fetch(self, job: Job) -> tuple[RolloutFile, list[Finding]] | Outcome:
         try:
             data = await self.orch.get_bytes(f"/files/{job.sha256}")
         except (WireHTTPError, OSError, TimeoutError) as e:
@@ -110,36 +109,33 @@ class Judge:
         except RolloutFileError as e:
             return Outcome(decide([Finding("schema", "soft", str(e))]))
         h = rf.header
-        entry = await self._ledger_entry(h.step, job.sha256)
-        # the ledger row is the uploader's; a copy submitted by another node must not touch it
-        mine = entry is not None and entry.node.lower() == job.node.lower()
         if h.node.lower() != job.node.lower():
             f = check_node(h.node, h.provider, job.node, job.provider)
-            return Outcome(decide([f] if f else []), ledger_node_matches=mine)
+            return Outcome(decide([f] if f else []))
         findings = []
-        if mine:
-            assert entry is not None
+        entry = await self._ledger_entry(job)
+        # only a granted row holds what this node was granted (a copy's holds the original's)
+        if entry is not None and entry.granted and entry.node.lower() == job.node.lower():
             slot = check_slot_claim(
                 {"step": h.step, "policy_version": h.policy_version, "work_units": h.work_units},
                 {"step": entry.step, "policy_version": entry.policy_version,
                  "work_units": entry.work_units})
             findings += [slot] if slot is not None else []
-        return rf, findings, mine
+        return rf, findings
 
-    async def _ledger_entry(self, step: int, sha256: str) -> LedgerEntry | None:
-        after = 0
-        while True:
-            try:
-                page = await self.orch.call("GET", "/ledger", response=LedgerPage,
-                                            query={"step": step, "after": after})
-            except (WireHTTPError, OSError):
-                return None
-            for e in page.entries:
-                if e.sha256 == sha256:
-                    return e
-            if not page.entries:
-                return None
-            after = page.next_after
+    async def _ledger_entry(self, job: Job) -> LedgerEntry | None:
+        """The ledger row of this submission: by its work id, or (when the orchestrator has not
+        seen the submission yet) the file's row granted to the submitting node."""
+        try:
+            page = await self.orch.call("GET", "/ledger", response=LedgerPage,
+                                        query={"sha256": job.sha256})
+        except (WireHTTPError, OSError):
+            return None
+        for e in page.entries:
+            if e.work_id == job.work_id:
+                return e
+        return next((e for e in page.entries
+                     if e.granted and e.node.lower() == job.node.lower()), None)
 
 
 def _claim(job: Job) -> ChainClaim:

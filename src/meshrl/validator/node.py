@@ -146,8 +146,10 @@ class ValidatorNode:
         chain's invalidation event reaches the orchestrator; then invalidate on chain."""
         d = out.decision
         assert d is not None
-        verdict = {"sha256": job.sha256, "verdict": _KIND[d.kind].value,
-                   "reason": d.reason[:500]} if out.ledger_node_matches else None
+        # addressed by work id: every submission has its own ledger row (a copy's included)
+        verdict: dict[str, str] | None = {"sha256": job.sha256, "work_id": job.work_id,
+                                          "verdict": _KIND[d.kind].value,
+                                          "reason": d.reason[:500]}
         if verdict is not None and await self._post(verdict):
             verdict = None
         tx = await self._invalidate(job, d) if d.kind != "accept" else ""

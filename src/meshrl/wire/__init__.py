@@ -21,6 +21,8 @@ _EXPORTS = {
     "GuardConfig": "guard",
     "RequestGuard": "guard",
     "VerifiedRequest": "guard",
+    "NonceStore": "nonces",
+    "SqliteNonceStore": "nonces",
     "SignedClient": "client",
     "Call": "service",
     "Route": "service",

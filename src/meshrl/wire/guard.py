@@ -7,15 +7,14 @@ charged only to an address that proved its key (else anyone could exhaust anothe
 writing its address in a header); the nonce is remembered last, after every other check passed,
 so a refused request does not burn its nonce.
 
-Nonces live in memory until their timestamp window closes. A restarted server forgets them, so a
-request captured in the 300 s before a restart could be replayed once; every state-changing
-route is also idempotent or single-use by itself (slots, invites), which bounds what that buys.
+Nonces are kept until their timestamp window closes, in a `NonceStore`: in memory by default (a
+restarted server forgets them), or a `SqliteNonceStore` in the service's own database, which the
+services use so that a request captured before a restart (even `kill -9`) cannot be replayed.
 """
 
 from __future__ import annotations
 
 import hashlib
-import heapq
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pydantic import Field
 
 from meshrl.config import Config
 from meshrl.wire.errors import WireError
+from meshrl.wire.nonces import NonceStore
 from meshrl.wire.signing import (
     HEADER_ADDRESS,
     HEADER_BODY_SHA256,
@@ -35,7 +35,7 @@ from meshrl.wire.signing import (
     request_message,
 )
 
-__all__ = ["GuardConfig", "NonceStore", "RateLimiter", "RequestGuard", "VerifiedRequest"]
+__all__ = ["GuardConfig", "RateLimiter", "RequestGuard", "VerifiedRequest"]
 
 _HEX40 = frozenset("0123456789abcdefABCDEF")
 
@@ -55,30 +55,6 @@ class VerifiedRequest:
     body_sha256: str
     nonce: str
     timestamp: int
-
-
-class NonceStore:
-    """Nonces seen per address, each kept until `expiry`; O(log n) insert, amortized expiry."""
-
-    def __init__(self) -> None:
-        self._seen: dict[tuple[str, str], float] = {}
-        self._heap: list[tuple[float, str, str]] = []
-
-    def __len__(self) -> int:
-        return len(self._seen)
-
-    def seen(self, address: str, nonce: str, now: float) -> bool:
-        self._expire(now)
-        return (address, nonce) in self._seen
-
-    def add(self, address: str, nonce: str, expiry: float) -> None:
-        self._seen[(address, nonce)] = expiry
-        heapq.heappush(self._heap, (expiry, address, nonce))
-
-    def _expire(self, now: float) -> None:
-        while self._heap and self._heap[0][0] < now:
-            _, address, nonce = heapq.heappop(self._heap)
-            self._seen.pop((address, nonce), None)
 
 
 class RateLimiter:
@@ -101,9 +77,10 @@ class RateLimiter:
 class RequestGuard:
     """Verifies one request's headers and body; raises `WireError` (401/400/409/413/429)."""
 
-    def __init__(self, cfg: GuardConfig, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, cfg: GuardConfig, clock: Callable[[], float] = time.time,
+                 nonces: NonceStore | None = None) -> None:
         self.cfg, self.clock = cfg, clock
-        self.nonces = NonceStore()
+        self.nonces = NonceStore() if nonces is None else nonces
         self.limiter = RateLimiter(cfg.rate_per_minute, cfg.rate_burst)
         self.verify_seconds = 0.0  # CPU time spent recovering signatures (the benchmark reports it)
         self.verified = 0

@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 SHA256 = r"^[0-9a-f]{64}$"
+WORK_ID = r"^([0-9a-f]{64})?$"
 ADDRESS = r"^0x[0-9a-fA-F]{40}$"
 
 
@@ -221,15 +222,22 @@ class Verdict(Model):
     sha256: str = Field(pattern=SHA256)
     verdict: VerdictKind
     reason: str = Field("", max_length=500)
+    work_id: str = Field("", pattern=WORK_ID, description="the submission judged (the chain's "
+                         "work id, hex); empty: the file's granted row")
 
 
 class VerdictAck(Model):
     sha256: str
     status: FileStatus
+    work_id: str = ""
 
 
 class LedgerEntry(Model):
-    seq: int = Field(description="ledger order (grant order); pages are ordered by it")
+    """One submission (or grant) of a file by one node. A file has at most one granted row; a
+    node that submits on chain a file it was not granted gets a row of its own (`granted`
+    false), which is judged like any other and never trained on."""
+
+    seq: int = Field(description="ledger order (grant or submission order); pages follow it")
     sha256: str
     node: str
     provider: str
@@ -240,6 +248,10 @@ class LedgerEntry(Model):
     status: FileStatus
     verdict: str = ""
     download: str = Field("", description="signed GET path of the file (empty until uploaded)")
+    work_id: str = Field("", description="the chain's work id (hex), once submitted")
+    granted: bool = Field(True, description="an upload slot for this file was granted to `node`")
+    uploaded: bool = Field(False, description="`node` uploaded the file through its slot")
+    accepted_seq: int = Field(0, description="acceptance order (0: never accepted)")
 
 
 class StepUpdate(Model):
@@ -267,7 +279,12 @@ class LedgerQuery(Model):
     step: int | None = Field(None, ge=0, description="only files of this step")
     status: FileStatus | None = Field(None, description="only files in this state")
     sha256: str | None = Field(None, pattern=SHA256, description="only this file")
+    work_id: str | None = Field(None, pattern=SHA256,
+                                description="only this submission")
     after: int = Field(0, ge=0, description="ledger sequence to start after (paging)")
+    accepted_after: int | None = Field(None, ge=0, description="accepted files in acceptance "
+                                       "order, after this `accepted_seq` (the trainer's feed; "
+                                       "`next_after` is then an `accepted_seq`)")
     limit: int = Field(500, ge=1, le=5000)
 
 

@@ -1,0 +1,212 @@
+"""The run's invariants, computed from its own records (the report's `checks`).
+
+Inputs are what the roles wrote or serve, as plain dicts: the trainer's per-step records
+(`rollouts.jsonl`: `used` / `dropped` files), the orchestrator's ledger entries (`LedgerEntry`
+fields), the chain's view of the pool (`meshrl chain works`: work items, invalidations,
+ejections), the validator's verdict log lines and the trainer's evaluations. Each check says
+pass / fail / n/a with the numbers it counted; none is true by construction.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Check", "RunFacts", "run_checks"]
+
+ACCEPTED = "accepted"
+INVALID = ("soft_invalidated", "hard_invalidated")
+TARGET = 0.8  # held-out accuracy the demo must reach
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # "pass" | "fail" | "n/a"
+    summary: str  # one line with the numbers, for people
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.status != "fail", "status": self.status,
+                "summary": self.summary, "numbers": self.numbers}
+
+
+def _verdict(ok: bool) -> str:
+    return "pass" if ok else "fail"
+
+
+@dataclass
+class RunFacts:
+    records: list[dict[str, Any]]  # the trainer's rollouts.jsonl lines
+    ledger: list[dict[str, Any]]  # every ledger entry
+    chain: dict[str, Any] | None  # `meshrl chain works` output (None: the chain did not answer)
+    workers: dict[str, dict[str, Any]]  # network.json's workers (node, provider, dishonest)
+    cheat_after: int  # the dishonest workers are honest up to this pool step
+    async_level: int
+    evals: list[dict[str, Any]]  # the trainer's RL-phase eval metrics
+    accuracy_goal: bool  # the run means to reach TARGET (its trainer stops at accuracy)
+    verdicts: list[dict[str, Any]] = field(default_factory=list)  # validator "verdict" lines
+
+    def used(self) -> list[dict[str, Any]]:
+        return [f for r in self.records for f in r["used"]]
+
+    def taken(self) -> list[str]:
+        return [f["sha256"] for r in self.records for f in [*r["used"], *r["dropped"]]]
+
+    def granted(self) -> dict[str, dict[str, Any]]:
+        return {e["sha256"]: e for e in self.ledger if e["granted"]}
+
+    def node_rows(self, node: str) -> list[dict[str, Any]]:
+        return [e for e in self.ledger if e["node"].lower() == node.lower()]
+
+
+def trained_files_accepted(f: RunFacts) -> Check:
+    """Every file trained on is accepted on the row of the node it was granted to, uploaded by
+    that node, and was fresh by the async rule at the step that used it."""
+    granted, bad, stale = f.granted(), [], []
+    for r in f.records:
+        for u in r["used"]:
+            e = granted.get(u["sha256"])
+            if e is None or e["status"] != ACCEPTED or not e["uploaded"] or \
+                    e["node"].lower() != u["node"].lower():
+                bad.append(u["sha256"][:12])
+            elif not 0 <= r["step"] - e["policy_version"] <= f.async_level:
+                stale.append(u["sha256"][:12])
+    n = len(f.used())
+    return Check("trained_files_accepted", _verdict(not bad and not stale),
+                 f"{n} files trained on, {len(bad)} not accepted, {len(stale)} stale",
+                 {"used": n, "not_accepted": len(bad), "stale": len(stale),
+                  "examples": (bad + stale)[:5]})
+
+
+def no_file_taken_twice(f: RunFacts) -> Check:
+    taken = f.taken()
+    twice = [s[:12] for s, k in Counter(taken).items() if k > 1]
+    return Check("no_file_taken_twice", _verdict(not twice),
+                 f"{len(taken)} files taken (used or dropped), {len(twice)} more than once",
+                 {"taken": len(taken), "twice": len(twice), "examples": twice[:5]})
+
+
+def no_accepted_file_lost(f: RunFacts) -> Check:
+    """The trainer takes trainable accepted files in acceptance order, so every one accepted
+    before the last file it took must be in its records (used or dropped); the ones after it
+    were still waiting in its queue when the run ended."""
+    trainable = [e for e in f.ledger if e["status"] == ACCEPTED and e["granted"]
+                 and e["uploaded"]]
+    taken = set(f.taken())
+    last = max((e["accepted_seq"] for e in trainable if e["sha256"] in taken), default=0)
+    left = [e for e in trainable if e["sha256"] not in taken]
+    lost = [e["sha256"][:12] for e in left if e["accepted_seq"] < last]
+    waiting = len(left) - len(lost)
+    return Check("no_accepted_file_lost", _verdict(not lost),
+                 f"{len(trainable)} accepted, {len(trainable) - len(left)} taken, {len(lost)} "
+                 f"lost, {waiting} still waiting",
+                 {"accepted": len(trainable), "taken": len(trainable) - len(left),
+                  "lost": len(lost), "waiting": waiting, "examples": lost[:5]})
+
+
+def honest_nodes_kept(f: RunFacts) -> Check:
+    if f.chain is None:
+        return Check("honest_nodes_kept", "fail", "the chain did not answer")
+    per: dict[str, dict[str, int]] = {}
+    for name, w in f.workers.items():
+        if w["dishonest"]:
+            continue
+        node = w["node"].lower()
+        per[name] = {
+            "invalidated_rows": sum(e["status"] in INVALID for e in f.node_rows(node)),
+            "invalidated_on_chain": sum(i["node"].lower() == node
+                                        for i in f.chain["invalidations"]),
+            "ejected": sum(x["node"].lower() == node for x in f.chain["ejections"])}
+    bad = {n: v for n, v in per.items() if any(v.values())}
+    return Check("honest_nodes_kept", _verdict(not bad),
+                 f"{len(per)} honest nodes, {len(bad)} invalidated or ejected", {"nodes": per})
+
+
+def no_work_judged_twice(f: RunFacts) -> Check:
+    """On chain: no work id invalidated twice, and no work both accepted (the ledger row's
+    verdict) and invalidated. The validator's log: no submission given two different verdicts
+    (the same verdict logged again after a restart, without a second action, is counted)."""
+    if f.chain is None:
+        return Check("no_work_judged_twice", "fail", "the chain did not answer")
+    ids = [i["work_id"] for i in f.chain["invalidations"]]
+    twice = len(ids) - len(set(ids))
+    flipped = sum(e["status"] in INVALID and e["verdict"] == "accept" for e in f.ledger)
+    kinds: dict[tuple[str, str], set[str]] = defaultdict(set)
+    lines: Counter[tuple[str, str]] = Counter()
+    for v in f.verdicts:
+        key = (str(v.get("node", "")).lower(), str(v.get("sha256", "")))
+        kinds[key].add(str(v.get("verdict")))
+        lines[key] += 1
+    conflicting = sum(len(k) > 1 for k in kinds.values())
+    repeated = sum(n > 1 for n in lines.values())
+    return Check("no_work_judged_twice", _verdict(not twice and not flipped and not conflicting),
+                 f"{len(ids)} invalidations on chain ({twice} twice), {flipped} accepted then "
+                 f"invalidated, {len(kinds)} submissions judged ({conflicting} two ways, "
+                 f"{repeated} verdict logged again)",
+                 {"invalidations": len(ids), "invalidated_twice": twice,
+                  "accepted_then_invalidated": flipped, "judged": len(kinds),
+                  "conflicting_verdicts": conflicting, "repeated_verdict_lines": repeated})
+
+
+def cheater_caught(f: RunFacts, name: str) -> Check:
+    """The dishonest worker `name`: its files of pool steps after `cheat_after` are its
+    dishonest ones; the first hard invalidation of its work must be mined before the trainer
+    took the batch of (its first dishonest step + 2), it must be slashed and ejected, and none
+    of its dishonest files may be trained on."""
+    check = f"cheater_caught[{name}]"
+    node = f.workers[name]["node"].lower()
+    bad = [e for e in f.node_rows(node) if e["step"] > f.cheat_after]
+    if not bad:
+        return Check(check, "fail", f"{name} made no file after step {f.cheat_after}")
+    if f.chain is None:
+        return Check(check, "fail", "the chain did not answer")
+    first = min(e["step"] for e in bad)
+    hard = sorted((i for i in f.chain["invalidations"]
+                   if i["hard"] and i["node"].lower() == node), key=lambda i: i["block"])
+    ejected = [x for x in f.chain["ejections"] if x["node"].lower() == node]
+    trained = [u for u in f.used() if u["node"].lower() == node and u["step"] > f.cheat_after]
+    slashed = sum(i["slashed"] for i in hard)
+    # the trainer step whose batch was not yet taken when the first slash was mined
+    caught_at = None if not hard else 1 + max(
+        (r["step"] for r in f.records if r["t"] < hard[0]["ts"]), default=-1)
+    ok = (caught_at is not None and caught_at <= first + 2 and slashed > 0 and bool(ejected)
+          and not trained)
+    return Check(check, _verdict(ok),
+                 f"first dishonest file at step {first}; hard-invalidated, slashed "
+                 f"{slashed / 10**18:g} tokens and {'ejected' if ejected else 'NOT ejected'} "
+                 f"before the trainer took step {caught_at}; {len(trained)} of its "
+                 f"{len(bad)} dishonest files trained on",
+                 {"first_dishonest_step": first, "caught_before_step": caught_at,
+                  "hard_invalidations": len(hard), "slashed": slashed,
+                  "ejected": bool(ejected), "dishonest_files": len(bad),
+                  "dishonest_trained_on": len(trained),
+                  "dishonest_hard_invalidated": sum(e["status"] == "hard_invalidated"
+                                                    for e in bad)})
+
+
+def reached_target(f: RunFacts) -> Check:
+    hit = next((m for m in f.evals if m["accuracy"] >= TARGET), None)
+    last = f.evals[-1]["accuracy"] if f.evals else None
+    if hit is not None:
+        return Check("reached_80", "pass", f"held-out accuracy {hit['accuracy']:.3f} at RL step "
+                     f"{hit['step']}, {hit['elapsed']:.0f} s into training",
+                     {"step": hit["step"], "elapsed_s": hit["elapsed"], "final": last})
+    status = "fail" if f.accuracy_goal else "n/a"
+    why = "" if f.accuracy_goal else " (this run sets no accuracy goal)"
+    return Check("reached_80", status, f"not reached; final held-out accuracy {last}{why}",
+                 {"final": last})
+
+
+def run_checks(f: RunFacts, ledger_read: bool = True) -> list[Check]:
+    """Every check; those that need the ledger fail when it could not be read."""
+    cheaters = [n for n, w in f.workers.items() if w["dishonest"]]
+    if not ledger_read:
+        names = ["trained_files_accepted", "no_accepted_file_lost", "honest_nodes_kept",
+                 "no_work_judged_twice", *(f"cheater_caught[{n}]" for n in cheaters)]
+        down = [Check(n, "fail", "the orchestrator's ledger could not be read") for n in names]
+        return [no_file_taken_twice(f), *down, reached_target(f)]
+    out = [trained_files_accepted(f), no_file_taken_twice(f), no_accepted_file_lost(f),
+           honest_nodes_kept(f), no_work_judged_twice(f)]
+    return [*out, *(cheater_caught(f, n) for n in cheaters), reached_target(f)]

@@ -1,0 +1,96 @@
+"""A pool's work as the chain sees it, for reports (`meshrl chain works`): every work item with
+its state and reward, and the invalidations, ejections and claims with their block times.
+
+A reward counts as earned only while its item is valid: submitted and not wiped (a hard
+invalidation of the node wipes every item of its generation still locked at that moment), or
+claimed. `claimable` is the contract's own view (valid, unlocked, not wiped), read at the
+latest block.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshrl.protocol.chain import Protocol
+from meshrl.protocol.records import WorkStatus
+
+__all__ = ["STATUS_NAMES", "node_rewards", "pool_history"]
+
+STATUS_NAMES = {WorkStatus.SUBMITTED: "submitted", WorkStatus.SOFT_INVALIDATED: "soft_invalidated",
+                WorkStatus.HARD_INVALIDATED: "hard_invalidated", WorkStatus.CLAIMED: "claimed"}
+
+
+class _Times:
+    """Block timestamps, each block read once."""
+
+    def __init__(self, p: Protocol) -> None:
+        self.p = p
+        self.seen: dict[int, int] = {}
+
+    def __call__(self, block: int) -> int:
+        if block not in self.seen:
+            self.seen[block] = int(self.p.backend.w3.eth.get_block(block)["timestamp"])
+        return self.seen[block]
+
+
+def _wiped_at(p: Protocol, cache: dict[tuple[str, int], int], node: str, gen: int) -> int:
+    if (node, gen) not in cache:
+        fn = p.contract.functions.generation_wiped_at(node, gen)
+        cache[(node, gen)] = int(p.backend.call(fn))
+    return cache[(node, gen)]
+
+
+def _work(p: Protocol, e: Any, wipes: dict[tuple[str, int], int]) -> dict[str, Any]:
+    wid = bytes(e.args["work_id"])
+    w = p.work(wid)
+    wiped_at = _wiped_at(p, wipes, w.node, w.generation)
+    wiped = w.status == WorkStatus.SUBMITTED and wiped_at != 0 and w.unlock_at > wiped_at
+    claimable = w.status == WorkStatus.SUBMITTED and not wiped and p.claimable(wid)
+    return {"work_id": wid.hex(), "node": w.node, "provider": w.provider,
+            "file_sha256": bytes(e.args["file_sha256"]).hex(), "units": w.units,
+            "reward": w.reward, "status": STATUS_NAMES.get(w.status, str(w.status)),
+            "submitted_at": w.submitted_at, "unlock_at": w.unlock_at, "wiped": wiped,
+            "claimable": claimable, "block": e.block}
+
+
+def pool_history(p: Protocol, pool: int) -> dict[str, Any]:
+    """The pool's work items and the events that judged, ejected and paid them."""
+    times = _Times(p)
+    wipes: dict[tuple[str, int], int] = {}
+    works: list[dict[str, Any]] = []
+    mine: set[bytes] = set()
+    providers: set[str] = set()  # claims are per provider: those with work in this pool
+    judged: list[dict[str, Any]] = []
+    ejected: list[dict[str, Any]] = []
+    claims: list[dict[str, Any]] = []
+    for e in p.events().poll():
+        a = e.args
+        if e.name == "WorkSubmitted" and a["pool"] == pool:
+            works.append(_work(p, e, wipes))
+            mine.add(bytes(a["work_id"]))
+            providers.add(works[-1]["provider"].lower())
+        elif e.name == "WorkInvalidated" and bytes(a["work_id"]) in mine:
+            judged.append({"work_id": bytes(a["work_id"]).hex(), "node": a["node"],
+                           "hard": a["hard"], "slashed": a["slashed"],
+                           "validator": a["validator"], "block": e.block, "ts": times(e.block)})
+        elif e.name == "NodeEjected" and a["pool"] == pool:
+            ejected.append({"node": a["node"], "block": e.block, "ts": times(e.block)})
+        elif e.name == "RewardsClaimed" and a["provider"].lower() in providers:
+            claims.append({"provider": a["provider"], "amount": a["amount"],
+                           "count": a["count"], "block": e.block, "ts": times(e.block)})
+    return {"pool": pool, "block": p.backend.block_number(), "now": p.backend.now(),
+            "rewards": node_rewards(works), "works": works, "invalidations": judged,
+            "ejections": ejected, "claims": claims}
+
+
+def node_rewards(works: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per node (lower-case address): rewards earned (valid: claimed, or submitted and not
+    wiped), claimable now, and claimed, in token base units."""
+    out: dict[str, dict[str, int]] = {}
+    for w in works:
+        r = out.setdefault(w["node"].lower(), {"earned": 0, "claimable": 0, "claimed": 0})
+        valid = w["status"] == "claimed" or (w["status"] == "submitted" and not w["wiped"])
+        r["earned"] += w["reward"] if valid else 0
+        r["claimable"] += w["reward"] if w["claimable"] else 0
+        r["claimed"] += w["reward"] if w["status"] == "claimed" else 0
+    return out

@@ -1,0 +1,162 @@
+"""The report's checks on hand-built run records: each passes on a clean run and fails on the
+fault it is there to catch, with the numbers it counted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshrl.network.checks import RunFacts, run_checks
+
+H, C = "0x" + "aa" * 20, "0x" + "cc" * 20  # an honest node, the cheater
+TOKEN = 10**18
+
+
+def _row(seq: int, node: str, step: int, status: str = "accepted", *, acc: int = 0,
+         granted: bool = True, version: int | None = None) -> dict[str, Any]:
+    return {"seq": seq, "sha256": f"{seq:064x}", "node": node, "step": step,
+            "policy_version": step if version is None else version, "work_units": 10,
+            "status": status, "verdict": "accept" if status == "accepted" else "",
+            "granted": granted, "uploaded": granted, "accepted_seq": acc,
+            "work_id": f"{seq + 1000:064x}"}
+
+
+def _ref(e: dict[str, Any]) -> dict[str, Any]:
+    return {"sha256": e["sha256"], "node": e["node"], "step": e["step"],
+            "version": e["policy_version"]}
+
+
+def _facts() -> RunFacts:
+    """Steps 0..3; the cheater (honest up to step 1) is slashed at t=250, before the trainer
+    took step 3 (t=300); its step-2 file was never trained on."""
+    ledger = [_row(1, H, 0, acc=1), _row(2, C, 0, acc=2), _row(3, H, 1, acc=3),
+              _row(4, H, 2, acc=4), _row(5, C, 2, "hard_invalidated"),
+              _row(6, H, 3, acc=5), _row(7, H, 3, acc=6)]
+    records = [{"step": s, "t": 100.0 * s, "used": [_ref(ledger[i])], "dropped": []}
+               for s, i in ((0, 0), (1, 1), (2, 2), (3, 3))]
+    records[3]["used"].append(_ref(ledger[5]))
+    chain = {"invalidations": [{"work_id": ledger[4]["work_id"], "node": C, "hard": True,
+                                "slashed": 50 * TOKEN, "block": 9, "ts": 250}],
+             "ejections": [{"node": C, "block": 9, "ts": 250}], "works": [], "rewards": {}}
+    verdicts = [{"node": e["node"], "sha256": e["sha256"],
+                 "verdict": "hard" if e["status"] != "accepted" else "accept"} for e in ledger]
+    return RunFacts(records=records, ledger=ledger, chain=chain,
+                    workers={"worker-0": {"node": H, "dishonest": False},
+                             "cheater-0": {"node": C, "dishonest": True}},
+                    cheat_after=1, async_level=2, evals=[
+                        {"step": 2, "elapsed": 40.0, "accuracy": 0.5},
+                        {"step": 3, "elapsed": 60.0, "accuracy": 0.85}],
+                    accuracy_goal=True, verdicts=verdicts)
+
+
+def _by_name(f: RunFacts) -> dict[str, dict[str, Any]]:
+    return {c.name: c.as_dict() for c in run_checks(f)}
+
+
+def test_a_clean_run_passes_every_check_with_its_numbers() -> None:
+    got = _by_name(_facts())
+    assert all(c["ok"] and c["status"] == "pass" for c in got.values()), got
+    assert got["trained_files_accepted"]["numbers"]["used"] == 5
+    assert got["no_accepted_file_lost"]["numbers"] == {
+        "accepted": 6, "taken": 5, "lost": 0, "waiting": 1, "examples": []}
+    cheat = got["cheater_caught[cheater-0]"]["numbers"]
+    assert (cheat["first_dishonest_step"], cheat["caught_before_step"], cheat["slashed"],
+            cheat["dishonest_trained_on"]) == (2, 3, 50 * TOKEN, 0)
+    assert got["reached_80"]["numbers"]["step"] == 3
+
+
+def _fails(f: RunFacts, name: str) -> dict[str, Any]:
+    c = _by_name(f)[name]
+    assert not c["ok"] and c["status"] == "fail", c
+    return c["numbers"]
+
+
+def test_each_fault_is_caught() -> None:
+    f = _facts()
+    f.ledger[2]["status"] = "hard_invalidated"  # a file trained on, invalidated later
+    assert _fails(f, "trained_files_accepted")["not_accepted"] == 1
+    f = _facts()
+    f.records[3]["dropped"].append(_ref(f.ledger[0]))
+    assert _fails(f, "no_file_taken_twice")["twice"] == 1
+    f = _facts()
+    f.records[2]["used"] = []  # accepted 4th, before files the trainer took later
+    assert _fails(f, "no_accepted_file_lost")["lost"] == 1
+    f = _facts()
+    f.ledger[3]["status"] = "soft_invalidated"
+    assert _fails(f, "honest_nodes_kept")["nodes"]["worker-0"]["invalidated_rows"] == 1
+    f = _facts()
+    f.chain["invalidations"].append(dict(f.chain["invalidations"][0]))  # type: ignore[index]
+    assert _fails(f, "no_work_judged_twice")["invalidated_twice"] == 1
+    f = _facts()
+    f.verdicts.append({**f.verdicts[0], "verdict": "soft"})
+    assert _fails(f, "no_work_judged_twice")["conflicting_verdicts"] == 1
+
+
+def test_the_cheater_check_needs_timely_slash_ejection_and_nothing_trained() -> None:
+    name = "cheater_caught[cheater-0]"
+    late = _facts()  # step 4 taken at t=400, before the slash at t=450: three steps late
+    late.records.append({"step": 4, "t": 400.0, "used": [_ref(late.ledger[6])], "dropped": []})
+    late.chain["invalidations"][0]["ts"] = 450  # type: ignore[index]
+    assert _fails(late, name)["caught_before_step"] == 5
+    kept = _facts()
+    kept.chain["ejections"] = []  # type: ignore[index]
+    assert _fails(kept, name)["ejected"] is False
+    trained = _facts()
+    trained.records[3]["used"].append(_ref(trained.ledger[4]))
+    assert _fails(trained, name)["dishonest_trained_on"] == 1
+    never = _facts()
+    never.cheat_after = 5
+    assert "made no file" in _by_name(never)[name]["summary"]
+
+
+def test_a_copy_row_is_never_trainable_and_no_goal_means_n_a() -> None:
+    f = _facts()
+    copy_row = _row(8, C, 3, acc=7, granted=False)
+    f.ledger.append(copy_row)  # accepted, but a submission the pool never granted
+    f.records[3]["used"].append(_ref(copy_row))
+    assert _fails(f, "trained_files_accepted")["not_accepted"] == 1
+    f = _facts()
+    f.evals[-1]["accuracy"] = 0.7
+    assert _fails(f, "reached_80")["final"] == 0.7
+    f.accuracy_goal = False
+    got = _by_name(f)["reached_80"]
+    assert got["ok"] and got["status"] == "n/a"
+    f = _facts()
+    f.chain = None  # the chain did not answer: nothing about it can pass
+    got = _by_name(f)
+    assert [got[n]["status"] for n in ("honest_nodes_kept", "no_work_judged_twice",
+                                       "cheater_caught[cheater-0]")] == ["fail"] * 3
+
+
+def test_an_unread_ledger_fails_what_needs_it() -> None:
+    got = {c.name: c.status for c in run_checks(_facts(), ledger_read=False)}
+    assert got == {"no_file_taken_twice": "pass", "trained_files_accepted": "fail",
+                   "no_accepted_file_lost": "fail", "honest_nodes_kept": "fail",
+                   "no_work_judged_twice": "fail", "cheater_caught[cheater-0]": "fail",
+                   "reached_80": "pass"}
+
+
+def test_report_rows_and_markdown() -> None:
+    from meshrl.network.report import _markdown, _node_rows
+
+    f = _facts()
+    f.ledger.append(_row(8, C, 3, "hard_invalidated", granted=False))  # a copy, under C
+    chain = {**f.chain, "rewards": {H.lower(): {"earned": 7, "claimable": 5, "claimed": 2}}}
+    info = {"workers": {"worker-0": {"node": H, "provider": "0xp0", "dishonest": False},
+                        "cheater-0": {"node": C, "provider": "0xp1", "dishonest": True}}}
+    nodes = _node_rows(info, f.ledger, f.records, chain, {"0xp1": {"stake": 50 * TOKEN}})
+    assert nodes["cheater-0"]["files"] == {"accepted": 1, "hard_invalidated": 2}
+    assert (nodes["cheater-0"]["not_granted"], nodes["cheater-0"]["stake_slashed"],
+            nodes["cheater-0"]["rewards_earned"], nodes["cheater-0"]["stake"]) == (
+        1, 50 * TOKEN, 0, 50 * TOKEN)
+    assert (nodes["worker-0"]["rewards_earned"], nodes["worker-0"]["rewards_claimable"],
+            nodes["worker-0"]["rewards_claimed"], nodes["worker-0"]["trained_on"]) == (7, 5, 2, 4)
+    checks = [c.as_dict() for c in run_checks(f)]
+    md = _markdown({"accuracy": 0.85, "steps": 4, "reached_80": None, "curves": None,
+                    "outcome": {"outcome": "trained"}, "checks": checks, "nodes": nodes,
+                    "versions": [], "faults": [], "invalidations": [],
+                    "restarts": [{"event": "retired", "role": "cheater-0", "rc": 3},
+                                 {"event": "recovered", "role": "worker-0"}]})
+    assert "- checks: 7 of 7 hold" in md
+    assert "| cheater-0 | retired | 3 |  |" in md and "| worker-0 | recovered" not in md
+    assert "- **PASS** `no_accepted_file_lost`: 6 accepted, 5 taken, 0 lost, 1 still waiting" in md
+    assert "| cheater-0 | True | accepted 1, hard_invalidated 2 | 1 | 1 | 30 | 0.000 |" in md
