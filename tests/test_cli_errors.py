@@ -50,6 +50,7 @@ def _cases(tmp: Path) -> dict[tuple[str, ...], tuple[list[str], str]]:
         ("chain", "mint"): ([*chain, "--to", "0x" + "11" * 20], "nodeploy.json"),
         ("chain", "create-pool"): (chain, "nodeploy.json"),
         ("chain", "balances"): (chain, "nodeploy.json"),
+        ("chain", "works"): (chain, "nodeploy.json"),
         ("chain", "propose-federator"): ([*chain, "--to", "0x" + "22" * 20], "nodeploy.json"),
         ("chain", "accept-federator"): (chain, "nodeploy.json"),
         ("chain", "compile"): (["--contracts", "x"], "unknown key 'contracts'"),

@@ -124,8 +124,9 @@ def test_role_configs_share_the_pool_rules(tmp_path: Path) -> None:
             for n in ("orchestrator", "validator", "trainer", "worker-0", "cheater-0")}
     work, pool = read["orchestrator"]["work"], read["validator"]["pool"]
     for k in ("async_level", "seed", "prompts_per_file", "task", "sampling",
-              "shardcast_servers"):
+              "shardcast_servers", "proof_profile"):
         assert work[k] == pool[k], k
+    assert work["proof_profile"] == "meshrl-cpu-engine"  # the demo's: every worker is meshrl's
     assert work["shardcast_servers"][-1] == lay.origin_url and len(work["shardcast_servers"]) == 3
     t = read["trainer"]
     assert t["rollout"]["group_size"] == work["sampling"]["group_size"] == 8

@@ -7,6 +7,8 @@ import asyncio
 import hashlib
 import time
 
+import aiohttp
+
 from meshrl.wire import SignedClient, WireHTTPError, read_rollout_file, write_rollout_file
 from meshrl.wire.models import (
     FileStatus,
@@ -15,6 +17,7 @@ from meshrl.wire.models import (
     NodeEntry,
     NodeStatus,
     PoolNodes,
+    PublishedRules,
     SlotRequest,
     UploadSlot,
     Verdict,
@@ -52,6 +55,18 @@ def test_work_order(pool: Pool) -> None:
             return await o.call("GET", "/work", response=WorkOrder)
     w = run(t())
     assert (w.pool_id, w.step, w.policy_versions, w.async_level) == (pool.chain.pool, 3, [2, 3], 1)
+    assert w.proof_profile == "any-hardware"  # the default, published to every node
+
+
+def test_rules_are_public_before_staking(pool: Pool) -> None:
+    """`GET /rules` answers an unsigned request: a worker reads the proof profile first."""
+    async def t() -> PublishedRules:
+        async with aiohttp.ClientSession() as s, s.get(f"{pool.orch.url}/rules") as r:
+            assert r.status == 200
+            return PublishedRules.model_validate(await r.json())
+    rules = run(t())
+    assert (rules.pool_id, rules.proof_profile, rules.async_level) == (pool.chain.pool,
+                                                                       "any-hardware", 1)
 
 
 def test_file_life_to_the_trainer(pool: Pool) -> None:

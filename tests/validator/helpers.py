@@ -3,13 +3,25 @@ reads it (through the Parquet bytes), and the chain claim of a submission."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
 
-from meshrl.inference import SamplingParams
+from aiohttp import web
+
+from meshrl.inference import CPUEngine, EngineConfig, SamplingParams
+from meshrl.orchestrator.api import OrchestratorApi
+from meshrl.orchestrator.config import OrchestratorConfig
 from meshrl.tasks import ArithmeticConfig, TasksConfig
 from meshrl.validator.verify import ChainClaim, PoolRules
+from meshrl.wire.guard import RequestGuard
 from meshrl.wire.rollout_file import RolloutFile, read_rollout_file, rollout_file_bytes
-from meshrl.worker.rollouts import Assignment
+from meshrl.wire.service import build_app
+from meshrl.worker.cheats import Cheat
+from meshrl.worker.config import CheatConfig
+from meshrl.worker.rollouts import Assignment, generate_rollouts
 
 NODE = "0x" + "ab" * 20
 PROVIDER = "0x" + "cd" * 20
@@ -42,3 +54,34 @@ def roundtrip(rf: RolloutFile) -> tuple[RolloutFile, str]:
 def claim(rf: RolloutFile, sha: str = "00" * 32, units: int | None = None) -> ChainClaim:
     h = rf.header
     return ChainClaim(sha, h.node, h.provider, h.work_units if units is None else units)
+
+
+def cheat_file(engine: Any, model: Any, tok: Any, r: PoolRules, mode: str,
+               **cfg: Any) -> RolloutFile:
+    """A cheating worker's file of assignment(r), as the validator reads it."""
+    cheat = Cheat(CheatConfig(mode=mode, **cfg))
+    a = assignment(r)
+    eng = engine
+    state = cheat.weights(model.state_dict(), model.config, a.step)
+    if state is not model.state_dict() and mode in ("other-model", "int8", "scale-layer"):
+        eng = CPUEngine(model, tok, EngineConfig(num_threads=1))
+        eng.load_weights(state, version=0)
+    b = generate_rollouts(eng, tok, a, PROVIDER, problems=cheat.problems(a),
+                          sampling=cheat.sampling(a), edit=cheat.edit(a.step, tok.eos_token_id))
+    return roundtrip(cheat.finish(b))[0]
+
+
+@contextlib.asynccontextmanager
+async def rules_server(pool_id: int = 1, **work: Any) -> AsyncIterator[str]:
+    """The orchestrator's own `GET /rules` route and handler on loopback, publishing `work`
+    (the rest of the orchestrator needs a chain; reading the rules needs none of it)."""
+    cfg = OrchestratorConfig(pool_id=pool_id, work=work)
+    api = OrchestratorApi(SimpleNamespace(cfg=cfg))  # type: ignore[arg-type]
+    routes = [r for r in api.routes() if r.path == "/rules"]
+    runner = web.AppRunner(build_app("orchestrator", routes, RequestGuard(cfg.guard)))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()

@@ -27,9 +27,11 @@ TOKEN = 10**18
 PARAMS = ProtocolParams(min_stake=100 * TOKEN, stake_per_unit=10 * TOKEN, unbonding_delay=7200,
                         invalidation_window=3600, lock_period=7200, slash_penalty=50 * TOKEN)
 PASSWORD = "correct horse"
-# the pool's public rules, given to the orchestrator ([work]) and the validator ([pool])
+# the pool's public rules, given to the orchestrator ([work]) and the validator ([pool]); every
+# worker runs meshrl's CPU engine, so the tight proof profile that sees int8 / scale-layer in
+# these 8-chunk files
 RULES: dict[str, Any] = {
-    "async_level": 2, "seed": 11, "prompts_per_file": 2,
+    "async_level": 2, "seed": 11, "prompts_per_file": 2, "proof_profile": "meshrl-cpu-engine",
     "task": {"mix": [{"type": "arithmetic", "digits": 2, "operators": "+-"}]},
     "sampling": {"max_new_tokens": 16, "temperature": 1.0, "top_p": 1.0, "group_size": 4},
 }
@@ -154,7 +156,7 @@ def worker(net: Net, name: str, cheat: dict[str, Any] | None = None, max_files: 
     return r
 
 
-def validator(net: Net, max_files: int = 0, **over: Any) -> Role:
+def validator(net: Net, max_files: int = 0, name: str = "validator", **over: Any) -> Role:
     d = net.tmp / "keys" / "validator"
     if not (d / "key.json").is_file():
         write_keystore(key("val"), PASSWORD, d / "key.json", iterations=2)
@@ -165,7 +167,7 @@ def validator(net: Net, max_files: int = 0, **over: Any) -> Role:
            "chain": {"deployment": str(net.deployment), "rpc_url": net.anvil.url},
            "pool": dict(RULES), "engine": {"num_threads": 1},
            "retry": {"backoff": 0.5, "max_attempts": 4}, **over}
-    r = Role("validator", "validator", cfg, net.tmp)
+    r = Role("validator", name, cfg, net.tmp)
     net.procs.append(r)
     return r
 

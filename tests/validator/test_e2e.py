@@ -13,7 +13,17 @@ from meshrl.protocol import WorkStatus
 from meshrl.protocol.anvil import find_anvil
 from meshrl.wire import SignedClient
 from meshrl.wire.models import LedgerPage, StepUpdate
-from network import PARAMS, Net, fund_provider, key, start_net, validator, wait_until, worker
+from network import (
+    PARAMS,
+    RULES,
+    Net,
+    fund_provider,
+    key,
+    start_net,
+    validator,
+    wait_until,
+    worker,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.anvil]
 
@@ -194,6 +204,32 @@ def test_own_failures_never_slash_and_restart_resumes(net: Net) -> None:
     log = v.log.read_text()
     assert "retry later" in log and "validator could not judge the file" in log
     assert _verdict_count(net) == judged_before + 1  # the old submissions were not judged again
+
+
+def _error_lines(log: str) -> list[str]:
+    return [x for x in log.splitlines() if x.strip() and not x.startswith("{")]
+
+
+def test_another_proof_profile_is_refused_before_anything_happens(net: Net) -> None:
+    """The pool publishes "meshrl-cpu-engine": a validator configured for "any-hardware" exits
+    with one line; a worker computing in bfloat16 (whose honest files that profile would slash)
+    exits with one line before it stakes anything; both as refused for good (no restart)."""
+    v = validator(net, name="validator-other", work_dir=str(net.tmp / "v-other"),
+                  pool={**RULES, "proof_profile": "any-hardware"})
+    v.start()
+    p, _, _ = fund_provider(net, "ref")
+    w = worker(net, "ref", backend="reference", dtype="bfloat16")
+    w.start()
+    assert v.wait(120) == EXIT_REFUSED and w.wait(120) == EXIT_REFUSED  # never restarted
+    [line] = _error_lines(v.log.read_text())
+    assert line == (f"meshrl validator: the orchestrator at {net.orch.url} publishes proof "
+                    "profile 'meshrl-cpu-engine', this validator's pool.proof_profile is "
+                    "'any-hardware': set it to the pool's")
+    [line] = _error_lines(w.log.read_text())
+    assert line.startswith("meshrl worker: the pool's proof profile 'meshrl-cpu-engine' holds "
+                           "only for float32 compute as in meshrl's CPU engine, and this worker "
+                           "computes in bfloat16"), line
+    assert not net.fed.provider(p.address).registered  # nothing staked
 
 
 def _verdict_count(net: Net) -> int:

@@ -1,6 +1,8 @@
-"""No honest work is ever invalidated: 216 honest rollout files over batch sizes, completion
-lengths up to 128 tokens, async_level 0-2 and engine thread counts 1 and 2 (worker and validator
-set up differently), zero findings; prints the margin of every statistic to its threshold.
+"""No honest work is ever invalidated under the tight "meshrl-cpu-engine" proof profile (the
+demo's; honest only for CPU-engine workers, which these are): 216 honest rollout files over
+batch sizes, completion lengths up to 128 tokens, async_level 0-2 and engine thread counts 1 and
+2 (worker and validator set up differently), zero findings; prints the margin of every
+statistic to its threshold.
 
 CI judges 2 files per case (72 files, every shape x worker x async level); the full 216-file run
 (6 per case) is `MESHRL_MARGIN_FILES=6 pytest -s tests/validator/test_margin.py`."""
@@ -15,7 +17,7 @@ import pytest
 from helpers import PROVIDER, assignment, claim, roundtrip, rules
 
 from meshrl.inference import CPUEngine, EngineConfig
-from meshrl.validator.replay import ReplayConfig
+from meshrl.validator.replay import ReplayConfig, profile_thresholds
 from meshrl.validator.verify import verify_files
 from meshrl.worker.rollouts import generate_rollouts
 
@@ -30,7 +32,7 @@ FILES_PER_CASE = int(os.environ.get("MESHRL_MARGIN_FILES", "2"))
 
 
 def test_honest_files_are_never_invalidated(model, tok):
-    cfg = ReplayConfig()
+    cfg = ReplayConfig(thresholds=profile_thresholds("meshrl-cpu-engine"))
     th = cfg.thresholds
     validators = [CPUEngine(model, tok, c) for c in VALIDATORS]
     worst = {"exp_mismatches": 0, "mant_err_mean": 0.0, "mant_err_median": 0.0,

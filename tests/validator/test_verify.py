@@ -1,17 +1,19 @@
 """The validator's checks on real worker batches: honest files pass with their numbers, and each
-in-process cheat is caught by the check that names it, as a hard finding."""
+in-process cheat is caught by the check that names it, as a hard finding. The validator judges
+by the "meshrl-cpu-engine" proof profile (every worker here runs the CPU engine): the default
+"any-hardware" one pools only files of 16 chunks or more, and these have 8."""
 
 from __future__ import annotations
 
 import pytest
-from helpers import PROVIDER, assignment, claim, roundtrip, rules
+from helpers import PROVIDER, assignment, cheat_file, claim, roundtrip, rules
 
 from meshrl.inference import CPUEngine, EngineConfig
-from meshrl.validator.replay import ReplayConfig
+from meshrl.validator.replay import ReplayConfig, profile_thresholds
 from meshrl.validator.verify import verify_file, verify_files
-from meshrl.worker.cheats import Cheat
-from meshrl.worker.config import CheatConfig
 from meshrl.worker.rollouts import generate_rollouts
+
+ENGINE = ReplayConfig(thresholds=profile_thresholds("meshrl-cpu-engine"))
 
 
 def _honest(engine, tok, r, **kw):
@@ -21,7 +23,7 @@ def _honest(engine, tok, r, **kw):
 def test_honest_file_is_accepted_with_numbers(engine, tok):
     r = rules(max_new=16)
     b = _honest(engine, tok, r)
-    rep = verify_file(engine, tok, b, claim(b), r)
+    rep = verify_file(engine, tok, b, claim(b), r, ENGINE)
     assert rep.accepted, rep.reason()
     assert rep.stats.rows == 8
     assert rep.stats.tokens == sum(len(x.completion_tokens) for x in b.completions)
@@ -35,21 +37,9 @@ def test_validator_batch_size_and_threads_do_not_matter(model, tok, engine):
     items = [(b, claim(b), r) for b in (_honest(engine, tok, r, counter=c)
                                               for c in range(3))]
     other = CPUEngine(model, tok, EngineConfig(max_batch_size=5, num_threads=2))
-    for rep in verify_files(other, tok, items, ReplayConfig(max_batch_rows=7)):
+    cfg = ENGINE.model_copy(update={"max_batch_rows": 7})
+    for rep in verify_files(other, tok, items, cfg):
         assert rep.accepted, rep.reason()
-
-
-def _cheat(engine, model, tok, r, mode, **cfg):
-    cheat = Cheat(CheatConfig(mode=mode, **cfg))
-    a = assignment(r)
-    eng = engine
-    state = cheat.weights(model.state_dict(), model.config, a.step)
-    if state is not model.state_dict() and mode in ("other-model", "int8", "scale-layer"):
-        eng = CPUEngine(model, tok, EngineConfig(num_threads=1))
-        eng.load_weights(state, version=0)
-    b = generate_rollouts(eng, tok, a, PROVIDER, problems=cheat.problems(a),
-                          sampling=cheat.sampling(a), edit=cheat.edit(a.step, tok.eos_token_id))
-    return roundtrip(cheat.finish(b))[0]
 
 
 @pytest.mark.parametrize(("mode", "check"), [
@@ -64,7 +54,7 @@ def _cheat(engine, model, tok, r, mode, **cfg):
 ])
 def test_each_generation_cheat_is_a_hard_finding(engine, model, tok, mode, check):
     r = rules(max_new=32, prompts=2, group=4)
-    b = _cheat(engine, model, tok, r, mode)
-    rep = verify_file(engine, tok, b, claim(b), r)
+    b = cheat_file(engine, model, tok, r, mode)
+    rep = verify_file(engine, tok, b, claim(b), r, ENGINE)
     assert not rep.accepted and rep.hard
     assert check in [f.check for f in rep.findings], rep.reason()

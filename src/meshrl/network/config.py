@@ -16,6 +16,7 @@ from pydantic import Field
 
 from meshrl.config import Config
 from meshrl.protocol.config import ProtocolParams
+from meshrl.wire.models import PROFILE_FIELD, ProofProfile
 
 __all__ = ["CheatSpec", "NetworkConfig", "PoolSpec", "ThreadsConfig", "WorkersSpec"]
 
@@ -58,6 +59,9 @@ class PoolSpec(Config):
     files_per_step: int = Field(2, ge=0, description="files each worker makes per pool step "
                                 "(0: no limit; keep it above the trainer's files per step "
                                 "divided by the honest workers)")
+    proof_profile: ProofProfile = Field(
+        "any-hardware", description=PROFILE_FIELD + " (the orchestrator publishes it, the "
+        "validator judges by it; meshrl-cpu-engine only when every worker runs meshrl's engine)")
     reward_rate: int = Field(10**15, ge=0, description="token base units per work unit")
     heartbeat_s: float = Field(2.0, gt=0, description="the orchestrator's heartbeat interval")
     dead_after: int = Field(15, ge=1, description="missed heartbeats before a node is ejected")

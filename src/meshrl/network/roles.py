@@ -110,7 +110,7 @@ def _chain(lay: Layout, key: str = "") -> dict[str, Any]:
 def _rules(cfg: NetworkConfig, servers: list[str]) -> dict[str, Any]:
     p = cfg.pool
     return {"async_level": p.async_level, "seed": p.seed, "prompts_per_file": p.prompts_per_file,
-            "task": p.task, "shardcast_servers": servers,
+            "task": p.task, "shardcast_servers": servers, "proof_profile": p.proof_profile,
             "sampling": {"max_new_tokens": p.max_new_tokens, "temperature": p.temperature,
                          "top_p": 1.0, "group_size": p.group_size}}
 

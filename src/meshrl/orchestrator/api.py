@@ -3,6 +3,7 @@ store and the chain view. Who may call what:
 
 | route | caller |
 | --- | --- |
+| `GET /health`, `GET /rules` | anyone (unsigned) |
 | `GET /invite` | a candidate node |
 | `POST /heartbeat`, `GET /work`, `POST /uploads`, `PUT /uploads/{slot}` | a pool member |
 | `POST /verdicts` | an address with the validator role on chain |
@@ -34,6 +35,7 @@ from meshrl.wire.models import (
     NodeState,
     PoolNode,
     PoolNodes,
+    PublishedRules,
     SlotRequest,
     StepUpdate,
     UploadReceipt,
@@ -106,7 +108,13 @@ class OrchestratorApi:
             async_level=w.async_level, task=w.task, sampling=w.sampling, seed=w.seed,
             prompts_per_file=w.prompts_per_file, shardcast_servers=w.shardcast_servers,
             max_file_bytes=w.max_file_bytes, max_units_per_file=self.o.max_units,
-            files_per_step=w.files_per_step)
+            files_per_step=w.files_per_step, proof_profile=w.proof_profile)
+
+    async def rules(self, call: Call) -> PublishedRules:
+        w = self.cfg.work
+        return PublishedRules(pool_id=self.cfg.pool_id, proof_profile=w.proof_profile,
+                              async_level=w.async_level, task=w.task, sampling=w.sampling,
+                              seed=w.seed, prompts_per_file=w.prompts_per_file)
 
     async def grant(self, call: Call) -> UploadSlot:
         node = self.member(call)
@@ -238,6 +246,9 @@ class OrchestratorApi:
         return [
             Route("GET", "/health", self.health, response=Health, signed=False,
                   summary="liveness"),
+            Route("GET", "/rules", self.rules, response=PublishedRules, signed=False,
+                  summary="the pool's public rules (proof profile, task, sampling, seed): "
+                  "read before staking"),
             Route("GET", "/invite", self.invite, response=Invite, max_body=none, tags=node,
                   summary="the caller's pending invite (404 if none)"),
             Route("POST", "/heartbeat", self.heartbeat, body=Heartbeat, response=HeartbeatAck,

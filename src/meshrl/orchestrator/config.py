@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 from meshrl.config import Config
 from meshrl.protocol.config import ChainConfig, hex_address
 from meshrl.wire.guard import GuardConfig
+from meshrl.wire.models import PROFILE_FIELD, ProofProfile
 
 __all__ = [
     "DiskStoreConfig",
@@ -72,6 +73,9 @@ class WorkConfig(Config):
     slot_ttl_s: float = Field(600.0, gt=0, description="seconds an upload slot stays valid")
     files_per_step: int = Field(0, ge=0, description="files each node makes per step, at most "
                                 "(0: no limit), announced in the work order")
+    proof_profile: ProofProfile = Field(
+        "any-hardware", description=PROFILE_FIELD + " (published in the work order and at "
+        "GET /rules; meshrl-cpu-engine only when every worker runs meshrl's CPU engine)")
 
 
 class OrchestratorConfig(Config):

@@ -19,6 +19,8 @@ _EXPORTS = {
     "verify_files": "verify",
     "ReplayConfig": "replay",
     "ENGINE_THRESHOLDS": "replay",
+    "PROFILE_THRESHOLDS": "replay",
+    "profile_thresholds": "replay",
     "Decision": "policy",
     "decide": "policy",
     "ValidatorState": "state",

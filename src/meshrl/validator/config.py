@@ -10,6 +10,7 @@ from meshrl.config import Config
 from meshrl.inference.params import EngineConfig
 from meshrl.protocol.config import ChainConfig
 from meshrl.validator.policy import RetryConfig
+from meshrl.wire.models import PROFILE_FIELD, ProofProfile
 
 __all__ = ["PoolRulesConfig", "ValidatorConfig", "ValidatorKeysConfig"]
 
@@ -41,6 +42,9 @@ class PoolRulesConfig(Config):
     seed: int = Field(0, ge=0, description="base seed prompts are derived from")
     prompts_per_file: int = Field(8, ge=1, description="prompts per rollout file")
     shardcast_servers: list[str] = Field(default_factory=list, description="policy sources")
+    proof_profile: ProofProfile = Field(
+        "any-hardware", description=PROFILE_FIELD + " (the validator refuses to start when the "
+        "orchestrator publishes another)")
 
 
 class ValidatorConfig(Config):
@@ -59,4 +63,5 @@ class ValidatorConfig(Config):
     engine: EngineConfig = EngineConfig()
     retry: RetryConfig = RetryConfig()
     replay: dict[str, Any] = Field(default_factory=dict, description="ReplayConfig overrides "
-                                   "(thresholds, tolerances)")
+                                   "(tolerances; `thresholds` replaces the proof profile's: "
+                                   "experts only, a pool's workers cannot see it)")

@@ -16,14 +16,14 @@ from meshrl.validator.checks import Finding, check_node, check_sha256, check_slo
 from meshrl.validator.config import ValidatorConfig
 from meshrl.validator.models import ModelCache, VersionUnavailable
 from meshrl.validator.policy import Decision, decide
-from meshrl.validator.replay import ReplayConfig
+from meshrl.validator.replay import ReplayConfig, profile_thresholds
 from meshrl.validator.state import Job
 from meshrl.validator.verify import ChainClaim, PoolRules, verify_files
 from meshrl.wire import RolloutFileError, SignedClient, WireHTTPError
 from meshrl.wire.models import LedgerEntry, LedgerPage
 from meshrl.wire.rollout_file import RolloutFile, read_rollout_file
 
-__all__ = ["Judge", "Outcome", "pool_rules"]
+__all__ = ["Judge", "Outcome", "pool_rules", "replay_config"]
 
 log = get_logger("meshrl.validator")
 
@@ -47,11 +47,18 @@ def pool_rules(cfg: ValidatorConfig) -> PoolRules:
                      tasks=TasksConfig.model_validate(task))
 
 
+def replay_config(cfg: ValidatorConfig) -> ReplayConfig:
+    """The replay tolerances: the proof profile's TOPLOC thresholds unless `replay.thresholds`
+    replaces them (experts only: the workers of the pool judge their risk by the profile)."""
+    return ReplayConfig.model_validate(
+        {"thresholds": profile_thresholds(cfg.pool.proof_profile), **cfg.replay})
+
+
 class Judge:
     def __init__(self, cfg: ValidatorConfig, orch: SignedClient) -> None:
         self.cfg, self.orch = cfg, orch
         self.rules = pool_rules(cfg)
-        self.replay = ReplayConfig.model_validate(cfg.replay)
+        self.replay = replay_config(cfg)
         self.models = ModelCache(cfg.work_dir, cfg.model_dir, cfg.pool.shardcast_servers,
                                  cfg.engine)
 

@@ -1,5 +1,7 @@
 """The validator process: follow `WorkSubmitted`, judge each file, act on the verdict.
 
+At start the pool's published rules are read (`GET /rules`): a validator whose
+`pool.proof_profile` is not the pool's refuses to run, since workers stake on the published one.
 Each loop: poll the chain from the persisted cursor and queue the pool's new submissions;
 take the due jobs, download and parse their files, group them by policy version and verify each
 group with shared prefill batches; then act: a hard verdict calls `hard_invalidate` (slash,
@@ -26,13 +28,17 @@ from meshrl.validator.judge import Judge, Outcome
 from meshrl.validator.policy import Decision, backoff_delay, give_up
 from meshrl.validator.state import Job, ValidatorState
 from meshrl.wire import SignedClient, WireHTTPError
-from meshrl.wire.models import Verdict, VerdictKind
+from meshrl.wire.models import PublishedRules, Verdict, VerdictKind
 
-__all__ = ["ValidatorNode"]
+__all__ = ["PoolRulesError", "ValidatorNode"]
 
 log = get_logger("meshrl.validator")
 _KIND = {"accept": VerdictKind.ACCEPT, "soft": VerdictKind.SOFT_INVALID,
          "hard": VerdictKind.HARD_INVALID}
+
+
+class PoolRulesError(RuntimeError):
+    """The validator's `[pool]` rules disagree with the ones its orchestrator publishes."""
 
 
 class ValidatorNode:
@@ -54,6 +60,8 @@ class ValidatorNode:
         self.cursor = self.chain.events(self.state.next_block)
         async with SignedClient(self.cfg.orchestrator_url, self.account.key) as orch:
             self.orch = orch
+            if not await self._check_rules(orch):
+                return 0  # stopped before the orchestrator answered
             self.judge = Judge(self.cfg, orch)
             while not self.stop.is_set() and not self._enough():
                 await self._poll()
@@ -66,6 +74,34 @@ class ValidatorNode:
             await self._post_verdicts(orch)
         log_event(log, "stopped", judged=self.judged)
         return 0
+
+    async def _check_rules(self, orch: SignedClient) -> bool:
+        """Refuse to judge by another proof profile than the pool publishes (a worker stakes
+        on the published one); wait for an orchestrator that does not answer yet."""
+        while True:
+            try:
+                rules = await orch.call("GET", "/rules", response=PublishedRules)
+                break
+            except (WireHTTPError, OSError) as e:
+                if isinstance(e, WireHTTPError) and 400 <= e.status < 500 and e.status != 429:
+                    raise PoolRulesError(f"cannot read the pool's rules: {e}") from None
+                log_event(log, "pool rules not readable yet", error=str(e))
+                await self._sleep(self.cfg.poll_interval)
+                if self.stop.is_set():
+                    return False
+        if rules.pool_id != self.cfg.pool_id:
+            raise PoolRulesError(f"the orchestrator at {self.cfg.orchestrator_url} manages pool "
+                                 f"{rules.pool_id}, this validator's pool_id is "
+                                 f"{self.cfg.pool_id}")
+        mine = self.cfg.pool.proof_profile
+        if rules.proof_profile != mine:
+            raise PoolRulesError(
+                f"the orchestrator at {self.cfg.orchestrator_url} publishes proof "
+                f"profile {rules.proof_profile!r}, this validator's pool.proof_profile is "
+                f"{mine!r}: set it to the pool's")
+        overridden = "thresholds" in self.cfg.replay
+        log_event(log, "proof profile", profile=mine, thresholds_overridden=overridden)
+        return True
 
     def _enough(self) -> bool:
         return self.cfg.max_files > 0 and self.judged >= self.cfg.max_files

@@ -23,20 +23,31 @@ from meshrl.toploc import Thresholds, check_termination, verdict, verify_proofs
 from meshrl.toploc.proofs import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK
 from meshrl.validator.checks import Finding
 
-__all__ = ["ENGINE_THRESHOLDS", "ReplayConfig", "ReplayRow", "ReplaySpec", "ReplayStats",
-           "replay_file", "replay_files"]
+__all__ = ["ENGINE_THRESHOLDS", "PROFILE_THRESHOLDS", "ReplayConfig", "ReplayRow", "ReplaySpec",
+           "ReplayStats", "profile_thresholds", "replay_file", "replay_files"]
 
 
-# A CPU-engine worker checked by a CPU-engine validator: fp32 compute rounded to bf16 hidden
-# states is nearly bit-exact across batch sizes and thread counts (honest pooled mantissa error
-# mean <= 0.001, tests/validator/test_margin.py), while int8 weights or one layer scaled by 1.1
-# give pooled mismatch rates >= 0.015, mantissa error means >= 0.7 and inexact rates >= 0.55 on
-# the 8-chunk files of a small pool. So the per-chunk tests keep the calibrated defaults of
-# `Thresholds` (issue 13: any honest worker / validator setup), and the pooled tests are tighter
-# and apply from 2 chunks on; a pool with mixed hardware sets `replay.thresholds` to those
-# defaults (or its own calibration) instead.
+# The "meshrl-cpu-engine" proof profile: a CPU-engine worker checked by a CPU-engine validator.
+# fp32 compute rounded to bf16 hidden states is nearly bit-exact across batch sizes and thread
+# counts (honest pooled mantissa error mean <= 0.001, tests/validator/test_margin.py), while int8
+# weights or one layer scaled by 1.1 give pooled mismatch rates >= 0.015, mantissa error means
+# >= 0.7 and inexact rates >= 0.55 on the 8-chunk files of a small pool. So the per-chunk tests
+# keep the calibrated defaults of `Thresholds` (issue 13: any honest worker / validator setup),
+# and the pooled tests are tighter and apply from 2 chunks on. Honest only when every worker of
+# the pool runs meshrl's CPU engine: a mixed pool publishes "any-hardware".
 ENGINE_THRESHOLDS = Thresholds(max_pooled_exp_mismatch_rate=0.005, max_pooled_mant_err_mean=0.25,
                                max_pooled_mant_inexact_rate=0.25, min_pooled_chunks=2)
+# the TOPLOC thresholds behind each proof profile (a public rule of the pool, meshrl.wire.models)
+PROFILE_THRESHOLDS: dict[str, Thresholds] = {"any-hardware": Thresholds(),
+                                             "meshrl-cpu-engine": ENGINE_THRESHOLDS}
+
+
+def profile_thresholds(profile: str) -> Thresholds:
+    """A copy of the thresholds of proof profile `profile` (KeyError names the known ones)."""
+    if profile not in PROFILE_THRESHOLDS:
+        raise KeyError(f"unknown proof profile {profile!r} (known: "
+                       f"{', '.join(PROFILE_THRESHOLDS)})")
+    return PROFILE_THRESHOLDS[profile].model_copy()
 
 
 class ReplayConfig(Config):
@@ -44,8 +55,8 @@ class ReplayConfig(Config):
 
     chunk_size: int = Field(DEFAULT_CHUNK_SIZE, ge=1, description="TOPLOC tokens per proof")
     topk: int = Field(DEFAULT_TOPK, ge=1, description="TOPLOC activations per proof")
-    thresholds: Thresholds = Field(default_factory=lambda: ENGINE_THRESHOLDS.model_copy(),
-                                   description="TOPLOC thresholds")
+    thresholds: Thresholds = Field(default_factory=Thresholds, description="TOPLOC thresholds "
+                                   "(the validator sets its proof profile's)")
     sampling_tolerance: float = Field(0.05, gt=0, description="score slack of the replay")
     logprob_atol: float = Field(0.05, gt=0, description="largest log-prob difference (nats)")
     max_batch_rows: int = Field(256, ge=1, description="rows per prefill (several files share)")

@@ -19,11 +19,12 @@ def _worker(cfg: WorkerConfig) -> int:
     from meshrl.worker.keys import KeystoreError, load_keys
     from meshrl.worker.node import HardwareError, WorkerNode
     from meshrl.worker.onboard import Blacklisted, OnboardError
+    from meshrl.worker.profile import PoolRulesError
 
     try:
         keys = load_keys(cfg.keys, connect(cfg.chain).chain_id)
         return asyncio.run(WorkerNode(cfg, keys).run())
-    except Blacklisted as e:  # for good: a supervisor must not restart it
+    except (Blacklisted, PoolRulesError) as e:  # for good: a supervisor must not restart it
         raise CommandError(str(e), EXIT_REFUSED) from None
     except (KeystoreError, HardwareError, ChainError, OnboardError, WireHTTPError) as e:
         raise CommandError(str(e)) from None  # one line, not a traceback

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from meshrl.config import Config
-from meshrl.inference.params import EngineConfig
+from meshrl.inference.params import EngineConfig, ReferenceConfig
 from meshrl.protocol.config import ChainConfig
 
 __all__ = [
@@ -91,9 +91,23 @@ class WorkerConfig(Config):
         0.0, ge=0, description="crash tests only: pause this long at each phase boundary "
         "(counter taken, file written, slot granted, uploaded, submitted on chain), logging "
         "the phase, so a test can kill -9 the worker inside each phase")
+    backend: Literal["engine", "reference"] = Field(
+        "engine", description="inference backend: meshrl's CPU engine ([engine], float32) or "
+        "the naive Hugging Face loop ([reference], in `dtype`)")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="compute dtype of the reference backend (the engine always "
+        "computes in float32); bfloat16 work is honest only in any-hardware pools")
     keys: KeysConfig = KeysConfig()
     chain: ChainConfig = ChainConfig()
     onboard: OnboardConfig = OnboardConfig()
     engine: EngineConfig = EngineConfig()
+    reference: ReferenceConfig = ReferenceConfig()
     hardware: HardwareRequirements = HardwareRequirements()
     cheat: CheatConfig = CheatConfig()
+
+    @model_validator(mode="after")
+    def _dtype(self) -> WorkerConfig:
+        if self.dtype != "float32" and self.backend == "engine":
+            raise ValueError("dtype: the engine computes in float32; bfloat16 needs backend = "
+                             "\"reference\"")
+        return self

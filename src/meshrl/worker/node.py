@@ -34,6 +34,7 @@ from meshrl.worker.keys import WorkerKeys
 from meshrl.worker.onboard import announce_and_join, onboard_chain
 from meshrl.worker.outbox import Outbox, OutboxEntry, atomic_write
 from meshrl.worker.policy import PolicyHolder, assignment_of
+from meshrl.worker.profile import read_rules, require_profile
 
 __all__ = ["HardwareError", "WorkerNode"]
 
@@ -65,10 +66,12 @@ class WorkerNode:
         if lacking:
             raise HardwareError("this machine does not meet the pool's requirements: "
                                 + "; ".join(lacking))
-        chain = Protocol(connect(self.cfg.chain), Deployment.load(self.cfg.chain.deployment))
-        steps = await asyncio.to_thread(onboard_chain, chain, self.keys, self.cfg)
-        log_event(log, "on chain", steps=steps, node=self.keys.node.address)
         async with SignedClient(self.cfg.orchestrator_url, self.keys.node.key) as orch:
+            if await read_rules(orch, self.cfg, self.stop) is None:  # before anything is staked
+                return 0
+            chain = Protocol(connect(self.cfg.chain), Deployment.load(self.cfg.chain.deployment))
+            steps = await asyncio.to_thread(onboard_chain, chain, self.keys, self.cfg)
+            log_event(log, "on chain", steps=steps, node=self.keys.node.address)
             self.join = lambda: announce_and_join(chain, self.keys, self.cfg, hw, orch,
                                                   self.stop)
             log_event(log, "pool", status=await self.join())
@@ -200,6 +203,7 @@ class WorkerNode:
         while True:
             try:
                 order = await orch.call("GET", "/work", response=WorkOrder)
+                require_profile(self.cfg, order.proof_profile)  # the pool may have changed it
                 self.pool_step = order.step
                 return order
             except (WireHTTPError, OSError) as e:

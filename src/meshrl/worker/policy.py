@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from meshrl.inference import SamplingParams
+from meshrl.inference import InferenceBackend, SamplingParams
 from meshrl.log import get_logger, log_event
 from meshrl.tasks import TasksConfig
 from meshrl.wire.models import WorkOrder
@@ -41,20 +41,36 @@ def assignment_of(order: WorkOrder, node: str, counter: int) -> Assignment:
                       sampling=SamplingParams(**s), tasks=tasks_of(order.task))
 
 
+def _backend(cfg: WorkerConfig, model: Any, tokenizer: Any, version: int) -> InferenceBackend:
+    if cfg.backend == "reference":
+        import torch
+
+        from meshrl.inference.reference import ReferenceBackend
+
+        return ReferenceBackend(model.to(getattr(torch, cfg.dtype)), tokenizer, cfg.reference,
+                                version)
+    from meshrl.inference import CPUEngine
+
+    engine = CPUEngine(model, tokenizer, cfg.engine)
+    engine.load_weights(model.state_dict(), version)
+    return engine
+
+
 class PolicyHolder:
     """The engine and the honest weights of its current version (one lock around swaps)."""
 
     def __init__(self, cfg: WorkerConfig, cheat: Cheat, model_dir: Path, version: int) -> None:
-        from meshrl.inference import CPUEngine
         from meshrl.model import load_model, load_tokenizer
 
         self.cfg, self.cheat = cfg, cheat
         model = load_model(model_dir)
         self.model_config = model.config
         self.tokenizer = load_tokenizer(model_dir)
-        self.engine = CPUEngine(model, self.tokenizer, cfg.engine)
-        self.engine.load_weights(model.state_dict(), version)
-        self.honest: dict[str, Any] = model.state_dict()
+        self.engine = _backend(cfg, model, self.tokenizer, version)
+        # the reference backend runs `model` itself: a weight cheat loaded into it must not
+        # overwrite the honest weights kept here
+        self.honest: dict[str, Any] = {k: v.detach().clone() if cfg.backend == "reference"
+                                       else v for k, v in model.state_dict().items()}
         self.version = version
         self.cheating = False
         self.lock = threading.Lock()
