@@ -104,7 +104,7 @@ def test_money_per_node_equals_the_chain(books_pool: Pool) -> None:
     _submit(pool, "p1", "n2", "b", 20)
     _submit(pool, "p2", "n5", "c", 30)
     c.fed.backend.advance_time(LOCK + 1)
-    c.client("p1").claim([a])  # a subset of p1's unlocked items: the chain says which
+    c.client("p1").claim([a])  # a subset of p1's unlocked items: its transaction says which
     _submit(pool, "p2", "n5", "d", 40)  # locked when n5 is judged: wiped
     bad = _submit(pool, "p2", "n5", "e", 5)
     c.client("val").hard_invalidate(bad)
@@ -122,7 +122,7 @@ def test_money_per_node_equals_the_chain(books_pool: Pool) -> None:
 def test_claim_of_all_and_a_database_from_before_the_books(books_pool: Pool) -> None:
     pool, c = books_pool, books_pool.chain
     b = c.fed.work_id(c.accounts["n2"].address, keccak(text="b"))
-    c.client("p1").claim([b])  # every candidate of p1: matched without reading the chain
+    c.client("p1").claim([b])  # the rest of p1's unlocked items
     c.client("p1").add_stake(7 * 10**18)
     c.fed.backend.w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
     before = _matches(pool)

@@ -11,8 +11,8 @@ The rules mirror `work.vy` (and `meshrl.protocol.history`, the report's source):
 - claimable now: submitted, not wiped, unlocked at the latest block seen.
 
 Token amounts exceed SQLite's 64-bit integers, so they are stored as decimal text. Chain calls
-are kept to block timestamps (one per block with money events), one stake read per touched
-provider per poll, and work-status reads only when a claim event cannot be matched alone.
+are kept to block timestamps (batched), one stake read per touched provider per poll, and one
+transaction read per claim that may have paid this pool's items.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 from meshrl.protocol.events import Event
 
-__all__ = ["SCHEMA", "STAKE_EVENTS", "Books", "NodeMoney"]
+__all__ = ["CLAIMED_CODE", "SCHEMA", "STAKE_EVENTS", "Books", "NodeMoney"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS works (
@@ -131,7 +131,7 @@ class Books:
         elif ev.name == "WorkInvalidated":
             self._invalidated(a, int(ts or 0))
         elif ev.name == "RewardsClaimed":
-            self._claimed(a["provider"].lower(), a["amount"], a["count"], int(ts or 0))
+            self._claimed(a["provider"].lower(), ev.tx_hash, int(ts or 0))
         elif ev.name == "WorkParamsSet":
             self.set_lock_period(a["lock_period"])
         elif ev.name in STAKE_EVENTS:
@@ -180,18 +180,14 @@ class Books:
                                (provider, SUBMITTED, ts)).fetchall()
         return [(w, n, int(r)) for w, n, r in rows]
 
-    def _claimed(self, provider: str, amount: int, count: int, ts: int) -> None:
-        if not self.db.execute("SELECT 1 FROM providers WHERE address = ?",
-                               (provider,)).fetchone():
-            return
-        cands = self._candidates(provider, ts)
-        if not cands:
-            return  # a claim of other pools' work only
-        if len(cands) == count and sum(r for *_, r in cands) == amount:
-            self.mark_claimed([w for w, *_ in cands])
-        else:  # a subset, or other pools' items too: the chain says which
+    def _claimed(self, provider: str, tx_hash: str, ts: int) -> None:
+        """A claim names only its provider, amount and count: which items it paid is read
+        after the batch (the claim's transaction, one call) if any of this pool could be."""
+        known = self.db.execute("SELECT 1 FROM providers WHERE address = ?",
+                                (provider,)).fetchone()
+        if known and self._candidates(provider, ts):
             self.db.execute("INSERT OR IGNORE INTO pending VALUES ('claim', ?, ?)",
-                            (provider, ts))
+                            (f"{provider} {tx_hash}", ts))
 
     def mark_claimed(self, work_ids: list[str]) -> None:
         for wid in work_ids:
@@ -205,23 +201,25 @@ class Books:
     def pending_stakes(self) -> list[str]:
         return [r[0] for r in self.db.execute("SELECT key FROM pending WHERE kind = 'stake'")]
 
-    def pending_claims(self) -> list[str]:
-        """Work ids whose status the chain must tell (candidates of unmatched claims)."""
-        out: list[str] = []
-        for provider, ts in self.db.execute("SELECT key, at FROM pending WHERE kind = 'claim'"
-                                            ).fetchall():
-            out += [w for w, *_ in self._candidates(provider, ts)]
+    def pending_claims(self) -> list[tuple[str, str, list[str]]]:
+        """(key, transaction hash, candidate work ids) of each claim still to resolve."""
+        out = []
+        for key, ts in self.db.execute("SELECT key, at FROM pending WHERE kind = 'claim'"
+                                       ).fetchall():
+            provider, tx = key.split()
+            out.append((key, tx, [w for w, *_ in self._candidates(provider, ts)]))
         return out
 
-    def resolve(self, stakes: dict[str, int], statuses: dict[str, int]) -> None:
-        """Write what the chain answered for `pending_*` and clear them."""
+    def resolve(self, stakes: dict[str, int], claims: dict[str, list[str]]) -> None:
+        """Write what the chain answered: stakes per provider, and per pending claim (key) the
+        work ids it paid; both leave `pending`."""
         for provider, stake in stakes.items():
             self.db.execute("INSERT INTO providers VALUES (?, ?) ON CONFLICT(address) DO "
                             "UPDATE SET stake = excluded.stake", (provider, str(stake)))
             self.db.execute("DELETE FROM pending WHERE kind = 'stake' AND key = ?", (provider,))
-        self.mark_claimed([w for w, s in statuses.items() if s == CLAIMED_CODE])
-        if statuses or not self.pending_claims():
-            self.db.execute("DELETE FROM pending WHERE kind = 'claim'")
+        for key, paid in claims.items():
+            self.mark_claimed(paid)
+            self.db.execute("DELETE FROM pending WHERE kind = 'claim' AND key = ?", (key,))
 
     # the view
     def money(self) -> dict[str, NodeMoney]:

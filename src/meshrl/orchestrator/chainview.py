@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from meshrl.log import get_logger, log_event
-from meshrl.orchestrator.books import Books
+from meshrl.orchestrator.books import CLAIMED_CODE, Books
 from meshrl.orchestrator.state import POOL_STEP, State
 from meshrl.protocol.chain import Protocol
 from meshrl.protocol.errors import ChainError, TxReverted
@@ -189,11 +189,35 @@ class ChainView:
         with state.tx():
             books.resolve(*answers)
 
-    def _read(self, providers: list[str], work_ids: list[str]
-              ) -> tuple[dict[str, int], dict[str, int]]:
+    def _read(self, providers: list[str], claims: list[tuple[str, str, list[str]]]
+              ) -> tuple[dict[str, int], dict[str, list[str]]]:
+        """Stakes of `providers`, and per claim (key, tx, candidates) the candidates it paid
+        (blocking)."""
         p = self.protocol
         stakes = {a: p.provider(p.backend.w3.to_checksum_address(a)).stake for a in providers}
-        return stakes, {w: int(p.work(bytes.fromhex(w)).status) for w in work_ids}
+        paid: dict[str, list[str]] = {}
+        for key, tx, candidates in claims:
+            ids = self._claim_ids(tx)
+            if ids is None:  # not a direct call (a wallet contract): each item's status
+                paid[key] = [w for w in candidates
+                             if int(p.work(bytes.fromhex(w)).status) == CLAIMED_CODE]
+            else:
+                paid[key] = [w for w in candidates if w in ids]
+        return stakes, paid
+
+    def _claim_ids(self, tx_hash: str) -> set[str] | None:
+        """The work ids a `claim` transaction names, or None if it did not call `claim`."""
+        p = self.protocol
+        tx = p.backend.w3.eth.get_transaction(tx_hash)
+        if str(tx.get("to") or "").lower() != p.contract.address.lower():
+            return None
+        try:
+            fn, args = p.contract.decode_function_input(tx["input"])
+        except ValueError:
+            return None
+        if fn.fn_name != "claim":
+            return None
+        return {bytes(w).hex() for w in args["work_ids"]}
 
     def _apply(self, state: State, ev: Event) -> None:
         a = ev.args
