@@ -127,11 +127,11 @@ def _node(cfg: NodeConfig) -> int:
         node, dep = start_local_chain(
             cfg.port, cfg.params, cfg.chain.deployment, cfg.anvil, cfg.chain.private_key
         )
-        log_event(log, "chain ready", url=node.url, deployment=cfg.chain.deployment,
-                  protocol=dep.protocol, token=dep.token)
-        _print({"url": node.url, **dep.__dict__})
         start = time.monotonic()
-        try:
+        try:  # from here on anvil is ours to stop, whenever SIGTERM lands (even mid-print)
+            log_event(log, "chain ready", url=node.url, deployment=cfg.chain.deployment,
+                      protocol=dep.protocol, token=dep.token)
+            _print({"url": node.url, **dep.__dict__})
             while node.proc is not None and node.proc.poll() is None:
                 if cfg.run_seconds and time.monotonic() - start >= cfg.run_seconds:
                     break
