@@ -212,6 +212,10 @@ def _tokens(base_units: int | None) -> str:
     return "n/a" if base_units is None else f"{base_units / 10**18:.3f}"
 
 
+def _s(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds:.1f}"
+
+
 def _markdown(rep: dict[str, Any]) -> str:
     acc, checks = rep["accuracy"], rep["checks"]
     failed = [c for c in checks if not c["ok"]]
@@ -219,7 +223,9 @@ def _markdown(rep: dict[str, Any]) -> str:
            f"- outcome: {(rep['outcome'] or {}).get('outcome', 'n/a')}",
            f"- held-out accuracy: {'n/a' if acc is None else f'{acc:.3f}'} after "
            f"{rep['steps']} steps",
-           f"- reached 80%: {rep['reached_80'] or 'no'}",
+           "- reached 80%: " + ("no" if not rep["reached_80"] else
+                                f"at RL step {rep['reached_80']['step']}, "
+                                f"{_s(rep['reached_80']['elapsed_s'])} s of training"),
            f"- checks: {len(checks) - len(failed)} of {len(checks)} hold"
            + (f" (failed: {', '.join(c['name'] for c in failed)})" if failed else ""),
            f"- curves: `{rep['curves']}`", "", "## Checks", ""]
@@ -242,7 +248,7 @@ def _markdown(rep: dict[str, Any]) -> str:
             for v in rep["versions"]]
     out += ["", "## Faults", "", "| role | at s | detect s | recover s |",
             "| --- | --- | --- | --- |"]
-    out += [f"| {f['role']} | {f['at_s']} | {f['detect_s']} | {f['recover_s']} |"
+    out += [f"| {f['role']} | {f['at_s']} | {_s(f['detect_s'])} | {_s(f['recover_s'])} |"
             for f in rep["faults"]]
     out += ["", "## Role exits (the supervisor's record)", "",
             "| role | event | exit status | alive s |", "| --- | --- | --- | --- |"]

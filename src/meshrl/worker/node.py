@@ -21,6 +21,7 @@ from typing import Any
 
 from meshrl.log import get_logger, log_event
 from meshrl.protocol import Deployment, Protocol
+from meshrl.protocol.errors import TxReverted
 from meshrl.protocol.local import connect
 from meshrl.wire import SignedClient, WireHTTPError
 from meshrl.wire.models import Heartbeat, HeartbeatAck, WorkOrder
@@ -168,11 +169,14 @@ class WorkerNode:
         except RetryLater as e:
             log_event(log, "delivery postponed", reason=str(e))
             return
-        except (WireHTTPError, OSError) as e:
+        except (WireHTTPError, OSError, TxReverted) as e:
             # the orchestrator is down or restarting (the outbox keeps every file, each phase
-            # is resumed next time), or this node was ejected: the next work-order poll
-            # rejoins, or stops for good if the pool blacklisted it
+            # is resumed next time), or this node was ejected (refused by the orchestrator or
+            # by the chain): the next work-order poll rejoins, or stops for good if the pool
+            # blacklisted it
             if isinstance(e, WireHTTPError) and e.status not in (403, 429) and e.status < 500:
+                raise
+            if isinstance(e, TxReverted) and "not in pool" not in str(e):
                 raise
             log_event(log, "delivery postponed", reason=str(e))
             await self._sleep(self.cfg.poll_interval)
