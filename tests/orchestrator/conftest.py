@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,10 +53,11 @@ def orchestrator_config(chain: Chain, tmp: Path, **over: object) -> dict:
     return cfg
 
 
-@pytest.fixture(scope="package")
-def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+@contextmanager
+def pool_services(tmp: Path, members: tuple[tuple[str, str], ...]) -> Iterator[Pool]:
+    """A chain, a discovery and an orchestrator process in `tmp`, with each (node, provider)
+    of `members` onboarded into the pool; everything stopped afterwards."""
     anvil_or_skip()
-    tmp = tmp_path_factory.mktemp("pool")
     chain = start_chain(tmp)
     disc = Service("discovery", {
         "port": 0, "db": str(tmp / "disc.db"), "sync_s": 0.5, "manager_cache_s": 0.0,
@@ -67,14 +69,21 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
         cfg["onboarding"] = {**cfg["onboarding"], "discovery_url": disc.url}
         orch = Service("orchestrator", cfg, tmp)
         orch.start()
-        p = Pool(chain, disc, orch, tmp)
-        for n in ("n1", "n2"):
-            run(onboard(chain, disc.url, orch.url, n, "p1"))
-        beats = Heartbeater(orch.url, [p.key("n1"), p.key("n2")], every=0.3)
-        yield p
-        beats.stop()
+        for node, provider in members:
+            run(onboard(chain, disc.url, orch.url, node, provider))
+        yield Pool(chain, disc, orch, tmp)
     finally:
         if orch is not None:
             orch.stop()
         disc.stop()
         chain.close()
+
+
+@pytest.fixture(scope="package")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    with pool_services(tmp_path_factory.mktemp("pool"), (("n1", "p1"), ("n2", "p1"))) as p:
+        beats = Heartbeater(p.orch.url, [p.key("n1"), p.key("n2")], every=0.3)
+        try:
+            yield p
+        finally:
+            beats.stop()

@@ -21,35 +21,17 @@ from meshrl.protocol.history import pool_history
 from meshrl.wire import SignedClient
 from meshrl.wire.models import PoolNodes
 
-from .conftest import Pool, anvil_or_skip, orchestrator_config
-from .net import PARAMS, Service, onboard, run, start_chain, wait_for
+from .conftest import Pool, pool_services
+from .net import PARAMS, run, wait_for
 
 LOCK = PARAMS.lock_period
 
 
 @pytest.fixture(scope="module")
 def books_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
-    anvil_or_skip()
-    tmp = tmp_path_factory.mktemp("books")
-    chain = start_chain(tmp)
-    disc = Service("discovery", {
-        "port": 0, "db": str(tmp / "disc.db"), "sync_s": 0.5, "manager_cache_s": 0.0,
-        "chain": {"deployment": str(chain.deployment), "rpc_url": chain.node.url}}, tmp)
-    orch: Service | None = None
-    try:
-        disc.start()
-        cfg = orchestrator_config(chain, tmp)
-        cfg["onboarding"] = {**cfg["onboarding"], "discovery_url": disc.url}
-        orch = Service("orchestrator", cfg, tmp)
-        orch.start()
-        for node, provider in (("n1", "p1"), ("n2", "p1"), ("n5", "p2")):
-            run(onboard(chain, disc.url, orch.url, node, provider))
-        yield Pool(chain, disc, orch, tmp)
-    finally:
-        if orch is not None:
-            orch.stop()
-        disc.stop()
-        chain.close()
+    members = (("n1", "p1"), ("n2", "p1"), ("n5", "p2"))
+    with pool_services(tmp_path_factory.mktemp("books"), members) as p:
+        yield p
 
 
 def _submit(pool: Pool, provider: str, node: str, label: str, units: int) -> bytes:
