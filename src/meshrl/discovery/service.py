@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -31,7 +30,7 @@ from meshrl.wire.errors import WireError
 from meshrl.wire.guard import RequestGuard
 from meshrl.wire.models import Health, NodeAnnouncement, NodeEntry, NodeList, NodeStatus
 from meshrl.wire.nonces import SqliteNonceStore
-from meshrl.wire.service import Call, Route, build_app
+from meshrl.wire.service import Call, Route, build_app, listen, write_ready_file
 
 __all__ = ["Discovery"]
 
@@ -158,18 +157,10 @@ class Discovery:
 
     async def start(self) -> None:
         app = build_app("discovery", self.routes(), self.guard)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://{self.cfg.host}:{port}"
+        self._runner, self.url = await listen(app, self.cfg.host, self.cfg.port)
         self._task = asyncio.create_task(self._sync_forever())
         log_event(log, "discovery listening", url=self.url)
-        if self.cfg.ready_file:
-            tmp = Path(self.cfg.ready_file + ".tmp")
-            tmp.write_text(self.url)
-            tmp.replace(self.cfg.ready_file)
+        write_ready_file(self.cfg.ready_file, self.url)
 
     async def stop(self) -> None:
         if self._task is not None:

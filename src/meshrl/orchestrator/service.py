@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -28,7 +27,7 @@ from meshrl.protocol.chain import Protocol
 from meshrl.wire.guard import RequestGuard
 from meshrl.wire.models import FileStatus, NodeState
 from meshrl.wire.nonces import SqliteNonceStore
-from meshrl.wire.service import build_app
+from meshrl.wire.service import build_app, listen, write_ready_file
 
 __all__ = ["Orchestrator", "missed_heartbeats"]
 
@@ -108,20 +107,12 @@ class Orchestrator:
         revived = self.state.grace(time.time())
         api = OrchestratorApi(self)
         app = build_app("orchestrator", api.routes(), self.guard, registry=self.registry)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://{self.cfg.host}:{port}"
+        self._runner, self.url = await listen(app, self.cfg.host, self.cfg.port)
         for loop in (self._follow_chain, self._monitor, self._expire_slots, self.onboarding.run):
             self._tasks.append(asyncio.create_task(self._forever(loop)))
         log_event(log, "orchestrator listening", url=self.url, pool=self.cfg.pool_id,
                   step=self.step, nodes_resumed=revived, cursor=self.chain.cursor.next_block)
-        if self.cfg.ready_file:
-            tmp = Path(self.cfg.ready_file + ".tmp")
-            tmp.write_text(self.url)
-            tmp.replace(self.cfg.ready_file)
+        write_ready_file(self.cfg.ready_file, self.url)
 
     async def stop(self) -> None:
         for t in self._tasks:

@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -225,6 +226,24 @@ def openapi_document(service: str, routes: list[Route], version: str = "1") -> d
 def _path_params(path: str) -> list[str]:
     return [part[1:-1].split(":")[0] for part in path.split("/")
             if part.startswith("{") and part.endswith("}")]
+
+
+async def listen(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:
+    """Serve `app` on host:port (0: any free port); the runner (to clean up) and the base URL."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://{host}:{bound}"
+
+
+def write_ready_file(path: str, url: str) -> None:
+    """Announce `url` in `path` atomically (tests and scripts wait for it); "" writes nothing."""
+    if path:
+        tmp = Path(path + ".tmp")
+        tmp.write_text(url)
+        tmp.replace(path)
 
 
 def serve_forever(make: Callable[[], Any], errors: tuple[type[Exception], ...] = ()) -> int:
