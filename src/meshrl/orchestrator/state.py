@@ -52,6 +52,7 @@ CREATE UNIQUE INDEX IF NOT EXISTS files_claimed ON files (sha256, node) WHERE gr
 CREATE INDEX IF NOT EXISTS files_step ON files (step, status);
 CREATE INDEX IF NOT EXISTS files_work ON files (work_id);
 CREATE INDEX IF NOT EXISTS files_accepted ON files (accepted_seq);
+CREATE INDEX IF NOT EXISTS files_status ON files (status, node);  -- nodes with fraud, each poll
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
