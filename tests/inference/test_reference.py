@@ -19,14 +19,7 @@ from meshrl.inference import (
 )
 from meshrl.model import build_model, save_model
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: on a shared, busy 2-core machine two threads wait on each other."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 CASES = {

@@ -17,13 +17,7 @@ CFG = RolloutConfig(prompts_per_step=4, group_size=4, max_new_tokens=6)
 TASKS = TasksConfig().build()
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: on a shared, busy 2-core machine two threads wait on each other."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _batches(kind: str, version: int = 0):

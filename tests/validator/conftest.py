@@ -2,7 +2,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from meshrl.inference import CPUEngine, EngineConfig
 from meshrl.model import CharTokenizer, build_model
@@ -26,8 +25,5 @@ def engine(model, tok) -> CPUEngine:
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_torch_thread: None) -> None:
+    """Every validator test on one torch thread (see tests/conftest.py)."""
