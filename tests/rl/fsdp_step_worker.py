@@ -83,8 +83,10 @@ def main() -> None:
     try:
         for name in SCENARIOS:
             run(world, name, out)
-    finally:
-        world.close()
+    except BaseException:
+        world.close(wait_for_peers=False)
+        raise
+    world.close()
 
 
 if __name__ == "__main__":

@@ -39,9 +39,12 @@ def train_distributed(cfg: RLConfig, env: Mapping[str, str]) -> dict[str, Any]:
     """Join torchrun's process group, run, leave it (also on errors)."""
     world = init_world(cfg.dist, env)
     try:
-        return DistributedRun(cfg, world).run()
-    finally:
-        world.close()
+        result = DistributedRun(cfg, world).run()
+    except BaseException:
+        world.close(wait_for_peers=False)
+        raise
+    world.close()
+    return result
 
 
 def gather_full(world: World, weights: Weights) -> Weights:

@@ -79,8 +79,14 @@ class World:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())
 
-    def close(self) -> None:
+    def close(self, wait_for_peers: bool = True) -> None:
+        """Leave the group. After a normal run every rank first waits at a barrier: a rank that
+        tore its gloo connections down while a peer still used them made that peer abort at
+        exit ("terminate called without an active exception", SIGABRT; seen twice in CI).
+        After an error a peer may be gone, so there is no waiting then."""
         if dist.is_initialized():
+            if wait_for_peers:
+                dist.barrier()
             dist.destroy_process_group()
 
     def _object_device(self) -> torch.device | None:
