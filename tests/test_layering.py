@@ -27,19 +27,21 @@ ALLOWED: dict[str, frozenset[str]] = {
     "tasks": frozenset({"config", "log", "lazy"}),
     "shardcast": BASE,
     "protocol": BASE,
+    "pool": BASE | {"tasks"},
     "inference": BASE | {"model", "tasks"},
     "toploc": BASE | {"model", "tasks", "inference"},
-    "rl": BASE | {"inference", "model", "tasks", "shardcast"},
-    "discovery": BASE | {"protocol", "shardcast"},
-    "orchestrator": BASE | {"protocol", "shardcast"},
-    "worker": BASE | {"model", "inference", "toploc", "tasks", "shardcast", "protocol"},
-    "validator": BASE | {"model", "inference", "toploc", "tasks", "shardcast", "protocol"},
-    "network": BASE,  # plus the roles' config modules, see `allowed`
+    "rl": BASE | {"inference", "model", "tasks", "shardcast", "pool"},
+    "discovery": BASE | {"protocol", "shardcast", "pool"},
+    "orchestrator": BASE | {"protocol", "shardcast", "pool"},
+    "worker": BASE | {"model", "inference", "toploc", "tasks", "shardcast", "protocol", "pool"},
+    "validator": BASE | {"model", "inference", "toploc", "tasks", "shardcast", "protocol",
+                         "pool"},
+    "network": BASE | {"pool"},  # plus the roles' config modules, see `allowed`
     "dashboard": BASE,
 }
 TOP = frozenset({"cli", ""})  # `meshrl.cli` (the command line) and `meshrl/__init__`: anything
-TORCH_FREE = frozenset({*BASE, "tasks", "shardcast", "protocol", "discovery", "orchestrator",
-                        "network", "dashboard"})
+TORCH_FREE = frozenset({*BASE, "tasks", "pool", "shardcast", "protocol", "discovery",
+                        "orchestrator", "network", "dashboard"})
 TORCH = ("torch", "transformers")
 
 

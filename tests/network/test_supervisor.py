@@ -16,6 +16,7 @@ from meshrl.network.config import NetworkConfig
 from meshrl.network.keys import DevKeys
 from meshrl.network.roles import Layout, RoleSpec, build_roles
 from meshrl.network.supervisor import RoleFailed, Supervisor
+from meshrl.pool import RULE_FIELDS, tasks_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -122,15 +123,19 @@ def test_role_configs_share_the_pool_rules(tmp_path: Path) -> None:
                      "validator", "worker-0", "worker-1", "worker-2", "cheater-0", "dashboard"]
     read = {n: tomllib.loads(lay.config_path(n).read_text())
             for n in ("orchestrator", "validator", "trainer", "worker-0", "cheater-0")}
-    work, pool = read["orchestrator"]["work"], read["validator"]["pool"]
-    for k in ("async_level", "seed", "prompts_per_file", "task", "sampling",
-              "shardcast_servers", "proof_profile"):
-        assert work[k] == pool[k], k
-    assert work["proof_profile"] == "meshrl-cpu-engine"  # the demo's: every worker is meshrl's
-    assert work["shardcast_servers"][-1] == lay.origin_url and len(work["shardcast_servers"]) == 3
+    published = read["orchestrator"]["rules"]
+    # the validator and every worker pin every rule to the published value
+    for role in ("validator", "worker-0", "cheater-0"):
+        assert read[role]["rules"] == published, role
+    assert set(published) == set(RULE_FIELDS)
+    assert published["proof_profile"] == "meshrl-cpu-engine"  # the demo's: every worker is ours
+    servers = read["orchestrator"]["work"]["shardcast_servers"]
+    assert servers == read["validator"]["shardcast_servers"]
+    assert servers[-1] == lay.origin_url and len(servers) == 3
     t = read["trainer"]
-    assert t["rollout"]["group_size"] == work["sampling"]["group_size"] == 8
-    assert t["tasks"] == work["task"] and t["async_level"] == work["async_level"]
+    assert t["rollout"]["group_size"] == published["group_size"] == 8
+    assert tasks_config(t["tasks"]).model_dump(mode="json") == published["task"]
+    assert t["async_level"] == published["async_level"]
     assert read["cheater-0"]["cheat"] == {"mode": "forge-rewards", "after_step": 3}
     assert read["worker-0"]["cheat"] == {"mode": "none"}
     assert all(r.threads == 1 for r in roles)

@@ -9,6 +9,7 @@ import time
 
 import aiohttp
 
+from meshrl.pool import PoolRules, WorkOrder
 from meshrl.wire import SignedClient, WireHTTPError, read_rollout_file, write_rollout_file
 from meshrl.wire.models import (
     FileStatus,
@@ -17,12 +18,10 @@ from meshrl.wire.models import (
     NodeEntry,
     NodeStatus,
     PoolNodes,
-    PublishedRules,
     SlotRequest,
     UploadSlot,
     Verdict,
     VerdictAck,
-    WorkOrder,
 )
 from wire.helpers import sample_rollout  # the wire tests' sample file (tests/ is on sys.path)
 
@@ -54,16 +53,17 @@ def test_work_order(pool: Pool) -> None:
         async with SignedClient(pool.orch.url, pool.key("n1")) as o:
             return await o.call("GET", "/work", response=WorkOrder)
     w = run(t())
-    assert (w.pool_id, w.step, w.policy_versions, w.async_level) == (pool.chain.pool, 3, [2, 3], 1)
-    assert w.proof_profile == "any-hardware"  # the default, published to every node
+    assert (w.rules.pool_id, w.step, w.policy_versions, w.rules.async_level) == (
+        pool.chain.pool, 3, [2, 3], 1)
+    assert w.rules.proof_profile == "any-hardware"  # the default, published to every node
 
 
 def test_rules_are_public_before_staking(pool: Pool) -> None:
     """`GET /rules` answers an unsigned request: a worker reads the proof profile first."""
-    async def t() -> PublishedRules:
+    async def t() -> PoolRules:
         async with aiohttp.ClientSession() as s, s.get(f"{pool.orch.url}/rules") as r:
             assert r.status == 200
-            return PublishedRules.model_validate(await r.json())
+            return PoolRules.model_validate(await r.json())
     rules = run(t())
     assert (rules.pool_id, rules.proof_profile, rules.async_level) == (pool.chain.pool,
                                                                        "any-hardware", 1)

@@ -42,6 +42,6 @@ def test_shipped_configs_load() -> None:
 
     root = Path(__file__).resolve().parents[2] / "configs"
     o = load_config(OrchestratorConfig, [root / "orchestrator.toml"], ["--pool_id", "2"])
-    assert (o.pool_id, o.heartbeat.dead_after, o.work.task) == (2, 3, {"type": "arithmetic"})
+    assert (o.pool_id, o.heartbeat.dead_after, o.rules.task.mix[0].type) == (2, 3, "arithmetic")
     d = load_config(DiscoveryConfig, [root / "discovery.toml"])
     assert d.max_nodes_per_ip == 16

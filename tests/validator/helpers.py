@@ -11,17 +11,18 @@ from typing import Any
 
 from aiohttp import web
 
-from meshrl.inference import CPUEngine, EngineConfig, SamplingParams
+from meshrl.inference import CPUEngine, EngineConfig
 from meshrl.orchestrator.api import OrchestratorApi
 from meshrl.orchestrator.config import OrchestratorConfig
+from meshrl.pool import Assignment, PoolRules
 from meshrl.tasks import ArithmeticConfig, TasksConfig
-from meshrl.validator.verify import ChainClaim, PoolRules
+from meshrl.validator.verify import ChainClaim
 from meshrl.wire.guard import RequestGuard
 from meshrl.wire.rollout_file import RolloutFile, read_rollout_file, rollout_file_bytes
 from meshrl.wire.service import build_app
 from meshrl.worker.cheats import Cheat
 from meshrl.worker.config import CheatConfig
-from meshrl.worker.rollouts import Assignment, generate_rollouts
+from meshrl.worker.rollouts import generate_rollouts
 
 NODE = "0x" + "ab" * 20
 PROVIDER = "0x" + "cd" * 20
@@ -29,20 +30,15 @@ TASKS = TasksConfig(mix=[ArithmeticConfig(digits=2, operators="+-")])
 
 
 def rules(max_new: int = 8, prompts: int = 2, group: int = 4, async_level: int = 2,
-          temperature: float = 1.0, seed: int = 7) -> PoolRules:
-    return PoolRules(seed=seed, async_level=async_level, prompts_per_file=prompts,
-                     group_size=group, sampling={"max_new_tokens": max_new,
-                                                 "temperature": temperature, "top_p": 1.0},
-                     tasks=TASKS)
+          temperature: float = 1.0, seed: int = 7, pool_id: int = 1) -> PoolRules:
+    return PoolRules(pool_id=pool_id, seed=seed, async_level=async_level,
+                     prompts_per_file=prompts, group_size=group, task=TASKS,
+                     sampling={"max_new_tokens": max_new, "temperature": temperature,
+                               "top_p": 1.0})
 
 
 def assignment(r: PoolRules, step: int = 1, counter: int = 0, node: str = NODE) -> Assignment:
-    s = r.sampling
-    return Assignment(seed=r.seed, node=node, pool_id=1, step=step, counter=counter,
-                      prompts=r.prompts_per_file, group_size=r.group_size,
-                      sampling=SamplingParams(max_new_tokens=s["max_new_tokens"],
-                                              temperature=s["temperature"], top_p=s["top_p"]),
-                      tasks=r.tasks)
+    return Assignment(r, node, step, counter)
 
 
 def roundtrip(rf: RolloutFile) -> tuple[RolloutFile, str]:
@@ -66,17 +62,19 @@ def cheat_file(engine: Any, model: Any, tok: Any, r: PoolRules, mode: str,
     if state is not model.state_dict() and mode in ("other-model", "int8", "scale-layer"):
         eng = CPUEngine(model, tok, EngineConfig(num_threads=1))
         eng.load_weights(state, version=0)
-    b = generate_rollouts(eng, tok, a, PROVIDER, problems=cheat.problems(a),
+    tasks = r.task.build()
+    b = generate_rollouts(eng, tok, a, tasks, PROVIDER, problems=cheat.problems(a, tasks),
                           sampling=cheat.sampling(a), edit=cheat.edit(a.step, tok.eos_token_id))
     return roundtrip(cheat.finish(b))[0]
 
 
 @contextlib.asynccontextmanager
-async def rules_server(pool_id: int = 1, **work: Any) -> AsyncIterator[str]:
-    """The orchestrator's own `GET /rules` route and handler on loopback, publishing `work`
-    (the rest of the orchestrator needs a chain; reading the rules needs none of it)."""
-    cfg = OrchestratorConfig(pool_id=pool_id, work=work)
-    api = OrchestratorApi(SimpleNamespace(cfg=cfg))  # type: ignore[arg-type]
+async def rules_server(pool_id: int = 1, **published: Any) -> AsyncIterator[str]:
+    """The orchestrator's own `GET /rules` route and handler on loopback, publishing the rules
+    `published` (the rest of the orchestrator needs a chain; reading the rules needs none)."""
+    cfg = OrchestratorConfig(pool_id=pool_id, rules=published)
+    orch = SimpleNamespace(cfg=cfg, rules=PoolRules(pool_id=pool_id, **dict(cfg.rules)))
+    api = OrchestratorApi(orch)  # type: ignore[arg-type]
     routes = [r for r in api.routes() if r.path == "/rules"]
     runner = web.AppRunner(build_app("orchestrator", routes, RequestGuard(cfg.guard)))
     await runner.setup()

@@ -27,13 +27,14 @@ TOKEN = 10**18
 PARAMS = ProtocolParams(min_stake=100 * TOKEN, stake_per_unit=10 * TOKEN, unbonding_delay=7200,
                         invalidation_window=3600, lock_period=7200, slash_penalty=50 * TOKEN)
 PASSWORD = "correct horse"
-# the pool's public rules, given to the orchestrator ([work]) and the validator ([pool]); every
+# the pool's public rules: the orchestrator publishes them ([rules]), validators and workers may
+# pin them ([rules]); every
 # worker runs meshrl's CPU engine, so the tight proof profile that sees int8 / scale-layer in
 # these 8-chunk files
 RULES: dict[str, Any] = {
     "async_level": 2, "seed": 11, "prompts_per_file": 2, "proof_profile": "meshrl-cpu-engine",
     "task": {"mix": [{"type": "arithmetic", "digits": 2, "operators": "+-"}]},
-    "sampling": {"max_new_tokens": 16, "temperature": 1.0, "top_p": 1.0, "group_size": 4},
+    "sampling": {"max_new_tokens": 16, "temperature": 1.0, "top_p": 1.0}, "group_size": 4,
 }
 
 
@@ -88,15 +89,15 @@ def start_net(tmp: Path) -> Net:
     net.disc = Service("discovery", {"port": 0, "db": str(tmp / "disc.db"), "sync_s": 0.5,
                                      "manager_cache_s": 0.0, "chain": chain_cfg}, tmp)
     net.disc.start()
-    work = {k: v for k, v in RULES.items()}
-    work.update(step=0, max_units_per_file=100_000, slot_ttl_s=20.0)
+    work = {"step": 0, "max_units_per_file": 100_000, "slot_ttl_s": 20.0}
     net.orch = Service("orchestrator", {
         "port": 0, "pool_id": pool, "db": str(tmp / "orch.db"), "chain_poll_s": 0.3,
         "validator_cache_s": 0.0, "chain": {**chain_cfg, "private_key": hexkey(mgr)},
         "guard": {"rate_per_minute": 6000, "rate_burst": 200},
         "store": {"root": str(tmp / "files")},
         "heartbeat": {"interval_s": 2.0, "dead_after": 5000},  # finished workers stay members
-        "onboarding": {"poll_s": 0.3, "discovery_url": net.disc.url}, "work": work}, tmp)
+        "onboarding": {"poll_s": 0.3, "discovery_url": net.disc.url}, "work": work,
+        "rules": RULES}, tmp)
     net.orch.start()
     return net
 

@@ -15,8 +15,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from meshrl.config import Config
+from meshrl.pool import PROFILE_FIELD, ProofProfile, RulesSpec
 from meshrl.protocol.config import ProtocolParams
-from meshrl.wire.models import PROFILE_FIELD, ProofProfile
 
 __all__ = ["CheatSpec", "NetworkConfig", "PoolSpec", "ThreadsConfig", "WorkersSpec"]
 
@@ -45,8 +45,9 @@ class WorkersSpec(Config):
 
 
 class PoolSpec(Config):
-    """The pool's public rules: the orchestrator's `[work]`, the validator's `[pool]`, and the
-    trainer's rollout shape all come from here, so they cannot disagree."""
+    """The pool's public rules: the orchestrator's `[rules]` (what it publishes), the pins of
+    every validator and worker (`[rules]`, checked against the published ones at start) and the
+    trainer's rollout shape all come from here."""
 
     task: dict[str, Any] = Field(default_factory=lambda: {"mix": [{"type": "arithmetic"}]},
                                  description="tasks config (the trainer's held-out set too)")
@@ -65,6 +66,15 @@ class PoolSpec(Config):
     reward_rate: int = Field(10**15, ge=0, description="token base units per work unit")
     heartbeat_s: float = Field(2.0, gt=0, description="the orchestrator's heartbeat interval")
     dead_after: int = Field(15, ge=1, description="missed heartbeats before a node is ejected")
+
+    def rules(self) -> RulesSpec:
+        """The rules the orchestrator publishes, and every worker and validator pins."""
+        return RulesSpec(task=self.task, group_size=self.group_size,
+                         sampling={"max_new_tokens": self.max_new_tokens,
+                                   "temperature": self.temperature, "top_p": 1.0},
+                         prompts_per_file=self.prompts_per_file, async_level=self.async_level,
+                         seed=self.seed, files_per_step=self.files_per_step,
+                         proof_profile=self.proof_profile)
 
 
 class NetworkConfig(Config):

@@ -1,7 +1,8 @@
 """Every role of a local network as a command line and a config file it reads.
 
-The pool's rules are written once (`PoolSpec`) into the orchestrator's `[work]`, the validator's
-`[pool]` and the trainer's rollout shape; each role validates its own config when it starts.
+The pool's rules are written once (`PoolSpec`) into the orchestrator's `[rules]` (what it
+publishes), the `[rules]` pins of the validator and every worker (each refuses to start if the
+published rules differ) and the trainer's rollout shape.
 """
 
 from __future__ import annotations
@@ -107,12 +108,8 @@ def _chain(lay: Layout, key: str = "") -> dict[str, Any]:
     return {**out, "private_key": key} if key else out
 
 
-def _rules(cfg: NetworkConfig, servers: list[str]) -> dict[str, Any]:
-    p = cfg.pool
-    return {"async_level": p.async_level, "seed": p.seed, "prompts_per_file": p.prompts_per_file,
-            "task": p.task, "shardcast_servers": servers, "proof_profile": p.proof_profile,
-            "sampling": {"max_new_tokens": p.max_new_tokens, "temperature": p.temperature,
-                         "top_p": 1.0, "group_size": p.group_size}}
+def _rules(cfg: NetworkConfig) -> dict[str, Any]:
+    return cfg.pool.rules().model_dump(mode="json")
 
 
 def devnet_argv(lay: Layout, keys: DevKeys) -> list[str]:
@@ -144,8 +141,8 @@ def build_roles(lay: Layout, keys: DevKeys, pool_id: int) -> list[RoleSpec]:
         "store": {"root": str(root / "orchestrator" / "files")},
         "heartbeat": {"interval_s": cfg.pool.heartbeat_s, "dead_after": cfg.pool.dead_after},
         "onboarding": {"poll_s": 1.0, "discovery_url": lay.discovery_url},
-        "work": {**_rules(cfg, servers), "slot_ttl_s": 120.0,
-                 "files_per_step": cfg.pool.files_per_step}}))
+        "work": {"shardcast_servers": servers, "slot_ttl_s": 120.0},
+        "rules": _rules(cfg)}))
     origin = root / "shardcast" / "origin"
     roles.append(RoleSpec("origin", _meshrl("shardcast", "origin", "--root", str(origin),
                                             "--server.port", str(lay.port(3))),
@@ -203,7 +200,8 @@ def _validator(lay: Layout, keys: DevKeys, pool_id: int, servers: list[str]) -> 
         "pool_id": pool_id, "orchestrator_url": lay.orchestrator_url,
         "work_dir": str(lay.root / "validator"), "poll_interval": cfg.poll_s,
         "keys": {"dev_index": keys.validator_index}, "chain": _chain(lay),
-        "pool": _rules(cfg, servers), "engine": {"num_threads": cfg.threads.validator},
+        "shardcast_servers": servers, "rules": _rules(cfg),
+        "engine": {"num_threads": cfg.threads.validator},
         "retry": {"backoff": 1.0, "max_attempts": 6}})
     return RoleSpec("validator", _meshrl("validator", str(path)), threads=cfg.threads.validator)
 
@@ -216,7 +214,7 @@ def _worker(lay: Layout, name: str, index: int, dishonest: bool, pool_id: int) -
         "discovery_url": lay.discovery_url, "work_dir": str(lay.root / "workers" / name),
         "poll_interval": cfg.workers.poll_interval,
         "heartbeat_interval": cfg.workers.heartbeat_interval,
-        "keys": {"dev_index": index}, "chain": _chain(lay),
+        "keys": {"dev_index": index}, "chain": _chain(lay), "rules": _rules(lay.cfg),
         "engine": {"num_threads": cfg.threads.worker}, "cheat": cheat})
     return RoleSpec(name, _meshrl("worker", str(path)), threads=cfg.threads.worker)
 

@@ -22,6 +22,7 @@ from aiohttp import web
 from meshrl.orchestrator.books import NodeMoney
 from meshrl.orchestrator.state import FileRow
 from meshrl.orchestrator.store import StoreRefusal, check_sha, check_slot_id
+from meshrl.pool import PoolRules, WorkOrder
 from meshrl.wire.errors import WireError
 from meshrl.wire.models import (
     FileStatus,
@@ -35,7 +36,6 @@ from meshrl.wire.models import (
     NodeState,
     PoolNode,
     PoolNodes,
-    PublishedRules,
     SlotRequest,
     StepUpdate,
     UploadReceipt,
@@ -43,7 +43,6 @@ from meshrl.wire.models import (
     Verdict,
     VerdictAck,
     VerdictKind,
-    WorkOrder,
 )
 from meshrl.wire.service import Call, Route
 
@@ -103,18 +102,13 @@ class OrchestratorApi:
     async def work(self, call: Call) -> WorkOrder:
         self.member(call)
         w = self.cfg.work
-        return WorkOrder(
-            pool_id=self.cfg.pool_id, step=self.o.step, policy_versions=self.o.policy_versions(),
-            async_level=w.async_level, task=w.task, sampling=w.sampling, seed=w.seed,
-            prompts_per_file=w.prompts_per_file, shardcast_servers=w.shardcast_servers,
-            max_file_bytes=w.max_file_bytes, max_units_per_file=self.o.max_units,
-            files_per_step=w.files_per_step, proof_profile=w.proof_profile)
+        return WorkOrder(rules=self.o.rules, step=self.o.step,
+                         policy_versions=self.o.policy_versions(),
+                         shardcast_servers=w.shardcast_servers, max_file_bytes=w.max_file_bytes,
+                         max_units_per_file=self.o.max_units)
 
-    async def rules(self, call: Call) -> PublishedRules:
-        w = self.cfg.work
-        return PublishedRules(pool_id=self.cfg.pool_id, proof_profile=w.proof_profile,
-                              async_level=w.async_level, task=w.task, sampling=w.sampling,
-                              seed=w.seed, prompts_per_file=w.prompts_per_file)
+    async def rules(self, call: Call) -> PoolRules:
+        return self.o.rules
 
     async def grant(self, call: Call) -> UploadSlot:
         node = self.member(call)
@@ -246,9 +240,9 @@ class OrchestratorApi:
         return [
             Route("GET", "/health", self.health, response=Health, signed=False,
                   summary="liveness"),
-            Route("GET", "/rules", self.rules, response=PublishedRules, signed=False,
-                  summary="the pool's public rules (proof profile, task, sampling, seed): "
-                  "read before staking"),
+            Route("GET", "/rules", self.rules, response=PoolRules, signed=False,
+                  summary="the pool's public rules (task, sampling, group size, seed, "
+                  "proof profile, ...): read before staking"),
             Route("GET", "/invite", self.invite, response=Invite, max_body=none, tags=node,
                   summary="the caller's pending invite (404 if none)"),
             Route("POST", "/heartbeat", self.heartbeat, body=Heartbeat, response=HeartbeatAck,

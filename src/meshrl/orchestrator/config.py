@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator
 
 from meshrl.config import Config
+from meshrl.pool import RulesSpec
 from meshrl.protocol.config import ChainConfig, hex_address
 from meshrl.wire.guard import GuardConfig
-from meshrl.wire.models import PROFILE_FIELD, ProofProfile
 
 __all__ = [
     "DiskStoreConfig",
@@ -56,26 +56,14 @@ class HeartbeatConfig(Config):
 
 
 class WorkConfig(Config):
-    """The work order every node of the pool receives."""
+    """How the orchestrator hands out work (the rules themselves are `[rules]`)."""
 
     step: int = Field(0, ge=0, description="the pool's current training step")
-    async_level: int = Field(2, ge=0, description="policy versions a node may lag behind")
-    task: dict[str, Any] = Field(default_factory=lambda: {"type": "arithmetic"},
-                                 description="task config sent to nodes")
-    sampling: dict[str, Any] = Field(default_factory=lambda: {"max_new_tokens": 64,
-                                     "temperature": 1.0}, description="sampling parameters")
-    seed: int = Field(0, ge=0, description="base seed prompts are derived from")
-    prompts_per_file: int = Field(8, ge=1, description="prompts per rollout file")
     shardcast_servers: list[str] = Field(default_factory=list, description="policy sources")
     max_file_bytes: int = Field(64 << 20, ge=1, description="largest rollout file accepted")
     max_units_per_file: int = Field(1 << 20, ge=1, description="most work units per file "
                                     "(the pool's on-chain maximum, if lower, wins)")
     slot_ttl_s: float = Field(600.0, gt=0, description="seconds an upload slot stays valid")
-    files_per_step: int = Field(0, ge=0, description="files each node makes per step, at most "
-                                "(0: no limit), announced in the work order")
-    proof_profile: ProofProfile = Field(
-        "any-hardware", description=PROFILE_FIELD + " (published in the work order and at "
-        "GET /rules; meshrl-cpu-engine only when every worker runs meshrl's CPU engine)")
 
 
 class OrchestratorConfig(Config):
@@ -99,5 +87,8 @@ class OrchestratorConfig(Config):
     heartbeat: HeartbeatConfig = HeartbeatConfig()
     onboarding: OnboardingConfig = OnboardingConfig()
     work: WorkConfig = WorkConfig()
+    rules: RulesSpec = Field(default_factory=RulesSpec, description="the pool's public rules, "
+                             "published at GET /rules and in every work order (proof_profile "
+                             "meshrl-cpu-engine only when every worker runs meshrl's CPU engine)")
 
     _readers = field_validator("readers", mode="before")(hex_address)

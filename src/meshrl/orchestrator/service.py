@@ -23,6 +23,7 @@ from meshrl.orchestrator.config import OrchestratorConfig
 from meshrl.orchestrator.onboarding import Onboarding
 from meshrl.orchestrator.state import POOL_STEP, State
 from meshrl.orchestrator.store import DiskFileStore, FileStore
+from meshrl.pool import PoolRules
 from meshrl.protocol.chain import Protocol
 from meshrl.wire.guard import RequestGuard
 from meshrl.wire.models import FileStatus, NodeState
@@ -78,6 +79,7 @@ class Orchestrator:
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._blacklisted: set[str] = set()  # nodes known blacklisted on chain (lower case)
+        self.rules = PoolRules(pool_id=cfg.pool_id, **dict(cfg.rules))
         self.onboarding = Onboarding(self)
 
     # the pool's step and the versions a node may generate with
@@ -86,7 +88,7 @@ class Orchestrator:
         self.step = step
 
     def policy_versions(self) -> list[int]:
-        return list(range(max(0, self.step - self.cfg.work.async_level), self.step + 1))
+        return list(range(max(0, self.step - self.rules.async_level), self.step + 1))
 
     def health_info(self) -> dict[str, Any]:
         return {"pool_id": self.cfg.pool_id, "step": self.step,

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from meshrl.inference import InferenceBackend, SamplingParams
+from meshrl.pool import encode_prompt
 from meshrl.rl.config import EvalCommandConfig, EvalConfig
-from meshrl.rl.rollouts import encode_prompt
 from meshrl.tasks import TaskSet
 
 __all__ = ["evaluate", "evaluate_checkpoint", "heldout_problems", "resolve_model_dir"]

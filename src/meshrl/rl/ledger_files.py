@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from meshrl.log import get_logger, log_event
+from meshrl.pool import tasks_config
 from meshrl.wire import SignedClient, WireHTTPError, read_rollout_file
 from meshrl.wire.models import FileStatus, LedgerEntry, LedgerPage
 
@@ -58,12 +59,6 @@ def trainable(e: LedgerEntry) -> bool:
     return e.status is FileStatus.ACCEPTED and e.granted and e.uploaded
 
 
-def _tasks_config(task: dict[str, Any]) -> Any:
-    from meshrl.tasks import TasksConfig
-
-    return TasksConfig.model_validate(task if "mix" in task else {"mix": [task]})
-
-
 def file_groups(entry: LedgerEntry, data: bytes, tokenizer: Any, group_size: int,
                 exclude: frozenset[str] = frozenset()) -> FileGroups:
     """Check an accepted file's bytes against its ledger entry and split it into groups."""
@@ -81,7 +76,7 @@ def file_groups(entry: LedgerEntry, data: bytes, tokenizer: Any, group_size: int
     if g != group_size or not rows or len(rows) % g:
         raise UnusableFile(f"{entry.sha256[:12]}: {len(rows)} rows in groups of {g}, the "
                            f"trainer takes groups of {group_size}")
-    tasks = _tasks_config(h.task).build()
+    tasks = tasks_config(h.task).build()
     problems = sample_problems(tasks, h.prompt_seed, h.node, h.step, rows[0].counter,
                                len(rows) // g)
     out = FileGroups(entry)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from meshrl.inference import InferenceBackend, SamplingParams
+from meshrl.pool import encode_prompt
 from meshrl.rl.config import RolloutConfig
 from meshrl.tasks import TaskSet
 
@@ -24,15 +25,8 @@ __all__ = [
     "RolloutConfig",
     "collate",
     "draw_problems",
-    "encode_prompt",
     "generate_batch",
 ]
-
-
-def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
-    """Prompt token ids: BOS (when the tokenizer has one) + the prompt text."""
-    bos = getattr(tokenizer, "bos_token_id", None)
-    return ([bos] if bos is not None else []) + tokenizer.encode(prompt)
 
 
 def draw_problems(

@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
+from meshrl.pool import encode_prompt
 from meshrl.rl.config import SFTConfig
-from meshrl.rl.rollouts import collate, draw_problems, encode_prompt
+from meshrl.rl.rollouts import collate, draw_problems
 from meshrl.tasks import TaskSet
 
 __all__ = ["SFTConfig", "warm_start"]

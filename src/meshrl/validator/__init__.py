@@ -10,19 +10,13 @@ from meshrl.lazy import lazy_getattr
 
 _EXPORTS = {
     "ValidatorConfig": "config",
-    "PoolRulesConfig": "config",
-    "Finding": "checks",
     "ChainClaim": "verify",
-    "PoolRules": "verify",
-    "Report": "verify",
     "verify_file": "verify",
     "verify_files": "verify",
     "ReplayConfig": "replay",
-    "ENGINE_THRESHOLDS": "replay",
-    "PROFILE_THRESHOLDS": "replay",
     "profile_thresholds": "replay",
-    "Decision": "policy",
-    "decide": "policy",
+    "Judge": "judge",
+    "Unjudged": "judge",
     "ValidatorState": "state",
     "ValidatorNode": "node",
 }

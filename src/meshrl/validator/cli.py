@@ -13,15 +13,16 @@ def _validator(cfg: ValidatorConfig) -> int:
     import asyncio
 
     from meshrl.config import EXIT_REFUSED, CommandError
+    from meshrl.pool import PoolRulesError
     from meshrl.protocol.errors import ChainError
     from meshrl.protocol.local import connect
     from meshrl.validator.keys import ValidatorKeyError, load_validator_key
-    from meshrl.validator.node import PoolRulesError, ValidatorNode
+    from meshrl.validator.node import ValidatorNode
 
     try:
         account = load_validator_key(cfg.keys, connect(cfg.chain).chain_id)
         return asyncio.run(ValidatorNode(cfg, account).run())
-    except PoolRulesError as e:  # another pool's rules: a restart cannot help
+    except PoolRulesError as e:  # rules it may not judge by: a restart cannot help
         raise CommandError(str(e), EXIT_REFUSED) from None
     except (ValidatorKeyError, ChainError) as e:  # one line, not a traceback
         raise CommandError(str(e)) from None

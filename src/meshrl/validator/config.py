@@ -8,11 +8,11 @@ from pydantic import Field, model_validator
 
 from meshrl.config import Config
 from meshrl.inference.params import EngineConfig
+from meshrl.pool.rules import RulesPins
 from meshrl.protocol.config import ChainConfig
 from meshrl.validator.policy import RetryConfig
-from meshrl.wire.models import PROFILE_FIELD, ProofProfile
 
-__all__ = ["PoolRulesConfig", "ValidatorConfig", "ValidatorKeysConfig"]
+__all__ = ["ValidatorConfig", "ValidatorKeysConfig"]
 
 
 class ValidatorKeysConfig(Config):
@@ -31,22 +31,6 @@ class ValidatorKeysConfig(Config):
         return self
 
 
-class PoolRulesConfig(Config):
-    """The pool's public rules (the same values as the orchestrator's [work] section)."""
-
-    async_level: int = Field(2, ge=0, description="policy versions a file may lag its step")
-    task: dict[str, Any] = Field(default_factory=lambda: {"type": "arithmetic"},
-                                 description="task config (one task or a whole tasks mix)")
-    sampling: dict[str, Any] = Field(default_factory=lambda: {"max_new_tokens": 64,
-                                     "temperature": 1.0}, description="sampling parameters")
-    seed: int = Field(0, ge=0, description="base seed prompts are derived from")
-    prompts_per_file: int = Field(8, ge=1, description="prompts per rollout file")
-    shardcast_servers: list[str] = Field(default_factory=list, description="policy sources")
-    proof_profile: ProofProfile = Field(
-        "any-hardware", description=PROFILE_FIELD + " (the validator refuses to start when the "
-        "orchestrator publishes another)")
-
-
 class ValidatorConfig(Config):
     """`meshrl validator`: judge every file submitted to a pool; accept, or invalidate."""
 
@@ -57,9 +41,16 @@ class ValidatorConfig(Config):
     poll_interval: float = Field(1.0, gt=0, description="seconds between chain polls")
     batch_files: int = Field(8, ge=1, description="files of one version judged together")
     max_files: int = Field(0, ge=0, description="stop after judging this many files (0: run)")
+    shardcast_servers: list[str] = Field(default_factory=list, description="where policy "
+                                         "versions are fetched")
+    rules_check_s: float = Field(10.0, gt=0, description="seconds between reads of the "
+                                 "published rules (a change stops the validator)")
     keys: ValidatorKeysConfig = ValidatorKeysConfig(dev_index=0)
     chain: ChainConfig = ChainConfig()
-    pool: PoolRulesConfig = PoolRulesConfig()
+    rules: RulesPins = Field(default_factory=RulesPins, description="rules this validator "
+                             "expects: each one set must equal the pool's published value or "
+                             "the validator refuses to start (it always judges by the "
+                             "published rules)")
     engine: EngineConfig = EngineConfig()
     retry: RetryConfig = RetryConfig()
     replay: dict[str, Any] = Field(default_factory=dict, description="ReplayConfig overrides "

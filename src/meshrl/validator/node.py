@@ -1,7 +1,9 @@
 """The validator process: follow `WorkSubmitted`, judge each file, act on the verdict.
 
-At start the pool's published rules are read (`GET /rules`): a validator whose
-`pool.proof_profile` is not the pool's refuses to run, since workers stake on the published one.
+At start the pool's published rules are read (`GET /rules`): they are the only rules this
+validator judges by. A validator whose `[rules]` pins any rule to another value refuses to run
+(one line naming the field, `EXIT_REFUSED`), and so does one that sees the published rules change
+while it runs (re-read every `rules_check_s`): an operator's typo never slashes an honest worker.
 Each loop: poll the chain from the persisted cursor and queue the pool's new submissions;
 take the due jobs, download and parse their files, group them by policy version and verify each
 group with shared prefill batches; then act: a hard verdict calls `hard_invalidate` (slash,
@@ -21,24 +23,20 @@ import time
 from eth_account.signers.local import LocalAccount
 
 from meshrl.log import get_logger, log_event
+from meshrl.pool import Decision, PoolRules, changed_rules, check_rules, give_up, read_rules
+from meshrl.pool.client import PoolRulesError
 from meshrl.protocol import Deployment, Protocol, TxReverted, WorkStatus
 from meshrl.protocol.local import connect
 from meshrl.validator.config import ValidatorConfig
-from meshrl.validator.judge import Judge, Outcome
-from meshrl.validator.policy import Decision, backoff_delay, give_up
+from meshrl.validator.judge import Judge, Unjudged
+from meshrl.validator.policy import backoff_delay
 from meshrl.validator.state import Job, ValidatorState
 from meshrl.wire import SignedClient, WireHTTPError
-from meshrl.wire.models import PublishedRules, Verdict, VerdictKind
+from meshrl.wire.models import Verdict, VerdictKind
 
-__all__ = ["PoolRulesError", "ValidatorNode"]
+__all__ = ["ValidatorNode"]
 
 log = get_logger("meshrl.validator")
-_KIND = {"accept": VerdictKind.ACCEPT, "soft": VerdictKind.SOFT_INVALID,
-         "hard": VerdictKind.HARD_INVALID}
-
-
-class PoolRulesError(RuntimeError):
-    """The validator's `[pool]` rules disagree with the ones its orchestrator publishes."""
 
 
 class ValidatorNode:
@@ -60,10 +58,13 @@ class ValidatorNode:
         self.cursor = self.chain.events(self.state.next_block)
         async with SignedClient(self.cfg.orchestrator_url, self.account.key) as orch:
             self.orch = orch
-            if not await self._check_rules(orch):
+            rules = await self._rules(orch)
+            if rules is None:
                 return 0  # stopped before the orchestrator answered
-            self.judge = Judge(self.cfg, orch)
+            self.rules, self.rules_read = rules, time.monotonic()
+            self.judge = Judge(self.cfg, rules, orch)
             while not self.stop.is_set() and not self._enough():
+                await self._recheck_rules(orch)
                 await self._poll()
                 await self._post_verdicts(orch)
                 due = [j for j in self.state.queue if j.not_before <= time.time()]
@@ -75,33 +76,27 @@ class ValidatorNode:
         log_event(log, "stopped", judged=self.judged)
         return 0
 
-    async def _check_rules(self, orch: SignedClient) -> bool:
-        """Refuse to judge by another proof profile than the pool publishes (a worker stakes
-        on the published one); wait for an orchestrator that does not answer yet."""
-        while True:
-            try:
-                rules = await orch.call("GET", "/rules", response=PublishedRules)
-                break
-            except (WireHTTPError, OSError) as e:
-                if isinstance(e, WireHTTPError) and 400 <= e.status < 500 and e.status != 429:
-                    raise PoolRulesError(f"cannot read the pool's rules: {e}") from None
-                log_event(log, "pool rules not readable yet", error=str(e))
-                await self._sleep(self.cfg.poll_interval)
-                if self.stop.is_set():
-                    return False
-        if rules.pool_id != self.cfg.pool_id:
-            raise PoolRulesError(f"the orchestrator at {self.cfg.orchestrator_url} manages pool "
-                                 f"{rules.pool_id}, this validator's pool_id is "
-                                 f"{self.cfg.pool_id}")
-        mine = self.cfg.pool.proof_profile
-        if rules.proof_profile != mine:
-            raise PoolRulesError(
-                f"the orchestrator at {self.cfg.orchestrator_url} publishes proof "
-                f"profile {rules.proof_profile!r}, this validator's pool.proof_profile is "
-                f"{mine!r}: set it to the pool's")
-        overridden = "thresholds" in self.cfg.replay
-        log_event(log, "proof profile", profile=mine, thresholds_overridden=overridden)
-        return True
+    async def _rules(self, orch: SignedClient) -> PoolRules | None:
+        """The published rules, refused (`PoolRulesError`) when this validator's config pins
+        another value of any of them: workers stake on the published ones."""
+        rules = await read_rules(orch, self.stop, self.cfg.poll_interval)
+        if rules is None:
+            return None
+        check_rules(rules, self.cfg.pool_id, self.cfg.rules, "validator")
+        log_event(log, "pool rules", pool=rules.pool_id, proof_profile=rules.proof_profile,
+                  thresholds_overridden="thresholds" in self.cfg.replay)
+        return rules
+
+    async def _recheck_rules(self, orch: SignedClient) -> None:
+        """Stop (`PoolRulesError`) if the published rules changed since the start: every file
+        judged from here on would be judged by rules its worker may not have generated by."""
+        if time.monotonic() - self.rules_read < self.cfg.rules_check_s:
+            return
+        now = await read_rules(orch, self.stop, self.cfg.poll_interval)
+        self.rules_read = time.monotonic()
+        why = None if now is None else changed_rules(self.rules, now)
+        if why is not None:
+            raise PoolRulesError(why)
 
     def _enough(self) -> bool:
         return self.cfg.max_files > 0 and self.judged >= self.cfg.max_files
@@ -126,7 +121,7 @@ class ValidatorNode:
     async def _judge(self, jobs: list[Job]) -> None:
         outcomes = await self.judge.judge(jobs)
         for job, out in zip(jobs, outcomes, strict=True):
-            if out.error is not None:
+            if isinstance(out, Unjudged):
                 await self._retry(job, out.error)
             else:
                 await self._act(job, out)
@@ -135,35 +130,33 @@ class ValidatorNode:
         job.attempts += 1
         job.last_error = error
         if job.attempts >= self.cfg.retry.max_attempts:
-            await self._act(job, Outcome(decision=give_up(error, job.attempts)))
+            await self._act(job, give_up(error, job.attempts))
             return
         job.not_before = time.time() + backoff_delay(job.attempts, self.cfg.retry)
         self.state.save()
         log_event(log, "retry later", sha256=job.sha256, attempt=job.attempts, error=error)
 
-    async def _act(self, job: Job, out: Outcome) -> None:
+    async def _act(self, job: Job, d: Decision) -> None:
         """Post the verdict (reason and numbers) first, so the ledger row carries it when the
         chain's invalidation event reaches the orchestrator; then invalidate on chain."""
-        d = out.decision
-        assert d is not None
         # addressed by work id: every submission has its own ledger row (a copy's included)
         verdict: dict[str, str] | None = {"sha256": job.sha256, "work_id": job.work_id,
-                                          "verdict": _KIND[d.kind].value,
-                                          "reason": d.reason[:500]}
+                                          "verdict": d.kind.value, "reason": d.reason[:500]}
         if verdict is not None and await self._post(verdict):
             verdict = None
-        tx = await self._invalidate(job, d) if d.kind != "accept" else ""
-        self.state.record(job, d.kind, verdict)  # a verdict not yet posted is kept for later
+        tx = await self._invalidate(job, d) if not d.accepted else ""
+        self.state.record(job, d.kind.value, verdict)  # a verdict not posted is kept for later
         self.judged += 1
-        log_event(log, "verdict", sha256=job.sha256, node=job.node, verdict=d.kind,
-                  reason=d.reason, checks=list(d.checks), tx=tx, stats=out.stats)
+        log_event(log, "verdict", sha256=job.sha256, node=job.node, verdict=d.kind.value,
+                  reason=d.reason, checks=[c.value for c in d.checks], tx=tx, stats=d.stats)
 
     async def _invalidate(self, job: Job, d: Decision) -> str:
         wid = bytes.fromhex(job.work_id)
         info = await asyncio.to_thread(self.chain.work, wid)
         if info.status != WorkStatus.SUBMITTED:  # done before a crash, or by another validator
             return ""
-        fn = self.chain.hard_invalidate if d.kind == "hard" else self.chain.soft_invalidate
+        hard = d.kind is VerdictKind.HARD_INVALID
+        fn = self.chain.hard_invalidate if hard else self.chain.soft_invalidate
         try:
             return (await asyncio.to_thread(fn, wid)).tx_hash
         except TxReverted as e:

@@ -19,35 +19,20 @@ from pydantic import Field
 from meshrl.config import Config
 from meshrl.inference import InferenceBackend
 from meshrl.inference.sampling import check_sampled_tokens, token_margins
+from meshrl.pool import Check, Finding, Severity, profile
 from meshrl.toploc import Thresholds, check_termination, verdict, verify_proofs
 from meshrl.toploc.proofs import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK
-from meshrl.validator.checks import Finding
 
-__all__ = ["ENGINE_THRESHOLDS", "PROFILE_THRESHOLDS", "ReplayConfig", "ReplayRow", "ReplaySpec",
-           "ReplayStats", "profile_thresholds", "replay_file", "replay_files"]
+HARD = Severity.HARD
 
-
-# The "meshrl-cpu-engine" proof profile: a CPU-engine worker checked by a CPU-engine validator.
-# fp32 compute rounded to bf16 hidden states is nearly bit-exact across batch sizes and thread
-# counts (honest pooled mantissa error mean <= 0.001, tests/validator/test_margin.py), while int8
-# weights or one layer scaled by 1.1 give pooled mismatch rates >= 0.015, mantissa error means
-# >= 0.7 and inexact rates >= 0.55 on the 8-chunk files of a small pool. So the per-chunk tests
-# keep the calibrated defaults of `Thresholds` (issue 13: any honest worker / validator setup),
-# and the pooled tests are tighter and apply from 2 chunks on. Honest only when every worker of
-# the pool runs meshrl's CPU engine: a mixed pool publishes "any-hardware".
-ENGINE_THRESHOLDS = Thresholds(max_pooled_exp_mismatch_rate=0.005, max_pooled_mant_err_mean=0.25,
-                               max_pooled_mant_inexact_rate=0.25, min_pooled_chunks=2)
-# the TOPLOC thresholds behind each proof profile (a public rule of the pool, meshrl.wire.models)
-PROFILE_THRESHOLDS: dict[str, Thresholds] = {"any-hardware": Thresholds(),
-                                             "meshrl-cpu-engine": ENGINE_THRESHOLDS}
+__all__ = ["ReplayConfig", "ReplayRow", "ReplaySpec", "ReplayStats", "profile_thresholds",
+           "replay_file", "replay_files"]
 
 
-def profile_thresholds(profile: str) -> Thresholds:
-    """A copy of the thresholds of proof profile `profile` (KeyError names the known ones)."""
-    if profile not in PROFILE_THRESHOLDS:
-        raise KeyError(f"unknown proof profile {profile!r} (known: "
-                       f"{', '.join(PROFILE_THRESHOLDS)})")
-    return PROFILE_THRESHOLDS[profile].model_copy()
+def profile_thresholds(name: str) -> Thresholds:
+    """The TOPLOC thresholds of proof profile `name` (`meshrl.pool.PROFILES`: overrides of the
+    calibrated defaults; KeyError names the known profiles)."""
+    return Thresholds(**profile(name).thresholds)
 
 
 class ReplayConfig(Config):
@@ -151,7 +136,7 @@ def _termination(rows: Sequence[ReplayRow], spec: ReplaySpec, findings: list[Fin
         if not res.ok:
             bad.append((i, res.reason))
     if bad:
-        findings.append(Finding("termination", "hard", f"{len(bad)} of {len(rows)} rows, first "
+        findings.append(Finding(Check.TERMINATION, HARD, f"{len(bad)} of {len(rows)} rows, first "
                                 f"row {bad[0][0]}: {bad[0][1]}", {"bad_rows": len(bad)}))
 
 
@@ -173,7 +158,7 @@ def _sampling(rows, spec: ReplaySpec, cfg: ReplayConfig, findings: list[Finding]
     owner = [i for i, r, _ in rows for _ in r.token_ids]
     first = int((~ok).nonzero()[0, 0])
     findings.append(Finding(
-        "sampling", "hard", f"{int((~ok).sum())} of {len(ok)} tokens are not the seeded "
+        Check.SAMPLING, HARD, f"{int((~ok).sum())} of {len(ok)} tokens are not the seeded "
         f"sampler's pick, first in row {owner[first]} at position {pos[first]} (score margin "
         f"{float(margins[first]):.3g} > tolerance {cfg.sampling_tolerance})",
         {"bad_tokens": int((~ok).sum()), "tokens": len(ok),
@@ -184,13 +169,13 @@ def _logprobs(rows, cfg: ReplayConfig, findings: list[Finding], stats: ReplaySta
     claimed = torch.tensor([x for _, r, _ in rows for x in r.logprobs], dtype=torch.float32)
     own = torch.cat([s.logprobs for _, _, s in rows])
     if claimed.shape != own.shape:
-        findings.append(Finding("logprobs", "hard", f"{claimed.numel()} log-probs for "
+        findings.append(Finding(Check.LOGPROBS, HARD, f"{claimed.numel()} log-probs for "
                                 f"{own.numel()} tokens"))
         return
     diff = (claimed - own).abs().nan_to_num(nan=float("inf"))
     stats.max_logprob_diff = float(diff.max())
     if stats.max_logprob_diff > cfg.logprob_atol:
-        findings.append(Finding("logprobs", "hard", f"claimed log-probs differ by up to "
+        findings.append(Finding(Check.LOGPROBS, HARD, f"claimed log-probs differ by up to "
                                 f"{stats.max_logprob_diff:.4g} > {cfg.logprob_atol}",
                                 {"max_diff": stats.max_logprob_diff}))
 
@@ -214,7 +199,7 @@ def _toploc(rows, scored, cfg: ReplayConfig, findings: list[Finding],
                         "mant_err_mean": v.stats.mant_err_mean,
                         "mant_inexact_rate": v.stats.mant_inexact_rate}
     if not v.accepted:
-        findings.append(Finding("toploc", "hard", f"{len(v.reasons)} failed test(s) over "
+        findings.append(Finding(Check.TOPLOC, HARD, f"{len(v.reasons)} failed test(s) over "
                                 f"{len(chunks)} chunks, first: {v.reasons[0]}",
                                 {"chunks": len(chunks), "max_exp_mismatches":
                                  stats.max_exp_mismatches, "max_mant_err_mean":

@@ -1,21 +1,32 @@
-"""All checks of one rollout file, in order of cost: chain facts, assignment, rewards, replay.
+"""All checks of rollout files, in order of cost: chain facts, rules, assignment, rewards, replay.
 
 `verify_files` takes files read with `meshrl.wire.read_rollout_file`, what the chain says about
-each submission (`ChainClaim`) and the pool's public rules (`PoolRules`), plus the backend
-holding the files' policy version, and returns every finding with the numbers behind it. The
-prefill runs only for files whose rows are the node's own assigned prompts.
+each submission (`ChainClaim`), the pool's published rules (`meshrl.pool.PoolRules`, the only
+rules a validator judges by) with their built tasks, and the backend holding the files' policy
+version, and returns every finding with the numbers behind it. The prefill runs only for files
+whose rows are the node's own assigned prompts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from meshrl.inference import InferenceBackend
-from meshrl.tasks import Problem, TasksConfig, compute_reward, sample_problems, sampling_seed
-from meshrl.validator.checks import (
+from meshrl.pool import (
+    Assignment,
+    Check,
+    Decision,
     Finding,
+    PoolRules,
+    Severity,
+    decide,
+    header_sampling,
+)
+from meshrl.tasks import TaskSet, compute_reward
+from meshrl.validator.checks import (
+    check_header_rules,
     check_node,
     check_policy_version,
     check_prompts,
@@ -23,11 +34,13 @@ from meshrl.validator.checks import (
     check_sampling_params,
     check_work_units,
 )
-from meshrl.validator.replay import ReplayConfig, ReplayRow, ReplaySpec, ReplayStats, replay_files
+from meshrl.validator.replay import ReplayConfig, ReplayRow, ReplaySpec, replay_files
 from meshrl.wire.rollout_file import RolloutFile
 
-__all__ = ["ChainClaim", "PoolRules", "Report", "model_free_findings", "verify_file",
-           "verify_files"]
+__all__ = ["ChainClaim", "model_free_findings", "verify_file", "verify_files"]
+
+# findings after which a file's seed and prompts mean nothing: no replay
+_NOT_ITS_WORK = (Check.PROMPTS, Check.NODE, Check.SAMPLING_PARAMS, Check.RULES)
 
 
 @dataclass(frozen=True)
@@ -40,71 +53,32 @@ class ChainClaim:
     units: int
 
 
-@dataclass(frozen=True)
-class PoolRules:
-    """The pool's public rules for a step (from its work order)."""
-
-    seed: int
-    async_level: int
-    prompts_per_file: int
-    group_size: int
-    sampling: dict[str, Any]  # max_new_tokens, temperature, top_p
-    tasks: TasksConfig
-
-
-@dataclass
-class Report:
-    findings: list[Finding] = field(default_factory=list)
-    stats: ReplayStats | None = None
-
-    @property
-    def accepted(self) -> bool:
-        return not self.findings
-
-    @property
-    def hard(self) -> bool:
-        return any(f.severity == "hard" for f in self.findings)
-
-    def reason(self) -> str:
-        return "; ".join(f.text() for f in self.findings) or "all checks passed"
-
-
-def encode_prompt(tokenizer: Any, text: str) -> list[int]:
-    """BOS (when the tokenizer has one) then the text: the worker's rule."""
-    bos = getattr(tokenizer, "bos_token_id", None)
-    return ([bos] if bos is not None else []) + tokenizer.encode(text)
-
-
 def _counter(rf: RolloutFile) -> int | Finding:
     counters = {c.counter for c in rf.completions}
     if len(counters) != 1:
-        return Finding("prompts", "hard", f"rows from {len(counters)} counters in one file")
+        return Finding(Check.PROMPTS, Severity.HARD, f"rows from {len(counters)} counters in "
+                       "one file")
     return counters.pop()
 
 
-def _claimed_sampling(rules: PoolRules) -> dict[str, Any]:
-    return {**rules.sampling, "group_size": rules.group_size}
-
-
-def model_free_findings(rf: RolloutFile, claim: ChainClaim, rules: PoolRules,
+def model_free_findings(rf: RolloutFile, claim: ChainClaim, rules: PoolRules, tasks: TaskSet,
                         tokenizer: Any) -> list[Finding]:
-    """Every check that needs no model: node, units, assignment, version window, rewards."""
+    """Every check that needs no model: node, units, rules, assignment, version window,
+    rewards."""
     h, rows = rf.header, rf.completions
     counter = _counter(rf)
     if isinstance(counter, Finding):
         return [counter]
+    a = Assignment(rules, h.node, h.step, counter)
     out = [check_node(h.node, h.provider, claim.node, claim.provider),
            check_work_units(h.work_units, claim.units, [len(r.prompt_tokens) for r in rows],
                             [len(r.completion_tokens) for r in rows]),
+           check_header_rules(h.pool_id, h.task, h.prompt_seed, rules),
            check_policy_version(h.policy_version, h.step, rules.async_level),
-           check_sampling_params(h.sampling, _claimed_sampling(rules), h.sampling_seed,
-                                 sampling_seed(rules.seed, h.node, h.step, counter))]
-    tasks = rules.tasks.build()
-    problems: list[Problem] = sample_problems(tasks, rules.seed, h.node, h.step, counter,
-                                              rules.prompts_per_file)
-    out.append(check_prompts([r.prompt_tokens for r in rows],
-                             [encode_prompt(tokenizer, p.prompt) for p in problems],
-                             rules.group_size))
+           check_sampling_params(h.sampling, header_sampling(rules), h.sampling_seed,
+                                 a.sampler_seed())]
+    problems = a.problems(tasks)
+    out.append(check_prompts([r.prompt_tokens for r in rows], a.prompt_rows(tokenizer, problems)))
     if out[-1] is None:
         g = rules.group_size
         recomputed = [compute_reward(problems[i // g], tokenizer.decode(r.completion_tokens),
@@ -113,21 +87,18 @@ def model_free_findings(rf: RolloutFile, claim: ChainClaim, rules: PoolRules,
         out.append(check_rewards([r.reward for r in rows], recomputed))
     bad_seq = [i for i, r in enumerate(rows) if r.seq_id != i]
     if bad_seq:
-        out.append(Finding("seq_ids", "hard", f"{len(bad_seq)} rows do not use seq_id = row "
-                           f"index, first row {bad_seq[0]}"))
+        out.append(Finding(Check.SEQ_IDS, Severity.HARD, f"{len(bad_seq)} rows do not use "
+                           f"seq_id = row index, first row {bad_seq[0]}"))
     return [x for x in out if x is not None]
 
 
 def _spec(rf: RolloutFile, rules: PoolRules, tokenizer: Any,
           max_seq_len: int | None) -> ReplaySpec:
     s = rules.sampling
-    return ReplaySpec(seed=rf.header.sampling_seed, max_new_tokens=int(s["max_new_tokens"]),
-                      temperature=float(s.get("temperature", 1.0)),
-                      top_p=float(s.get("top_p", 1.0)),
-                      eos_token_ids=() if s.get("ignore_eos") else
-                      (int(tokenizer.eos_token_id),),
-                      stop_token_ids=tuple(s.get("stop_token_ids", ())),
-                      max_seq_len=max_seq_len)
+    return ReplaySpec(seed=rf.header.sampling_seed, max_new_tokens=s.max_new_tokens,
+                      temperature=s.temperature, top_p=s.top_p,
+                      eos_token_ids=() if s.ignore_eos else (int(tokenizer.eos_token_id),),
+                      stop_token_ids=tuple(s.stop_token_ids), max_seq_len=max_seq_len)
 
 
 def _rows(rf: RolloutFile) -> list[ReplayRow]:
@@ -136,23 +107,24 @@ def _rows(rf: RolloutFile) -> list[ReplayRow]:
 
 
 def verify_files(backend: InferenceBackend, tokenizer: Any,
-                 items: Sequence[tuple[RolloutFile, ChainClaim, PoolRules]],
-                 cfg: ReplayConfig | None = None) -> list[Report]:
-    """Reports for several files of one policy version; their replays share prefill batches."""
+                 items: Sequence[tuple[RolloutFile, ChainClaim]], rules: PoolRules,
+                 tasks: TaskSet, cfg: ReplayConfig | None = None,
+                 prior: Sequence[list[Finding]] | None = None) -> list[Decision]:
+    """Decisions on several files of one policy version; their replays share prefill batches.
+    `prior[i]`: findings already made about file i (e.g. its slot claim)."""
     cfg = cfg or ReplayConfig()
-    reports = [Report(model_free_findings(f, c, r, tokenizer)) for f, c, r in items]
-    # the seed and prompts of a file that is not the node's own assignment mean nothing
-    todo = [i for i, rep in enumerate(reports)
-            if not any(x.check in ("prompts", "node", "sampling_params") for x in rep.findings)]
+    found = [[*(prior[i] if prior else []), *model_free_findings(f, c, rules, tasks, tokenizer)]
+             for i, (f, c) in enumerate(items)]
+    todo = [i for i, fs in enumerate(found) if not any(x.check in _NOT_ITS_WORK for x in fs)]
     max_len = getattr(backend, "max_seq_len", None)
-    batch = [(_rows(items[i][0]), _spec(items[i][0], items[i][2], tokenizer, max_len))
-             for i in todo]
-    for i, (found, stats) in zip(todo, replay_files(backend, batch, cfg), strict=True):
-        reports[i].findings += found
-        reports[i].stats = stats
-    return reports
+    batch = [(_rows(items[i][0]), _spec(items[i][0], rules, tokenizer, max_len)) for i in todo]
+    stats: dict[int, dict[str, Any]] = {}
+    for i, (more, st) in zip(todo, replay_files(backend, batch, cfg), strict=True):
+        found[i] += more
+        stats[i] = asdict(st)
+    return [decide(fs, stats.get(i)) for i, fs in enumerate(found)]
 
 
 def verify_file(backend: InferenceBackend, tokenizer: Any, rf: RolloutFile, claim: ChainClaim,
-                rules: PoolRules, cfg: ReplayConfig | None = None) -> Report:
-    return verify_files(backend, tokenizer, [(rf, claim, rules)], cfg)[0]
+                rules: PoolRules, tasks: TaskSet, cfg: ReplayConfig | None = None) -> Decision:
+    return verify_files(backend, tokenizer, [(rf, claim)], rules, tasks, cfg)[0]

@@ -8,12 +8,11 @@ these models.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
-    "PROOF_PROFILES",
     "Accelerator",
     "FileStatus",
     "Hardware",
@@ -31,8 +30,6 @@ __all__ = [
     "NodeStatus",
     "PoolNode",
     "PoolNodes",
-    "ProofProfile",
-    "PublishedRules",
     "SlotRequest",
     "StepUpdate",
     "UploadReceipt",
@@ -40,7 +37,6 @@ __all__ = [
     "Verdict",
     "VerdictAck",
     "VerdictKind",
-    "WorkOrder",
 ]
 
 SHA256 = r"^[0-9a-f]{64}$"
@@ -133,47 +129,6 @@ class HeartbeatAck(Model):
     state: NodeState
     interval_s: float
     step: int = Field(description="the pool's current step")
-
-
-# How strictly a pool's validators judge TOPLOC proofs, a public rule of the pool (the
-# thresholds behind each name: meshrl.validator.replay.PROFILE_THRESHOLDS, docs/roles.md).
-# "any-hardware": the calibrated `meshrl.toploc.Thresholds()`, honest on any engine and kernel;
-# "meshrl-cpu-engine": much tighter pooled tests, honest only when every worker runs meshrl's
-# CPU engine (whose fp32 recomputation is nearly bit-exact).
-ProofProfile = Literal["any-hardware", "meshrl-cpu-engine"]
-PROOF_PROFILES: tuple[str, ...] = ProofProfile.__args__  # type: ignore[attr-defined]
-PROFILE_FIELD = "TOPLOC proof profile: " + " | ".join(PROOF_PROFILES)
-
-
-class PublishedRules(Model):
-    """The pool's rules anyone may read before staking (`GET /rules`, unsigned)."""
-
-    pool_id: int
-    proof_profile: ProofProfile = Field(description=PROFILE_FIELD)
-    async_level: int
-    task: dict[str, Any]
-    sampling: dict[str, Any]
-    seed: int
-    prompts_per_file: int
-
-
-class WorkOrder(Model):
-    """What a node generates now: task, sampling, step, allowed policy versions, sources."""
-
-    pool_id: int
-    step: int
-    policy_versions: list[int] = Field(description="versions a node may generate with")
-    async_level: int
-    task: dict[str, Any]
-    sampling: dict[str, Any]
-    seed: int = Field(description="base seed from which the node's prompts are derived")
-    prompts_per_file: int
-    shardcast_servers: list[str]
-    max_file_bytes: int
-    max_units_per_file: int
-    files_per_step: int = Field(0, ge=0, description="files a node makes per step, at most "
-                                "(0: no limit); keeps nodes from flooding the validators")
-    proof_profile: ProofProfile = Field("any-hardware", description=PROFILE_FIELD)
 
 
 class SlotRequest(Model):

@@ -19,7 +19,6 @@ _EXPORTS = {
     "HardwareInfo": "hardware",
     "probe": "hardware",
     "missing": "hardware",
-    "Assignment": "rollouts",
     "generate_rollouts": "rollouts",
     "Cheat": "cheats",
     "Outbox": "outbox",

@@ -23,10 +23,11 @@ from typing import Any
 import torch
 
 from meshrl.inference import Completion, SamplingParams
-from meshrl.tasks import Problem, sample_problems
+from meshrl.pool import Assignment
+from meshrl.tasks import Problem, TaskSet
 from meshrl.wire.rollout_file import RolloutFile
 from meshrl.worker.config import CheatConfig
-from meshrl.worker.rollouts import Assignment
+from meshrl.worker.rollouts import sampling_params
 
 __all__ = ["Cheat"]
 
@@ -68,20 +69,19 @@ class Cheat:
         return out
 
     # ---- generation ------------------------------------------------------------------------
-    def problems(self, a: Assignment) -> list[Problem] | None:
+    def problems(self, a: Assignment, tasks: TaskSet) -> list[Problem] | None:
         """cherry-pick: the easiest of several counters' problems instead of the assigned ones."""
         if not self.on("cherry-pick", a.step):
             return None
-        tasks = a.tasks.build()
-        pool = [p for c in range(1, 9) for p in sample_problems(
-            tasks, a.seed, a.node, a.step, a.counter + 1000 * c, a.prompts)]
+        pool = [p for c in range(1, 9)
+                for p in replace(a, counter=a.counter + 1000 * c).problems(tasks)]
         pool.sort(key=lambda p: (len(p.answer), p.prompt))
-        return pool[: a.prompts]
+        return pool[: a.rules.prompts_per_file]
 
     def sampling(self, a: Assignment) -> SamplingParams | None:
         if not self.on("forge-sampling", a.step):
             return None
-        return a.sampling.model_copy(update={"temperature": self.cfg.temperature})
+        return sampling_params(a).model_copy(update={"temperature": self.cfg.temperature})
 
     def edit(self, step: int, eos_token_id: int) -> Any:
         """truncate: cut every completion of 2+ tokens at half its length, ending on EOS."""

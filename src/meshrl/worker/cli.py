@@ -13,13 +13,13 @@ def _worker(cfg: WorkerConfig) -> int:
     import asyncio
 
     from meshrl.config import EXIT_REFUSED, CommandError
+    from meshrl.pool import PoolRulesError
     from meshrl.protocol.errors import ChainError
     from meshrl.protocol.local import connect
     from meshrl.wire import WireHTTPError
     from meshrl.worker.keys import KeystoreError, load_keys
     from meshrl.worker.node import HardwareError, WorkerNode
     from meshrl.worker.onboard import Blacklisted, OnboardError
-    from meshrl.worker.profile import PoolRulesError
 
     try:
         keys = load_keys(cfg.keys, connect(cfg.chain).chain_id)

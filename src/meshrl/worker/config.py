@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from meshrl.config import Config
 from meshrl.inference.params import EngineConfig, ReferenceConfig
+from meshrl.pool.rules import RulesPins
 from meshrl.protocol.config import ChainConfig
 
 __all__ = [
@@ -97,6 +98,10 @@ class WorkerConfig(Config):
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="compute dtype of the reference backend (the engine always "
         "computes in float32); bfloat16 work is honest only in any-hardware pools")
+    rules: RulesPins = Field(default_factory=RulesPins, description="rules this worker "
+                             "expects: each one set must equal the pool's published value or "
+                             "the worker refuses to start (it always generates by the "
+                             "published rules)")
     keys: KeysConfig = KeysConfig()
     chain: ChainConfig = ChainConfig()
     onboard: OnboardConfig = OnboardConfig()

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from meshrl.log import get_logger, log_event
+from meshrl.pool import Assignment, PoolRules, WorkOrder
 from meshrl.protocol import Deployment, Protocol
 from meshrl.protocol.errors import TxReverted
 from meshrl.protocol.local import connect
 from meshrl.wire import SignedClient, WireHTTPError
-from meshrl.wire.models import Heartbeat, HeartbeatAck, WorkOrder
+from meshrl.wire.models import Heartbeat, HeartbeatAck
 from meshrl.wire.rollout_file import read_rollout_file, rollout_file_bytes
 from meshrl.worker.cheats import Cheat
 from meshrl.worker.config import WorkerConfig
@@ -34,8 +35,8 @@ from meshrl.worker.hardware import missing, probe
 from meshrl.worker.keys import WorkerKeys
 from meshrl.worker.onboard import announce_and_join, onboard_chain
 from meshrl.worker.outbox import Outbox, OutboxEntry, atomic_write
-from meshrl.worker.policy import PolicyHolder, assignment_of
-from meshrl.worker.profile import read_rules, require_profile
+from meshrl.worker.policy import PolicyHolder
+from meshrl.worker.profile import accepted_rules, require_same_rules
 
 __all__ = ["HardwareError", "WorkerNode"]
 
@@ -68,8 +69,11 @@ class WorkerNode:
             raise HardwareError("this machine does not meet the pool's requirements: "
                                 + "; ".join(lacking))
         async with SignedClient(self.cfg.orchestrator_url, self.keys.node.key) as orch:
-            if await read_rules(orch, self.cfg, self.stop) is None:  # before anything is staked
+            rules = await accepted_rules(orch, self.cfg, self.stop)  # before anything is staked
+            if rules is None:
                 return 0
+            self.rules: PoolRules = rules
+            self.tasks = rules.task.build()  # once: a math task reads its data file here
             chain = Protocol(connect(self.cfg.chain), Deployment.load(self.cfg.chain.deployment))
             steps = await asyncio.to_thread(onboard_chain, chain, self.keys, self.cfg)
             log_event(log, "on chain", steps=steps, node=self.keys.node.address)
@@ -113,7 +117,8 @@ class WorkerNode:
         if version not in order.policy_versions and not self.cheat.frozen_version(order.step):
             await self._sleep(self.cfg.poll_interval)  # the follower is fetching a newer one
             return
-        if order.files_per_step and self._made(order.step) >= order.files_per_step:
+        per_step = order.rules.files_per_step
+        if per_step and self._made(order.step) >= per_step:
             await self._sleep(self.cfg.poll_interval)  # this step has its files: wait for next
             return
         if self.cheat.on("copy", order.step):
@@ -131,9 +136,10 @@ class WorkerNode:
 
     async def _generate(self, order: WorkOrder) -> tuple[OutboxEntry, bytes]:
         counter = self._next_counter(order.step)
-        a = assignment_of(order, self.keys.node.address, counter)
+        a = Assignment(self.rules, self.keys.node.address, order.step, counter)
         t0 = time.perf_counter()
-        rf = await asyncio.to_thread(self.policy.generate, a, self.keys.provider.address)
+        rf = await asyncio.to_thread(self.policy.generate, a, self.tasks,
+                                     self.keys.provider.address)
         rf = self.cheat.finish(rf)
         tokens = sum(len(c.completion_tokens) for c in rf.completions)
         self.tokens_per_s = tokens / max(1e-9, time.perf_counter() - t0)
@@ -164,7 +170,7 @@ class WorkerNode:
         order = self.order
         assert order is not None
         try:
-            counts = await deliver_all(self.outbox, courier, order.step, order.async_level,
+            counts = await deliver_all(self.outbox, courier, order.step, order.rules.async_level,
                                        self._pause)
         except RetryLater as e:
             log_event(log, "delivery postponed", reason=str(e))
@@ -207,7 +213,7 @@ class WorkerNode:
         while True:
             try:
                 order = await orch.call("GET", "/work", response=WorkOrder)
-                require_profile(self.cfg, order.proof_profile)  # the pool may have changed it
+                require_same_rules(self.rules, order.rules)  # a change stops this worker
                 self.pool_step = order.step
                 return order
             except (WireHTTPError, OSError) as e:

@@ -14,31 +14,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from meshrl.inference import InferenceBackend, SamplingParams
+from meshrl.inference import InferenceBackend
 from meshrl.log import get_logger, log_event
-from meshrl.tasks import TasksConfig
-from meshrl.wire.models import WorkOrder
+from meshrl.pool import Assignment, WorkOrder
+from meshrl.tasks import TaskSet
 from meshrl.wire.rollout_file import RolloutFile
 from meshrl.worker.cheats import WEIGHT_CHEATS, Cheat
 from meshrl.worker.config import WorkerConfig
-from meshrl.worker.rollouts import Assignment, generate_rollouts
+from meshrl.worker.rollouts import generate_rollouts
 
-__all__ = ["PolicyHolder", "assignment_of", "tasks_of"]
+__all__ = ["PolicyHolder"]
 
 log = get_logger("meshrl.worker")
-
-
-def tasks_of(task: dict[str, Any]) -> TasksConfig:
-    """A work order's task: a whole tasks config (`mix`, ...) or one task of the mix."""
-    return TasksConfig.model_validate(task if "mix" in task else {"mix": [task]})
-
-
-def assignment_of(order: WorkOrder, node: str, counter: int) -> Assignment:
-    s = dict(order.sampling)
-    group = int(s.pop("group_size", 1))
-    return Assignment(seed=order.seed, node=node, pool_id=order.pool_id, step=order.step,
-                      counter=counter, prompts=order.prompts_per_file, group_size=group,
-                      sampling=SamplingParams(**s), tasks=tasks_of(order.task))
 
 
 def _backend(cfg: WorkerConfig, model: Any, tokenizer: Any, version: int) -> InferenceBackend:
@@ -108,12 +95,12 @@ class PolicyHolder:
             self.engine.load_weights(state, self.version)
             self.cheating = want
 
-    def generate(self, a: Assignment, provider: str) -> RolloutFile:
+    def generate(self, a: Assignment, tasks: TaskSet, provider: str) -> RolloutFile:
         with self.lock:
             self._weights_for(a.step)
             c = self.cheat
-            return generate_rollouts(self.engine, self.tokenizer, a, provider,
-                                     problems=c.problems(a), sampling=c.sampling(a),
+            return generate_rollouts(self.engine, self.tokenizer, a, tasks, provider,
+                                     problems=c.problems(a, tasks), sampling=c.sampling(a),
                                      edit=c.edit(a.step, self.tokenizer.eos_token_id))
 
     async def follow(self, servers: list[str], step: Callable[[], int],

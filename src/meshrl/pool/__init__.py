@@ -1,0 +1,71 @@
+"""The pool's public rules, typed and in one home (torch-free).
+
+`rules`: `PoolRules` (task, sampling, group size, prompts per file, files per step, async level,
+seed, proof profile), `RulesPins` and `rules_drift`; `assignment`: which problems a (node, step,
+counter) gets, prompt encoding, rows; `profiles`: proof profiles; `verdicts`: findings,
+decisions and verdict kinds; `messages`: the work order; `client`: the one reader of
+`GET /rules`. Every role that generates or judges takes its rules from here.
+"""
+
+from meshrl.pool.assignment import (
+    Assignment,
+    encode_prompt,
+    header_sampling,
+    prompt_of_row,
+    work_units,
+)
+from meshrl.pool.client import PoolRulesError, changed_rules, check_rules, read_rules
+from meshrl.pool.messages import WorkOrder
+from meshrl.pool.profiles import (
+    PROFILE_FIELD,
+    PROFILES,
+    PROOF_PROFILES,
+    ProfileSpec,
+    ProofProfile,
+    profile,
+    unmet_profile,
+)
+from meshrl.pool.rules import (
+    RULE_FIELDS,
+    PoolRules,
+    RulesPins,
+    RulesSpec,
+    SamplingSpec,
+    rules_drift,
+    tasks_config,
+)
+from meshrl.pool.verdicts import Check, Decision, Finding, Severity, VerdictKind, decide, give_up
+
+__all__ = [
+    "PROFILES",
+    "PROFILE_FIELD",
+    "PROOF_PROFILES",
+    "RULE_FIELDS",
+    "Assignment",
+    "Check",
+    "Decision",
+    "Finding",
+    "PoolRules",
+    "PoolRulesError",
+    "ProfileSpec",
+    "ProofProfile",
+    "RulesPins",
+    "RulesSpec",
+    "SamplingSpec",
+    "Severity",
+    "VerdictKind",
+    "WorkOrder",
+    "changed_rules",
+    "check_rules",
+    "decide",
+    "encode_prompt",
+    "give_up",
+    "header_sampling",
+    "profile",
+    "prompt_of_row",
+    "read_rules",
+    "rules_drift",
+    "tasks_config",
+    "unmet_profile",
+    "work_units",
+]

@@ -1,0 +1,69 @@
+"""The assignment rules: which problems a (node, step, counter) gets, how a prompt is encoded,
+which prompt row r belongs to, and what a file's header must say. A worker generates by them
+and a validator recomputes them, so each exists once, here.
+
+- problems  = `meshrl.tasks.sample_problems(tasks, seed, node, step, counter, prompts_per_file)`;
+- each prompt is `[bos] + tokenizer.encode(problem.prompt)` (`encode_prompt`) and gets
+  `group_size` rows: row r belongs to prompt r // group_size, is sample r % group_size, and is
+  sampled with seq_id r and the seed `meshrl.tasks.sampling_seed(seed, node, step, counter)`;
+- reward = `compute_reward(problem, tokenizer.decode(completion), len(completion), tasks)`;
+- work units = the tokens processed: sum over rows of len(prompt) + len(completion).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from meshrl.pool.rules import PoolRules
+from meshrl.tasks import Problem, TaskSet, sample_problems, sampling_seed
+
+__all__ = ["Assignment", "encode_prompt", "header_sampling", "prompt_of_row", "work_units"]
+
+
+def encode_prompt(tokenizer: Any, text: str) -> list[int]:
+    """A prompt's token ids: BOS (when the tokenizer has one) then the text."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return ([bos] if bos is not None else []) + list(tokenizer.encode(text))
+
+
+def prompt_of_row(row: int, group_size: int) -> int:
+    """The index of the prompt that row `row` of a file answers."""
+    return row // group_size
+
+
+def work_units(prompt_lens: Sequence[int], completion_lens: Sequence[int]) -> int:
+    """Tokens processed: every prompt token (prefilled) and every completion token (decoded)."""
+    return sum(prompt_lens) + sum(completion_lens)
+
+
+def header_sampling(rules: PoolRules) -> dict[str, Any]:
+    """The `sampling` a rollout file's header declares: the rules' sampling and group size."""
+    return {**rules.sampling.model_dump(mode="json"), "group_size": rules.group_size}
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One unit of work: the rules, and the (node, step, counter) they are applied to."""
+
+    rules: PoolRules
+    node: str
+    step: int
+    counter: int
+
+    def problems(self, tasks: TaskSet) -> list[Problem]:
+        """The problems assigned (`tasks` is `rules.task.build()`, built once by the role)."""
+        return sample_problems(tasks, self.rules.seed, self.node, self.step, self.counter,
+                               self.rules.prompts_per_file)
+
+    def sampler_seed(self) -> int:
+        return sampling_seed(self.rules.seed, self.node, self.step, self.counter)
+
+    def prompt_rows(self, tokenizer: Any, problems: Sequence[Problem]) -> list[list[int]]:
+        """The prompt of every row: each problem's encoded prompt, `group_size` times."""
+        g = self.rules.group_size
+        return [encode_prompt(tokenizer, p.prompt) for p in problems for _ in range(g)]
+
+    def prompt_id(self, row: int) -> str:
+        return f"{self.step}/{self.counter}/{prompt_of_row(row, self.rules.group_size)}"

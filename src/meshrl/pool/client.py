@@ -1,0 +1,58 @@
+"""The one client of the pool's published rules (`GET /rules`), and the refusal of a role whose
+configuration disagrees with them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from meshrl.log import get_logger, log_event
+from meshrl.pool.rules import PoolRules, RulesPins, rules_drift
+from meshrl.wire import SignedClient, WireHTTPError
+
+__all__ = ["PoolRulesError", "changed_rules", "check_rules", "read_rules"]
+
+log = get_logger("meshrl.pool")
+
+
+class PoolRulesError(RuntimeError):
+    """The pool's published rules are not ones this role may work under: another pool, a rule
+    its configuration pins to another value, a proof profile its compute cannot meet, or rules
+    that changed while it ran. Refused for good (`EXIT_REFUSED`): a restart cannot help."""
+
+
+async def read_rules(orch: SignedClient, stop: asyncio.Event,
+                     poll_s: float = 1.0) -> PoolRules | None:
+    """The pool's published rules, waiting while the orchestrator does not answer yet; None when
+    `stop` is set first. A 4xx answer (other than 429) is a refusal."""
+    while not stop.is_set():
+        try:
+            return await orch.call("GET", "/rules", response=PoolRules)
+        except (WireHTTPError, OSError) as e:
+            if isinstance(e, WireHTTPError) and 400 <= e.status < 500 and e.status != 429:
+                raise PoolRulesError(f"cannot read the pool's rules: {e}") from None
+            log_event(log, "pool rules not readable yet", error=str(e))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), poll_s)
+    return None
+
+
+def check_rules(rules: PoolRules, pool_id: int, pins: RulesPins, role: str) -> None:
+    """Refuse (`PoolRulesError`, one line naming the field) rules of another pool or rules that
+    differ from a value this role's `[rules]` pins."""
+    if rules.pool_id != pool_id:
+        raise PoolRulesError(f"rules: the orchestrator manages pool {rules.pool_id}, this "
+                             f"{role}'s pool_id is {pool_id}")
+    drift = rules_drift(pins, rules)
+    if drift:
+        raise PoolRulesError(f"rules: {role} refuses to start: " + "; ".join(
+            f"rules.{d}" for d in drift))
+
+
+def changed_rules(started: PoolRules, now: PoolRules) -> str | None:
+    """Why rules seen while running differ from those the role started with (None: same)."""
+    drift = rules_drift(RulesPins.of(started), now)
+    if now.pool_id != started.pool_id:
+        drift.insert(0, f"pool_id: started with {started.pool_id}, now {now.pool_id}")
+    return None if not drift else "rules changed while running: " + "; ".join(
+        f"rules.{d}" for d in drift)

@@ -1,0 +1,66 @@
+"""Proof profiles: which TOPLOC thresholds a pool's validators apply, and which compute meets them.
+
+A profile is a public rule of the pool. Its thresholds are given here as overrides of the
+calibrated defaults of `meshrl.toploc.Thresholds` (docs/toploc.md), so this package stays
+torch-free and the calibration stays in `toploc`.
+
+- "any-hardware": the calibrated `Thresholds()`, honest on any engine, kernel and precision the
+  calibration covered.
+- "meshrl-cpu-engine": the same per-chunk tests and much tighter pooled tests from 2 chunks on.
+  fp32 compute rounded to bf16 hidden states is nearly bit-exact across batch sizes and thread
+  counts, so honest CPU-engine files sit far inside them while int8 weights or one layer scaled
+  by 1.1 do not, even in 8-chunk files (tests/validator/test_margin.py). Honest bfloat16 files
+  fail its pooled tests, so it is honest only when every worker computes in float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = ["PROFILES", "PROFILE_FIELD", "PROOF_PROFILES", "ProfileSpec", "ProofProfile",
+           "profile", "unmet_profile"]
+
+ProofProfile = Literal["any-hardware", "meshrl-cpu-engine"]
+PROOF_PROFILES: tuple[str, ...] = ProofProfile.__args__  # type: ignore[attr-defined]
+PROFILE_FIELD = "TOPLOC proof profile: " + " | ".join(PROOF_PROFILES)
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """One proof profile: its threshold overrides and the compute dtypes it is honest for."""
+
+    name: str
+    thresholds: dict[str, float | int] = field(default_factory=dict)
+    dtypes: tuple[str, ...] = ("float32", "bfloat16")  # worker compute it judges fairly
+
+
+PROFILES: dict[str, ProfileSpec] = {
+    "any-hardware": ProfileSpec("any-hardware"),
+    "meshrl-cpu-engine": ProfileSpec(
+        "meshrl-cpu-engine",
+        {"max_pooled_exp_mismatch_rate": 0.005, "max_pooled_mant_err_mean": 0.25,
+         "max_pooled_mant_inexact_rate": 0.25, "min_pooled_chunks": 2},
+        dtypes=("float32",)),
+}
+
+
+def profile(name: str) -> ProfileSpec:
+    """The profile called `name` (KeyError names the known ones)."""
+    if name not in PROFILES:
+        raise KeyError(f"unknown proof profile {name!r} (known: {', '.join(PROFILES)})")
+    return PROFILES[name]
+
+
+def unmet_profile(name: str, dtype: str, backend: str) -> str | None:
+    """Why a worker computing in `dtype` (with `backend`) would be judged unfairly by profile
+    `name`, or None when it can work under it. "meshrl-cpu-engine" needs float32 compute: honest
+    bfloat16 files fail its pooled tests (pooled exponent mismatch rate 0.012-0.024 > 0.005,
+    tests/worker/test_worker_profile.py)."""
+    spec = profile(name)
+    if dtype in spec.dtypes:
+        return None
+    return (f"the pool's proof profile {name!r} holds only for {' or '.join(spec.dtypes)} "
+            f"compute, and this worker computes in {dtype} (backend {backend!r}): its honest "
+            f"files would be slashed; set dtype = \"float32\", or work for a pool with proof "
+            f"profile 'any-hardware'")

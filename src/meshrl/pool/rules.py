@@ -1,0 +1,141 @@
+"""The pool's rules, typed: what every worker generates by and every validator judges by.
+
+An orchestrator publishes them (`GET /rules`, unsigned, and inside every work order); a worker
+reads them before it stakes and a validator before it judges. They are the only source of a rule
+for the roles that generate or judge: a role's own config may *pin* a rule (`RulesPins`) to
+say what it expects, and a pin that differs from the published value refuses the role at start
+(`rules_drift`), so an operator's typo can never judge an honest file by the wrong rule.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from meshrl.pool.profiles import PROFILE_FIELD, ProofProfile
+from meshrl.tasks import TasksConfig
+
+__all__ = ["RULE_FIELDS", "PoolRules", "RulesPins", "RulesSpec", "SamplingSpec", "rules_drift",
+           "tasks_config"]
+
+
+class _Rule(BaseModel):
+    # frozen: a rule read once is never edited in place by the role that holds it
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def tasks_config(task: Any) -> TasksConfig:
+    """A task spec as written in configs: a whole tasks config (`mix = [...]`) or one task of
+    the mix (`type = "arithmetic"`, ...). The one parser of task specs."""
+    if isinstance(task, TasksConfig):
+        return task
+    if isinstance(task, dict) and "mix" not in task and "type" in task:
+        task = {"mix": [task]}
+    return TasksConfig.model_validate(task)
+
+
+class SamplingSpec(_Rule):
+    """How completions are sampled (the seed is not a rule: it is derived per file)."""
+
+    max_new_tokens: int = Field(64, ge=1, le=1 << 16, description="completion length cap")
+    temperature: float = Field(1.0, ge=0.0, le=100.0, description="softmax temperature (0: "
+                               "greedy)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus mass kept")
+    ignore_eos: bool = Field(False, description="generate past EOS (benchmarks only)")
+    stop_token_ids: tuple[int, ...] = Field((), max_length=64,
+                                            description="extra token ids that end a completion")
+
+    @field_validator("temperature", "top_p")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be finite")
+        return v
+
+
+class RulesSpec(_Rule):
+    """Every rule of a pool but its id (an orchestrator's `[rules]` table)."""
+
+    task: TasksConfig = Field(default_factory=TasksConfig, description="the tasks mix (one "
+                              "task or `mix = [...]`)")
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="how completions "
+                                   "are sampled")
+    group_size: int = Field(1, ge=1, le=1024, description="completions per prompt")
+    prompts_per_file: int = Field(8, ge=1, le=4096, description="prompts per rollout file")
+    files_per_step: int = Field(0, ge=0, le=1 << 16, description="files a node makes per "
+                                "step, at most (0: no limit)")
+    async_level: int = Field(2, ge=0, le=1024, description="policy versions a file may lag "
+                             "its step")
+    seed: int = Field(0, ge=0, lt=2**63, description="base seed prompts and sampling derive from")
+    proof_profile: ProofProfile = Field("any-hardware", description=PROFILE_FIELD)
+
+    _task = field_validator("task", mode="before")(tasks_config)
+
+    def rows_per_file(self) -> int:
+        return self.prompts_per_file * self.group_size
+
+
+class PoolRules(RulesSpec):
+    """The published rules of one pool (`GET /rules`, and the `rules` of every work order)."""
+
+    pool_id: int = Field(ge=1, description="the compute pool these rules govern")
+
+
+RULE_FIELDS: tuple[str, ...] = tuple(RulesSpec.model_fields)
+
+
+class RulesPins(BaseModel):
+    """The rules a worker or validator expects (its `[rules]` table). Each one left unset is
+    taken as published; each one set must equal the published value or the role refuses to
+    start (docs/roles.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: TasksConfig | None = None
+    sampling: SamplingSpec | None = None
+    group_size: int | None = None
+    prompts_per_file: int | None = None
+    files_per_step: int | None = None
+    async_level: int | None = None
+    seed: int | None = None
+    proof_profile: ProofProfile | None = None
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _task(cls, v: Any) -> Any:
+        return None if v is None else tasks_config(v)
+
+    @classmethod
+    def of(cls, rules: RulesSpec) -> RulesPins:
+        """Pins of every rule to `rules`' values."""
+        return cls.model_validate({k: getattr(rules, k) for k in RULE_FIELDS})
+
+
+def _leaves(a: Any, b: Any, path: str) -> list[tuple[str, Any, Any]]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b))
+                for d in _leaves(a.get(k), b.get(k), f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True))
+                for d in _leaves(x, y, f"{path}.{i}")]
+    return [] if a == b else [(path, a, b)]
+
+
+def _json(v: Any) -> Any:
+    return v.model_dump(mode="json") if isinstance(v, BaseModel) else v
+
+
+def rules_drift(pins: RulesPins, published: RulesSpec) -> list[str]:
+    """One line per pinned rule whose value differs from the published one, naming the field
+    (dotted down to the leaf that differs); empty when every pin agrees."""
+    out = []
+    for name in RULE_FIELDS:
+        mine = getattr(pins, name)
+        if mine is None:
+            continue
+        theirs = getattr(published, name)
+        for path, a, b in _leaves(_json(mine), _json(theirs), name):
+            out.append(f"{path}: configured {a!r}, the pool publishes {b!r}")
+    return out
