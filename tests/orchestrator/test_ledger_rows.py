@@ -8,8 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
+from meshrl.pool import PoolRulesError
 from meshrl.rl.config import NetworkSourceConfig, RolloutConfig
 from meshrl.rl.network_source import NetworkSource
+from meshrl.tasks import ArithmeticConfig, TasksConfig
 from meshrl.wire import SignedClient, WireHTTPError
 from meshrl.wire.models import FileStatus, LedgerEntry, LedgerPage, Verdict, VerdictAck
 
@@ -27,7 +31,8 @@ def _source(pool: Pool, tmp, start_step: int) -> NetworkSource:  # type: ignore[
     key = tmp / "trainer.key"
     key.write_text(pool.key("trainer"))
     cfg = NetworkSourceConfig(orchestrator_url=pool.orch.url, key_file=str(key), poll_s=0.1)
-    return NetworkSource(cfg, RolloutConfig(), 2, start_step, tmp, (None, None))
+    # the trainer's rollout shape is the pool's published one (group size 2, async level 1)
+    return NetworkSource(cfg, RolloutConfig(group_size=2), 1, start_step, tmp, (None, None))
 
 
 def _take_all(src: NetworkSource) -> list[LedgerEntry]:
@@ -117,3 +122,21 @@ async def refused(c: SignedClient, v: Verdict, status: int) -> None:
         raise AssertionError(f"verdict taken: {v}")
     except WireHTTPError as e:
         assert e.status == status, e
+
+
+def test_a_trainer_whose_shape_is_not_the_pools_refuses_to_start(pool: Pool, tmp_path) -> None:
+    """The trainer reads files by the published rules: one configured for another group size,
+    async level or task refuses before it reads anything, naming the field."""
+    key = tmp_path / "trainer.key"
+    key.write_text(pool.key("trainer"))
+    cfg = NetworkSourceConfig(orchestrator_url=pool.orch.url, key_file=str(key), poll_s=0.1)
+    with pytest.raises(PoolRulesError, match=r"rules\.group_size: configured 8, the pool "
+                       r"publishes 2"):
+        NetworkSource(cfg, RolloutConfig(group_size=8), 1, 0, tmp_path, (None, None))
+    with pytest.raises(PoolRulesError, match=r"rules\.async_level: configured 2"):
+        NetworkSource(cfg, RolloutConfig(group_size=2), 2, 0, tmp_path, (None, None))
+    other = TasksConfig(mix=[ArithmeticConfig(digits=3)])
+    with pytest.raises(PoolRulesError, match=r"rules\.task\.mix\.0\.digits: configured 3"):
+        NetworkSource(cfg, RolloutConfig(group_size=2), 1, 0, tmp_path, (None, None),
+                      tasks=other)
+    assert not (tmp_path / "rollouts.jsonl").exists()  # refused before it recorded anything

@@ -7,16 +7,20 @@ import hashlib
 
 import pytest
 
-from meshrl.inference import CPUEngine, EngineConfig, SamplingParams
+from meshrl.inference import CPUEngine, EngineConfig
 from meshrl.model import CharTokenizer, build_model
+from meshrl.pool import Assignment, PoolRules
 from meshrl.rl.ledger_files import UnusableFile, file_groups
 from meshrl.tasks import ArithmeticConfig, TasksConfig
 from meshrl.wire.models import FileStatus, LedgerEntry
 from meshrl.wire.rollout_file import rollout_file_bytes
-from meshrl.worker.rollouts import Assignment, generate_rollouts
+from meshrl.worker.rollouts import generate_rollouts
 
 NODE, PROVIDER = "0x" + "ab" * 20, "0x" + "cd" * 20
 TASKS = TasksConfig(mix=[ArithmeticConfig(digits=2, operators="+")])
+RULES = PoolRules(pool_id=1, seed=5, prompts_per_file=3, group_size=4, task=TASKS,
+                  sampling={"max_new_tokens": 6, "temperature": 1.0})
+BUILT = TASKS.build()
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +28,8 @@ def worker_file():
     tok = CharTokenizer()
     engine = CPUEngine(build_model("qwen2-tiny", tok.vocab_size, seed=3), tok,
                        EngineConfig(num_threads=1))
-    a = Assignment(seed=5, node=NODE, pool_id=1, step=3, counter=2, prompts=3, group_size=4,
-                   sampling=SamplingParams(max_new_tokens=6, temperature=1.0), tasks=TASKS)
-    rf = generate_rollouts(engine, tok, a, PROVIDER)
+    a = Assignment(RULES, NODE, step=3, counter=2)
+    rf = generate_rollouts(engine, tok, a, BUILT, PROVIDER)
     data = rollout_file_bytes(rf)
     entry = LedgerEntry(seq=1, sha256=hashlib.sha256(data).hexdigest(), node=NODE,
                         provider=PROVIDER, step=3, policy_version=rf.header.policy_version,
@@ -37,9 +40,9 @@ def worker_file():
 
 def test_groups_follow_the_worker_rows(worker_file) -> None:
     tok, a, rf, data, entry = worker_file
-    fg = file_groups(entry, data, tok, 4)
+    fg = file_groups(entry, data, tok, RULES, BUILT)
     assert fg.groups == 3 and len(fg.completion_ids) == 12
-    assert [p["prompt"] for p in fg.problems] == [p.prompt for p in a.problems()]
+    assert [p["prompt"] for p in fg.problems] == [p.prompt for p in a.problems(BUILT)]
     assert fg.completion_ids == [r.completion_tokens for r in rf.completions]
     assert fg.rewards == [[r.reward for r in rf.completions[k * 4:(k + 1) * 4]]
                           for k in range(3)]
@@ -50,18 +53,34 @@ def test_groups_follow_the_worker_rows(worker_file) -> None:
 
 def test_held_out_prompts_are_left_out(worker_file) -> None:
     tok, a, _, data, entry = worker_file
-    held = frozenset({a.problems()[1].prompt})
-    fg = file_groups(entry, data, tok, 4, exclude=held)
+    held = frozenset({a.problems(BUILT)[1].prompt})
+    fg = file_groups(entry, data, tok, RULES, BUILT, exclude=held)
     assert fg.groups == 2 and fg.excluded == 1 and len(fg.prompt_ids) == 8
     assert held.isdisjoint(p["prompt"] for p in fg.problems)
 
 
 def test_unusable_files_are_refused(worker_file) -> None:
     tok, _, _, data, entry = worker_file
-    with pytest.raises(UnusableFile, match="group"):
-        file_groups(entry, data, tok, 8)
+    other_shape = RULES.model_copy(update={"group_size": 2})
+    with pytest.raises(UnusableFile, match="the pool's files have 6 rows"):
+        file_groups(entry, data, tok, other_shape, BUILT)
     with pytest.raises(UnusableFile, match="hash"):
-        file_groups(entry, data + b"x", tok, 4)
+        file_groups(entry, data + b"x", tok, RULES, BUILT)
     other = entry.model_copy(update={"policy_version": entry.policy_version + 1})
     with pytest.raises(UnusableFile, match="differs"):
-        file_groups(other, data, tok, 4)
+        file_groups(other, data, tok, RULES, BUILT)
+
+
+def test_the_header_cannot_steer_the_trainer(worker_file) -> None:
+    """Problems come from the pool's rules, never from what the worker wrote in the header: a
+    header naming another task or seed changes nothing the trainer reads."""
+    from meshrl.wire.rollout_file import read_rollout_file
+
+    tok, a, rf, _, entry = worker_file
+    forged = read_rollout_file(rollout_file_bytes(rf))
+    forged.header = forged.header.model_copy(update={
+        "task": {"mix": [{"type": "math", "path": "/no/such/file.jsonl"}]}, "prompt_seed": 99})
+    data = rollout_file_bytes(forged)
+    entry = entry.model_copy(update={"sha256": hashlib.sha256(data).hexdigest()})
+    fg = file_groups(entry, data, tok, RULES, BUILT)
+    assert [p["prompt"] for p in fg.problems] == [p.prompt for p in a.problems(BUILT)]

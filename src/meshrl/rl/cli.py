@@ -13,16 +13,21 @@ def _train(cfg: RLConfig) -> int:
     import json
     import os
 
+    from meshrl.config import EXIT_REFUSED, CommandError
+    from meshrl.pool import PoolRulesError
     from meshrl.rl.distributed import launched_by_torchrun
 
-    if launched_by_torchrun(os.environ):  # one rank of a torchrun job: FSDP2 (dist_run.py)
-        from meshrl.rl.dist_run import train_distributed
+    try:
+        if launched_by_torchrun(os.environ):  # one rank of a torchrun job: FSDP2 (dist_run.py)
+            from meshrl.rl.dist_run import train_distributed
 
-        summary = train_distributed(cfg, os.environ)
-    else:
-        from meshrl.rl.loop import train
+            summary = train_distributed(cfg, os.environ)
+        else:
+            from meshrl.rl.loop import train
 
-        summary = train(cfg)
+            summary = train(cfg)
+    except PoolRulesError as e:  # the pool's rules are not the trainer's: a restart cannot help
+        raise CommandError(str(e), EXIT_REFUSED) from None
     print(json.dumps(summary))
     return 0
 

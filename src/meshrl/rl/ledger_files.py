@@ -1,11 +1,12 @@
 """Accepted rollout files, as the trainer takes them: read from the orchestrator's ledger,
 downloaded, checked and turned into groups of completions.
 
-A file's rows are `prompts x group_size` completions, row r belonging to prompt r // group_size
-(the worker's rule, docs/roles.md). The trainer re-derives each prompt's problem from the file's
-header exactly as the validator does (`sample_problems(task, prompt_seed, node, step, counter,
-prompts)`) to score the verifier's accuracy for its metrics and to drop prompts of the held-out
-set; rewards it trains on are the file's own, which the validator recomputed.
+A file's rows are `prompts_per_file x group_size` completions, row r belonging to prompt
+r // group_size (`meshrl.pool.assignment`, docs/roles.md). The trainer re-derives each prompt's
+problem by the pool's published rules exactly as the validator does (`Assignment(rules, node,
+step, counter).problems(tasks)`), never from the file's header (a worker wrote it), to score the
+verifier's accuracy for its metrics and to drop prompts of the held-out set; rewards it trains
+on are the file's own, which the validator recomputed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any, TypeVar
 import aiohttp
 
 from meshrl.log import get_logger, log_event
-from meshrl.pool import tasks_config
+from meshrl.pool import Assignment, PoolRules, read_rules
+from meshrl.tasks import TaskSet
 from meshrl.wire import SignedClient, WireHTTPError, read_rollout_file
 from meshrl.wire.models import FileStatus, LedgerEntry, LedgerPage
 
@@ -59,10 +61,11 @@ def trainable(e: LedgerEntry) -> bool:
     return e.status is FileStatus.ACCEPTED and e.granted and e.uploaded
 
 
-def file_groups(entry: LedgerEntry, data: bytes, tokenizer: Any, group_size: int,
-                exclude: frozenset[str] = frozenset()) -> FileGroups:
-    """Check an accepted file's bytes against its ledger entry and split it into groups."""
-    from meshrl.tasks import compute_reward, sample_problems
+def file_groups(entry: LedgerEntry, data: bytes, tokenizer: Any, rules: PoolRules,
+                tasks: TaskSet, exclude: frozenset[str] = frozenset()) -> FileGroups:
+    """Check an accepted file's bytes against its ledger entry and split it into groups, by the
+    pool's rules (`tasks` is `rules.task.build()`, built once)."""
+    from meshrl.tasks import compute_reward
 
     if hashlib.sha256(data).hexdigest() != entry.sha256:
         raise UnusableFile(f"{entry.sha256[:12]}: downloaded bytes do not hash to the ledger's")
@@ -71,14 +74,13 @@ def file_groups(entry: LedgerEntry, data: bytes, tokenizer: Any, group_size: int
     if h.policy_version != entry.policy_version or h.node.lower() != entry.node.lower():
         raise UnusableFile(f"{entry.sha256[:12]}: header (node {h.node}, version "
                            f"{h.policy_version}) differs from the ledger entry")
-    g = int(h.sampling.get("group_size", 1))
-    rows = rf.completions
-    if g != group_size or not rows or len(rows) % g:
-        raise UnusableFile(f"{entry.sha256[:12]}: {len(rows)} rows in groups of {g}, the "
-                           f"trainer takes groups of {group_size}")
-    tasks = tasks_config(h.task).build()
-    problems = sample_problems(tasks, h.prompt_seed, h.node, h.step, rows[0].counter,
-                               len(rows) // g)
+    g, rows = rules.group_size, rf.completions
+    counters = {r.counter for r in rows}
+    if len(rows) != rules.rows_per_file() or len(counters) != 1:
+        raise UnusableFile(f"{entry.sha256[:12]}: {len(rows)} rows of {len(counters)} "
+                           f"counters, the pool's files have {rules.rows_per_file()} rows "
+                           f"({rules.prompts_per_file} prompts x {g}) of one counter")
+    problems = Assignment(rules, h.node, h.step, counters.pop()).problems(tasks)
     out = FileGroups(entry)
     for k, problem in enumerate(problems):
         group = rows[k * g:(k + 1) * g]
@@ -122,6 +124,15 @@ class LedgerReader:
                 reason = str(e)
             log_event(log, "orchestrator unreachable, retrying", error=reason)
             time.sleep(self.retry_s)
+
+    def rules(self) -> PoolRules:
+        """The pool's published rules (the one rules client; waits for the orchestrator)."""
+        async def go() -> PoolRules:
+            async with SignedClient(self.url, self.key) as c:
+                rules = await read_rules(c, asyncio.Event(), self.retry_s)
+            assert rules is not None  # never stopped: it waits until the pool answers
+            return rules
+        return self._run(go)
 
     def accepted(self) -> list[LedgerEntry]:
         """Entries accepted since the last call's, in acceptance order (every row, a node's

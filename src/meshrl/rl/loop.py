@@ -258,7 +258,8 @@ class RLRun:
             from meshrl.rl.network_source import NetworkSource
 
             source = NetworkSource(cfg.network, cfg.rollout, cfg.async_level, self.step,
-                                   self.dir, (self.model, self.tokenizer), self.exclude)
+                                   self.dir, (self.model, self.tokenizer), self.exclude,
+                                   cfg.tasks)
             return source.start(self.model.state_dict())  # type: ignore[return-value]
         if cfg.rollout.subprocess:
             from meshrl.rl.subprocess_backend import SubprocessBackend

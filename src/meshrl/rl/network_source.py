@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from meshrl.log import get_logger, log_event
+from meshrl.pool import PoolRulesError, RulesPins, rules_drift
 from meshrl.rl.config import NetworkSourceConfig, RolloutConfig
 from meshrl.rl.ledger_files import (
     FileGroups,
@@ -43,6 +44,7 @@ from meshrl.rl.ledger_files import (
 )
 from meshrl.rl.pipeline import is_fresh
 from meshrl.rl.rollouts import RolloutBatch
+from meshrl.tasks import TasksConfig
 from meshrl.wire.models import LedgerEntry
 
 __all__ = ["NetworkSource", "read_records"]
@@ -64,7 +66,8 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 class NetworkSource:
     def __init__(self, cfg: NetworkSourceConfig, rollout: RolloutConfig, async_level: int,
                  start_step: int, run_dir: Path, policy: tuple[Any, Any],
-                 exclude: frozenset[str] = frozenset()) -> None:
+                 exclude: frozenset[str] = frozenset(),
+                 tasks: TasksConfig | None = None) -> None:
         if not cfg.key_file:
             raise ValueError("network.key_file: the trainer needs its key to read the ledger")
         key = Path(cfg.key_file).read_text().strip()
@@ -72,6 +75,15 @@ class NetworkSource:
         self.model, self.tokenizer = policy
         self.exclude = exclude
         self.reader = LedgerReader(cfg.orchestrator_url, key)
+        # files are read by the pool's published rules; the trainer's own shape (and the task
+        # its held-out set is drawn from) must be theirs, or it refuses to start
+        self.rules = self.reader.rules()
+        pins = RulesPins(task=tasks, group_size=rollout.group_size, async_level=async_level)
+        drift = rules_drift(pins, self.rules)
+        if drift:
+            raise PoolRulesError("rules: trainer refuses to start: " + "; ".join(
+                f"rules.{d}" for d in drift))
+        self.tasks = self.rules.task.build()
         self.records_path = run_dir / "rollouts.jsonl"
         self.seen = self._resume_records(start_step)  # sha256 of every file used or dropped
         self.queue: list[LedgerEntry] = []  # trainable, not yet taken, in acceptance order
@@ -170,7 +182,7 @@ class NetworkSource:
 
     def _load(self, entry: LedgerEntry) -> FileGroups:
         (data,) = self.reader.download([entry])
-        return file_groups(entry, data, self.tokenizer, self.rollout.group_size, self.exclude)
+        return file_groups(entry, data, self.tokenizer, self.rules, self.tasks, self.exclude)
 
     def _record(self, step: int, taken: list[FileGroups], dropped: list[dict[str, Any]],
                 wait: float) -> None:
