@@ -6,6 +6,14 @@ parameters with the sampling seed, TOPLOC parameters, declared work units). One 
 completion (`COLUMNS`). `read_rollout_file` is strict: wrong schema version, missing or extra
 columns, wrong types, nulls, inconsistent lengths, proofs of the wrong size or a corrupt or
 truncated file raise `RolloutFileError` naming the problem; nothing is silently coerced.
+
+A file comes from a worker who may want to crash or stall its reader, so `FileLimits` are checked
+before anything is decompressed: the file's size, the footer's declared row count, row groups,
+leaf values and uncompressed bytes per column, the header's size and JSON nesting depth (Python's
+parser recurses, and a process that raised the recursion limit overflows the C stack on deeply
+nested input). String and proof columns are read dictionary-encoded, and their distinct values'
+lengths are checked before they are expanded, so a small file of repeated huge values is refused
+without allocating them; strings must be valid UTF-8.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ __all__ = [
     "METADATA_KEY",
     "SCHEMA_VERSION",
     "Completion",
+    "FileLimits",
     "RolloutFile",
     "RolloutHeader",
     "read_rollout_file",
@@ -123,14 +132,58 @@ def write_rollout_file(path: str | Path, rf: RolloutFile) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def read_rollout_file(source: str | Path | bytes) -> RolloutFile:
-    """Read and validate a rollout file (a path or its bytes); RolloutFileError if it is off."""
+@dataclass(frozen=True)
+class FileLimits:
+    """What a reader accepts at most, checked before decompressing (a pool derives them from
+    its rules: `meshrl.pool.file_limits`)."""
+
+    max_bytes: int = 64 << 20  # the file itself
+    max_rows: int = 1 << 16
+    max_prompt_tokens: int = 1 << 14  # per row
+    max_completion_tokens: int = 1 << 14  # per row
+    max_header_bytes: int = 64 << 10
+    max_json_depth: int = 16
+    max_string_bytes: int = 256  # prompt_id, finish_reason
+    max_row_groups: int = 64
+
+    def max_leaf_values(self, column: str, rows: int, chunk_size: int) -> int:
+        """Most leaf values column `column` may hold in a file of `rows` rows."""
+        if column == "prompt_tokens":
+            return rows * self.max_prompt_tokens
+        if column in ("completion_tokens", "logprobs"):
+            return rows * self.max_completion_tokens
+        if column == "toploc_proofs":
+            return rows * -(-self.max_completion_tokens // chunk_size)
+        return rows
+
+
+# columns read dictionary-encoded, so their values' lengths are checked before expansion
+_DICTIONARY = {"prompt_id": "prompt_id", "finish_reason": "finish_reason",
+               "toploc_proofs": "toploc_proofs.list.element"}
+_PAGE_SLACK = 1 << 16  # Parquet's own bytes (page headers, levels) per column chunk
+
+
+def read_rollout_file(source: str | Path | bytes,
+                      limits: FileLimits | None = None) -> RolloutFile:
+    """Read and validate a rollout file (a path or its bytes); RolloutFileError if it is off
+    or over `limits` (checked before the data is decompressed)."""
+    limits = limits or FileLimits()
+    size = len(source) if isinstance(source, bytes) else Path(source).stat().st_size
+    if size > limits.max_bytes:
+        raise RolloutFileError(f"file of {size} bytes > limit {limits.max_bytes}")
     try:
-        reader = pq.ParquetFile(pa.BufferReader(source) if isinstance(source, bytes) else source)
-        table = reader.read()
+        reader = pq.ParquetFile(
+            pa.BufferReader(source) if isinstance(source, bytes) else source,
+            read_dictionary=list(_DICTIONARY.values()),
+            thrift_string_size_limit=limits.max_header_bytes + (1 << 16),
+            thrift_container_size_limit=1 << 16, schema_depth_limit=8)
+        header = _header(reader.metadata.metadata or {}, limits)
+        _check_declared(reader, header, limits)
+        table = _expand(reader.read(), header, limits)
     except (pa.ArrowException, OSError, ValueError) as e:
+        if isinstance(e, RolloutFileError):
+            raise
         raise RolloutFileError(f"not a readable Parquet file: {e}") from None
-    header = _header(table.schema.metadata or {})
     if table.schema.remove_metadata() != COLUMNS:
         raise RolloutFileError(f"wrong columns or types: expected {COLUMNS}, got {table.schema}")
     for name in COLUMNS.names:
@@ -144,10 +197,90 @@ def read_rollout_file(source: str | Path | bytes) -> RolloutFile:
     return rf
 
 
-def _header(metadata: dict[bytes, bytes]) -> RolloutHeader:
+def _check_declared(reader: pq.ParquetFile, header: RolloutHeader, limits: FileLimits) -> None:
+    """The footer's declared sizes, before any page is read."""
+    md = reader.metadata
+    if md.num_rows > limits.max_rows:
+        raise RolloutFileError(f"{md.num_rows} rows > limit {limits.max_rows}")
+    if md.num_row_groups > limits.max_row_groups:
+        raise RolloutFileError(f"{md.num_row_groups} row groups > limit "
+                               f"{limits.max_row_groups}")
+    if reader.schema_arrow.names != COLUMNS.names:
+        raise RolloutFileError(f"wrong columns or types: expected {COLUMNS.names}, got "
+                               f"{reader.schema_arrow.names}")
+    rows = md.num_rows
+    for j, name in enumerate(COLUMNS.names):
+        chunks = [md.row_group(i).column(j) for i in range(md.num_row_groups)]
+        values = sum(c.num_values for c in chunks)
+        most = limits.max_leaf_values(name, rows, header.toploc_chunk_size)
+        if values > most:
+            raise RolloutFileError(f"column {name!r} declares {values} values > limit {most}")
+        width = {"prompt_id": limits.max_string_bytes, "finish_reason": limits.max_string_bytes,
+                 "toploc_proofs": header.proof_bytes}.get(name, 8)
+        budget = most * (width + 4) + _PAGE_SLACK * max(1, len(chunks))
+        declared = sum(c.total_uncompressed_size for c in chunks)
+        if declared > budget:
+            raise RolloutFileError(f"column {name!r} declares {declared} uncompressed bytes > "
+                                   f"limit {budget}")
+
+
+def _expand(table: pa.Table, header: RolloutHeader, limits: FileLimits) -> pa.Table:
+    """Dictionary columns back to their plain types, once their distinct values are bounded;
+    every string valid UTF-8; list lengths per row bounded."""
+    most = {"prompt_id": limits.max_string_bytes, "finish_reason": limits.max_string_bytes,
+            "toploc_proofs": header.proof_bytes}
+    for name, limit in most.items():
+        col = table.column(name)
+        for chunk in col.chunks:
+            values = chunk.values if pa.types.is_list(chunk.type) else chunk
+            if not pa.types.is_dictionary(values.type):
+                raise RolloutFileError(f"wrong columns or types: column {name!r} is "
+                                       f"{chunk.type}")
+            longest = pc.max(pc.binary_length(values.dictionary)).as_py() or 0
+            if longest > limit:
+                raise RolloutFileError(f"column {name!r} holds a value of {longest} bytes > "
+                                       f"limit {limit}")
+        table = table.set_column(table.schema.get_field_index(name), COLUMNS.field(name),
+                                 pc.cast(col, COLUMNS.field(name).type))
+    table.validate(full=True)  # ArrowInvalid on invalid UTF-8
+    for name, limit in (("prompt_tokens", limits.max_prompt_tokens),
+                        ("completion_tokens", limits.max_completion_tokens)):
+        longest = pc.max(pc.list_value_length(table.column(name))).as_py() or 0
+        if longest > limit:
+            raise RolloutFileError(f"a row of {name!r} has {longest} tokens > limit {limit}")
+    return table
+
+
+def _json_depth(raw: bytes) -> int:
+    """Deepest nesting of [ and { in JSON text (outside strings), without recursion."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == 0x5C:  # backslash
+                escaped = True
+            elif ch == 0x22:  # quote
+                in_string = False
+        elif ch == 0x22:
+            in_string = True
+        elif ch in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+def _header(metadata: dict[bytes, bytes], limits: FileLimits) -> RolloutHeader:
     raw = metadata.get(METADATA_KEY)
     if raw is None:
         raise RolloutFileError("no meshrl.rollout header in the file's metadata")
+    if len(raw) > limits.max_header_bytes:
+        raise RolloutFileError(f"header of {len(raw)} bytes > limit {limits.max_header_bytes}")
+    if _json_depth(raw) > limits.max_json_depth:
+        raise RolloutFileError(f"header nests deeper than {limits.max_json_depth} levels")
     try:
         data = json.loads(raw)
     except ValueError:

@@ -1,0 +1,197 @@
+"""Rollout files a dishonest worker can upload, against the reader every role uses: each bomb
+is refused with a `RolloutFileError` naming the limit, before its data is decompressed, within
+a stated bound of time and memory; nothing crashes the process that reads it.
+
+The memory of each read is measured in a fresh process (`_read_in_child`: Arrow's own pool peak
+and the process's peak RSS, about 120 MB of which is the interpreter with pyarrow and pydantic
+loaded), so one bomb's allocations cannot hide behind another's.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from meshrl.wire import RolloutFileError
+from meshrl.wire.rollout_file import (
+    COLUMNS,
+    METADATA_KEY,
+    FileLimits,
+    read_rollout_file,
+    rollout_file_bytes,
+)
+
+from .helpers import sample_rollout
+
+# every bomb below is refused in under this much time and Arrow memory (measured: well under)
+MAX_SECONDS = 2.0
+MAX_ARROW_BYTES = 16 << 20
+
+
+def _columns(rf) -> dict[str, list]:  # type: ignore[no-untyped-def]
+    return {n: [getattr(c, n) for c in rf.completions] for n in COLUMNS.names}
+
+
+def _write(cols: dict[str, list], header: bytes, row_group_size: int | None = None) -> bytes:
+    """Parquet bytes of `cols` under the meshrl header `header`, written without the writer's
+    validation (as a hostile worker would)."""
+    table = pa.Table.from_pydict(cols, schema=COLUMNS.with_metadata({METADATA_KEY: header}))
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd", row_group_size=row_group_size)
+    return sink.getvalue().to_pybytes()
+
+
+def _header(rf) -> bytes:  # type: ignore[no-untyped-def]
+    return rf.header.model_dump_json().encode()
+
+
+def _read_in_child(path: Path, recursion_limit: int = 0) -> dict:
+    """Read `path` in a fresh interpreter; its outcome, seconds and peak memory as a dict."""
+    code = textwrap.dedent(f"""
+        import json, sys, time
+        if {recursion_limit}:
+            sys.setrecursionlimit({recursion_limit})  # as py-evm does on import
+        import pyarrow as pa
+        from meshrl.wire import RolloutFileError, read_rollout_file
+        t0 = time.perf_counter()
+        try:
+            read_rollout_file({str(path)!r})
+            out = {{"error": None}}
+        except RolloutFileError as e:
+            out = {{"error": str(e)}}
+        out["seconds"] = time.perf_counter() - t0
+        out["arrow_peak"] = pa.default_memory_pool().max_memory()
+        # VmHWM: this process's peak RSS (ru_maxrss would carry the parent's across exec)
+        status = open("/proc/self/status").read().split("VmHWM:")[1]
+        out["rss_kb"] = int(status.split()[0])
+        print(json.dumps(out))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _refused(tmp_path: Path, data: bytes, match: str, **child: int) -> dict:
+    path = tmp_path / "bomb.parquet"
+    path.write_bytes(data)
+    out = _read_in_child(path, **child)
+    assert out["error"] is not None and match in out["error"], out
+    assert out["seconds"] < MAX_SECONDS, out
+    assert out["arrow_peak"] < MAX_ARROW_BYTES, out
+    return out
+
+
+def test_an_honest_file_still_reads_back():
+    rf = sample_rollout()
+    data = rollout_file_bytes(rf)
+    back = read_rollout_file(data)
+    assert back.header == rf.header and rollout_file_bytes(back) == data
+
+
+def test_a_deeply_nested_header_never_reaches_the_json_parser(tmp_path):
+    """100,000 nested lists (0.2 MB) used to overflow the C stack of a process that had raised
+    the recursion limit (SIGSEGV, the same crash at every restart)."""
+    rf = sample_rollout()
+    body = json.loads(_header(rf))
+    deep = b"[" * 100_000 + b"]" * 100_000
+    huge = json.dumps(body).encode()[:-1] + b', "task": ' + deep + b"}"
+    # the footer holding it is over the reader's size limit: refused while it is parsed
+    out = _refused(tmp_path, _write(_columns(rf), huge), "Exceeded size limit",
+                   recursion_limit=1_000_000)
+    assert out["rss_kb"] < 250_000
+    # within the size limit, the depth limit refuses it without recursing
+    nested = json.dumps(body).encode()[:-1] + b', "task": ' + b"[" * 200 + b"]" * 200 + b"}"
+    _refused(tmp_path, _write(_columns(rf), nested), "nests deeper than 16 levels",
+             recursion_limit=1_000_000)
+
+
+def test_invalid_utf8_in_a_string_column_is_a_file_error():
+    rf = sample_rollout()
+    cols = _columns(rf)
+    bad = pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(
+        (0).to_bytes(4, "little") + (2).to_bytes(4, "little")), pa.py_buffer(b"\xff\xfe")])
+    table = pa.Table.from_pydict(cols, schema=COLUMNS.with_metadata({METADATA_KEY:
+                                                                     _header(rf)}))
+    ids = pa.concat_arrays([bad, pa.array(cols["prompt_id"][1:], pa.string())])
+    table = table.set_column(0, COLUMNS.field("prompt_id"), ids)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    with pytest.raises(RolloutFileError, match="UTF8"):
+        read_rollout_file(sink.getvalue().to_pybytes())
+
+
+def test_a_small_file_of_one_huge_repeated_string_is_refused_unexpanded(tmp_path):
+    """A 45 kB file that decompresses to 256 MiB (one padded string column) used to cost 356 MB
+    to read: its dictionary value's length is checked before anything is expanded."""
+    rf = sample_rollout(n_prompts=2, group=2)
+    cols = _columns(rf)
+    cols["finish_reason"] = ["length" + " " * (64 << 20)] * len(cols["finish_reason"])
+    data = _write(cols, _header(rf))
+    assert len(data) < 64 << 10
+    out = _refused(tmp_path, data, "finish_reason")
+    assert out["rss_kb"] < 250_000
+
+
+def test_a_million_rows_are_refused_from_the_footer(tmp_path):
+    rf = sample_rollout(n_prompts=1, group=1)
+    cols = {k: v * 1_000_000 for k, v in _columns(rf).items()}
+    cols["sample_index"] = list(range(1_000_000))
+    data = _write(cols, _header(rf), row_group_size=1 << 20)
+    assert len(data) < 8 << 20
+    limits = FileLimits(max_rows=1024)
+    path = tmp_path / "rows.parquet"
+    path.write_bytes(data)
+    with pytest.raises(RolloutFileError, match="1000000 rows > limit 1024"):
+        read_rollout_file(path, limits)
+    _refused(tmp_path, data, "rows > limit")  # the default limit: 65,536 rows
+
+
+def test_declared_sizes_and_row_lengths_are_bounded():
+    rf = sample_rollout(tokens=9)
+    data = rollout_file_bytes(rf)
+    with pytest.raises(RolloutFileError, match="> limit 100"):
+        read_rollout_file(data, FileLimits(max_bytes=100))
+    with pytest.raises(RolloutFileError, match="'completion_tokens' declares 54 values > "
+                       "limit 48"):
+        read_rollout_file(data, FileLimits(max_completion_tokens=8))
+    with pytest.raises(RolloutFileError, match="'prompt_tokens' declares 30 values > limit 24"):
+        read_rollout_file(data, FileLimits(max_prompt_tokens=4))
+    # a single row past the per-row limit, with the file's total inside it
+    long = sample_rollout(n_prompts=1, group=2, tokens=8)
+    long.completions[0].completion_tokens = long.completions[0].completion_tokens[:4]
+    long.completions[0].logprobs = long.completions[0].logprobs[:4]
+    long.completions[1].completion_tokens += [1] * 4
+    long.completions[1].logprobs += [-1.0] * 4
+    with pytest.raises(RolloutFileError, match="a row of 'completion_tokens' has 12 tokens > "
+                       "limit 8"):
+        read_rollout_file(rollout_file_bytes(long), FileLimits(max_completion_tokens=8))
+
+
+def test_a_proof_column_of_oversized_values_is_refused_before_expansion(tmp_path):
+    rf = sample_rollout(topk=4)
+    cols = _columns(rf)
+    cols["toploc_proofs"] = [[b"\x00" * (32 << 20)] * len(p) for p in cols["toploc_proofs"]]
+    data = _write(cols, _header(rf))
+    assert len(data) < 64 << 10
+    _refused(tmp_path, data, "toploc_proofs")
+
+
+def test_a_column_of_the_wrong_type_is_refused():
+    rf = sample_rollout()
+    cols = _columns(rf)
+    schema = COLUMNS.set(COLUMNS.get_field_index("finish_reason"),
+                         pa.field("finish_reason", pa.int64(), nullable=False))
+    table = pa.Table.from_pydict({**cols, "finish_reason": [1] * len(cols["finish_reason"])},
+                                 schema=schema.with_metadata({METADATA_KEY: _header(rf)}))
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    with pytest.raises(RolloutFileError, match="wrong columns or types"):
+        read_rollout_file(sink.getvalue().to_pybytes())
