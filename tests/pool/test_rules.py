@@ -163,3 +163,11 @@ def test_decisions_hard_beats_soft_beats_accept():
 def test_spec_without_pool_id_is_what_an_orchestrator_configures():
     spec = RulesSpec(seed=7)
     assert PoolRules(pool_id=1, **dict(spec)).seed == 7
+
+
+def test_file_limits_follow_the_rules():
+    from meshrl.pool import file_limits
+
+    lim = file_limits(RULES, max_file_bytes=1 << 20, max_prompt_tokens=64)
+    assert (lim.max_rows, lim.max_completion_tokens, lim.max_prompt_tokens, lim.max_bytes) == (
+        8, 8, 64, 1 << 20)

@@ -15,6 +15,7 @@ from meshrl.pool.assignment import (
     work_units,
 )
 from meshrl.pool.client import PoolRulesError, changed_rules, check_rules, read_rules
+from meshrl.pool.limits import file_limits
 from meshrl.pool.messages import WorkOrder
 from meshrl.pool.profiles import (
     PROFILE_FIELD,
@@ -59,6 +60,7 @@ __all__ = [
     "check_rules",
     "decide",
     "encode_prompt",
+    "file_limits",
     "give_up",
     "header_sampling",
     "profile",

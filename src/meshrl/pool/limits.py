@@ -1,0 +1,17 @@
+"""What a rollout file of this pool may hold at most, from its rules: the limits a reader checks
+before it decompresses anything a worker uploaded (`meshrl.wire.FileLimits`)."""
+
+from __future__ import annotations
+
+from meshrl.pool.rules import PoolRules
+from meshrl.wire.rollout_file import FileLimits
+
+__all__ = ["file_limits"]
+
+
+def file_limits(rules: PoolRules, max_file_bytes: int, max_prompt_tokens: int) -> FileLimits:
+    """Exactly the pool's rows per file, completions of at most `max_new_tokens`, prompts of at
+    most `max_prompt_tokens` (the policy's context, say), files of at most `max_file_bytes`."""
+    return FileLimits(max_bytes=max_file_bytes, max_rows=rules.rows_per_file(),
+                      max_prompt_tokens=max_prompt_tokens,
+                      max_completion_tokens=rules.sampling.max_new_tokens)
