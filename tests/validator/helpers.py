@@ -20,9 +20,8 @@ from meshrl.validator.verify import ChainClaim
 from meshrl.wire.guard import RequestGuard
 from meshrl.wire.rollout_file import RolloutFile, read_rollout_file, rollout_file_bytes
 from meshrl.wire.service import build_app
-from meshrl.worker.cheats import Cheat
+from meshrl.worker.adversary import WEIGHT_CHEATS, worker_parts
 from meshrl.worker.config import CheatConfig
-from meshrl.worker.rollouts import generate_rollouts
 
 NODE = "0x" + "ab" * 20
 PROVIDER = "0x" + "cd" * 20
@@ -54,18 +53,15 @@ def claim(rf: RolloutFile, sha: str = "00" * 32, units: int | None = None) -> Ch
 
 def cheat_file(engine: Any, model: Any, tok: Any, r: PoolRules, mode: str,
                **cfg: Any) -> RolloutFile:
-    """A cheating worker's file of assignment(r), as the validator reads it."""
-    cheat = Cheat(CheatConfig(mode=mode, **cfg))
-    a = assignment(r)
-    eng = engine
-    state = cheat.weights(model.state_dict(), model.config, a.step)
-    if state is not model.state_dict() and mode in ("other-model", "int8", "scale-layer"):
-        eng = CPUEngine(model, tok, EngineConfig(num_threads=1))
-        eng.load_weights(state, version=0)
-    tasks = r.task.build()
-    b = generate_rollouts(eng, tok, a, tasks, PROVIDER, problems=cheat.problems(a, tasks),
-                          sampling=cheat.sampling(a), edit=cheat.edit(a.step, tok.eos_token_id))
-    return roundtrip(cheat.finish(b))[0]
+    """A cheating worker's file of assignment(r), as the validator reads it: generated with the
+    worker's parts for cheat `mode` (`meshrl.worker.adversary`) around `engine` (`model`'s
+    weights), or around an engine of its own for a cheat that loads other weights."""
+    parts = worker_parts(CheatConfig(mode=mode, **cfg))
+    if mode in WEIGHT_CHEATS:
+        engine = CPUEngine(model, tok, EngineConfig(num_threads=1))
+    rf = parts.rollouts(parts.backend(engine, model, tok, 0), tok, assignment(r), r.task.build(),
+                        PROVIDER)
+    return roundtrip(rf)[0]
 
 
 @contextlib.asynccontextmanager

@@ -166,7 +166,7 @@ def validator(net: Net, max_files: int = 0, name: str = "validator", **over: Any
            "poll_interval": 0.3, "max_files": max_files,
            "keys": {"keystore": str(d / "key.json")},
            "chain": {"deployment": str(net.deployment), "rpc_url": net.anvil.url},
-           "pool": dict(RULES), "engine": {"num_threads": 1},
+           "rules": dict(RULES), "engine": {"num_threads": 1},
            "retry": {"backoff": 0.5, "max_attempts": 4}, **over}
     r = Role("validator", name, cfg, net.tmp)
     net.procs.append(r)

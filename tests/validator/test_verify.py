@@ -9,6 +9,7 @@ import pytest
 from helpers import PROVIDER, assignment, cheat_file, claim, roundtrip, rules
 
 from meshrl.inference import CPUEngine, EngineConfig
+from meshrl.pool import Check, VerdictKind
 from meshrl.validator.replay import ReplayConfig, profile_thresholds
 from meshrl.validator.verify import verify_file, verify_files
 from meshrl.worker.rollouts import generate_rollouts
@@ -17,29 +18,29 @@ ENGINE = ReplayConfig(thresholds=profile_thresholds("meshrl-cpu-engine"))
 
 
 def _honest(engine, tok, r, **kw):
-    return roundtrip(generate_rollouts(engine, tok, assignment(r, **kw), PROVIDER))[0]
+    return roundtrip(generate_rollouts(engine, tok, assignment(r, **kw), r.task.build(),
+                                       PROVIDER))[0]
 
 
 def test_honest_file_is_accepted_with_numbers(engine, tok):
     r = rules(max_new=16)
     b = _honest(engine, tok, r)
-    rep = verify_file(engine, tok, b, claim(b), r, ENGINE)
-    assert rep.accepted, rep.reason()
-    assert rep.stats.rows == 8
-    assert rep.stats.tokens == sum(len(x.completion_tokens) for x in b.completions)
-    assert rep.stats.max_sampling_margin <= ReplayConfig().sampling_tolerance
-    assert rep.stats.max_logprob_diff < 1e-3
-    assert rep.stats.chunks == 8  # one proof per completion of <= 32 tokens
+    rep = verify_file(engine, tok, b, claim(b), r, r.task.build(), ENGINE)
+    assert rep.accepted, rep.reason
+    assert rep.stats["rows"] == 8
+    assert rep.stats["tokens"] == sum(len(x.completion_tokens) for x in b.completions)
+    assert rep.stats["max_sampling_margin"] <= ReplayConfig().sampling_tolerance
+    assert rep.stats["max_logprob_diff"] < 1e-3
+    assert rep.stats["chunks"] == 8  # one proof per completion of <= 32 tokens
 
 
 def test_validator_batch_size_and_threads_do_not_matter(model, tok, engine):
     r = rules(max_new=24, prompts=3)
-    items = [(b, claim(b), r) for b in (_honest(engine, tok, r, counter=c)
-                                              for c in range(3))]
+    items = [(b, claim(b)) for b in (_honest(engine, tok, r, counter=c) for c in range(3))]
     other = CPUEngine(model, tok, EngineConfig(max_batch_size=5, num_threads=2))
     cfg = ENGINE.model_copy(update={"max_batch_rows": 7})
-    for rep in verify_files(other, tok, items, cfg):
-        assert rep.accepted, rep.reason()
+    for rep in verify_files(other, tok, items, r, r.task.build(), cfg):
+        assert rep.accepted, rep.reason
 
 
 @pytest.mark.parametrize(("mode", "check"), [
@@ -55,6 +56,6 @@ def test_validator_batch_size_and_threads_do_not_matter(model, tok, engine):
 def test_each_generation_cheat_is_a_hard_finding(engine, model, tok, mode, check):
     r = rules(max_new=32, prompts=2, group=4)
     b = cheat_file(engine, model, tok, r, mode)
-    rep = verify_file(engine, tok, b, claim(b), r, ENGINE)
-    assert not rep.accepted and rep.hard
-    assert check in [f.check for f in rep.findings], rep.reason()
+    rep = verify_file(engine, tok, b, claim(b), r, r.task.build(), ENGINE)
+    assert rep.kind is VerdictKind.HARD_INVALID, rep.reason
+    assert Check(check) in rep.checks, rep.reason

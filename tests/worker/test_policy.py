@@ -16,21 +16,21 @@ from helpers import TASKS
 
 from meshrl.inference import CPUEngine, EngineConfig
 from meshrl.model import CharTokenizer, build_model, save_model
+from meshrl.pool import Assignment, PoolRules, WorkOrder
 from meshrl.shardcast import Origin, OriginConfig
 from meshrl.shardcast.config import ServerConfig
 from meshrl.validator.models import ModelCache, VersionUnavailable
-from meshrl.wire.models import WorkOrder
-from meshrl.worker.cheats import Cheat
-from meshrl.worker.config import CheatConfig, WorkerConfig
-from meshrl.worker.policy import PolicyHolder, assignment_of
+from meshrl.worker.config import WorkerConfig
+from meshrl.worker.policy import PolicyHolder
+
+RULES = PoolRules(pool_id=1, async_level=1, task=TASKS, sampling={"max_new_tokens": 8},
+                  group_size=2, seed=3, prompts_per_file=2)
 
 
 def _order(url: str, step: int) -> WorkOrder:
-    return WorkOrder(pool_id=1, step=step, policy_versions=list(range(max(0, step - 1), step + 1)),
-                     async_level=1, task=TASKS.model_dump(mode="json"),
-                     sampling={"max_new_tokens": 8, "group_size": 2}, seed=3,
-                     prompts_per_file=2, shardcast_servers=[url], max_file_bytes=1 << 20,
-                     max_units_per_file=10_000)
+    return WorkOrder(rules=RULES, step=step,
+                     policy_versions=list(range(max(0, step - 1), step + 1)),
+                     shardcast_servers=[url], max_file_bytes=1 << 20, max_units_per_file=10_000)
 
 
 def test_follow_hot_loads_new_versions_and_validator_fetches_them(tmp_path):
@@ -44,12 +44,13 @@ def test_follow_hot_loads_new_versions_and_validator_fetches_them(tmp_path):
         try:
             await origin.publish(dirs[0], 1, shard_size=1 << 20)
             cfg = WorkerConfig(work_dir=str(tmp_path / "w"), engine=EngineConfig(num_threads=1))
-            holder = await PolicyHolder.start(cfg, _order(url, 1), Cheat(CheatConfig()))
+            holder = await PolicyHolder.start(cfg, _order(url, 1))
             assert holder.version == 1
             stop = asyncio.Event()
-            follow = asyncio.create_task(holder.follow([url], lambda: 2, stop))
-            a = assignment_of(_order(url, 2), "0x" + "ab" * 20, 0)
-            gen = asyncio.create_task(asyncio.to_thread(holder.generate, a, "0x" + "cd" * 20))
+            follow = asyncio.create_task(holder.follow([url], stop))
+            a = Assignment(RULES, "0x" + "ab" * 20, 2, 0)
+            gen = asyncio.create_task(asyncio.to_thread(holder.generate, a, RULES.task.build(),
+                                                        "0x" + "cd" * 20))
             await origin.publish(dirs[1], 2, shard_size=1 << 20)
             for _ in range(2400):  # a loaded machine may take a while
                 if holder.version == 2:

@@ -14,20 +14,20 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "validator"))
 from eth_account import Account
-from helpers import NODE, PROVIDER, TASKS, assignment, claim, roundtrip, rules, rules_server
+from helpers import PROVIDER, assignment, claim, roundtrip, rules, rules_server
 from pydantic import ValidationError
 
-from meshrl.inference import CPUEngine, EngineConfig, SamplingParams
+from meshrl.inference import CPUEngine, EngineConfig
 from meshrl.inference.reference import ReferenceBackend
 from meshrl.model import CharTokenizer, build_model, save_model
+from meshrl.pool import PoolRulesError, VerdictKind
 from meshrl.validator.replay import ReplayConfig, profile_thresholds
 from meshrl.validator.verify import verify_file
 from meshrl.wire import SignedClient
-from meshrl.worker.cheats import Cheat
+from meshrl.worker.adversary import CheatingBackend, worker_parts
 from meshrl.worker.config import CheatConfig, WorkerConfig
 from meshrl.worker.policy import PolicyHolder
-from meshrl.worker.profile import PoolRulesError, read_rules, unmet_profile
-from meshrl.worker.rollouts import Assignment
+from meshrl.worker.profile import accepted_rules, unmet_profile
 
 DEAD_URL = "http://127.0.0.1:9"
 
@@ -37,7 +37,7 @@ def _read(cfg: WorkerConfig, pool_id: int = 1, **work) -> object:
         async with rules_server(pool_id, **work) as url:
             cfg.orchestrator_url = url
             async with SignedClient(url, Account.create().key) as orch:
-                return await read_rules(orch, cfg, asyncio.Event())
+                return await accepted_rules(orch, cfg, asyncio.Event())
     return asyncio.run(go())
 
 
@@ -52,8 +52,8 @@ def test_worker_refuses_a_profile_its_compute_cannot_meet():
     rules = _read(engine, proof_profile="meshrl-cpu-engine", seed=5)
     assert (rules.proof_profile, rules.seed, rules.pool_id) == ("meshrl-cpu-engine", 5, 1)
     assert _read(bf16, proof_profile="any-hardware").proof_profile == "any-hardware"
-    with pytest.raises(PoolRulesError, match="'meshrl-cpu-engine' holds only for float32 compute "
-                       "as in meshrl's CPU engine, and this worker computes in bfloat16"):
+    with pytest.raises(PoolRulesError, match="'meshrl-cpu-engine' holds only for float32 compute, "
+                       "and this worker computes in bfloat16"):
         _read(bf16, proof_profile="meshrl-cpu-engine")
     with pytest.raises(PoolRulesError, match="manages pool 3, this worker's pool_id is 1"):
         _read(engine, pool_id=3)
@@ -69,22 +69,24 @@ def test_the_tight_profile_would_slash_honest_bfloat16_work(tmp_path):
     model_dir = save_model(build_model("qwen2-tiny", tok.vocab_size, seed=3), tok, tmp_path / "m")
     validator = CPUEngine.from_pretrained(model_dir, EngineConfig(num_threads=1))
     r = rules(max_new=16, prompts=2, group=4)
+    tasks = r.task.build()
     judged = {}
     for dtype in ("float32", "bfloat16"):
         cfg = WorkerConfig(work_dir=str(tmp_path / dtype), backend="reference", dtype=dtype)
-        holder = PolicyHolder(cfg, Cheat(CheatConfig()), model_dir, 0)
-        f = roundtrip(holder.generate(assignment(r), PROVIDER))[0]
+        holder = PolicyHolder(cfg, model_dir, 0)
+        f = roundtrip(holder.generate(assignment(r), tasks, PROVIDER))[0]
         for profile in ("any-hardware", "meshrl-cpu-engine"):
             replay = ReplayConfig(thresholds=profile_thresholds(profile))
-            judged[dtype, profile] = verify_file(validator, tok, f, claim(f), r, replay)
-    assert all(rep.accepted for rep in (judged["float32", "any-hardware"],
-                                        judged["float32", "meshrl-cpu-engine"],
-                                        judged["bfloat16", "any-hardware"]))
-    assert judged["float32", "meshrl-cpu-engine"].stats.pooled["exp_mismatch_rate"] == 0.0
+            judged[dtype, profile] = verify_file(validator, tok, f, claim(f), r, tasks, replay)
+    for ok in (("float32", "any-hardware"), ("float32", "meshrl-cpu-engine"),
+               ("bfloat16", "any-hardware")):
+        assert judged[ok].accepted, (ok, judged[ok].reason)
+    assert judged["float32", "meshrl-cpu-engine"].stats["pooled"]["exp_mismatch_rate"] == 0.0
     slashed = judged["bfloat16", "meshrl-cpu-engine"]
-    assert not slashed.accepted and slashed.hard
-    assert "rollout: exponent mismatch rate" in slashed.reason()
-    assert slashed.stats.chunks == 8 and slashed.stats.pooled["exp_mismatch_rate"] > 0.005
+    assert slashed.kind is VerdictKind.HARD_INVALID
+    assert "rollout: exponent mismatch rate" in slashed.reason
+    assert slashed.stats["chunks"] == 8
+    assert slashed.stats["pooled"]["exp_mismatch_rate"] > 0.005
 
 
 def test_rules_wait_for_the_orchestrator_until_stopped():
@@ -93,7 +95,7 @@ def test_rules_wait_for_the_orchestrator_until_stopped():
         asyncio.get_running_loop().call_later(0.5, stop.set)
         cfg = WorkerConfig(orchestrator_url=DEAD_URL, poll_interval=0.1)
         async with SignedClient(DEAD_URL, Account.create().key) as orch:
-            return await read_rules(orch, cfg, stop)
+            return await accepted_rules(orch, cfg, stop)
     assert asyncio.run(go()) is None
 
 
@@ -103,21 +105,21 @@ def test_reference_backend_worker_keeps_its_honest_weights_through_a_weight_chea
     tok = CharTokenizer()
     model_dir = save_model(build_model("qwen2-tiny", tok.vocab_size, seed=3), tok, tmp_path / "m")
     cfg = WorkerConfig(work_dir=str(tmp_path / "w"), backend="reference")
-    holder = PolicyHolder(cfg, Cheat(CheatConfig(mode="scale-layer", after_step=0)), model_dir, 0)
-    assert isinstance(holder.engine, ReferenceBackend)
-
-    def at(step: int) -> Assignment:
-        return Assignment(seed=1, node=NODE, pool_id=1, step=step, counter=0, prompts=2,
-                          group_size=2, sampling=SamplingParams(max_new_tokens=8), tasks=TASKS)
+    parts = worker_parts(CheatConfig(mode="scale-layer", after_step=0))
+    holder = PolicyHolder(cfg, model_dir, 0, parts)
+    assert isinstance(holder.engine, CheatingBackend)
+    assert isinstance(holder.engine.inner, ReferenceBackend)
+    r = rules(max_new=8, prompts=2, group=2, seed=1)
+    tasks = r.task.build()
 
     probe = [[1, 20, 30]], [[40, 41, 42]]
-    honest = holder.generate(at(0), PROVIDER)
+    honest = holder.generate(assignment(r, step=0), tasks, PROVIDER)
     honest_lp = holder.engine.score(*probe)[0].logprobs
-    holder.generate(at(1), PROVIDER)  # scale-layer weights in the shared model
-    assert holder.cheating
+    holder.generate(assignment(r, step=1), tasks, PROVIDER)  # scale-layer weights in the model
+    assert holder.engine.swapped
     assert not torch.allclose(holder.engine.score(*probe)[0].logprobs, honest_lp)
-    again = holder.generate(at(0), PROVIDER)
-    assert not holder.cheating
+    again = holder.generate(assignment(r, step=0), tasks, PROVIDER)
+    assert not holder.engine.swapped
     assert [r.completion_tokens for r in again.completions] == \
         [r.completion_tokens for r in honest.completions]
     assert torch.equal(holder.engine.score(*probe)[0].logprobs, honest_lp)

@@ -26,16 +26,12 @@ __all__ = ["ChainCourier"]
 
 class ChainCourier:
     def __init__(self, orch: SignedClient, chain: Protocol, provider: LocalAccount,
-                 node: str, pool: int, outbox: Outbox, skip_upload: bool = False,
-                 pause: Pause | None = None) -> None:
+                 node: str, pool: int, outbox: Outbox, pause: Pause | None = None) -> None:
         self.orch, self.chain, self.node, self.pool = orch, chain.as_(provider), node, pool
         self.outbox = outbox
-        self.skip_upload = skip_upload  # the `copy` cheat: the bytes are already stored
         self.pause = pause
 
     async def upload(self, entry: OutboxEntry, path: Path) -> None:
-        if self.skip_upload:
-            return
         if entry.slot_url and entry.slot_expires > time.time():
             try:
                 await self.orch.upload("PUT", entry.slot_url, path, entry.sha256)

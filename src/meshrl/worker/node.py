@@ -26,15 +26,16 @@ from meshrl.protocol.errors import TxReverted
 from meshrl.protocol.local import connect
 from meshrl.wire import SignedClient, WireHTTPError
 from meshrl.wire.models import Heartbeat, HeartbeatAck
-from meshrl.wire.rollout_file import read_rollout_file, rollout_file_bytes
-from meshrl.worker.cheats import Cheat
+from meshrl.wire.rollout_file import rollout_file_bytes
+from meshrl.worker.adversary import worker_parts
 from meshrl.worker.config import WorkerConfig
 from meshrl.worker.courier import ChainCourier
-from meshrl.worker.delivery import RetryLater, deliver_all
+from meshrl.worker.delivery import Courier, RetryLater, deliver_all
 from meshrl.worker.hardware import missing, probe
 from meshrl.worker.keys import WorkerKeys
 from meshrl.worker.onboard import announce_and_join, onboard_chain
 from meshrl.worker.outbox import Outbox, OutboxEntry, atomic_write
+from meshrl.worker.parts import MadeFile
 from meshrl.worker.policy import PolicyHolder
 from meshrl.worker.profile import accepted_rules, require_same_rules
 
@@ -52,7 +53,8 @@ class WorkerNode:
         self.cfg, self.keys = cfg, keys
         self.work_dir = Path(cfg.work_dir)
         self.outbox = Outbox(self.work_dir / "outbox")
-        self.cheat = Cheat(cfg.cheat)
+        self.parts = worker_parts(cfg.cheat)  # honest, or wrapped by a cheat (tests only)
+        self.make_file = self.parts.file_maker(self._make_file, self.outbox)
         self.stop = asyncio.Event()
         self.order: WorkOrder | None = None
         self.pool_step = 0
@@ -84,13 +86,12 @@ class WorkerNode:
             tasks = [beats]
             try:
                 self.order = await self._work_order(orch)
-                self.policy = await PolicyHolder.start(self.cfg, self.order, self.cheat)
+                self.policy = await PolicyHolder.start(self.cfg, self.order, self.parts)
                 tasks.append(asyncio.create_task(self.policy.follow(
-                    self.order.shardcast_servers, lambda: self.pool_step, self.stop)))
-                courier = ChainCourier(orch, chain, self.keys.provider, self.keys.node.address,
-                                       self.cfg.pool_id, self.outbox,
-                                       skip_upload=self.cfg.cheat.mode == "copy",
-                                       pause=self._pause)
+                    self.order.shardcast_servers, self.stop)))
+                courier = self.parts.courier(ChainCourier(
+                    orch, chain, self.keys.provider, self.keys.node.address, self.cfg.pool_id,
+                    self.outbox, pause=self._pause))
                 await self._deliver(courier)  # what a previous run left behind
                 while not self.stop.is_set() and not self._enough():
                     await self.work_once(orch, courier)
@@ -111,62 +112,40 @@ class WorkerNode:
         return self.cfg.max_files > 0 and self.files_done >= self.cfg.max_files
 
     # ---- one file ------------------------------------------------------------------------
-    async def work_once(self, orch: SignedClient, courier: ChainCourier) -> None:
+    async def work_once(self, orch: SignedClient, courier: Courier) -> None:
         self.order = order = await self._work_order(orch)
-        version = self.policy.version
-        if version not in order.policy_versions and not self.cheat.frozen_version(order.step):
-            await self._sleep(self.cfg.poll_interval)  # the follower is fetching a newer one
-            return
-        per_step = order.rules.files_per_step
-        if per_step and self._made(order.step) >= per_step:
-            await self._sleep(self.cfg.poll_interval)  # this step has its files: wait for next
-            return
-        if self.cheat.on("copy", order.step):
-            entry, data = self._copied(order)
-        else:
-            entry, data = await self._generate(order)
-        if entry is None:
+        made = await self.make_file(order)
+        if made is None:
             await self._sleep(self.cfg.poll_interval)
             return
+        entry, data = made
         self.outbox.put(data, entry)
         log_event(log, "file written", sha256=entry.sha256, step=entry.step,
-                  counter=entry.counter, version=version, units=entry.work_units)
+                  counter=entry.counter, version=entry.policy_version, units=entry.work_units)
         await self._pause("written", entry)
         await self._deliver(courier)
 
-    async def _generate(self, order: WorkOrder) -> tuple[OutboxEntry, bytes]:
+    async def _make_file(self, order: WorkOrder) -> MadeFile | None:
+        """The next file of this step; None when there is none to make now."""
+        if self.policy.version not in order.policy_versions:
+            return None  # the follower is fetching a newer one
+        per_step = order.rules.files_per_step
+        if per_step and self._made(order.step) >= per_step:
+            return None  # this step has its files: wait for the next
         counter = self._next_counter(order.step)
         a = Assignment(self.rules, self.keys.node.address, order.step, counter)
         t0 = time.perf_counter()
         rf = await asyncio.to_thread(self.policy.generate, a, self.tasks,
                                      self.keys.provider.address)
-        rf = self.cheat.finish(rf)
         tokens = sum(len(c.completion_tokens) for c in rf.completions)
         self.tokens_per_s = tokens / max(1e-9, time.perf_counter() - t0)
         data = rollout_file_bytes(rf)
         await self._pause("generated", None)  # in memory only: a crash here loses the work
         h = rf.header
-        # stale-policy: an old version would be refused a slot, so the slot request lies
-        claimed = max(order.policy_versions) if self.cheat.frozen_version(order.step) \
-            else h.policy_version
         return OutboxEntry(hashlib.sha256(data).hexdigest(), len(data), h.step, counter,
-                           claimed, h.work_units), data
+                           h.policy_version, h.work_units), data
 
-    def _copied(self, order: WorkOrder) -> tuple[OutboxEntry | None, bytes]:
-        """copy: another worker's newest submitted file, not copied before."""
-        seen = {r["sha256"] for r in self.outbox.sent()}
-        src = sorted(Path(self.cfg.cheat.copy_from, "sent").glob("*.parquet"),
-                     key=lambda p: p.stat().st_mtime, reverse=True)
-        for path in src:
-            if path.stem in seen:
-                continue
-            data = path.read_bytes()
-            h = read_rollout_file(data).header
-            return OutboxEntry(path.stem, len(data), h.step, -1, h.policy_version,
-                               h.work_units), data
-        return None, b""
-
-    async def _deliver(self, courier: ChainCourier) -> None:
+    async def _deliver(self, courier: Courier) -> None:
         order = self.order
         assert order is not None
         try:

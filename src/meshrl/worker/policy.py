@@ -2,15 +2,14 @@
 
 Version 0 is the model directory in the config when the pool names no shardcast servers;
 otherwise the newest version the work order allows is fetched (verified, atomic) and later
-versions are followed and hot-loaded into the running engine. A cheat that changes weights is
-applied here, when its step comes, so the rest of the worker is the honest code path.
+versions are followed and hot-loaded into the running engine. The engine and the rollouts of an
+assignment are the worker's `Parts` (honest, or wrapped by a cheat: `worker/adversary.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +18,8 @@ from meshrl.log import get_logger, log_event
 from meshrl.pool import Assignment, WorkOrder
 from meshrl.tasks import TaskSet
 from meshrl.wire.rollout_file import RolloutFile
-from meshrl.worker.cheats import WEIGHT_CHEATS, Cheat
 from meshrl.worker.config import WorkerConfig
-from meshrl.worker.rollouts import generate_rollouts
+from meshrl.worker.parts import Parts
 
 __all__ = ["PolicyHolder"]
 
@@ -44,37 +42,36 @@ def _backend(cfg: WorkerConfig, model: Any, tokenizer: Any, version: int) -> Inf
 
 
 class PolicyHolder:
-    """The engine and the honest weights of its current version (one lock around swaps)."""
+    """The engine and its current version (one lock around swaps)."""
 
-    def __init__(self, cfg: WorkerConfig, cheat: Cheat, model_dir: Path, version: int) -> None:
+    def __init__(self, cfg: WorkerConfig, model_dir: Path, version: int,
+                 parts: Parts | None = None) -> None:
         from meshrl.model import load_model, load_tokenizer
 
-        self.cfg, self.cheat = cfg, cheat
+        parts = parts or Parts()
+        self.cfg = cfg
         model = load_model(model_dir)
-        self.model_config = model.config
         self.tokenizer = load_tokenizer(model_dir)
-        self.engine = _backend(cfg, model, self.tokenizer, version)
-        # the reference backend runs `model` itself: a weight cheat loaded into it must not
-        # overwrite the honest weights kept here
-        self.honest: dict[str, Any] = {k: v.detach().clone() if cfg.backend == "reference"
-                                       else v for k, v in model.state_dict().items()}
+        self.engine = parts.backend(_backend(cfg, model, self.tokenizer, version), model,
+                                    self.tokenizer, version)
+        self.rollouts = parts.rollouts
         self.version = version
-        self.cheating = False
         self.lock = threading.Lock()
 
     @classmethod
-    async def start(cls, cfg: WorkerConfig, order: WorkOrder, cheat: Cheat) -> PolicyHolder:
+    async def start(cls, cfg: WorkerConfig, order: WorkOrder,
+                    parts: Parts | None = None) -> PolicyHolder:
         if not order.shardcast_servers:
             if not cfg.model_dir:
                 raise ValueError("worker: the pool has no shardcast servers; set model_dir")
-            return await asyncio.to_thread(cls, cfg, cheat, Path(cfg.model_dir), 0)
+            return await asyncio.to_thread(cls, cfg, Path(cfg.model_dir), 0, parts)
         from meshrl.shardcast import ShardcastClient
 
         out = Path(cfg.work_dir) / "policy"
         async with ShardcastClient(order.shardcast_servers) as sc:
             res = await sc.fetch(out / f"v{max(order.policy_versions)}",
                                  max(order.policy_versions))
-        return await asyncio.to_thread(cls, cfg, cheat, res.path, res.version)
+        return await asyncio.to_thread(cls, cfg, res.path, res.version, parts)
 
     def load(self, model_dir: Path, version: int) -> None:
         """Hot-load a new version (generation in another thread keeps its consistent weights)."""
@@ -83,36 +80,20 @@ class PolicyHolder:
         state = load_model(model_dir).state_dict()
         with self.lock:
             self.engine.load_weights(state, version)
-            # published only once the weights are in: `version` is what readers trust
-            self.honest, self.version, self.cheating = state, version, False
+            self.version = version  # published only once the weights are in: readers trust it
         log_event(log, "policy loaded", version=version)
-
-    def _weights_for(self, step: int) -> None:
-        want = self.cheat.active(step) and self.cheat.cfg.mode in WEIGHT_CHEATS
-        if want != self.cheating:
-            state = self.cheat.weights(self.honest, self.model_config, step) if want \
-                else self.honest
-            self.engine.load_weights(state, self.version)
-            self.cheating = want
 
     def generate(self, a: Assignment, tasks: TaskSet, provider: str) -> RolloutFile:
         with self.lock:
-            self._weights_for(a.step)
-            c = self.cheat
-            return generate_rollouts(self.engine, self.tokenizer, a, tasks, provider,
-                                     problems=c.problems(a, tasks), sampling=c.sampling(a),
-                                     edit=c.edit(a.step, self.tokenizer.eos_token_id))
+            return self.rollouts(self.engine, self.tokenizer, a, tasks, provider)
 
-    async def follow(self, servers: list[str], step: Callable[[], int],
-                     stop: asyncio.Event) -> None:
+    async def follow(self, servers: list[str], stop: asyncio.Event) -> None:
         """Fetch and hot-load each new version from shardcast until `stop`."""
         if not servers:
             return
         from meshrl.shardcast import ShardcastClient
 
         async def on_version(res: Any) -> None:
-            if self.cheat.frozen_version(step()):
-                return
             await asyncio.to_thread(self.load, res.path, res.version)
 
         async with ShardcastClient(servers) as sc:

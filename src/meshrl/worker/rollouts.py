@@ -7,13 +7,12 @@ adds the proofs: `meshrl.toploc.build_proofs(final hidden states of the completi
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from meshrl.inference import Completion, InferenceBackend, SamplingParams
+from meshrl.inference import InferenceBackend, SamplingParams
 from meshrl.pool import Assignment, header_sampling, prompt_of_row
 from meshrl.pool import work_units as count_units
-from meshrl.tasks import Problem, TaskSet, compute_reward
+from meshrl.tasks import TaskSet, compute_reward
 from meshrl.toploc import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK, build_proofs
 from meshrl.wire.rollout_file import Completion as Row
 from meshrl.wire.rollout_file import RolloutFile, RolloutHeader
@@ -33,31 +32,13 @@ def sampling_params(a: Assignment) -> SamplingParams:
                           return_hidden_states=True)
 
 
-EditCompletions = Callable[[list[Completion]], list[Completion]]
-
-
-def generate_rollouts(
-    engine: InferenceBackend,
-    tokenizer: Any,
-    a: Assignment,
-    tasks: TaskSet,
-    provider: str,
-    problems: list[Problem] | None = None,
-    sampling: SamplingParams | None = None,
-    edit: EditCompletions | None = None,
-) -> RolloutFile:
+def generate_rollouts(engine: InferenceBackend, tokenizer: Any, a: Assignment, tasks: TaskSet,
+                      provider: str) -> RolloutFile:
     """Generate, score and prove the rollouts of assignment `a` with the loaded policy (`tasks`
-    is `a.rules.task.build()`, built once by the worker).
-
-    `problems`, `sampling` and `edit` (applied to the completions before they are scored and
-    proven) exist for cheating workers only; an honest worker passes none of them.
-    """
-    problems = a.problems(tasks) if problems is None else problems
-    params = sampling or sampling_params(a)
+    is `a.rules.task.build()`, built once by the worker)."""
+    problems = a.problems(tasks)
     prompts = a.prompt_rows(tokenizer, problems)
-    comps = engine.generate(prompts, params, seq_ids=list(range(len(prompts))))
-    if edit is not None:
-        comps = edit(comps)
+    comps = engine.generate(prompts, sampling_params(a), seq_ids=list(range(len(prompts))))
     g = a.rules.group_size
     rows = []
     for r, c in enumerate(comps):

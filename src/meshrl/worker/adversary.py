@@ -1,0 +1,330 @@
+"""The adversary: realistic dishonest workers, so tests can show the validator catches each one.
+
+Each cheat is what a worker that wants rewards without the work (or with easier work) would do:
+- `other-model`: generates with another model of the same shape (its own, cheaper to obtain);
+- `int8`: int8-quantized weights (cheaper inference), `scale-layer`: one layer's MLP output
+  scaled by `scale` (a subtly different model);
+- `cherry-pick`: answers easier problems (shortest answers drawn from other counters) in place
+  of the assigned ones, still claiming the assigned counter;
+- `forge-rewards`: claims reward 1 for every wrong answer;
+- `forge-sampling`: samples at another temperature (0: greedy) while claiming the pool's;
+- `truncate`: ends completions early with an EOS the sampler did not choose (fewer tokens);
+- `stale-policy`: keeps generating with the policy it had when the cheat began;
+- `copy`: submits another worker's file as its own;
+- `inflate-units`: claims twice the work units it did.
+A cheat is active on steps > `after_step`, so a test can watch an honest node turn.
+
+Every cheat is a `meshrl.worker.parts.Parts` that wraps the honest parts where it acts, and
+nowhere else: the inference backend (`CheatingBackend`: the weights it loads, the temperature it
+samples at, the completions it returns, the versions it refuses to load), the rollouts of an
+assignment (the problems answered, the claims written into the file), the file maker (another
+worker's file, a slot request that lies about the policy version) and the courier (no upload of
+a copied file). The honest worker calls the same parts (`worker_parts`, the one factory) and
+never asks which cheat runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from meshrl.inference import Completion, InferenceBackend, SamplingParams
+from meshrl.inference.backend import ScoreResult
+from meshrl.pool import Assignment, WorkOrder
+from meshrl.tasks import Problem, TaskSet
+from meshrl.wire.rollout_file import RolloutFile, read_rollout_file
+from meshrl.worker.config import CheatConfig
+from meshrl.worker.delivery import Courier
+from meshrl.worker.outbox import Outbox, OutboxEntry
+from meshrl.worker.parts import MadeFile, MakeFile, Parts
+
+__all__ = ["CHEATS", "COPIED", "WEIGHT_CHEATS", "Adversary", "CheatingBackend", "worker_parts"]
+
+COPIED = -1  # the counter of a copied file's outbox entry: it has none of its own
+
+
+class Adversary(Parts):
+    """A dishonest worker: the honest parts, wrapped where its cheat acts."""
+
+    def __init__(self, cfg: CheatConfig) -> None:
+        self.cfg = cfg
+
+    def active(self, step: int) -> bool:
+        return step > self.cfg.after_step
+
+
+# ---- the inference backend -------------------------------------------------------------------
+class BackendCheat(Adversary):
+    """A cheat inside the inference backend: it wraps the engine in a `CheatingBackend`, which
+    is told each file's step before the file is generated and asks the hooks below."""
+
+    changes_weights = False
+
+    def backend(self, engine: InferenceBackend, model: Any, tokenizer: Any,
+                version: int) -> InferenceBackend:
+        return CheatingBackend(engine, self, model, tokenizer, version)
+
+    def rollouts(self, engine: InferenceBackend, tokenizer: Any, a: Assignment, tasks: TaskSet,
+                 provider: str) -> RolloutFile:
+        assert isinstance(engine, CheatingBackend), "a backend cheat generates with its backend"
+        engine.at_step(a.step)
+        return super().rollouts(engine, tokenizer, a, tasks, provider)
+
+    def weights(self, honest: dict[str, torch.Tensor], model_config: Any) -> dict[str, Any]:
+        """The weights loaded while cheating (`changes_weights` only)."""
+        return honest
+
+    def sampling(self, params: SamplingParams) -> SamplingParams:
+        """The sampling parameters really used while cheating."""
+        return params
+
+    def completions(self, comps: list[Completion], eos_token_id: int) -> list[Completion]:
+        """The completions returned while cheating."""
+        return comps
+
+    def loads_versions(self) -> bool:
+        """Whether a new policy version is loaded when it arrives."""
+        return True
+
+
+class CheatingBackend(InferenceBackend):
+    """An engine as a cheating worker runs it. It keeps a copy of the honest weights (the
+    reference backend runs the loaded model itself, so a weight cheat loaded into it would
+    overwrite them) and loads the cheat's weights only on the steps the cheat is active."""
+
+    def __init__(self, inner: InferenceBackend, cheat: BackendCheat, model: Any, tokenizer: Any,
+                 version: int) -> None:
+        self.inner, self.cheat = inner, cheat
+        self.model_config = model.config
+        self.eos_token_id = tokenizer.eos_token_id
+        self.honest = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.version = version
+        self.on = False  # the cheat is active on the current file
+        self.swapped = False  # the cheat's weights are loaded
+
+    @property
+    def max_seq_len(self) -> int:
+        return int(self.inner.max_seq_len)  # type: ignore[attr-defined]
+
+    def at_step(self, step: int) -> None:
+        """Before each file (under the worker's policy lock): cheat on this step or not."""
+        self.on = self.cheat.active(step)
+        swap = self.on and self.cheat.changes_weights
+        if swap != self.swapped:
+            self.swapped = swap
+            self._load()
+
+    def _load(self) -> None:
+        state = self.cheat.weights(self.honest, self.model_config) if self.swapped \
+            else self.honest
+        self.inner.load_weights(state, self.version)
+
+    def load_weights(self, source: str | Path | dict[str, torch.Tensor], version: int) -> None:
+        if not self.cheat.loads_versions():
+            return
+        if not isinstance(source, dict):
+            from meshrl.model import load_model
+
+            source = load_model(Path(source)).state_dict()
+        self.honest, self.version = source, version
+        self._load()
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 seq_ids: list[int] | None = None) -> list[Completion]:
+        if self.on:
+            params = self.cheat.sampling(params)
+        comps = self.inner.generate(prompts, params, seq_ids)
+        return self.cheat.completions(comps, self.eos_token_id) if self.on else comps
+
+    def score(self, prompts: list[list[int]], completions: list[list[int]] | list[Completion],
+              temperature: float = 1.0, return_hidden_states: bool = True,
+              return_logits: bool = False) -> list[ScoreResult]:
+        return self.inner.score(prompts, completions, temperature, return_hidden_states,
+                                return_logits)
+
+
+class OtherModel(BackendCheat):
+    changes_weights = True
+
+    def weights(self, honest: dict[str, torch.Tensor], model_config: Any) -> dict[str, Any]:
+        from transformers import AutoModelForCausalLM
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.cfg.other_seed)
+            model = AutoModelForCausalLM.from_config(model_config)
+        return model.state_dict()
+
+
+class Int8(BackendCheat):
+    changes_weights = True
+
+    def weights(self, honest: dict[str, torch.Tensor], model_config: Any) -> dict[str, Any]:
+        from meshrl.toploc.perturb import quantize_tensor
+
+        return {name: quantize_tensor(w, 8) if ".layers." in name and
+                name.endswith("proj.weight") else w for name, w in honest.items()}
+
+
+class ScaleLayer(BackendCheat):
+    changes_weights = True
+
+    def weights(self, honest: dict[str, torch.Tensor], model_config: Any) -> dict[str, Any]:
+        layers = sorted({int(n.split(".layers.")[1].split(".")[0]) for n in honest
+                         if ".layers." in n})
+        name = f"model.layers.{layers[len(layers) // 2]}.mlp.down_proj.weight"
+        w = honest[name]
+        return {**honest, name: (w.float() * self.cfg.scale).to(w.dtype)}
+
+
+class ForgeSampling(BackendCheat):
+    def sampling(self, params: SamplingParams) -> SamplingParams:
+        return params.model_copy(update={"temperature": self.cfg.temperature})
+
+
+class Truncate(BackendCheat):
+    def completions(self, comps: list[Completion], eos_token_id: int) -> list[Completion]:
+        """Every completion of 2+ tokens cut at half its length, ending on EOS."""
+        out = []
+        for c in comps:
+            k = len(c.token_ids) // 2
+            if k < 1 or (c.finish_reason == "eos" and len(c.token_ids) <= 2):
+                out.append(c)
+                continue
+            tokens = [*c.token_ids[: k - 1], eos_token_id]
+            hidden = None if c.hidden_states is None else c.hidden_states[:k]
+            out.append(replace(c, token_ids=tokens, logprobs=c.logprobs[:k],
+                               finish_reason="eos", hidden_states=hidden))
+        return out
+
+
+class StalePolicy(BackendCheat):
+    """Stops loading new policy versions once the cheat begins, generates as if the work order
+    still allowed the version it has, and claims the newest allowed one in its slot request (an
+    old version would be refused a slot)."""
+
+    frozen = False
+
+    def loads_versions(self) -> bool:
+        return not self.frozen
+
+    def file_maker(self, make: MakeFile, outbox: Outbox) -> MakeFile:
+        async def stale(order: WorkOrder) -> MadeFile | None:
+            if not self.active(order.step):
+                return await make(order)
+            self.frozen = True
+            made = await make(order.model_copy(
+                update={"policy_versions": list(range(order.step + 1))}))
+            if made is None:
+                return None
+            entry, data = made
+            return replace(entry, policy_version=max(order.policy_versions)), data
+
+        return stale
+
+
+# ---- the rollouts of an assignment -----------------------------------------------------------
+@dataclass(frozen=True)
+class _CherryPicked(Assignment):
+    """An assignment whose problems are the easiest of several other counters' problems."""
+
+    def problems(self, tasks: TaskSet) -> list[Problem]:
+        pool = [p for c in range(1, 9) for p in Assignment(
+            self.rules, self.node, self.step, self.counter + 1000 * c).problems(tasks)]
+        pool.sort(key=lambda p: (len(p.answer), p.prompt))
+        return pool[: self.rules.prompts_per_file]
+
+
+class CherryPick(Adversary):
+    def rollouts(self, engine: InferenceBackend, tokenizer: Any, a: Assignment, tasks: TaskSet,
+                 provider: str) -> RolloutFile:
+        if self.active(a.step):
+            a = _CherryPicked(a.rules, a.node, a.step, a.counter)
+        return super().rollouts(engine, tokenizer, a, tasks, provider)
+
+
+class ForgeRewards(Adversary):
+    def rollouts(self, engine: InferenceBackend, tokenizer: Any, a: Assignment, tasks: TaskSet,
+                 provider: str) -> RolloutFile:
+        rf = super().rollouts(engine, tokenizer, a, tasks, provider)
+        if self.active(a.step):
+            for r in rf.completions:
+                r.reward = max(r.reward, 1.0)
+        return rf
+
+
+class InflateUnits(Adversary):
+    def rollouts(self, engine: InferenceBackend, tokenizer: Any, a: Assignment, tasks: TaskSet,
+                 provider: str) -> RolloutFile:
+        rf = super().rollouts(engine, tokenizer, a, tasks, provider)
+        if self.active(a.step):
+            rf.header = rf.header.model_copy(update={"work_units": 2 * rf.header.work_units})
+        return rf
+
+
+# ---- the file maker and the courier ----------------------------------------------------------
+class Copy(Adversary):
+    """Submits another worker's newest submitted file (from its outbox, `copy_from`), one not
+    copied before; the orchestrator already stores its bytes, so it is never uploaded."""
+
+    def file_maker(self, make: MakeFile, outbox: Outbox) -> MakeFile:
+        async def copied(order: WorkOrder) -> MadeFile | None:
+            if not self.active(order.step):
+                return await make(order)
+            return _copy(Path(self.cfg.copy_from), outbox)
+
+        return copied
+
+    def courier(self, courier: Courier) -> Courier:
+        return _NoUploadOfCopies(courier)
+
+
+def _copy(source: Path, outbox: Outbox) -> MadeFile | None:
+    seen = {r["sha256"] for r in outbox.sent()}
+    files = sorted((source / "sent").glob("*.parquet"), key=lambda p: p.stat().st_mtime,
+                   reverse=True)
+    for path in files:
+        if path.stem in seen:
+            continue
+        data = path.read_bytes()
+        h = read_rollout_file(data).header
+        return OutboxEntry(path.stem, len(data), h.step, COPIED, h.policy_version,
+                           h.work_units), data
+    return None
+
+
+class _NoUploadOfCopies:
+    """A courier that does not upload copied files (and delivers every other file as given)."""
+
+    def __init__(self, inner: Courier) -> None:
+        self.inner = inner
+
+    async def upload(self, entry: OutboxEntry, path: Path) -> None:
+        if entry.counter != COPIED:
+            await self.inner.upload(entry, path)
+
+    async def submitted(self, entry: OutboxEntry) -> bool:
+        return await self.inner.submitted(entry)
+
+    async def submit(self, entry: OutboxEntry) -> str:
+        return await self.inner.submit(entry)
+
+
+CHEATS: dict[str, type[Adversary]] = {
+    "other-model": OtherModel, "int8": Int8, "scale-layer": ScaleLayer,
+    "cherry-pick": CherryPick, "forge-rewards": ForgeRewards, "forge-sampling": ForgeSampling,
+    "truncate": Truncate, "stale-policy": StalePolicy, "copy": Copy,
+    "inflate-units": InflateUnits,
+}
+
+# the cheats that load weights of their own into the backend
+WEIGHT_CHEATS: tuple[str, ...] = tuple(m for m, c in CHEATS.items()
+                                       if issubclass(c, BackendCheat) and c.changes_weights)
+
+
+def worker_parts(cheat: CheatConfig) -> Parts:
+    """The one factory of a worker's parts: honest ones for cheat mode "none", else that
+    cheat's wrapped parts."""
+    return Parts() if cheat.mode == "none" else CHEATS[cheat.mode](cheat)
