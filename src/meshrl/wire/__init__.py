@@ -17,6 +17,7 @@ _EXPORTS = {
     "WireHTTPError": "errors",
     "WireUnavailable": "errors",
     "refusal": "errors",
+    "refusal_classes": "errors",
     "BadFileName": "errors",
     "BadPoolId": "errors",
     "BadSignature": "errors",
