@@ -1,10 +1,10 @@
 """The worker's real `Courier`: upload slots on the orchestrator, `submit_work` on chain.
 
 Uploads are made resumable by remembering the granted slot in the outbox record before the
-upload starts: after a crash the same slot is used again, and the orchestrator's answer "slot
-already used" means the bytes arrived before the crash. A grant refused with "file already
-known" while no slot is remembered means a grant was lost in a crash: it expires on the
-orchestrator, after which it can be granted again (`RetryLater` until then).
+upload starts: after a crash the same slot is used again, and the orchestrator's refusal
+`SlotAlreadyUsed` means the bytes arrived before the crash. A grant refused as
+`FileAlreadyKnown` while no slot is remembered means a grant was lost in a crash: it expires on
+the orchestrator, after which it can be granted again (`RetryLater` until then).
 """
 
 from __future__ import annotations
