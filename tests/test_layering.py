@@ -4,7 +4,9 @@ Each module under `src/meshrl` is parsed (never imported); every `import` / `fro
 statement, at module level or inside a function, is an edge to the meshrl module it names. A
 package may import only the packages of its row in `ALLOWED`; packages marked torch-free never
 import torch (directly, or at module level through another meshrl module); and no two modules
-import each other through a chain (a cycle). Packages that have not landed yet have their rows
+import each other through a chain (a cycle), imports under `if TYPE_CHECKING:` included: a
+type-only import is still a dependency, and hiding a cycle behind one hides a design that two
+modules need each other. Packages that have not landed yet have their rows
 already, so they are covered the moment they do; a package without a row fails the test.
 """
 
@@ -200,10 +202,11 @@ def _torch_at_import(root: Path, imports: list[Import]) -> list[str]:
 
 
 def import_cycles(root: Path) -> list[list[str]]:
-    """Strongly connected groups of >= 2 meshrl modules (runtime imports, deferred included)."""
+    """Strongly connected groups of >= 2 meshrl modules (every import: deferred and type-only
+    ones included)."""
     edges: dict[str, set[str]] = {m: set() for m in module_names(root)}
     for imp in collect_imports(root):
-        if not imp.type_only and imp.target in edges and imp.target != imp.module:
+        if imp.target in edges and imp.target != imp.module:
             edges[imp.module].add(imp.target)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -317,9 +320,11 @@ def test_cycles_are_found(tmp_path: Path) -> None:
         "rl/b.py": "def f():\n    from meshrl.rl import a\n",  # deferred: still a cycle
         "rl/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                    "    from meshrl.rl.d import y\n",
-        "rl/d.py": "from . import c\n",  # c -> d is type-only: no cycle
+        "rl/d.py": "from . import c\n",  # c -> d is type-only: still a cycle
+        "rl/e.py": "from meshrl.rl import f\n",
+        "rl/f.py": "def g():\n    return 1\n",  # e -> f only: no cycle
     })
-    assert import_cycles(root) == [["meshrl.rl.a", "meshrl.rl.b"]]
+    assert import_cycles(root) == [["meshrl.rl.a", "meshrl.rl.b"], ["meshrl.rl.c", "meshrl.rl.d"]]
 
 
 @pytest.mark.parametrize("pkg", sorted(ALLOWED))

@@ -1,5 +1,6 @@
 """`meshrl discovery` as a process against anvil: who may announce, who may list a pool's
-candidates, the per-IP cap, and statuses that follow the chain."""
+candidates, the per-IP cap, and statuses that follow the chain; every refusal its routes
+declare reaches the client as its class."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from meshrl.wire import SignedClient, WireHTTPError
+from meshrl.discovery.config import DiscoveryConfig
+from meshrl.discovery.service import Discovery
+from meshrl.wire import ErrorCode, NotAnnounced, SignedClient, WireHTTPError, refusal_classes
 from meshrl.wire.models import NodeEntry, NodeList, NodeStatus
 from orchestrator.conftest import anvil_or_skip
 from orchestrator.net import Chain, Service, announcement, hexkey, run, start_chain, wait_for
@@ -42,10 +45,10 @@ def disc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Disc]:
         chain.close()
 
 
-def expect(status: int, reason: str, coro) -> None:  # type: ignore[no-untyped-def]
+def expect(code: ErrorCode, coro) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(WireHTTPError) as e:
         run(coro)
-    assert (e.value.status, e.value.reason) == (status, reason)
+    assert type(e.value) is refusal_classes()[code] and e.value.status == code.status, e.value
 
 
 async def put(d: Disc, node: str, provider: str) -> NodeEntry:
@@ -54,8 +57,8 @@ async def put(d: Disc, node: str, provider: str) -> NodeEntry:
 
 
 def test_who_may_announce(disc: Disc) -> None:
-    expect(403, "node not on chain", put(disc, "stranger", "p1"))
-    expect(403, "provider mismatch", put(disc, "n1", "p2"))
+    expect(ErrorCode.NODE_NOT_ON_CHAIN, put(disc, "stranger", "p1"))
+    expect(ErrorCode.PROVIDER_MISMATCH, put(disc, "n1", "p2"))
     entry = run(put(disc, "n1", "p1"))
     assert (entry.status, entry.ip, entry.info.hardware.cores) == (NodeStatus.PENDING,
                                                                    "127.0.0.1", 8)
@@ -74,7 +77,12 @@ def test_a_node_reads_only_its_own_entry(disc: Disc) -> None:
         async with disc.client(who) as c:
             return await c.call("GET", f"/nodes/{n1}", response=NodeEntry)
     assert run(read("n1")).address == n1
-    expect(403, "only a node reads its own entry", read("n2"))
+    expect(ErrorCode.NOT_OWN_ENTRY, read("n2"))
+
+    async def unannounced() -> NodeEntry:  # the stranger never announced itself
+        async with disc.client("stranger") as c:
+            return await c.call("GET", f"/nodes/{disc.chain.accounts['stranger'].address}")
+    expect(ErrorCode.NOT_ANNOUNCED, unannounced())
 
 
 def test_only_the_pool_manager_lists_candidates(disc: Disc) -> None:
@@ -85,15 +93,15 @@ def test_only_the_pool_manager_lists_candidates(disc: Disc) -> None:
             return await c.call("GET", f"/pools/{pool}/nodes", response=NodeList)
     nodes = run(listing("mgr", disc.chain.pool)).nodes
     assert disc.chain.accounts["n1"].address in {n.address for n in nodes}
-    expect(403, "not the pool's manager", listing("stranger", disc.chain.pool))
-    expect(400, "bad pool id", listing("mgr", "x"))
+    expect(ErrorCode.NOT_POOL_MANAGER, listing("stranger", disc.chain.pool))
+    expect(ErrorCode.BAD_POOL_ID, listing("mgr", "x"))
 
 
 def test_cap_per_ip_address(disc: Disc) -> None:
     for n in ("n1", "n2", "n3"):
         run(put(disc, n, "p1"))
     run(put(disc, "n1", "p1"))  # an update is not a new node
-    expect(429, "too many nodes for this IP address", put(disc, "n4", "p1"))
+    expect(ErrorCode.TOO_MANY_NODES_FOR_IP, put(disc, "n4", "p1"))
 
 
 def test_status_follows_the_chain(disc: Disc) -> None:
@@ -107,10 +115,8 @@ def test_status_follows_the_chain(disc: Disc) -> None:
                 e = await c.call("GET", f"/nodes/{chain.accounts[node].address}",
                                  response=NodeEntry)
                 return e.status
-            except WireHTTPError as err:
-                if err.status == 404:
-                    return None
-                raise
+            except NotAnnounced:
+                return None
 
     async def becomes(node: str, want: NodeStatus | None) -> None:
         await wait_for(lambda: _eq(status(node), want), timeout=10)
@@ -144,3 +150,33 @@ def test_in_pool_then_ejected(disc: Disc) -> None:
     run(wait_for(lambda: _eq(st(), NodeStatus.EJECTED), timeout=10))
     asyncio.run(asyncio.sleep(0.7))  # and it stays ejected over further syncs
     assert run(st()) == NodeStatus.EJECTED
+
+
+
+def test_every_declared_refusal_reaches_the_client_as_its_class(disc: Disc,
+                                                                tmp_path: Path) -> None:
+    accounts = disc.chain.accounts
+
+    async def get(who: str, path: str) -> object:
+        async with disc.client(who) as c:
+            return await c.call("GET", path)
+
+    async def over_the_cap() -> NodeEntry:  # three other nodes on this address already
+        for n, p in (("n1", "p1"), ("n2", "p1"), ("n5", "p2")):
+            await put(disc, n, p)
+        return await put(disc, "n4", "p1")
+    cases = {
+        ErrorCode.NODE_NOT_ON_CHAIN: lambda: put(disc, "stranger", "p1"),
+        ErrorCode.PROVIDER_MISMATCH: lambda: put(disc, "n1", "p2"),
+        ErrorCode.TOO_MANY_NODES_FOR_IP: over_the_cap,
+        ErrorCode.NOT_OWN_ENTRY: lambda: get("n2", f"/nodes/{accounts['n1'].address}"),
+        ErrorCode.NOT_ANNOUNCED: lambda: get("stranger", f"/nodes/{accounts['stranger'].address}"),
+        ErrorCode.BAD_POOL_ID: lambda: get("mgr", "/pools/0/nodes"),
+        ErrorCode.NOT_POOL_MANAGER: lambda: get("stranger", f"/pools/{disc.chain.pool}/nodes"),
+    }
+    service = Discovery(DiscoveryConfig(db=str(tmp_path / "d.db")), None)  # type: ignore[arg-type]
+    declared = {c for r in service.routes() for c in r.refusals}
+    service.registry.close()
+    assert set(cases) == declared
+    for code, attempt in cases.items():
+        expect(code, attempt())

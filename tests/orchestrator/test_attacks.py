@@ -1,10 +1,12 @@
-"""Attacks on the orchestrator, each refused with its reason and with no state changed: the
-ledger, the node table (by /health) and the file store are compared before and after."""
+"""Attacks on the orchestrator, each refused with its code (raised as its class) and with no
+state changed: the ledger, the node table (by /health) and the file store are compared before
+and after."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -14,7 +16,7 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from meshrl.wire import SignedClient, WireHTTPError, sign_request
+from meshrl.wire import ErrorCode, SignedClient, WireHTTPError, raise_for, sign_request
 from meshrl.wire.models import Heartbeat, LedgerPage, SlotRequest, UploadSlot, Verdict
 
 from .conftest import Pool
@@ -32,28 +34,29 @@ async def snapshot(pool: Pool) -> tuple[Any, ...]:
     return health, [(e.sha256, e.status) for e in ledger.entries], files
 
 
-def refused(pool: Pool, attack: Callable[[], Awaitable[Any]], status: int,
-            reason: str | set[str]) -> None:
-    """`attack` must raise WireHTTPError(status, reason) and change nothing observable."""
-    reasons = {reason} if isinstance(reason, str) else reason
+def refused(pool: Pool, attack: Callable[[], Awaitable[Any]],
+            code: ErrorCode | set[ErrorCode]) -> None:
+    """`attack` must be refused with `code` (one of them) and change nothing observable."""
+    codes = {code} if isinstance(code, ErrorCode) else code
+
     async def t() -> None:
         before = await snapshot(pool)
         with pytest.raises(WireHTTPError) as e:
             await attack()
-        assert e.value.status == status and e.value.reason in reasons, e.value
+        assert e.value.code in codes and type(e.value).CODE is e.value.code, e.value
+        assert e.value.status == e.value.code.status  # type: ignore[attr-defined]
         assert await snapshot(pool) == before
     run(t())
 
 
 async def send(url: str, method: str, path: str, body: bytes, headers: dict) -> Any:
-    """A raw request; a non-2xx answer raises WireHTTPError like the client helper."""
+    """A raw request; a non-2xx answer raises its refusal as the client helper does."""
     target = URL(url + path, encoded=True)  # as written: no client-side normalisation
     async with aiohttp.ClientSession() as s, s.request(method, target, data=body,
                                                        headers=headers) as r:
-        data = await r.json()
-        if r.status >= 300:
-            raise WireHTTPError(r.status, data["error"], data.get("detail", ""))
-        return data
+        data = await r.read()
+        raise_for(r.status, data)
+        return json.loads(data)
 
 
 HB = Heartbeat().model_dump_json().encode()
@@ -62,15 +65,16 @@ HB = Heartbeat().model_dump_json().encode()
 def test_replayed_request(pool: Pool) -> None:
     h = sign_request(pool.key("n1"), "POST", "/heartbeat", HB).as_dict()
     run(send(pool.orch.url, "POST", "/heartbeat", HB, h))
-    refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", HB, h), 409,
-            "replayed nonce")
+    refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", HB, h),
+            ErrorCode.REPLAYED_NONCE)
 
 
-@pytest.mark.parametrize("offset, reason", [(-400, "stale timestamp"), (400, "future timestamp")])
-def test_stale_and_future_timestamps(pool: Pool, offset: int, reason: str) -> None:
+@pytest.mark.parametrize("offset, code", [(-400, ErrorCode.STALE_TIMESTAMP),
+                                          (400, ErrorCode.FUTURE_TIMESTAMP)])
+def test_stale_and_future_timestamps(pool: Pool, offset: int, code: ErrorCode) -> None:
     h = sign_request(pool.key("n1"), "POST", "/heartbeat", HB,
                      timestamp=int(time.time()) + offset).as_dict()
-    refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", HB, h), 401, reason)
+    refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", HB, h), code)
 
 
 def test_forged_signature(pool: Pool) -> None:
@@ -79,22 +83,22 @@ def test_forged_signature(pool: Pool) -> None:
     sig[10] ^= 0x55
     h["x-signature"] = "0x" + sig.hex()
     # a changed r either recovers no key or someone else's
-    refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", HB, h), 401,
-            {"bad signature", "signature of another address"})
+    refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", HB, h),
+            {ErrorCode.BAD_SIGNATURE, ErrorCode.WRONG_SIGNER})
 
 
 def test_valid_signature_of_another_address(pool: Pool) -> None:
     h = sign_request(pool.key("stranger"), "POST", "/heartbeat", HB).as_dict()
     h["x-address"] = pool.chain.accounts["n1"].address
-    refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", HB, h), 401,
-            "signature of another address")
+    refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", HB, h),
+            ErrorCode.WRONG_SIGNER)
 
 
 def test_oversized_body(pool: Pool) -> None:
     body = b'{"policy_version": 0, "pad": "' + b"x" * (20 << 10) + b'"}'
     h = sign_request(pool.key("n1"), "POST", "/heartbeat", body).as_dict()
-    refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", body, h), 413,
-            "body too large")
+    refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", body, h),
+            ErrorCode.BODY_TOO_LARGE)
 
 
 async def grant(pool: Pool, node: str, data: bytes) -> UploadSlot:
@@ -124,8 +128,8 @@ def test_upload_whose_bytes_do_not_match(pool: Pool) -> None:
         async with SignedClient(pool.orch.url, pool.key("n1")) as c:
             return await c.upload("PUT", slot.url, bad, hashlib.sha256(bad.read_bytes())
                                   .hexdigest())
-    refused(pool, lie, 400, "sha256 mismatch")
-    refused(pool, honest_other, 400, "sha256 mismatch")
+    refused(pool, lie, ErrorCode.SHA256_MISMATCH)
+    refused(pool, honest_other, ErrorCode.SHA256_MISMATCH)
 
     async def then_honest() -> Any:  # the slot is still usable by its node with the right file
         async with SignedClient(pool.orch.url, pool.key("n1")) as c:
@@ -142,11 +146,11 @@ def test_upload_without_slot_into_other_nodes_slot_and_twice(pool: Pool) -> None
             async with SignedClient(pool.orch.url, pool.key(node)) as c:
                 return await c.upload("PUT", url, path, sha)
         return go
-    refused(pool, up("n1", "/uploads/" + "ab" * 16), 404, "no such slot")
+    refused(pool, up("n1", "/uploads/" + "ab" * 16), ErrorCode.NO_SUCH_SLOT)
     slot = run(grant(pool, "n1", data))
-    refused(pool, up("n2", slot.url), 403, "slot of another node")
+    refused(pool, up("n2", slot.url), ErrorCode.SLOT_OF_ANOTHER_NODE)
     assert run(up("n1", slot.url)())["status"] == "uploaded"
-    refused(pool, up("n1", slot.url), 409, "slot already used")
+    refused(pool, up("n1", slot.url), ErrorCode.SLOT_ALREADY_USED)
 
 
 def test_concurrent_uses_of_one_slot_store_once(pool: Pool) -> None:
@@ -168,7 +172,7 @@ def test_heartbeat_from_node_not_in_pool(pool: Pool) -> None:
     async def hb() -> Any:  # n5 is on chain (provider p2) but never joined
         async with SignedClient(pool.orch.url, pool.key("n5")) as c:
             return await c.call("POST", "/heartbeat", Heartbeat())
-    refused(pool, hb, 403, "not in pool")
+    refused(pool, hb, ErrorCode.NOT_IN_POOL)
 
 
 def test_verdict_from_an_address_without_the_validator_role(pool: Pool) -> None:
@@ -178,17 +182,16 @@ def test_verdict_from_an_address_without_the_validator_role(pool: Pool) -> None:
         sha = page.entries[0].sha256
         async with SignedClient(pool.orch.url, pool.key("stranger")) as c:
             return await c.call("POST", "/verdicts", Verdict(sha256=sha, verdict="accept"))
-    refused(pool, t, 403, "not a validator")
+    refused(pool, t, ErrorCode.NOT_A_VALIDATOR)
 
 
-@pytest.mark.parametrize("path, status, reason", [
-    ("/files/..%2F..%2Fstate.db", 400, "bad file name"),
-    ("/files/%2E%2E", 400, "bad file name"),
-    ("/files/" + "0" * 63 + "%2F", 400, "bad file name"),
-    ("/uploads/..%2F..%2Fescape", 400, "bad slot id"),
+@pytest.mark.parametrize("path, code", [
+    ("/files/..%2F..%2Fstate.db", ErrorCode.BAD_FILE_NAME),
+    ("/files/%2E%2E", ErrorCode.BAD_FILE_NAME),
+    ("/files/" + "0" * 63 + "%2F", ErrorCode.BAD_FILE_NAME),
+    ("/uploads/..%2F..%2Fescape", ErrorCode.BAD_SLOT_ID),
 ])
-def test_paths_that_try_to_leave_the_store(pool: Pool, path: str, status: int,
-                                           reason: str) -> None:
+def test_paths_that_try_to_leave_the_store(pool: Pool, path: str, code: ErrorCode) -> None:
     method = "GET" if path.startswith("/files") else "PUT"
 
     body = b"" if method == "GET" else b"x"
@@ -197,7 +200,7 @@ def test_paths_that_try_to_leave_the_store(pool: Pool, path: str, status: int,
         h = sign_request(pool.key("trainer" if method == "GET" else "n1"), method, path,
                          body).as_dict()
         return await send(pool.orch.url, method, path, body, h)
-    refused(pool, t, status, reason)
+    refused(pool, t, code)
     assert not (pool.tmp / "escape").exists()
 
 
@@ -226,6 +229,7 @@ def test_slot_beyond_the_unit_and_size_limits(pool: Pool) -> None:
                     sha256="ee" * 32, size=size, step=3, policy_version=version,
                     work_units=units))
         return go
-    refused(pool, ask(10_001), 422, "too many work units")
-    refused(pool, ask(10, size=(1 << 21) + 1), 413, "file too large")
-    refused(pool, ask(10, version=1), 409, "stale work")  # step 3, async level 1: versions 2, 3
+    refused(pool, ask(10_001), ErrorCode.TOO_MANY_WORK_UNITS)
+    refused(pool, ask(10, size=(1 << 21) + 1), ErrorCode.FILE_TOO_LARGE)
+    # step 3, async level 1: versions 2, 3
+    refused(pool, ask(10, version=1), ErrorCode.STALE_WORK)

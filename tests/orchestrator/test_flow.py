@@ -10,7 +10,15 @@ import time
 import aiohttp
 
 from meshrl.pool import PoolRules, WorkOrder
-from meshrl.wire import SignedClient, WireHTTPError, read_rollout_file, write_rollout_file
+from meshrl.wire import (
+    NoInvite,
+    NotAReader,
+    NotInPool,
+    NotSubmittedYet,
+    SignedClient,
+    read_rollout_file,
+    write_rollout_file,
+)
 from meshrl.wire.models import (
     FileStatus,
     Heartbeat,
@@ -84,8 +92,8 @@ def test_file_life_to_the_trainer(pool: Pool) -> None:
             try:
                 await val.call("POST", "/verdicts", Verdict(sha256=sha, verdict="accept"))
                 raise AssertionError("a verdict before the chain submission was taken")
-            except WireHTTPError as e:
-                assert (e.status, e.reason) == (409, "not awaiting a verdict")
+            except NotSubmittedYet as e:  # the chain's submission has not reached the ledger
+                assert e.status == 409 and e.detail == "file is uploaded"
             p1 = pool.chain.client("p1")
             await asyncio.to_thread(p1.submit_work, pool.chain.pool,
                                     pool.chain.accounts["n1"].address, bytes.fromhex(sha), 54)
@@ -114,8 +122,8 @@ def test_file_life_to_the_trainer(pool: Pool) -> None:
             try:
                 await node.get_bytes(entry.download)
                 raise AssertionError("a node read the ledger's files")
-            except WireHTTPError as e:
-                assert (e.status, e.reason) == (403, "not a reader")
+            except NotAReader as e:
+                assert e.status == 403
     run(t())
 
 
@@ -174,8 +182,8 @@ def test_silent_node_is_ejected_and_must_be_invited_again(pool: Pool) -> None:
             try:
                 await o.call("POST", "/heartbeat", Heartbeat())
                 raise AssertionError("an ejected node's heartbeat was taken")
-            except WireHTTPError as e:
-                assert (e.status, e.reason) == (403, "not in pool")
+            except NotInPool as e:
+                assert e.status == 403
 
             async def disc_ejected() -> bool:
                 entry = await d.call("GET", f"/nodes/{n3}", response=NodeEntry)
@@ -212,6 +220,12 @@ def test_health_metrics_and_openapi(pool: Pool) -> None:
     assert {p["name"] for p in ledger["parameters"]} == {"step", "status", "sha256", "work_id",
                                                          "after", "accepted_after", "limit"}
     assert "LedgerEntry" in doc["components"]["schemas"]
+    verdicts = doc["paths"]["/verdicts"]["post"]["responses"]
+    assert {"not_submitted_yet", "not_awaiting_verdict"} <= set(
+        verdicts["409"]["content"]["application/json"]["schema"]["allOf"][1]["properties"]
+        ["code"]["enum"])
+    assert doc["components"]["schemas"]["ErrorCode"]["enum"] == \
+        disc["components"]["schemas"]["ErrorCode"]["enum"]  # one vocabulary
     assert set(disc["paths"]) == {"/health", "/nodes", "/nodes/{address}",
                                   "/pools/{pool_id}/nodes"}
 
@@ -228,8 +242,8 @@ def test_candidates_that_do_not_qualify_get_no_invite(pool: Pool) -> None:
             try:
                 await o.call("GET", "/invite")
                 raise AssertionError("an under-provisioned node was invited")
-            except WireHTTPError as e:
-                assert (e.status, e.reason) == (404, "no invite")
+            except NoInvite as e:
+                assert e.status == 404
             await d.call("PUT", "/nodes", announcement(pool.chain, "p1", cores=8))
             await wait_for(lambda: o.call("GET", "/invite"), timeout=15)
     run(t())

@@ -14,7 +14,13 @@ from meshrl.pool import PoolRulesError
 from meshrl.rl.config import NetworkSourceConfig, RolloutConfig
 from meshrl.rl.network_source import NetworkSource
 from meshrl.tasks import ArithmeticConfig, TasksConfig
-from meshrl.wire import SignedClient, WireHTTPError
+from meshrl.wire import (
+    NoSuchSubmission,
+    NotAwaitingVerdict,
+    SignedClient,
+    WireHTTPError,
+    WorkIdOfAnotherFile,
+)
 from meshrl.wire.models import FileStatus, LedgerEntry, LedgerPage, Verdict, VerdictAck
 
 from .conftest import Pool
@@ -86,14 +92,19 @@ def test_copied_file_gets_its_own_row_and_is_never_trained_on(pool: Pool, tmp_pa
         ack = await val.call("POST", "/verdicts", Verdict(sha256=x, verdict="accept"),
                              response=VerdictAck)  # no work id: the file's granted row
         assert (ack.work_id, ack.status) == (orig.work_id, FileStatus.ACCEPTED)
-        await refused(val, Verdict(sha256=y, verdict="accept", work_id=copy.work_id), 422)
-        await refused(val, Verdict(sha256=x, verdict="accept", work_id="ab" * 32), 404)
+        await refused(val, Verdict(sha256=y, verdict="accept", work_id=copy.work_id),
+                      WorkIdOfAnotherFile)
+        await refused(val, Verdict(sha256=x, verdict="accept", work_id="ab" * 32),
+                      NoSuchSubmission)
         await asyncio.to_thread(c.client("val").hard_invalidate, bytes.fromhex(copy.work_id))
 
         async def copy_invalidated() -> bool:
             rs = {r.node: r.status for r in await _rows(trainer, x)}
             return rs == {n1: FileStatus.ACCEPTED, n5: FileStatus.HARD_INVALIDATED}
         await wait_for(copy_invalidated)
+        # the row moved on: no verdict is needed any more (a validator stops posting it)
+        await refused(val, Verdict(sha256=x, verdict="accept", work_id=copy.work_id),
+                      NotAwaitingVerdict)
         assert c.fed.node(n5).pool == 0  # ejected on chain; the original's node is not
         assert c.fed.node(n1).pool == c.pool
 
@@ -116,12 +127,12 @@ def test_copied_file_gets_its_own_row_and_is_never_trained_on(pool: Pool, tmp_pa
     assert [e.sha256 for e in again] == [e.sha256 for e in taken]
 
 
-async def refused(c: SignedClient, v: Verdict, status: int) -> None:
+async def refused(c: SignedClient, v: Verdict, refusal: type[WireHTTPError]) -> None:
     try:
         await c.call("POST", "/verdicts", v)
         raise AssertionError(f"verdict taken: {v}")
     except WireHTTPError as e:
-        assert e.status == status, e
+        assert type(e) is refusal, e
 
 
 def test_a_trainer_whose_shape_is_not_the_pools_refuses_to_start(pool: Pool, tmp_path) -> None:

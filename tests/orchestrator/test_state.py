@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from meshrl.orchestrator.state import State
+from meshrl.orchestrator.state import PoolStep, SlotUse, State
 from meshrl.wire.models import FileStatus
 
 A, B = "0x" + "aa" * 20, "0x" + "bb" * 20
@@ -82,3 +82,27 @@ def test_a_one_row_per_file_ledger_is_upgraded(tmp_path) -> None:
     assert len(s.files(None, None, 0, 10, sha256=X)) == 2
     s.close()
     assert len(State(tmp_path / "old.db").files(None, None, 0, 10)) == 4  # reopened as is
+
+
+def test_named_rows_invites_slot_use_and_the_pool_step(tmp_path) -> None:
+    s = State(tmp_path / "o.db")
+    s.put_invite(A, "0xprov", 7, 1_000, "0xsig")
+    inv = s.invite(A)
+    assert (inv.node, inv.provider, inv.nonce, inv.expiry, inv.signature) == (  # type: ignore
+        A, "0xprov", 7, 1_000, "0xsig")
+    assert s.invite(B) is None
+    assert _grant(s, X)
+    assert s.slot("s1").used is SlotUse.FREE  # type: ignore[union-attr]
+    assert s.claim_slot("s1") and not s.claim_slot("s1")  # one upload at a time
+    assert s.slot("s1").used is SlotUse.UPLOADING  # type: ignore[union-attr]
+    s.release_slot("s1")  # a failed upload gives it back
+    assert s.claim_slot("s1")
+    s.finish_upload("s1", X)
+    assert s.slot("s1").used is SlotUse.DONE  # type: ignore[union-attr]
+    assert s.count_files() == {FileStatus.UPLOADED: 1}
+    step = PoolStep(s, initial=3, async_level=2)
+    assert (step.step, step.versions()) == (3, [1, 2, 3])
+    step.set(5)
+    s.close()
+    again = State(tmp_path / "o.db")  # a restart resumes the step, not the configured one
+    assert PoolStep(again, initial=3, async_level=2).versions() == [3, 4, 5]

@@ -12,6 +12,7 @@ from eth_account.signers.local import LocalAccount
 from eth_utils import keccak
 
 from meshrl.protocol import Backend, Protocol, ProtocolParams, TxReverted, deploy
+from meshrl.protocol.errors import REVERTS
 
 TOKEN = 10**18
 PARAMS = ProtocolParams(
@@ -86,6 +87,7 @@ class World:
         finally:
             self.backend.preflight = True
         assert info.value.reason == reason
+        assert type(info.value) is REVERTS.get(reason, TxReverted)  # its class, by reason
         assert info.value.tx_hash is not None  # it was mined and reverted on chain
         if check_funds:
             assert self.funds() == before

@@ -4,13 +4,27 @@ deployment files, public API."""
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
 
 import meshrl.protocol as protocol
-from meshrl.protocol import ChainError, Deployment, Protocol, RpcBackend, TxReverted
+from meshrl.protocol import (
+    ChainError,
+    Deployment,
+    DuplicateFile,
+    NodeNotInPool,
+    OutOfGas,
+    Protocol,
+    RpcBackend,
+    TxReverted,
+)
+from meshrl.protocol.errors import REVERTS, reverted
 
 from .helpers import TOKEN, World, file_hash
+
+CONTRACTS = Path(protocol.__file__).parent / "contracts"
 
 
 def test_revert_caught_before_sending(world: World) -> None:
@@ -159,3 +173,33 @@ def test_full_lifecycle_seen_through_the_cursor(world: World) -> None:
         "Transfer", "Withdrawn",
     ]  # fmt: skip
     assert world.fed.provider(s.address).stake == 0
+
+
+def test_reverts_arrive_as_the_class_of_their_reason(world: World) -> None:
+    """Caught by gas estimation (no transaction mined) as on chain (a status-0 receipt): the
+    caller catches the class, not the message."""
+    p1, pool, n1 = world.p1, world.pool, world.n1.address
+    p1.submit_work(pool, n1, file_hash("twice"), 1)
+    with pytest.raises(DuplicateFile) as dup:
+        p1.submit_work(pool, n1, file_hash("twice"), 1)
+    assert dup.value.tx_hash is None and dup.value.reason == "work: duplicate file"
+    with pytest.raises(NodeNotInPool):
+        p1.submit_work(world.pending_pool, n1, file_hash("elsewhere"), 1)
+    with pytest.raises(NodeNotInPool):  # the manager's ejection of a node that left
+        world.manager.eject_node(pool, world.n3.address)
+    with pytest.raises(OutOfGas):
+        world.p1.transfer(world.p2.address, 1, gas=30_000)
+    with pytest.raises(TxReverted) as other:  # a reason no caller acts on: the base class
+        world.stranger.withdraw()
+    assert type(other.value) is TxReverted
+
+
+def test_every_mapped_reason_is_a_contract_revert_message() -> None:
+    """`REVERTS` names reasons the contracts really revert with (a renamed message would
+    otherwise silently fall back to the base class)."""
+    sources = "".join(p.read_text() for p in CONTRACTS.glob("*.vy"))
+    messages = set(re.findall(r'"([a-z]+: [^"]+)"', sources))
+    assert set(REVERTS) - {"out of gas"} <= messages
+    assert all(issubclass(c, TxReverted) and c is not TxReverted for c in REVERTS.values())
+    assert type(reverted("work: duplicate file", "0xab")) is DuplicateFile
+    assert type(reverted("work: some new reason")) is TxReverted

@@ -5,23 +5,20 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import tempfile
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
+from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
 from meshrl.inference import CPUEngine, EngineConfig
-from meshrl.orchestrator.api import OrchestratorApi
 from meshrl.orchestrator.config import OrchestratorConfig
 from meshrl.pool import Assignment, PoolRules
 from meshrl.tasks import ArithmeticConfig, TasksConfig
 from meshrl.validator.verify import ChainClaim
-from meshrl.wire.guard import RequestGuard
 from meshrl.wire.rollout_file import RolloutFile, read_rollout_file, rollout_file_bytes
-from meshrl.wire.service import build_app
 from meshrl.worker.adversary import WEIGHT_CHEATS, worker_parts
 from meshrl.worker.config import CheatConfig
+from orchestrator.parts import api_from_parts  # tests/ is on sys.path
 
 NODE = "0x" + "ab" * 20
 PROVIDER = "0x" + "cd" * 20
@@ -66,16 +63,10 @@ def cheat_file(engine: Any, model: Any, tok: Any, r: PoolRules, mode: str,
 
 @contextlib.asynccontextmanager
 async def rules_server(pool_id: int = 1, **published: Any) -> AsyncIterator[str]:
-    """The orchestrator's own `GET /rules` route and handler on loopback, publishing the rules
-    `published` (the rest of the orchestrator needs a chain; reading the rules needs none)."""
+    """The orchestrator's own API on loopback, built from its parts, publishing the rules
+    `published` at `GET /rules` (the rest of the orchestrator needs a chain; reading the rules
+    needs none)."""
     cfg = OrchestratorConfig(pool_id=pool_id, rules=published)
-    orch = SimpleNamespace(cfg=cfg, rules=PoolRules(pool_id=pool_id, **dict(cfg.rules)))
-    api = OrchestratorApi(orch)  # type: ignore[arg-type]
-    routes = [r for r in api.routes() if r.path == "/rules"]
-    runner = web.AppRunner(build_app("orchestrator", routes, RequestGuard(cfg.guard)))
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    with tempfile.TemporaryDirectory() as tmp:
+        async with api_from_parts(Path(tmp), cfg) as served:
+            yield served.url

@@ -1,4 +1,5 @@
-"""RequestGuard: every refusal has its status and reason, and a refused request changes nothing."""
+"""RequestGuard: every refusal has its code (and the code's status), and a refused request
+changes nothing."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 
 import pytest
 
-from meshrl.wire import GuardConfig, RequestGuard, WireError, sign_request
+from meshrl.wire import ErrorCode, GuardConfig, RequestGuard, WireError, sign_request
 
 KEY_A, KEY_B = "0x" + "aa" * 32, "0x" + "bb" * 32
 NOW = 1_000_000
@@ -38,16 +39,17 @@ def test_replay_is_409_and_nonce_kept_until_window_closes() -> None:
     g, h = guard(), signed()
     g.check("POST", "/x", h, b"{}")
     e = refused(g, h)
-    assert (e.status, e.reason) == (409, "replayed nonce")
+    assert (e.status, e.code) == (409, ErrorCode.REPLAYED_NONCE)
     assert g.nonces.seen(g.check("POST", "/x", signed(), b"{}").address, h["x-nonce"], NOW + 300)
     assert not g.nonces.seen("x", h["x-nonce"], NOW + 302)
 
 
-@pytest.mark.parametrize("offset, reason", [(-301, "stale timestamp"), (301, "future timestamp")])
-def test_timestamps_outside_window(offset: int, reason: str) -> None:
+@pytest.mark.parametrize("offset, code", [(-301, ErrorCode.STALE_TIMESTAMP),
+                                          (301, ErrorCode.FUTURE_TIMESTAMP)])
+def test_timestamps_outside_window(offset: int, code: ErrorCode) -> None:
     g = guard()
     e = refused(g, signed(timestamp=NOW + offset))
-    assert (e.status, e.reason) == (401, reason)
+    assert (e.status, e.code) == (401, code)
     assert len(g.nonces) == 0
 
 
@@ -60,16 +62,16 @@ def test_forged_signature_and_other_address() -> None:
     h = signed(KEY_B)
     h["x-address"] = signed(KEY_A)["x-address"]
     e = refused(g, h)
-    assert (e.status, e.reason) == (401, "signature of another address")
+    assert (e.status, e.code) == (401, ErrorCode.WRONG_SIGNER)
     assert len(g.nonces) == 0 and g.verified == 2
 
 
 def test_tampered_path_or_body() -> None:
     g = guard()
     e = refused(g, signed(path="/x"), path="/y")
-    assert e.reason == "signature of another address"
+    assert e.code is ErrorCode.WRONG_SIGNER
     e = refused(g, signed(body=b'{"a":1}'), body=b'{"a":2}')
-    assert (e.status, e.reason) == (400, "body sha256 mismatch")
+    assert (e.status, e.code) == (400, ErrorCode.BODY_SHA256_MISMATCH)
 
 
 def test_oversized_body_is_413_before_any_signature_work() -> None:
@@ -79,22 +81,22 @@ def test_oversized_body_is_413_before_any_signature_work() -> None:
     assert (e.status, g.verified) == (413, 0)
 
 
-@pytest.mark.parametrize("header, value, reason", [
-    ("x-address", "0x123", "malformed address"),
-    ("x-nonce", "a b", "malformed nonce"),
-    ("x-timestamp", "-5", "malformed timestamp"),
-    ("x-signature", "0xzz", "bad signature"),
+@pytest.mark.parametrize("header, value, code", [
+    ("x-address", "0x123", ErrorCode.MALFORMED_ADDRESS),
+    ("x-nonce", "a b", ErrorCode.MALFORMED_NONCE),
+    ("x-timestamp", "-5", ErrorCode.MALFORMED_TIMESTAMP),
+    ("x-signature", "0xzz", ErrorCode.BAD_SIGNATURE),
 ])
-def test_malformed_headers(header: str, value: str, reason: str) -> None:
+def test_malformed_headers(header: str, value: str, code: ErrorCode) -> None:
     h = signed()
     h[header] = value
-    assert refused(guard(), h).reason == reason
+    assert refused(guard(), h).code is code
 
 
 def test_missing_headers() -> None:
     h = signed()
     del h["x-signature"]
-    assert refused(guard(), h).reason == "missing signature headers"
+    assert refused(guard(), h).code is ErrorCode.MISSING_SIGNATURE
 
 
 def test_rate_limit_per_address() -> None:
@@ -102,7 +104,7 @@ def test_rate_limit_per_address() -> None:
     for _ in range(3):
         g.check("POST", "/x", signed(), b"{}")
     e = refused(g, signed())
-    assert (e.status, e.reason) == (429, "rate limit")
+    assert (e.status, e.code) == (429, ErrorCode.RATE_LIMITED)
     g.check("POST", "/x", signed(KEY_B), b"{}")  # another address is still served
     g.clock = lambda: NOW + 1.0  # one token per second comes back
     g.check("POST", "/x", signed(timestamp=NOW + 1), b"{}")

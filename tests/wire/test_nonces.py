@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from meshrl.wire import GuardConfig, RequestGuard, SqliteNonceStore, WireError, sign_request
+from meshrl.wire import (
+    ErrorCode,
+    GuardConfig,
+    RequestGuard,
+    SqliteNonceStore,
+    WireError,
+    sign_request,
+)
 
 KEY = "0x" + "aa" * 32
 NOW = 1_000_000
@@ -70,7 +77,7 @@ def test_guard_refuses_a_replay_after_restart_and_serves_a_fresh_request(tmp_pat
     restarted = guard(connect(path), now=NOW + 5)  # same database, fresh process state
     with pytest.raises(WireError) as e:
         restarted.check("POST", "/x", h, b"{}")
-    assert (e.value.status, e.value.reason) == (409, "replayed nonce")
+    assert (e.value.status, e.value.code) == (409, ErrorCode.REPLAYED_NONCE)
     fresh = restarted.check("POST", "/x", signed(timestamp=NOW + 5), b"{}")
     assert fresh.address == first.address and fresh.nonce != first.nonce
     assert sorted(r[0] for r in rows(path)) == [NOW + 301, NOW + 306]
@@ -92,7 +99,7 @@ def test_a_store_that_cannot_record_refuses_to_serve(tmp_path: Path) -> None:
     db.close()
     with pytest.raises(WireError) as e:
         g.check("POST", "/x", signed(), b"{}")
-    assert (e.value.status, e.value.reason) == (503, "nonce store unavailable")
+    assert (e.value.status, e.value.code) == (503, ErrorCode.NONCE_STORE_UNAVAILABLE)
     assert len(g.nonces) == 0  # not remembered either: the table is the truth
 
 

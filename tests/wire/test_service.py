@@ -15,8 +15,13 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from meshrl.wire import (
+    BodySha256Mismatch,
+    BodyTooLarge,
     Call,
+    ErrorCode,
     GuardConfig,
+    InvalidBody,
+    InvalidQuery,
     RequestGuard,
     Route,
     SignedClient,
@@ -54,13 +59,14 @@ async def store(call: Call) -> Stored:
         h.update(chunk)
         size += len(chunk)
     if h.hexdigest() != call.signer.body_sha256:
-        raise WireError(400, "body sha256 mismatch")
+        raise WireError(ErrorCode.BODY_SHA256_MISMATCH)
     return Stored(address=call.address, size=size)
 
 
 ROUTES = [
     Route("POST", "/echo", echo, body=Echo, query=Query, response=Echo, max_body=200),
-    Route("PUT", "/blob/{name}", store, response=Stored, stream=True, max_body=1 << 22),
+    Route("PUT", "/blob/{name}", store, response=Stored, stream=True, max_body=1 << 22,
+          refusals=(ErrorCode.BODY_SHA256_MISMATCH,)),
 ]
 
 
@@ -91,27 +97,26 @@ def test_signed_call_and_refusals() -> None:
             out = await c.call("POST", "/echo", Echo(text="hi", n=1), response=Echo,
                                query={"k": 2})
             assert out == Echo(text="hi!", n=3)
-            for body, query, status, reason in [
-                ({"text": "x" * 101}, {"k": 0}, 422, "invalid body"),
-                ({"text": "x"}, {"k": -1}, 422, "invalid query"),
-                ({"text": "x" * 300}, {"k": 0}, 413, "body too large"),
+            for body, query, status, refusal in [
+                ({"text": "x" * 101}, {"k": 0}, 422, InvalidBody),
+                ({"text": "x"}, {"k": -1}, 422, InvalidQuery),
+                ({"text": "x" * 300}, {"k": 0}, 413, BodyTooLarge),
             ]:
                 try:
                     await c.call("POST", "/echo", body, query=query)
                     raise AssertionError("not refused")
                 except WireHTTPError as e:
-                    assert (e.status, e.reason) == (status, reason)
+                    assert type(e) is refusal and e.status == status and e.code == refusal.CODE
         body = b"{not json"
         h = sign_request(KEY, "POST", "/echo?k=1", body).as_dict()
         assert (await raw(url, "POST", "/echo?k=1", body, h)) == (
-            400, {"error": "malformed json", "detail": ""})
+            400, {"error": "malformed json", "code": "malformed_json", "detail": ""})
         body = b'{"text": "a"}'
         h = sign_request(KEY, "POST", "/echo?k=1", body).as_dict()
         assert (await raw(url, "POST", "/echo?k=1", body, h))[0] == 200
         assert (await raw(url, "POST", "/echo?k=1", body, h)) == (
-            409, {"error": "replayed nonce", "detail": ""})
-        assert (await raw(url, "POST", "/echo?k=1", body, {}))[1]["error"] == \
-            "missing signature headers"
+            409, {"error": "replayed nonce", "code": "replayed_nonce", "detail": ""})
+        assert (await raw(url, "POST", "/echo?k=1", body, {}))[1]["code"] == "missing_signature"
     serve(t)
 
 
@@ -128,7 +133,7 @@ def test_streamed_upload_checks_its_hash(tmp_path: Path) -> None:
             try:
                 await c.upload("PUT", "/blob/b", f, "0" * 64)
                 raise AssertionError("not refused")
-            except WireHTTPError as e:
+            except BodySha256Mismatch as e:
                 assert (e.status, e.reason) == (400, "body sha256 mismatch")
     serve(t)
 
@@ -192,6 +197,16 @@ def test_openapi_and_metrics() -> None:
             "#/components/schemas/Echo"
         assert doc["components"]["schemas"]["Echo"]["properties"]["text"]["maxLength"] == 100
         assert [p["name"] for p in doc["paths"]["/blob/{name}"]["put"]["parameters"]] == ["name"]
+        # refusals: the error body's code is the enum of every code; each route lists its own
+        codes = doc["components"]["schemas"]["ErrorCode"]["enum"]
+        assert codes == [c.value for c in ErrorCode]
+        assert doc["components"]["schemas"]["ErrorBody"]["properties"]["code"] == {
+            "$ref": "#/components/schemas/ErrorCode"}
+        r422 = op["responses"]["422"]["content"]["application/json"]["schema"]["allOf"]
+        assert r422 == [{"$ref": "#/components/schemas/ErrorBody"},
+                        {"properties": {"code": {"enum": ["invalid_body", "invalid_query"]}}}]
+        blob = doc["paths"]["/blob/{name}"]["put"]["responses"]
+        assert "body_sha256_mismatch" in blob["400"]["description"]
         assert 'meshrl_http_requests_total{route="/echo",service="test",status="200"} 1.0' \
             in metrics
     serve(t)
@@ -201,7 +216,8 @@ def test_unknown_route_and_method_are_json_4xx() -> None:
     async def t(url: str) -> None:
         async with aiohttp.ClientSession() as s:
             async with s.get(url + "/nope") as r:
-                assert (r.status, await r.json()) == (404, {"error": "not found", "detail": ""})
+                assert (r.status, await r.json()) == (
+                    404, {"error": "no such route", "code": "no_such_route", "detail": ""})
             async with s.delete(url + "/echo") as r:
-                assert r.status == 405 and (await r.json())["error"] == "method not allowed"
+                assert r.status == 405 and (await r.json())["code"] == "method_not_allowed"
     serve(t)

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -26,7 +27,7 @@ from meshrl.discovery.config import DiscoveryConfig
 from meshrl.discovery.state import Registry
 from meshrl.log import get_logger, log_event
 from meshrl.protocol.chain import Protocol
-from meshrl.wire.errors import WireError
+from meshrl.wire.errors import ErrorCode, WireError
 from meshrl.wire.guard import RequestGuard
 from meshrl.wire.models import Health, NodeAnnouncement, NodeEntry, NodeList, NodeStatus
 from meshrl.wire.nonces import SqliteNonceStore
@@ -36,6 +37,14 @@ __all__ = ["Discovery"]
 
 log = get_logger("meshrl.discovery")
 ZERO = "0x" + "00" * 20
+
+
+@dataclass(frozen=True)
+class ChainStatus:
+    """A node's entry status as the chain has it, and the pool it is in (0: none)."""
+
+    status: NodeStatus
+    chain_pool: int = 0
 
 
 class Discovery:
@@ -61,37 +70,37 @@ class Discovery:
         info: NodeAnnouncement = call.body
         node = await self._run(self.protocol.node, call.address)
         if node.provider == ZERO:
-            raise WireError(403, "node not on chain", "its provider must add it first")
+            raise WireError(ErrorCode.NODE_NOT_ON_CHAIN, "its provider must add it first")
         if node.provider.lower() != info.provider.lower():
-            raise WireError(403, "provider mismatch", f"node was added by {node.provider}")
+            raise WireError(ErrorCode.PROVIDER_MISMATCH, f"node was added by {node.provider}")
         ip = call.request.remote or ""
         if self.registry.count_ip(ip, call.address) >= self.cfg.max_nodes_per_ip:
-            raise WireError(429, "too many nodes for this IP address",
+            raise WireError(ErrorCode.TOO_MANY_NODES_FOR_IP,
                             f"at most {self.cfg.max_nodes_per_ip}")
         old = self.registry.get(call.address)
-        status = await self._run(self._status, call.address, info.pool_id, old)
-        entry = NodeEntry(address=call.address, info=info, status=status[0],
-                          chain_pool=status[1], ip=ip, updated_at=time.time())
+        seen: ChainStatus = await self._run(self._status, call.address, info.pool_id, old)
+        entry = NodeEntry(address=call.address, info=info, status=seen.status,
+                          chain_pool=seen.chain_pool, ip=ip, updated_at=time.time())
         self.registry.put(entry)
         return entry
 
     async def own_entry(self, call: Call) -> NodeEntry:
         if call.param("address").lower() != call.address.lower():
-            raise WireError(403, "only a node reads its own entry")
+            raise WireError(ErrorCode.NOT_OWN_ENTRY)
         entry = self.registry.get(call.address)
         if entry is None:
-            raise WireError(404, "not announced")
+            raise WireError(ErrorCode.NOT_ANNOUNCED)
         return entry
 
     async def pool_nodes(self, call: Call) -> NodeList:
         try:
             pool = int(call.param("pool_id"))
         except ValueError:
-            raise WireError(400, "bad pool id") from None
+            raise WireError(ErrorCode.BAD_POOL_ID) from None
         if pool <= 0 or pool >= 2**256:
-            raise WireError(400, "bad pool id")
+            raise WireError(ErrorCode.BAD_POOL_ID)
         if (await self._manager(pool)).lower() != call.address.lower():
-            raise WireError(403, "not the pool's manager")
+            raise WireError(ErrorCode.NOT_POOL_MANAGER)
         return NodeList(nodes=self.registry.for_pool(pool))
 
     async def _manager(self, pool: int) -> str:
@@ -103,18 +112,18 @@ class Discovery:
         return manager
 
     # chain sync
-    def _status(self, address: str, pool_id: int, old: NodeEntry | None) -> tuple[NodeStatus, int]:
-        """(status, pool on chain) of one node (blocking: runs on the chain thread)."""
+    def _status(self, address: str, pool_id: int, old: NodeEntry | None) -> ChainStatus:
+        """One node's status (blocking: runs on the chain thread)."""
         chain_pool = self.protocol.node(address).pool
         if chain_pool != 0:
-            return NodeStatus.IN_POOL, chain_pool
+            return ChainStatus(NodeStatus.IN_POOL, chain_pool)
         if self.protocol.is_blacklisted(pool_id, address):
-            return NodeStatus.BLACKLISTED, 0
+            return ChainStatus(NodeStatus.BLACKLISTED)
         if old is not None and old.status in (NodeStatus.IN_POOL, NodeStatus.EJECTED):
-            return NodeStatus.EJECTED, 0
-        return NodeStatus.PENDING, 0
+            return ChainStatus(NodeStatus.EJECTED)
+        return ChainStatus(NodeStatus.PENDING)
 
-    def _sync_one(self, entry: NodeEntry) -> tuple[NodeStatus, int] | None:
+    def _sync_one(self, entry: NodeEntry) -> ChainStatus | None:
         if self.protocol.node(entry.address).provider == ZERO:
             return None
         return self._status(entry.address, entry.info.pool_id, entry)
@@ -123,13 +132,13 @@ class Discovery:
         """One pass over the registry; returns how many entries changed or disappeared."""
         changed = 0
         for entry in self.registry.all():
-            status = await self._run(self._sync_one, entry)
-            if status is None:
+            seen: ChainStatus | None = await self._run(self._sync_one, entry)
+            if seen is None:
                 self.registry.delete(entry.address)
                 log_event(log, "node gone from chain", node=entry.address)
                 changed += 1
-            elif status != (entry.status, entry.chain_pool):
-                self.registry.set_status(entry.address, *status)
+            elif seen != ChainStatus(entry.status, entry.chain_pool):
+                self.registry.set_status(entry.address, seen.status, seen.chain_pool)
                 changed += 1
         return changed
 
@@ -147,12 +156,16 @@ class Discovery:
             Route("GET", "/health", self.health, response=Health, signed=False,
                   summary="liveness"),
             Route("PUT", "/nodes", self.announce, body=NodeAnnouncement, response=NodeEntry,
-                  max_body=small, tags=("node",), summary="announce or update a node"),
+                  max_body=small, tags=("node",), summary="announce or update a node",
+                  refusals=(ErrorCode.NODE_NOT_ON_CHAIN, ErrorCode.PROVIDER_MISMATCH,
+                            ErrorCode.TOO_MANY_NODES_FOR_IP)),
             Route("GET", "/nodes/{address}", self.own_entry, response=NodeEntry, max_body=0,
-                  tags=("node",), summary="a node's own entry and status"),
+                  tags=("node",), summary="a node's own entry and status",
+                  refusals=(ErrorCode.NOT_OWN_ENTRY, ErrorCode.NOT_ANNOUNCED)),
             Route("GET", "/pools/{pool_id}/nodes", self.pool_nodes, response=NodeList,
                   max_body=0, tags=("orchestrator",),
-                  summary="nodes that want this pool (its manager only)"),
+                  summary="nodes that want this pool (its manager only)",
+                  refusals=(ErrorCode.BAD_POOL_ID, ErrorCode.NOT_POOL_MANAGER)),
         ]
 
     async def start(self) -> None:

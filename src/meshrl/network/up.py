@@ -43,7 +43,7 @@ def network_up(cfg: NetworkConfig) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     t0 = time.monotonic()
-    outcome = "interrupted"
+    outcome, failed = "interrupted", False
     faults: Faults | None = None
     try:
         sup.start(anvil_role(lay))
@@ -68,7 +68,7 @@ def network_up(cfg: NetworkConfig) -> int:
                 break
             time.sleep(0.5)
     except (RoleFailed, ValueError) as e:
-        outcome = f"failed: {e}"
+        outcome, failed = f"failed: {e}", True
         log_event(log, "role failed", error=str(e))
     finally:
         if faults is not None:
@@ -78,7 +78,7 @@ def network_up(cfg: NetworkConfig) -> int:
         sup.stop_all()
         for s, h in old.items():
             signal.signal(s, h)
-    return 0 if outcome in ("trained", "interrupted", "time limit") else 1
+    return 1 if failed else 0
 
 
 def _report(cfg: NetworkConfig, lay: Layout) -> None:

@@ -9,21 +9,30 @@ store and the chain view. Who may call what:
 | `POST /verdicts` | an address with the validator role on chain |
 | `GET /ledger`, `GET /files/{sha256}` | readers (the trainer), validators, the manager |
 | `GET /nodes`, `POST /step` | readers (the trainer) and the manager |
+
+The API holds exactly the parts it reads (no back-pointer to the `Orchestrator` that builds
+it), so a test can serve its routes from a state and a store of its own.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
 from meshrl.orchestrator.books import NodeMoney
-from meshrl.orchestrator.state import FileRow
-from meshrl.orchestrator.store import StoreRefusal, check_sha, check_slot_id
+from meshrl.orchestrator.chainview import ChainView
+from meshrl.orchestrator.config import OrchestratorConfig
+from meshrl.orchestrator.metrics import OrchestratorMetrics
+from meshrl.orchestrator.state import FileRow, PoolStep, SlotUse, State
+from meshrl.orchestrator.store import FileStore, StoreRefusal, check_sha, check_slot_id
 from meshrl.pool import PoolRules, WorkOrder
-from meshrl.wire.errors import WireError
+from meshrl.wire.errors import ErrorCode, WireError
+from meshrl.wire.guard import RequestGuard
 from meshrl.wire.models import (
     FileStatus,
     Health,
@@ -46,87 +55,108 @@ from meshrl.wire.models import (
 )
 from meshrl.wire.service import Call, Route
 
-if TYPE_CHECKING:
-    from meshrl.orchestrator.service import Orchestrator
-
-__all__ = ["OrchestratorApi"]
+__all__ = ["OrchestratorApi", "PoolTerms"]
 
 LIVE = (NodeState.HEALTHY, NodeState.UNHEALTHY)
+# ledger rows whose submission the chain's `WorkSubmitted` event has not reached yet
+_BEFORE_SUBMISSION = (FileStatus.GRANTED, FileStatus.UPLOADED, FileStatus.EXPIRED)
+
+
+@dataclass(frozen=True)
+class PoolTerms:
+    """What the chain says of the pool, read once at start: its domain (named in invites) and
+    the work units one file may claim (the pool's and the config's limit, the lower)."""
+
+    domain: int
+    max_units: int
 
 
 class OrchestratorApi:
-    """The handlers, bound to one orchestrator; `routes()` declares them for `build_app`."""
+    """The handlers over the parts they read; `routes()` declares them for `build_app`.
 
-    def __init__(self, o: Orchestrator) -> None:
-        self.o, self.cfg = o, o.cfg
+    `readers` may read the ledger, the files and the nodes and move the step (the config's
+    readers and the pool's manager); validators, known by their role on `chain`, may read
+    and post verdicts. `guard`'s counters are reported in `/health`."""
+
+    def __init__(self, cfg: OrchestratorConfig, terms: PoolTerms, state: State,
+                 store: FileStore, pool: PoolStep, chain: ChainView, readers: Iterable[str],
+                 metrics: OrchestratorMetrics, guard: RequestGuard) -> None:
+        self.cfg, self.terms, self.state, self.store = cfg, terms, state, store
+        self.pool, self.chain, self.metrics, self.guard = pool, chain, metrics, guard
+        self.readers = frozenset(a.lower() for a in readers)
+        self.published = PoolRules(pool_id=cfg.pool_id, **dict(cfg.rules))  # served as is
 
     def member(self, call: Call) -> str:
-        node = self.o.state.node(call.address)
+        node = self.state.node(call.address)
         if node is None or node.state not in LIVE:
-            raise WireError(403, "not in pool", "join the pool with an invite first")
+            raise WireError(ErrorCode.NOT_IN_POOL, "join the pool with an invite first")
         return node.address
 
     async def reader(self, call: Call) -> str:
         addr = call.address
-        if addr in self.o.readers or addr.lower() == self.o.manager.lower():
+        if addr.lower() in self.readers or await self.chain.is_validator(addr):
             return addr
-        if await self.o.chain.is_validator(addr):
-            return addr
-        raise WireError(403, "not a reader")
+        raise WireError(ErrorCode.NOT_A_READER)
 
     def trainer(self, call: Call) -> str:
-        if call.address in self.o.readers or call.address.lower() == self.o.manager.lower():
+        if call.address.lower() in self.readers:
             return call.address
-        raise WireError(403, "not a reader")
+        raise WireError(ErrorCode.NOT_A_READER)
+
+    def health_info(self) -> dict[str, Any]:
+        return {"pool_id": self.cfg.pool_id, "step": self.pool.step,
+                "nodes": {s.value: len(self.state.nodes((s,))) for s in NodeState},
+                "files": self.state.count_files(), "chain_block": self.chain.cursor.next_block,
+                "signatures": {"verified": self.guard.verified,
+                               "seconds": round(self.guard.verify_seconds, 6)}}
 
     async def health(self, call: Call) -> Health:
-        return Health(service="orchestrator", info=self.o.health_info())
+        return Health(service="orchestrator", info=self.health_info())
 
     async def invite(self, call: Call) -> Invite:
-        row = self.o.state.invite(call.address)
-        if row is None or row[2] < time.time():
-            raise WireError(404, "no invite")
-        _, nonce, expiry, sig = row
-        return Invite(pool_id=self.cfg.pool_id, domain_id=self.o.domain, node=call.address,
-                      nonce=nonce, expiry=expiry, signature=sig)
+        row = self.state.invite(call.address)
+        if row is None or row.expiry < time.time():
+            raise WireError(ErrorCode.NO_INVITE)
+        return Invite(pool_id=self.cfg.pool_id, domain_id=self.terms.domain, node=call.address,
+                      nonce=row.nonce, expiry=row.expiry, signature=row.signature)
 
     async def heartbeat(self, call: Call) -> HeartbeatAck:
         node = self.member(call)
         hb: Heartbeat = call.body
-        self.o.state.heartbeat(node, time.time(), hb.policy_version, hb.step, hb.tokens_per_s,
-                          hb.files_pending)
-        self.o.metrics.heartbeats.inc()
+        self.state.heartbeat(node, time.time(), hb.policy_version, hb.step, hb.tokens_per_s,
+                             hb.files_pending)
+        self.metrics.heartbeats.inc()
         return HeartbeatAck(state=NodeState.HEALTHY, interval_s=self.cfg.heartbeat.interval_s,
-                            step=self.o.step)
+                            step=self.pool.step)
 
     async def work(self, call: Call) -> WorkOrder:
         self.member(call)
         w = self.cfg.work
-        return WorkOrder(rules=self.o.rules, step=self.o.step,
-                         policy_versions=self.o.policy_versions(),
+        return WorkOrder(rules=self.published, step=self.pool.step,
+                         policy_versions=self.pool.versions(),
                          shardcast_servers=w.shardcast_servers, max_file_bytes=w.max_file_bytes,
-                         max_units_per_file=self.o.max_units)
+                         max_units_per_file=self.terms.max_units)
 
     async def rules(self, call: Call) -> PoolRules:
-        return self.o.rules
+        return self.published
 
     async def grant(self, call: Call) -> UploadSlot:
         node = self.member(call)
         req: SlotRequest = call.body
-        w, versions = self.cfg.work, self.o.policy_versions()
+        w, versions, step = self.cfg.work, self.pool.versions(), self.pool.step
         if req.size > w.max_file_bytes:
-            raise WireError(413, "file too large", f"at most {w.max_file_bytes} bytes")
-        if req.work_units > self.o.max_units:
-            raise WireError(422, "too many work units", f"at most {self.o.max_units}")
-        if req.step > self.o.step or req.policy_version not in versions:
-            raise WireError(409, "stale work", f"step {self.o.step}, versions {versions}")
+            raise WireError(ErrorCode.FILE_TOO_LARGE, f"at most {w.max_file_bytes} bytes")
+        if req.work_units > self.terms.max_units:
+            raise WireError(ErrorCode.TOO_MANY_WORK_UNITS, f"at most {self.terms.max_units}")
+        if req.step > step or req.policy_version not in versions:
+            raise WireError(ErrorCode.STALE_WORK, f"step {step}, versions {versions}")
         slot_id = secrets.token_hex(16)
         expires = time.time() + self.cfg.work.slot_ttl_s
-        provider = self.o.state.node(node).provider  # type: ignore[union-attr]
-        if not self.o.state.grant_slot(slot_id, node, provider, req.sha256, req.size, req.step,
-                                  req.policy_version, req.work_units, expires):
-            raise WireError(409, "file already known")
-        target = self.o.store.upload_target(slot_id, req.sha256, req.size, "")
+        provider = self.state.node(node).provider  # type: ignore[union-attr]
+        if not self.state.grant_slot(slot_id, node, provider, req.sha256, req.size, req.step,
+                                     req.policy_version, req.work_units, expires):
+            raise WireError(ErrorCode.FILE_ALREADY_KNOWN)
+        target = self.store.upload_target(slot_id, req.sha256, req.size, "")
         return UploadSlot(slot_id=slot_id, method=target.method, url=target.url,
                           signed=target.signed, expires_at=expires, sha256=req.sha256,
                           size=req.size)
@@ -136,33 +166,33 @@ class OrchestratorApi:
         try:
             check_slot_id(slot_id)
         except StoreRefusal as e:
-            raise WireError(400, e.reason) from None
-        slot = self.o.state.slot(slot_id)
+            raise WireError(e.code, e.detail) from None
+        slot = self.state.slot(slot_id)
         if slot is None:
-            raise WireError(404, "no such slot")
+            raise WireError(ErrorCode.NO_SUCH_SLOT)
         if slot.node != call.address:
-            raise WireError(403, "slot of another node")
-        if slot.used:
-            raise WireError(409, "slot already used")
+            raise WireError(ErrorCode.SLOT_OF_ANOTHER_NODE)
+        if slot.used is not SlotUse.FREE:
+            raise WireError(ErrorCode.SLOT_ALREADY_USED)
         if slot.expires_at < time.time():
-            raise WireError(410, "slot expired")
+            raise WireError(ErrorCode.SLOT_EXPIRED)
         if call.signer.body_sha256 != slot.sha256:  # type: ignore[union-attr]
-            raise WireError(400, "sha256 mismatch", "the upload is not the granted file")
+            raise WireError(ErrorCode.SHA256_MISMATCH, "the upload is not the granted file")
         if call.request.content_length not in (None, slot.size):
-            raise WireError(400, "size mismatch", f"granted {slot.size} bytes")
-        if not self.o.state.claim_slot(slot_id):
-            raise WireError(409, "slot already used")
+            raise WireError(ErrorCode.SIZE_MISMATCH, f"granted {slot.size} bytes")
+        if not self.state.claim_slot(slot_id):
+            raise WireError(ErrorCode.SLOT_ALREADY_USED)
         try:
-            await self.o.store.receive(slot.sha256, slot.size,
-                                  call.request.content.iter_chunked(1 << 16))
+            await self.store.receive(slot.sha256, slot.size,
+                                     call.request.content.iter_chunked(1 << 16))
         except StoreRefusal as e:
-            self.o.state.release_slot(slot_id)
-            raise WireError(400, e.reason, e.detail) from None
+            self.state.release_slot(slot_id)
+            raise WireError(e.code, e.detail) from None
         except BaseException:
-            self.o.state.release_slot(slot_id)
+            self.state.release_slot(slot_id)
             raise
-        self.o.state.finish_upload(slot_id, slot.sha256)
-        self.o.metrics.upload_bytes.inc(slot.size)
+        self.state.finish_upload(slot_id, slot.sha256)
+        self.metrics.upload_bytes.inc(slot.size)
         return UploadReceipt(sha256=slot.sha256, size=slot.size, status=FileStatus.UPLOADED)
 
     async def download(self, call: Call) -> web.StreamResponse:
@@ -170,31 +200,34 @@ class OrchestratorApi:
         try:
             sha = check_sha(call.param("sha256"))
         except StoreRefusal as e:
-            raise WireError(400, e.reason, e.detail) from None
-        if not self.o.store.exists(sha):
-            raise WireError(404, "no such file")
-        return web.FileResponse(self.o.store.path(sha))
+            raise WireError(e.code, e.detail) from None
+        if not self.store.exists(sha):
+            raise WireError(ErrorCode.NO_SUCH_FILE)
+        return web.FileResponse(self.store.path(sha))
 
     async def verdict(self, call: Call) -> VerdictAck:
-        if not await self.o.chain.is_validator(call.address):
-            raise WireError(403, "not a validator")
+        if not await self.chain.is_validator(call.address):
+            raise WireError(ErrorCode.NOT_A_VALIDATOR)
         v: Verdict = call.body
-        row = self.o.state.file_by_work_id(v.work_id) if v.work_id else self.o.state.file(v.sha256)
+        row = self.state.file_by_work_id(v.work_id) if v.work_id else self.state.file(v.sha256)
         if row is None:  # the submission may not have reached the ledger yet: ask again
-            raise WireError(404, "no such submission" if v.work_id else "no such file")
+            raise WireError(ErrorCode.NO_SUCH_SUBMISSION, v.work_id or v.sha256)
         if row.sha256 != v.sha256:
-            raise WireError(422, "work id of another file", f"work {v.work_id} is {row.sha256}")
+            raise WireError(ErrorCode.WORK_ID_OF_ANOTHER_FILE,
+                            f"work {v.work_id} is {row.sha256}")
+        if row.status in _BEFORE_SUBMISSION:  # the chain's event is on its way: ask again
+            raise WireError(ErrorCode.NOT_SUBMITTED_YET, f"file is {row.status.value}")
         if row.status not in (FileStatus.SUBMITTED, FileStatus.ACCEPTED):
-            raise WireError(409, "not awaiting a verdict", f"file is {row.status.value}")
+            raise WireError(ErrorCode.NOT_AWAITING_VERDICT, f"file is {row.status.value}")
         if v.verdict is VerdictKind.ACCEPT:
-            self.o.state.set_file_status(row.seq, FileStatus.ACCEPTED, verdict=v.verdict.value,
-                                         validator=call.address)
+            self.state.set_file_status(row.seq, FileStatus.ACCEPTED, verdict=v.verdict.value,
+                                       validator=call.address)
         else:  # recorded; the status moves when the chain's WorkInvalidated event is seen
-            self.o.state.set_file_status(row.seq, FileStatus.SUBMITTED,
-                                         verdict=f"{v.verdict.value}: {v.reason}",
-                                         validator=call.address)
-        after = self.o.state.file_by_work_id(row.work_id) if row.work_id else \
-            self.o.state.file(row.sha256)
+            self.state.set_file_status(row.seq, FileStatus.SUBMITTED,
+                                       verdict=f"{v.verdict.value}: {v.reason}",
+                                       validator=call.address)
+        after = self.state.file_by_work_id(row.work_id) if row.work_id else \
+            self.state.file(row.sha256)
         assert after is not None
         return VerdictAck(sha256=v.sha256, status=after.status, work_id=after.work_id)
 
@@ -202,20 +235,20 @@ class OrchestratorApi:
         await self.reader(call)
         q: LedgerQuery = call.query
         if q.accepted_after is not None:
-            rows = self.o.state.accepted(q.accepted_after, q.limit)
+            rows = self.state.accepted(q.accepted_after, q.limit)
             last = rows[-1].accepted_seq if rows else q.accepted_after
         else:
-            rows = self.o.state.files(q.step, q.status, q.after, q.limit, q.sha256, q.work_id)
+            rows = self.state.files(q.step, q.status, q.after, q.limit, q.sha256, q.work_id)
             last = rows[-1].seq if rows else q.after
         return LedgerPage(entries=[_entry(r) for r in rows], next_after=last)
 
     async def nodes(self, call: Call) -> PoolNodes:
         self.trainer(call)
-        books = self.o.chain.books
+        books = self.chain.books
         money = books.money() if books is not None else {}
         none = NodeMoney(0, 0, 0, 0, 0)
         out = []
-        for n in self.o.state.nodes():
+        for n in self.state.nodes():
             m = money.get(n.address.lower(), none)
             out.append(PoolNode(
                 address=n.address, provider=n.provider, state=n.state, last_seen=n.last_seen,
@@ -228,15 +261,16 @@ class OrchestratorApi:
     async def step(self, call: Call) -> HeartbeatAck:
         self.trainer(call)
         new: StepUpdate = call.body
-        if new.step < self.o.step:
-            raise WireError(409, "step goes back", f"pool is at step {self.o.step}")
-        self.o.set_step(new.step)
+        if new.step < self.pool.step:
+            raise WireError(ErrorCode.STEP_GOES_BACK, f"pool is at step {self.pool.step}")
+        self.pool.set(new.step)
         return HeartbeatAck(state=NodeState.HEALTHY, interval_s=self.cfg.heartbeat.interval_s,
-                            step=self.o.step)
+                            step=self.pool.step)
 
     def routes(self) -> list[Route]:
         small, none = 16 << 10, 0
         node, trainer, validator = ("node",), ("trainer",), ("validator",)
+        E = ErrorCode
         return [
             Route("GET", "/health", self.health, response=Health, signed=False,
                   summary="liveness"),
@@ -244,29 +278,41 @@ class OrchestratorApi:
                   summary="the pool's public rules (task, sampling, group size, seed, "
                   "proof profile, ...): read before staking"),
             Route("GET", "/invite", self.invite, response=Invite, max_body=none, tags=node,
-                  summary="the caller's pending invite (404 if none)"),
+                  summary="the caller's pending invite (404 if none)", refusals=(E.NO_INVITE,)),
             Route("POST", "/heartbeat", self.heartbeat, body=Heartbeat, response=HeartbeatAck,
-                  max_body=small, tags=node, summary="a node's heartbeat and state"),
+                  max_body=small, tags=node, summary="a node's heartbeat and state",
+                  refusals=(E.NOT_IN_POOL,)),
             Route("GET", "/work", self.work, response=WorkOrder, max_body=none, tags=node,
-                  summary="the current work order"),
+                  summary="the current work order", refusals=(E.NOT_IN_POOL,)),
             Route("POST", "/uploads", self.grant, body=SlotRequest, response=UploadSlot,
-                  max_body=small, tags=node, summary="grant a single-use, expiring upload slot"),
+                  max_body=small, tags=node, summary="grant a single-use, expiring upload slot",
+                  refusals=(E.NOT_IN_POOL, E.FILE_TOO_LARGE, E.TOO_MANY_WORK_UNITS,
+                            E.STALE_WORK, E.FILE_ALREADY_KNOWN)),
             Route("PUT", "/uploads/{slot_id}", self.upload, response=UploadReceipt, stream=True,
                   max_body=self.cfg.work.max_file_bytes, tags=node,
-                  summary="upload the slot's file (streamed; size and sha256 checked)"),
+                  summary="upload the slot's file (streamed; size and sha256 checked)",
+                  refusals=(E.BAD_SLOT_ID, E.NO_SUCH_SLOT, E.SLOT_OF_ANOTHER_NODE,
+                            E.SLOT_ALREADY_USED, E.SLOT_EXPIRED, E.SHA256_MISMATCH,
+                            E.SIZE_MISMATCH)),
             Route("GET", "/files/{sha256}", self.download, max_body=none,
-                  tags=trainer + validator, summary="download a stored rollout file"),
+                  tags=trainer + validator, summary="download a stored rollout file",
+                  refusals=(E.NOT_A_READER, E.BAD_FILE_NAME, E.NO_SUCH_FILE)),
             Route("POST", "/verdicts", self.verdict, body=Verdict, response=VerdictAck,
                   max_body=small, tags=validator,
-                  summary="a validator's verdict on a submitted file"),
+                  summary="a validator's verdict on a submitted file",
+                  refusals=(E.NOT_A_VALIDATOR, E.NO_SUCH_SUBMISSION, E.WORK_ID_OF_ANOTHER_FILE,
+                            E.NOT_SUBMITTED_YET, E.NOT_AWAITING_VERDICT)),
             Route("GET", "/ledger", self.ledger, query=LedgerQuery, response=LedgerPage,
                   max_body=none, tags=trainer + validator,
                   summary="submissions by step, status, file or work id; accepted_after: the "
-                  "accepted ones in acceptance order (what the trainer may use)"),
+                  "accepted ones in acceptance order (what the trainer may use)",
+                  refusals=(E.NOT_A_READER,)),
             Route("GET", "/nodes", self.nodes, response=PoolNodes, max_body=none, tags=trainer,
-                  summary="the pool's nodes and their last heartbeats"),
+                  summary="the pool's nodes and their last heartbeats",
+                  refusals=(E.NOT_A_READER,)),
             Route("POST", "/step", self.step, body=StepUpdate, response=HeartbeatAck,
-                  max_body=small, tags=trainer, summary="the trainer moves the pool to a step"),
+                  max_body=small, tags=trainer, summary="the trainer moves the pool to a step",
+                  refusals=(E.NOT_A_READER, E.STEP_GOES_BACK)),
         ]
 
 

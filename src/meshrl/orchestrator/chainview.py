@@ -12,17 +12,17 @@ import secrets
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from meshrl.log import get_logger, log_event
 from meshrl.orchestrator.books import CLAIMED_CODE, Books
 from meshrl.orchestrator.state import POOL_STEP, State
 from meshrl.protocol.chain import Protocol
-from meshrl.protocol.errors import ChainError, TxReverted
 from meshrl.protocol.events import Event, EventCursor
 from meshrl.wire.models import FileStatus, NodeState
 
-__all__ = ["ChainView", "Eligibility"]
+__all__ = ["ChainView", "Eligibility", "SignedInvite"]
 
 log = get_logger("meshrl.orchestrator.chain")
 T = TypeVar("T")
@@ -39,6 +39,14 @@ class Eligibility:
 
     def __bool__(self) -> bool:
         return not self.reason
+
+
+@dataclass(frozen=True)
+class SignedInvite:
+    nonce: int
+    expiry: int  # Unix seconds
+    signature: str  # 0x-hex, the manager's EIP-191 signature
+    domain: int
 
 
 class ChainView:
@@ -82,31 +90,25 @@ class ChainView:
             return Eligibility("node blacklisted")
         return Eligibility()
 
-    def make_invite(self, node: str, ttl_s: int) -> tuple[int, int, str, int]:
-        """(nonce, expiry, signature hex, domain) of a fresh invite (blocking)."""
+    def make_invite(self, node: str, ttl_s: int) -> SignedInvite:
+        """A fresh invite of `node`, signed by the manager (blocking)."""
         nonce = secrets.randbits(63)
         # the latest block may be old on a quiet chain: count from whichever clock is later
         expiry = max(self.protocol.backend.now(), int(time.time())) + ttl_s
         sig = self.protocol.sign_invite(self.pool_id, node, nonce, expiry)
-        return nonce, expiry, "0x" + sig.hex(), self.protocol.pool(self.pool_id).domain
+        domain = self.protocol.pool(self.pool_id).domain
+        return SignedInvite(nonce, expiry, "0x" + sig.hex(), domain)
 
-    async def eject(self, node: str) -> str:
-        """Eject `node` on chain; "" on success, else why not (already gone, chain error)."""
-        try:
-            await self.run(self.protocol.eject_node, self.pool_id, node)
-            return ""
-        except (TxReverted, ChainError) as e:
-            return str(e)
+    async def eject(self, node: str) -> None:
+        """Eject `node` on chain. Raises `NodeNotInPool` if it is out already (it left, or was
+        ejected or blacklisted meanwhile), `ChainError` for any other failure."""
+        await self.run(self.protocol.eject_node, self.pool_id, node)
 
-    async def blacklist(self, node: str) -> str:
-        """Blacklist `node` in this pool (ejecting it if still in); "" on success or if it
-        already is, else why not (chain error)."""
-        try:
-            if not await self.run(self.protocol.is_blacklisted, self.pool_id, node):
-                await self.run(self.protocol.blacklist_node, self.pool_id, node)
-            return ""
-        except (TxReverted, ChainError) as e:
-            return str(e)
+    async def blacklist(self, node: str) -> None:
+        """Blacklist `node` in this pool (ejecting it if still in); nothing to do if it already
+        is. Raises `ChainError` when the chain refuses or cannot be reached."""
+        if not await self.run(self.protocol.is_blacklisted, self.pool_id, node):
+            await self.run(self.protocol.blacklist_node, self.pool_id, node)
 
     def restore_cursor(self, state: State) -> None:
         saved = state.get_meta(CURSOR)
@@ -227,7 +229,7 @@ class ChainView:
             node = a["node"]
             if ev.name == "NodeJoined":
                 row = state.invite(node)
-                provider = row[0] if row else self.protocol.node(node).provider
+                provider = row.provider if row else self.protocol.node(node).provider
                 state.upsert_node(node, provider, NodeState.HEALTHY, time.time())
                 state.drop_invite(node)
             elif state.node(node) is not None:

@@ -7,16 +7,15 @@ the `NodeJoined` event makes it a member (see `chainview`).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from meshrl.log import get_logger, log_event
-from meshrl.orchestrator.config import Requirements
+from meshrl.orchestrator.chainview import ChainView
+from meshrl.orchestrator.config import OnboardingConfig, Requirements
+from meshrl.orchestrator.state import State
 from meshrl.wire.client import SignedClient
 from meshrl.wire.errors import WireHTTPError
 from meshrl.wire.models import Hardware, NodeEntry, NodeList, NodeState, NodeStatus
-
-if TYPE_CHECKING:
-    from meshrl.orchestrator.service import Orchestrator
 
 __all__ = ["Onboarding", "hardware_shortfall"]
 
@@ -36,13 +35,21 @@ def hardware_shortfall(hw: Hardware, req: Requirements) -> str:
     return ""
 
 
+@dataclass(frozen=True)
+class Refusal:
+    reason: str
+    until: float  # time.monotonic() when the candidate is looked at again
+
+
 class Onboarding:
-    def __init__(self, orch: Orchestrator) -> None:
-        self.o = orch
-        self.cfg = orch.cfg.onboarding
-        # candidate -> (last reason, when to look again): chain checks are not repeated for
-        # every poll of a candidate that cannot join
-        self.refused: dict[str, tuple[str, float]] = {}
+    """Invites the pool's qualifying candidates: reads discovery (signed with `key`, the
+    manager's), checks each on `chain`, keeps its invites in `state`."""
+
+    def __init__(self, cfg: OnboardingConfig, pool_id: int, state: State, chain: ChainView,
+                 key: bytes | str) -> None:
+        self.cfg, self.pool_id, self.state, self.chain, self.key = cfg, pool_id, state, chain, key
+        # chain checks are not repeated for every poll of a candidate that cannot join
+        self.refused: dict[str, Refusal] = {}
         self._client: SignedClient | None = None
 
     async def run(self) -> float:
@@ -50,10 +57,10 @@ class Onboarding:
         if not self.cfg.discovery_url:
             return 3600.0
         if self._client is None:
-            self._client = SignedClient(self.cfg.discovery_url, self.o.protocol.account.key)
+            self._client = SignedClient(self.cfg.discovery_url, self.key)
         try:
             listing = await self._client.call(
-                "GET", f"/pools/{self.o.cfg.pool_id}/nodes", response=NodeList)
+                "GET", f"/pools/{self.pool_id}/nodes", response=NodeList)
         except (WireHTTPError, OSError) as e:
             log_event(log, "discovery unavailable", error=str(e))
             return self.cfg.poll_s
@@ -64,33 +71,32 @@ class Onboarding:
     async def consider(self, entry: NodeEntry) -> str:
         """Invite `entry` if it qualifies; returns why not ("" when invited or already)."""
         node = entry.address
-        row = self.o.state.node(node)
+        row = self.state.node(node)
         if row is not None and row.state is not NodeState.EJECTED:
             return ""
-        pending = self.o.state.invite(node)
-        if pending is not None and pending[2] > time.time() + 30:
+        pending = self.state.invite(node)
+        if pending is not None and pending.expiry > time.time() + 30:
             return ""
         last = self.refused.get(node)
-        if last is not None and last[1] > time.monotonic():
-            return last[0]
+        if last is not None and last.until > time.monotonic():
+            return last.reason
         why = self._precheck(entry)
         if not why:
-            ok = await self.o.chain.run(self.o.chain.eligibility, node, entry.info.provider)
+            ok = await self.chain.run(self.chain.eligibility, node, entry.info.provider)
             why = ok.reason
         if why:
-            if last is None or last[0] != why:
+            if last is None or last.reason != why:
                 log_event(log, "candidate refused", node=node, reason=why)
-            self.refused[node] = (why, time.monotonic() + self.cfg.recheck_s)
+            self.refused[node] = Refusal(why, time.monotonic() + self.cfg.recheck_s)
             return why
-        nonce, expiry, sig, _ = await self.o.chain.run(
-            self.o.chain.make_invite, node, self.cfg.invite_ttl_s)
-        self.o.state.put_invite(node, entry.info.provider, nonce, expiry, sig)
+        inv = await self.chain.run(self.chain.make_invite, node, self.cfg.invite_ttl_s)
+        self.state.put_invite(node, entry.info.provider, inv.nonce, inv.expiry, inv.signature)
         self.refused.pop(node, None)
-        log_event(log, "invite signed", node=node, expiry=expiry)
+        log_event(log, "invite signed", node=node, expiry=inv.expiry)
         return ""
 
     def _precheck(self, entry: NodeEntry) -> str:
-        if entry.info.pool_id != self.o.cfg.pool_id:
+        if entry.info.pool_id != self.pool_id:
             return f"wants pool {entry.info.pool_id}"
         if entry.status in (NodeStatus.BLACKLISTED, NodeStatus.IN_POOL):
             return f"discovery status {entry.status.value}"

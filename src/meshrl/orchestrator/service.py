@@ -14,17 +14,18 @@ import time
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from meshrl.log import get_logger, log_event
-from meshrl.orchestrator.api import OrchestratorApi
+from meshrl.orchestrator.api import OrchestratorApi, PoolTerms
 from meshrl.orchestrator.chainview import ChainView
 from meshrl.orchestrator.config import OrchestratorConfig
+from meshrl.orchestrator.metrics import OrchestratorMetrics
 from meshrl.orchestrator.onboarding import Onboarding
-from meshrl.orchestrator.state import POOL_STEP, State
+from meshrl.orchestrator.state import PoolStep, State
 from meshrl.orchestrator.store import DiskFileStore, FileStore
-from meshrl.pool import PoolRules
 from meshrl.protocol.chain import Protocol
+from meshrl.protocol.errors import ChainError, NodeNotInPool
 from meshrl.wire.guard import RequestGuard
 from meshrl.wire.models import FileStatus, NodeState
 from meshrl.wire.nonces import SqliteNonceStore
@@ -42,78 +43,52 @@ def missed_heartbeats(silence_s: float, interval_s: float, slack: float) -> int:
     return 0 if late <= 0 else 1 + int(late / interval_s)
 
 
-class _Metrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.heartbeats = Counter("meshrl_orchestrator_heartbeats", "heartbeats received",
-                                  registry=registry)
-        self.upload_bytes = Counter("meshrl_orchestrator_upload_bytes", "bytes stored",
-                                    registry=registry)
-        self.ejections = Counter("meshrl_orchestrator_ejections", "nodes ejected as dead",
-                                 registry=registry)
-        self.nodes = Gauge("meshrl_orchestrator_nodes", "nodes by state", ["state"],
-                           registry=registry)
-        self.files = Gauge("meshrl_orchestrator_files", "ledger files by status", ["status"],
-                           registry=registry)
-        self.signature_seconds = Gauge("meshrl_orchestrator_signature_seconds",
-                                       "time spent recovering request signatures",
-                                       registry=registry)
-
-
 class Orchestrator:
+    """Builds the parts (state, store, chain view, guard, metrics, the pool's step) and hands
+    each of the API and the loops what it uses."""
+
     def __init__(self, cfg: OrchestratorConfig, protocol: Protocol,
                  store: FileStore | None = None) -> None:
         self.cfg, self.protocol = cfg, protocol
         self.manager = protocol.address
-        self.readers = set(cfg.readers)
         self.state = State(cfg.db)
         self.store = store or DiskFileStore(cfg.store.root, fsync=cfg.store.fsync)
         self.chain = ChainView(protocol, cfg.pool_id, cfg.validator_cache_s)
         # seen nonces live in the state's database: a restart does not reopen replays
         self.guard = RequestGuard(cfg.guard, nonces=SqliteNonceStore(self.state.db))
         self.registry = CollectorRegistry()
-        self.metrics = _Metrics(self.registry)
-        self.step = int(self.state.get_meta(POOL_STEP, str(cfg.work.step)))
-        self.domain = 0
-        self.max_units = cfg.work.max_units_per_file
+        self.metrics = OrchestratorMetrics(self.registry)
+        self.pool = PoolStep(self.state, cfg.work.step, cfg.rules.async_level)
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._blacklisted: set[str] = set()  # nodes known blacklisted on chain (lower case)
-        self.rules = PoolRules(pool_id=cfg.pool_id, **dict(cfg.rules))
-        self.onboarding = Onboarding(self)
+        assert protocol.account is not None  # `protocol.address` refused a client without one
+        self.onboarding = Onboarding(cfg.onboarding, cfg.pool_id, self.state, self.chain,
+                                     protocol.account.key)
 
-    # the pool's step and the versions a node may generate with
-    def set_step(self, step: int) -> None:
-        self.state.set_meta(POOL_STEP, str(step))
-        self.step = step
-
-    def policy_versions(self) -> list[int]:
-        return list(range(max(0, self.step - self.rules.async_level), self.step + 1))
-
-    def health_info(self) -> dict[str, Any]:
-        return {"pool_id": self.cfg.pool_id, "step": self.step,
-                "nodes": {s.value: len(self.state.nodes((s,))) for s in NodeState},
-                "files": self.state.count_files(), "chain_block": self.chain.cursor.next_block,
-                "signatures": {"verified": self.guard.verified,
-                               "seconds": round(self.guard.verify_seconds, 6)}}
-
-    async def start(self) -> None:
+    async def terms(self) -> PoolTerms:
+        """The pool as the chain has it; refuses to serve a pool this key does not manage."""
         pool = await self.chain.run(self.protocol.pool, self.cfg.pool_id)
         if pool.manager.lower() != self.manager.lower():
             raise RuntimeError(f"{self.manager} is not the manager of pool {self.cfg.pool_id}")
-        self.domain = pool.domain
         # the chain refuses a file claiming more units than the pool allows: say so up front
-        self.max_units = min(self.cfg.work.max_units_per_file, pool.max_units)
+        return PoolTerms(pool.domain, min(self.cfg.work.max_units_per_file, pool.max_units))
+
+    async def start(self) -> None:
+        terms = await self.terms()
         self.chain.restore_cursor(self.state)
         await self.chain.open_books(self.state)
         revived = self.state.grace(time.time())
-        api = OrchestratorApi(self)
+        api = OrchestratorApi(self.cfg, terms, self.state, self.store, self.pool, self.chain,
+                              [*self.cfg.readers, self.manager], self.metrics, self.guard)
         app = build_app("orchestrator", api.routes(), self.guard, registry=self.registry)
         self._runner, self.url = await listen(app, self.cfg.host, self.cfg.port)
         for loop in (self._follow_chain, self._monitor, self._expire_slots, self.onboarding.run):
             self._tasks.append(asyncio.create_task(self._forever(loop)))
         log_event(log, "orchestrator listening", url=self.url, pool=self.cfg.pool_id,
-                  step=self.step, nodes_resumed=revived, cursor=self.chain.cursor.next_block)
+                  step=self.pool.step, nodes_resumed=revived,
+                  cursor=self.chain.cursor.next_block)
         write_ready_file(self.cfg.ready_file, self.url)
 
     async def stop(self) -> None:
@@ -152,9 +127,10 @@ class Orchestrator:
         for node in self.state.nodes_with(FileStatus.HARD_INVALIDATED):
             if node.lower() in self._blacklisted:
                 continue
-            why = await self.chain.blacklist(node)
-            if why:  # a chain error: tried again on the next poll
-                log_event(log, "blacklist failed", node=node, error=why)
+            try:
+                await self.chain.blacklist(node)
+            except ChainError as e:  # tried again on the next poll
+                log_event(log, "blacklist failed", node=node, error=str(e))
                 continue
             self._blacklisted.add(node.lower())
             log_event(log, "node blacklisted", node=node, reason="hard-invalidated work")
@@ -179,16 +155,24 @@ class Orchestrator:
 
     async def _bury(self, node: str, missed: int) -> None:
         self.state.set_node_state(node, NodeState.DEAD)
-        why = await self.chain.eject(node) if self.cfg.heartbeat.eject else "ejection off"
+        chain = "ejection off"
+        if self.cfg.heartbeat.eject:
+            try:
+                await self.chain.eject(node)
+                chain = "ok"
+            except NodeNotInPool:
+                chain = "out of the pool already"
+            except ChainError as e:
+                chain = f"failed: {e}"
         current = self.state.node(node)
         if current is not None and current.state is NodeState.DEAD:  # no heartbeat meanwhile
             self.state.set_node_state(node, NodeState.EJECTED)
         self.metrics.ejections.inc()
-        log_event(log, "node ejected", node=node, missed=missed, chain=why or "ok")
+        log_event(log, "node ejected", node=node, missed=missed, chain=chain)
 
     def _refresh_gauges(self) -> None:
         for s in NodeState:
             self.metrics.nodes.labels(s.value).set(len(self.state.nodes((s,))))
         for status, n in self.state.count_files().items():
-            self.metrics.files.labels(status).set(n)
+            self.metrics.files.labels(status.value).set(n)
         self.metrics.signature_seconds.set(self.guard.verify_seconds)

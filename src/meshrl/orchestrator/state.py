@@ -14,12 +14,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
 from meshrl.wire.models import FileStatus, NodeState
 
-__all__ = ["POOL_STEP", "FileRow", "NodeRow", "SlotRow", "State"]
+__all__ = ["POOL_STEP", "FileRow", "InviteRow", "NodeRow", "PoolStep", "SlotRow", "SlotUse",
+           "State"]
 
 POOL_STEP = "pool_step"  # meta key of the pool's step
 
@@ -71,13 +73,31 @@ class NodeRow:
 
 
 @dataclass(frozen=True)
+class InviteRow:
+    node: str
+    provider: str
+    nonce: int
+    expiry: int  # Unix seconds
+    signature: str  # 0x-hex, the manager's
+    created_at: float
+
+
+class SlotUse(IntEnum):
+    """How far a slot's upload got (the `slots.used` column)."""
+
+    FREE = 0
+    UPLOADING = 1  # one upload holds the slot
+    DONE = 2
+
+
+@dataclass(frozen=True)
 class SlotRow:
     slot_id: str
     node: str
     sha256: str
     size: int
     expires_at: float
-    used: int  # 0 free, 1 an upload is running, 2 done
+    used: SlotUse
 
 
 @dataclass(frozen=True)
@@ -198,9 +218,10 @@ class State:
         return cur.rowcount
 
     # invites
-    def invite(self, node: str) -> tuple[str, int, int, str] | None:
-        return self.db.execute("SELECT provider, nonce, expiry, signature FROM invites "
-                               "WHERE node = ?", (node,)).fetchone()
+    def invite(self, node: str) -> InviteRow | None:
+        row = self.db.execute("SELECT node, provider, nonce, expiry, signature, created_at "
+                              "FROM invites WHERE node = ?", (node,)).fetchone()
+        return None if row is None else InviteRow(*row)
 
     def put_invite(self, node: str, provider: str, nonce: int, expiry: int, sig: str) -> None:
         self.db.execute("INSERT OR REPLACE INTO invites VALUES (?, ?, ?, ?, ?, ?)",
@@ -212,7 +233,7 @@ class State:
     # slots and files
     def slot(self, slot_id: str) -> SlotRow | None:
         row = self.db.execute("SELECT * FROM slots WHERE slot_id = ?", (slot_id,)).fetchone()
-        return None if row is None else SlotRow(*row)
+        return None if row is None else SlotRow(*row[:5], SlotUse(row[5]))
 
     def file(self, sha256: str) -> FileRow | None:
         """The granted row of a file (the one that may be trained on)."""
@@ -267,10 +288,10 @@ class State:
                              (sha256,)).fetchone()
             claimed = db.execute("SELECT 1 FROM files WHERE sha256 = ? AND node = ? AND "
                                  "granted = 0", (sha256, node)).fetchone()
-            if claimed or (old is not None and old[1] != FileStatus.EXPIRED.value):
+            if claimed or (old is not None and FileStatus(old[1]) is not FileStatus.EXPIRED):
                 return False
-            db.execute("INSERT INTO slots VALUES (?, ?, ?, ?, ?, 0)",
-                       (slot_id, node, sha256, size, expires_at))
+            db.execute("INSERT INTO slots VALUES (?, ?, ?, ?, ?, ?)",
+                       (slot_id, node, sha256, size, expires_at, SlotUse.FREE))
             values = (node, provider, step, policy_version, work_units, size,
                       FileStatus.GRANTED.value, time.time())
             if old is None:
@@ -303,17 +324,18 @@ class State:
 
     def claim_slot(self, slot_id: str) -> bool:
         """Take a free slot for one upload (so two concurrent uploads cannot both use it)."""
-        cur = self.db.execute("UPDATE slots SET used = 1 WHERE slot_id = ? AND used = 0",
-                              (slot_id,))
+        cur = self.db.execute("UPDATE slots SET used = ? WHERE slot_id = ? AND used = ?",
+                              (SlotUse.UPLOADING, slot_id, SlotUse.FREE))
         return cur.rowcount == 1
 
     def release_slot(self, slot_id: str) -> None:
         """A failed upload gives its slot back (nothing was stored)."""
-        self.db.execute("UPDATE slots SET used = 0 WHERE slot_id = ? AND used = 1", (slot_id,))
+        self.db.execute("UPDATE slots SET used = ? WHERE slot_id = ? AND used = ?",
+                        (SlotUse.FREE, slot_id, SlotUse.UPLOADING))
 
     def finish_upload(self, slot_id: str, sha256: str) -> None:
         with self.tx() as db:
-            db.execute("UPDATE slots SET used = 2 WHERE slot_id = ?", (slot_id,))
+            db.execute("UPDATE slots SET used = ? WHERE slot_id = ?", (SlotUse.DONE, slot_id))
             db.execute("UPDATE files SET status = ?, uploaded = 1, updated_at = ? "
                        "WHERE sha256 = ? AND granted = 1",
                        (FileStatus.UPLOADED.value, time.time(), sha256))
@@ -321,8 +343,8 @@ class State:
     def expire_slots(self, now: float) -> int:
         """Slots never used past their expiry: their files become `expired` (can be re-granted)."""
         with self.tx() as db:
-            rows = db.execute("SELECT slot_id, sha256 FROM slots WHERE used = 0 AND "
-                              "expires_at < ?", (now,)).fetchall()
+            rows = db.execute("SELECT slot_id, sha256 FROM slots WHERE used = ? AND "
+                              "expires_at < ?", (SlotUse.FREE, now)).fetchall()
             for slot_id, sha256 in rows:
                 db.execute("DELETE FROM slots WHERE slot_id = ?", (slot_id,))
                 db.execute("UPDATE files SET status = ?, updated_at = ? WHERE sha256 = ? AND "
@@ -333,6 +355,22 @@ class State:
     def set_work_id(self, seq: int, work_id: str) -> None:
         self.db.execute("UPDATE files SET work_id = ? WHERE seq = ?", (work_id, seq))
 
-    def count_files(self) -> dict[str, int]:
+    def count_files(self) -> dict[FileStatus, int]:
         rows = self.db.execute("SELECT status, COUNT(*) FROM files GROUP BY status")
-        return {status: n for status, n in rows}
+        return {FileStatus(status): n for status, n in rows}
+
+
+class PoolStep:
+    """The pool's step (kept in the state's meta table, so a restart resumes it) and the policy
+    versions a node may generate with at that step."""
+
+    def __init__(self, state: State, initial: int, async_level: int) -> None:
+        self._state, self.async_level = state, async_level
+        self.step = int(state.get_meta(POOL_STEP, str(initial)))
+
+    def set(self, step: int) -> None:
+        self._state.set_meta(POOL_STEP, str(step))
+        self.step = step
+
+    def versions(self) -> list[int]:
+        return list(range(max(0, self.step - self.async_level), self.step + 1))

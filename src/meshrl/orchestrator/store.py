@@ -22,6 +22,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshrl.wire.errors import ErrorCode
+
 __all__ = [
     "DiskFileStore", "FileStore", "StoreRefusal", "UploadTarget", "check_sha", "check_slot_id",
 ]
@@ -31,11 +33,12 @@ _SLOT = re.compile(r"^[0-9a-f]{32}$")
 
 
 class StoreRefusal(Exception):
-    """Bytes the store will not keep (size or hash not as granted, bad name)."""
+    """Bytes the store will not keep (size or hash not as granted, bad name); `code` is the
+    refusal the uploader or reader gets."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason, self.detail = reason, detail
+    def __init__(self, code: ErrorCode, detail: str = "") -> None:
+        super().__init__(f"{code.reason}: {detail}" if detail else code.reason)
+        self.code, self.detail = code, detail
 
 
 @dataclass(frozen=True)
@@ -67,13 +70,13 @@ class FileStore(abc.ABC):
 
 def check_slot_id(slot_id: str) -> str:
     if not _SLOT.match(slot_id):
-        raise StoreRefusal("bad slot id", "32 lower hex")
+        raise StoreRefusal(ErrorCode.BAD_SLOT_ID, "32 lower hex")
     return slot_id
 
 
 def check_sha(sha256: str) -> str:
     if not _SHA.match(sha256):
-        raise StoreRefusal("bad file name", "a file is named by its sha256 (64 lower hex)")
+        raise StoreRefusal(ErrorCode.BAD_FILE_NAME, "a file is named by its sha256 (64 lower hex)")
     return sha256
 
 
@@ -104,13 +107,15 @@ class DiskFileStore(FileStore):
                 async for chunk in chunks:
                     n += len(chunk)
                     if n > size:
-                        raise StoreRefusal("size mismatch", f"more than the granted {size} bytes")
+                        raise StoreRefusal(ErrorCode.SIZE_MISMATCH,
+                                           f"more than the granted {size} bytes")
                     h.update(chunk)
                     f.write(chunk)
                 if n != size:
-                    raise StoreRefusal("size mismatch", f"{n} bytes, granted {size}")
+                    raise StoreRefusal(ErrorCode.SIZE_MISMATCH, f"{n} bytes, granted {size}")
                 if h.hexdigest() != sha256:
-                    raise StoreRefusal("sha256 mismatch", "bytes do not hash to the granted sha256")
+                    raise StoreRefusal(ErrorCode.SHA256_MISMATCH,
+                                       "bytes do not hash to the granted sha256")
                 f.flush()
                 if self.fsync:  # off the event loop: a 10 MB fsync can take tens of ms
                     await asyncio.to_thread(os.fsync, f.fileno())

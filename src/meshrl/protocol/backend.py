@@ -1,6 +1,7 @@
 """Chain backends: an in-process py-evm chain (eth-tester) and any JSON-RPC endpoint (anvil,
 Base Sepolia). Both sign with local eth-account keys and send raw transactions, and both turn
-every failure mode of a reverted transaction into `TxReverted` with the contract's reason:
+every failure mode of a reverted transaction into `TxReverted` with the contract's reason
+(the subclass `errors.REVERTS` names for it, if any):
 
 - eth-tester raises its own `TransactionFailed` (at gas estimation or when sending);
 - JSON-RPC nodes answer gas estimation with an "execution reverted: ..." error;
@@ -19,7 +20,7 @@ from web3 import Web3
 from web3.exceptions import TimeExhausted
 from web3.types import TxReceipt
 
-from meshrl.protocol.errors import ChainError, TxReverted
+from meshrl.protocol.errors import ChainError, TxReverted, reverted
 
 __all__ = ["Backend", "EthTesterBackend", "RpcBackend", "revert_reason"]
 
@@ -104,7 +105,7 @@ class Backend:
             ) from None
         if receipt["status"] != 1:
             tx_hex = "0x" + bytes(receipt["transactionHash"]).hex()
-            raise TxReverted(self._replay_reason(tx, receipt), tx_hash=tx_hex)
+            raise reverted(self._replay_reason(tx, receipt), tx_hash=tx_hex)
         return receipt
 
     def estimate_gas(self, tx: dict[str, Any]) -> int:
@@ -125,7 +126,7 @@ class Backend:
             reason = revert_reason(e)
             if reason is None:
                 raise ChainError(f"{self.name}: {type(e).__name__}: {e}") from e
-            raise TxReverted(reason) from None
+            raise reverted(reason) from None
 
     def _replay_reason(self, tx: dict[str, Any], receipt: TxReceipt) -> str:
         # A REVERT hands back unused gas; an exceptional halt (out of gas, EIP-2200's SSTORE

@@ -1,8 +1,17 @@
-"""The one exception type a failed chain action raises, whatever the backend."""
+"""The exception types a failed chain action raises, whatever the backend.
+
+A revert is a `TxReverted`; the reverts callers act on arrive as a subclass, chosen by the
+contract's exact revert message in `REVERTS` (the one table from reason to class), so a caller
+catches `DuplicateFile` instead of reading the message.
+"""
 
 from __future__ import annotations
 
-__all__ = ["ChainError", "TxReverted"]
+__all__ = [
+    "REVERTS", "ChainError", "DuplicateFile", "InvalidationWindowClosed", "InviteExpired",
+    "InviteUsed", "NodeBlacklisted", "NodeNotInPool", "OutOfGas", "TxReverted",
+    "WorkNotPending", "reverted",
+]
 
 
 class ChainError(RuntimeError):
@@ -17,3 +26,56 @@ class TxReverted(ChainError):
         self.tx_hash = tx_hash
         where = f" (tx {tx_hash})" if tx_hash else ""
         super().__init__(f"reverted: {reason or '<no reason>'}{where}")
+
+
+class DuplicateFile(TxReverted):
+    """The node submitted this file before (work is keyed by node and file)."""
+
+
+class NodeNotInPool(TxReverted):
+    """The node is not (or no longer) in the pool it acts for: never joined, left or ejected."""
+
+
+class NodeBlacklisted(TxReverted):
+    """The pool blacklisted the node: it cannot join it again."""
+
+
+class InviteExpired(TxReverted):
+    """The invite's expiry has passed."""
+
+
+class InviteUsed(TxReverted):
+    """The invite was used already."""
+
+
+class WorkNotPending(TxReverted):
+    """The work is no longer awaiting a verdict (invalidated or claimed already)."""
+
+
+class InvalidationWindowClosed(TxReverted):
+    """The work's invalidation window has closed: it can no longer be invalidated."""
+
+
+class OutOfGas(TxReverted):
+    """The transaction ran out of gas (the backends report it as the reason "out of gas")."""
+
+
+# the contracts' exact revert messages (protocol/contracts/*.vy) -> the class raised for them;
+# every other reason is a plain `TxReverted`
+REVERTS: dict[str, type[TxReverted]] = {
+    "work: duplicate file": DuplicateFile,
+    "work: node not in pool": NodeNotInPool,
+    "pools: node not in pool": NodeNotInPool,
+    "pools: node not in a pool": NodeNotInPool,
+    "pools: node blacklisted": NodeBlacklisted,
+    "pools: invite expired": InviteExpired,
+    "pools: invite used": InviteUsed,
+    "work: not pending": WorkNotPending,
+    "work: invalidation window closed": InvalidationWindowClosed,
+    "out of gas": OutOfGas,
+}
+
+
+def reverted(reason: str, tx_hash: str | None = None) -> TxReverted:
+    """The exception of a revert with `reason`: its class in `REVERTS`, else `TxReverted`."""
+    return REVERTS.get(reason, TxReverted)(reason, tx_hash)

@@ -23,7 +23,7 @@ import aiohttp
 from meshrl.log import get_logger, log_event
 from meshrl.pool import Assignment, PoolRules, read_rules
 from meshrl.tasks import TaskSet
-from meshrl.wire import SignedClient, WireHTTPError, read_rollout_file
+from meshrl.wire import SignedClient, StepGoesBack, WireHTTPError, read_rollout_file
 from meshrl.wire.models import FileStatus, LedgerEntry, LedgerPage
 
 __all__ = ["FileGroups", "LedgerReader", "UnusableFile", "file_groups", "trainable"]
@@ -183,8 +183,6 @@ class LedgerReader:
                     ack = await c.call("POST", "/step", StepUpdate(step=step),
                                        response=HeartbeatAck)
                     return ack.step
-                except WireHTTPError as e:
-                    if e.status != 409:  # 409: the pool is already past it (a resumed run)
-                        raise
+                except StepGoesBack:  # the pool is already past it (a resumed run)
                     return step
         return self._run(go)

@@ -31,7 +31,13 @@ from meshrl.validator.config import ValidatorConfig
 from meshrl.validator.judge import Judge, Unjudged
 from meshrl.validator.policy import backoff_delay
 from meshrl.validator.state import Job, ValidatorState
-from meshrl.wire import SignedClient, WireHTTPError
+from meshrl.wire import (
+    NoSuchSubmission,
+    NotAwaitingVerdict,
+    NotSubmittedYet,
+    SignedClient,
+    WireHTTPError,
+)
 from meshrl.wire.models import Verdict, VerdictKind
 
 __all__ = ["ValidatorNode"]
@@ -172,12 +178,11 @@ class ValidatorNode:
         """True when the orchestrator has the verdict (or never will need it)."""
         try:
             await self.orch.call("POST", "/verdicts", Verdict(**v))
-        except WireHTTPError as e:
-            # 409 while the ledger has not seen the submission yet: try again later; 409 for
-            # a file whose row has moved on (invalidated on chain): nothing left to tell
-            waiting = e.status == 409 and any(s in e.detail for s in ("uploaded", "granted"))
-            return e.status == 409 and not waiting
-        except OSError:
+        except NotAwaitingVerdict:
+            return True  # the row has moved on (invalidated on chain): nothing left to tell
+        except (NoSuchSubmission, NotSubmittedYet):
+            return False  # the ledger has not seen the submission yet: try again later
+        except (WireHTTPError, OSError):
             return False
         return True
 

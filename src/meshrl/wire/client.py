@@ -3,8 +3,9 @@
 `SignedClient(base_url, private_key)` wraps an aiohttp session (pass your own to share one
 connection pool or to inject a transport). JSON bodies are signed over their exact bytes;
 uploads are streamed from disk and signed over the file's sha256, which the receiving store
-checks while it writes. A non-2xx answer raises `WireHTTPError(status, reason, detail)`; a
-service that cannot be reached (refused, reset, timed out) raises `WireUnavailable`, an `OSError`.
+checks while it writes. A non-2xx answer raises the `WireHTTPError` subclass of its code
+(`NotInPool`, `StaleWork`, ...; the base class for a code this version does not know); a service
+that cannot be reached (refused, reset, timed out) raises `WireUnavailable`, an `OSError`.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import aiohttp
 from pydantic import BaseModel
 from yarl import URL
 
-from meshrl.wire.errors import WireHTTPError, WireUnavailable
+from meshrl.wire.errors import WireUnavailable, refusal
 from meshrl.wire.signing import address_of, sign_request
 
-__all__ = ["SignedClient"]
+__all__ = ["SignedClient", "raise_for"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -98,7 +99,7 @@ class SignedClient:
             method, url, data=raw, headers=headers
         ) as resp:
             data = await resp.read()
-            _raise_for(resp.status, data)
+            raise_for(resp.status, data)
         parsed = json.loads(data) if data else None
         return response.model_validate(parsed) if response is not None else parsed
 
@@ -117,7 +118,7 @@ class SignedClient:
             method, url, data=_chunks(file, chunk_size), headers=headers
         ) as resp:
             data = await resp.read()
-            _raise_for(resp.status, data)
+            raise_for(resp.status, data)
         return json.loads(data) if data else None
 
     async def get_bytes(self, path: str) -> bytes:
@@ -127,7 +128,7 @@ class SignedClient:
             URL(self.base_url + path, encoded=True), headers=headers
         ) as resp:
             data = await resp.read()
-            _raise_for(resp.status, data)
+            raise_for(resp.status, data)
         return data
 
 
@@ -148,12 +149,14 @@ async def _chunks(file: Path, size: int) -> AsyncIterator[bytes]:
             yield chunk
 
 
-def _raise_for(status: int, data: bytes) -> None:
+def raise_for(status: int, data: bytes) -> None:
+    """Raise the refusal an answer with `status` and body `data` carries (nothing for a 2xx)."""
     if status < 300:
         return
     try:
         err = json.loads(data)
-        reason, detail = str(err.get("error", "")), str(err.get("detail", ""))
-    except (ValueError, AttributeError):
-        reason, detail = data[:200].decode(errors="replace"), ""
-    raise WireHTTPError(status, reason, detail)
+        reason, code = str(err.get("error", "")), str(err.get("code", ""))
+        detail = str(err.get("detail", ""))
+    except (ValueError, AttributeError):  # not a service's JSON refusal (a proxy, a crash)
+        reason, code, detail = data[:200].decode(errors="replace"), "", ""
+    raise refusal(status, code, detail, reason)

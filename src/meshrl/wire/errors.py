@@ -1,24 +1,354 @@
-"""Typed errors of the wire: every refusal carries an HTTP status and a short reason."""
+"""Typed errors of the wire. Every refusal a service makes has an `ErrorCode` (which fixes its
+HTTP status), and is answered as `{"error": <short reason>, "code": <code>, "detail": ...}`.
+The client raises one `WireHTTPError` subclass per code, so callers branch on the type, never
+on the text; a code this version does not know arrives as the base class.
+"""
 
 from __future__ import annotations
 
-__all__ = ["RolloutFileError", "WireError", "WireHTTPError", "WireUnavailable"]
+from enum import StrEnum
+from typing import ClassVar
+
+from pydantic import BaseModel
+
+__all__ = [
+    "BadFileName", "BadPoolId", "BadSignature", "BadSlotId", "BodySha256Mismatch", "BodyTooLarge",
+    "ErrorBody", "ErrorCode", "FileAlreadyKnown", "FileTooLarge", "FutureTimestamp", "HttpRefused",
+    "InvalidBody", "InvalidQuery", "MalformedAddress", "MalformedBodySha256", "MalformedJson",
+    "MalformedNonce", "MalformedTimestamp", "MethodNotAllowed", "MissingSignature", "NoInvite",
+    "NoSuchFile", "NoSuchRoute", "NoSuchSlot", "NoSuchSubmission", "NodeNotOnChain",
+    "NonceStoreUnavailable", "NotAReader", "NotAValidator", "NotAnnounced", "NotAwaitingVerdict",
+    "NotInPool", "NotOwnEntry", "NotPoolManager", "NotSubmittedYet", "ProviderMismatch",
+    "RateLimited", "ReplayedNonce", "RolloutFileError", "Sha256Mismatch", "SizeMismatch",
+    "SlotAlreadyUsed", "SlotExpired", "SlotOfAnotherNode", "StaleTimestamp", "StaleWork",
+    "StepGoesBack", "TooManyNodesForIp", "TooManyWorkUnits", "WireError", "WireHTTPError",
+    "WireUnavailable", "WorkIdOfAnotherFile", "WrongSigner", "refusal", "refusal_classes"
+]
+
+
+class ErrorCode(StrEnum):
+    """A refusal's machine-readable code; `status` is its HTTP status, `reason` the short
+    human text of the body's `error` field. docs/wire.md lists what each one means."""
+
+    status: int
+    reason: str
+
+    def __new__(cls, value: str, status: int, reason: str) -> ErrorCode:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.status, member.reason = status, reason
+        return member
+
+    # the signed request and the HTTP layer (every route)
+    BODY_TOO_LARGE = "body_too_large", 413, "body too large"
+    BODY_SHA256_MISMATCH = "body_sha256_mismatch", 400, "body sha256 mismatch"
+    MISSING_SIGNATURE = "missing_signature", 401, "missing signature headers"
+    MALFORMED_ADDRESS = "malformed_address", 400, "malformed address"
+    MALFORMED_NONCE = "malformed_nonce", 400, "malformed nonce"
+    MALFORMED_TIMESTAMP = "malformed_timestamp", 400, "malformed timestamp"
+    MALFORMED_BODY_SHA256 = "malformed_body_sha256", 400, "malformed body sha256"
+    STALE_TIMESTAMP = "stale_timestamp", 401, "stale timestamp"
+    FUTURE_TIMESTAMP = "future_timestamp", 401, "future timestamp"
+    BAD_SIGNATURE = "bad_signature", 401, "bad signature"
+    WRONG_SIGNER = "wrong_signer", 401, "signature of another address"
+    RATE_LIMITED = "rate_limited", 429, "rate limit"
+    REPLAYED_NONCE = "replayed_nonce", 409, "replayed nonce"
+    NONCE_STORE_UNAVAILABLE = "nonce_store_unavailable", 503, "nonce store unavailable"
+    MALFORMED_JSON = "malformed_json", 400, "malformed json"
+    INVALID_BODY = "invalid_body", 422, "invalid body"
+    INVALID_QUERY = "invalid_query", 422, "invalid query"
+    NO_SUCH_ROUTE = "no_such_route", 404, "no such route"
+    METHOD_NOT_ALLOWED = "method_not_allowed", 405, "method not allowed"
+    HTTP_REFUSED = "http_refused", 400, "refused"  # any other refusal of aiohttp: its status
+    # the orchestrator
+    NOT_IN_POOL = "not_in_pool", 403, "not in pool"
+    NOT_A_READER = "not_a_reader", 403, "not a reader"
+    NOT_A_VALIDATOR = "not_a_validator", 403, "not a validator"
+    NO_INVITE = "no_invite", 404, "no invite"
+    FILE_TOO_LARGE = "file_too_large", 413, "file too large"
+    TOO_MANY_WORK_UNITS = "too_many_work_units", 422, "too many work units"
+    STALE_WORK = "stale_work", 409, "stale work"
+    FILE_ALREADY_KNOWN = "file_already_known", 409, "file already known"
+    BAD_SLOT_ID = "bad_slot_id", 400, "bad slot id"
+    NO_SUCH_SLOT = "no_such_slot", 404, "no such slot"
+    SLOT_OF_ANOTHER_NODE = "slot_of_another_node", 403, "slot of another node"
+    SLOT_ALREADY_USED = "slot_already_used", 409, "slot already used"
+    SLOT_EXPIRED = "slot_expired", 410, "slot expired"
+    SHA256_MISMATCH = "sha256_mismatch", 400, "sha256 mismatch"
+    SIZE_MISMATCH = "size_mismatch", 400, "size mismatch"
+    BAD_FILE_NAME = "bad_file_name", 400, "bad file name"
+    NO_SUCH_FILE = "no_such_file", 404, "no such file"
+    NO_SUCH_SUBMISSION = "no_such_submission", 404, "no such submission"
+    WORK_ID_OF_ANOTHER_FILE = "work_id_of_another_file", 422, "work id of another file"
+    NOT_SUBMITTED_YET = "not_submitted_yet", 409, "not submitted yet"
+    NOT_AWAITING_VERDICT = "not_awaiting_verdict", 409, "not awaiting a verdict"
+    STEP_GOES_BACK = "step_goes_back", 409, "step goes back"
+    # discovery
+    NODE_NOT_ON_CHAIN = "node_not_on_chain", 403, "node not on chain"
+    PROVIDER_MISMATCH = "provider_mismatch", 403, "provider mismatch"
+    TOO_MANY_NODES_FOR_IP = "too_many_nodes_for_ip", 429, "too many nodes for this IP address"
+    NOT_OWN_ENTRY = "not_own_entry", 403, "only a node reads its own entry"
+    NOT_ANNOUNCED = "not_announced", 404, "not announced"
+    BAD_POOL_ID = "bad_pool_id", 400, "bad pool id"
+    NOT_POOL_MANAGER = "not_pool_manager", 403, "not the pool's manager"
+
+
+class ErrorBody(BaseModel):
+    """The JSON body of every refusal."""
+
+    error: str
+    code: ErrorCode
+    detail: str = ""
 
 
 class WireError(Exception):
-    """A request refused by a server: `status` is the 4xx code, `reason` the JSON reason."""
+    """A request refused by a server: the code fixes the status and the short reason."""
 
-    def __init__(self, status: int, reason: str, detail: str = "") -> None:
-        super().__init__(f"{status} {reason}" + (f": {detail}" if detail else ""))
-        self.status, self.reason, self.detail = status, reason, detail
+    def __init__(self, code: ErrorCode, detail: str = "") -> None:
+        super().__init__(f"{code.status} {code.reason}" + (f": {detail}" if detail else ""))
+        self.code, self.detail = code, detail
+        self.status, self.reason = code.status, code.reason
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(error=self.reason, code=self.code, detail=self.detail)
+
+
+_BY_CODE: dict[ErrorCode, type[WireHTTPError]] = {}
 
 
 class WireHTTPError(Exception):
-    """A non-2xx answer seen by the client helper (status, the server's reason and detail)."""
+    """A non-2xx answer seen by the client: `status`, `code` (an `ErrorCode` when this version
+    knows it, else the raw text), the server's short `reason` and its `detail`. A known code
+    arrives as its subclass (`NotInPool`, `StaleWork`, ...)."""
 
-    def __init__(self, status: int, reason: str, detail: str = "") -> None:
-        super().__init__(f"HTTP {status} {reason}" + (f": {detail}" if detail else ""))
-        self.status, self.reason, self.detail = status, reason, detail
+    CODE: ClassVar[ErrorCode | None] = None
+
+    def __init_subclass__(cls, code: ErrorCode | None = None, **kw: object) -> None:
+        super().__init_subclass__(**kw)
+        if code is not None:
+            if code in _BY_CODE:
+                raise TypeError(f"{code} has a class already: {_BY_CODE[code].__name__}")
+            cls.CODE = code
+            _BY_CODE[code] = cls
+
+    def __init__(self, status: int, code: str, detail: str = "", reason: str = "") -> None:
+        text = reason or code
+        super().__init__(f"HTTP {status} {text}" + (f" [{code}]" if code and code != text else "")
+                         + (f": {detail}" if detail else ""))
+        self.status, self.code, self.detail, self.reason = status, code, detail, reason
+
+
+def refusal(status: int, code: str, detail: str = "", reason: str = "") -> WireHTTPError:
+    """The exception of an answer: the class of its code, or the base class for an unknown one."""
+    try:
+        known = ErrorCode(code)
+    except ValueError:
+        return WireHTTPError(status, code, detail, reason)
+    return _BY_CODE.get(known, WireHTTPError)(status, known, detail, reason)
+
+
+def refusal_classes() -> dict[ErrorCode, type[WireHTTPError]]:
+    """Every code's client class (a test checks each code has one)."""
+    return dict(_BY_CODE)
+
+
+# the signed request and the HTTP layer
+class BodyTooLarge(WireHTTPError, code=ErrorCode.BODY_TOO_LARGE):
+    """The body is over the route's limit."""
+
+
+class BodySha256Mismatch(WireHTTPError, code=ErrorCode.BODY_SHA256_MISMATCH):
+    """The body does not hash to its signed `x-content-sha256`."""
+
+
+class MissingSignature(WireHTTPError, code=ErrorCode.MISSING_SIGNATURE):
+    """A signature header is missing."""
+
+
+class MalformedAddress(WireHTTPError, code=ErrorCode.MALFORMED_ADDRESS):
+    """`x-address` is not a 0x-hex address."""
+
+
+class MalformedNonce(WireHTTPError, code=ErrorCode.MALFORMED_NONCE):
+    """`x-nonce` is not 8-64 characters of [0-9A-Za-z_-]."""
+
+
+class MalformedTimestamp(WireHTTPError, code=ErrorCode.MALFORMED_TIMESTAMP):
+    """`x-timestamp` is not decimal Unix seconds."""
+
+
+class MalformedBodySha256(WireHTTPError, code=ErrorCode.MALFORMED_BODY_SHA256):
+    """`x-content-sha256` is not 64 hex digits."""
+
+
+class StaleTimestamp(WireHTTPError, code=ErrorCode.STALE_TIMESTAMP):
+    """The request is older than the server's allowed skew."""
+
+
+class FutureTimestamp(WireHTTPError, code=ErrorCode.FUTURE_TIMESTAMP):
+    """The request is dated further ahead than the allowed skew."""
+
+
+class BadSignature(WireHTTPError, code=ErrorCode.BAD_SIGNATURE):
+    """The signature is malformed or recovers no key."""
+
+
+class WrongSigner(WireHTTPError, code=ErrorCode.WRONG_SIGNER):
+    """The signature is valid but of another address than `x-address`."""
+
+
+class RateLimited(WireHTTPError, code=ErrorCode.RATE_LIMITED):
+    """This signer sent more requests than its rate allows: slow down."""
+
+
+class ReplayedNonce(WireHTTPError, code=ErrorCode.REPLAYED_NONCE):
+    """This (signer, nonce) was seen within its window."""
+
+
+class NonceStoreUnavailable(WireHTTPError, code=ErrorCode.NONCE_STORE_UNAVAILABLE):
+    """The server could not record the nonce, so it served nothing (transient)."""
+
+
+class MalformedJson(WireHTTPError, code=ErrorCode.MALFORMED_JSON):
+    """The body is not JSON."""
+
+
+class InvalidBody(WireHTTPError, code=ErrorCode.INVALID_BODY):
+    """The body is not the route's model."""
+
+
+class InvalidQuery(WireHTTPError, code=ErrorCode.INVALID_QUERY):
+    """The query is not the route's model."""
+
+
+class NoSuchRoute(WireHTTPError, code=ErrorCode.NO_SUCH_ROUTE):
+    """No route at this path."""
+
+
+class MethodNotAllowed(WireHTTPError, code=ErrorCode.METHOD_NOT_ALLOWED):
+    """The path has no route for this method."""
+
+
+class HttpRefused(WireHTTPError, code=ErrorCode.HTTP_REFUSED):
+    """Another refusal of the HTTP layer (its status is the one aiohttp chose)."""
+
+
+# the orchestrator
+class NotInPool(WireHTTPError, code=ErrorCode.NOT_IN_POOL):
+    """The caller is not a live member of the pool (never joined, or ejected)."""
+
+
+class NotAReader(WireHTTPError, code=ErrorCode.NOT_A_READER):
+    """The caller may not read the ledger, the files or the node table."""
+
+
+class NotAValidator(WireHTTPError, code=ErrorCode.NOT_A_VALIDATOR):
+    """The caller has no validator role on chain."""
+
+
+class NoInvite(WireHTTPError, code=ErrorCode.NO_INVITE):
+    """No live invite for the caller (yet)."""
+
+
+class FileTooLarge(WireHTTPError, code=ErrorCode.FILE_TOO_LARGE):
+    """The file is over the pool's `max_file_bytes`."""
+
+
+class TooManyWorkUnits(WireHTTPError, code=ErrorCode.TOO_MANY_WORK_UNITS):
+    """The file claims more work units than the pool allows."""
+
+
+class StaleWork(WireHTTPError, code=ErrorCode.STALE_WORK):
+    """The file's step or policy version is outside what the pool accepts now."""
+
+
+class FileAlreadyKnown(WireHTTPError, code=ErrorCode.FILE_ALREADY_KNOWN):
+    """The file is granted and live already (or the node submitted it without a grant)."""
+
+
+class BadSlotId(WireHTTPError, code=ErrorCode.BAD_SLOT_ID):
+    """The slot id is not 32 lower hex digits."""
+
+
+class NoSuchSlot(WireHTTPError, code=ErrorCode.NO_SUCH_SLOT):
+    """No slot with this id (never granted, or expired and dropped)."""
+
+
+class SlotOfAnotherNode(WireHTTPError, code=ErrorCode.SLOT_OF_ANOTHER_NODE):
+    """The slot was granted to another node."""
+
+
+class SlotAlreadyUsed(WireHTTPError, code=ErrorCode.SLOT_ALREADY_USED):
+    """The slot's file was uploaded already (or an upload through it is running)."""
+
+
+class SlotExpired(WireHTTPError, code=ErrorCode.SLOT_EXPIRED):
+    """The slot expired before the upload."""
+
+
+class Sha256Mismatch(WireHTTPError, code=ErrorCode.SHA256_MISMATCH):
+    """The uploaded bytes are not the granted file."""
+
+
+class SizeMismatch(WireHTTPError, code=ErrorCode.SIZE_MISMATCH):
+    """The upload is not the granted size."""
+
+
+class BadFileName(WireHTTPError, code=ErrorCode.BAD_FILE_NAME):
+    """A file is named by its sha256 (64 lower hex digits)."""
+
+
+class NoSuchFile(WireHTTPError, code=ErrorCode.NO_SUCH_FILE):
+    """The store does not hold this file."""
+
+
+class NoSuchSubmission(WireHTTPError, code=ErrorCode.NO_SUCH_SUBMISSION):
+    """The ledger has no row for the judged submission yet: post the verdict again later."""
+
+
+class WorkIdOfAnotherFile(WireHTTPError, code=ErrorCode.WORK_ID_OF_ANOTHER_FILE):
+    """The verdict's work id names another file than its sha256."""
+
+
+class NotSubmittedYet(WireHTTPError, code=ErrorCode.NOT_SUBMITTED_YET):
+    """The ledger row has not seen its submission on chain yet: post the verdict again later."""
+
+
+class NotAwaitingVerdict(WireHTTPError, code=ErrorCode.NOT_AWAITING_VERDICT):
+    """The row has moved on (invalidated on chain): no verdict is needed any more."""
+
+
+class StepGoesBack(WireHTTPError, code=ErrorCode.STEP_GOES_BACK):
+    """The pool's step only moves forward."""
+
+
+# discovery
+class NodeNotOnChain(WireHTTPError, code=ErrorCode.NODE_NOT_ON_CHAIN):
+    """The node was not added on chain by a provider."""
+
+
+class ProviderMismatch(WireHTTPError, code=ErrorCode.PROVIDER_MISMATCH):
+    """The announcement names another provider than the chain's."""
+
+
+class TooManyNodesForIp(WireHTTPError, code=ErrorCode.TOO_MANY_NODES_FOR_IP):
+    """The caller's IP address has `max_nodes_per_ip` other nodes announced."""
+
+
+class NotOwnEntry(WireHTTPError, code=ErrorCode.NOT_OWN_ENTRY):
+    """A node reads only its own entry."""
+
+
+class NotAnnounced(WireHTTPError, code=ErrorCode.NOT_ANNOUNCED):
+    """The node has not announced itself."""
+
+
+class BadPoolId(WireHTTPError, code=ErrorCode.BAD_POOL_ID):
+    """The pool id is not a positive uint256."""
+
+
+class NotPoolManager(WireHTTPError, code=ErrorCode.NOT_POOL_MANAGER):
+    """Only the pool's manager on chain lists its candidates."""
 
 
 class WireUnavailable(ConnectionError):

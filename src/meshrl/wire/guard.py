@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pydantic import Field
 
 from meshrl.config import Config
-from meshrl.wire.errors import WireError
+from meshrl.wire.errors import ErrorCode, WireError
 from meshrl.wire.nonces import NonceStore
 from meshrl.wire.signing import (
     HEADER_ADDRESS,
@@ -75,7 +75,7 @@ class RateLimiter:
 
 
 class RequestGuard:
-    """Verifies one request's headers and body; raises `WireError` (401/400/409/413/429)."""
+    """Verifies one request's headers and body; raises `WireError` with the refusal's code."""
 
     def __init__(self, cfg: GuardConfig, clock: Callable[[], float] = time.time,
                  nonces: NonceStore | None = None) -> None:
@@ -92,30 +92,31 @@ class RequestGuard:
         """Everything but the body hash: call before reading a (possibly streamed) body."""
         limit = self.cfg.max_body_bytes if max_body is None else max_body
         if body_size is not None and body_size > limit:
-            raise WireError(413, "body too large", f"{body_size} > {limit} bytes")
+            raise WireError(ErrorCode.BODY_TOO_LARGE, f"{body_size} > {limit} bytes")
         address, sig, nonce, ts, digest = (headers.get(h) for h in (
             HEADER_ADDRESS, HEADER_SIGNATURE, HEADER_NONCE, HEADER_TIMESTAMP, HEADER_BODY_SHA256))
         if not (address and sig and nonce and ts and digest):
-            raise WireError(401, "missing signature headers")
+            raise WireError(ErrorCode.MISSING_SIGNATURE)
         claimed = _parse_address(address)
         if not NONCE_RE.match(nonce):
-            raise WireError(400, "malformed nonce")
+            raise WireError(ErrorCode.MALFORMED_NONCE)
         if not ts.isdigit() or len(ts) > 12:
-            raise WireError(400, "malformed timestamp")
+            raise WireError(ErrorCode.MALFORMED_TIMESTAMP)
         if len(digest) != 64 or not set(digest) <= _HEX40:
-            raise WireError(400, "malformed body sha256")
+            raise WireError(ErrorCode.MALFORMED_BODY_SHA256)
         timestamp, now = int(ts), self.clock()
         if timestamp < now - self.cfg.max_skew_s:
-            raise WireError(401, "stale timestamp", f"{now - timestamp:.0f} s old")
+            raise WireError(ErrorCode.STALE_TIMESTAMP, f"{now - timestamp:.0f} s old")
         if timestamp > now + self.cfg.max_skew_s:
-            raise WireError(401, "future timestamp", f"{timestamp - now:.0f} s ahead")
+            raise WireError(ErrorCode.FUTURE_TIMESTAMP, f"{timestamp - now:.0f} s ahead")
         signer = self._recover(request_message(method, path, digest, nonce, timestamp), sig)
         if signer.lower() != claimed:
-            raise WireError(401, "signature of another address")
+            raise WireError(ErrorCode.WRONG_SIGNER)
         if not self.limiter.allow(signer, now):
-            raise WireError(429, "rate limit", f"{self.cfg.rate_per_minute} requests per minute")
+            raise WireError(ErrorCode.RATE_LIMITED,
+                            f"{self.cfg.rate_per_minute} requests per minute")
         if self.nonces.seen(signer, nonce, now):
-            raise WireError(409, "replayed nonce")
+            raise WireError(ErrorCode.REPLAYED_NONCE)
         self.nonces.add(signer, nonce, timestamp + self.cfg.max_skew_s + 1)
         return VerifiedRequest(signer, digest.lower(), nonce, timestamp)
 
@@ -129,20 +130,20 @@ class RequestGuard:
             # refused before the signature so that no nonce is burnt by a mangled body
             limit = self.cfg.max_body_bytes if max_body is None else max_body
             if len(body) > limit:
-                raise WireError(413, "body too large", f"{len(body)} > {limit} bytes")
-            raise WireError(400, "body sha256 mismatch")
+                raise WireError(ErrorCode.BODY_TOO_LARGE, f"{len(body)} > {limit} bytes")
+            raise WireError(ErrorCode.BODY_SHA256_MISMATCH)
         return self.check_headers(method, path, headers, len(body), max_body)
 
     def _recover(self, message: bytes, sig: str) -> str:
         try:
             raw = bytes.fromhex(sig.removeprefix("0x"))
         except ValueError:
-            raise WireError(401, "bad signature", "not hex") from None
+            raise WireError(ErrorCode.BAD_SIGNATURE, "not hex") from None
         t0 = time.thread_time()  # CPU time: a busy machine's waits are not the check's cost
         try:
             return recover_signer(message, raw)
         except ValueError as e:
-            raise WireError(401, "bad signature", str(e)) from None
+            raise WireError(ErrorCode.BAD_SIGNATURE, str(e)) from None
         finally:
             self.verify_seconds += time.thread_time() - t0
             self.verified += 1
@@ -151,5 +152,5 @@ class RequestGuard:
 def _parse_address(address: str) -> str:
     body = address.removeprefix("0x")
     if len(address) != 42 or not address.startswith("0x") or not set(body) <= _HEX40:
-        raise WireError(400, "malformed address")
+        raise WireError(ErrorCode.MALFORMED_ADDRESS)
     return address.lower()

@@ -14,7 +14,7 @@ import heapq
 import sqlite3
 import time
 
-from meshrl.wire.errors import WireError
+from meshrl.wire.errors import ErrorCode, WireError
 
 __all__ = ["NonceStore", "SqliteNonceStore"]
 
@@ -85,4 +85,4 @@ class SqliteNonceStore(NonceStore):
         try:
             self.db.execute(sql, args)
         except sqlite3.Error as e:  # an unrecorded nonce could be replayed: serve nothing
-            raise WireError(503, "nonce store unavailable", str(e)) from None
+            raise WireError(ErrorCode.NONCE_STORE_UNAVAILABLE, str(e)) from None

@@ -3,9 +3,9 @@
 A service lists `Route`s; `build_app` turns them into an aiohttp application whose middleware
 verifies every signed route (`RequestGuard`), parses the JSON body and query into the route's
 models, serialises the response model, counts requests in Prometheus metrics and answers every
-refusal as `{"error": reason, "detail": ...}` with a 4xx status. The OpenAPI document is built
-from the same routes (`openapi_document`), served at `/openapi.json`; `/health` and `/metrics`
-are unsigned.
+refusal as `{"error": reason, "code": code, "detail": ...}` (`ErrorBody`) with the code's status.
+The OpenAPI document is built from the same routes (`openapi_document`), each route's refusals
+included, and served at `/openapi.json`; `/health` and `/metrics` are unsigned.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from pydantic import BaseModel, ValidationError
 
-from meshrl.wire.errors import WireError
+from meshrl.wire.errors import ErrorBody, ErrorCode, WireError
 from meshrl.wire.guard import RequestGuard, VerifiedRequest
 
-__all__ = ["Call", "Route", "build_app", "error_response", "openapi_document", "serve_forever"]
+__all__ = ["Call", "Route", "build_app", "error_response", "openapi_document", "route_refusals",
+           "serve_forever"]
 
 
 @dataclass
@@ -39,7 +40,7 @@ class Call:
     @property
     def address(self) -> str:
         if self.signer is None:
-            raise WireError(401, "missing signature headers")
+            raise WireError(ErrorCode.MISSING_SIGNATURE)
         return self.signer.address
 
     def param(self, name: str) -> str:
@@ -52,7 +53,9 @@ Handler = Callable[[Call], Awaitable[BaseModel | web.StreamResponse]]
 @dataclass(frozen=True)
 class Route:
     """One endpoint. `stream` routes are not read by the middleware: the handler reads
-    `call.request.content` itself and must check the bytes against `call.signer.body_sha256`."""
+    `call.request.content` itself and must check the bytes against `call.signer.body_sha256`.
+    `refusals` are the codes the handler itself may answer (the signature's, the body's and the
+    query's are added from the route's shape: `route_refusals`)."""
 
     method: str
     path: str
@@ -65,13 +68,34 @@ class Route:
     stream: bool = False
     summary: str = ""
     tags: tuple[str, ...] = field(default_factory=tuple)
+    refusals: tuple[ErrorCode, ...] = ()
+
+
+_SIGNED = (ErrorCode.MISSING_SIGNATURE, ErrorCode.MALFORMED_ADDRESS, ErrorCode.MALFORMED_NONCE,
+           ErrorCode.MALFORMED_TIMESTAMP, ErrorCode.MALFORMED_BODY_SHA256,
+           ErrorCode.STALE_TIMESTAMP, ErrorCode.FUTURE_TIMESTAMP, ErrorCode.BAD_SIGNATURE,
+           ErrorCode.WRONG_SIGNER, ErrorCode.RATE_LIMITED, ErrorCode.REPLAYED_NONCE,
+           ErrorCode.NONCE_STORE_UNAVAILABLE)
+
+
+def route_refusals(route: Route) -> tuple[ErrorCode, ...]:
+    """Every code `route` may answer: its shape's (size, signature, body, query), then its own."""
+    out = [ErrorCode.BODY_TOO_LARGE]
+    if route.signed or route.stream:
+        out += [*([] if route.stream else [ErrorCode.BODY_SHA256_MISMATCH]), *_SIGNED]
+    if route.body is not None:
+        out += [ErrorCode.MALFORMED_JSON, ErrorCode.INVALID_BODY]
+    if route.query is not None:
+        out.append(ErrorCode.INVALID_QUERY)
+    return tuple(dict.fromkeys([*out, *route.refusals]))
 
 
 METRICS_KEY = web.AppKey("metrics_registry", CollectorRegistry)
 
 
-def error_response(status: int, reason: str, detail: str = "") -> web.Response:
-    return web.json_response({"error": reason, "detail": detail}, status=status)
+def error_response(body: ErrorBody, status: int) -> web.Response:
+    return web.Response(body=body.model_dump_json().encode(), status=status,
+                        content_type="application/json")
 
 
 class _Metrics:
@@ -89,10 +113,10 @@ class _Metrics:
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
     if request.content_length is not None and request.content_length > limit:
-        raise WireError(413, "body too large", f"{request.content_length} > {limit} bytes")
+        raise WireError(ErrorCode.BODY_TOO_LARGE, f"{request.content_length} > {limit} bytes")
     body = await request.content.read(limit + 1)
     if len(body) > limit:
-        raise WireError(413, "body too large", f"more than {limit} bytes")
+        raise WireError(ErrorCode.BODY_TOO_LARGE, f"more than {limit} bytes")
     return body
 
 
@@ -101,7 +125,8 @@ def _parse(model: type[BaseModel], data: Any, what: str) -> BaseModel:
         return model.model_validate(data)
     except ValidationError as e:
         msgs = "; ".join(f"{'.'.join(map(str, x['loc'])) or what}: {x['msg']}" for x in e.errors())
-        raise WireError(422, f"invalid {what}", msgs[:500]) from None
+        code = ErrorCode.INVALID_BODY if what == "body" else ErrorCode.INVALID_QUERY
+        raise WireError(code, msgs[:500]) from None
 
 
 async def _dispatch(route: Route, guard: RequestGuard, request: web.Request) -> web.StreamResponse:
@@ -118,7 +143,7 @@ async def _dispatch(route: Route, guard: RequestGuard, request: web.Request) -> 
             try:
                 data = json.loads(raw) if raw else None
             except (ValueError, UnicodeDecodeError):
-                raise WireError(400, "malformed json") from None
+                raise WireError(ErrorCode.MALFORMED_JSON) from None
             body_model = _parse(route.body, data, "body")
     query = _parse(route.query, dict(request.query), "query") if route.query else None
     result = await route.handler(Call(request, signer, body_model, query))
@@ -127,15 +152,21 @@ async def _dispatch(route: Route, guard: RequestGuard, request: web.Request) -> 
     return web.Response(body=result.model_dump_json().encode(), content_type="application/json")
 
 
+_AIOHTTP = {404: ErrorCode.NO_SUCH_ROUTE, 405: ErrorCode.METHOD_NOT_ALLOWED}
+
+
 @web.middleware
 async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """aiohttp's own refusals (no such route, wrong method) answered as JSON too."""
+    """aiohttp's own refusals (no such route, wrong method) answered as JSON too; one it has no
+    code for keeps its status as `http_refused`."""
     try:
         return await handler(request)
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        return error_response(e.status, e.reason.lower())
+        code = _AIOHTTP.get(e.status, ErrorCode.HTTP_REFUSED)
+        reason = e.reason.lower() if code is ErrorCode.HTTP_REFUSED else code.reason
+        return error_response(ErrorBody(error=reason, code=code), e.status)
 
 
 def build_app(
@@ -154,7 +185,7 @@ def build_app(
             try:
                 resp = await _dispatch(route, guard, request)
             except WireError as e:
-                resp = error_response(e.status, e.reason, e.detail)
+                resp = error_response(e.body(), e.status)
             metrics.latency.labels(service, route.path).observe(time.perf_counter() - t0)
             metrics.requests.labels(service, route.path, str(resp.status)).inc()
             return resp
@@ -177,10 +208,10 @@ def build_app(
 
 
 def openapi_document(service: str, routes: list[Route], version: str = "1") -> dict[str, Any]:
-    """OpenAPI 3.1 from the routes' pydantic models (schemas under components/schemas)."""
-    schemas: dict[str, Any] = {"Error": {
-        "type": "object", "required": ["error"],
-        "properties": {"error": {"type": "string"}, "detail": {"type": "string"}}}}
+    """OpenAPI 3.1 from the routes' pydantic models (schemas under components/schemas). Each
+    route's refusals are its error responses, by status, each an `ErrorBody` whose `code` is
+    one of that status's codes."""
+    schemas: dict[str, Any] = {}
 
     def ref(model: type[BaseModel]) -> dict[str, str]:
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -188,11 +219,11 @@ def openapi_document(service: str, routes: list[Route], version: str = "1") -> d
         schemas[model.__name__] = schema
         return {"$ref": f"#/components/schemas/{model.__name__}"}
 
+    error = ref(ErrorBody)  # its `code` is the `ErrorCode` schema: every code, an enum
     paths: dict[str, Any] = {}
     for r in routes:
-        op: dict[str, Any] = {"summary": r.summary, "tags": list(r.tags), "responses": {
-            "4XX": {"description": "refused", "content": {"application/json": {
-                "schema": {"$ref": "#/components/schemas/Error"}}}}}}
+        op: dict[str, Any] = {"summary": r.summary, "tags": list(r.tags),
+                              "responses": _refusal_responses(route_refusals(r), error)}
         ok: dict[str, Any] = {"description": "ok"}
         if r.response is not None:
             ok["content"] = {"application/json": {"schema": ref(r.response)}}
@@ -221,6 +252,18 @@ def openapi_document(service: str, routes: list[Route], version: str = "1") -> d
             "type": "apiKey", "in": "header", "name": "x-signature",
             "description": "EIP-191 signature; see meshrl.wire.signing for the message"}}},
     }
+
+
+def _refusal_responses(codes: tuple[ErrorCode, ...], error: dict[str, str]) -> dict[str, Any]:
+    by_status: dict[int, list[ErrorCode]] = {}
+    for c in codes:
+        by_status.setdefault(c.status, []).append(c)
+    out: dict[str, Any] = {}
+    for status, group in sorted(by_status.items()):
+        schema = {"allOf": [error, {"properties": {"code": {"enum": [c.value for c in group]}}}]}
+        out[str(status)] = {"description": "; ".join(f"{c.value}: {c.reason}" for c in group),
+                            "content": {"application/json": {"schema": schema}}}
+    return out
 
 
 def _path_params(path: str) -> list[str]:

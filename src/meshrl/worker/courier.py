@@ -1,10 +1,10 @@
 """The worker's real `Courier`: upload slots on the orchestrator, `submit_work` on chain.
 
 Uploads are made resumable by remembering the granted slot in the outbox record before the
-upload starts: after a crash the same slot is used again, and the orchestrator's answer "slot
-already used" means the bytes arrived before the crash. A grant refused with "file already
-known" while no slot is remembered means a grant was lost in a crash: it expires on the
-orchestrator, after which it can be granted again (`RetryLater` until then).
+upload starts: after a crash the same slot is used again, and the orchestrator's refusal
+`SlotAlreadyUsed` means the bytes arrived before the crash. A grant refused as
+`FileAlreadyKnown` while no slot is remembered means a grant was lost in a crash: it expires on
+the orchestrator, after which it can be granted again (`RetryLater` until then).
 """
 
 from __future__ import annotations
@@ -15,8 +15,15 @@ from pathlib import Path
 
 from eth_account.signers.local import LocalAccount
 
-from meshrl.protocol import Protocol, TxReverted, WorkStatus
-from meshrl.wire import SignedClient, WireHTTPError
+from meshrl.protocol import DuplicateFile, Protocol, WorkStatus
+from meshrl.wire import (
+    FileAlreadyKnown,
+    NoSuchSlot,
+    SignedClient,
+    SlotAlreadyUsed,
+    SlotExpired,
+    StaleWork,
+)
 from meshrl.wire.models import SlotRequest, UploadSlot
 from meshrl.worker.delivery import DuplicateSubmission, Pause, RetryLater, StaleFile
 from meshrl.worker.outbox import Outbox, OutboxEntry
@@ -36,21 +43,18 @@ class ChainCourier:
             try:
                 await self.orch.upload("PUT", entry.slot_url, path, entry.sha256)
                 return
-            except WireHTTPError as e:
-                if e.status == 409 and e.reason == "slot already used":
-                    return  # it arrived before a crash
-                if e.status not in (404, 410):
-                    raise
+            except SlotAlreadyUsed:
+                return  # it arrived before a crash
+            except (NoSuchSlot, SlotExpired):
+                pass  # ask for a new slot
         req = SlotRequest(sha256=entry.sha256, size=entry.size, step=entry.step,
                           policy_version=entry.policy_version, work_units=entry.work_units)
         try:
             slot = await self.orch.call("POST", "/uploads", req, response=UploadSlot)
-        except WireHTTPError as e:
-            if e.status == 409 and e.reason == "stale work":
-                raise StaleFile(e.detail) from None
-            if e.status == 409 and e.reason == "file already known":
-                raise RetryLater("a slot granted before a crash has not expired yet") from None
-            raise
+        except StaleWork as e:
+            raise StaleFile(e.detail) from None
+        except FileAlreadyKnown:
+            raise RetryLater("a slot granted before a crash has not expired yet") from None
         self.outbox.set_slot(entry, slot.url, slot.expires_at)
         if self.pause is not None:
             await self.pause("slot-granted", entry)
@@ -65,8 +69,6 @@ class ChainCourier:
         try:
             r = await asyncio.to_thread(self.chain.submit_work, self.pool, self.node,
                                         bytes.fromhex(entry.sha256), entry.work_units)
-        except TxReverted as e:
-            if "duplicate file" in str(e):
-                raise DuplicateSubmission(str(e)) from None
-            raise
+        except DuplicateFile as e:
+            raise DuplicateSubmission(str(e)) from None
         return r.tx_hash

@@ -22,7 +22,7 @@ from typing import Any
 from meshrl.log import get_logger, log_event
 from meshrl.pool import Assignment, PoolRules, WorkOrder
 from meshrl.protocol import Deployment, Protocol
-from meshrl.protocol.errors import TxReverted
+from meshrl.protocol.errors import NodeNotInPool, TxReverted
 from meshrl.protocol.local import connect
 from meshrl.wire import SignedClient, WireHTTPError
 from meshrl.wire.models import Heartbeat, HeartbeatAck
@@ -161,7 +161,7 @@ class WorkerNode:
             # blacklisted it
             if isinstance(e, WireHTTPError) and e.status not in (403, 429) and e.status < 500:
                 raise
-            if isinstance(e, TxReverted) and "not in pool" not in str(e):
+            if isinstance(e, TxReverted) and not isinstance(e, NodeNotInPool):
                 raise
             log_event(log, "delivery postponed", reason=str(e))
             await self._sleep(self.cfg.poll_interval)

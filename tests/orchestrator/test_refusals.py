@@ -1,0 +1,279 @@
+"""Every refusal the orchestrator's handlers make reaches a real client over loopback as its
+class: the ones that need no chain on the API served from its parts, the ones that read the
+chain (validator role, submissions) on the shared pool of real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meshrl.orchestrator.config import OrchestratorConfig
+from meshrl.wire import ErrorCode, SignedClient, WireHTTPError, refusal_classes
+from meshrl.wire.models import (
+    FileStatus,
+    Heartbeat,
+    LedgerPage,
+    NodeState,
+    SlotRequest,
+    StepUpdate,
+    UploadSlot,
+    Verdict,
+)
+
+from .conftest import Pool
+from .net import run, wait_for
+from .parts import Served, address, api_from_parts, key
+
+E = ErrorCode
+
+
+async def expect(code: ErrorCode, attempt: Awaitable[Any]) -> WireHTTPError:
+    with pytest.raises(WireHTTPError) as got:
+        await attempt
+    e = got.value
+    assert type(e) is refusal_classes()[code], e
+    assert (e.code, e.status) == (code, code.status), e
+    return e
+
+
+def blob(tmp: Path, name: str, size: int = 300) -> tuple[Path, str]:
+    data = os.urandom(size)
+    path = tmp / name
+    path.write_bytes(data)
+    return path, hashlib.sha256(data).hexdigest()
+
+
+def slot_request(sha: str, size: int = 300, step: int = 3, version: int = 3,
+                 units: int = 10) -> SlotRequest:
+    return SlotRequest(sha256=sha, size=size, step=step, policy_version=version,
+                       work_units=units)
+
+
+# ---- the API from its parts: members n1, n2; reader "trainer"; nobody else
+PartsCase = Callable[[Served, Path, Callable[[str], SignedClient]], Awaitable[Any]]
+
+
+async def _grant(c: SignedClient, sha: str, size: int = 300) -> UploadSlot:
+    return await c.call("POST", "/uploads", slot_request(sha, size), response=UploadSlot)
+
+
+async def _not_in_pool(s: Served, tmp: Path, client: Any) -> Any:
+    return await client("stranger").call("POST", "/heartbeat", Heartbeat())
+
+
+async def _not_a_reader(s: Served, tmp: Path, client: Any) -> Any:
+    return await client("n1").call("POST", "/step", StepUpdate(step=9))
+
+
+async def _no_invite(s: Served, tmp: Path, client: Any) -> Any:
+    return await client("stranger").call("GET", "/invite")
+
+
+async def _file_too_large(s: Served, tmp: Path, client: Any) -> Any:
+    return await client("n1").call("POST", "/uploads", slot_request("aa" * 32, size=2001))
+
+
+async def _too_many_units(s: Served, tmp: Path, client: Any) -> Any:
+    return await client("n1").call("POST", "/uploads", slot_request("aa" * 32, units=1001))
+
+
+async def _stale_work(s: Served, tmp: Path, client: Any) -> Any:
+    # step 3, async level 1: versions 2 and 3
+    return await client("n1").call("POST", "/uploads", slot_request("aa" * 32, version=1))
+
+
+async def _file_already_known(s: Served, tmp: Path, client: Any) -> Any:
+    await _grant(client("n1"), "bb" * 32)
+    return await _grant(client("n2"), "bb" * 32)
+
+
+async def _bad_slot_id(s: Served, tmp: Path, client: Any) -> Any:
+    path, sha = blob(tmp, "f")
+    return await client("n1").upload("PUT", "/uploads/not-a-slot", path, sha)
+
+
+async def _no_such_slot(s: Served, tmp: Path, client: Any) -> Any:
+    path, sha = blob(tmp, "f")
+    return await client("n1").upload("PUT", "/uploads/" + "ab" * 16, path, sha)
+
+
+async def _slot_of_another_node(s: Served, tmp: Path, client: Any) -> Any:
+    path, sha = blob(tmp, "f")
+    slot = await _grant(client("n1"), sha)
+    return await client("n2").upload("PUT", slot.url, path, sha)
+
+
+async def _slot_already_used(s: Served, tmp: Path, client: Any) -> Any:
+    path, sha = blob(tmp, "f")
+    slot = await _grant(client("n1"), sha)
+    await client("n1").upload("PUT", slot.url, path, sha)
+    return await client("n1").upload("PUT", slot.url, path, sha)
+
+
+async def _slot_expired(s: Served, tmp: Path, client: Any) -> Any:
+    path, sha = blob(tmp, "f")
+    # a slot past its expiry that the expiry loop (not running here) has not removed yet
+    s.state.grant_slot("cd" * 16, address("n1"), address("p1"), sha, 300, 3, 3, 10,
+                       expires_at=time.time() - 1)
+    return await client("n1").upload("PUT", "/uploads/" + "cd" * 16, path, sha)
+
+
+async def _sha256_mismatch(s: Served, tmp: Path, client: Any) -> Any:
+    (_, granted), (other, sha) = blob(tmp, "g"), blob(tmp, "o")
+    slot = await _grant(client("n1"), granted)
+    return await client("n1").upload("PUT", slot.url, other, sha)  # honest about other bytes
+
+
+async def _size_mismatch(s: Served, tmp: Path, client: Any) -> Any:
+    path, sha = blob(tmp, "f", size=200)
+    slot = await _grant(client("n1"), sha, size=300)
+    return await client("n1").upload("PUT", slot.url, path, sha)
+
+
+async def _bad_file_name(s: Served, tmp: Path, client: Any) -> Any:
+    return await client("trainer").get_bytes("/files/..%2Fstate.db")
+
+
+async def _no_such_file(s: Served, tmp: Path, client: Any) -> Any:
+    return await client("trainer").get_bytes("/files/" + "ee" * 32)
+
+
+async def _step_goes_back(s: Served, tmp: Path, client: Any) -> Any:
+    return await client("trainer").call("POST", "/step", StepUpdate(step=1))
+
+
+PARTS: dict[ErrorCode, PartsCase] = {
+    E.NOT_IN_POOL: _not_in_pool, E.NOT_A_READER: _not_a_reader, E.NO_INVITE: _no_invite,
+    E.FILE_TOO_LARGE: _file_too_large, E.TOO_MANY_WORK_UNITS: _too_many_units,
+    E.STALE_WORK: _stale_work, E.FILE_ALREADY_KNOWN: _file_already_known,
+    E.BAD_SLOT_ID: _bad_slot_id, E.NO_SUCH_SLOT: _no_such_slot,
+    E.SLOT_OF_ANOTHER_NODE: _slot_of_another_node, E.SLOT_ALREADY_USED: _slot_already_used,
+    E.SLOT_EXPIRED: _slot_expired, E.SHA256_MISMATCH: _sha256_mismatch,
+    E.SIZE_MISMATCH: _size_mismatch, E.BAD_FILE_NAME: _bad_file_name,
+    E.NO_SUCH_FILE: _no_such_file, E.STEP_GOES_BACK: _step_goes_back,
+}
+
+
+@pytest.mark.parametrize("code", list(PARTS), ids=lambda c: c.value)
+def test_refusal_without_a_chain(code: ErrorCode, tmp_path: Path) -> None:
+    cfg = OrchestratorConfig(pool_id=1, work={"step": 3, "max_file_bytes": 2000},
+                             rules={"async_level": 1})
+
+    async def t() -> None:
+        async with api_from_parts(tmp_path, cfg, readers=(address("trainer"),)) as s:
+            for n in ("n1", "n2"):
+                s.state.upsert_node(address(n), address("p1"), NodeState.HEALTHY, time.time())
+            clients: dict[str, SignedClient] = {}
+
+            def client(name: str) -> SignedClient:
+                if name not in clients:
+                    clients[name] = SignedClient(s.url, key(name))
+                return clients[name]
+            try:
+                await expect(code, PARTS[code](s, tmp_path, client))
+            finally:
+                for c in clients.values():
+                    await c.close()
+            assert s.chain_untouched()
+    asyncio.run(t())
+
+
+# ---- on the pool of real processes (the validator role and submissions are on chain)
+async def _submitted(pool: Pool, node: str, provider: str, tmp: Path, name: str,
+                     submit: bool = True) -> tuple[str, str]:
+    """A file granted to and uploaded by `node`, submitted on chain unless not `submit`; its
+    sha256 and work id once the ledger has it as it should be."""
+    path, sha = blob(tmp, name)
+    async with SignedClient(pool.orch.url, pool.key(node)) as c, \
+            SignedClient(pool.orch.url, pool.key("trainer")) as trainer:
+        slot = await _grant(c, sha)
+        await c.upload(slot.method, slot.url, path, sha)
+        if not submit:
+            return sha, ""
+        who = pool.chain.accounts[node].address
+        await asyncio.to_thread(pool.chain.client(provider).submit_work, pool.chain.pool, who,
+                                bytes.fromhex(sha), 10)
+
+        async def on_ledger() -> str:
+            page = await trainer.call("GET", "/ledger", query={"sha256": sha},
+                                      response=LedgerPage)
+            return next((e.work_id for e in page.entries
+                         if e.status == FileStatus.SUBMITTED), "")
+        return sha, await wait_for(on_ledger)
+
+
+async def _not_a_validator(pool: Pool, tmp: Path) -> Any:
+    async with SignedClient(pool.orch.url, pool.key("stranger")) as c:
+        return await c.call("POST", "/verdicts", Verdict(sha256="aa" * 32, verdict="accept"))
+
+
+async def _ledger_not_a_reader(pool: Pool, tmp: Path) -> Any:
+    async with SignedClient(pool.orch.url, pool.key("n1")) as c:  # asks the chain: no role
+        return await c.call("GET", "/ledger")
+
+
+async def _no_such_submission(pool: Pool, tmp: Path) -> Any:
+    async with SignedClient(pool.orch.url, pool.key("val")) as v:
+        return await v.call("POST", "/verdicts", Verdict(sha256="aa" * 32, verdict="accept",
+                                                         work_id="ab" * 32))
+
+
+async def _not_submitted_yet(pool: Pool, tmp: Path) -> Any:
+    sha, _ = await _submitted(pool, "n2", "p1", tmp, "uploaded-only", submit=False)
+    async with SignedClient(pool.orch.url, pool.key("val")) as v:
+        return await v.call("POST", "/verdicts", Verdict(sha256=sha, verdict="accept"))
+
+
+async def _work_id_of_another_file(pool: Pool, tmp: Path) -> Any:
+    _, wid = await _submitted(pool, "n2", "p1", tmp, "one")
+    async with SignedClient(pool.orch.url, pool.key("val")) as v:
+        return await v.call("POST", "/verdicts", Verdict(sha256="aa" * 32, verdict="accept",
+                                                         work_id=wid))
+
+
+async def _not_awaiting_verdict(pool: Pool, tmp: Path) -> Any:
+    sha, wid = await _submitted(pool, "n2", "p1", tmp, "invalidated")
+    await asyncio.to_thread(pool.chain.client("val").soft_invalidate, bytes.fromhex(wid))
+    async with SignedClient(pool.orch.url, pool.key("val")) as v, \
+            SignedClient(pool.orch.url, pool.key("trainer")) as trainer:
+        async def moved_on() -> bool:
+            page = await trainer.call("GET", "/ledger", query={"work_id": wid},
+                                      response=LedgerPage)
+            return page.entries[0].status == FileStatus.SOFT_INVALIDATED
+        await wait_for(moved_on)
+        return await v.call("POST", "/verdicts", Verdict(sha256=sha, verdict="accept",
+                                                         work_id=wid))
+
+
+POOL: dict[ErrorCode, Callable[[Pool, Path], Awaitable[Any]]] = {
+    E.NOT_A_VALIDATOR: _not_a_validator, E.NO_SUCH_SUBMISSION: _no_such_submission,
+    E.NOT_SUBMITTED_YET: _not_submitted_yet, E.WORK_ID_OF_ANOTHER_FILE: _work_id_of_another_file,
+    E.NOT_AWAITING_VERDICT: _not_awaiting_verdict,
+}
+
+
+@pytest.mark.anvil
+@pytest.mark.parametrize("code", list(POOL), ids=lambda c: c.value)
+def test_refusal_on_the_pool(code: ErrorCode, pool: Pool, tmp_path: Path) -> None:
+    run(expect(code, POOL[code](pool, tmp_path)))
+
+
+@pytest.mark.anvil
+def test_a_non_reader_is_refused_the_ledger_after_the_chain_says_so(pool: Pool,
+                                                                     tmp_path: Path) -> None:
+    run(expect(E.NOT_A_READER, _ledger_not_a_reader(pool, tmp_path)))
+
+
+def test_every_code_the_handlers_declare_has_a_case(tmp_path: Path) -> None:
+    """The routes' own refusals (their OpenAPI error responses) are each exercised above."""
+    async def t() -> set[ErrorCode]:
+        async with api_from_parts(tmp_path) as s:
+            return {c for r in s.api.routes() for c in r.refusals}
+    assert asyncio.run(t()) == set(PARTS) | set(POOL)

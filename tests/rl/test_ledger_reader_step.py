@@ -1,0 +1,51 @@
+"""The trainer's `LedgerReader.set_step` against the orchestrator's API on loopback (served from
+its parts): the pool moves forward, and a step behind the pool's (a resumed run) is refused as
+`StepGoesBack`, which the reader takes as "already past it"; any other refusal is raised."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from meshrl.orchestrator.config import OrchestratorConfig
+from meshrl.rl.ledger_files import LedgerReader
+from meshrl.wire import NotAReader
+from orchestrator.parts import Served, address, api_from_parts, key  # tests/ is on sys.path
+
+
+@contextmanager
+def served(tmp: Path) -> Iterator[Served]:
+    """The API on its own event loop in a thread (the reader runs `asyncio.run` itself)."""
+    ready, stop, box = threading.Event(), threading.Event(), {}
+
+    async def serve() -> None:
+        cfg = OrchestratorConfig(pool_id=1, work={"step": 5})
+        async with api_from_parts(tmp, cfg, readers=(address("trainer"),)) as s:
+            box["s"] = s
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.01)
+    thread = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    try:
+        yield box["s"]
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def test_set_step_moves_forward_and_takes_a_step_behind_as_done(tmp_path: Path) -> None:
+    with served(tmp_path) as s:
+        reader = LedgerReader(s.url, key("trainer"))
+        assert reader.set_step(7) == 7
+        assert reader.set_step(6) == 6  # the pool is at 7 already: nothing to do
+        assert s.api.pool.step == 7
+        with pytest.raises(NotAReader):  # not a step refusal: raised
+            LedgerReader(s.url, key("n1")).set_step(9)
+        assert s.api.pool.step == 7
