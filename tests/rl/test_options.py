@@ -72,6 +72,8 @@ COVERED = {
         "tests/rl/test_engine_backend.py::test_engine_and_reference_rollouts_agree_before_and_after_a_reload",
     "rollout.subprocess":
         "tests/rl/test_pipeline.py::test_subprocess_backend_matches_in_process_and_reloads_weights",
+    "rollout.lockstep": "tests/rl/test_learning.py::"
+        "test_same_seed_same_numbers_with_or_without_the_generator_thread",
     "trainer.lr": TRAINER + "test_lr_schedules",
     "trainer.warmup_steps": TRAINER + "test_warmup_and_clipping",
     "trainer.decay": TRAINER + "test_lr_schedules",

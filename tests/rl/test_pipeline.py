@@ -35,7 +35,7 @@ def test_schedule_always_satisfies_the_rule(index, level, base):
     assert v == max(min(base, index), index - level)
 
 
-def _pipeline(level, carried=None, start=0):
+def _pipeline(level, carried=None, start=0, lockstep=False):
     model = build_model("qwen2-tiny", TOK.vocab_size, seed=0)
     gen = ReferenceBackend(build_model("qwen2-tiny", TOK.vocab_size, seed=0), TOK)
     cfg = RolloutConfig(prompts_per_step=2, group_size=2, max_new_tokens=3)
@@ -43,7 +43,8 @@ def _pipeline(level, carried=None, start=0):
     def make(g, index, version):
         return generate_batch(g, TOK, cfg, TASKS, 0, index, version)
 
-    return model, RolloutPipeline(gen, make, level, start, carried).start(model.state_dict())
+    pipe = RolloutPipeline(gen, make, level, start, carried, lockstep=lockstep)
+    return model, pipe.start(model.state_dict())
 
 
 def _publish_steps(model, pipe, start, n, level):
@@ -74,6 +75,28 @@ def test_async_batches_come_from_the_scheduled_version_and_match_sync_replay():
     finally:
         pipe2.close()
     assert [b.completion_ids for b in batches] == [b.completion_ids for b in again]
+
+
+def test_lockstep_makes_the_threads_batches_without_a_thread():
+    model, pipe = _pipeline(level=2)
+    try:
+        threaded = _publish_steps(model, pipe, 0, 5, 2)
+    finally:
+        pipe.close()
+    model, pipe = _pipeline(level=2, lockstep=True)
+    try:
+        assert pipe._thread is None
+        lockstep = _publish_steps(model, pipe, 0, 4, 2)
+        # what a checkpoint after step 4 keeps: batches 4 and 5, made now by versions 2 and 3
+        kept = pipe.pending(5)
+        assert [(b.index, b.version) for b in kept] == [(4, 2), (5, 3)]
+        lockstep += _publish_steps(model, pipe, 4, 1, 2)
+    finally:
+        pipe.close()
+    assert [b.version for b in lockstep] == [0, 0, 0, 1, 2]
+    assert [b.completion_ids for b in lockstep] == [b.completion_ids for b in threaded]
+    assert [b.inference_logprobs for b in lockstep] == [b.inference_logprobs for b in threaded]
+    assert lockstep[4] is kept[0]  # step 4 takes the batch the checkpoint saw
 
 
 def test_stale_carried_batch_is_dropped_counted_and_regenerated():

@@ -29,6 +29,8 @@ _EXPORTS = {
     "collate": "rollouts",
     "generate_batch": "rollouts",
     "RolloutPipeline": "pipeline",
+    "RolloutSource": "source",
+    "PolicyPublisher": "source",
     "is_fresh": "pipeline",
     "required_version": "pipeline",
     "Trainer": "trainer",

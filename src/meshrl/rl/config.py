@@ -78,6 +78,11 @@ class RolloutConfig(Config):
         "engine", description="inference backend: the CPU engine or the naive HF reference loop"
     )
     subprocess: bool = Field(False, description="run the backend in a child process (async)")
+    lockstep: bool = Field(
+        False, description="generate each batch in the trainer's thread when its step comes: the"
+        " batches and versions of async_level, without the overlap (reproducible whatever the"
+        " scheduling)",
+    )
     node_id: str = Field("trainer", description="node id mixed into problem sampling")
 
 

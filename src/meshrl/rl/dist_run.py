@@ -2,14 +2,16 @@
 
 The algorithm is `RLRun.run`, unchanged; what differs is who does what.
 
-- Rank 0 owns the rollout source (the pipeline with its generator and the `async_level` rule),
-  the metrics file, evaluation, and the consolidated HF policy (`host_model`, a plain copy kept
-  on rank 0) that the generator, evaluation and checkpoints' `model/` take their weights from.
+- Rank 0 owns the rollout source and the policy publisher of one process (the pipeline with its
+  generator and the `async_level` rule), the metrics file, evaluation, and the consolidated HF
+  policy (`host_model`, a plain copy kept on rank 0) that the generator, evaluation and
+  checkpoints' `model/` take their weights from.
 - Every rank gets each batch from rank 0 (`RankSource.get`), computes the same group
   advantages, and trains on its share of the kept groups (`rank_share`); FSDP reduces the
   gradients.
-- Publishing version `s` gathers the full weights (a collective) and rank 0 hands them to the
-  generator: the schedule of versions and batches is exactly the single-process one.
+- Publishing version `s` gathers the full weights (a collective, `RankPublisher`) and rank 0
+  hands them to its publisher: the schedule of versions and batches is exactly the
+  single-process one.
 - The supervised warm-start runs on rank 0's plain copy while the other ranks wait; its result
   is then broadcast into every rank's shards.
 - Checkpoints are sharded with DCP (dcp_checkpoint.py) and resume at any world size.
@@ -18,7 +20,7 @@ The algorithm is `RLRun.run`, unchanged; what differs is who does what.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +29,10 @@ import torch
 from meshrl.rl.config import RLConfig
 from meshrl.rl.distributed import FSDPTrainer, World, init_world, rank_share, shard_policy
 from meshrl.rl.loop import RLRun, group_rows
-from meshrl.rl.pipeline import RolloutPipeline
 from meshrl.rl.rollouts import RolloutBatch
+from meshrl.rl.source import PolicyPublisher, RolloutSource, Weights
 
-__all__ = ["DistributedRun", "RankSource", "gather_full", "train_distributed"]
-
-Weights = dict[str, torch.Tensor]
+__all__ = ["DistributedRun", "RankPublisher", "RankSource", "gather_full", "train_distributed"]
 
 
 def train_distributed(cfg: RLConfig, env: Mapping[str, str]) -> dict[str, Any]:
@@ -63,43 +63,46 @@ def gather_full(world: World, weights: Weights) -> Weights:
     return out
 
 
-class RankSource:
-    """The rollout pipeline as every rank sees it: rank 0 runs it, the others receive."""
+class RankSource(RolloutSource):
+    """Rank 0's rollout source as every rank sees it: rank 0 reads it, the others receive."""
 
-    def __init__(self, world: World, pipeline: RolloutPipeline | None, run: DistributedRun):
-        if world.is_main != (pipeline is not None):
-            raise ValueError("rank 0, and only rank 0, owns the rollout pipeline")
+    def __init__(self, world: World, source: RolloutSource | None) -> None:
+        if world.is_main != (source is not None):
+            raise ValueError("rank 0, and only rank 0, owns the rollout source")
         self.world = world
-        self.pipeline = pipeline
-        self.run = run
-
-    @property
-    def dropped_stale(self) -> int:
-        return self.pipeline.dropped_stale if self.pipeline is not None else 0
-
-    def start(self, weights: Weights) -> RankSource:
-        full = gather_full(self.world, weights)
-        if self.pipeline is not None:
-            self.run.set_latest(full)
-            self.pipeline.start(full)
-        return self
+        self.source = source
+        self.dropped_stale = 0  # rank 0's count (0 on the others)
 
     def get(self, step: int) -> RolloutBatch:
-        batch = self.pipeline.get(step) if self.pipeline is not None else None
+        batch = None
+        if self.source is not None:
+            batch = self.source.get(step)
+            self.dropped_stale = self.source.dropped_stale
         return self.world.broadcast(batch)
+
+    def pending(self, upto: int) -> list[RolloutBatch]:
+        return self.source.pending(upto) if self.source is not None else []
+
+    def close(self) -> None:
+        if self.source is not None:
+            self.source.close()
+
+
+class RankPublisher(PolicyPublisher):
+    """Every rank's shards gathered into full weights (a collective), which rank 0 keeps
+    (`keep`: for evaluation and checkpoints) and hands to its publisher."""
+
+    def __init__(self, world: World, publisher: PolicyPublisher | None,
+                 keep: Callable[[Weights], None]) -> None:
+        if world.is_main != (publisher is not None):
+            raise ValueError("rank 0, and only rank 0, owns the policy publisher")
+        self.world, self.publisher, self.keep = world, publisher, keep
 
     def publish(self, version: int, weights: Weights) -> None:
         full = gather_full(self.world, weights)
-        if self.pipeline is not None:
-            self.run.set_latest(full)
-            self.pipeline.publish(version, full)
-
-    def pending(self, upto: int) -> list[RolloutBatch]:
-        return self.pipeline.pending(upto) if self.pipeline is not None else []
-
-    def close(self) -> None:
-        if self.pipeline is not None:
-            self.pipeline.close()
+        if self.publisher is not None:
+            self.keep(full)
+            self.publisher.publish(version, full)
 
 
 class DistributedRun(RLRun):
@@ -200,16 +203,25 @@ class DistributedRun(RLRun):
             optim_sd = get_optimizer_state_dict(self.host_model, plain)
         set_optimizer_state_dict(self.model, self.trainer.optimizer, optim_sd, options=options)
 
-    def _start_pipeline(self, carried: list[RolloutBatch]) -> RankSource:
-        pipeline = self._rollout_pipeline(carried) if self.world.is_main else None
-        return RankSource(self.world, pipeline, self).start(self.model.state_dict())
+    def _start_rollouts(
+        self, carried: list[RolloutBatch], weights: Weights
+    ) -> tuple[RankSource, RankPublisher]:
+        """Rank 0's source and publisher of one process, started with the gathered full
+        weights, behind the wrappers every rank uses."""
+        full = gather_full(self.world, weights)
+        source = publisher = None
+        if self.world.is_main:
+            self.set_latest(full)
+            source, publisher = super()._start_rollouts(carried, full)
+        return RankSource(self.world, source), RankPublisher(self.world, publisher,
+                                                              self.set_latest)
 
-    def checkpoint(self, pipeline: Any) -> Path:
+    def checkpoint(self, source: RolloutSource) -> Path:
         from meshrl.model import save_model
         from meshrl.rl.dcp_checkpoint import save_distributed_checkpoint, write_trainer_state
 
         def write_main(directory: Path) -> None:
-            state = self.checkpoint_state(pipeline)
+            state = self.checkpoint_state(source)
             state["trainer"] = {"scheduler": self.trainer.scheduler.state_dict()}
             self._sync_host()
             save_model(self.host_model, self.tokenizer, directory / "model")

@@ -3,7 +3,9 @@
 The loop in `RLRun.run` is the algorithm: take the batch for this step (generated concurrently by
 a policy at most `async_level` versions old), compute group-relative advantages, drop groups with
 no signal, take one optimizer step, publish the new policy to the generator, log, evaluate,
-checkpoint.
+checkpoint. Where batches come from and where each policy goes are the two interfaces of
+source.py: the local pipeline (pipeline.py), a pool's ledger and shardcast origin
+(network_source.py), or either behind rank 0 under torchrun (dist_run.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from meshrl.rl.packing import PackCost, pack_groups
 from meshrl.rl.pipeline import RolloutPipeline
 from meshrl.rl.rollouts import RolloutBatch, generate_batch
 from meshrl.rl.sft import warm_start
+from meshrl.rl.source import PolicyPublisher, RolloutSource, Weights
 from meshrl.rl.trainer import Trainer
 
 __all__ = ["RLRun", "group_rows", "train"]
@@ -50,13 +53,15 @@ def train(cfg: RLConfig) -> dict[str, Any]:
 
 
 class RLRun:
-    """One training run: its model, trainer, rollout pipeline, metrics and checkpoints."""
+    """One training run: its model, trainer, rollout source, policy publisher, metrics and
+    checkpoints."""
 
     def __init__(self, cfg: RLConfig) -> None:
         self.cfg = cfg
         self.dir = Path(cfg.run.dir) / cfg.run.name
         self.async_threads = max(1, cfg.run.threads // 2)
-        local_gen = cfg.async_level > 0 and not cfg.network.orchestrator_url
+        local_gen = cfg.async_level > 0 and not (cfg.network.orchestrator_url
+                                                 or cfg.rollout.lockstep)
         default = self.async_threads if local_gen else cfg.run.threads
         torch.set_num_threads(cfg.run.trainer_threads or default)
         self.tokenizer, self.model = self._build_policy()
@@ -81,29 +86,29 @@ class RLRun:
     # ----------------------------------------------------------------------------- the algorithm
     def run(self) -> dict[str, Any]:
         carried = self._resume_or_warm_start()
-        pipeline = self._start_pipeline(carried)
+        source, publisher = self._start_rollouts(carried, self.model.state_dict())
         bar = self._progress_bar()
         try:
             while self.step < self.cfg.steps and not self._reached_target():
                 t_step = time.perf_counter()
-                batch = pipeline.get(self.step)
+                batch = source.get(self.step)
                 wait = time.perf_counter() - t_step
                 t_train = time.perf_counter()
                 advantages, keep = self.advantages(batch)
                 stats = self.train_on(batch, advantages, keep)
                 stats["train_seconds"] = time.perf_counter() - t_train
                 self.step += 1
-                pipeline.publish(self.step, self.model.state_dict())
-                self._log_step(batch, stats, keep, wait, time.perf_counter() - t_step, pipeline)
+                publisher.publish(self.step, self.model.state_dict())
+                self._log_step(batch, stats, keep, wait, time.perf_counter() - t_step, source)
                 if self.step % self.cfg.eval.every == 0 or self.step == self.cfg.steps:
                     self.evaluate("rl")
                 if self.step % self.cfg.run.checkpoint_every == 0:
-                    self.checkpoint(pipeline)
+                    self.checkpoint(source)
                 bar.update(1)
                 bar.set_postfix(reward=f"{stats['reward']:.2f}", acc=f"{self.accuracy:.2f}")
-            self.checkpoint(pipeline)
+            self.checkpoint(source)
         finally:
-            pipeline.close()
+            source.close()
             bar.close()
         return self._finish()
 
@@ -152,14 +157,14 @@ class RLRun:
                           "elapsed": self.elapsed(), **result})
         return self.accuracy
 
-    def checkpoint(self, pipeline: RolloutPipeline) -> Path:
-        state = self.checkpoint_state(pipeline)
+    def checkpoint(self, source: RolloutSource) -> Path:
+        state = self.checkpoint_state(source)
         return save_checkpoint(self.dir / "checkpoints", self.step, self.model, self.tokenizer,
                                state, keep=self.cfg.run.keep_checkpoints)
 
-    def checkpoint_state(self, pipeline: RolloutPipeline) -> dict[str, Any]:
+    def checkpoint_state(self, source: RolloutSource) -> dict[str, Any]:
         """Everything of a checkpoint but the weights (and, sharded, the optimizer)."""
-        in_flight = pipeline.pending(self.step + self.cfg.async_level - 1)
+        in_flight = source.pending(self.step + self.cfg.async_level - 1)
         return {
             "trainer": self.trainer.state_dict(),
             "rng": rng_state(),
@@ -248,11 +253,11 @@ class RLRun:
                                " run started with kl_coef = 0; start a new run to use the KL term)")
         self.trainer.reference = load_model(path).requires_grad_(False)
 
-    def _start_pipeline(self, carried: list[RolloutBatch]) -> RolloutPipeline:
-        return self._rollout_pipeline(carried).start(self.model.state_dict())
-
-    def _rollout_pipeline(self, carried: list[RolloutBatch]) -> RolloutPipeline:
-        """The rollout source, not started: a generator with its own copy of the policy."""
+    def _start_rollouts(
+        self, carried: list[RolloutBatch], weights: Weights
+    ) -> tuple[RolloutSource, PolicyPublisher]:
+        """The rollout source and the policy publisher, running, with the starting policy
+        (version `self.step`, whose weights are `weights`) published."""
         cfg = self.cfg
         if cfg.network.orchestrator_url:  # on a pool: accepted files from the ledger
             from meshrl.rl.network_source import NetworkSource
@@ -260,7 +265,15 @@ class RLRun:
             source = NetworkSource(cfg.network, cfg.rollout, cfg.async_level, self.step,
                                    self.dir, (self.model, self.tokenizer), self.exclude,
                                    cfg.tasks)
-            return source.start(self.model.state_dict())  # type: ignore[return-value]
+            publisher = source.publisher()
+            publisher.publish(self.step, weights)
+            return source, publisher
+        pipeline = self._rollout_pipeline(carried).start(weights)
+        return pipeline, pipeline
+
+    def _rollout_pipeline(self, carried: list[RolloutBatch]) -> RolloutPipeline:
+        """The local pipeline, not started: a generator with its own copy of the policy."""
+        cfg = self.cfg
         if cfg.rollout.subprocess:
             from meshrl.rl.subprocess_backend import SubprocessBackend
 
@@ -275,14 +288,14 @@ class RLRun:
                                   index, version, self.exclude)
 
         return RolloutPipeline(backend, make_batch, cfg.async_level, self.step, carried,
-                               num_threads=self.async_threads)
+                               num_threads=self.async_threads, lockstep=cfg.rollout.lockstep)
 
     def _reached_target(self) -> bool:
         target = self.cfg.stop_at_accuracy
         return target is not None and self.accuracy >= target
 
     def _log_step(self, batch: RolloutBatch, stats: dict[str, float], keep: torch.Tensor,
-                  wait: float, seconds: float, pipeline: RolloutPipeline) -> None:
+                  wait: float, seconds: float, source: RolloutSource) -> None:
         self.metrics.log({
             "kind": "step", "step": self.step, "version": batch.version,
             "staleness": self.step - 1 - batch.version, **stats,
@@ -291,7 +304,7 @@ class RLRun:
             "completion_tokens": batch.num_completion_tokens,
             "tokens_per_s": batch.num_tokens / max(seconds, 1e-9),
             "step_seconds": seconds, "wait_seconds": wait, "gen_seconds": batch.gen_seconds,
-            "dropped_stale": pipeline.dropped_stale, "elapsed": self.elapsed(),
+            "dropped_stale": source.dropped_stale, "elapsed": self.elapsed(),
         })
 
     def _progress_bar(self) -> Any:

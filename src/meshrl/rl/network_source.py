@@ -1,8 +1,8 @@
 """The trainer on a pool: batches are accepted rollout files from the orchestrator's ledger,
 every policy version goes out through a shardcast origin store.
 
-`NetworkSource` has the interface `RLRun` uses of `RolloutPipeline` (start, publish, get,
-pending, close, dropped_stale), so the algorithm in loop.py is the same in both modes.
+`NetworkSource` is the `RolloutSource` and `ShardcastPublisher` the `PolicyPublisher` of this
+mode (source.py), so the algorithm in loop.py is the same as with the local pipeline.
 
 - `publish(v)` saves the live policy (HF layout), publishes it as shardcast version `v` in the
   origin's store (a running origin serves it; relays mirror it) and moves the pool to step `v`,
@@ -44,10 +44,11 @@ from meshrl.rl.ledger_files import (
 )
 from meshrl.rl.pipeline import is_fresh
 from meshrl.rl.rollouts import RolloutBatch
+from meshrl.rl.source import PolicyPublisher, RolloutSource, Weights
 from meshrl.tasks import TasksConfig
 from meshrl.wire.models import LedgerEntry
 
-__all__ = ["NetworkSource", "read_records"]
+__all__ = ["NetworkSource", "ShardcastPublisher", "read_records"]
 
 log = get_logger("meshrl.rl.network")
 
@@ -63,7 +64,41 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-class NetworkSource:
+class ShardcastPublisher(PolicyPublisher):
+    """Each version of the live policy `model` into the shardcast origin's store, then the pool
+    moved to it (through `reader`, the trainer's signed client of the orchestrator)."""
+
+    def __init__(self, origin_root: str | Path, reader: LedgerReader, model: Any,
+                 tokenizer: Any) -> None:
+        self.origin_root, self.reader = Path(origin_root), reader
+        self.model, self.tokenizer = model, tokenizer
+
+    def publish(self, version: int, weights: Weights) -> None:
+        """Publish `model`, whose weights are `weights`, as `version`; move the pool."""
+        from meshrl.model import save_model
+        from meshrl.shardcast.store import VersionStore
+
+        t0 = time.perf_counter()
+        store = VersionStore(self.origin_root, keep=1 << 30)  # the origin prunes
+        if store.manifest(version) is None:
+            tmp = Path(tempfile.mkdtemp(prefix=f".publish-{version}-",
+                                        dir=store.root.parent))
+            try:
+                save_model(self.model, self.tokenizer, tmp / "model")
+                store.publish(tmp / "model", version, SHARD_SIZE)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        else:  # published before a crash: workers may already hold it, keep theirs
+            log_event(log, "version already published", version=version)
+        pool_step = self.reader.set_step(version)
+        log_event(log, "published", version=version, pool_step=pool_step,
+                  seconds=round(time.perf_counter() - t0, 3))
+
+
+class NetworkSource(RolloutSource):
+    """Batches of accepted ledger files (module docstring); `policy` is (the live model, its
+    tokenizer)."""
+
     def __init__(self, cfg: NetworkSourceConfig, rollout: RolloutConfig, async_level: int,
                  start_step: int, run_dir: Path, policy: tuple[Any, Any],
                  exclude: frozenset[str] = frozenset(),
@@ -88,7 +123,6 @@ class NetworkSource:
         self.seen = self._resume_records(start_step)  # sha256 of every file used or dropped
         self.queue: list[LedgerEntry] = []  # trainable, not yet taken, in acceptance order
         self.dropped_stale = 0
-        self.start_step = start_step
 
     def _resume_records(self, start_step: int) -> set[str]:
         kept = [r for r in read_records(self.records_path) if r["step"] < start_step]
@@ -96,32 +130,11 @@ class NetworkSource:
         self.records_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         return {f["sha256"] for r in kept for f in [*r["used"], *r["dropped"]]}
 
-    # ---- the pipeline interface ------------------------------------------------------------
-    def start(self, weights: dict[str, torch.Tensor]) -> NetworkSource:
-        self.publish(self.start_step, weights)
-        return self
+    def publisher(self) -> ShardcastPublisher:
+        """The publisher of this pool: it moves the pool through this source's reader."""
+        return ShardcastPublisher(self.cfg.origin_root, self.reader, self.model, self.tokenizer)
 
-    def publish(self, version: int, weights: dict[str, torch.Tensor]) -> None:
-        """Publish the live policy (whose weights are `weights`) as `version`; move the pool."""
-        from meshrl.model import save_model
-        from meshrl.shardcast.store import VersionStore
-
-        t0 = time.perf_counter()
-        store = VersionStore(self.cfg.origin_root, keep=1 << 30)  # the origin prunes
-        if store.manifest(version) is None:
-            tmp = Path(tempfile.mkdtemp(prefix=f".publish-{version}-",
-                                        dir=store.root.parent))
-            try:
-                save_model(self.model, self.tokenizer, tmp / "model")
-                store.publish(tmp / "model", version, SHARD_SIZE)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-        else:  # published before a crash: workers may already hold it, keep theirs
-            log_event(log, "version already published", version=version)
-        pool_step = self.reader.set_step(version)
-        log_event(log, "published", version=version, pool_step=pool_step,
-                  seconds=round(time.perf_counter() - t0, 3))
-
+    # ---- RolloutSource -----------------------------------------------------------------------
     def get(self, step: int) -> RolloutBatch:
         """The batch of `step`: accepted groups of fresh files, at least `prompts_per_step`."""
         t0 = time.perf_counter()
@@ -147,7 +160,7 @@ class NetworkSource:
         return []  # nothing in flight belongs to the trainer: the ledger keeps it
 
     def close(self) -> None:
-        pass
+        pass  # nothing to stop: the ledger, not the trainer, holds what is in flight
 
     # ---- plumbing --------------------------------------------------------------------------
     def _next_entry(self) -> LedgerEntry:

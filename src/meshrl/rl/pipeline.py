@@ -12,6 +12,11 @@ timing. Runs are therefore reproducible, and a resumed run matches an uninterrup
 batches in flight at the checkpoint are saved with it (`pending`). With async_level = 0 batches are
 generated inline (synchronous RL), so the two modes can be compared on the same config.
 
+Lockstep (`lockstep=True`, `rollout.lockstep`): no thread; batch `k` is generated in the caller's
+thread when step `k` asks for it (or a checkpoint does), with the same version `k - async_level`.
+Same batches and staleness as the thread at the same torch thread count, no overlap: what a test
+uses to show that an outcome owes nothing to scheduling.
+
 `get` still checks the rule explicitly: a batch that violates it (e.g. carried over from a run
 with a larger async_level) is dropped, counted, and regenerated with the current policy.
 """
@@ -26,6 +31,7 @@ import torch
 
 from meshrl.inference import InferenceBackend
 from meshrl.rl.rollouts import RolloutBatch
+from meshrl.rl.source import PolicyPublisher, RolloutSource, Weights
 
 __all__ = ["RolloutPipeline", "is_fresh", "required_version"]
 
@@ -43,8 +49,9 @@ def required_version(index: int, async_level: int, base: int = 0) -> int:
     return max(base, index - async_level)
 
 
-class RolloutPipeline:
-    """Produces batch `k` for step `k`; in a background thread when `async_level > 0`."""
+class RolloutPipeline(RolloutSource, PolicyPublisher):
+    """Produces batch `k` for step `k`; in a background thread when `async_level > 0` (unless
+    `lockstep`). Publishing hot-loads a version into its own backend."""
 
     def __init__(
         self,
@@ -54,6 +61,7 @@ class RolloutPipeline:
         start_step: int = 0,
         carried: list[RolloutBatch] | None = None,
         num_threads: int = 1,
+        lockstep: bool = False,
     ) -> None:
         if async_level < 0:
             raise ValueError(f"async_level must be >= 0, got {async_level}")
@@ -61,9 +69,10 @@ class RolloutPipeline:
         self.make_batch = make_batch
         self.async_level = async_level
         self.num_threads = num_threads
+        self.threaded = async_level > 0 and not lockstep
         self.dropped_stale = 0
         self._ready: dict[int, RolloutBatch] = {b.index: b for b in carried or []}
-        self._weights: dict[int, dict[str, torch.Tensor]] = {}
+        self._weights: dict[int, Weights] = {}
         self._base = start_step  # oldest version this run has (the one it starts or resumes from)
         self._latest = start_step  # newest published version
         self._loaded: int | None = None  # version inside the backend
@@ -74,15 +83,16 @@ class RolloutPipeline:
         self._stop = False
         self._thread: threading.Thread | None = None
 
-    def start(self, weights: dict[str, torch.Tensor]) -> RolloutPipeline:
-        """Publish the starting policy (version `start_step`) and launch the generator thread."""
+    def start(self, weights: Weights) -> RolloutPipeline:
+        """Publish the starting policy (version `start_step`) and launch the generator thread
+        (if there is one)."""
         self.publish(self._latest, weights)
-        if self.async_level > 0:
+        if self.threaded:
             self._thread = threading.Thread(target=self._run, name="rollouts", daemon=True)
             self._thread.start()
         return self
 
-    def publish(self, version: int, weights: dict[str, torch.Tensor]) -> None:
+    def publish(self, version: int, weights: Weights) -> None:
         """Make policy `version` available to the generator (weights are copied)."""
         snapshot = {k: v.detach().clone() for k, v in weights.items()}
         with self._cond:
@@ -95,7 +105,7 @@ class RolloutPipeline:
 
     def get(self, step: int) -> RolloutBatch:
         """Batch `step`, fresh under the async rule (stale ones are dropped and regenerated)."""
-        if self.async_level == 0 and step not in self._ready:
+        if not self.threaded and step not in self._ready:
             self._produce(step)
         with self._cond:
             while step not in self._ready and self._error is None:
@@ -112,7 +122,11 @@ class RolloutPipeline:
         return batch
 
     def pending(self, upto: int) -> list[RolloutBatch]:
-        """Wait for batches up to index `upto` and return copies of those not yet consumed."""
+        """Batches up to index `upto` not yet consumed (the thread's are waited for; lockstep
+        makes them now, with their scheduled versions)."""
+        if not self.threaded:
+            for index in range(self._next_index, upto + 1):
+                self._produce(index)
         with self._cond:
             while self._next_index <= upto and self._thread and self._error is None:
                 self._cond.wait(timeout=1.0)
