@@ -52,6 +52,12 @@ def claim(rf: RolloutFile, sha: str = "00" * 32, units: int | None = None) -> Ch
     return ChainClaim(sha, h.node, h.provider, h.work_units if units is None else units)
 
 
+def honest_file(engine: Any, tok: Any, r: PoolRules, **at: Any) -> RolloutFile:
+    """An honest worker's file of assignment(r, **at), as the validator reads it."""
+    return roundtrip(generate_rollouts(engine, tok, assignment(r, **at), r.task.build(),
+                                       PROVIDER))[0]
+
+
 def cheat_file(engine: Any, model: Any, tok: Any, r: PoolRules, mode: str,
                **cfg: Any) -> RolloutFile:
     """A cheating worker's file of assignment(r), as the validator reads it."""
