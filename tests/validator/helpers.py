@@ -4,6 +4,7 @@ reads it (through the Parquet bytes), and the chain claim of a submission."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
@@ -75,13 +76,24 @@ def cheat_file(engine: Any, model: Any, tok: Any, r: PoolRules, mode: str,
 
 
 @contextlib.asynccontextmanager
-async def rules_server(pool_id: int = 1, **published: Any) -> AsyncIterator[str]:
+async def rules_server(pool_id: int = 1, then: dict[str, Any] | None = None,
+                       **published: Any) -> AsyncIterator[str]:
     """The orchestrator's own `GET /rules` route and handler on loopback, publishing the rules
-    `published` (the rest of the orchestrator needs a chain; reading the rules needs none)."""
+    `published` (the rest of the orchestrator needs a chain; reading the rules needs none).
+    With `then`, the rules changed by `then` are published from the second read on."""
     cfg = OrchestratorConfig(pool_id=pool_id, rules=published)
     orch = SimpleNamespace(cfg=cfg, rules=PoolRules(pool_id=pool_id, **dict(cfg.rules)))
     api = OrchestratorApi(orch)  # type: ignore[arg-type]
     routes = [r for r in api.routes() if r.path == "/rules"]
+    if then is not None:
+        later = PoolRules(pool_id=pool_id, **dict(OrchestratorConfig(
+            pool_id=pool_id, rules={**published, **then}).rules))
+
+        async def first_then_later(call: Any) -> PoolRules:
+            out = await api.rules(call)
+            orch.rules = later
+            return out
+        routes = [dataclasses.replace(r, handler=first_then_later) for r in routes]
     runner = web.AppRunner(build_app("orchestrator", routes, RequestGuard(cfg.guard)))
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()

@@ -28,9 +28,8 @@ PARAMS = ProtocolParams(min_stake=100 * TOKEN, stake_per_unit=10 * TOKEN, unbond
                         invalidation_window=3600, lock_period=7200, slash_penalty=50 * TOKEN)
 PASSWORD = "correct horse"
 # the pool's public rules: the orchestrator publishes them ([rules]), validators and workers may
-# pin them ([rules]); every
-# worker runs meshrl's CPU engine, so the tight proof profile that sees int8 / scale-layer in
-# these 8-chunk files
+# pin them ([rules]: each pin must equal the published value); every worker runs meshrl's CPU
+# engine, so the tight proof profile that sees int8 / scale-layer in these 8-chunk files
 RULES: dict[str, Any] = {
     "async_level": 2, "seed": 11, "prompts_per_file": 2, "proof_profile": "meshrl-cpu-engine",
     "task": {"mix": [{"type": "arithmetic", "digits": 2, "operators": "+-"}]},
@@ -166,7 +165,7 @@ def validator(net: Net, max_files: int = 0, name: str = "validator", **over: Any
            "poll_interval": 0.3, "max_files": max_files,
            "keys": {"keystore": str(d / "key.json")},
            "chain": {"deployment": str(net.deployment), "rpc_url": net.anvil.url},
-           "pool": dict(RULES), "engine": {"num_threads": 1},
+           "rules": dict(RULES), "engine": {"num_threads": 1},
            "retry": {"backoff": 0.5, "max_attempts": 4}, **over}
     r = Role("validator", name, cfg, net.tmp)
     net.procs.append(r)
