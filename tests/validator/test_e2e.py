@@ -125,6 +125,63 @@ def test_honest_file_accepted_and_a_cheat_slashed(net: Net) -> None:
     assert '"verdict": "accept"' in log
 
 
+# each rule field of the network's pool (RULES) pinned to another value
+DRIFTS: dict[str, Any] = {
+    "task": {"mix": [{"type": "arithmetic", "digits": 3, "operators": "+-"}]},
+    "sampling": {**RULES["sampling"], "temperature": 0.5},
+    "group_size": 2, "prompts_per_file": 3, "files_per_step": 1, "async_level": 1,
+    "seed": 12, "proof_profile": "any-hardware",
+}
+
+
+def test_a_validator_with_any_rule_drifted_never_judges_and_one_that_agrees_accepts(
+        net: Net, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """An honest file waits in the ledger, judged by nobody. A validator started with each rule
+    field of the pool drifted in turn (every other one pinned to the published value) refuses
+    to start: `EXIT_REFUSED`, one line naming that field, no verdict. The seed case is a real
+    `meshrl validator` process (the old defect: a validator with another seed hard-invalidated
+    every honest file); the others run the same command in this process. Then the validator
+    whose pins equal the published rules accepts the file. (Before the step moves past version
+    0's window in test_honest_accepted_and_every_cheat_slashed: this honest worker has only
+    version 0.)"""
+    assert set(DRIFTS) == set(RULE_FIELDS)
+    _, n, _ = fund_provider(net, "waits")
+    w = worker(net, "waits")
+    w.start()
+    assert w.wait(300) == 0
+    node = n.address.lower()
+    [(wid, info)] = _works(net, n.address)
+    wait_until(lambda: [e.work_id for e in _rows(net) if e.node.lower() == node] == [wid.hex()],
+               60)
+    monkeypatch.setenv("MESHRL_KEYSTORE_PASSWORD", PASSWORD)
+    for field, value in DRIFTS.items():
+        # max_files 1: one that judged would stop after its first verdict, with status 0
+        v = validator(net, max_files=1, name=f"validator-drift-{field}",
+                      work_dir=str(net.tmp / f"v-drift-{field}"), rules={**RULES, field: value})
+        capsys.readouterr()
+        if field == "seed":
+            v.start()
+            assert v.wait(120) == EXIT_REFUSED
+            lines = _error_lines(v.log.read_text())
+        else:
+            assert main(["validator", str(v.config)]) == EXIT_REFUSED
+            lines = _error_lines(capsys.readouterr().err)
+        assert len(lines) == 1, lines
+        found = re.findall(r"rules\.(\w+)", lines[0])
+        assert lines[0].startswith("meshrl validator: refusing to start") and found == [field], (
+            field, lines)
+        assert not (net.tmp / f"v-drift-{field}" / "state.json").exists()  # judged nothing
+    [row] = [e for e in _rows(net) if e.node.lower() == node]
+    assert (row.status.value, row.verdict) == ("submitted", "")  # nobody posted a verdict
+    assert net.fed.work(wid).status == info.status == WorkStatus.SUBMITTED
+    v = validator(net)  # pins every rule to the published value
+    v.start()
+    wait_until(_accepted(net, n.address), 240)
+    v.proc.terminate()
+    assert v.wait(60) == 0
+    assert net.fed.work(wid).status == WorkStatus.SUBMITTED and net.fed.node(n.address).pool
+
+
 def test_honest_accepted_and_every_cheat_slashed(net: Net) -> None:
     accounts = {name: fund_provider(net, name) for name in ["honest", *CHEATS, "copy", "turn",
                                                             "stale"]}
@@ -236,61 +293,6 @@ def test_another_proof_profile_is_refused_before_anything_happens(net: Net) -> N
     assert line.startswith("meshrl worker: the pool's proof profile 'meshrl-cpu-engine' holds "
                            "only for float32 compute, and this worker computes in bfloat16"), line
     assert not net.fed.provider(p.address).registered  # nothing staked
-
-
-# each rule field of the network's pool (RULES) pinned to another value
-DRIFTS: dict[str, Any] = {
-    "task": {"mix": [{"type": "arithmetic", "digits": 3, "operators": "+-"}]},
-    "sampling": {**RULES["sampling"], "temperature": 0.5},
-    "group_size": 2, "prompts_per_file": 3, "files_per_step": 1, "async_level": 1,
-    "seed": 12, "proof_profile": "any-hardware",
-}
-
-
-def test_a_validator_with_any_rule_drifted_never_judges_and_one_that_agrees_accepts(
-        net: Net, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """An honest file waits in the ledger, judged by nobody. A validator started with each rule
-    field of the pool drifted in turn (every other one pinned to the published value) refuses
-    to start: `EXIT_REFUSED`, one line naming that field, no verdict. The seed case is a real
-    `meshrl validator` process (the old defect: a validator with another seed hard-invalidated
-    every honest file); the others run the same command in this process. Then the validator
-    whose pins equal the published rules accepts the file."""
-    assert set(DRIFTS) == set(RULE_FIELDS)
-    _, n, _ = fund_provider(net, "waits")
-    w = worker(net, "waits")
-    w.start()
-    assert w.wait(300) == 0
-    node = n.address.lower()
-    [(wid, info)] = _works(net, n.address)
-    wait_until(lambda: [e.work_id for e in _rows(net) if e.node.lower() == node] == [wid.hex()],
-               60)
-    monkeypatch.setenv("MESHRL_KEYSTORE_PASSWORD", PASSWORD)
-    for field, value in DRIFTS.items():
-        # max_files 1: one that judged would stop after its first verdict, with status 0
-        v = validator(net, max_files=1, name=f"validator-drift-{field}",
-                      work_dir=str(net.tmp / f"v-drift-{field}"), rules={**RULES, field: value})
-        capsys.readouterr()
-        if field == "seed":
-            v.start()
-            assert v.wait(120) == EXIT_REFUSED
-            lines = _error_lines(v.log.read_text())
-        else:
-            assert main(["validator", str(v.config)]) == EXIT_REFUSED
-            lines = _error_lines(capsys.readouterr().err)
-        assert len(lines) == 1, lines
-        found = re.findall(r"rules\.(\w+)", lines[0])
-        assert lines[0].startswith("meshrl validator: refusing to start") and found == [field], (
-            field, lines)
-        assert not (net.tmp / f"v-drift-{field}" / "state.json").exists()  # judged nothing
-    [row] = [e for e in _rows(net) if e.node.lower() == node]
-    assert (row.status.value, row.verdict) == ("submitted", "")  # nobody posted a verdict
-    assert net.fed.work(wid).status == info.status == WorkStatus.SUBMITTED
-    v = validator(net)  # pins every rule to the published value
-    v.start()
-    wait_until(_accepted(net, n.address), 240)
-    v.proc.terminate()
-    assert v.wait(60) == 0
-    assert net.fed.work(wid).status == WorkStatus.SUBMITTED and net.fed.node(n.address).pool
 
 
 def _verdict_count(net: Net) -> int:
