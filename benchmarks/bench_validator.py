@@ -20,13 +20,14 @@ import time
 
 import torch
 
-from meshrl.inference import CPUEngine, EngineConfig, SamplingParams
+from meshrl.inference import CPUEngine, EngineConfig
 from meshrl.model import CharTokenizer, build_model
+from meshrl.pool import Assignment, PoolRules
 from meshrl.tasks import ArithmeticConfig, TasksConfig
 from meshrl.validator.replay import ReplayConfig
-from meshrl.validator.verify import ChainClaim, PoolRules, verify_files
+from meshrl.validator.verify import ChainClaim, verify_files
 from meshrl.wire.rollout_file import read_rollout_file, rollout_file_bytes
-from meshrl.worker.rollouts import Assignment, generate_rollouts
+from meshrl.worker.rollouts import generate_rollouts
 
 NODE, PROVIDER = "0x" + "ab" * 20, "0x" + "cd" * 20
 
@@ -44,19 +45,20 @@ def run(preset: str, tokens: int, prompts: int, group: int, files: int, threads:
     worker, validator = CPUEngine(model, tok, cfg), CPUEngine(model, tok, cfg)
     sampling = {"max_new_tokens": tokens, "temperature": 1.0, "top_p": 1.0, "ignore_eos": True}
     tasks = TasksConfig(mix=[ArithmeticConfig(digits=2)])
-    rules = PoolRules(seed=1, async_level=2, prompts_per_file=prompts, group_size=group,
-                      sampling=sampling, tasks=tasks)
+    rules = PoolRules(pool_id=1, seed=1, async_level=2, prompts_per_file=prompts,
+                      group_size=group, sampling=sampling, task=tasks)
+    built = rules.task.build()
 
     def make(counter: int) -> bytes:
-        a = Assignment(1, NODE, 1, 0, counter, prompts, group, SamplingParams(**sampling), tasks)
-        return rollout_file_bytes(generate_rollouts(worker, tok, a, PROVIDER))
+        a = Assignment(rules, NODE, 1, counter)
+        return rollout_file_bytes(generate_rollouts(worker, tok, a, built, PROVIDER))
 
     def judge(blobs: list[bytes]) -> list:
         items = []
         for data in blobs:
             rf = read_rollout_file(data)
-            items.append((rf, ChainClaim("", NODE, PROVIDER, rf.header.work_units), rules))
-        return verify_files(validator, tok, items, ReplayConfig(max_batch_rows=512))
+            items.append((rf, ChainClaim("", NODE, PROVIDER, rf.header.work_units)))
+        return verify_files(validator, tok, items, rules, built, ReplayConfig(max_batch_rows=512))
 
     judge([make(10_000)])  # warm both engines up
     gen_cpu, gen_wall, blobs = [], [], []
@@ -65,7 +67,7 @@ def run(preset: str, tokens: int, prompts: int, group: int, files: int, threads:
         blobs.append(data), gen_cpu.append(c), gen_wall.append(w)
     one, one_cpu, _ = _timed(lambda: judge(blobs[:1]))  # one file alone
     reps, all_cpu, all_wall = _timed(lambda: judge(blobs))  # all files, shared prefills
-    bad = [r.reason() for r in [*one, *reps] if not r.accepted]
+    bad = [d.reason for d in [*one, *reps] if not d.accepted]
     if bad:
         raise RuntimeError(f"an honest file was rejected: {bad[0]}")
     g, v = statistics.median(gen_cpu), all_cpu / files

@@ -255,7 +255,7 @@ def test_walk_sees_the_real_imports() -> None:
     edges = {(i.module, i.target) for i in collect_imports(SRC)}
     assert ("meshrl.rl.trainer", "meshrl.rl.packing") in edges  # module level
     assert ("meshrl.rl.loop", "meshrl.model") in edges  # inside a method
-    assert ("meshrl.toploc.checks", "meshrl.inference.sampling") in edges
+    assert ("meshrl.validator.replay", "meshrl.inference.sampling") in edges
     assert ("meshrl.shardcast.client", "meshrl.log") in edges
 
 

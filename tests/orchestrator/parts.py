@@ -57,13 +57,14 @@ def unchained_view(pool_id: int) -> ChainView:
 @contextlib.asynccontextmanager
 async def api_from_parts(tmp: Path, cfg: OrchestratorConfig | None = None,
                          readers: tuple[str, ...] = (), max_units: int = 1000,
+                         api_type: type[OrchestratorApi] = OrchestratorApi,
                          ) -> AsyncIterator[Served]:
     cfg = cfg or OrchestratorConfig()
     state = State(tmp / "orch.db")
     chain = unchained_view(cfg.pool_id)
     guard = RequestGuard(cfg.guard)
     registry = CollectorRegistry()
-    api = OrchestratorApi(cfg, PoolTerms(domain=1, max_units=max_units), state,
+    api = api_type(cfg, PoolTerms(domain=1, max_units=max_units), state,
                           DiskFileStore(tmp / "files", fsync=False),
                           PoolStep(state, cfg.work.step, cfg.rules.async_level), chain, readers,
                           OrchestratorMetrics(registry), guard)

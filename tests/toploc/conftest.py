@@ -6,7 +6,7 @@ from toploc_scenario import MAX_NEW, PRESET, Scenario, make_prompts, one_thread,
 
 from meshrl.inference import SamplingParams
 from meshrl.model import CharTokenizer, build_model
-from meshrl.toploc.validate import Claim
+from meshrl.validator.replay import ReplayRow
 
 
 @pytest.fixture(scope="session")
@@ -19,7 +19,7 @@ def scenario() -> Scenario:
 
 
 @pytest.fixture(scope="session")
-def honest_claims(scenario) -> list[Claim]:
+def honest_rows(scenario) -> list[ReplayRow]:
     with one_thread():
         return run_worker(scenario.model, scenario, scenario.prompts)
 

@@ -1,5 +1,6 @@
 """The public surface of meshrl.toploc, and the CLI registration."""
 
+import importlib.util
 import subprocess
 import sys
 
@@ -11,6 +12,17 @@ def test_all_names_resolve():
     for name in toploc.__all__:
         assert getattr(toploc, name) is not None
     assert {"build_proofs", "verify_proofs", "verdict", "calibrate_thresholds"} <= set(dir(toploc))
+
+
+def test_toploc_keeps_proofs_and_thresholds_and_judges_no_rollout():
+    """One validator: the checks that judge a rollout are `meshrl.validator`'s; toploc gives
+    the statistical verdict on proofs (`ProofVerdict`), never a decision on a file."""
+    for gone in ("validate", "checks"):
+        assert importlib.util.find_spec(f"meshrl.toploc.{gone}") is None
+    for name in ("validate_rollout", "RolloutReport", "CheckResult", "ValidatorConfig",
+                 "Claim", "Verdict", "check_termination", "check_sampling"):
+        assert name not in toploc.__all__ and not hasattr(toploc, name), name
+    assert toploc.verdict([]).__class__ is toploc.ProofVerdict
 
 
 def test_cli_help_does_not_import_torch():

@@ -1,18 +1,21 @@
-"""Shared helpers: a tiny real transformer, honest rollouts with proofs, recomputation modes."""
+"""Shared helpers: a tiny real transformer, honest rollouts with proofs, recomputation modes, and
+judging groups of rows with the validator's own replay (`meshrl.validator.replay.replay_files`,
+the code a pool runs) into the pool's `Decision`s."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
-from meshrl.inference import Completion, ReferenceBackend, SamplingParams
+from meshrl.inference import Completion, InferenceBackend, ReferenceBackend, SamplingParams
 from meshrl.model import CharTokenizer
-from meshrl.toploc import build_proofs
+from meshrl.pool import Decision, decide
+from meshrl.toploc import Thresholds, build_proofs
 from meshrl.toploc.recompute import recompute_mode
-from meshrl.toploc.validate import Claim
+from meshrl.validator.replay import ReplayConfig, ReplayRow, ReplaySpec, replay_files
 
 PRESET = "qwen2-tiny"
 MAX_NEW = 128
@@ -33,24 +36,45 @@ def make_prompts(n: int, seed: int, vocab: int) -> list[list[int]]:
     return [torch.randint(4, vocab, (m,), generator=g).tolist() for m in lens]
 
 
-def to_claims(gens: list[Completion]) -> list[Claim]:
-    return [Claim.of(g, build_proofs(g.hidden_states)) for g in gens]
+def to_rows(gens: list[Completion]) -> list[ReplayRow]:
+    """What a worker submits of each completion: its tokens, log-probs, finish reason, seq id
+    and the TOPLOC proofs of its hidden states (which stay with the worker)."""
+    return [ReplayRow(g.prompt_ids, g.token_ids, g.logprobs, g.finish_reason, g.seq_id,
+                      build_proofs(g.hidden_states)) for g in gens]
 
 
-def run_worker(model, scenario: Scenario, prompts, max_new=MAX_NEW, seq_ids=None) -> list[Claim]:
+def run_worker(model, scenario: Scenario, prompts, max_new=MAX_NEW,
+               seq_ids=None) -> list[ReplayRow]:
     params = scenario.params.model_copy(update={"max_new_tokens": max_new,
                                                 "return_hidden_states": True})
-    return to_claims(ReferenceBackend(model, scenario.tok).generate(prompts, params, seq_ids))
+    return to_rows(ReferenceBackend(model, scenario.tok).generate(prompts, params, seq_ids))
 
 
-def recompute(model, claims, mode: str):
-    """Honest validator recomputation of `claims` in one of the HONEST_MODES."""
-    return recompute_mode(model, [c.prompt_ids for c in claims], [c.token_ids for c in claims],
-                          mode)
+def recompute(model, rows, mode: str):
+    """Honest validator recomputation of `rows` in one of the HONEST_MODES."""
+    return recompute_mode(model, [r.prompt_ids for r in rows], [r.token_ids for r in rows], mode)
 
 
 def groups(items: list, size: int = GROUP) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def spec_of(params: SamplingParams, eos_token_id: int | None,
+            max_new: int | None = None) -> ReplaySpec:
+    """How rows sampled with `params` had to be sampled (what a pool's rules say)."""
+    eos = () if eos_token_id is None or params.ignore_eos else (eos_token_id,)
+    return ReplaySpec(seed=params.seed, max_new_tokens=max_new or params.max_new_tokens,
+                      temperature=params.temperature, top_p=params.top_p, eos_token_ids=eos,
+                      stop_token_ids=tuple(params.stop_token_ids))
+
+
+def judge(backend: InferenceBackend, rows: Sequence[ReplayRow], spec: ReplaySpec,
+          thresholds: Thresholds) -> list[Decision]:
+    """The validator's decision on each rollout of GROUP rows, replayed by `backend`."""
+    files = [(g, spec) for g in groups(list(rows))]
+    cfg = ReplayConfig(thresholds=thresholds)
+    return [decide(findings, asdict(stats))
+            for findings, stats in replay_files(backend, files, cfg)]
 
 
 @contextmanager

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from meshrl.inference import CPUEngine, EngineConfig
+from meshrl.orchestrator.api import OrchestratorApi
 from meshrl.orchestrator.config import OrchestratorConfig
 from meshrl.pool import Assignment, PoolRules
 from meshrl.tasks import ArithmeticConfig, TasksConfig
@@ -18,6 +19,7 @@ from meshrl.validator.verify import ChainClaim
 from meshrl.wire.rollout_file import RolloutFile, read_rollout_file, rollout_file_bytes
 from meshrl.worker.adversary import WEIGHT_CHEATS, worker_parts
 from meshrl.worker.config import CheatConfig
+from meshrl.worker.rollouts import generate_rollouts
 from orchestrator.parts import api_from_parts  # tests/ is on sys.path
 
 NODE = "0x" + "ab" * 20
@@ -48,6 +50,12 @@ def claim(rf: RolloutFile, sha: str = "00" * 32, units: int | None = None) -> Ch
     return ChainClaim(sha, h.node, h.provider, h.work_units if units is None else units)
 
 
+def honest_file(engine: Any, tok: Any, r: PoolRules, **at: Any) -> RolloutFile:
+    """An honest worker's file of assignment(r, **at), as the validator reads it."""
+    return roundtrip(generate_rollouts(engine, tok, assignment(r, **at), r.task.build(),
+                                       PROVIDER))[0]
+
+
 def cheat_file(engine: Any, model: Any, tok: Any, r: PoolRules, mode: str,
                **cfg: Any) -> RolloutFile:
     """A cheating worker's file of assignment(r), as the validator reads it: generated with the
@@ -61,12 +69,29 @@ def cheat_file(engine: Any, model: Any, tok: Any, r: PoolRules, mode: str,
     return roundtrip(rf)[0]
 
 
+class _RulesThatChange(OrchestratorApi):
+    """The orchestrator's API whose published rules become `later` after the first read."""
+
+    later: PoolRules | None = None
+
+    async def rules(self, call: Any) -> PoolRules:
+        out = self.published
+        if self.later is not None:
+            self.published = self.later
+        return out
+
+
 @contextlib.asynccontextmanager
-async def rules_server(pool_id: int = 1, **published: Any) -> AsyncIterator[str]:
+async def rules_server(pool_id: int = 1, then: dict[str, Any] | None = None,
+                       **published: Any) -> AsyncIterator[str]:
     """The orchestrator's own API on loopback, built from its parts, publishing the rules
     `published` at `GET /rules` (the rest of the orchestrator needs a chain; reading the rules
-    needs none)."""
+    needs none). With `then`, the rules changed by `then` are published from the second read
+    on."""
     cfg = OrchestratorConfig(pool_id=pool_id, rules=published)
     with tempfile.TemporaryDirectory() as tmp:
-        async with api_from_parts(Path(tmp), cfg) as served:
+        async with api_from_parts(Path(tmp), cfg, api_type=_RulesThatChange) as served:
+            if then is not None:
+                served.api.later = PoolRules(pool_id=pool_id, **dict(OrchestratorConfig(  # type: ignore[attr-defined]
+                    pool_id=pool_id, rules={**published, **then}).rules))
             yield served.url

@@ -28,9 +28,8 @@ PARAMS = ProtocolParams(min_stake=100 * TOKEN, stake_per_unit=10 * TOKEN, unbond
                         invalidation_window=3600, lock_period=7200, slash_penalty=50 * TOKEN)
 PASSWORD = "correct horse"
 # the pool's public rules: the orchestrator publishes them ([rules]), validators and workers may
-# pin them ([rules]); every
-# worker runs meshrl's CPU engine, so the tight proof profile that sees int8 / scale-layer in
-# these 8-chunk files
+# pin them ([rules]: each pin must equal the published value); every worker runs meshrl's CPU
+# engine, so the tight proof profile that sees int8 / scale-layer in these 8-chunk files
 RULES: dict[str, Any] = {
     "async_level": 2, "seed": 11, "prompts_per_file": 2, "proof_profile": "meshrl-cpu-engine",
     "task": {"mix": [{"type": "arithmetic", "digits": 2, "operators": "+-"}]},

@@ -14,12 +14,11 @@ import json
 import os
 
 import pytest
-from helpers import PROVIDER, assignment, claim, roundtrip, rules
+from helpers import claim, honest_file, rules
 
 from meshrl.inference import CPUEngine, EngineConfig
 from meshrl.validator.replay import ReplayConfig, profile_thresholds
 from meshrl.validator.verify import verify_files
-from meshrl.worker.rollouts import generate_rollouts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -47,26 +46,20 @@ def test_honest_files_are_never_invalidated(model, tok):
         wk.load_weights(model.state_dict(), version=step - level)  # the oldest version allowed
         items = []
         for c in range(FILES_PER_CASE):
-            rf = roundtrip(generate_rollouts(wk, tok, assignment(r, step=step, counter=c),
-                                             PROVIDER))[0]
-            items.append((rf, claim(rf), r))
+            rf = honest_file(wk, tok, r, step=step, counter=c)
+            items.append((rf, claim(rf)))
         v = validators[files % len(validators)]
-        for rep in verify_files(v, tok, items, cfg):
+        for d in verify_files(v, tok, items, r, r.task.build(), cfg):
             files += 1
-            rejected += not rep.accepted
-            assert rep.accepted, rep.reason()
-            s = rep.stats
-            worst["exp_mismatches"] = max(worst["exp_mismatches"], s.max_exp_mismatches)
-            worst["mant_err_mean"] = max(worst["mant_err_mean"], s.max_mant_err_mean)
-            worst["mant_err_median"] = max(worst["mant_err_median"], s.max_mant_err_median)
-            worst["pooled_exp_mismatch_rate"] = max(worst["pooled_exp_mismatch_rate"],
-                                                    s.pooled["exp_mismatch_rate"])
-            worst["pooled_mant_err_mean"] = max(worst["pooled_mant_err_mean"],
-                                                s.pooled["mant_err_mean"])
-            worst["pooled_mant_inexact_rate"] = max(worst["pooled_mant_inexact_rate"],
-                                                    s.pooled["mant_inexact_rate"])
-            worst["sampling_margin"] = max(worst["sampling_margin"], s.max_sampling_margin)
-            worst["logprob_diff"] = max(worst["logprob_diff"], s.max_logprob_diff)
+            rejected += not d.accepted
+            assert d.accepted, d.reason
+            s = d.stats
+            for k in ("exp_mismatches", "mant_err_mean", "mant_err_median"):
+                worst[k] = max(worst[k], s[f"max_{k}"])
+            for k in ("exp_mismatch_rate", "mant_err_mean", "mant_inexact_rate"):
+                worst[f"pooled_{k}"] = max(worst[f"pooled_{k}"], s["pooled"][k])
+            worst["sampling_margin"] = max(worst["sampling_margin"], s["max_sampling_margin"])
+            worst["logprob_diff"] = max(worst["logprob_diff"], s["max_logprob_diff"])
     limits = {"exp_mismatches": th.max_exp_mismatches, "mant_err_mean": th.max_mant_err_mean,
               "mant_err_median": th.max_mant_err_median,
               "pooled_exp_mismatch_rate": th.max_pooled_exp_mismatch_rate,

@@ -3,17 +3,20 @@
 import hashlib
 import random
 
+from meshrl.pool import Check, Finding, PoolRules, Severity, VerdictKind, decide, give_up
 from meshrl.validator.checks import (
-    Finding,
+    check_header_rules,
     check_node,
     check_policy_version,
     check_prompts,
     check_rewards,
     check_sampling_params,
     check_sha256,
+    check_termination,
     check_work_units,
+    row_termination,
 )
-from meshrl.validator.policy import RetryConfig, backoff_delay, decide, give_up
+from meshrl.validator.policy import RetryConfig, backoff_delay
 from meshrl.validator.state import Job, ValidatorState
 
 A, B = "0x" + "1" * 40, "0x" + "2" * 40
@@ -24,24 +27,37 @@ def test_sha256_is_soft_and_names_both_hashes():
     good = hashlib.sha256(data).hexdigest()
     assert check_sha256(data, good) is None and check_sha256(data, "0x" + good.upper()) is None
     f = check_sha256(data + b"!", good)
-    assert f.severity == "soft" and f.numbers["chain"] == good and f.numbers["bytes"] == 9
+    assert f.severity is Severity.SOFT and f.check is Check.SHA256
+    assert f.numbers["chain"] == good and f.numbers["bytes"] == 9
 
 
 def test_node_and_units():
     assert check_node(A, B, A.upper().replace("0X", "0x"), B) is None
-    assert check_node(A, B, B, B).severity == "hard"
+    assert check_node(A, B, B, B).severity is Severity.HARD
     assert check_work_units(30, 30, [5, 5], [10, 10]) is None
     f = check_work_units(60, 60, [5, 5], [10, 10])
-    assert f.severity == "hard" and f.numbers == {"chain": 60, "file": 60, "tokens": 30}
+    assert f.severity is Severity.HARD and f.numbers == {"chain": 60, "file": 60, "tokens": 30}
     assert check_work_units(30, 31, [5, 5], [10, 10]).numbers["chain"] == 31
 
 
 def test_prompts_rows_and_groups():
-    assigned = [[1, 2], [3]]
-    assert check_prompts([[1, 2], [1, 2], [3], [3]], assigned, 2) is None
-    f = check_prompts([[1, 2], [1, 2], [3], [4]], assigned, 2)
-    assert f.numbers == {"bad_rows": 1, "first": 3}
-    assert check_prompts([[1, 2], [3]], assigned, 2).numbers == {"rows": 2, "expected": 4}
+    rows = [[1, 2], [1, 2], [3], [3]]  # Assignment.prompt_rows: prompt r // group_size
+    assert check_prompts([[1, 2], [1, 2], [3], [3]], rows) is None
+    f = check_prompts([[1, 2], [1, 2], [3], [4]], rows)
+    assert f.numbers == {"bad_rows": 1, "first": 3} and f.check is Check.PROMPTS
+    assert check_prompts([[1, 2], [3]], rows).numbers == {"rows": 2, "expected": 4}
+
+
+def test_header_rules_are_the_published_ones():
+    rules = PoolRules(pool_id=2, seed=7, task={"type": "arithmetic", "digits": 2})
+    task = rules.task.model_dump(mode="json")
+    assert check_header_rules(2, task, 7, rules) is None
+    f = check_header_rules(3, task, 8, rules)
+    assert f.check is Check.RULES and f.severity is Severity.HARD
+    assert f.reason == "the header's pool_id, prompt_seed differ from the pool's published rules"
+    other = PoolRules(pool_id=2, task={"type": "arithmetic", "digits": 3}).task
+    assert check_header_rules(2, other.model_dump(mode="json"), 7, rules).numbers.keys() == {
+        "task"}
 
 
 def test_policy_version_window():
@@ -60,13 +76,41 @@ def test_sampling_params_and_rewards():
     assert f.numbers["bad_rows"] == 2 and "row 1: claims 1.0, recomputed 0.0" in f.reason
 
 
+EOS, STOP = 2, 9
+
+
+def test_termination():
+    assert row_termination([5, 6, EOS], "eos", 8, [EOS]) is None
+    assert row_termination([5, 6, 7], "length", 3, [EOS]) is None
+    assert row_termination([5, STOP], "stop", 8, [EOS], [STOP]) is None
+    assert row_termination([5, 6], "length", 3, [EOS]) == ("claimed the length limit with 2 "
+                                                           "of 3 tokens")
+    assert "not EOS" in row_termination([5, 6], "eos", 3, [EOS])
+    assert "past an EOS" in row_termination([5, EOS, 6], "length", 3, [EOS])
+    assert row_termination([5, 6, 7, 8], "length", 3, [EOS]) == "4 tokens > limit 3"
+    assert "ended on EOS" in row_termination([5, 6, EOS], "length", 3, [EOS])
+    assert "not one" in row_termination([5, 6], "stop", 3, [EOS], [STOP])
+    assert "unknown finish reason 'abort'" in row_termination([5], "abort", 3, [EOS])
+    assert row_termination([], "eos", 3, [EOS]) is not None
+    assert row_termination([5, 6, EOS], "eos", 8, []) is not None  # ignore_eos: EOS is a token
+    # a file: one finding over its rows, naming the first bad one
+    assert check_termination([([5, EOS], "eos", 8), ([5, 6, 7], "length", 3)], [EOS]) is None
+    f = check_termination([([5, EOS], "eos", 8), ([5, 6], "length", 3), ([7], "eos", 8)], [EOS])
+    assert f.check is Check.TERMINATION and f.severity is Severity.HARD
+    assert f.numbers == {"bad_rows": 2, "first": 1} and f.reason.startswith("2 of 3 rows")
+
+
 def test_decide_hard_beats_soft():
-    soft, hard = Finding("sha256", "soft", "x"), Finding("rewards", "hard", "y")
-    assert decide([]).kind == "accept"
-    assert decide([soft]).kind == "soft"
-    d = decide([soft, hard])
-    assert d.kind == "hard" and d.checks == ("rewards", "sha256") and d.reason.startswith("rew")
-    assert give_up("timeout", 6).kind == "soft"
+    soft = Finding(Check.SHA256, Severity.SOFT, "x")
+    hard = Finding(Check.REWARDS, Severity.HARD, "y")
+    assert decide([]).kind is VerdictKind.ACCEPT and decide([]).accepted
+    assert decide([soft]).kind is VerdictKind.SOFT_INVALID
+    d = decide([soft, hard], {"rows": 3})
+    assert d.kind is VerdictKind.HARD_INVALID and d.checks == (Check.REWARDS, Check.SHA256)
+    assert d.reason == "rewards: y; sha256: x" and d.stats == {"rows": 3} and not d.accepted
+    out = give_up("timeout", 6)
+    assert out.kind is VerdictKind.SOFT_INVALID and out.checks == (Check.VALIDATOR_ERROR,)
+    assert "after 6 attempts: timeout" in out.reason
 
 
 def test_backoff_doubles_and_caps():

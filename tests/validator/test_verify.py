@@ -6,56 +6,52 @@ by the "meshrl-cpu-engine" proof profile (every worker here runs the CPU engine)
 from __future__ import annotations
 
 import pytest
-from helpers import PROVIDER, assignment, cheat_file, claim, roundtrip, rules
+from helpers import cheat_file, claim, honest_file, rules
 
 from meshrl.inference import CPUEngine, EngineConfig
 from meshrl.pool import Check, VerdictKind
 from meshrl.validator.replay import ReplayConfig, profile_thresholds
 from meshrl.validator.verify import verify_file, verify_files
-from meshrl.worker.rollouts import generate_rollouts
 
 ENGINE = ReplayConfig(thresholds=profile_thresholds("meshrl-cpu-engine"))
 
 
-def _honest(engine, tok, r, **kw):
-    return roundtrip(generate_rollouts(engine, tok, assignment(r, **kw), r.task.build(),
-                                       PROVIDER))[0]
-
-
 def test_honest_file_is_accepted_with_numbers(engine, tok):
     r = rules(max_new=16)
-    b = _honest(engine, tok, r)
-    rep = verify_file(engine, tok, b, claim(b), r, r.task.build(), ENGINE)
-    assert rep.accepted, rep.reason
-    assert rep.stats["rows"] == 8
-    assert rep.stats["tokens"] == sum(len(x.completion_tokens) for x in b.completions)
-    assert rep.stats["max_sampling_margin"] <= ReplayConfig().sampling_tolerance
-    assert rep.stats["max_logprob_diff"] < 1e-3
-    assert rep.stats["chunks"] == 8  # one proof per completion of <= 32 tokens
+    b = honest_file(engine, tok, r)
+    d = verify_file(engine, tok, b, claim(b), r, r.task.build(), ENGINE)
+    assert d.accepted and d.kind is VerdictKind.ACCEPT and d.checks == (), d.reason
+    assert d.stats["rows"] == 8
+    assert d.stats["tokens"] == sum(len(x.completion_tokens) for x in b.completions)
+    assert d.stats["max_sampling_margin"] <= ReplayConfig().sampling_tolerance
+    assert d.stats["max_logprob_diff"] < 1e-3
+    assert d.stats["chunks"] == 8  # one proof per completion of <= 32 tokens
 
 
 def test_validator_batch_size_and_threads_do_not_matter(model, tok, engine):
     r = rules(max_new=24, prompts=3)
-    items = [(b, claim(b)) for b in (_honest(engine, tok, r, counter=c) for c in range(3))]
+    items = [(b, claim(b)) for b in (honest_file(engine, tok, r, counter=c) for c in range(3))]
     other = CPUEngine(model, tok, EngineConfig(max_batch_size=5, num_threads=2))
     cfg = ENGINE.model_copy(update={"max_batch_rows": 7})
-    for rep in verify_files(other, tok, items, r, r.task.build(), cfg):
-        assert rep.accepted, rep.reason
+    decisions = verify_files(other, tok, items, r, r.task.build(), cfg)
+    assert len(decisions) == 3
+    for d in decisions:
+        assert d.accepted, d.reason
 
 
 @pytest.mark.parametrize(("mode", "check"), [
-    ("other-model", "toploc"),
-    ("int8", "toploc"),
-    ("scale-layer", "toploc"),
-    ("cherry-pick", "prompts"),
-    ("forge-rewards", "rewards"),
-    ("forge-sampling", "sampling"),
-    ("truncate", "sampling"),
-    ("inflate-units", "work_units"),
+    ("other-model", Check.TOPLOC),
+    ("int8", Check.TOPLOC),
+    ("scale-layer", Check.TOPLOC),
+    ("cherry-pick", Check.PROMPTS),
+    ("forge-rewards", Check.REWARDS),
+    ("forge-sampling", Check.SAMPLING),
+    ("truncate", Check.SAMPLING),
+    ("inflate-units", Check.WORK_UNITS),
 ])
 def test_each_generation_cheat_is_a_hard_finding(engine, model, tok, mode, check):
     r = rules(max_new=32, prompts=2, group=4)
     b = cheat_file(engine, model, tok, r, mode)
-    rep = verify_file(engine, tok, b, claim(b), r, r.task.build(), ENGINE)
-    assert rep.kind is VerdictKind.HARD_INVALID, rep.reason
-    assert Check(check) in rep.checks, rep.reason
+    d = verify_file(engine, tok, b, claim(b), r, r.task.build(), ENGINE)
+    assert d.kind is VerdictKind.HARD_INVALID and not d.accepted
+    assert check in d.checks, d.reason

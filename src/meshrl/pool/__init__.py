@@ -32,6 +32,7 @@ from meshrl.pool.rules import (
     RulesPins,
     RulesSpec,
     SamplingSpec,
+    rules_diff,
     rules_drift,
     tasks_config,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "profile",
     "prompt_of_row",
     "read_rules",
+    "rules_diff",
     "rules_drift",
     "tasks_config",
     "unmet_profile",

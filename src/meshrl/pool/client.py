@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 
 from meshrl.log import get_logger, log_event
-from meshrl.pool.rules import PoolRules, RulesPins, rules_drift
+from meshrl.pool.rules import PoolRules, RulesPins, rules_diff, rules_drift
 from meshrl.wire import SignedClient, WireHTTPError
 
 __all__ = ["PoolRulesError", "changed_rules", "check_rules", "read_rules"]
@@ -41,18 +41,22 @@ def check_rules(rules: PoolRules, pool_id: int, pins: RulesPins, role: str) -> N
     """Refuse (`PoolRulesError`, one line naming the field) rules of another pool or rules that
     differ from a value this role's `[rules]` pins."""
     if rules.pool_id != pool_id:
-        raise PoolRulesError(f"rules: the orchestrator manages pool {rules.pool_id}, this "
-                             f"{role}'s pool_id is {pool_id}")
+        raise PoolRulesError(f"refusing to start: the orchestrator manages pool {rules.pool_id}, "
+                             f"this {role}'s pool_id is {pool_id}")
     drift = rules_drift(pins, rules)
     if drift:
-        raise PoolRulesError(f"rules: {role} refuses to start: " + "; ".join(
-            f"rules.{d}" for d in drift))
+        raise PoolRulesError(f"refusing to start, this {role}'s [rules] differ from the pool's "
+                             f"published rules: {'; '.join(drift)} (pin the published value "
+                             "or leave the rule unset)")
 
 
 def changed_rules(started: PoolRules, now: PoolRules) -> str | None:
-    """Why rules seen while running differ from those the role started with (None: same)."""
-    drift = rules_drift(RulesPins.of(started), now)
+    """Why rules seen while running differ from those the role started with (None: same), one
+    line naming each field that changed."""
+    diff = [f"rules.{path}: started with {a!r}, the pool now publishes {b!r}"
+            for path, a, b in rules_diff(RulesPins.of(started), now)]
     if now.pool_id != started.pool_id:
-        drift.insert(0, f"pool_id: started with {started.pool_id}, now {now.pool_id}")
-    return None if not drift else "rules changed while running: " + "; ".join(
-        f"rules.{d}" for d in drift)
+        diff.insert(0, f"pool_id: started with {started.pool_id}, now {now.pool_id}")
+    if not diff:
+        return None
+    return "stopping, the pool's rules changed while running: " + "; ".join(diff)

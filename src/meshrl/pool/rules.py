@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from meshrl.pool.profiles import PROFILE_FIELD, ProofProfile
 from meshrl.tasks import TasksConfig
 
-__all__ = ["RULE_FIELDS", "PoolRules", "RulesPins", "RulesSpec", "SamplingSpec", "rules_drift",
-           "tasks_config"]
+__all__ = ["RULE_FIELDS", "PoolRules", "RulesPins", "RulesSpec", "SamplingSpec", "rules_diff",
+           "rules_drift", "tasks_config"]
 
 
 class _Rule(BaseModel):
@@ -120,15 +120,20 @@ def _json(v: Any) -> Any:
     return v.model_dump(mode="json") if isinstance(v, BaseModel) else v
 
 
-def rules_drift(pins: RulesPins, published: RulesSpec) -> list[str]:
-    """One line per pinned rule whose value differs from the published one, naming the field
-    (dotted down to the leaf that differs); empty when every pin agrees."""
+def rules_diff(pins: RulesPins, published: RulesSpec) -> list[tuple[str, Any, Any]]:
+    """(field, pinned value, published value) for every pinned rule that differs from the
+    published one, the field dotted down to the leaf that differs (`sampling.top_p`,
+    `task.mix.0.digits`); empty when every pin agrees."""
     out = []
     for name in RULE_FIELDS:
         mine = getattr(pins, name)
-        if mine is None:
-            continue
-        theirs = getattr(published, name)
-        for path, a, b in _leaves(_json(mine), _json(theirs), name):
-            out.append(f"{path}: configured {a!r}, the pool publishes {b!r}")
+        if mine is not None:
+            out += _leaves(_json(mine), _json(getattr(published, name)), name)
     return out
+
+
+def rules_drift(pins: RulesPins, published: RulesSpec) -> list[str]:
+    """One line per pinned rule whose value differs from the published one, naming the field
+    (`rules_diff`); empty when every pin agrees."""
+    return [f"rules.{path}: configured {a!r}, the pool publishes {b!r}"
+            for path, a, b in rules_diff(pins, published)]

@@ -1,9 +1,10 @@
 """TOPLOC verifiable inference: compact proofs of final hidden states, checked by one prefill.
 
 `build_proofs` (worker) commits to each chunk's top-k activations; `verify_proofs` (validator)
-compares them with its own recomputation; `verdict` turns ChunkResults into accept / reject with
-the paper's thresholds or with thresholds from `calibrate_thresholds`; `validate_rollout` runs
-them together with the sampling, termination and log-prob checks of `checks`.
+compares them with its own recomputation; `verdict` turns ChunkResults into a `ProofVerdict`
+(do the proofs hold) with the paper's thresholds or with thresholds from
+`calibrate_thresholds`. Judging a rollout file (sampling replay, termination, log-probs and this
+verdict, into a `meshrl.pool.Decision`) is the validator's, once: `meshrl.validator.replay`.
 
 Names are imported lazily (PEP 562) so `meshrl toploc --help` does not import torch.
 """
@@ -15,14 +16,12 @@ from typing import TYPE_CHECKING
 from meshrl.lazy import lazy_getattr
 
 _EXPORTS = {
-    "checks": ["CheckResult", "check_logprobs", "check_rewards", "check_sampling",
-               "check_termination", "recompute_logprobs"],
     "proofs": ["DEFAULT_CHUNK_SIZE", "DEFAULT_TOPK", "ChunkResult", "ProofError", "build_proofs",
                "chunk_lengths", "find_moduli", "proof_from_base64", "proof_threads",
                "proof_to_base64", "to_bf16_bits", "verify_proofs"],
-    "thresholds": ["HEADROOM", "RolloutStats", "Thresholds", "Verdict", "calibrate_thresholds",
-                   "rollout_stats", "tail_threshold", "threshold_ratios", "verdict"],
-    "validate": ["Claim", "RolloutReport", "ValidatorConfig", "validate_rollout"],
+    "thresholds": ["HEADROOM", "ProofVerdict", "RolloutStats", "Thresholds",
+                   "calibrate_thresholds", "rollout_stats", "tail_threshold", "threshold_ratios",
+                   "verdict"],
     "calibrate": ["CalibrateConfig", "run_calibration"],
     "modes": ["HONEST_MODES"],
 }
@@ -34,33 +33,23 @@ __all__ = [
     "HEADROOM",
     "HONEST_MODES",
     "CalibrateConfig",
-    "CheckResult",
     "ChunkResult",
-    "Claim",
     "ProofError",
-    "RolloutReport",
+    "ProofVerdict",
     "RolloutStats",
     "Thresholds",
-    "ValidatorConfig",
-    "Verdict",
     "build_proofs",
     "calibrate_thresholds",
-    "check_logprobs",
-    "check_rewards",
-    "check_sampling",
-    "check_termination",
     "chunk_lengths",
     "find_moduli",
     "proof_from_base64",
     "proof_threads",
     "proof_to_base64",
-    "recompute_logprobs",
     "rollout_stats",
     "run_calibration",
     "tail_threshold",
     "threshold_ratios",
     "to_bf16_bits",
-    "validate_rollout",
     "verdict",
     "verify_proofs",
 ]
@@ -75,14 +64,6 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from meshrl.toploc.calibrate import CalibrateConfig, run_calibration
-    from meshrl.toploc.checks import (
-        CheckResult,
-        check_logprobs,
-        check_rewards,
-        check_sampling,
-        check_termination,
-        recompute_logprobs,
-    )
     from meshrl.toploc.modes import HONEST_MODES
     from meshrl.toploc.proofs import (
         DEFAULT_CHUNK_SIZE,
@@ -100,18 +81,12 @@ if TYPE_CHECKING:
     )
     from meshrl.toploc.thresholds import (
         HEADROOM,
+        ProofVerdict,
         RolloutStats,
         Thresholds,
-        Verdict,
         calibrate_thresholds,
         rollout_stats,
         tail_threshold,
         threshold_ratios,
         verdict,
-    )
-    from meshrl.toploc.validate import (
-        Claim,
-        RolloutReport,
-        ValidatorConfig,
-        validate_rollout,
     )

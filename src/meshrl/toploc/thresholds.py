@@ -29,9 +29,9 @@ from meshrl.toploc.proofs import DEFAULT_TOPK, ChunkResult
 
 __all__ = [
     "HEADROOM",
+    "ProofVerdict",
     "RolloutStats",
     "Thresholds",
-    "Verdict",
     "calibrate_thresholds",
     "rollout_stats",
     "tail_threshold",
@@ -100,7 +100,11 @@ class RolloutStats:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class ProofVerdict:
+    """The TOPLOC statistical verdict on the chunks of one rollout: do its proofs match the
+    recomputation within the thresholds. Only one input of the validator's decision on a file
+    (`meshrl.validator.replay`, as a `toploc` finding), never a decision itself."""
+
     accepted: bool
     reasons: list[str] = field(default_factory=list)
     stats: RolloutStats | None = None
@@ -136,7 +140,8 @@ _POOLED_TESTS = (
 )
 
 
-def verdict(results: Sequence[ChunkResult], thresholds: Thresholds | None = None) -> Verdict:
+def verdict(results: Sequence[ChunkResult],
+            thresholds: Thresholds | None = None) -> ProofVerdict:
     """Accept a rollout only if every chunk was checkable and every enabled test passes."""
     th = thresholds or Thresholds()
     reasons = []
@@ -156,7 +161,7 @@ def verdict(results: Sequence[ChunkResult], thresholds: Thresholds | None = None
             value, bound = getattr(stats, stat), getattr(th, limit)
             if bound is not None and not value <= bound:
                 reasons.append(f"rollout: {name} {value:.4g} > {bound:.4g}")
-    return Verdict(accepted=not reasons, reasons=reasons, stats=stats)
+    return ProofVerdict(accepted=not reasons, reasons=reasons, stats=stats)
 
 
 def threshold_ratios(

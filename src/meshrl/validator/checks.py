@@ -2,8 +2,10 @@
 
 A finding (`meshrl.pool.Finding`) names its check, says whether it is evidence of cheating
 (`hard`: the worker's own claim contradicts what anyone can recompute) or only makes the file
-unusable (`soft`), and carries the numbers behind the decision. The model-dependent checks
-(sampling replay, termination, log-probs, TOPLOC) are in `replay.py`; these need no model.
+unusable (`soft`), and carries the numbers behind the decision. These need no model; the
+checks on the recomputed logits and hidden states (sampling replay, log-probs, TOPLOC) are in
+`replay.py`, which also applies `check_termination` with the context of its engine. They are
+the only checks that judge a rollout: `meshrl.toploc` keeps the proofs and their thresholds.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ __all__ = [
     "check_sampling_params",
     "check_sha256",
     "check_slot_claim",
+    "check_termination",
     "check_work_units",
+    "row_termination",
 ]
 
 HARD, SOFT = Severity.HARD, Severity.SOFT
@@ -143,3 +147,38 @@ def check_header_rules(pool_id: int, task: dict[str, Any], prompt_seed: int,
         return None
     return Finding(Check.RULES, HARD, "the header's " + ", ".join(diffs) + " differ from the "
                    "pool's published rules", {k: str(got[k])[:200] for k in diffs})
+
+
+def row_termination(token_ids: Sequence[int], finish_reason: str, limit: int,
+                    eos_token_ids: Sequence[int], stop_token_ids: Sequence[int] = ()) -> str | None:
+    """Why a row's finish reason does not match its tokens (None: it does). A row ends on EOS
+    ("eos"), a stop token ("stop") or exactly at `limit` tokens ("length": `max_new_tokens`, or
+    less where the context ends first), and holds no EOS / stop token before its last one."""
+    tokens = list(token_ids)
+    eos, stop = set(eos_token_ids), set(stop_token_ids)
+    last = tokens[-1] if tokens else None
+    if len(tokens) > limit:
+        return f"{len(tokens)} tokens > limit {limit}"
+    if any(t in eos | stop for t in tokens[:-1]):
+        return "generation continued past an EOS / stop token"
+    if finish_reason == "eos":
+        return None if last in eos else "claimed EOS but the last token is not EOS"
+    if finish_reason == "stop":
+        return None if last in stop else "claimed a stop token but the last token is not one"
+    if finish_reason == "length":
+        if len(tokens) != limit:
+            return f"claimed the length limit with {len(tokens)} of {limit} tokens"
+        return "claimed the length limit but ended on EOS / stop" if last in eos | stop else None
+    return f"unknown finish reason {finish_reason!r}"
+
+
+def check_termination(rows: Sequence[tuple[Sequence[int], str, int]], eos_token_ids: Sequence[int],
+                      stop_token_ids: Sequence[int] = ()) -> Finding | None:
+    """Every row's finish reason matches its tokens (`row_termination`); rows are (completion
+    tokens, finish reason, length limit of that row)."""
+    bad = [(i, why) for i, (tokens, reason, limit) in enumerate(rows)
+           if (why := row_termination(tokens, reason, limit, eos_token_ids, stop_token_ids))]
+    if not bad:
+        return None
+    return Finding(Check.TERMINATION, HARD, f"{len(bad)} of {len(rows)} rows, first row "
+                   f"{bad[0][0]}: {bad[0][1]}", {"bad_rows": len(bad), "first": bad[0][0]})

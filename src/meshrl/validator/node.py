@@ -67,7 +67,6 @@ class ValidatorNode:
             rules = await self._rules(orch)
             if rules is None:
                 return 0  # stopped before the orchestrator answered
-            self.rules, self.rules_read = rules, time.monotonic()
             self.judge = Judge(self.cfg, rules, orch)
             while not self.stop.is_set() and not self._enough():
                 await self._recheck_rules(orch)
@@ -91,6 +90,7 @@ class ValidatorNode:
         check_rules(rules, self.cfg.pool_id, self.cfg.rules, "validator")
         log_event(log, "pool rules", pool=rules.pool_id, proof_profile=rules.proof_profile,
                   thresholds_overridden="thresholds" in self.cfg.replay)
+        self.rules, self.rules_read = rules, time.monotonic()
         return rules
 
     async def _recheck_rules(self, orch: SignedClient) -> None:

@@ -20,8 +20,9 @@ from meshrl.config import Config
 from meshrl.inference import InferenceBackend
 from meshrl.inference.sampling import check_sampled_tokens, token_margins
 from meshrl.pool import Check, Finding, Severity, profile
-from meshrl.toploc import Thresholds, check_termination, verdict, verify_proofs
+from meshrl.toploc import Thresholds, verdict, verify_proofs
 from meshrl.toploc.proofs import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK
+from meshrl.validator.checks import check_termination
 
 HARD = Severity.HARD
 
@@ -126,18 +127,15 @@ def _judge(rows: Sequence[ReplayRow], scored: Sequence[Any], spec: ReplaySpec,
 
 
 def _termination(rows: Sequence[ReplayRow], spec: ReplaySpec, findings: list[Finding]) -> None:
-    bad = []
-    for i, r in enumerate(rows):
-        limit = spec.max_new_tokens
-        if spec.max_seq_len is not None:
-            limit = min(limit, spec.max_seq_len - len(r.prompt_ids))
-        res = check_termination(r.token_ids, r.finish_reason, limit, spec.eos_token_ids,
-                                spec.stop_token_ids)
-        if not res.ok:
-            bad.append((i, res.reason))
-    if bad:
-        findings.append(Finding(Check.TERMINATION, HARD, f"{len(bad)} of {len(rows)} rows, first "
-                                f"row {bad[0][0]}: {bad[0][1]}", {"bad_rows": len(bad)}))
+    def limit(r: ReplayRow) -> int:  # a row may end on "length" where the context ends
+        if spec.max_seq_len is None:
+            return spec.max_new_tokens
+        return min(spec.max_new_tokens, spec.max_seq_len - len(r.prompt_ids))
+
+    bad = check_termination([(r.token_ids, r.finish_reason, limit(r)) for r in rows],
+                            spec.eos_token_ids, spec.stop_token_ids)
+    if bad is not None:
+        findings.append(bad)
 
 
 def _sampling(rows, spec: ReplaySpec, cfg: ReplayConfig, findings: list[Finding],
