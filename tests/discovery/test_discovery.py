@@ -13,8 +13,9 @@ import pytest
 
 from meshrl.wire import SignedClient, WireHTTPError
 from meshrl.wire.models import NodeEntry, NodeList, NodeStatus
-from orchestrator.conftest import anvil_or_skip
 from orchestrator.net import Chain, Service, announcement, hexkey, run, start_chain, wait_for
+
+pytestmark = pytest.mark.anvil
 
 
 @dataclass
@@ -28,7 +29,6 @@ class Disc:
 
 @pytest.fixture(scope="module")
 def disc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Disc]:
-    anvil_or_skip()
     tmp: Path = tmp_path_factory.mktemp("disc")
     chain = start_chain(tmp)
     svc = Service("discovery", {

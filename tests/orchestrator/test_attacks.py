@@ -20,6 +20,8 @@ from meshrl.wire.models import Heartbeat, LedgerPage, SlotRequest, UploadSlot, V
 from .conftest import Pool
 from .net import run
 
+pytestmark = pytest.mark.anvil
+
 
 async def snapshot(pool: Pool) -> tuple[Any, ...]:
     async with aiohttp.ClientSession() as s, s.get(pool.orch.url + "/health") as r:

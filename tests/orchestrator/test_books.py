@@ -24,6 +24,8 @@ from meshrl.wire.models import PoolNodes
 from .conftest import Pool, pool_services
 from .net import PARAMS, run, wait_for
 
+pytestmark = pytest.mark.anvil
+
 LOCK = PARAMS.lock_period
 
 

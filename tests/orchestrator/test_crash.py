@@ -20,6 +20,8 @@ from meshrl.wire.models import PoolNodes, SlotRequest, UploadSlot
 from .conftest import Pool, orchestrator_config
 from .net import Heartbeater, Service, hexkey, run
 
+pytestmark = pytest.mark.anvil
+
 
 @pytest.mark.slow
 def test_kill9_under_load_loses_nothing_acknowledged(pool: Pool) -> None:

@@ -8,6 +8,7 @@ import hashlib
 import time
 
 import aiohttp
+import pytest
 
 from meshrl.wire import SignedClient, WireHTTPError, read_rollout_file, write_rollout_file
 from meshrl.wire.models import (
@@ -28,6 +29,8 @@ from wire.helpers import sample_rollout  # the wire tests' sample file (tests/ i
 
 from .conftest import Pool
 from .net import onboard, run, wait_for
+
+pytestmark = pytest.mark.anvil
 
 
 def make_file(pool: Pool, name: str, seed: int) -> tuple:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from meshrl.rl.config import NetworkSourceConfig, RolloutConfig
 from meshrl.rl.network_source import NetworkSource
 from meshrl.wire import SignedClient, WireHTTPError
@@ -16,6 +18,8 @@ from meshrl.wire.models import FileStatus, LedgerEntry, LedgerPage, Verdict, Ver
 from .conftest import Pool
 from .net import Heartbeater, onboard, run, wait_for
 from .test_flow import make_file, upload
+
+pytestmark = pytest.mark.anvil
 
 
 async def _rows(c: SignedClient, sha: str) -> list[LedgerEntry]:

@@ -10,7 +10,6 @@ import pytest
 
 from meshrl.config import EXIT_REFUSED
 from meshrl.protocol import WorkStatus
-from meshrl.protocol.anvil import find_anvil
 from meshrl.wire import SignedClient
 from meshrl.wire.models import LedgerPage, StepUpdate
 from network import (
@@ -30,8 +29,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.anvil]
 
 @pytest.fixture(scope="module")
 def net(tmp_path_factory):
-    if find_anvil() is None:
-        pytest.skip("anvil not installed (run `make setup`)")
     n = start_net(tmp_path_factory.mktemp("roles"))
     yield n
     n.close()
