@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from meshrl.durable import atomic_write
 from meshrl.log import get_logger, log_event
 from meshrl.protocol import Deployment, Protocol
 from meshrl.protocol.errors import TxReverted
@@ -33,7 +34,7 @@ from meshrl.worker.delivery import RetryLater, deliver_all
 from meshrl.worker.hardware import missing, probe
 from meshrl.worker.keys import WorkerKeys
 from meshrl.worker.onboard import announce_and_join, onboard_chain
-from meshrl.worker.outbox import Outbox, OutboxEntry, atomic_write
+from meshrl.worker.outbox import Outbox, OutboxEntry
 from meshrl.worker.policy import PolicyHolder, assignment_of
 from meshrl.worker.profile import read_rules, require_profile
 
