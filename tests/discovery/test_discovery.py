@@ -1,9 +1,12 @@
 """`meshrl discovery` as a process against anvil: who may announce, who may list a pool's
-candidates, the per-IP cap, and statuses that follow the chain."""
+candidates, the per-IP cap, and statuses that follow the chain.
+
+One chain for the module, one discovery process (with its own registry) per test, so that no
+test sees another's entries; the tests that change a node on chain use nodes no other test
+announces (n5 removed, n2 ejected)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,18 +31,24 @@ class Disc:
 
 
 @pytest.fixture(scope="module")
-def disc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Disc]:
-    tmp: Path = tmp_path_factory.mktemp("disc")
-    chain = start_chain(tmp)
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
+    c = start_chain(tmp_path_factory.mktemp("disc-chain"))
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def disc(chain: Chain, tmp_path: Path) -> Iterator[Disc]:
     svc = Service("discovery", {
-        "port": 0, "db": str(tmp / "disc.db"), "sync_s": 0.3, "manager_cache_s": 0.0,
+        "port": 0, "db": str(tmp_path / "disc.db"), "sync_s": 0.3, "manager_cache_s": 0.0,
         "max_nodes_per_ip": 3,
-        "chain": {"deployment": str(chain.deployment), "rpc_url": chain.node.url}}, tmp)
+        "chain": {"deployment": str(chain.deployment), "rpc_url": chain.node.url}}, tmp_path)
     try:
         yield Disc(chain, svc.start())
     finally:
         svc.stop()
-        chain.close()
 
 
 def expect(status: int, reason: str, coro) -> None:  # type: ignore[no-untyped-def]
@@ -98,8 +107,8 @@ def test_cap_per_ip_address(disc: Disc) -> None:
 
 def test_status_follows_the_chain(disc: Disc) -> None:
     chain = disc.chain
-    n3 = chain.accounts["n3"].address
-    run(put(disc, "n3", "p1"))
+    n5 = chain.accounts["n5"].address
+    run(put(disc, "n5", "p2"))
 
     async def status(node: str) -> NodeStatus | None:
         async with disc.client(node) as c:
@@ -116,11 +125,11 @@ def test_status_follows_the_chain(disc: Disc) -> None:
         await wait_for(lambda: _eq(status(node), want), timeout=10)
 
     mgr = chain.client("mgr")
-    mgr.blacklist_node(chain.pool, n3)
-    run(becomes("n3", NodeStatus.BLACKLISTED))
+    mgr.blacklist_node(chain.pool, n5)
+    run(becomes("n5", NodeStatus.BLACKLISTED))
     # the node is removed on chain by its provider: its entry disappears
-    chain.client("p1").remove_node(n3)
-    run(becomes("n3", None))
+    chain.client("p2").remove_node(n5)
+    run(becomes("n5", None))
 
 
 async def _eq(get, want) -> bool:  # type: ignore[no-untyped-def]
@@ -142,5 +151,16 @@ def test_in_pool_then_ejected(disc: Disc) -> None:
     run(wait_for(lambda: _eq(st(), NodeStatus.IN_POOL), timeout=10))
     mgr.eject_node(chain.pool, n2.address)
     run(wait_for(lambda: _eq(st(), NodeStatus.EJECTED), timeout=10))
-    asyncio.run(asyncio.sleep(0.7))  # and it stays ejected over further syncs
+    # and it stays ejected over two further syncs (counted by the service, not timed here)
+    seen = run(syncs(disc))
+    run(wait_for(lambda: _at_least(syncs(disc), seen + 2), timeout=10))
     assert run(st()) == NodeStatus.EJECTED
+
+
+async def syncs(d: Disc) -> int:
+    async with aiohttp.ClientSession() as s, s.get(d.url + "/health") as r:
+        return int((await r.json())["info"]["syncs"])
+
+
+async def _at_least(get, n: int) -> bool:  # type: ignore[no-untyped-def]
+    return (await get) >= n
