@@ -1,10 +1,18 @@
-"""Fixtures shared by every test package."""
+"""Fixtures and rules shared by every test package."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
+
+from anvil_rule import require_anvil
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before any fixture of a test marked `anvil`: skip it without anvil, fail it under CI."""
+    if item.get_closest_marker("anvil") is not None:
+        require_anvil()
 
 
 @pytest.fixture

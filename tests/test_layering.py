@@ -20,13 +20,13 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "meshrl"
 
-BASE = frozenset({"config", "log", "lazy", "wire"})
+BASE = frozenset({"config", "log", "lazy", "durable", "wire"})
 # Packages whose `config` module a supervisor (network, dashboard) may read: the roles.
 ROLES = ("rl", "shardcast", "protocol", "discovery", "orchestrator", "worker", "validator")
 ALLOWED: dict[str, frozenset[str]] = {
     **{p: BASE for p in BASE},
-    "model": frozenset({"config", "log", "lazy"}),
-    "tasks": frozenset({"config", "log", "lazy"}),
+    "model": frozenset({"config", "log", "lazy", "durable"}),
+    "tasks": frozenset({"config", "log", "lazy", "durable"}),
     "shardcast": BASE,
     "protocol": BASE,
     "pool": BASE | {"tasks"},

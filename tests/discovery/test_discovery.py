@@ -1,10 +1,13 @@
 """`meshrl discovery` as a process against anvil: who may announce, who may list a pool's
 candidates, the per-IP cap, and statuses that follow the chain; every refusal its routes
-declare reaches the client as its class."""
+declare reaches the client as its class.
+
+One chain for the module, one discovery process (with its own registry) per test, so that no
+test sees another's entries; the tests that change a node on chain use nodes no other test
+announces (n5 removed, n2 ejected)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +19,9 @@ from meshrl.discovery.config import DiscoveryConfig
 from meshrl.discovery.service import Discovery
 from meshrl.wire import ErrorCode, NotAnnounced, SignedClient, WireHTTPError, refusal_classes
 from meshrl.wire.models import NodeEntry, NodeList, NodeStatus
-from orchestrator.conftest import anvil_or_skip
 from orchestrator.net import Chain, Service, announcement, hexkey, run, start_chain, wait_for
+
+pytestmark = pytest.mark.anvil
 
 
 @dataclass
@@ -30,19 +34,24 @@ class Disc:
 
 
 @pytest.fixture(scope="module")
-def disc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Disc]:
-    anvil_or_skip()
-    tmp: Path = tmp_path_factory.mktemp("disc")
-    chain = start_chain(tmp)
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
+    c = start_chain(tmp_path_factory.mktemp("disc-chain"))
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def disc(chain: Chain, tmp_path: Path) -> Iterator[Disc]:
     svc = Service("discovery", {
-        "port": 0, "db": str(tmp / "disc.db"), "sync_s": 0.3, "manager_cache_s": 0.0,
+        "port": 0, "db": str(tmp_path / "disc.db"), "sync_s": 0.3, "manager_cache_s": 0.0,
         "max_nodes_per_ip": 3,
-        "chain": {"deployment": str(chain.deployment), "rpc_url": chain.node.url}}, tmp)
+        "chain": {"deployment": str(chain.deployment), "rpc_url": chain.node.url}}, tmp_path)
     try:
         yield Disc(chain, svc.start())
     finally:
         svc.stop()
-        chain.close()
 
 
 def expect(code: ErrorCode, coro) -> None:  # type: ignore[no-untyped-def]
@@ -106,8 +115,8 @@ def test_cap_per_ip_address(disc: Disc) -> None:
 
 def test_status_follows_the_chain(disc: Disc) -> None:
     chain = disc.chain
-    n3 = chain.accounts["n3"].address
-    run(put(disc, "n3", "p1"))
+    n5 = chain.accounts["n5"].address
+    run(put(disc, "n5", "p2"))
 
     async def status(node: str) -> NodeStatus | None:
         async with disc.client(node) as c:
@@ -122,11 +131,11 @@ def test_status_follows_the_chain(disc: Disc) -> None:
         await wait_for(lambda: _eq(status(node), want), timeout=10)
 
     mgr = chain.client("mgr")
-    mgr.blacklist_node(chain.pool, n3)
-    run(becomes("n3", NodeStatus.BLACKLISTED))
+    mgr.blacklist_node(chain.pool, n5)
+    run(becomes("n5", NodeStatus.BLACKLISTED))
     # the node is removed on chain by its provider: its entry disappears
-    chain.client("p1").remove_node(n3)
-    run(becomes("n3", None))
+    chain.client("p2").remove_node(n5)
+    run(becomes("n5", None))
 
 
 async def _eq(get, want) -> bool:  # type: ignore[no-untyped-def]
@@ -148,7 +157,9 @@ def test_in_pool_then_ejected(disc: Disc) -> None:
     run(wait_for(lambda: _eq(st(), NodeStatus.IN_POOL), timeout=10))
     mgr.eject_node(chain.pool, n2.address)
     run(wait_for(lambda: _eq(st(), NodeStatus.EJECTED), timeout=10))
-    asyncio.run(asyncio.sleep(0.7))  # and it stays ejected over further syncs
+    # and it stays ejected over two further syncs (counted by the service, not timed here)
+    seen = run(syncs(disc))
+    run(wait_for(lambda: _at_least(syncs(disc), seen + 2), timeout=10))
     assert run(st()) == NodeStatus.EJECTED
 
 
@@ -162,7 +173,7 @@ def test_every_declared_refusal_reaches_the_client_as_its_class(disc: Disc,
             return await c.call("GET", path)
 
     async def over_the_cap() -> NodeEntry:  # three other nodes on this address already
-        for n, p in (("n1", "p1"), ("n2", "p1"), ("n5", "p2")):
+        for n, p in (("n1", "p1"), ("n2", "p1"), ("n3", "p1")):
             await put(disc, n, p)
         return await put(disc, "n4", "p1")
     cases = {
@@ -180,3 +191,12 @@ def test_every_declared_refusal_reaches_the_client_as_its_class(disc: Disc,
     assert set(cases) == declared
     for code, attempt in cases.items():
         expect(code, attempt())
+
+
+async def syncs(d: Disc) -> int:
+    async with aiohttp.ClientSession() as s, s.get(d.url + "/health") as r:
+        return int((await r.json())["info"]["syncs"])
+
+
+async def _at_least(get, n: int) -> bool:  # type: ignore[no-untyped-def]
+    return (await get) >= n

@@ -11,7 +11,6 @@ import signal
 import netutil as nu
 import pytest
 
-from meshrl.protocol.anvil import find_anvil
 from meshrl.rl.network_source import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.anvil]
@@ -27,8 +26,6 @@ CONFIG = nu.short_network("faults", steps=STEPS, checkpoint_every=3,
 
 @pytest.fixture(scope="module")
 def net(tmp_path_factory):
-    if find_anvil() is None:
-        pytest.skip("anvil not installed (run `make setup`)")
     tmp = tmp_path_factory.mktemp("faults")
     plan = tmp / "faults.toml"
     plan.write_text("settle_s = 5.0\n" + "".join(

@@ -19,7 +19,6 @@ import pytest
 
 from meshrl.network.keys import dev_account
 from meshrl.protocol import Protocol, WorkStatus
-from meshrl.protocol.anvil import find_anvil
 from meshrl.rl.network_source import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.anvil]
@@ -35,8 +34,6 @@ CONFIG = nu.short_network("e2e", steps=STEPS, checkpoint_every=2, top="max_minut
 
 @pytest.fixture(scope="module")
 def net(tmp_path_factory):
-    if find_anvil() is None:
-        pytest.skip("anvil not installed (run `make setup`)")
     yield from nu.run_network(tmp_path_factory.mktemp("network"), CONFIG, "e2e")
 
 

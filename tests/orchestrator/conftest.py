@@ -3,7 +3,6 @@ onboarded members kept alive by a heartbeat thread."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -11,16 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from meshrl.protocol.anvil import find_anvil
-
 from .net import Chain, Heartbeater, Service, hexkey, onboard, run, start_chain
-
-
-def anvil_or_skip() -> None:
-    if find_anvil() is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("anvil is required in CI (make setup installs it via npm)")
-        pytest.skip("anvil not installed (run `make setup`)")
 
 
 @dataclass
@@ -57,8 +47,8 @@ def orchestrator_config(chain: Chain, tmp: Path, **over: object) -> dict:
 @contextmanager
 def pool_services(tmp: Path, members: tuple[tuple[str, str], ...]) -> Iterator[Pool]:
     """A chain, a discovery and an orchestrator process in `tmp`, with each (node, provider)
-    of `members` onboarded into the pool; everything stopped afterwards."""
-    anvil_or_skip()
+    of `members` onboarded into the pool; everything stopped afterwards (for tests marked
+    `anvil`)."""
     chain = start_chain(tmp)
     disc = Service("discovery", {
         "port": 0, "db": str(tmp / "disc.db"), "sync_s": 0.5, "manager_cache_s": 0.0,

@@ -24,13 +24,19 @@ from meshrl.wire.models import PoolNodes
 from .conftest import Pool, pool_services
 from .net import PARAMS, run, wait_for
 
+pytestmark = pytest.mark.anvil
+
 LOCK = PARAMS.lock_period
 
 
 @pytest.fixture(scope="module")
 def books_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    """The pool with its history made before any test of the module, so each test sees it
+    whatever runs first: submissions, a partial claim, a hard invalidation that wipes n5's
+    locked work."""
     members = (("n1", "p1"), ("n2", "p1"), ("n5", "p2"))
     with pool_services(tmp_path_factory.mktemp("books"), members) as p:
+        _history(p)
         yield p
 
 
@@ -80,8 +86,8 @@ def _matches(pool: Pool) -> dict[str, tuple[int, int, int, int, int]]:
     return truth
 
 
-def test_money_per_node_equals_the_chain(books_pool: Pool) -> None:
-    pool, c = books_pool, books_pool.chain
+def _history(pool: Pool) -> None:
+    c = pool.chain
     a = _submit(pool, "p1", "n1", "a", 10)
     _submit(pool, "p1", "n2", "b", 20)
     _submit(pool, "p2", "n5", "c", 30)
@@ -91,6 +97,13 @@ def test_money_per_node_equals_the_chain(books_pool: Pool) -> None:
     bad = _submit(pool, "p2", "n5", "e", 5)
     c.client("val").hard_invalidate(bad)
     c.fed.backend.w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
+
+
+def test_money_per_node_equals_the_chain_then_a_claim_of_all_and_a_restart(
+        books_pool: Pool) -> None:
+    """One story (its steps build on each other): the module's history, then p1 claims the rest
+    and adds stake, then the orchestrator restarts on a database from before the books."""
+    pool, c = books_pool, books_pool.chain
     truth = _matches(pool)
     rate = c.fed.pool(c.pool).reward_rate
     n1, n2, n5 = (c.accounts[n].address.lower() for n in ("n1", "n2", "n5"))
@@ -99,16 +112,13 @@ def test_money_per_node_equals_the_chain(books_pool: Pool) -> None:
                      n2: (stake, 0, 20 * rate, 0, 20 * rate),
                      n5: (stake - PARAMS.slash_penalty, PARAMS.slash_penalty, 30 * rate, 0,
                           30 * rate)}
-
-
-def test_claim_of_all_and_a_database_from_before_the_books(books_pool: Pool) -> None:
-    pool, c = books_pool, books_pool.chain
     b = c.fed.work_id(c.accounts["n2"].address, keccak(text="b"))
     c.client("p1").claim([b])  # the rest of p1's unlocked items
     c.client("p1").add_stake(7 * 10**18)
     c.fed.backend.w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
     before = _matches(pool)
-    assert before[c.accounts["n1"].address.lower()][0] == 1007 * 10**18
+    assert before[n1][0] == before[n2][0] == 1007 * 10**18
+    assert before[n2][3:] == (20 * rate, 0)
     # the orchestrator restarts on a database whose books were never kept
     pool.orch.stop()
     db = sqlite3.connect(Path(pool.tmp) / "orch.db")
@@ -182,7 +192,7 @@ def test_page_in_headless_chromium_shows_stake_and_slash(books_pool: Pool,
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service as ChromeService
 
-    _matches(books_pool)
+    truth = _matches(books_pool)
     dash = _Dashboard(_run_dir(books_pool, tmp_path))
     opts = webdriver.ChromeOptions()
     opts.binary_location = browser
@@ -201,10 +211,14 @@ def test_page_in_headless_chromium_shows_stake_and_slash(books_pool: Pool,
         head = driver.find_element("css selector", "#nodes thead").text
         assert all(col in head for col in ("stake", "slashed", "earned", "claimable"))
         by_name = {r[0].split(" ")[0]: r[7:] for r in rows}
-        rate = books_pool.chain.fed.pool(books_pool.chain.pool).reward_rate
-        # stake, slashed, earned, claimable in tokens (3 decimals)
-        assert by_name["n5"][:2] == ["950.000", "50.000"]
-        assert by_name["n2"] == ["1007.000", "0.000", f"{20 * rate / 1e18:.3f}", "0.000"]
+        accounts = books_pool.chain.accounts
+        # stake, slashed, earned, claimable in tokens (3 decimals), as the chain has them
+        # (whether or not the claim of all has run: tests of this module run in any order)
+        for name in ("n1", "n2", "n5"):
+            stake, slashed, earned, _, claimable = truth[accounts[name].address.lower()]
+            assert by_name[name] == [f"{v / 1e18:.3f}" for v in (stake, slashed, earned,
+                                                                 claimable)], name
+        assert by_name["n5"][:2] == ["950.000", "50.000"]  # the module's slash is shown
         assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
         assert driver.save_screenshot(str(tmp_path / "dashboard.png"))
     finally:

@@ -18,7 +18,9 @@ from meshrl.wire import SignedClient, WireHTTPError
 from meshrl.wire.models import PoolNodes, SlotRequest, UploadSlot
 
 from .conftest import Pool, orchestrator_config
-from .net import Heartbeater, Service, hexkey, run
+from .net import Heartbeater, Service, hexkey, run, wait_for
+
+pytestmark = pytest.mark.anvil
 
 
 @pytest.mark.slow
@@ -78,19 +80,33 @@ def test_kill9_under_load_loses_nothing_acknowledged(pool: Pool) -> None:
     async def load() -> None:
         stop = asyncio.Event()
         tasks = [asyncio.create_task(uploader(k, i, stop)) for i, k in enumerate(keys)]
-        await asyncio.sleep(1.5)
+        deadline = time.monotonic() + 60
+        while len(acked) < 8:  # under load: uploads acknowledged, more in flight
+            assert time.monotonic() < deadline, f"only {len(acked)} uploads acknowledged"
+            await asyncio.sleep(0.05)
         await asyncio.to_thread(orch.kill9)  # mid-upload: nothing is shut down cleanly
         stop.set()
         await asyncio.gather(*tasks)
+
+    async def states() -> PoolNodes:
+        async with SignedClient(orch.url, pool.key("trainer")) as t:
+            return await t.call("GET", "/nodes", response=PoolNodes)
     try:
         run(load())
-        assert len(acked) >= 4
         assert orch.start() == url
-        time.sleep(4.0)  # > 3 heartbeat intervals of 1 s after the restart
-        async def states() -> PoolNodes:
-            async with SignedClient(orch.url, pool.key("trainer")) as t:
-                return await t.call("GET", "/nodes", response=PoolNodes)
-        after = run(states())
+        restarted = time.time()
+        seen: set[str] = set()
+
+        async def beating_past_the_dead_line() -> PoolNodes | None:
+            """Every node's heartbeat taken more than 3 missed intervals (of 1 s) after the
+            restart: had the restart counted the outage as silence, they would be ejected
+            by then (and their heartbeats refused)."""
+            got = await states()
+            seen.update(n.state.value for n in got.nodes)
+            late = len(got.nodes) == 4 and all(n.last_seen > restarted + 4.0 for n in got.nodes)
+            return got if late else None
+        after = run(wait_for(beating_past_the_dead_line, timeout=60))
+        assert not seen & {"dead", "ejected"}, seen
         assert {n.state.value for n in after.nodes} == {"healthy"}
         assert all(fed.node(n.address).pool == pool_id for n in nodes)
     finally:

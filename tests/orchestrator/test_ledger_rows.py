@@ -27,6 +27,8 @@ from .conftest import Pool
 from .net import Heartbeater, onboard, run, wait_for
 from .test_flow import make_file, upload
 
+pytestmark = pytest.mark.anvil
+
 
 async def _rows(c: SignedClient, sha: str) -> list[LedgerEntry]:
     page = await c.call("GET", "/ledger", query={"sha256": sha}, response=LedgerPage)

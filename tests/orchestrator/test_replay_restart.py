@@ -7,10 +7,14 @@ import json
 import urllib.error
 import urllib.request
 
+import pytest
+
 from meshrl.wire import sign_request
 
 from .conftest import Pool, orchestrator_config
 from .net import Service, announcement, hexkey
+
+pytestmark = pytest.mark.anvil
 
 
 def send(url: str, method: str, path: str, headers: dict[str, str],

@@ -3,27 +3,18 @@ state (chain snapshot) around every test instead of redeploying."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
 from meshrl.protocol import Backend, EthTesterBackend
-from meshrl.protocol.anvil import AnvilNode, find_anvil
+from meshrl.protocol.anvil import AnvilNode
 
 from .helpers import World, build_world
 
 
-def _anvil_or_skip() -> None:
-    if find_anvil() is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("anvil is required in CI (make setup installs it via npm)")
-        pytest.skip("anvil not installed (run `make setup`)")
-
-
 @pytest.fixture(scope="session")
-def anvil_backend() -> Iterator[Backend]:
-    _anvil_or_skip()
+def anvil_backend() -> Iterator[Backend]:  # for tests marked `anvil` (tests/anvil_rule.py)
     node = AnvilNode()
     backend = node.start()
     yield backend

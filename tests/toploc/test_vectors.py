@@ -1,7 +1,7 @@
 """Wire compatibility with the reference TOPLOC (toploc 0.1.6) and pinned proof bytes.
 
-`<repo>/../shared/toploc-vectors/` holds proofs the reference built from known activations and
-what its verifier reported on them (see its README). meshrl must build the same bytes and report
+`tests/toploc/vectors/` holds proofs the reference built from known activations and what its
+verifier reported on them (see its README). meshrl must build the same bytes and report
 the same statistics, for every case: token counts off the chunk grid, hidden 128 to 4096,
 outlier channels and heavy ties at the k-th magnitude.
 """
@@ -17,17 +17,11 @@ import torch
 
 from meshrl.toploc import build_proofs, verify_proofs
 
-VECTORS = Path(__file__).resolve().parents[2].parent / "shared" / "toploc-vectors"
+VECTORS = Path(__file__).resolve().parent / "vectors"
 
 
 def _cases() -> list[dict]:
-    index = VECTORS / "vectors.json"
-    if not index.is_file():
-        raise FileNotFoundError(
-            f"TOPLOC reference vectors not found at {index}: the checkout needs ../shared/ "
-            "(the shared folder next to the repository root) as in CI"
-        )
-    return json.loads(index.read_text())["cases"]
+    return json.loads((VECTORS / "vectors.json").read_text())["cases"]
 
 
 def _load(name: str) -> torch.Tensor:

@@ -14,7 +14,6 @@ from meshrl.cli import main
 from meshrl.config import EXIT_REFUSED
 from meshrl.pool import RULE_FIELDS
 from meshrl.protocol import WorkStatus
-from meshrl.protocol.anvil import find_anvil
 from meshrl.wire import SignedClient
 from meshrl.wire.models import LedgerPage, StepUpdate
 from network import (
@@ -35,8 +34,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.anvil]
 
 @pytest.fixture(scope="module")
 def net(tmp_path_factory):
-    if find_anvil() is None:
-        pytest.skip("anvil not installed (run `make setup`)")
     n = start_net(tmp_path_factory.mktemp("roles"))
     yield n
     n.close()

@@ -24,3 +24,25 @@ def test_missing_names_every_shortfall():
                    "software: python package 'safetensors' is missing"]
     assert "torch is not installed" in missing(
         HardwareInfo(1, 1, 1, torch=None), HardwareRequirements(python_packages=[]))[0]
+
+
+def test_a_shortfall_ends_the_worker_with_one_line_and_status_1(tmp_path, capsys, monkeypatch):
+    """docs/roles.md: every shortfall is listed and `meshrl worker` exits 1, before it reads the
+    pool's rules or stakes anything (the orchestrator URL points at nothing)."""
+    from eth_account import Account
+
+    from meshrl.cli import main
+    from meshrl.worker.keys import write_keystore
+
+    for name in ("provider", "node"):
+        write_keystore(Account.create(), "pw", tmp_path / f"{name}.json", iterations=2)
+    monkeypatch.setenv("MESHRL_KEYSTORE_PASSWORD", "pw")
+    code = main(["worker", "--chain.backend", "eth-tester", "--work_dir", str(tmp_path / "w"),
+                 "--keys.provider_keystore", str(tmp_path / "provider.json"),
+                 "--keys.node_keystore", str(tmp_path / "node.json"),
+                 "--orchestrator_url", "http://127.0.0.1:9",
+                 "--hardware.min_cpu_cores", "100000", "--hardware.min_memory_gb", "1e9"])
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("{")]
+    assert code == 1
+    assert len(err) == 1 and err[0].startswith("meshrl worker: "), err
+    assert "cpu: " in err[0] and "memory: " in err[0], err

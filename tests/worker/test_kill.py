@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "validator"))
-from meshrl.protocol.anvil import find_anvil
 from network import fund_provider, start_net, wait_until, worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.anvil]
@@ -23,8 +22,6 @@ PHASES = ["generated", "written", "slot-granted", "uploaded", "submitted-unrecor
 
 @pytest.fixture(scope="module")
 def net(tmp_path_factory):
-    if find_anvil() is None:
-        pytest.skip("anvil not installed (run `make setup`)")
     n = start_net(tmp_path_factory.mktemp("kill"))
     yield n
     n.close()

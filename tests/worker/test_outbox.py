@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from meshrl.worker.outbox import Outbox, OutboxEntry, OutboxError, atomic_write, is_stale
+from meshrl.worker.outbox import Outbox, OutboxEntry, OutboxError, is_stale
 
 
 def _entry(data: bytes, version: int = 3, created: float = 0.0) -> OutboxEntry:
@@ -52,12 +52,6 @@ def test_unreadable_records_are_errors(tmp_path):
     (tmp_path / ("aa" * 32 + ".json")).write_text("{broken")
     with pytest.raises(OutboxError, match="unreadable"):
         box.pending()
-
-
-def test_atomic_write_replaces(tmp_path):
-    atomic_write(tmp_path / "f", b"one")
-    atomic_write(tmp_path / "f", b"two")
-    assert (tmp_path / "f").read_bytes() == b"two" and len(list(tmp_path.iterdir())) == 1
 
 
 def test_stale_rule():

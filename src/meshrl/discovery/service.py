@@ -58,13 +58,15 @@ class Discovery:
         self._runner: web.AppRunner | None = None
         self._task: asyncio.Task[None] | None = None
         self.url = ""
+        self.syncs = 0  # completed passes of the chain sync (`GET /health`: tests wait on it)
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._chain, fn, *args)
 
     # handlers
     async def health(self, call: Call) -> Health:
-        return Health(service="discovery", info={"nodes": len(self.registry.all())})
+        return Health(service="discovery",
+                      info={"nodes": len(self.registry.all()), "syncs": self.syncs})
 
     async def announce(self, call: Call) -> NodeEntry:
         info: NodeAnnouncement = call.body
@@ -140,6 +142,7 @@ class Discovery:
             elif seen != ChainStatus(entry.status, entry.chain_pool):
                 self.registry.set_status(entry.address, seen.status, seen.chain_pool)
                 changed += 1
+        self.syncs += 1
         return changed
 
     async def _sync_forever(self) -> None:

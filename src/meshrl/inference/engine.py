@@ -45,9 +45,8 @@ from meshrl.inference.transformer import (
 __all__ = ["CPUEngine", "EngineConfig"]
 
 
-# hidden size from which oneDNN's prepacked matmuls beat MKL mm in the decode step (2-core AVX2
-# EPYC, batch 32-128, benchmarks/bench_decode_matmul.py: 0.7-0.8x at hidden 128, 1.0-1.1x at 256,
-# 1.2-1.5x at 512)
+# hidden size from which oneDNN's prepacked matmuls beat MKL mm in the decode step (measured in
+# benchmarks/README.md, bench_decode_matmul.py)
 ONEDNN_MIN_HIDDEN = 256
 
 

@@ -2,16 +2,15 @@
 
 Why: at rollout sizes a torch decode step is ~25 small kernels per layer, and on a 2-core CPU
 their dispatch, thread-pool wake-ups and the batched tiny matmuls of attention cost more than the
-math (profiled: attention ~30%, elementwise + dispatch ~25% of a qwen2-tiny step at batch 32).
-Here each layer is 4 matmuls and 3 native calls: RMSNorm, RoPE + cache write + attention over
-each row's own slots (no padding is touched), SiLU * up.
+math (profiled in benchmarks/README.md, `bench_inference.py`). Here each layer is 4 matmuls and
+3 native calls: RMSNorm, RoPE + cache write + attention over each row's own slots (no padding is
+touched), SiLU * up.
 
 The matmuls go through oneDNN with the weights reordered once, at load, into its blocked layout
 (`prepack`): MKL's `mm` repacks each weight matrix on every call, and once the weights no longer
-fit in the last-level cache (qwen2-25m: 100 MB) that repacking streams them twice per step;
-measured on this 2-core CPU (benchmarks/bench_decode_matmul.py), qwen2-25m's matmuls ran
-1.2-1.5x faster, and the whole engine 1,294 instead of 1,050 tokens/s at batch 128.
-Without oneDNN they stay MKL `mm` into preallocated buffers.
+fit in the last-level cache (qwen2-25m: 100 MB) that repacking streams them twice per step
+(what that gains, per model size, is measured in benchmarks/README.md: `bench_decode_matmul.py`
+and `bench_inference.py`). Without oneDNN they stay MKL `mm` into preallocated buffers.
 
 The kernels are plain C ABI over raw pointers, loaded with ctypes: no torch headers, so the
 compile takes a few seconds (g++ / c++), once per machine; the library is cached under

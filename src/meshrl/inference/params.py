@@ -53,8 +53,8 @@ class EngineConfig(Config):
     onednn_weights: Literal["auto", "on", "off"] = Field(
         "auto", description="native decode: matmuls through oneDNN on weights reordered once at "
         "load (a second copy of the layer weights), or MKL mm on the dense ones; auto = oneDNN "
-        "from hidden size 256 (benchmarks/bench_decode_matmul.py: 1.0-1.1x MKL at hidden 256, "
-        "1.2-1.5x at 512, 0.7-0.8x at 128)"
+        "from hidden size 256 (where it starts to pay: benchmarks/README.md, "
+        "bench_decode_matmul.py)"
     )
     kernel_cache_dir: str | None = Field(
         None, description="cache of the built native kernels; default ~/.cache/meshrl/kernels"

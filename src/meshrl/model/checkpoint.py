@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from meshrl.durable import fsync_tree, replace
+
 __all__ = ["load_model", "save_model"]
 
 
@@ -28,12 +30,12 @@ def save_model(model: Any, tokenizer: Any, directory: str | Path) -> Path:
         model.save_pretrained(str(tmp), safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save(tmp)
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         if directory.exists() and not directory.is_symlink():  # written by an older meshrl
             os.replace(directory, _legacy(directory))  # `_recover` undoes a crash right here
         link = directory.with_name(f".{directory.name}.link-{tmp.name[-8:]}")
         os.symlink(tmp.name, link)
-        os.replace(link, directory)  # the atomic swap
+        replace(link, directory)  # the atomic swap, durable
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -63,15 +65,6 @@ def _sweep(directory: Path) -> None:
             sibling.unlink(missing_ok=True)
         else:
             shutil.rmtree(sibling, ignore_errors=True)
-
-
-def _fsync_tree(root: Path) -> None:
-    for path in [*root.rglob("*"), root]:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def load_model(directory: str | Path, dtype: Any = None) -> Any:

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshrl.durable import replace
 from meshrl.wire.errors import ErrorCode
 
 __all__ = [
@@ -120,16 +121,6 @@ class DiskFileStore(FileStore):
                 if self.fsync:  # off the event loop: a 10 MB fsync can take tens of ms
                     await asyncio.to_thread(os.fsync, f.fileno())
             final.parent.mkdir(exist_ok=True)
-            tmp.replace(final)
-            if self.fsync:
-                _fsync_dir(final.parent)
+            replace(tmp, final, self.fsync)
         finally:
             tmp.unlink(missing_ok=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from meshrl.durable import atomic_write
 from meshrl.protocol.events import Event
 
 __all__ = [
@@ -41,9 +42,7 @@ class Deployment:
     def save(self, path: str | Path) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1) + "\n")
-        tmp.replace(path)
+        atomic_write(path, json.dumps(asdict(self), indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> Deployment:

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from meshrl.durable import fsync_dir, fsync_tree
 from meshrl.shardcast.manifest import (
     MANIFEST_NAME,
     PIECE_SIZE,
@@ -213,8 +214,10 @@ class VersionStore:
                                piece_size)
             (tmp / MANIFEST_NAME).write_bytes(m.to_json())
             if self.fsync:
-                _fsync_tree(tmp)
+                fsync_tree(tmp)
             os.rename(tmp, self.version_dir(version))  # fails if it appeared meanwhile
+            if self.fsync:
+                fsync_dir(self.root)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -241,6 +244,8 @@ class VersionStore:
             raise StoreError(f"shardcast: version {version} is missing shards")
         p.writer.close(sync=self.fsync)  # no-op when the caller already closed it
         os.rename(p.path, self.version_dir(version))
+        if self.fsync:
+            fsync_dir(self.root)
         del self.partial[version]
         self.complete[version] = p.manifest
         self.prune()
@@ -269,16 +274,6 @@ class VersionStore:
             os.rename(src, trash)  # invisible at once, even to other processes
             shutil.rmtree(trash, ignore_errors=True)
         self.retiring.discard(version)
-
-
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            fd = os.open(Path(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
 
 
 def verify_files(m: Manifest, paths: list[Path]) -> None:

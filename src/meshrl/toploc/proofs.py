@@ -7,7 +7,7 @@ value of the flattened chunk, and interpolate the polynomial over GF(65497) thro
 indices distinct. A proof is `>u2 m` followed by k `>u2` coefficients (ascending degree).
 
 Wire-compatible with the reference (toploc 0.1.6) by default, checked byte for byte and
-statistic for statistic against its vectors (`../shared/toploc-vectors`, tests/toploc): the same
+statistic for statistic against its vectors (`tests/toploc/vectors/`): the same
 chunking (a short last chunk for a token count that is not a multiple of `chunk_size`), the
 same top-k selection including its tie choice (torch.topk on |value|, see `_select`), the same
 verifier statistics (exponent mismatches, mean and upper-median mantissa error).

@@ -11,10 +11,11 @@ by reading the work item's on-chain status before acting.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from meshrl.durable import atomic_write
 
 __all__ = ["Job", "ValidatorState"]
 
@@ -56,12 +57,7 @@ class ValidatorState:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         data = {"next_block": self.next_block, "queue": [asdict(j) for j in self.queue],
                 "judged": self.judged, "outgoing": self.outgoing}
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "w") as f:
-            json.dump(data, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        atomic_write(self.path, json.dumps(data))
 
     def enqueue(self, jobs: list[Job], next_block: int) -> None:
         """Queue new submissions (skipping judged / queued ones) and advance the cursor, at once."""

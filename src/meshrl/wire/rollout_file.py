@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from meshrl.durable import atomic_write
 from meshrl.wire.errors import RolloutFileError
 
 __all__ = [
@@ -125,10 +126,7 @@ def rollout_file_bytes(rf: RolloutFile) -> bytes:
 def write_rollout_file(path: str | Path, rf: RolloutFile) -> str:
     """Write `rf` atomically to `path`; returns the file's sha256 (lower hex)."""
     data = rollout_file_bytes(rf)
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    atomic_write(path, data, sync=False)  # a worker's outbox makes its own files durable
     return hashlib.sha256(data).hexdigest()
 
 

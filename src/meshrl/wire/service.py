@@ -14,13 +14,13 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from pydantic import BaseModel, ValidationError
 
+from meshrl.durable import atomic_write
 from meshrl.wire.errors import ErrorBody, ErrorCode, WireError
 from meshrl.wire.guard import RequestGuard, VerifiedRequest
 
@@ -284,9 +284,7 @@ async def listen(app: web.Application, host: str, port: int) -> tuple[web.AppRun
 def write_ready_file(path: str, url: str) -> None:
     """Announce `url` in `path` atomically (tests and scripts wait for it); "" writes nothing."""
     if path:
-        tmp = Path(path + ".tmp")
-        tmp.write_text(url)
-        tmp.replace(path)
+        atomic_write(path, url, sync=False)  # read while this machine is up, never after
 
 
 def serve_forever(make: Callable[[], Any], errors: tuple[type[Exception], ...] = ()) -> int:

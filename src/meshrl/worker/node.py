@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from meshrl.durable import atomic_write
 from meshrl.log import get_logger, log_event
 from meshrl.pool import Assignment, PoolRules, WorkOrder
 from meshrl.protocol import Deployment, Protocol
@@ -34,7 +35,7 @@ from meshrl.worker.delivery import Courier, RetryLater, deliver_all
 from meshrl.worker.hardware import missing, probe
 from meshrl.worker.keys import WorkerKeys
 from meshrl.worker.onboard import announce_and_join, onboard_chain
-from meshrl.worker.outbox import Outbox, OutboxEntry, atomic_write
+from meshrl.worker.outbox import Outbox, OutboxEntry
 from meshrl.worker.parts import MadeFile
 from meshrl.worker.policy import PolicyHolder
 from meshrl.worker.profile import accepted_rules, require_same_rules

@@ -24,7 +24,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["Outbox", "OutboxEntry", "OutboxError", "Phase", "atomic_write", "is_stale"]
+from meshrl.durable import atomic_write
+
+__all__ = ["Outbox", "OutboxEntry", "OutboxError", "Phase", "is_stale"]
 
 Phase = Literal["written", "uploaded", "submitted"]
 _PHASES: tuple[str, ...] = ("written", "uploaded", "submitted")
@@ -47,25 +49,6 @@ class OutboxEntry:
     tx_hash: str = ""
     slot_url: str = ""  # the upload slot granted for this file (reused after a crash)
     slot_expires: float = 0.0
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that a crash leaves the old file or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Outbox:
