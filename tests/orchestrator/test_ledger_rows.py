@@ -143,7 +143,8 @@ def test_a_trainer_whose_shape_is_not_the_pools_refuses_to_start(pool: Pool, tmp
     key = tmp_path / "trainer.key"
     key.write_text(pool.key("trainer"))
     cfg = NetworkSourceConfig(orchestrator_url=pool.orch.url, key_file=str(key), poll_s=0.1)
-    with pytest.raises(PoolRulesError, match=r"rules\.group_size: configured 8, the pool "
+    with pytest.raises(PoolRulesError, match=r"trainer's \[rules\] differ from the pool's "
+                       r"published rules: rules\.group_size: configured 8, the pool "
                        r"publishes 2"):
         NetworkSource(cfg, RolloutConfig(group_size=8), 1, 0, tmp_path, (None, None))
     with pytest.raises(PoolRulesError, match=r"rules\.async_level: configured 2"):

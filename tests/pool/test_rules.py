@@ -23,7 +23,6 @@ from meshrl.pool import (
     decide,
     encode_prompt,
     give_up,
-    header_sampling,
     prompt_of_row,
     rules_drift,
     tasks_config,
@@ -78,7 +77,7 @@ def test_every_rule_field_is_covered_by_the_drift_matrix():
 @pytest.mark.parametrize("field", sorted(DRIFTED))
 def test_a_pin_that_differs_names_its_field(field):
     drift = rules_drift(RulesPins.model_validate({field: DRIFTED[field]}), RULES)
-    assert len(drift) == 1 and drift[0].startswith(field), drift
+    assert len(drift) == 1 and drift[0].startswith(f"rules.{field}"), drift
     assert "configured" in drift[0] and "the pool publishes" in drift[0]
 
 
@@ -86,18 +85,19 @@ def test_drift_names_the_leaf_and_unset_pins_take_the_published_value():
     assert rules_drift(RulesPins(), RULES) == []
     assert rules_drift(RulesPins.of(RULES), RULES) == []
     [line] = rules_drift(RulesPins(task={"type": "arithmetic", "digits": 3}), RULES)
-    assert line == "task.mix.0.digits: configured 3, the pool publishes 2"
+    assert line == "rules.task.mix.0.digits: configured 3, the pool publishes 2"
     [line] = rules_drift(RulesPins(sampling={"max_new_tokens": 8, "temperature": 1.0}), RULES)
-    assert line == "sampling.temperature: configured 1.0, the pool publishes 0.7"
+    assert line == "rules.sampling.temperature: configured 1.0, the pool publishes 0.7"
     lines = rules_drift(RulesPins(seed=8, group_size=8), RULES)
-    assert lines == ["group_size: configured 8, the pool publishes 4",
-                     "seed: configured 8, the pool publishes 7"]
+    assert lines == ["rules.group_size: configured 8, the pool publishes 4",
+                     "rules.seed: configured 8, the pool publishes 7"]
 
 
 def test_rules_changed_while_running():
     assert changed_rules(RULES, RULES) is None
     why = changed_rules(RULES, RULES.model_copy(update={"seed": 9}))
-    assert why == "rules changed while running: rules.seed: configured 7, the pool publishes 9"
+    assert why == ("stopping, the pool's rules changed while running: rules.seed: started with "
+                   "7, the pool now publishes 9")
     assert "pool_id" in changed_rules(RULES, RULES.model_copy(update={"pool_id": 4}))
 
 
@@ -114,9 +114,11 @@ def test_assignment_by_hand():
     assert rows[0] == encode_prompt(tok, problems[0].prompt)
     assert [prompt_of_row(r, 4) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert a.prompt_id(5) == "5/1/1"
-    assert header_sampling(RULES) == {"max_new_tokens": 8, "temperature": 0.7, "top_p": 1.0,
-                                      "ignore_eos": False, "stop_token_ids": [],
-                                      "group_size": 4}
+    # the header names the rules by a digest of their canonical JSON: any change changes it
+    assert len(RULES.digest()) == 64 and RULES.digest() == PoolRules.model_validate_json(
+        RULES.model_dump_json()).digest()
+    assert len({RULES.model_copy(update={k: DRIFTED[k]}).digest() for k in DRIFTED}) == 8
+    assert RULES.model_copy(update={"seed": 8}).digest() != RULES.digest()
 
 
 def test_encode_prompt_puts_bos_first_when_there_is_one():

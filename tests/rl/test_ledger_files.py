@@ -12,6 +12,7 @@ from meshrl.model import CharTokenizer, build_model
 from meshrl.pool import Assignment, PoolRules
 from meshrl.rl.ledger_files import UnusableFile, file_groups
 from meshrl.tasks import ArithmeticConfig, TasksConfig
+from meshrl.wire import RolloutFileError
 from meshrl.wire.models import FileStatus, LedgerEntry
 from meshrl.wire.rollout_file import rollout_file_bytes
 from meshrl.worker.rollouts import generate_rollouts
@@ -61,8 +62,8 @@ def test_held_out_prompts_are_left_out(worker_file) -> None:
 
 def test_unusable_files_are_refused(worker_file) -> None:
     tok, _, _, data, entry = worker_file
-    other_shape = RULES.model_copy(update={"group_size": 2})
-    with pytest.raises(UnusableFile, match="the pool's files have 6 rows"):
+    other_shape = RULES.model_copy(update={"group_size": 2})  # 6 rows per file, not 12
+    with pytest.raises(RolloutFileError, match="12 rows > limit 6"):  # refused unread
         file_groups(entry, data, tok, other_shape, BUILT)
     with pytest.raises(UnusableFile, match="hash"):
         file_groups(entry, data + b"x", tok, RULES, BUILT)
@@ -79,7 +80,7 @@ def test_the_header_cannot_steer_the_trainer(worker_file) -> None:
     tok, a, rf, _, entry = worker_file
     forged = read_rollout_file(rollout_file_bytes(rf))
     forged.header = forged.header.model_copy(update={
-        "task": {"mix": [{"type": "math", "path": "/no/such/file.jsonl"}]}, "prompt_seed": 99})
+        "rules_sha256": "00" * 32, "sampling_seed": 99})
     data = rollout_file_bytes(forged)
     entry = entry.model_copy(update={"sha256": hashlib.sha256(data).hexdigest()})
     fg = file_groups(entry, data, tok, RULES, BUILT)

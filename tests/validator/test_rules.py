@@ -159,7 +159,7 @@ def test_an_honest_file_is_judged_by_the_published_rules_never_a_drifted_pin(eng
     d = verify_file(engine, tok, honest, claim(honest), local, local.task.build(),
                     replay_config(node.cfg, local))
     assert d.kind is VerdictKind.HARD_INVALID
-    assert {Check.RULES, Check.PROMPTS, Check.SAMPLING_PARAMS} <= set(d.checks), d.reason
+    assert {Check.RULES, Check.PROMPTS, Check.SAMPLING_SEED} <= set(d.checks), d.reason
 
 
 # ---- a real `meshrl validator` process on a real chain, stopped by a change of the rules ------

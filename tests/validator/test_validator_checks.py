@@ -10,7 +10,7 @@ from meshrl.validator.checks import (
     check_policy_version,
     check_prompts,
     check_rewards,
-    check_sampling_params,
+    check_sampling_seed,
     check_sha256,
     check_termination,
     check_work_units,
@@ -50,14 +50,14 @@ def test_prompts_rows_and_groups():
 
 def test_header_rules_are_the_published_ones():
     rules = PoolRules(pool_id=2, seed=7, task={"type": "arithmetic", "digits": 2})
-    task = rules.task.model_dump(mode="json")
-    assert check_header_rules(2, task, 7, rules) is None
-    f = check_header_rules(3, task, 8, rules)
+    assert check_header_rules(2, rules.digest(), rules) is None
+    other = rules.model_copy(update={"seed": 8})
+    f = check_header_rules(3, other.digest(), rules)
     assert f.check is Check.RULES and f.severity is Severity.HARD
-    assert f.reason == "the header's pool_id, prompt_seed differ from the pool's published rules"
-    other = PoolRules(pool_id=2, task={"type": "arithmetic", "digits": 3}).task
-    assert check_header_rules(2, other.model_dump(mode="json"), 7, rules).numbers.keys() == {
-        "task"}
+    assert f.reason == "the header's pool_id, rules_sha256 differ from the pool's published rules"
+    digits = PoolRules(pool_id=2, seed=7, task={"type": "arithmetic", "digits": 3})
+    assert check_header_rules(2, digits.digest(), rules).reason.startswith(
+        "the header's rules_sha256 differ")
 
 
 def test_policy_version_window():
@@ -66,11 +66,10 @@ def test_policy_version_window():
     assert check_policy_version(6, 5, 2) is not None  # from the future
 
 
-def test_sampling_params_and_rewards():
-    order = {"temperature": 1.0, "max_new_tokens": 8}
-    assert check_sampling_params({**order, "top_p": 1.0}, order, 5, 5) is None
-    f = check_sampling_params({"temperature": 0.0, "max_new_tokens": 8}, order, 5, 6)
-    assert "seed 5 != 6" in f.reason and "temperature 0.0 != 1.0" in f.reason
+def test_sampling_seed_and_rewards():
+    assert check_sampling_seed(5, 5) is None
+    f = check_sampling_seed(5, 6)
+    assert f.check is Check.SAMPLING_SEED and f.reason == "sampler seed 5 is not the assigned 6"
     assert check_rewards([1.0, 0.0], [1.0, 0.0]) is None
     f = check_rewards([1.0, 1.0, float("nan")], [1.0, 0.0, 0.0])
     assert f.numbers["bad_rows"] == 2 and "row 1: claims 1.0, recomputed 0.0" in f.reason

@@ -15,9 +15,7 @@ def sample_rollout(n_prompts: int = 2, group: int = 3, seed: int = 0, topk: int 
     rng = random.Random(seed)
     header = RolloutHeader(
         node=NODE, provider=PROVIDER, pool_id=1, step=5, policy_version=4,
-        task={"type": "arithmetic", "weight": 1.0},
-        sampling={"max_new_tokens": tokens, "temperature": 1.0, "top_p": 1.0, "seed": 77},
-        sampling_seed=77, prompt_seed=123, toploc_chunk_size=4, toploc_topk=topk,
+        rules_sha256="ab" * 32, sampling_seed=77, toploc_chunk_size=4, toploc_topk=topk,
         work_units=n_prompts * group * tokens,
     )
     comps = [

@@ -10,6 +10,7 @@ loaded), so one bomb's allocations cannot hide behind another's.
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import textwrap
@@ -20,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from meshrl.wire import RolloutFileError
+from meshrl.wire.isolated import IsolationLimits, read_rollout_file_isolated
 from meshrl.wire.rollout_file import (
     COLUMNS,
     METADATA_KEY,
@@ -195,3 +197,40 @@ def test_a_column_of_the_wrong_type_is_refused():
     pq.write_table(table, sink)
     with pytest.raises(RolloutFileError, match="wrong columns or types"):
         read_rollout_file(sink.getvalue().to_pybytes())
+
+
+def test_flipped_footer_bytes_never_escape_the_isolated_reader():
+    """Single-byte corruptions of an honest file's footer, read as a validator reads uploads
+    (`read_rollout_file_isolated`): each either still reads as a valid file or is a
+    `RolloutFileError`. In process, some of them abort the interpreter inside pyarrow's
+    metadata accessors (byte 1790 of this file, flipped by 0x01, raised an uncaught C++
+    ParquetException, SIGABRT); isolated, that is a refusal like any other."""
+    data = rollout_file_bytes(sample_rollout())
+    footer = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - footer
+    positions = sorted({1790, *random.Random(0).sample(range(start, len(data) - 8), 150)})
+    outcomes = {"valid": 0, "refused": 0, "died": 0}
+    for pos in positions:
+        for mask in (0x01, 0xFF):
+            bad = bytearray(data)
+            bad[pos] ^= mask
+            try:
+                read_rollout_file_isolated(bytes(bad))
+                outcomes["valid"] += 1
+            except RolloutFileError as e:
+                outcomes["died" if "reader died" in str(e) else "refused"] += 1
+    assert sum(outcomes.values()) == 2 * len(positions)
+    assert outcomes["refused"] + outcomes["died"] > len(positions)  # most are caught
+
+
+def test_the_isolated_reader_reads_honest_files_and_bounds_time_and_memory():
+    rf = sample_rollout()
+    data = rollout_file_bytes(rf)
+    assert read_rollout_file_isolated(data).header == rf.header
+    # a child that cannot get the memory a read needs is a refusal, not the caller's death
+    with pytest.raises(RolloutFileError):
+        read_rollout_file_isolated(data, isolation=IsolationLimits(memory_bytes=1 << 16))
+    with pytest.raises(RolloutFileError, match="took longer than 0 s"):
+        read_rollout_file_isolated(data, isolation=IsolationLimits(seconds=0.0))
+    with pytest.raises(RolloutFileError, match="> limit 100"):
+        read_rollout_file_isolated(data, FileLimits(max_bytes=100))

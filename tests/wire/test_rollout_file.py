@@ -15,6 +15,7 @@ from meshrl.wire.errors import RolloutFileError
 from meshrl.wire.rollout_file import (
     COLUMNS,
     METADATA_KEY,
+    SCHEMA_VERSION,
     read_rollout_file,
     rollout_file_bytes,
     write_rollout_file,
@@ -62,12 +63,12 @@ def test_truncated_and_corrupt_files() -> None:
 def test_wrong_schema_version_and_missing_header() -> None:
     t = _good_table()
     meta = json.loads(t.schema.metadata[METADATA_KEY])
-    meta["schema_version"] = 2
-    with pytest.raises(RolloutFileError, match="schema version 2"):
+    meta["schema_version"] = 99
+    with pytest.raises(RolloutFileError, match="schema version 99"):
         read_rollout_file(_table_bytes(t.replace_schema_metadata({METADATA_KEY: json.dumps(meta)})))
     with pytest.raises(RolloutFileError, match=r"no meshrl\.rollout header"):
         read_rollout_file(_table_bytes(t.replace_schema_metadata({})))
-    meta["schema_version"] = 1
+    meta["schema_version"] = SCHEMA_VERSION
     meta["work_units"] = "many"
     with pytest.raises(RolloutFileError, match=r"bad header.*work_units"):
         read_rollout_file(_table_bytes(t.replace_schema_metadata({METADATA_KEY: json.dumps(meta)})))

@@ -63,7 +63,9 @@ def test_a_worker_pinning_another_value_of_any_rule_refuses(field: str) -> None:
     value, named = DRIFT[field]
     with pytest.raises(PoolRulesError) as e:
         _accepted({field: value})
-    assert str(e.value) == f"rules: worker refuses to start: {named}"
+    assert str(e.value) == (f"refusing to start, this worker's [rules] differ from the pool's "
+                            f"published rules: {named} (pin the published value or leave the "
+                            "rule unset)")
 
 
 def test_pins_equal_to_the_published_rules_are_accepted() -> None:
@@ -82,7 +84,8 @@ def test_a_work_order_with_changed_rules_stops_the_worker(field: str) -> None:
     with pytest.raises(PoolRulesError) as e:
         require_same_rules(started, now)
     # the pin is what the worker started with, the published value what the order now says
-    assert str(e.value).startswith(f"rules changed while running: rules.{field}")
+    assert str(e.value).startswith(f"stopping, the pool's rules changed while running: "
+                                   f"rules.{field}")
 
 
 # ---- real processes ---------------------------------------------------------------------------
@@ -107,7 +110,9 @@ def test_a_drifted_worker_process_refuses_before_staking(net: Net) -> None:
     w.start()
     assert w.wait(180) == EXIT_REFUSED, w.log.read_text()[-3000:]
     [line] = _error_lines(w.log.read_text())
-    assert line == f"meshrl worker: rules: worker refuses to start: {DRIFT['seed'][1]}"
+    assert line == (f"meshrl worker: refusing to start, this worker's [rules] differ from the "
+                    f"pool's published rules: {DRIFT['seed'][1]} (pin the published value or "
+                    "leave the rule unset)")
     assert not net.fed.provider(p.address).registered  # nothing staked
     assert net.fed.node(n.address).pool == 0
 
@@ -147,7 +152,8 @@ def test_rules_changed_while_running_stop_the_worker_process(net: Net) -> None:
     _restart_orchestrator(net, seed=DRIFT["seed"][0])
     assert w.wait(180) == EXIT_REFUSED, w.log.read_text()[-3000:]
     [line] = _error_lines(w.log.read_text())
-    assert line == ("meshrl worker: rules changed while running: rules.seed: configured 11, the "
-                    "pool publishes 12")
+    assert line == ("meshrl worker: stopping, the pool's rules changed while running: rules.seed: "
+                    "started with 11, the pool now publishes 12")
     files = _files(work_dir)
-    assert files and all(h.prompt_seed == RULES["seed"] for h in files)  # none by the new rules
+    started = PoolRules(pool_id=net.pool, **RULES).digest()
+    assert files and all(h.rules_sha256 == started for h in files)  # none by the new rules

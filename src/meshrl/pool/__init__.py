@@ -10,7 +10,6 @@ decisions and verdict kinds; `messages`: the work order; `client`: the one reade
 from meshrl.pool.assignment import (
     Assignment,
     encode_prompt,
-    header_sampling,
     prompt_of_row,
     work_units,
 )
@@ -63,7 +62,6 @@ __all__ = [
     "encode_prompt",
     "file_limits",
     "give_up",
-    "header_sampling",
     "profile",
     "prompt_of_row",
     "read_rules",

@@ -7,7 +7,8 @@ and a validator recomputes them, so each exists once, here.
   `group_size` rows: row r belongs to prompt r // group_size, is sample r % group_size, and is
   sampled with seq_id r and the seed `meshrl.tasks.sampling_seed(seed, node, step, counter)`;
 - reward = `compute_reward(problem, tokenizer.decode(completion), len(completion), tasks)`;
-- work units = the tokens processed: sum over rows of len(prompt) + len(completion).
+- work units = the tokens processed: sum over rows of len(prompt) + len(completion);
+- the header names the rules by their digest (`PoolRules.digest`) and the sampler's seed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from meshrl.pool.rules import PoolRules
 from meshrl.tasks import Problem, TaskSet, sample_problems, sampling_seed
 
-__all__ = ["Assignment", "encode_prompt", "header_sampling", "prompt_of_row", "work_units"]
+__all__ = ["Assignment", "encode_prompt", "prompt_of_row", "work_units"]
 
 
 def encode_prompt(tokenizer: Any, text: str) -> list[int]:
@@ -36,11 +37,6 @@ def prompt_of_row(row: int, group_size: int) -> int:
 def work_units(prompt_lens: Sequence[int], completion_lens: Sequence[int]) -> int:
     """Tokens processed: every prompt token (prefilled) and every completion token (decoded)."""
     return sum(prompt_lens) + sum(completion_lens)
-
-
-def header_sampling(rules: PoolRules) -> dict[str, Any]:
-    """The `sampling` a rollout file's header declares: the rules' sampling and group size."""
-    return {**rules.sampling.model_dump(mode="json"), "group_size": rules.group_size}
 
 
 @dataclass(frozen=True)

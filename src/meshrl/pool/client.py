@@ -37,10 +37,10 @@ async def read_rules(orch: SignedClient, stop: asyncio.Event,
     return None
 
 
-def check_rules(rules: PoolRules, pool_id: int, pins: RulesPins, role: str) -> None:
+def check_rules(rules: PoolRules, pool_id: int | None, pins: RulesPins, role: str) -> None:
     """Refuse (`PoolRulesError`, one line naming the field) rules of another pool or rules that
-    differ from a value this role's `[rules]` pins."""
-    if rules.pool_id != pool_id:
+    differ from a value this role's `[rules]` pins (`pool_id` None: any pool)."""
+    if pool_id is not None and rules.pool_id != pool_id:
         raise PoolRulesError(f"refusing to start: the orchestrator manages pool {rules.pool_id}, "
                              f"this {role}'s pool_id is {pool_id}")
     drift = rules_drift(pins, rules)

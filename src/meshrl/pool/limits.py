@@ -8,8 +8,11 @@ from meshrl.wire.rollout_file import FileLimits
 
 __all__ = ["file_limits"]
 
+_DEFAULT = FileLimits()
 
-def file_limits(rules: PoolRules, max_file_bytes: int, max_prompt_tokens: int) -> FileLimits:
+
+def file_limits(rules: PoolRules, max_file_bytes: int = _DEFAULT.max_bytes,
+                max_prompt_tokens: int = _DEFAULT.max_prompt_tokens) -> FileLimits:
     """Exactly the pool's rows per file, completions of at most `max_new_tokens`, prompts of at
     most `max_prompt_tokens` (the policy's context, say), files of at most `max_file_bytes`."""
     return FileLimits(max_bytes=max_file_bytes, max_rows=rules.rows_per_file(),

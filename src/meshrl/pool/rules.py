@@ -9,6 +9,8 @@ say what it expects, and a pin that differs from the published value refuses the
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -70,10 +72,20 @@ class RulesSpec(_Rule):
         return self.prompts_per_file * self.group_size
 
 
+def _canonical(model: BaseModel) -> bytes:
+    return json.dumps(model.model_dump(mode="json"), sort_keys=True,
+                      separators=(",", ":")).encode()
+
+
 class PoolRules(RulesSpec):
     """The published rules of one pool (`GET /rules`, and the `rules` of every work order)."""
 
     pool_id: int = Field(ge=1, description="the compute pool these rules govern")
+
+    def digest(self) -> str:
+        """sha256 (hex) of the rules' canonical JSON: what a rollout file's header names as the
+        rules it was generated under."""
+        return hashlib.sha256(_canonical(self)).hexdigest()
 
 
 RULE_FIELDS: tuple[str, ...] = tuple(RulesSpec.model_fields)

@@ -35,7 +35,7 @@ class Check(StrEnum):
     WORK_UNITS = "work_units"
     POLICY_VERSION = "policy_version"
     RULES = "rules"
-    SAMPLING_PARAMS = "sampling_params"
+    SAMPLING_SEED = "sampling_seed"
     PROMPTS = "prompts"
     SEQ_IDS = "seq_ids"
     REWARDS = "rewards"

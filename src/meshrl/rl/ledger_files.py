@@ -21,9 +21,10 @@ from typing import Any, TypeVar
 import aiohttp
 
 from meshrl.log import get_logger, log_event
-from meshrl.pool import Assignment, PoolRules, read_rules
+from meshrl.pool import Assignment, PoolRules, file_limits, read_rules
 from meshrl.tasks import TaskSet
-from meshrl.wire import SignedClient, StepGoesBack, WireHTTPError, read_rollout_file
+from meshrl.wire import SignedClient, StepGoesBack, WireHTTPError
+from meshrl.wire.isolated import read_rollout_file_isolated
 from meshrl.wire.models import FileStatus, LedgerEntry, LedgerPage
 
 __all__ = ["FileGroups", "LedgerReader", "UnusableFile", "file_groups", "trainable"]
@@ -69,7 +70,7 @@ def file_groups(entry: LedgerEntry, data: bytes, tokenizer: Any, rules: PoolRule
 
     if hashlib.sha256(data).hexdigest() != entry.sha256:
         raise UnusableFile(f"{entry.sha256[:12]}: downloaded bytes do not hash to the ledger's")
-    rf = read_rollout_file(data)
+    rf = read_rollout_file_isolated(data, file_limits(rules))  # a crash costs only a child
     h = rf.header
     if h.policy_version != entry.policy_version or h.node.lower() != entry.node.lower():
         raise UnusableFile(f"{entry.sha256[:12]}: header (node {h.node}, version "

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from meshrl.log import get_logger, log_event
-from meshrl.pool import PoolRulesError, RulesPins, rules_drift
+from meshrl.pool import RulesPins, check_rules
 from meshrl.rl.config import NetworkSourceConfig, RolloutConfig
 from meshrl.rl.ledger_files import (
     FileGroups,
@@ -114,10 +114,7 @@ class NetworkSource(RolloutSource):
         # its held-out set is drawn from) must be theirs, or it refuses to start
         self.rules = self.reader.rules()
         pins = RulesPins(task=tasks, group_size=rollout.group_size, async_level=async_level)
-        drift = rules_drift(pins, self.rules)
-        if drift:
-            raise PoolRulesError("rules: trainer refuses to start: " + "; ".join(
-                f"rules.{d}" for d in drift))
+        check_rules(self.rules, None, pins, "trainer")
         self.tasks = self.rules.task.build()
         self.records_path = run_dir / "rollouts.jsonl"
         self.seen = self._resume_records(start_step)  # sha256 of every file used or dropped

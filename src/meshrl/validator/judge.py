@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from meshrl.log import get_logger
-from meshrl.pool import Check, Decision, Finding, PoolRules, Severity, decide
+from meshrl.pool import Check, Decision, Finding, PoolRules, Severity, decide, file_limits
 from meshrl.validator.checks import check_node, check_sha256, check_slot_claim
 from meshrl.validator.config import ValidatorConfig
 from meshrl.validator.models import ModelCache, VersionUnavailable
@@ -21,8 +21,9 @@ from meshrl.validator.replay import ReplayConfig, profile_thresholds
 from meshrl.validator.state import Job
 from meshrl.validator.verify import ChainClaim, verify_files
 from meshrl.wire import RolloutFileError, SignedClient, WireHTTPError
+from meshrl.wire.isolated import read_rollout_file_isolated
 from meshrl.wire.models import LedgerEntry, LedgerPage
-from meshrl.wire.rollout_file import RolloutFile, read_rollout_file
+from meshrl.wire.rollout_file import RolloutFile
 
 __all__ = ["Judge", "Unjudged", "replay_config"]
 
@@ -48,6 +49,7 @@ class Judge:
     def __init__(self, cfg: ValidatorConfig, rules: PoolRules, orch: SignedClient) -> None:
         self.cfg, self.rules, self.orch = cfg, rules, orch
         self.tasks = rules.task.build()  # once: a math task reads its data file here
+        self.limits = file_limits(rules)  # what a file of this pool may hold, checked first
         self.replay = replay_config(cfg, rules)
         self.models = ModelCache(cfg.work_dir, cfg.model_dir, cfg.shardcast_servers, cfg.engine)
 
@@ -93,10 +95,12 @@ class Judge:
         bad = check_sha256(data, job.sha256)
         if bad is not None:  # a broken transfer or store: ours to retry
             return Unjudged(bad.text())
-        try:
-            rf = read_rollout_file(data)
+        try:  # in a child process: a file that crashes or stalls the reader costs only it
+            rf = read_rollout_file_isolated(data, self.limits)
         except RolloutFileError as e:
-            return decide([Finding(Check.SCHEMA, Severity.SOFT, str(e))])
+            # hard: these bytes are the ones the worker signed on chain (sha256 checked above),
+            # and an honest worker's writer never makes a file its reader refuses
+            return decide([Finding(Check.SCHEMA, Severity.HARD, str(e))])
         h = rf.header
         if h.node.lower() != job.node.lower():
             f = check_node(h.node, h.provider, job.node, job.provider)

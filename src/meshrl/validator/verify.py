@@ -22,7 +22,6 @@ from meshrl.pool import (
     PoolRules,
     Severity,
     decide,
-    header_sampling,
 )
 from meshrl.tasks import TaskSet, compute_reward
 from meshrl.validator.checks import (
@@ -31,7 +30,7 @@ from meshrl.validator.checks import (
     check_policy_version,
     check_prompts,
     check_rewards,
-    check_sampling_params,
+    check_sampling_seed,
     check_work_units,
 )
 from meshrl.validator.replay import ReplayConfig, ReplayRow, ReplaySpec, replay_files
@@ -40,7 +39,7 @@ from meshrl.wire.rollout_file import RolloutFile
 __all__ = ["ChainClaim", "model_free_findings", "verify_file", "verify_files"]
 
 # findings after which a file's seed and prompts mean nothing: no replay
-_NOT_ITS_WORK = (Check.PROMPTS, Check.NODE, Check.SAMPLING_PARAMS, Check.RULES)
+_NOT_ITS_WORK = (Check.PROMPTS, Check.NODE, Check.SAMPLING_SEED, Check.RULES)
 
 
 @dataclass(frozen=True)
@@ -73,10 +72,9 @@ def model_free_findings(rf: RolloutFile, claim: ChainClaim, rules: PoolRules, ta
     out = [check_node(h.node, h.provider, claim.node, claim.provider),
            check_work_units(h.work_units, claim.units, [len(r.prompt_tokens) for r in rows],
                             [len(r.completion_tokens) for r in rows]),
-           check_header_rules(h.pool_id, h.task, h.prompt_seed, rules),
+           check_header_rules(h.pool_id, h.rules_sha256, rules),
            check_policy_version(h.policy_version, h.step, rules.async_level),
-           check_sampling_params(h.sampling, header_sampling(rules), h.sampling_seed,
-                                 a.sampler_seed())]
+           check_sampling_seed(h.sampling_seed, a.sampler_seed())]
     problems = a.problems(tasks)
     out.append(check_prompts([r.prompt_tokens for r in rows], a.prompt_rows(tokenizer, problems)))
     if out[-1] is None:

@@ -1,19 +1,20 @@
 """The rollout file: one Parquet file per batch a node generated for one step.
 
 File-level fields live in the Parquet key-value metadata under `meshrl.rollout` as JSON
-(`RolloutHeader`: schema version, node, provider, pool, step, policy version, task and sampling
-parameters with the sampling seed, TOPLOC parameters, declared work units). One row per
-completion (`COLUMNS`). `read_rollout_file` is strict: wrong schema version, missing or extra
-columns, wrong types, nulls, inconsistent lengths, proofs of the wrong size or a corrupt or
-truncated file raise `RolloutFileError` naming the problem; nothing is silently coerced.
+(`RolloutHeader`: schema version, node, provider, pool, step, policy version, the digest of
+the pool rules it was generated under, the sampling seed, TOPLOC parameters, declared work
+units). One row per completion (`COLUMNS`). `read_rollout_file` is strict: wrong schema
+version, missing or extra columns, wrong types, nulls, inconsistent lengths, proofs of the
+wrong size or a corrupt or truncated file raise `RolloutFileError` naming the problem;
+nothing is silently coerced.
 
-A file comes from a worker who may want to crash or stall its reader, so `FileLimits` are checked
-before anything is decompressed: the file's size, the footer's declared row count, row groups,
-leaf values and uncompressed bytes per column, the header's size and JSON nesting depth (Python's
-parser recurses, and a process that raised the recursion limit overflows the C stack on deeply
-nested input). String and proof columns are read dictionary-encoded, and their distinct values'
-lengths are checked before they are expanded, so a small file of repeated huge values is refused
-without allocating them; strings must be valid UTF-8.
+A file comes from a worker who may want to crash or stall its reader, so `FileLimits` are
+checked before anything is decompressed: the file's size, the footer's declared row count,
+row groups, leaf values and uncompressed bytes per column, the header's size and JSON nesting
+depth (Python's parser recurses, and a process that raised the recursion limit overflows the
+C stack on deeply nested input). String and proof columns are read dictionary-encoded, and
+their distinct values' lengths are checked before they are expanded, so a small file of
+repeated huge values is refused without allocating them; strings must be valid UTF-8.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -47,7 +47,7 @@ __all__ = [
     "write_rollout_file",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the header names its rules by digest, not as free-form dicts
 METADATA_KEY = b"meshrl.rollout"
 FINISH_REASONS = ("eos", "stop", "length")
 
@@ -76,10 +76,10 @@ class RolloutHeader(BaseModel):
     pool_id: int = Field(ge=0)
     step: int = Field(ge=0)
     policy_version: int = Field(ge=0)
-    task: dict[str, Any] = Field(description="task config (the tasks mix entry)")
-    sampling: dict[str, Any] = Field(description="sampling parameters as generated with")
+    rules_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the pool's "
+                              "published rules the file was generated under "
+                              "(`meshrl.pool.PoolRules.digest`)")
     sampling_seed: int = Field(ge=0, lt=2**64)
-    prompt_seed: int = Field(ge=0, description="the work order's seed prompts derive from")
     toploc_chunk_size: int = Field(32, ge=1)
     toploc_topk: int = Field(128, ge=1)
     work_units: int = Field(ge=1)
@@ -159,6 +159,9 @@ class FileLimits:
 _DICTIONARY = {"prompt_id": "prompt_id", "finish_reason": "finish_reason",
                "toploc_proofs": "toploc_proofs.list.element"}
 _PAGE_SLACK = 1 << 16  # Parquet's own bytes (page headers, levels) per column chunk
+# what a malformed file makes the Parquet reader raise (never a crash of the reading process)
+_UNREADABLE = (pa.ArrowException, OSError, ValueError, KeyError, IndexError, TypeError,
+               UnicodeDecodeError, OverflowError)
 
 
 def read_rollout_file(source: str | Path | bytes,
@@ -170,18 +173,21 @@ def read_rollout_file(source: str | Path | bytes,
     if size > limits.max_bytes:
         raise RolloutFileError(f"file of {size} bytes > limit {limits.max_bytes}")
     try:
-        reader = pq.ParquetFile(
-            pa.BufferReader(source) if isinstance(source, bytes) else source,
-            read_dictionary=list(_DICTIONARY.values()),
-            thrift_string_size_limit=limits.max_header_bytes + (1 << 16),
-            thrift_container_size_limit=1 << 16, schema_depth_limit=8)
-        header = _header(reader.metadata.metadata or {}, limits)
-        _check_declared(reader, header, limits)
+        src = pa.BufferReader(source) if isinstance(source, bytes) else source
+        footer = pq.ParquetFile(src, thrift_string_size_limit=limits.max_header_bytes + (1 << 16),
+                                thrift_container_size_limit=1 << 16, schema_depth_limit=8)
+        header = _header(footer.metadata.metadata or {}, limits)
+        _check_declared(footer, header, limits)
+        # the columns are ours (checked above): read the string and proof values as
+        # dictionaries, bounded before they are expanded
+        reader = pq.ParquetFile(src, metadata=footer.metadata,
+                                read_dictionary=list(_DICTIONARY.values()))
         table = _expand(reader.read(), header, limits)
-    except (pa.ArrowException, OSError, ValueError) as e:
+    except _UNREADABLE as e:
         if isinstance(e, RolloutFileError):
             raise
-        raise RolloutFileError(f"not a readable Parquet file: {e}") from None
+        raise RolloutFileError(f"not a readable Parquet file: {type(e).__name__}: {e}") \
+            from None
     if table.schema.remove_metadata() != COLUMNS:
         raise RolloutFileError(f"wrong columns or types: expected {COLUMNS}, got {table.schema}")
     for name in COLUMNS.names:
@@ -206,9 +212,18 @@ def _check_declared(reader: pq.ParquetFile, header: RolloutHeader, limits: FileL
     if reader.schema_arrow.names != COLUMNS.names:
         raise RolloutFileError(f"wrong columns or types: expected {COLUMNS.names}, got "
                                f"{reader.schema_arrow.names}")
+    if md.num_columns != len(COLUMNS):
+        raise RolloutFileError(f"{md.num_columns} leaf columns, the schema has {len(COLUMNS)}")
+    groups = [md.row_group(i) for i in range(md.num_row_groups)]
+    # a corrupted footer can disagree with itself; pyarrow aborts the process on an index past
+    # a row group's own column count, so every count is checked before it is used
+    if any(g.num_columns != len(COLUMNS) for g in groups):
+        raise RolloutFileError("a row group's column count differs from the schema's")
+    if sum(g.num_rows for g in groups) != md.num_rows or any(g.num_rows < 0 for g in groups):
+        raise RolloutFileError("row groups' row counts differ from the file's")
     rows = md.num_rows
     for j, name in enumerate(COLUMNS.names):
-        chunks = [md.row_group(i).column(j) for i in range(md.num_row_groups)]
+        chunks = [g.column(j) for g in groups]
         values = sum(c.num_values for c in chunks)
         most = limits.max_leaf_values(name, rows, header.toploc_chunk_size)
         if values > most:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshrl.inference import InferenceBackend, SamplingParams
-from meshrl.pool import Assignment, header_sampling, prompt_of_row
+from meshrl.pool import Assignment, prompt_of_row
 from meshrl.pool import work_units as count_units
 from meshrl.tasks import TaskSet, compute_reward
 from meshrl.toploc import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK, build_proofs
@@ -51,8 +51,7 @@ def generate_rollouts(engine: InferenceBackend, tokenizer: Any, a: Assignment, t
                         toploc_proofs=build_proofs(c.hidden_states)))
     header = RolloutHeader(
         node=a.node, provider=provider, pool_id=a.rules.pool_id, step=a.step,
-        policy_version=comps[0].policy_version, task=a.rules.task.model_dump(mode="json"),
-        sampling=header_sampling(a.rules), sampling_seed=a.sampler_seed(),
-        prompt_seed=a.rules.seed, toploc_chunk_size=DEFAULT_CHUNK_SIZE,
+        policy_version=comps[0].policy_version, rules_sha256=a.rules.digest(),
+        sampling_seed=a.sampler_seed(), toploc_chunk_size=DEFAULT_CHUNK_SIZE,
         toploc_topk=DEFAULT_TOPK, work_units=work_units(rows))
     return RolloutFile(header, rows)

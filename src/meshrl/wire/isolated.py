@@ -1,0 +1,107 @@
+"""Reading a rollout file nobody vouches for, in a child process: a file that crashes, stalls or
+floods the Parquet reader costs that child, never the caller.
+
+The limits of `read_rollout_file` are checked before anything is decompressed, but the Parquet
+library itself can abort the whole process on a corrupted footer (a single flipped byte did,
+inside its metadata accessors: `tests/wire/test_hostile_files.py`). So roles that read files
+from untrusted workers parse them in a child forked from a server that has already imported the
+reader (`multiprocessing` "forkserver": a few tens of milliseconds per file), with a wall-clock
+deadline and an address-space cap. Whatever goes wrong there comes back as a
+`RolloutFileError` naming what happened (a signal, the deadline, the memory cap), so the caller
+judges the file instead of dying on it, and the next restart does not meet it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import resource
+import signal
+from multiprocessing.connection import Connection
+from typing import Any
+
+from meshrl.wire.errors import RolloutFileError
+from meshrl.wire.rollout_file import FileLimits, RolloutFile, read_rollout_file
+
+__all__ = ["IsolationLimits", "read_rollout_file_isolated"]
+
+_CTX: Any = None
+
+
+class IsolationLimits:
+    """Deadline and memory of one isolated read (on top of the file's `FileLimits`)."""
+
+    def __init__(self, seconds: float = 60.0, memory_bytes: int = 2 << 30) -> None:
+        self.seconds, self.memory_bytes = seconds, memory_bytes
+
+
+def _context() -> Any:
+    global _CTX
+    if _CTX is None:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["meshrl.wire.rollout_file"])
+        _CTX = ctx
+    return _CTX
+
+
+def _vm_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _child(conn: Connection, data: bytes, limits: FileLimits, memory_bytes: int) -> None:
+    # the cap counts what this read may add to the address space the reader already holds
+    cap = _vm_bytes() + memory_bytes
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    try:
+        conn.send(("ok", read_rollout_file(data, limits)))
+    except RolloutFileError as e:
+        conn.send(("refused", str(e)))
+    except MemoryError:
+        conn.send(("refused", f"reading it needs more than {memory_bytes} bytes of memory"))
+    finally:
+        conn.close()
+
+
+def read_rollout_file_isolated(data: bytes, limits: FileLimits | None = None,
+                               isolation: IsolationLimits | None = None) -> RolloutFile:
+    """`read_rollout_file(data, limits)` in a child process; a crash, a stall past the
+    deadline or the memory cap is a `RolloutFileError` like any malformed file."""
+    limits, isolation = limits or FileLimits(), isolation or IsolationLimits()
+    if len(data) > limits.max_bytes:  # no need to ship it to a child to refuse it
+        raise RolloutFileError(f"file of {len(data)} bytes > limit {limits.max_bytes}")
+    ctx = _context()
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(child, data, limits, isolation.memory_bytes),
+                       daemon=True)
+    proc.start()
+    child.close()
+    try:
+        if not parent.poll(isolation.seconds):
+            raise RolloutFileError(f"reading the file took longer than {isolation.seconds:g} s")
+        try:
+            kind, value = parent.recv()
+        except (EOFError, OSError):
+            proc.join(5)
+            raise RolloutFileError(f"the reader died reading the file ({_death(proc)})") \
+                from None
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5)
+        parent.close()
+    if kind == "ok":
+        return value  # type: ignore[no-any-return]
+    raise RolloutFileError(value)
+
+
+def _death(proc: Any) -> str:
+    code = proc.exitcode
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"signal {signal.Signals(-code).name}"
+    return f"exit status {code}"
