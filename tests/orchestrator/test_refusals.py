@@ -31,6 +31,8 @@ from .conftest import Pool
 from .net import run, wait_for
 from .parts import Served, address, api_from_parts, key
 
+pytestmark = pytest.mark.anvil  # some tests start anvil (tests/anvil_rule.py)
+
 E = ErrorCode
 
 
@@ -259,13 +261,11 @@ POOL: dict[ErrorCode, Callable[[Pool, Path], Awaitable[Any]]] = {
 }
 
 
-@pytest.mark.anvil
 @pytest.mark.parametrize("code", list(POOL), ids=lambda c: c.value)
 def test_refusal_on_the_pool(code: ErrorCode, pool: Pool, tmp_path: Path) -> None:
     run(expect(code, POOL[code](pool, tmp_path)))
 
 
-@pytest.mark.anvil
 def test_a_non_reader_is_refused_the_ledger_after_the_chain_says_so(pool: Pool,
                                                                      tmp_path: Path) -> None:
     run(expect(E.NOT_A_READER, _ledger_not_a_reader(pool, tmp_path)))

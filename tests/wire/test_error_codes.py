@@ -149,7 +149,7 @@ def _cases() -> dict[ErrorCode, Callable[[], Request | list[Request]]]:
     }
 
 
-CASES = _cases()
+CASES = _cases()  # its keys parametrize the test; each test builds its requests afresh
 
 
 def serve(test: Callable[[str], Awaitable[Any]], guard: RequestGuard) -> Any:
@@ -186,7 +186,8 @@ async def _send(url: str, req: Request) -> None:
 
 @pytest.mark.parametrize("code", list(CASES), ids=lambda c: c.value)
 def test_each_code_reaches_the_client_as_its_class(code: ErrorCode, tmp_path: Path) -> None:
-    reqs = CASES[code]()
+    reqs = _cases()[code]()  # timestamps of now: a test run late in a long session still sees
+    # a future timestamp as future and a first use of a nonce as fresh
     *first, last = reqs if isinstance(reqs, list) else [reqs]
 
     async def t(url: str) -> tuple[WireHTTPError, dict[str, Any]]:

@@ -27,6 +27,8 @@ from meshrl.worker.profile import accepted_rules, require_same_rules
 from network import RULES, Net, fund_provider, start_net, wait_until, worker
 from orchestrator.net import Service
 
+pytestmark = pytest.mark.anvil  # some tests start anvil (tests/anvil_rule.py)
+
 # per rule field: a value other than the published one (network.RULES), and how the refusal
 # names it
 DRIFT: dict[str, tuple[Any, str]] = {
@@ -103,7 +105,6 @@ def _error_lines(log: str) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.anvil
 def test_a_drifted_worker_process_refuses_before_staking(net: Net) -> None:
     p, n, _ = fund_provider(net, "drift")
     w = worker(net, "drift", rules={"seed": DRIFT["seed"][0]})
@@ -142,7 +143,6 @@ def _files(work_dir: Path) -> list[Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.anvil
 def test_rules_changed_while_running_stop_the_worker_process(net: Net) -> None:
     fund_provider(net, "steady")
     w = worker(net, "steady", max_files=0)  # works until stopped
