@@ -1,12 +1,18 @@
 """Fault injection end to end: a shortened network where the supervisor kills -9 a worker, a
 relay, the validator, the trainer and the orchestrator mid-run. Each is restarted and
 recovers, the run completes, no accepted rollout is used twice, no honest node is ejected and no
-work is judged twice on chain."""
+work is judged twice on chain.
+
+The tests run in any order: after the last one, the fixture stops the network with Ctrl-C and
+`_faults_are_reported_with_detect_and_recover_times` checks the reports it writes (a failure
+there is an error at the teardown of the module's last test)."""
 
 from __future__ import annotations
 
 import json
 import signal
+import subprocess
+from pathlib import Path
 
 import netutil as nu
 import pytest
@@ -37,6 +43,7 @@ def net(tmp_path_factory):
         nu.wait(lambda: len([e for e in nu.events(root) if e["event"] == "recovered"])
                 >= len(KILLS), 180, "not every killed role recovered")
         yield root, proc
+        _faults_are_reported_with_detect_and_recover_times(root, proc)
     finally:
         run.close()
 
@@ -75,8 +82,8 @@ def test_nothing_used_twice_nothing_judged_twice_nobody_ejected(net) -> None:
     assert not [e for e in evs if e.name == "WorkInvalidated" and e.args["hard"]]
 
 
-def test_faults_are_reported_with_detect_and_recover_times(net) -> None:
-    root, proc = net
+def _faults_are_reported_with_detect_and_recover_times(root: Path,
+                                                      proc: subprocess.Popen[bytes]) -> None:
     proc.send_signal(signal.SIGINT)
     assert proc.wait(180) == 0
     faults = json.loads((root / "faults.json").read_text())

@@ -4,13 +4,21 @@ step 1, as separate processes. Checked against the chain, the orchestrator's led
 trainer's records: the cheater is hard-invalidated, slashed and ejected within two steps of its
 first dishonest file and none of its dishonest rollouts is trained on; honest workers are never
 invalidated and their rewards can be claimed after the lock; no file is used or judged twice;
-Ctrl-C stops every role cleanly."""
+Ctrl-C stops every role cleanly.
+
+The tests run in any order: what changes the network is done by its fixture, not by a test.
+Before the first test an honest provider claims its rewards after the lock (recorded in
+`Claim`); after the last one Ctrl-C stops the network and `_ctrl_c_stops_every_role` checks it
+(a failure there is an error at the teardown of the module's last test)."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +40,46 @@ CONFIG = nu.short_network("e2e", steps=STEPS, checkpoint_every=2, top="max_minut
                           workers=f"honest = 2\ndishonest = 1\ncheat = {CHEAT}")
 
 
+@dataclass(frozen=True)
+class Claim:
+    """An honest provider's claim of its node's rewards once the lock passed."""
+
+    provider: str
+    works: list[bytes]  # every submission of the node when the trainer had finished
+    newest_locked: bool  # claimable before the lock passed?
+    ready: list[bytes]  # claimable after it
+    owed: int
+    balance_before: int
+    balance_after: int
+
+
 @pytest.fixture(scope="module")
-def net(tmp_path_factory):
-    yield from nu.run_network(tmp_path_factory.mktemp("network"), CONFIG, "e2e")
+def net(tmp_path_factory) -> Iterator[tuple[Path, subprocess.Popen[bytes], Claim]]:
+    run = nu.run_network(tmp_path_factory.mktemp("network"), CONFIG, "e2e")
+    root, proc = next(run)
+    try:
+        claim = _claim_after_the_lock(root)
+        yield root, proc, claim
+        _ctrl_c_stops_every_role(root, proc)
+    finally:
+        run.close()
+
+
+def _claim_after_the_lock(root: Path) -> Claim:
+    info, chain = nu.info(root), nu.chain(root)
+    w = next(w for w in info["workers"].values() if not w["dishonest"])
+    works = [bytes(e.args["work_id"]) for e in _chain_events(chain) if e.name == "WorkSubmitted"
+             and e.args["node"].lower() == w["node"].lower()]
+    newest_locked = bool(works) and not chain.claimable(works[-1])
+    chain.backend.advance_time(600 + 1)
+    ready = [wid for wid in works if chain.claimable(wid)]
+    owed = sum(chain.work(wid).reward for wid in ready)
+    me = chain.as_(dev_account_of(w["provider"]))
+    before = chain.balance(w["provider"])
+    for i in range(0, len(ready), 64):  # the contract takes at most 64 ids per claim
+        me.claim(ready[i:i + 64])
+    return Claim(w["provider"], works, newest_locked, ready, owed, before,
+                 chain.balance(w["provider"]))
 
 
 def _chain_events(chain: Protocol) -> list[Any]:
@@ -42,7 +87,7 @@ def _chain_events(chain: Protocol) -> list[Any]:
 
 
 def test_cheater_slashed_ejected_within_two_steps_never_trained_on(net) -> None:
-    root, _ = net
+    root, _, _ = net
     info, chain, ledger = nu.info(root), nu.chain(root), nu.ledger(root)
     bad = info["workers"]["cheater-0"]
     node, provider = bad["node"].lower(), bad["provider"]
@@ -84,7 +129,7 @@ def test_cheater_slashed_ejected_within_two_steps_never_trained_on(net) -> None:
 
 
 def test_trainer_records_against_the_ledger(net) -> None:
-    root, _ = net
+    root, _, _ = net
     ledger = nu.ledger(root)
     records = read_records(root / "trainer" / "rollouts.jsonl")
     assert [r["step"] for r in records] == list(range(STEPS))
@@ -103,7 +148,7 @@ def test_trainer_records_against_the_ledger(net) -> None:
 
 
 def test_no_work_judged_twice(net) -> None:
-    root, _ = net
+    root, _, _ = net
     chain = nu.chain(root)
     evs = _chain_events(chain)
     judged = [bytes(e.args["work_id"]) for e in evs if e.name == "WorkInvalidated"]
@@ -115,7 +160,7 @@ def test_no_work_judged_twice(net) -> None:
 
 
 def test_honest_never_invalidated_and_paid_after_the_lock(net) -> None:
-    root, _ = net
+    root, _, claim = net
     info, chain = nu.info(root), nu.chain(root)
     evs = _chain_events(chain)
     honest = [w for w in info["workers"].values() if not w["dishonest"]]
@@ -124,22 +169,10 @@ def test_honest_never_invalidated_and_paid_after_the_lock(net) -> None:
         assert not [e for e in evs if e.name == "WorkInvalidated"
                     and e.args["node"].lower() == node]
         assert chain.node(w["node"]).pool == info["pool_id"]
-    w = honest[0]
-    works = [bytes(e.args["work_id"]) for e in evs if e.name == "WorkSubmitted"
-             and e.args["node"].lower() == w["node"].lower()]
-    assert works
-    assert not chain.claimable(works[-1])  # the newest is still locked
-    chain.backend.advance_time(600 + 1)
-    ready = [wid for wid in works if chain.claimable(wid)]
-    assert ready == works
-    owed = sum(chain.work(wid).reward for wid in ready)
-    assert owed > 0
-    me = chain.as_(dev_account_of(w["provider"]))
-    before = chain.balance(w["provider"])
-    for i in range(0, len(ready), 64):  # the contract takes at most 64 ids per claim
-        me.claim(ready[i:i + 64])
-    assert chain.balance(w["provider"]) == before + owed
-    assert all(chain.work(wid).status == WorkStatus.CLAIMED for wid in ready)
+    assert claim.works and claim.newest_locked  # the newest was locked until the lock passed
+    assert claim.ready == claim.works and claim.owed > 0
+    assert claim.balance_after == claim.balance_before + claim.owed
+    assert all(chain.work(wid).status == WorkStatus.CLAIMED for wid in claim.ready)
 
 
 def dev_account_of(address: str) -> Any:
@@ -167,7 +200,7 @@ def test_dashboard_in_headless_chromium(net) -> None:
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
 
-    root, _ = net
+    root, _, _ = net
     url = nu.info(root)["dashboard"]  # the network's own `dashboard` role
     opts = webdriver.ChromeOptions()
     opts.binary_location = found[0]
@@ -222,8 +255,7 @@ def _get_ok(url: str) -> bool:
         return False
 
 
-def test_ctrl_c_stops_every_role(net) -> None:
-    root, proc = net
+def _ctrl_c_stops_every_role(root: Path, proc: subprocess.Popen[bytes]) -> None:
     proc.send_signal(signal.SIGINT)
     assert proc.wait(180) == 0
     ev = nu.events(root)

@@ -32,9 +32,11 @@ from network import (
 pytestmark = [pytest.mark.slow, pytest.mark.anvil]
 
 
-@pytest.fixture(scope="module")
-def net(tmp_path_factory):
-    n = start_net(tmp_path_factory.mktemp("roles"))
+@pytest.fixture
+def net(tmp_path):
+    """A pool of its own for each test: a test that moves the pool's step (or stakes, slashes
+    and ejects) must not change what another one finds, whatever the order."""
+    n = start_net(tmp_path)
     yield n
     n.close()
 
@@ -250,8 +252,17 @@ def test_own_failures_never_slash_and_restart_resumes(net: Net) -> None:
     """A submission whose file the validator cannot download (never uploaded) is retried with
     backoff and then only soft-invalidated: no slash, no ejection. The validator restarted here
     resumes from its persisted cursor and judges nothing twice."""
-    p, n = key("h0-provider"), key("h0-node")  # onboarded by the first test
+    p, n, _ = fund_provider(net, "h0")
+    first = validator(net)  # judges the honest node's file, then stops
+    first.start()
+    h = worker(net, "h0")
+    h.start()
+    assert h.wait(300) == 0
+    wait_until(_accepted(net, n.address), 240)
+    first.proc.terminate()
+    assert first.wait(60) == 0
     judged_before = _verdict_count(net)
+    assert judged_before >= 1
     sha = bytes(range(32))
     net.client(p).submit_work(net.pool, n.address, sha, 10)
     v = validator(net)
