@@ -55,3 +55,27 @@ def test_each_generation_cheat_is_a_hard_finding(engine, model, tok, mode, check
     d = verify_file(engine, tok, b, claim(b), r, r.task.build(), ENGINE)
     assert d.kind is VerdictKind.HARD_INVALID and not d.accepted
     assert check in d.checks, d.reason
+
+
+@pytest.mark.parametrize("forgery", ["vocab", "negative", "int32-max", "past-context"])
+def test_a_row_the_policy_cannot_score_sinks_only_its_own_file(engine, tok, forgery):
+    """A completion token outside the vocabulary (or a sequence past the context) used to make
+    the shared prefill raise: the whole batch came back as a validator error, the honest file
+    beside it was soft-invalidated after the retries and the cheater never slashed. Checked per
+    file before the batch is formed, it is a hard finding of that file alone."""
+    r = rules(max_new=8)
+    honest = honest_file(engine, tok, r)
+    bad = honest_file(engine, tok, r, counter=1)
+    row = bad.completions[0]
+    if forgery == "past-context":
+        extra = engine.max_seq_len - len(row.prompt_tokens) - len(row.completion_tokens) + 1
+        row.completion_tokens = row.completion_tokens + [row.completion_tokens[0]] * extra
+        row.logprobs = row.logprobs + [row.logprobs[0]] * extra
+    else:
+        row.completion_tokens[0] = {"vocab": engine.vocab_size, "negative": -1,
+                                    "int32-max": 2**31 - 1}[forgery]
+    decisions = verify_files(engine, tok, [(honest, claim(honest)), (bad, claim(bad))], r,
+                             r.task.build(), ENGINE)
+    assert decisions[0].accepted, decisions[0].reason
+    assert decisions[1].kind is VerdictKind.HARD_INVALID
+    assert decisions[1].checks == (Check.TOKENS,), decisions[1].reason

@@ -84,7 +84,13 @@ class ScoreResult:
 
 
 class InferenceBackend(ABC):
-    """Generation, prefill scoring and hot weight reload, as every backend provides them."""
+    """Generation, prefill scoring and hot weight reload, as every backend provides them.
+
+    The two model backends also say what they can score: token ids in `[0, vocab_size)`, at
+    most `max_seq_len` prompt + completion tokens per sequence (`check_score_request`)."""
+
+    vocab_size: int
+    max_seq_len: int
 
     @abstractmethod
     def generate(

@@ -114,6 +114,7 @@ class CPUEngine(InferenceBackend):
                  version: int = 0) -> None:
         self.cfg = cfg or EngineConfig()
         self.spec = ModelSpec.from_hf_config(model.config)
+        self.vocab_size = self.spec.vocab
         self.max_seq_len = min(self.cfg.max_seq_len or self.spec.max_positions,
                                self.spec.max_positions)
         self.tokenizer = tokenizer

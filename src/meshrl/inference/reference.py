@@ -57,7 +57,7 @@ class ReferenceBackend(InferenceBackend):
         eos = tokenizer.eos_token_id if tokenizer is not None else model.config.eos_token_id
         eos = eos[0] if isinstance(eos, list | tuple) else eos
         self.eos_token_id: int | None = None if eos is None else int(eos)
-        self.vocab = int(model.config.vocab_size)
+        self.vocab = self.vocab_size = int(model.config.vocab_size)
         self.max_seq_len = int(model.config.max_position_embeddings)
 
     # ---- weights ---------------------------------------------------------------------------

@@ -30,6 +30,7 @@ class Check(StrEnum):
 
     SHA256 = "sha256"
     SCHEMA = "schema"
+    TOKENS = "tokens"
     NODE = "node"
     SLOT_CLAIM = "slot_claim"
     WORK_UNITS = "work_units"

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from meshrl.inference import InferenceBackend
+from meshrl.inference import InferenceBackend, InvalidRequestError
+from meshrl.inference.backend import check_score_request
 from meshrl.pool import (
     Assignment,
     Check,
@@ -36,10 +37,10 @@ from meshrl.validator.checks import (
 from meshrl.validator.replay import ReplayConfig, ReplayRow, ReplaySpec, replay_files
 from meshrl.wire.rollout_file import RolloutFile
 
-__all__ = ["ChainClaim", "model_free_findings", "verify_file", "verify_files"]
+__all__ = ["ChainClaim", "model_free_findings", "unscorable", "verify_file", "verify_files"]
 
 # findings after which a file's seed and prompts mean nothing: no replay
-_NOT_ITS_WORK = (Check.PROMPTS, Check.NODE, Check.SAMPLING_SEED, Check.RULES)
+_NOT_ITS_WORK = (Check.TOKENS, Check.PROMPTS, Check.NODE, Check.SAMPLING_SEED, Check.RULES)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,20 @@ class ChainClaim:
     node: str
     provider: str
     units: int
+
+
+def unscorable(backend: InferenceBackend, rf: RolloutFile, rules: PoolRules) -> Finding | None:
+    """Rows the policy cannot score (a token id outside the vocabulary, a sequence past the
+    context): checked per file before any batch is formed, so one file's bad row can never
+    fail the prefill shared with other files. Hard: the worker's own claim of tokens no policy
+    of the pool could have sampled."""
+    rows = rf.completions
+    try:
+        check_score_request([r.prompt_tokens for r in rows], [r.completion_tokens for r in rows],
+                            rules.sampling.temperature, backend.vocab_size, backend.max_seq_len)
+    except InvalidRequestError as e:
+        return Finding(Check.TOKENS, Severity.HARD, f"rows the policy cannot score: {e}")
+    return None
 
 
 def _counter(rf: RolloutFile) -> int | Finding:
@@ -111,8 +126,11 @@ def verify_files(backend: InferenceBackend, tokenizer: Any,
     """Decisions on several files of one policy version; their replays share prefill batches.
     `prior[i]`: findings already made about file i (e.g. its slot claim)."""
     cfg = cfg or ReplayConfig()
-    found = [[*(prior[i] if prior else []), *model_free_findings(f, c, rules, tasks, tokenizer)]
-             for i, (f, c) in enumerate(items)]
+    found = []
+    for i, (f, c) in enumerate(items):
+        bad = unscorable(backend, f, rules)  # first: decoding such a row could fail too
+        mine = [bad] if bad else model_free_findings(f, c, rules, tasks, tokenizer)
+        found.append([*(prior[i] if prior else []), *mine])
     todo = [i for i, fs in enumerate(found) if not any(x.check in _NOT_ITS_WORK for x in fs)]
     max_len = getattr(backend, "max_seq_len", None)
     batch = [(_rows(items[i][0]), _spec(items[i][0], rules, tokenizer, max_len)) for i in todo]
