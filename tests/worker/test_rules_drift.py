@@ -18,12 +18,12 @@ from eth_account import Account
 from helpers import rules_server
 
 from meshrl.config import EXIT_REFUSED
-from meshrl.pool import RULE_FIELDS, PoolRules, PoolRulesError, RulesPins
+from meshrl.pool import RULE_FIELDS, PoolRules, PoolRulesError, RulesPins, require_same_rules
 from meshrl.protocol.anvil import find_anvil
 from meshrl.wire import SignedClient
 from meshrl.wire.rollout_file import read_rollout_file
 from meshrl.worker.config import WorkerConfig
-from meshrl.worker.profile import accepted_rules, require_same_rules
+from meshrl.worker.profile import accepted_rules
 from network import RULES, Net, fund_provider, start_net, wait_until, worker
 from orchestrator.net import Service
 

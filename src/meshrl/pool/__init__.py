@@ -13,7 +13,13 @@ from meshrl.pool.assignment import (
     prompt_of_row,
     work_units,
 )
-from meshrl.pool.client import PoolRulesError, changed_rules, check_rules, read_rules
+from meshrl.pool.client import (
+    PoolRulesError,
+    changed_rules,
+    check_rules,
+    read_rules,
+    require_same_rules,
+)
 from meshrl.pool.limits import file_limits
 from meshrl.pool.messages import WorkOrder
 from meshrl.pool.profiles import (
@@ -65,6 +71,7 @@ __all__ = [
     "profile",
     "prompt_of_row",
     "read_rules",
+    "require_same_rules",
     "rules_diff",
     "rules_drift",
     "tasks_config",

@@ -10,7 +10,7 @@ from meshrl.log import get_logger, log_event
 from meshrl.pool.rules import PoolRules, RulesPins, rules_diff, rules_drift
 from meshrl.wire import SignedClient, WireHTTPError
 
-__all__ = ["PoolRulesError", "changed_rules", "check_rules", "read_rules"]
+__all__ = ["PoolRulesError", "changed_rules", "check_rules", "read_rules", "require_same_rules"]
 
 log = get_logger("meshrl.pool")
 
@@ -60,3 +60,11 @@ def changed_rules(started: PoolRules, now: PoolRules) -> str | None:
     if not diff:
         return None
     return "stopping, the pool's rules changed while running: " + "; ".join(diff)
+
+
+def require_same_rules(started: PoolRules, now: PoolRules) -> None:
+    """Rules seen while running (a work order's, a re-read of `GET /rules`) are the ones the
+    role started under, or it stops for good (`PoolRulesError`, `changed_rules`' line)."""
+    why = changed_rules(started, now)
+    if why is not None:
+        raise PoolRulesError(why)

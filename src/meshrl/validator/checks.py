@@ -14,6 +14,7 @@ import hashlib
 import math
 from collections.abc import Sequence
 
+from meshrl.pool.assignment import work_units
 from meshrl.pool.rules import PoolRules
 from meshrl.pool.verdicts import Check, Finding, Severity
 
@@ -60,7 +61,7 @@ def check_node(file_node: str, file_provider: str, chain_node: str,
 def check_work_units(claimed_file: int, claimed_chain: int, prompt_lens: Sequence[int],
                      completion_lens: Sequence[int]) -> Finding | None:
     """Units claimed (in the file and on chain) equal the tokens processed."""
-    tokens = sum(prompt_lens) + sum(completion_lens)
+    tokens = work_units(prompt_lens, completion_lens)
     if claimed_file == tokens and claimed_chain == tokens:
         return None
     return Finding(Check.WORK_UNITS, HARD, f"claims {claimed_chain} units on chain and "

@@ -23,8 +23,7 @@ import time
 from eth_account.signers.local import LocalAccount
 
 from meshrl.log import get_logger, log_event
-from meshrl.pool import Decision, PoolRules, changed_rules, check_rules, give_up, read_rules
-from meshrl.pool.client import PoolRulesError
+from meshrl.pool import Decision, PoolRules, check_rules, give_up, read_rules, require_same_rules
 from meshrl.protocol import Deployment, Protocol, TxReverted, WorkStatus
 from meshrl.protocol.local import connect
 from meshrl.validator.config import ValidatorConfig
@@ -100,9 +99,8 @@ class ValidatorNode:
             return
         now = await read_rules(orch, self.stop, self.cfg.poll_interval)
         self.rules_read = time.monotonic()
-        why = None if now is None else changed_rules(self.rules, now)
-        if why is not None:
-            raise PoolRulesError(why)
+        if now is not None:
+            require_same_rules(self.rules, now)
 
     def _enough(self) -> bool:
         return self.cfg.max_files > 0 and self.judged >= self.cfg.max_files

@@ -17,6 +17,7 @@ import contextlib
 import multiprocessing as mp
 import resource
 import signal
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -28,11 +29,12 @@ __all__ = ["IsolationLimits", "read_rollout_file_isolated"]
 _CTX: Any = None
 
 
+@dataclass(frozen=True)
 class IsolationLimits:
     """Deadline and memory of one isolated read (on top of the file's `FileLimits`)."""
 
-    def __init__(self, seconds: float = 60.0, memory_bytes: int = 2 << 30) -> None:
-        self.seconds, self.memory_bytes = seconds, memory_bytes
+    seconds: float = 60.0
+    memory_bytes: int = 2 << 30
 
 
 def _context() -> Any:

@@ -201,6 +201,12 @@ def read_rollout_file(source: str | Path | bytes,
     return rf
 
 
+def _value_bytes(header: RolloutHeader, limits: FileLimits) -> dict[str, int]:
+    """The longest value each dictionary-read column may hold (its byte width per value)."""
+    return {"prompt_id": limits.max_string_bytes, "finish_reason": limits.max_string_bytes,
+            "toploc_proofs": header.proof_bytes}
+
+
 def _check_declared(reader: pq.ParquetFile, header: RolloutHeader, limits: FileLimits) -> None:
     """The footer's declared sizes, before any page is read."""
     md = reader.metadata
@@ -221,16 +227,14 @@ def _check_declared(reader: pq.ParquetFile, header: RolloutHeader, limits: FileL
         raise RolloutFileError("a row group's column count differs from the schema's")
     if sum(g.num_rows for g in groups) != md.num_rows or any(g.num_rows < 0 for g in groups):
         raise RolloutFileError("row groups' row counts differ from the file's")
-    rows = md.num_rows
+    rows, widths = md.num_rows, _value_bytes(header, limits)
     for j, name in enumerate(COLUMNS.names):
         chunks = [g.column(j) for g in groups]
         values = sum(c.num_values for c in chunks)
         most = limits.max_leaf_values(name, rows, header.toploc_chunk_size)
         if values > most:
             raise RolloutFileError(f"column {name!r} declares {values} values > limit {most}")
-        width = {"prompt_id": limits.max_string_bytes, "finish_reason": limits.max_string_bytes,
-                 "toploc_proofs": header.proof_bytes}.get(name, 8)
-        budget = most * (width + 4) + _PAGE_SLACK * max(1, len(chunks))
+        budget = most * (widths.get(name, 8) + 4) + _PAGE_SLACK * max(1, len(chunks))
         declared = sum(c.total_uncompressed_size for c in chunks)
         if declared > budget:
             raise RolloutFileError(f"column {name!r} declares {declared} uncompressed bytes > "
@@ -240,9 +244,7 @@ def _check_declared(reader: pq.ParquetFile, header: RolloutHeader, limits: FileL
 def _expand(table: pa.Table, header: RolloutHeader, limits: FileLimits) -> pa.Table:
     """Dictionary columns back to their plain types, once their distinct values are bounded;
     every string valid UTF-8; list lengths per row bounded."""
-    most = {"prompt_id": limits.max_string_bytes, "finish_reason": limits.max_string_bytes,
-            "toploc_proofs": header.proof_bytes}
-    for name, limit in most.items():
+    for name, limit in _value_bytes(header, limits).items():
         col = table.column(name)
         for chunk in col.chunks:
             values = chunk.values if pa.types.is_list(chunk.type) else chunk

@@ -21,7 +21,7 @@ from typing import Any
 
 from meshrl.durable import atomic_write
 from meshrl.log import get_logger, log_event
-from meshrl.pool import Assignment, PoolRules, WorkOrder
+from meshrl.pool import Assignment, PoolRules, WorkOrder, require_same_rules
 from meshrl.protocol import Deployment, Protocol
 from meshrl.protocol.errors import NodeNotInPool, TxReverted
 from meshrl.protocol.local import connect
@@ -38,7 +38,7 @@ from meshrl.worker.onboard import announce_and_join, onboard_chain
 from meshrl.worker.outbox import Outbox, OutboxEntry
 from meshrl.worker.parts import MadeFile
 from meshrl.worker.policy import PolicyHolder
-from meshrl.worker.profile import accepted_rules, require_same_rules
+from meshrl.worker.profile import accepted_rules
 
 __all__ = ["HardwareError", "WorkerNode"]
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 
 from meshrl.log import get_logger, log_event
-from meshrl.pool import PoolRules, PoolRulesError, changed_rules, check_rules, read_rules
+from meshrl.pool import PoolRules, PoolRulesError, check_rules, read_rules
 from meshrl.pool import unmet_profile as _unmet
 from meshrl.wire import SignedClient
 from meshrl.worker.config import WorkerConfig
 
-__all__ = ["accepted_rules", "require_same_rules", "unmet_profile"]
+__all__ = ["accepted_rules", "unmet_profile"]
 
 log = get_logger("meshrl.worker")
 
@@ -42,10 +42,3 @@ async def accepted_rules(orch: SignedClient, cfg: WorkerConfig,
     log_event(log, "pool rules", pool=rules.pool_id, proof_profile=rules.proof_profile,
               backend=cfg.backend)
     return rules
-
-
-def require_same_rules(started: PoolRules, now: PoolRules) -> None:
-    """A work order's rules are the ones this worker started under, or it stops for good."""
-    why = changed_rules(started, now)
-    if why is not None:
-        raise PoolRulesError(why)
