@@ -24,10 +24,15 @@ class PoolRulesError(RuntimeError):
 async def read_rules(orch: SignedClient, stop: asyncio.Event,
                      poll_s: float = 1.0) -> PoolRules | None:
     """The pool's published rules, waiting while the orchestrator does not answer yet; None when
-    `stop` is set first. A 4xx answer (other than 429) is a refusal."""
+    `stop` is set first. A 4xx answer (other than 429), or an answer that is not valid rules
+    (not JSON, or out of the rules' bounds), is a refusal: nothing can be judged or generated
+    by rules that cannot be read."""
     while not stop.is_set():
         try:
             return await orch.call("GET", "/rules", response=PoolRules)
+        except ValueError as e:  # a malformed body: JSON or the model's validation
+            raise PoolRulesError(f"the pool's published rules are not valid rules: "
+                                 f"{str(e).splitlines()[0][:300]}") from None
         except (WireHTTPError, OSError) as e:
             if isinstance(e, WireHTTPError) and 400 <= e.status < 500 and e.status != 429:
                 raise PoolRulesError(f"cannot read the pool's rules: {e}") from None
