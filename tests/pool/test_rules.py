@@ -36,7 +36,7 @@ RULES = PoolRules(pool_id=3, task={"type": "arithmetic", "digits": 2}, group_siz
 
 # a value differing from RULES' for every rule field
 DRIFTED = {"task": {"type": "arithmetic", "digits": 3}, "sampling": {"max_new_tokens": 9,
-           "temperature": 0.7}, "group_size": 8, "prompts_per_file": 3, "files_per_step": 0,
+           "temperature": 0.7}, "group_size": 8, "prompts_per_file": 3, "files_per_step": 1,
            "async_level": 2, "seed": 8, "proof_profile": "any-hardware"}
 
 
@@ -104,11 +104,15 @@ def test_rules_changed_while_running():
 def test_assignment_by_hand():
     tok = CharTokenizer()
     node = "0x" + "ab" * 20
-    a = Assignment(RULES, node, step=5, counter=1)
+    a = Assignment(RULES, node, step=5, counter=1, policy_version=4)
     tasks = RULES.task.build()
     problems = a.problems(tasks)
-    assert problems == sample_problems(tasks, 7, node, 5, 1, 2)
-    assert a.sampler_seed() == sampling_seed(7, node, 5, 1)
+    assert problems == sample_problems(tasks, 7, node, 5, 1, 2, version=4)
+    assert a.sampler_seed() == sampling_seed(7, node, 5, 1, version=4)
+    # the version is part of the work: the same (node, step, counter) at another version is
+    # other problems and other noise, so one generation can serve one claim only
+    other = Assignment(RULES, node, step=5, counter=1, policy_version=3)
+    assert other.problems(tasks) != problems and other.sampler_seed() != a.sampler_seed()
     rows = a.prompt_rows(tok, problems)
     assert len(rows) == 8 and rows[0] == rows[3] != rows[4] == rows[7]
     assert rows[0] == encode_prompt(tok, problems[0].prompt)

@@ -29,7 +29,7 @@ def worker_file():
     tok = CharTokenizer()
     engine = CPUEngine(build_model("qwen2-tiny", tok.vocab_size, seed=3), tok,
                        EngineConfig(num_threads=1))
-    a = Assignment(RULES, NODE, step=3, counter=2)
+    a = Assignment(RULES, NODE, step=3, counter=2, policy_version=0)
     rf = generate_rollouts(engine, tok, a, BUILT, PROVIDER)
     data = rollout_file_bytes(rf)
     entry = LedgerEntry(seq=1, sha256=hashlib.sha256(data).hexdigest(), node=NODE,

@@ -35,8 +35,9 @@ def rules(max_new: int = 8, prompts: int = 2, group: int = 4, async_level: int =
                                "top_p": 1.0})
 
 
-def assignment(r: PoolRules, step: int = 1, counter: int = 0, node: str = NODE) -> Assignment:
-    return Assignment(r, node, step, counter)
+def assignment(r: PoolRules, step: int = 1, counter: int = 0, node: str = NODE,
+               version: int = 0) -> Assignment:
+    return Assignment(r, node, step, counter, version)
 
 
 def roundtrip(rf: RolloutFile) -> tuple[RolloutFile, str]:

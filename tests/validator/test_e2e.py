@@ -183,7 +183,7 @@ def test_a_validator_with_any_rule_drifted_never_judges_and_one_that_agrees_acce
 
 def test_honest_accepted_and_every_cheat_slashed(net: Net) -> None:
     accounts = {name: fund_provider(net, name) for name in ["honest", *CHEATS, "copy", "turn",
-                                                            "stale"]}
+                                                            "stale", "dip"]}
     v = validator(net)
     v.start()
     honest = worker(net, "honest", max_files=2)
@@ -206,7 +206,10 @@ def test_honest_accepted_and_every_cheat_slashed(net: Net) -> None:
     _set_step(net, 1)
     turn2 = worker(net, "turn", {"mode": "forge-rewards", "after_step": 0})
     turn2.start()
-    assert turn2.wait(300) == 0
+    # step 1: versions 0 and 1 allowed; its second file is its first one claimed as version 1
+    dip = worker(net, "dip", {"mode": "double-dip", "after_step": 0}, max_files=2)
+    dip.start()
+    assert turn2.wait(300) == 0 and dip.wait(300) == 0
     _set_step(net, 3)  # version 0 is now older than async_level allows
     stale = worker(net, "stale", {"mode": "stale-policy"})
     stale.start()
@@ -217,6 +220,12 @@ def test_honest_accepted_and_every_cheat_slashed(net: Net) -> None:
         wait_until(_hard(net, accounts[name][1].address), 240)
     wait_until(_accepted(net, accounts["honest"][1].address, 2), 240)
     wait_until(_accepted(net, accounts["turn"][1].address, 1), 240)
+    wait_until(_hard(net, accounts["dip"][1].address), 240)
+    wait_until(_accepted(net, accounts["dip"][1].address, 1), 240)
+    dipped = [e for e in _rows(net) if e.node.lower() == accounts["dip"][1].address.lower()
+              and e.status.value == "hard_invalidated"]
+    assert [(e.policy_version, e.counter) for e in dipped] == [(1, 1)]
+    assert "prompts" in dipped[0].verdict, dipped[0].verdict
     slashed.remove("turn")
     for name in slashed:
         p, n, _ = accounts[name]

@@ -58,7 +58,7 @@ DRIFTED: dict[str, Drift] = {
                       "0.7", "1.0"),
     "group_size": Drift(8, "group_size", "8", "4"),
     "prompts_per_file": Drift(3, "prompts_per_file", "3", "2"),
-    "files_per_step": Drift(0, "files_per_step", "0", "3"),
+    "files_per_step": Drift(1, "files_per_step", "1", "3"),
     "async_level": Drift(0, "async_level", "0", "2"),
     "seed": Drift(8, "seed", "8", "7"),
     "proof_profile": Drift("any-hardware", "proof_profile", "'any-hardware'",

@@ -38,7 +38,7 @@ DRIFT: dict[str, tuple[Any, str]] = {
                  "rules.sampling.max_new_tokens: configured 17, the pool publishes 16"),
     "group_size": (5, "rules.group_size: configured 5, the pool publishes 4"),
     "prompts_per_file": (3, "rules.prompts_per_file: configured 3, the pool publishes 2"),
-    "files_per_step": (2, "rules.files_per_step: configured 2, the pool publishes 0"),
+    "files_per_step": (2, "rules.files_per_step: configured 2, the pool publishes 8"),
     "async_level": (3, "rules.async_level: configured 3, the pool publishes 2"),
     "seed": (12, "rules.seed: configured 12, the pool publishes 11"),
     "proof_profile": ("any-hardware", "rules.proof_profile: configured 'any-hardware', the pool "

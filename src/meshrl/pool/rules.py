@@ -59,8 +59,8 @@ class RulesSpec(_Rule):
                                    "are sampled")
     group_size: int = Field(1, ge=1, le=1024, description="completions per prompt")
     prompts_per_file: int = Field(8, ge=1, le=4096, description="prompts per rollout file")
-    files_per_step: int = Field(0, ge=0, le=1 << 16, description="files a node makes per "
-                                "step, at most (0: no limit)")
+    files_per_step: int = Field(8, ge=1, le=1 << 16, description="files a node may make per "
+                                "step: its counters are 0 .. files_per_step - 1")
     async_level: int = Field(2, ge=0, le=1024, description="policy versions a file may lag "
                              "its step")
     seed: int = Field(0, ge=0, lt=2**63, description="base seed prompts and sampling derive from")

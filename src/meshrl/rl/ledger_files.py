@@ -81,7 +81,7 @@ def file_groups(entry: LedgerEntry, data: bytes, tokenizer: Any, rules: PoolRule
         raise UnusableFile(f"{entry.sha256[:12]}: {len(rows)} rows of {len(counters)} "
                            f"counters, the pool's files have {rules.rows_per_file()} rows "
                            f"({rules.prompts_per_file} prompts x {g}) of one counter")
-    problems = Assignment(rules, h.node, h.step, counters.pop()).problems(tasks)
+    problems = Assignment(rules, h.node, h.step, counters.pop(), h.policy_version).problems(tasks)
     out = FileGroups(entry)
     for k, problem in enumerate(problems):
         group = rows[k * g:(k + 1) * g]

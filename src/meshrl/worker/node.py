@@ -130,11 +130,11 @@ class WorkerNode:
         """The next file of this step; None when there is none to make now."""
         if self.policy.version not in order.policy_versions:
             return None  # the follower is fetching a newer one
-        per_step = order.rules.files_per_step
-        if per_step and self._made(order.step) >= per_step:
-            return None  # this step has its files: wait for the next
+        if self._made(order.step) >= order.rules.files_per_step:
+            return None  # this step's counters are used: wait for the next step
         counter = self._next_counter(order.step)
-        a = Assignment(self.rules, self.keys.node.address, order.step, counter)
+        a = Assignment(self.rules, self.keys.node.address, order.step, counter,
+                       self.policy.version)
         t0 = time.perf_counter()
         rf = await asyncio.to_thread(self.policy.generate, a, self.tasks,
                                      self.keys.provider.address)

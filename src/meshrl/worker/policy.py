@@ -9,6 +9,7 @@ assignment are the worker's `Parts` (honest, or wrapped by a cheat: `worker/adve
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,10 @@ class PolicyHolder:
         log_event(log, "policy loaded", version=version)
 
     def generate(self, a: Assignment, tasks: TaskSet, provider: str) -> RolloutFile:
+        """The file of `a`, generated with the version loaded now (a hot-load since `a` was
+        made moves it: the version is part of the assignment, so the problems follow it)."""
         with self.lock:
+            a = dataclasses.replace(a, policy_version=self.version)
             return self.rollouts(self.engine, self.tokenizer, a, tasks, provider)
 
     async def follow(self, servers: list[str], stop: asyncio.Event) -> None:
