@@ -204,7 +204,9 @@ def test_honest_accepted_and_every_cheat_slashed(net: Net) -> None:
     turn.start()
     assert copier.wait(300) == 0 and turn.wait(300) == 0
     _set_step(net, 1)
-    turn2 = worker(net, "turn", {"mode": "forge-rewards", "after_step": 0})
+    # ... and cheats from now on (no version 1 exists: its files are still step 0, a file's
+    # step being its policy version)
+    turn2 = worker(net, "turn", {"mode": "forge-rewards"})
     turn2.start()
     # step 1: versions 0 and 1 allowed; its second file is its first one claimed as version 1
     dip = worker(net, "dip", {"mode": "double-dip", "after_step": 0}, max_files=2)

@@ -12,7 +12,7 @@ import pytest
 from helpers import assignment, claim, honest_file, roundtrip, rules
 
 from meshrl.inference import CPUEngine, EngineConfig
-from meshrl.pool import Check, VerdictKind
+from meshrl.pool import Check, Finding, Severity, VerdictKind
 from meshrl.validator.judge import Judge, Unjudged
 from meshrl.validator.models import VersionUnavailable
 from meshrl.validator.replay import ReplayConfig, profile_thresholds
@@ -31,9 +31,9 @@ def _at_version(model, tok, version: int) -> CPUEngine:
 
 
 def _relabeled(rf: RolloutFile, version: int, reseed: bool) -> RolloutFile:
-    h = rf.header.model_copy(update={"policy_version": version})
+    h = rf.header.model_copy(update={"policy_version": version, "step": version})
     if reseed:  # a careful cheater also writes the seed the claimed version would have
-        a = assignment(rules(max_new=16), step=2, version=version)
+        a = assignment(rules(max_new=16), version=version)
         h = h.model_copy(update={"sampling_seed": a.sampler_seed()})
     return roundtrip(RolloutFile(h, rf.completions))[0]
 
@@ -42,7 +42,7 @@ def test_the_same_weights_under_the_next_version_judge_the_honest_file(model, to
     # the control: a file honestly generated at version 1 (same weights as version 0)
     r = rules(max_new=16)
     v1 = _at_version(model, tok, 1)
-    b = honest_file(v1, tok, r, step=2, version=1)
+    b = honest_file(v1, tok, r, version=1)
     d = verify_file(v1, tok, b, claim(b), r, r.task.build(), ENGINE)
     assert d.accepted, d.reason
 
@@ -54,7 +54,7 @@ def test_one_generation_claimed_under_another_version_is_hard(model, tok, engine
     """Version 0's file claimed as version 1 or 2, judged by an engine whose weights are
     exactly version 0's: the claimed version's problems are other problems."""
     r = rules(max_new=16)
-    b = honest_file(engine, tok, r, step=2, version=0)
+    b = honest_file(engine, tok, r, version=0)
     fake = _relabeled(b, claimed, reseed)
     d = verify_file(_at_version(model, tok, claimed), tok, fake, claim(fake), r,
                     r.task.build(), ENGINE)
@@ -82,12 +82,13 @@ class _NoModels:
         raise VersionUnavailable(f"policy version {version} is not on any server")
 
 
-def _judge_without_models(r, files: list[RolloutFile]) -> list:
+def _judge_without_models(r, files: list[RolloutFile], prior: list | None = None) -> list:
     j = Judge.__new__(Judge)
     j.rules, j.tasks, j.models = r, r.task.build(), _NoModels()
 
     async def fetched(job: Job):
-        return files[int(job.sha256[:2], 16)], []
+        i = int(job.sha256[:2], 16)
+        return files[i], (prior or [[]] * len(files))[i]
     j._fetch = fetched  # type: ignore[method-assign]
     jobs = [Job(work_id=f"{i:064x}", sha256=f"{i:02x}" + "0" * 62, node=f.header.node,
                 provider=f.header.provider, pool=1, units=f.header.work_units, block=1)
@@ -105,3 +106,13 @@ def test_what_needs_no_model_is_final_when_the_version_cannot_be_had(engine, tok
     out = _judge_without_models(r, [honest, grinder])
     assert isinstance(out[0], Unjudged)
     assert out[1].kind is VerdictKind.HARD_INVALID and out[1].checks == (Check.COUNTER,)
+
+
+def test_a_false_slot_claim_stays_hard_when_the_claimed_version_cannot_be_had(engine, tok):
+    """The issue's case: a slot claiming a version the validator cannot fetch."""
+    r = rules(max_new=8)
+    b = honest_file(engine, tok, r)
+    slot = Finding(Check.SLOT_CLAIM, Severity.HARD, "the file's claims differ from its slot",
+                   {"policy_version": "0/1"})
+    [d] = _judge_without_models(r, [b], prior=[[slot]])
+    assert d.kind is VerdictKind.HARD_INVALID and d.checks == (Check.SLOT_CLAIM,)

@@ -159,11 +159,9 @@ class OrchestratorApi:
             raise WireError(ErrorCode.FILE_TOO_LARGE, f"at most {w.max_file_bytes} bytes")
         if req.work_units > self.terms.max_units:
             raise WireError(ErrorCode.TOO_MANY_WORK_UNITS, f"at most {self.terms.max_units}")
-        lag = req.step - req.policy_version
-        if req.step > step or req.policy_version not in versions or not 0 <= lag <= (
-                self.published.async_level):
-            raise WireError(ErrorCode.STALE_WORK, f"step {step}, versions {versions}, a file's "
-                            f"version lags its step by 0..{self.published.async_level}")
+        if req.policy_version not in versions or req.step != req.policy_version:
+            raise WireError(ErrorCode.STALE_WORK, f"step {step}, versions {versions} (a file's "
+                            "step is its policy version)")
         bad_counter = counter_refusal(self.published, req.counter)
         if bad_counter is not None:
             raise WireError(ErrorCode.COUNTER_OUT_OF_RANGE, bad_counter)

@@ -148,7 +148,7 @@ class State:
         old = self._columns("files")
         if old and "granted" not in old:
             self._migrate_files()
-        if old and "counter" not in self._columns("files"):  # a ledger from before counters were granted
+        if old and "counter" not in self._columns("files"):  # from before counters were granted
             self.db.execute("ALTER TABLE files ADD COLUMN counter INTEGER NOT NULL DEFAULT -1")
         self.db.executescript(SCHEMA)
 

@@ -93,7 +93,7 @@ def model_free_findings(rf: RolloutFile, claim: ChainClaim, rules: PoolRules, ta
            check_work_units(h.work_units, claim.units, [len(r.prompt_tokens) for r in rows],
                             [len(r.completion_tokens) for r in rows]),
            check_header_rules(h.pool_id, h.rules_sha256, rules),
-           check_policy_version(h.policy_version, h.step, rules.async_level),
+           check_policy_version(h.policy_version, h.step),
            check_sampling_seed(h.sampling_seed, a.sampler_seed())]
     if tokenizer is None:  # no policy loaded yet: only the checks above can be made
         return [x for x in out if x is not None]

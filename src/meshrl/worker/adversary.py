@@ -223,7 +223,8 @@ class StalePolicy(BackendCheat):
             if made is None:
                 return None
             entry, data = made
-            return replace(entry, policy_version=max(order.policy_versions)), data
+            newest = max(order.policy_versions)  # a file's step is its version
+            return replace(entry, step=newest, policy_version=newest), data
 
         return stale
 
@@ -301,7 +302,7 @@ def _copy(source: Path, outbox: Outbox) -> MadeFile | None:
 
 class DoubleDip(Adversary):
     """Every other file is the previous generation again: its rows claimed under another
-    allowed policy version, at the counter (granted, in range) of the file made in its place,
+    allowed policy version, at the counter (in range) of the file made in its place,
     the header's seed rewritten to what that claim's seed would be. At a tiny learning rate the
     versions' weights are nearly the same, so only the binding of the problems and the noise
     to the version can tell."""
@@ -317,20 +318,18 @@ class DoubleDip(Adversary):
                 kept.append(made)
                 return made
             (first, data), (entry, _) = kept.pop(), made
-            lag = order.rules.async_level
-            versions = [v for v in order.policy_versions
-                        if v != first.policy_version and 0 <= entry.step - v <= lag]
+            versions = [v for v in order.policy_versions if v != first.policy_version]
             if not versions:
                 return made
-            return _redeemed(data, entry, max(versions), order)
+            return _redeemed(data, entry.counter, max(versions), order)
 
         return dipped
 
 
-def _redeemed(data: bytes, slot_of: OutboxEntry, version: int, order: WorkOrder) -> MadeFile:
-    """The file `data` claimed as policy version `version` at `slot_of`'s step and counter."""
+def _redeemed(data: bytes, counter: int, version: int, order: WorkOrder) -> MadeFile:
+    """The file `data` claimed as policy version (and step) `version` at `counter`."""
     rf = read_rollout_file(data)
-    a = Assignment(order.rules, rf.header.node, slot_of.step, slot_of.counter, version)
+    a = Assignment(order.rules, rf.header.node, version, counter, version)
     rows = [replace(r, counter=a.counter, prompt_id=a.prompt_id(i))
             for i, r in enumerate(rf.completions)]
     header = rf.header.model_copy(update={"policy_version": version, "step": a.step,

@@ -9,7 +9,6 @@ assignment are the worker's `Parts` (honest, or wrapped by a cheat: `worker/adve
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from meshrl.wire.rollout_file import RolloutFile
 from meshrl.worker.config import WorkerConfig
 from meshrl.worker.parts import Parts
 
-__all__ = ["PolicyHolder"]
+__all__ = ["PolicyHolder", "VersionMoved"]
 
 log = get_logger("meshrl.worker")
 
@@ -41,6 +40,10 @@ def _backend(cfg: WorkerConfig, model: Any, tokenizer: Any, version: int) -> Inf
     engine.load_weights(model.state_dict(), version)
     return engine
 
+
+
+class VersionMoved(RuntimeError):
+    """The policy version changed between making an assignment and generating it."""
 
 class PolicyHolder:
     """The engine and its current version (one lock around swaps)."""
@@ -85,10 +88,12 @@ class PolicyHolder:
         log_event(log, "policy loaded", version=version)
 
     def generate(self, a: Assignment, tasks: TaskSet, provider: str) -> RolloutFile:
-        """The file of `a`, generated with the version loaded now (a hot-load since `a` was
-        made moves it: the version is part of the assignment, so the problems follow it)."""
+        """The file of `a`; `VersionMoved` if a hot-load since `a` was made replaced its policy
+        version (the version is part of the work: its problems are another version's)."""
         with self.lock:
-            a = dataclasses.replace(a, policy_version=self.version)
+            if self.version != a.policy_version:
+                raise VersionMoved(f"version {self.version} loaded, the assignment is for "
+                                   f"{a.policy_version}")
             return self.rollouts(self.engine, self.tokenizer, a, tasks, provider)
 
     async def follow(self, servers: list[str], stop: asyncio.Event) -> None:
