@@ -32,7 +32,8 @@ from meshrl.wire.models import Hardware, Heartbeat, Invite, NodeAnnouncement
 TOKEN = 10**18
 SRC = Path(__file__).resolve().parents[2] / "src"
 PARAMS = ProtocolParams(min_stake=100 * TOKEN, stake_per_unit=10 * TOKEN,
-                        invalidation_window=3600, lock_period=7200, slash_penalty=50 * TOKEN)
+                        invalidation_window=3600, lock_period=7200, slash_penalty=50 * TOKEN,
+                        verdict_bond=0, dispute_period=0)  # verdicts final at once
 
 
 def key(label: str) -> LocalAccount:

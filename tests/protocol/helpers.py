@@ -22,7 +22,10 @@ PARAMS = ProtocolParams(
     invalidation_window=3600,
     lock_period=86400,
     slash_penalty=50 * TOKEN,
+    verdict_bond=100 * TOKEN,
+    dispute_period=0,  # verdicts final at once here; tests/protocol/test_disputes.py disputes them
 )
+BOND = 1000 * TOKEN  # the validator's posted bond in the base world
 RATE = 10**15  # reward per work unit in pool 1
 
 
@@ -94,16 +97,17 @@ class World:
         return info.value
 
 
-def build_world(backend: Backend) -> World:
+def build_world(backend: Backend, params: ProtocolParams = PARAMS) -> World:
     fed, val, mgr, a1, a2, s = (key(x) for x in ("fed", "val", "mgr", "p1", "p2", "stranger"))
     n1, n2, n3 = key("n1"), key("n2"), key("n3")
     for acct in (fed, val, mgr, a1, a2, s, n1, n2, n3):
         backend.fund(acct.address, 10**21)
-    dep = deploy(backend, fed, PARAMS)
+    dep = deploy(backend, fed, params)
     F = Protocol(backend, dep, fed)
-    for acct in (a1, a2, s):
+    for acct in (a1, a2, s, val):
         F.mint(acct.address, 10_000 * TOKEN)
     F.set_validator(val.address)
+    F.as_(val).post_bond(BOND)
     domain = F.create_domain("math")
     pool = F.create_pool(domain, mgr.address, RATE)
     pending = F.create_pool(domain, mgr.address, RATE)

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from meshrl.protocol import ProtocolParams
 
-from .helpers import PARAMS, TOKEN, World, file_hash
+from .helpers import PARAMS, RATE, TOKEN, World, file_hash
 
 WINDOW, LOCK = PARAMS.invalidation_window, PARAMS.lock_period
 
@@ -62,7 +62,9 @@ def test_hard_invalidation_ejects_from_the_pool_of_the_work_only(world: World) -
     assert r.event("NodeEjected").args["pool"] == pool and world.fed.node(n1).pool == 0
 
 
-def test_wipe_covers_the_generation_of_the_work_only(world: World) -> None:
+def test_wipe_covers_every_generation_before_the_judgment_only(world: World) -> None:
+    # issue 25: an ejection (or a remove + re-add) opens a new node generation, but the
+    # judgment still wipes the provider's unchecked items of the node made before it
     n1, pool = world.n1.address, world.pool
     ids = {}
     for label in ("a", "fraud"):
@@ -74,10 +76,14 @@ def test_wipe_covers_the_generation_of_the_work_only(world: World) -> None:
     ids["b"] = world.fed.work_id(n1, file_hash("b"))
     world.validator.hard_invalidate(ids["fraud"])
     assert world.fed.node(n1).pool == 0  # same provider, same pool: ejected
+    world.p1.join_pool(*world.invite(pool, n1, nonce=3))
+    world.p1.submit_work(pool, n1, file_hash("c"), 5)  # after the judgment: not reached
+    ids["c"] = world.fed.work_id(n1, file_hash("c"))
     world.backend.advance_time(LOCK + 1)
-    world.expect_revert("work: rewards wiped", lambda: world.p1.claim([ids["a"]]))
-    assert world.fed.claimable(ids["b"])  # a later generation is not wiped
-    world.p1.claim([ids["b"]])
+    for label in ("a", "b"):
+        world.expect_revert("work: rewards wiped", lambda w=ids[label]: world.p1.claim([w]))
+    assert world.fed.claimable(ids["c"])
+    assert world.p1.claim([ids["c"]]).event("RewardsClaimed").args["amount"] == 5 * RATE
 
 
 def test_pool_may_set_a_submission_interval(world: World) -> None:
@@ -113,7 +119,7 @@ def test_tokens_sent_to_the_protocol_can_be_recovered(world: World) -> None:
     assert (
         fed.balance(protocol)
         == held - 7 * TOKEN
-        == sum(totals[k] for k in ("stake", "unbonding", "slashed"))
+        == sum(totals[k] for k in ("stake", "unbonding", "slashed", "bonds"))
     )
     assert fed.recover_tokens(world.manager.address).event("TokensRecovered").args["amount"] == 0
 

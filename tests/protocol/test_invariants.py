@@ -84,7 +84,7 @@ def _check(w: World, supply0: int) -> None:
     assert totals["stake"] == sum(p.stake for p in providers)
     assert totals["unbonding"] == sum(p.unbonding for p in providers)
     held = f.balance(f.contract.address)
-    assert held == totals["stake"] + totals["unbonding"] + totals["slashed"]
+    assert held == totals["stake"] + totals["unbonding"] + totals["slashed"] + totals["bonds"]
     supply = f.token.functions.totalSupply().call()
     assert supply == supply0 + totals["claimed"]
     members = sum(f.node(n.address).pool == w.pool for n in (w.n1, w.n2, w.n3))

@@ -25,7 +25,8 @@ from orchestrator.net import SRC, Service, write_toml
 
 TOKEN = 10**18
 PARAMS = ProtocolParams(min_stake=100 * TOKEN, stake_per_unit=10 * TOKEN, unbonding_delay=7200,
-                        invalidation_window=3600, lock_period=7200, slash_penalty=50 * TOKEN)
+                        invalidation_window=3600, lock_period=7200, slash_penalty=50 * TOKEN,
+                        verdict_bond=0, dispute_period=0)  # verdicts final at once
 PASSWORD = "correct horse"
 # the pool's public rules: the orchestrator publishes them ([rules]), validators and workers may
 # pin them ([rules]: each pin must equal the published value); every worker runs meshrl's CPU

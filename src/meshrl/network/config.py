@@ -103,7 +103,8 @@ class NetworkConfig(Config):
     anvil: str = Field("", description="anvil binary (default: node_modules/.bin, then PATH)")
     chain: ProtocolParams = ProtocolParams(
         min_stake=100 * TOKEN, stake_per_unit=10 * TOKEN, unbonding_delay=600,
-        invalidation_window=600, lock_period=600, slash_penalty=50 * TOKEN)
+        invalidation_window=600, lock_period=600, slash_penalty=50 * TOKEN,
+        verdict_bond=0, dispute_period=0)  # verdicts final at once: validators post no bond yet
     poll_s: float = Field(0.25, gt=0, description="how often the orchestrator reads the chain and "
                           "the validator and trainer look for new work: each poll is latency "
                           "on every step's path from a worker to the trainer")

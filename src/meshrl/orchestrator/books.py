@@ -2,13 +2,15 @@
 earned / claimed / claimable, kept from the contract events the follower applies.
 
 The rules mirror `work.vy` (and `meshrl.protocol.history`, the report's source):
-- a reward is earned while its item is valid: submitted and not wiped, or claimed;
-- a hard invalidation wipes every item of the node generation it was done in that is still
-  locked at the generation's first judgment (unlock_at > wiped_at); wipes are final;
-- a node generation ends when the node is ejected (from any pool), removed, or judged while the
-  judged work's generation is still current. The follower reads every event from deployment,
-  so a local generation counter per node partitions the items exactly as the chain's does;
-- claimable now: submitted, not wiped, unlocked at the latest block seen.
+- a reward is earned while its item is valid: submitted and not wiped, or claimed; an accused
+  item is not, until its verdict is overturned (`VerdictOverturned`);
+- hard verdicts are numbered per (provider, node) (`WorkAccused.index`, in any pool), and an item
+  notes how many came before it; an upheld one (`RewardsWiped`, which may come from another
+  pool) wipes the provider's items of that node made before it whose invalidation windows
+  (fixed at submission) were still open at it; at each item the first verdict after it that
+  was not overturned decides: upheld, wiped; open, the item waits. The follower reads every
+  event from deployment, so its numbering is the chain's;
+- claimable now: submitted, not wiped, under no open verdict, unlocked at the latest block seen.
 
 Token amounts exceed SQLite's 64-bit integers, so they are stored as decimal text. Chain calls
 are kept to block timestamps (batched), one stake read per touched provider per poll, and one
@@ -46,13 +48,23 @@ CREATE TABLE IF NOT EXISTS wipes (
 );
 CREATE TABLE IF NOT EXISTS pending (kind TEXT NOT NULL, key TEXT NOT NULL, at INTEGER NOT NULL,
                                     PRIMARY KEY (kind, key, at));
+CREATE TABLE IF NOT EXISTS verdicts (
+    provider TEXT NOT NULL, node TEXT NOT NULL, idx INTEGER NOT NULL, at INTEGER NOT NULL,
+    work_id TEXT NOT NULL, state TEXT NOT NULL, PRIMARY KEY (provider, node, idx)
+);
+CREATE INDEX IF NOT EXISTS verdicts_work ON verdicts (work_id);
 """
+# columns added to `works` after its first schema (a database from before gains them)
+WORK_COLUMNS = (("judge_until", "INTEGER NOT NULL DEFAULT 0"),
+                ("verdicts_before", "INTEGER NOT NULL DEFAULT 0"))
 
 STAKE_EVENTS = ("ProviderRegistered", "StakeAdded", "UnstakeRequested", "Withdrawn", "Slashed")
-TIMED = ("WorkSubmitted", "WorkInvalidated", "RewardsClaimed")  # need their block's timestamp
+TIMED = ("WorkSubmitted", "WorkInvalidated", "RewardsClaimed", "WorkAccused")  # block times
 LOCK = "lock_period"
+WINDOW = "invalidation_window"
 CHAIN_TIME = "chain_time"
-SUBMITTED, CLAIMED = "submitted", "claimed"
+SUBMITTED, CLAIMED, ACCUSED = "submitted", "claimed", "accused"
+OPEN, UPHELD, OVERTURNED = "open", "upheld", "overturned"
 CLAIMED_CODE = 4  # WorkStatus.CLAIMED on chain
 
 
@@ -72,6 +84,10 @@ class Books:
     def __init__(self, db: sqlite3.Connection, pool_id: int) -> None:
         self.db, self.pool_id = db, pool_id
         db.executescript(SCHEMA)
+        have = {r[1] for r in db.execute("PRAGMA table_info(works)")}
+        for name, decl in WORK_COLUMNS:
+            if name not in have:
+                db.execute(f"ALTER TABLE works ADD COLUMN {name} {decl}")
 
     # meta (the orchestrator's meta table)
     def _meta(self, key: str) -> int | None:
@@ -83,10 +99,13 @@ class Books:
                         "SET value = excluded.value", (key, str(value)))
 
     def has_lock_period(self) -> bool:
-        return self._meta(LOCK) is not None
+        return self._meta(LOCK) is not None and self._meta(WINDOW) is not None
 
-    def set_lock_period(self, seconds: int) -> None:
+    def set_lock_period(self, seconds: int, window: int | None = None) -> None:
+        """The lock period and invalidation window new items are submitted under."""
         self._set_meta(LOCK, seconds)
+        if window is not None:
+            self._set_meta(WINDOW, window)
 
     def set_chain_time(self, ts: int) -> None:
         self._set_meta(CHAIN_TIME, ts)
@@ -128,12 +147,20 @@ class Books:
             self._next_generation(a["node"].lower())
         elif ev.name == "WorkSubmitted" and a["pool"] == self.pool_id:
             self._submitted(a, int(ts or 0), provider_of)
+        elif ev.name == "WorkAccused":
+            self._accused(a, int(ts or 0))
         elif ev.name == "WorkInvalidated":
-            self._invalidated(a, int(ts or 0))
+            self._invalidated(a)
+        elif ev.name == "RewardsWiped":
+            self.db.execute("UPDATE verdicts SET state = ? WHERE provider = ? AND node = ? AND "
+                            "idx = ?", (UPHELD, a["provider"].lower(), a["node"].lower(),
+                                        a["index"]))
+        elif ev.name == "VerdictOverturned":
+            self._overturned(bytes(a["work_id"]).hex())
         elif ev.name == "RewardsClaimed":
             self._claimed(a["provider"].lower(), ev.tx_hash, int(ts or 0))
         elif ev.name == "WorkParamsSet":
-            self.set_lock_period(a["lock_period"])
+            self.set_lock_period(a["lock_period"], a["invalidation_window"])
         elif ev.name in STAKE_EVENTS:
             p = a["provider"].lower()
             if self.db.execute("SELECT 1 FROM providers WHERE address = ?", (p,)).fetchone():
@@ -141,38 +168,65 @@ class Books:
 
     def _submitted(self, a: dict[str, Any], ts: int, provider_of: dict[str, str]) -> None:
         wid, node = bytes(a["work_id"]).hex(), a["node"].lower()
-        lock = self._meta(LOCK) or 0
+        provider = provider_of.get(node, "").lower()
+        lock, window = self._meta(LOCK) or 0, self._meta(WINDOW) or 0
+        before = self.db.execute("SELECT count(*) FROM verdicts WHERE provider = ? AND node = ?",
+                                 (provider, node)).fetchone()[0]
         cur = self.db.execute(
-            "INSERT OR IGNORE INTO works VALUES (?, ?, ?, ?, ?, ?, ?, 0)",
-            (wid, node, provider_of.get(node, "").lower(), str(a["reward"]), ts + lock,
-             self._generation(node), SUBMITTED))
+            "INSERT OR IGNORE INTO works (work_id, node, provider, reward, unlock_at, generation,"
+            " status, wiped, judge_until, verdicts_before) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?)",
+            (wid, node, provider, str(a["reward"]), ts + lock, self._generation(node), SUBMITTED,
+             ts + window, before))
         if cur.rowcount:
             self._add(node, "earned", a["reward"])
 
-    def _invalidated(self, a: dict[str, Any], ts: int) -> None:
+    def _accused(self, a: dict[str, Any], ts: int) -> None:
         wid = bytes(a["work_id"]).hex()
-        row = self.db.execute("SELECT node, reward, generation, status FROM works "
-                              "WHERE work_id = ?", (wid,)).fetchone()
-        if row is None or row[3] != SUBMITTED:
+        if a["hard"]:  # numbered per (provider, node), whatever the pool
+            self.db.execute("INSERT OR IGNORE INTO verdicts VALUES (?, ?, ?, ?, ?, ?)",
+                            (a["provider"].lower(), a["node"].lower(), a["index"] - 1, ts, wid,
+                             OPEN))
+        row = self.db.execute("SELECT node, reward FROM works WHERE work_id = ? AND status = ?",
+                              (wid, SUBMITTED)).fetchone()
+        if row is not None:  # this pool's item: its reward waits for the verdict
+            self.db.execute("UPDATE works SET status = ? WHERE work_id = ?", (ACCUSED, wid))
+            self._add(row[0], "earned", -int(row[1]))
+
+    def _overturned(self, wid: str) -> None:
+        self.db.execute("UPDATE verdicts SET state = ? WHERE work_id = ?", (OVERTURNED, wid))
+        row = self.db.execute("SELECT node, reward FROM works WHERE work_id = ? AND status = ?",
+                              (wid, ACCUSED)).fetchone()
+        if row is not None:
+            self.db.execute("UPDATE works SET status = ? WHERE work_id = ?", (SUBMITTED, wid))
+            self._add(row[0], "earned", int(row[1]))
+
+    def _invalidated(self, a: dict[str, Any]) -> None:
+        wid = bytes(a["work_id"]).hex()
+        row = self.db.execute("SELECT node, reward, status FROM works WHERE work_id = ?",
+                              (wid,)).fetchone()
+        if row is None or row[2] not in (SUBMITTED, ACCUSED):
             return  # not this pool's work, or applied before
-        node, reward, gen = row[0], int(row[1]), int(row[2])
+        node, reward = row[0], int(row[1])
         status = "hard_invalidated" if a["hard"] else "soft_invalidated"
         self.db.execute("UPDATE works SET status = ? WHERE work_id = ?", (status, wid))
-        self._add(node, "earned", -reward)
-        if not a["hard"]:
-            return
-        self._add(node, "slashed", a["slashed"])
-        first = self.db.execute("INSERT OR IGNORE INTO wipes VALUES (?, ?, ?)", (node, gen, ts))
-        if first.rowcount:  # the first judgment of a generation fixes its wipe time
-            wiped = self.db.execute(
-                "SELECT work_id, reward FROM works WHERE node = ? AND generation = ? AND "
-                "status = ? AND wiped = 0 AND unlock_at > ?",
-                (node, gen, SUBMITTED, ts)).fetchall()
-            for w, r in wiped:
-                self.db.execute("UPDATE works SET wiped = 1 WHERE work_id = ?", (w,))
-                self._add(node, "earned", -int(r))
-        if gen == self._generation(node):  # not ejected (that event came first): ends here
-            self._next_generation(node)
+        if row[2] == SUBMITTED:
+            self._add(node, "earned", -reward)
+        if a["hard"]:
+            self._add(node, "slashed", a["slashed"])
+
+    def _standing(self, provider: str, node: str, before: int, judge_until: int) -> str:
+        """What the verdicts on (provider, node) say of an item (as `work.vy`'s `_standing`):
+        'clear', 'wiped' or 'disputed'."""
+        for at, state in self.db.execute(
+                "SELECT at, state FROM verdicts WHERE provider = ? AND node = ? AND idx >= ? "
+                "ORDER BY idx", (provider, node, before)):
+            if int(at) >= judge_until:
+                break
+            if state == UPHELD:
+                return "wiped"
+            if state == OPEN:
+                return "disputed"
+        return "clear"
 
     def _candidates(self, provider: str, ts: int) -> list[tuple[str, str, int]]:
         rows = self.db.execute("SELECT work_id, node, reward FROM works WHERE provider = ? AND "
@@ -226,16 +280,24 @@ class Books:
         """Per node (lower-case address) of this pool."""
         now = self._meta(CHAIN_TIME) or 0
         claimable: dict[str, int] = {}
-        for node, reward in self.db.execute(
-                "SELECT node, reward FROM works WHERE status = ? AND wiped = 0 AND "
-                "unlock_at <= ?", (SUBMITTED, now)):
-            claimable[node] = claimable.get(node, 0) + int(reward)
+        wiped: dict[str, int] = {}
+        judged = {(p, n) for p, n in self.db.execute("SELECT DISTINCT provider, node FROM "
+                                                      "verdicts")}
+        for node, provider, reward, unlock_at, judge_until, before in self.db.execute(
+                "SELECT node, provider, reward, unlock_at, judge_until, verdicts_before FROM "
+                "works WHERE status = ?", (SUBMITTED,)).fetchall():
+            standing = ("clear" if (provider, node) not in judged
+                        else self._standing(provider, node, int(before), int(judge_until)))
+            if standing == "wiped":
+                wiped[node] = wiped.get(node, 0) + int(reward)
+            elif standing == "clear" and int(unlock_at) <= now:
+                claimable[node] = claimable.get(node, 0) + int(reward)
         stakes = dict(self.db.execute("SELECT address, stake FROM providers").fetchall())
         out = {}
         for node, earned, claimed, slashed in self.db.execute(
                 "SELECT node, earned, claimed, slashed FROM accounts"):
-            out[node] = NodeMoney(0, int(slashed), int(earned), int(claimed),
-                                  claimable.get(node, 0))
+            out[node] = NodeMoney(0, int(slashed), int(earned) - wiped.get(node, 0),
+                                  int(claimed), claimable.get(node, 0))
         for node, provider in self.db.execute("SELECT lower(address), lower(provider) "
                                               "FROM nodes"):
             m = out.get(node)

@@ -120,9 +120,10 @@ class ChainView:
         caught up once from the deployment block to the saved cursor, money events only."""
         books = self.books = Books(state.db, self.pool_id)
         if not books.has_lock_period():
-            lock = await self.run(self.protocol.backend.call,
-                                  self.protocol.contract.functions.lock_period())
-            books.set_lock_period(int(lock))
+            f = self.protocol.contract.functions
+            lock = await self.run(self.protocol.backend.call, f.lock_period())
+            window = await self.run(self.protocol.backend.call, f.invalidation_window())
+            books.set_lock_period(int(lock), int(window))
         if state.get_meta(BOOKS):
             return
         upto = self.cursor.next_block

@@ -13,6 +13,7 @@ from meshrl.protocol.config import ProtocolParams
 from meshrl.protocol.events import EventCursor, EventDecoder
 from meshrl.protocol.records import (
     Deployment,
+    DisputeInfo,
     NodeInfo,
     PoolInfo,
     ProviderInfo,
@@ -62,6 +63,10 @@ def deploy(
         p.invalidation_window,
         p.lock_period,
         p.slash_penalty,
+        p.verdict_bond,
+        p.dispute_period,
+        p.vote_period,
+        p.quorum,
     )
     dep = Deployment(backend.chain_id, token, protocol, federator.address, block)
     if own_token:
@@ -141,7 +146,9 @@ class Protocol:
         return self._send(self.token.functions.transfer(to, amount), gas)
 
     def approve(self, spender: str, amount: int) -> Receipt:
-        """Set an allowance outright (racy when changing one non-zero value to another)."""
+        """Set an allowance outright. Racy when changing one non-zero value to another (a
+        spender that front-runs the change spends both): change a live allowance with
+        `increase_allowance` / `decrease_allowance`, as this client does itself."""
         return self._send(self.token.functions.approve(spender, amount))
 
     def increase_allowance(self, spender: str, added: int) -> Receipt:
@@ -173,9 +180,33 @@ class Protocol:
         """First step of a hand-over (the zero address cancels); nothing moves yet."""
         return self._send(self.contract.functions.propose_federator(federator))
 
-    def accept_federator(self) -> Receipt:
-        """Second step, by the proposed account: it takes every federator power."""
-        return self._send(self.contract.functions.accept_federator())
+    def accept_federator(self, keep_grants: bool = False) -> Receipt:
+        """Second step, by the proposed account: it takes every federator power. By default
+        every role of the outgoing tenure is revoked (`handover_roles` lists them first:
+        validators, pool managers, minters); `keep_grants` keeps them but still strips the
+        outgoing key of its own validator and minting rights."""
+        return self._send(self.contract.functions.accept_federator(keep_grants))
+
+    def handover_roles(self) -> dict[str, list]:
+        """The roles a hand-over now would revoke by default: validators and pool managers
+        granted in the current federator's tenure, the minters appointed through the protocol,
+        and which of them the federator key holds itself."""
+        f = self.contract.functions
+        fed = self.federator()
+        named = {e.args["validator"] for e in self.events().poll() if e.name == "ValidatorSet"}
+        validators = sorted(v for v in named if self.is_validator(v))
+        managers = []
+        for pool in range(1, self._view(f.pool_count()) + 1):
+            manager = self._view(f.pool_manager(pool))
+            if int(manager, 16):
+                managers.append((pool, manager))
+        minters = list(self._view(f.granted_minters()))
+        held = sorted({a for a in [*validators, *minters, *(m for _, m in managers)] if a == fed})
+        return {"validators": validators, "pool_managers": managers, "minters": minters,
+                "held_by_federator": held}
+
+    def granted_minters(self) -> list[str]:
+        return list(self._view(self.contract.functions.granted_minters()))
 
     def pending_federator(self) -> str:
         return self._view(self.contract.functions.pending_federator())
@@ -188,13 +219,15 @@ class Protocol:
 
     # stake
     def register_provider(self, amount: int, approve: bool = True) -> Receipt:
+        """Register with `amount` of stake; `approve` raises the protocol's allowance by it
+        first (`increaseAllowance`: an allowance still in use is never overwritten)."""
         if approve:
-            self.approve(self.contract.address, amount)
+            self.increase_allowance(self.contract.address, amount)
         return self._send(self.contract.functions.register_provider(amount))
 
     def add_stake(self, amount: int, approve: bool = True) -> Receipt:
         if approve:
-            self.approve(self.contract.address, amount)
+            self.increase_allowance(self.contract.address, amount)
         return self._send(self.contract.functions.add_stake(amount))
 
     def request_unstake(self, amount: int) -> Receipt:
@@ -202,6 +235,21 @@ class Protocol:
 
     def withdraw(self, gas: int | None = None) -> Receipt:
         return self._send(self.contract.functions.withdraw(), gas)
+
+    # validator bonds
+    def post_bond(self, amount: int, approve: bool = True) -> Receipt:
+        """Add to this validator's bond (a verdict locks `verdict_bond` of it until settled)."""
+        if approve:
+            self.increase_allowance(self.contract.address, amount)
+        return self._send(self.contract.functions.post_bond(amount))
+
+    def withdraw_bond(self, amount: int) -> Receipt:
+        return self._send(self.contract.functions.withdraw_bond(amount))
+
+    def bond(self, who: str | None = None) -> tuple[int, int]:
+        """(bond, locked by open verdicts) of a validator."""
+        f, who = self.contract.functions, who or self.address
+        return self._view(f.bonds(who)), self._view(f.bond_locked(who))
 
     def slash(self, provider: str, amount: int) -> Receipt:
         return self._send(self.contract.functions.slash(provider, amount))
@@ -228,6 +276,7 @@ class Protocol:
             "unbonding": self._view(f.total_unbonding()),
             "slashed": self._view(f.total_slashed()),
             "claimed": self._view(f.total_claimed()),
+            "bonds": self._view(f.total_bonds()),
         }
 
     # nodes
@@ -325,6 +374,10 @@ class Protocol:
     def blacklist_node(self, pool: int, node: str) -> Receipt:
         return self._send(self.contract.functions.blacklist_node(pool, node))
 
+    def pool_manager(self, pool: int) -> str:
+        """The key managing `pool` now (the zero address once a hand-over revoked it)."""
+        return self._view(self.contract.functions.pool_manager(pool))
+
     def pool(self, pool: int) -> PoolInfo:
         return PoolInfo(*self._view(self.contract.functions.pool_info(pool)))
 
@@ -341,10 +394,39 @@ class Protocol:
         return self._send(self.contract.functions.submit_work(pool, node, file_sha256, units))
 
     def hard_invalidate(self, work_id: bytes) -> Receipt:
+        """Accuse work of fraud (final at once when the dispute period is 0, else after it:
+        `settle`)."""
         return self._send(self.contract.functions.hard_invalidate(work_id))
 
     def soft_invalidate(self, work_id: bytes) -> Receipt:
         return self._send(self.contract.functions.soft_invalidate(work_id))
+
+    def challenge(self, work_id: bytes) -> Receipt:
+        """The accused provider disputes the verdict on its work."""
+        return self._send(self.contract.functions.challenge(work_id))
+
+    def vote(self, work_id: bytes, uphold: bool) -> Receipt:
+        """Another validator re-judges a verdict (an overturn vote also challenges it)."""
+        return self._send(self.contract.functions.vote(work_id, uphold))
+
+    def settle(self, work_id: bytes) -> Receipt:
+        """Make a verdict final once its dispute period is over (anyone)."""
+        return self._send(self.contract.functions.settle(work_id))
+
+    def dispute(self, work_id: bytes) -> DisputeInfo:
+        return DisputeInfo(*self._view(self.contract.functions.disputes(work_id)))
+
+    def standing(self, work_id: bytes) -> int:
+        """`Standing.CLEAR`, `WIPED` (an upheld verdict on its node reached it) or `DISPUTED`."""
+        return self._view(self.contract.functions.standing(work_id))
+
+    def set_dispute_params(
+        self, verdict_bond: int, dispute_period: int, vote_period: int, quorum: int
+    ) -> Receipt:
+        fn = self.contract.functions.set_dispute_params(
+            verdict_bond, dispute_period, vote_period, quorum
+        )
+        return self._send(fn)
 
     def claim(self, work_ids: list[bytes], gas: int | None = None) -> Receipt:
         return self._send(self.contract.functions.claim(list(work_ids)), gas)

@@ -45,6 +45,13 @@ class ProtocolParams(Config):
     invalidation_window: int = Field(3600, ge=0, description="seconds validators may invalidate")
     lock_period: int = Field(86400, ge=0, description="seconds before a reward is claimable")
     slash_penalty: int = Field(50 * TOKEN, ge=0, description="stake slashed on hard invalidation")
+    verdict_bond: int = Field(100 * TOKEN, ge=0, description="validator bond locked per open "
+                              "verdict, paid to the provider if the verdict is overturned")
+    dispute_period: int = Field(3600, ge=0, le=30 * 86400, description="seconds a verdict can "
+                                "be challenged before it is final (0: verdicts final at once)")
+    vote_period: int = Field(3600, ge=0, le=30 * 86400, description="seconds a challenge leaves "
+                             "validators at least to vote")
+    quorum: int = Field(1, ge=1, description="upholding votes a challenged verdict needs")
 
     @model_validator(mode="after")
     def _ordered(self) -> ProtocolParams:
@@ -53,6 +60,8 @@ class ProtocolParams(Config):
             raise ValueError("lock_period must be >= invalidation_window")
         if self.unbonding_delay < self.invalidation_window:
             raise ValueError("unbonding_delay must be >= invalidation_window")
+        if self.dispute_period > 0 and self.vote_period == 0:
+            raise ValueError("vote_period must be > 0 when verdicts can be disputed")
         return self
 
 

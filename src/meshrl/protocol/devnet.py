@@ -58,6 +58,7 @@ def setup_devnet(cfg: DevnetConfig) -> dict[str, object]:
     chain = Protocol(backend, dep, fed)
     for v in cfg.validators:
         chain.set_validator(v)
+        chain.mint(v, cfg.provider_tokens * TOKEN)  # enough to post a bond (`post_bond`)
     for p in cfg.providers:
         chain.mint(p, cfg.provider_tokens * TOKEN)
     pool = chain.create_pool(chain.create_domain(cfg.domain), cfg.manager, cfg.reward_rate,

@@ -8,9 +8,11 @@ catches `DuplicateFile` instead of reading the message.
 from __future__ import annotations
 
 __all__ = [
-    "REVERTS", "ChainError", "DuplicateFile", "InvalidationWindowClosed", "InviteExpired",
-    "InviteUsed", "NodeBlacklisted", "NodeNotInPool", "OutOfGas", "TxReverted",
-    "WorkNotPending", "reverted",
+    "REVERTS", "AlreadyVoted", "BondTooLow", "ChainError", "DisputeOpen", "DisputePeriodOver",
+    "DuplicateFile", "InvalidationWindowClosed", "InviteExpired", "InviteUsed",
+    "NodeBlacklisted", "NodeNotInPool", "NotAccused", "NotBonded", "OutOfGas", "TxReverted",
+    "VerdictOverturned", "VerdictPending", "WorkDisputed", "WorkNotPending",
+    "WorkStillJudgeable", "reverted",
 ]
 
 
@@ -56,6 +58,46 @@ class InvalidationWindowClosed(TxReverted):
     """The work's invalidation window has closed: it can no longer be invalidated."""
 
 
+class WorkDisputed(TxReverted):
+    """The item, or a verdict that reaches it, is still open: its reward waits for settlement."""
+
+
+class NotAccused(TxReverted):
+    """No open verdict on this work (never accused, or settled already)."""
+
+
+class DisputeOpen(TxReverted):
+    """The verdict's dispute period is not over: it cannot be settled yet."""
+
+
+class DisputePeriodOver(TxReverted):
+    """The verdict's dispute period is over: no more challenges or votes, only settlement."""
+
+
+class AlreadyVoted(TxReverted):
+    """This validator voted on the verdict before."""
+
+
+class BondTooLow(TxReverted):
+    """The validator's free bond does not cover another open verdict (`verdict_bond`)."""
+
+
+class NotBonded(TxReverted):
+    """A validator without the bond a verdict puts at stake may not vote."""
+
+
+class VerdictOverturned(TxReverted):
+    """The work was accused before and the verdict overturned: it is not judged again."""
+
+
+class VerdictPending(TxReverted):
+    """A verdict against the provider's work is open: its stake stays until it is settled."""
+
+
+class WorkStillJudgeable(TxReverted):
+    """An invalidation window of the provider's work is open: unbonded stake waits for it."""
+
+
 class OutOfGas(TxReverted):
     """The transaction ran out of gas (the backends report it as the reason "out of gas")."""
 
@@ -72,6 +114,16 @@ REVERTS: dict[str, type[TxReverted]] = {
     "pools: invite used": InviteUsed,
     "work: not pending": WorkNotPending,
     "work: invalidation window closed": InvalidationWindowClosed,
+    "work: disputed": WorkDisputed,
+    "work: not accused": NotAccused,
+    "work: dispute open": DisputeOpen,
+    "work: dispute period over": DisputePeriodOver,
+    "work: already voted": AlreadyVoted,
+    "work: not bonded": NotBonded,
+    "work: verdict overturned": VerdictOverturned,
+    "stake: bond too low": BondTooLow,
+    "stake: verdict pending": VerdictPending,
+    "stake: work still judgeable": WorkStillJudgeable,
     "out of gas": OutOfGas,
 }
 

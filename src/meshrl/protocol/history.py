@@ -1,10 +1,12 @@
 """A pool's work as the chain sees it, for reports (`meshrl chain works`): every work item with
 its state and reward, and the invalidations, ejections and claims with their block times.
 
-A reward counts as earned only while its item is valid: submitted and not wiped (a hard
-invalidation of the node wipes every item of its generation still locked at that moment), or
-claimed. `claimable` is the contract's own view (valid, unlocked, not wiped), read at the
-latest block.
+A reward counts as earned only while its item is valid: submitted and not wiped (an upheld
+hard verdict on a provider's node wipes that provider's items of the node submitted before the
+verdict whose invalidation windows were still open at it), or claimed. An accused item is not
+earned unless its verdict is overturned; one that an open verdict reaches is earned but not
+claimable until it is settled. `claimable` is the contract's own view (valid, unlocked, not
+wiped, under no open verdict), read at the latest block.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from meshrl.protocol.chain import Protocol
-from meshrl.protocol.records import WorkStatus
+from meshrl.protocol.records import Standing, WorkStatus
 
 __all__ = ["STATUS_NAMES", "node_rewards", "pool_history"]
 
 STATUS_NAMES = {WorkStatus.SUBMITTED: "submitted", WorkStatus.SOFT_INVALIDATED: "soft_invalidated",
-                WorkStatus.HARD_INVALIDATED: "hard_invalidated", WorkStatus.CLAIMED: "claimed"}
+                WorkStatus.HARD_INVALIDATED: "hard_invalidated", WorkStatus.CLAIMED: "claimed",
+                WorkStatus.ACCUSED: "accused"}
 
 
 class _Times:
@@ -33,30 +36,23 @@ class _Times:
         return self.seen[block]
 
 
-def _wiped_at(p: Protocol, cache: dict[tuple[str, int], int], node: str, gen: int) -> int:
-    if (node, gen) not in cache:
-        fn = p.contract.functions.generation_wiped_at(node, gen)
-        cache[(node, gen)] = int(p.backend.call(fn))
-    return cache[(node, gen)]
-
-
-def _work(p: Protocol, e: Any, wipes: dict[tuple[str, int], int]) -> dict[str, Any]:
+def _work(p: Protocol, e: Any) -> dict[str, Any]:
     wid = bytes(e.args["work_id"])
     w = p.work(wid)
-    wiped_at = _wiped_at(p, wipes, w.node, w.generation)
-    wiped = w.status == WorkStatus.SUBMITTED and wiped_at != 0 and w.unlock_at > wiped_at
+    standing = p.standing(wid) if w.status == WorkStatus.SUBMITTED else Standing.CLEAR
+    wiped = standing == Standing.WIPED
     claimable = w.status == WorkStatus.SUBMITTED and not wiped and p.claimable(wid)
     return {"work_id": wid.hex(), "node": w.node, "provider": w.provider,
             "file_sha256": bytes(e.args["file_sha256"]).hex(), "units": w.units,
             "reward": w.reward, "status": STATUS_NAMES.get(w.status, str(w.status)),
-            "submitted_at": w.submitted_at, "unlock_at": w.unlock_at, "wiped": wiped,
-            "claimable": claimable, "block": e.block}
+            "submitted_at": w.submitted_at, "unlock_at": w.unlock_at,
+            "judge_until": w.judge_until, "wiped": wiped,
+            "disputed": standing == Standing.DISPUTED, "claimable": claimable, "block": e.block}
 
 
 def pool_history(p: Protocol, pool: int) -> dict[str, Any]:
     """The pool's work items and the events that judged, ejected and paid them."""
     times = _Times(p)
-    wipes: dict[tuple[str, int], int] = {}
     works: list[dict[str, Any]] = []
     mine: set[bytes] = set()
     providers: set[str] = set()  # claims are per provider: those with work in this pool
@@ -66,7 +62,7 @@ def pool_history(p: Protocol, pool: int) -> dict[str, Any]:
     for e in p.events().poll():
         a = e.args
         if e.name == "WorkSubmitted" and a["pool"] == pool:
-            works.append(_work(p, e, wipes))
+            works.append(_work(p, e))
             mine.add(bytes(a["work_id"]))
             providers.add(works[-1]["provider"].lower())
         elif e.name == "WorkInvalidated" and bytes(a["work_id"]) in mine:
@@ -85,7 +81,8 @@ def pool_history(p: Protocol, pool: int) -> dict[str, Any]:
 
 def node_rewards(works: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     """Per node (lower-case address): rewards earned (valid: claimed, or submitted and not
-    wiped), claimable now, and claimed, in token base units."""
+    wiped; an accused item is not, until its verdict is overturned), claimable now (under no
+    open verdict), and claimed, in token base units."""
     out: dict[str, dict[str, int]] = {}
     for w in works:
         r = out.setdefault(w["node"].lower(), {"earned": 0, "claimable": 0, "claimed": 0})

@@ -11,11 +11,13 @@ from meshrl.protocol.events import Event
 
 __all__ = [
     "Deployment",
+    "DisputeInfo",
     "NodeInfo",
     "PoolInfo",
     "PoolStatus",
     "ProviderInfo",
     "Receipt",
+    "Standing",
     "WorkInfo",
     "WorkStatus",
 ]
@@ -26,7 +28,13 @@ class PoolStatus:
 
 
 class WorkStatus:
-    NONE, SUBMITTED, SOFT_INVALIDATED, HARD_INVALIDATED, CLAIMED = 0, 1, 2, 3, 4
+    NONE, SUBMITTED, SOFT_INVALIDATED, HARD_INVALIDATED, CLAIMED, ACCUSED = 0, 1, 2, 3, 4, 5
+
+
+class Standing:
+    """What the verdicts on a provider's node say of one of its items (`Protocol.standing`)."""
+
+    CLEAR, WIPED, DISPUTED = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -100,5 +108,24 @@ class WorkInfo:
     reward: int
     submitted_at: int
     unlock_at: int
-    generation: int
+    judge_until: int  # its invalidation window closes then (fixed at submission)
+    accusations_before: int  # hard verdicts on its provider's node made before it
     status: int
+
+
+@dataclass(frozen=True)
+class DisputeInfo:
+    """A verdict on a work item while it can be disputed, and after."""
+
+    validator: str  # who made it
+    at: int  # when
+    index: int  # 1 + its number among the provider's hard verdicts on the node; 0: soft
+    bond: int  # of the validator's bond, locked until settled (lost if overturned)
+    until: int  # challenges and votes are taken until then
+    challenged: bool
+    uphold: int
+    overturn: int
+
+    @property
+    def hard(self) -> bool:
+        return self.index != 0

@@ -89,6 +89,8 @@ pool_info: public(HashMap[uint256, Pool])
 pool_count: public(uint256)
 invite_used: public(HashMap[bytes32, bool])
 blacklisted: public(HashMap[uint256, HashMap[address, bool]])
+# The federator tenure that appointed each pool's manager (a hand-over voids older ones).
+manager_epoch: public(HashMap[uint256, uint256])
 
 
 @external
@@ -134,6 +136,7 @@ def create_pool(domain: uint256, manager: address, reward_rate: uint256, max_uni
         max_units=max_units,
         min_interval=0,
     )
+    self.manager_epoch[pid] = roles.federator_epoch
     log PoolCreated(pool=pid, domain=domain, manager=manager, reward_rate=reward_rate)
     log PoolLimitsSet(pool=pid, max_units=max_units, min_interval=0)
     return pid
@@ -184,7 +187,8 @@ def set_reward_rate(pool: uint256, reward_rate: uint256):
 def set_pool_manager(pool: uint256, manager: address):
     """
     @notice Replace a pool's manager key (e.g. after a federator hand-over, or a leaked key).
-    @dev Federator only. Invites the old key signed stop working at once.
+    @dev Federator only. Invites the old key signed stop working at once. The appointment
+         belongs to the current federator tenure (a hand-over revokes it by default).
     @param pool The pool id.
     @param manager The new manager.
     """
@@ -192,6 +196,7 @@ def set_pool_manager(pool: uint256, manager: address):
     assert self.pool_info[pool].status != 0, "pools: unknown pool"
     assert manager != empty(address), "pools: zero address"
     self.pool_info[pool].manager = manager
+    self.manager_epoch[pool] = roles.federator_epoch
     log PoolManagerSet(pool=pool, manager=manager)
 
 
@@ -237,7 +242,7 @@ def join_pool(pool: uint256, node: address, nonce: uint256, expiry: uint256, sig
     stake._check_covered(nodes.node_info[node].provider)
     digest: bytes32 = self._invite_digest(p.domain, pool, node, nonce, expiry)
     assert not self.invite_used[digest], "pools: invite used"
-    assert sig._recover(digest, signature) == p.manager, "pools: bad invite signature"
+    assert sig._recover(digest, signature) == self._manager(pool), "pools: bad invite signature"
     self.invite_used[digest] = True
     nodes._set_pool(node, pool)
     self.pool_info[pool].node_count += 1
@@ -304,6 +309,25 @@ def _invite_digest(domain: uint256, pool: uint256, node: address, nonce: uint256
     return keccak256(abi_encode(self, chain.id, domain, pool, node, generation, nonce, expiry))
 
 
+@external
+@view
+def pool_manager(pool: uint256) -> address:
+    """
+    @notice The key that manages `pool` now (empty when a hand-over revoked its appointment).
+    @param pool The pool id.
+    @return The manager, or the empty address.
+    """
+    return self._manager(pool)
+
+
+@internal
+@view
+def _manager(pool: uint256) -> address:
+    if self.manager_epoch[pool] != roles.federator_epoch:
+        return empty(address)
+    return self.pool_info[pool].manager
+
+
 @internal
 @pure
 def _check_max_units(max_units: uint256):
@@ -314,7 +338,7 @@ def _check_max_units(max_units: uint256):
 @view
 def _check_admin(pool: uint256):
     assert self.pool_info[pool].status != 0, "pools: unknown pool"
-    assert msg.sender == roles.federator or msg.sender == self.pool_info[pool].manager, "pools: not pool admin"
+    assert msg.sender == roles.federator or msg.sender == self._manager(pool), "pools: not pool admin"
 
 
 @internal

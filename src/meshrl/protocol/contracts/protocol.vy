@@ -1,4 +1,6 @@
 # pragma version ~=0.4.3
+# pragma optimize codesize
+# pragma experimental-codegen
 """
 @title meshrl protocol
 @notice One contract composed of the roles, stake, nodes, pools and work modules.
@@ -40,7 +42,12 @@ def __init__(
     invalidation_window: uint256,
     lock_period: uint256,
     slash_penalty: uint256,
+    verdict_bond: uint256,
+    dispute_period: uint256,
+    vote_period: uint256,
+    quorum: uint256,
 ):
     roles.__init__()
     stake.__init__(token, min_stake, stake_per_unit, unbonding_delay)
     work.__init__(invalidation_window, lock_period, slash_penalty)
+    work._set_dispute_params(verdict_bond, dispute_period, vote_period, quorum)

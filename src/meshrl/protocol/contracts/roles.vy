@@ -4,6 +4,11 @@
 @notice The federator administers domains, pools, reward rates, the validator set and the
         token (through the protocol); validators verify work and may invalidate it. The role
         changes hands in two steps (propose, accept), and with it every power it carries.
+@dev Every validator grant and pool-manager appointment belongs to the federator tenure
+     (`federator_epoch`) that made it. A hand-over revokes them all by default (the new
+     federator re-grants whom it trusts); a new federator that keeps them still strips the
+     outgoing key of its own validator right. The token minters the outgoing federator
+     appointed are revoked by the treasury (`treasury._revoke_minters`).
 """
 
 event ValidatorSet:
@@ -17,11 +22,15 @@ event FederatorProposed:
 event FederatorTransferred:
     previous: indexed(address)
     federator: indexed(address)
+    revoked: bool
 
 
 federator: public(address)
 pending_federator: public(address)
-validators: public(HashMap[address, bool])
+# The tenure of the current federator; grants of an earlier tenure are void unless kept.
+federator_epoch: public(uint256)
+# validator -> 1 + the tenure that granted it (0: not a validator)
+validator_grant: public(HashMap[address, uint256])
 
 
 @deploy
@@ -32,15 +41,26 @@ def __init__():
 @external
 def set_validator(validator: address, enabled: bool):
     """
-    @notice Grant or revoke the validator role.
-    @dev Federator only.
+    @notice Grant or revoke the validator role (a validator acts only with a bond posted).
+    @dev Federator only; the grant belongs to the current federator's tenure.
     @param validator The account to change.
     @param enabled True to grant, False to revoke.
     """
     self._check_federator()
     assert validator != empty(address), "roles: zero address"
-    self.validators[validator] = enabled
+    self.validator_grant[validator] = self.federator_epoch + 1 if enabled else 0
     log ValidatorSet(validator=validator, enabled=enabled)
+
+
+@external
+@view
+def validators(validator: address) -> bool:
+    """
+    @notice Whether `validator` holds the validator role now.
+    @param validator The account.
+    @return True when granted in the current federator tenure.
+    """
+    return self._is_validator(validator)
 
 
 @external
@@ -55,16 +75,24 @@ def propose_federator(federator: address):
     log FederatorProposed(federator=msg.sender, proposed=federator)
 
 
-@external
-def accept_federator():
-    """
-    @notice Take over the federator role (and with it the protocol's token powers).
-    @dev Only the proposed account; the old federator keeps no power.
-    """
+@internal
+def _accept_federator(revoke: bool):
     assert msg.sender == self.pending_federator, "roles: not proposed federator"
-    log FederatorTransferred(previous=self.federator, federator=msg.sender)
+    previous: address = self.federator
+    if revoke:
+        self.federator_epoch += 1  # every validator grant and pool manager of the old tenure
+    elif self.validator_grant[previous] != 0:
+        self.validator_grant[previous] = 0
+        log ValidatorSet(validator=previous, enabled=False)
+    log FederatorTransferred(previous=previous, federator=msg.sender, revoked=revoke)
     self.federator = msg.sender
     self.pending_federator = empty(address)
+
+
+@internal
+@view
+def _is_validator(validator: address) -> bool:
+    return self.validator_grant[validator] == self.federator_epoch + 1
 
 
 @internal
@@ -76,4 +104,4 @@ def _check_federator():
 @internal
 @view
 def _check_validator():
-    assert self.validators[msg.sender], "roles: not validator"
+    assert self._is_validator(msg.sender), "roles: not validator"

@@ -6,7 +6,13 @@
         invalidation window (so stake cannot leave before its last work is judged). Stake is
         slashed by hard invalidations of work, or by the federator.
 @dev Slashed tokens stay in the contract (`total_slashed`) until the federator collects them.
-     Invariant: total_stake == sum(stake), total_unbonding == sum(unbonding).
+     A withdrawal also waits until no invalidation window can still judge the provider's
+     work (`judgeable_until`) and no verdict against it is still open (`open_verdicts`).
+     Validators post bonds here (`post_bond`); a verdict locks part of its validator's bond
+     until it is settled, and an overturned verdict hands that part to the wronged provider's
+     stake.
+     Invariant: total_stake == sum(stake), total_unbonding == sum(unbonding),
+     total_bonds == sum(bonds).
 """
 
 from ethereum.ercs import IERC20
@@ -43,6 +49,19 @@ event Slashed:
     amount: uint256
     by: indexed(address)
 
+event BondPosted:
+    validator: indexed(address)
+    amount: uint256
+
+event BondWithdrawn:
+    validator: indexed(address)
+    amount: uint256
+
+event BondForfeited:
+    validator: indexed(address)
+    provider: indexed(address)
+    amount: uint256
+
 event StakeParamsSet:
     min_stake: uint256
     stake_per_unit: uint256
@@ -59,6 +78,13 @@ stake_per_unit: public(uint256)
 unbonding_delay: public(uint256)
 # The work module's invalidation window, mirrored here so the two parameters stay ordered.
 min_unbonding_delay: public(uint256)
+# provider -> the latest time an invalidation window of its submitted work closes
+judgeable_until: public(HashMap[address, uint256])
+# provider -> verdicts against its work not yet settled
+open_verdicts: public(HashMap[address, uint256])
+bonds: public(HashMap[address, uint256])
+bond_locked: public(HashMap[address, uint256])
+total_bonds: public(uint256)
 
 
 @deploy
@@ -126,6 +152,8 @@ def withdraw() -> uint256:
     p: Provider = self.providers[msg.sender]
     assert p.unbonding > 0, "stake: nothing unbonding"
     assert block.timestamp >= p.unlock_at, "stake: still unbonding"
+    assert block.timestamp >= self.judgeable_until[msg.sender], "stake: work still judgeable"
+    assert self.open_verdicts[msg.sender] == 0, "stake: verdict pending"
     self.providers[msg.sender].unbonding = 0
     self.total_unbonding -= p.unbonding
     assert extcall self.token.transfer(msg.sender, p.unbonding, default_return_value=True), "stake: transfer failed"
@@ -162,6 +190,35 @@ def collect_slashed(receiver: address) -> uint256:
     self.total_slashed = 0
     assert extcall self.token.transfer(receiver, amount, default_return_value=True), "stake: transfer failed"
     return amount
+
+
+@external
+@nonreentrant
+def post_bond(amount: uint256):
+    """
+    @notice Add `amount` to the caller's validator bond (needs a token allowance).
+    @dev Each open verdict of a validator locks `verdict_bond` of it.
+    @param amount The amount to add; must be positive.
+    """
+    assert amount > 0, "stake: zero amount"
+    self.bonds[msg.sender] += amount
+    self.total_bonds += amount
+    assert extcall self.token.transferFrom(msg.sender, self, amount, default_return_value=True), "stake: transfer failed"
+    log BondPosted(validator=msg.sender, amount=amount)
+
+
+@external
+@nonreentrant
+def withdraw_bond(amount: uint256):
+    """
+    @notice Withdraw `amount` of the caller's bond not locked by open verdicts.
+    @param amount The amount to withdraw.
+    """
+    assert amount <= self.bonds[msg.sender] - self.bond_locked[msg.sender], "stake: bond locked"
+    self.bonds[msg.sender] -= amount
+    self.total_bonds -= amount
+    assert extcall self.token.transfer(msg.sender, amount, default_return_value=True), "stake: transfer failed"
+    log BondWithdrawn(validator=msg.sender, amount=amount)
 
 
 @external
@@ -235,6 +292,40 @@ def _slash(provider: address, amount: uint256) -> uint256:
 
 
 @internal
+@view
+def _owed() -> uint256:
+    return self.total_stake + self.total_unbonding + self.total_slashed + self.total_bonds
+
+
+@internal
+def _note_deadline(provider: address, deadline: uint256):
+    if deadline > self.judgeable_until[provider]:
+        self.judgeable_until[provider] = deadline
+
+
+@internal
+def _lock_bond(validator: address, amount: uint256):
+    assert self.bonds[validator] - self.bond_locked[validator] >= amount, "stake: bond too low"
+    self.bond_locked[validator] += amount
+
+
+@internal
+def _release_bond(validator: address, amount: uint256):
+    self.bond_locked[validator] -= amount
+
+
+@internal
+def _forfeit_bond(validator: address, amount: uint256, provider: address):
+    # The locked part of an overturned verdict's bond becomes the wronged provider's stake.
+    self.bond_locked[validator] -= amount
+    self.bonds[validator] -= amount
+    self.total_bonds -= amount
+    self.providers[provider].stake += amount
+    self.total_stake += amount
+    log BondForfeited(validator=validator, provider=provider, amount=amount)
+
+
+@internal
 def _set_min_unbonding_delay(delay: uint256):
     assert self.unbonding_delay >= delay, "work: window longer than unbonding"
     self.min_unbonding_delay = delay
@@ -250,3 +341,13 @@ def _add_units(provider: address, units: uint256):
 @internal
 def _remove_units(provider: address, units: uint256):
     self.providers[provider].compute_units -= units
+
+
+@internal
+def _open_verdict(provider: address):
+    self.open_verdicts[provider] += 1
+
+
+@internal
+def _close_verdict(provider: address):
+    self.open_verdicts[provider] -= 1

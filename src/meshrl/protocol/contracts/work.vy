@@ -1,20 +1,30 @@
 # pragma version ~=0.4.3
 """
-@title Work and rewards
+@title Work, verdicts and rewards
 @notice A node's provider submits work (pool, node, file sha256, work units). The work item
         is keyed by its work id, keccak256(abi_encode(node, file sha256)): a file is bound to
         the node that submits it, so a copied hash neither blocks the honest submission nor
         passes validation (the rollout file names its node). Units are bounded per file by
-        the pool; the provider's stake must cover its nodes to submit or claim. Within the
-        invalidation window a validator may hard-invalidate an item (work voided; the locked
-        rewards of the node generation the work was done in wiped; the node ejected from the
-        work's pool if its provider still has it there; that provider slashed by
-        `slash_penalty`) or soft-invalidate it (work voided, no slash). Valid work earns the
-        pool's rate per unit (fixed at submission), claimable once after `lock_period`.
-@dev Wiping is O(1): it records when a node generation was judged, and every item of that
-     generation still locked at that moment is void. A generation ends when the node changes
-     provider, is ejected, or is judged, so one judgment never reaches another provider's or
-     a later chapter's rewards.
+        the pool; the provider's stake must cover its nodes to submit or claim.
+        Within the item's invalidation window (fixed at submission) a bonded validator may
+        accuse it: hard (fraud) or soft (wrong, not fraudulent). An accusation locks
+        `verdict_bond` of the validator's bond and the item's reward; a hard one also ejects
+        the node from the work's pool (if its provider still has it there). During the
+        dispute period other validators may vote on it, and the provider may challenge it (a
+        vote to overturn is a challenge too); a challenge leaves validators at least
+        `vote_period` to vote. A challenged verdict stands only if at least `quorum` other
+        validators uphold it and more uphold than overturn; an unchallenged one stands at the
+        end of the dispute period. Anyone settles: an upheld hard verdict slashes the provider by
+        `slash_penalty` and wipes the provider's other unchecked items of that node (those
+        submitted before the accusation whose windows were still open at it, across node
+        generations); an overturned verdict restores the item and hands the validator's locked
+        bond to the provider's stake. Valid work earns the pool's rate per unit (fixed at
+        submission), claimable once after `lock_period`.
+@dev A wipe is O(1) to record: the provider's accusations of a node are numbered, and an item
+     notes how many came before it. At a claim, the first accusation after the item that was
+     not overturned decides: made before the item's window closed and upheld, the item is
+     wiped; still open, the item waits. With `dispute_period == 0` a verdict is settled in
+     the transaction that makes it (no dispute).
 """
 
 from . import roles
@@ -34,7 +44,16 @@ SUBMITTED: constant(uint8) = 1
 SOFT_INVALIDATED: constant(uint8) = 2
 HARD_INVALIDATED: constant(uint8) = 3
 CLAIMED: constant(uint8) = 4
+ACCUSED: constant(uint8) = 5
 MAX_CLAIM: constant(uint256) = 64
+# Overturned accusations a claim looks past (each cost a validator its bond, paid to the
+# provider); an item with more in its window stays locked.
+MAX_SCAN: constant(uint256) = 16
+MAX_DISPUTE_PERIOD: constant(uint256) = 30 * 86400
+# What a claim finds when it looks at the accusations after an item.
+CLEAR: constant(uint8) = 0
+WIPED: constant(uint8) = 1
+DISPUTED: constant(uint8) = 2
 
 struct Work:
     pool: uint256
@@ -44,8 +63,19 @@ struct Work:
     reward: uint256
     submitted_at: uint256
     unlock_at: uint256
-    generation: uint256
+    judge_until: uint256
+    accusations_before: uint256
     status: uint8
+
+struct Dispute:
+    validator: address
+    at: uint256
+    index: uint256  # 1 + its number among the provider's accusations of the node; 0: soft
+    bond: uint256
+    until: uint256  # votes and challenges are taken until then
+    challenged: bool
+    uphold: uint256
+    overturn: uint256
 
 event WorkSubmitted:
     work_id: indexed(bytes32)
@@ -55,12 +85,43 @@ event WorkSubmitted:
     units: uint256
     reward: uint256
 
+event WorkAccused:
+    work_id: indexed(bytes32)
+    provider: indexed(address)
+    node: indexed(address)
+    hard: bool
+    index: uint256
+    validator: address
+    until: uint256
+
+event VerdictChallenged:
+    work_id: indexed(bytes32)
+    by: indexed(address)
+    until: uint256
+
+event VerdictVoted:
+    work_id: indexed(bytes32)
+    validator: indexed(address)
+    uphold: bool
+
+event VerdictOverturned:
+    work_id: indexed(bytes32)
+    validator: indexed(address)
+    provider: indexed(address)
+    forfeited: uint256
+
 event WorkInvalidated:
     work_id: indexed(bytes32)
     node: indexed(address)
     hard: bool
     slashed: uint256
     validator: address
+
+event RewardsWiped:
+    provider: indexed(address)
+    node: indexed(address)
+    index: uint256
+    at: uint256
 
 event RewardsClaimed:
     provider: indexed(address)
@@ -72,15 +133,29 @@ event WorkParamsSet:
     lock_period: uint256
     slash_penalty: uint256
 
+event DisputeParamsSet:
+    verdict_bond: uint256
+    dispute_period: uint256
+    vote_period: uint256
+    quorum: uint256
+
 
 work_info: public(HashMap[bytes32, Work])
-generation_wiped_at: public(HashMap[address, HashMap[uint256, uint256]])
+disputes: public(HashMap[bytes32, Dispute])
+# provider -> node -> hard accusations made so far; and the work id of each, by number
+accusations: public(HashMap[address, HashMap[address, uint256]])
+accused_work: public(HashMap[address, HashMap[address, HashMap[uint256, bytes32]]])
+voted: public(HashMap[bytes32, HashMap[address, bool]])
 last_submission: public(HashMap[address, uint256])
 pool_work_units: public(HashMap[uint256, uint256])
 total_claimed: public(uint256)
 invalidation_window: public(uint256)
 lock_period: public(uint256)
 slash_penalty: public(uint256)
+verdict_bond: public(uint256)
+dispute_period: public(uint256)
+vote_period: public(uint256)
+quorum: public(uint256)
 
 
 @deploy
@@ -93,7 +168,8 @@ def submit_work(pool: uint256, node: address, file_sha256: bytes32, units: uint2
     """
     @notice Record work done by one of the caller's nodes in an active pool.
     @dev The caller's stake must cover its nodes; the pool may require an interval between
-         a node's submissions.
+         a node's submissions. The item's invalidation window is fixed now, and the caller's
+         unbonded stake cannot leave before it closes.
     @param pool The pool the node works for.
     @param node The node that did the work (the rollout file names it).
     @param file_sha256 The sha256 of the rollout file; a node submits each file once.
@@ -114,6 +190,7 @@ def submit_work(pool: uint256, node: address, file_sha256: bytes32, units: uint2
     wid: bytes32 = self._work_id(node, file_sha256)
     assert self.work_info[wid].status == 0, "work: duplicate file"
     reward: uint256 = units * pools.pool_info[pool].reward_rate
+    judge_until: uint256 = block.timestamp + self.invalidation_window
     self.work_info[wid] = Work(
         pool=pool,
         node=node,
@@ -122,51 +199,97 @@ def submit_work(pool: uint256, node: address, file_sha256: bytes32, units: uint2
         reward=reward,
         submitted_at=block.timestamp,
         unlock_at=block.timestamp + self.lock_period,
-        generation=nodes.node_generation[node],
+        judge_until=judge_until,
+        accusations_before=self.accusations[msg.sender][node],
         status=SUBMITTED,
     )
     self.pool_work_units[pool] += units
+    stake._note_deadline(msg.sender, judge_until)
     log WorkSubmitted(work_id=wid, pool=pool, node=node, file_sha256=file_sha256, units=units, reward=reward)
     return wid
 
 
 @external
+@nonreentrant
 def hard_invalidate(work_id: bytes32) -> uint256:
     """
-    @notice Void fraudulent work: wipe the locked rewards of the node generation it was done
-            in, eject the node from the work's pool if its provider still has it there, and
-            slash the provider that did the work by `slash_penalty`.
-    @dev Validators only, within the invalidation window.
-    @param work_id The work to void.
-    @return The amount slashed.
+    @notice Accuse work of fraud: its reward is locked, the node ejected from the work's pool
+            if its provider still has it there, and `verdict_bond` of the caller's bond locked.
+            Upheld, it slashes the provider by `slash_penalty` and wipes its unchecked items
+            of that node; overturned, the caller's locked bond goes to the provider.
+    @dev Bonded validators only, within the item's invalidation window. Settled at once when
+         `dispute_period` is 0.
+    @param work_id The work accused.
+    @return The amount slashed now (0 while the verdict can be disputed).
     """
-    w: Work = self._check_invalidation(work_id)
-    self.work_info[work_id].status = HARD_INVALIDATED
-    self.pool_work_units[w.pool] -= w.units
-    # The first judgment of a generation fixes its wipe time: a later one would spare items
-    # that unlocked in between.
-    if self.generation_wiped_at[w.node][w.generation] == 0:
-        self.generation_wiped_at[w.node][w.generation] = block.timestamp
-    if nodes.node_info[w.node].provider == w.provider and nodes.node_info[w.node].pool == w.pool:
-        pools._eject(w.pool, w.node)  # also ends the generation
-    elif w.generation == nodes.node_generation[w.node]:
-        nodes._next_generation(w.node)
-    slashed: uint256 = stake._slash(w.provider, self.slash_penalty)
-    log WorkInvalidated(work_id=work_id, node=w.node, hard=True, slashed=slashed, validator=msg.sender)
-    return slashed
+    return self._accuse(work_id, True)
 
 
 @external
-def soft_invalidate(work_id: bytes32):
+@nonreentrant
+def soft_invalidate(work_id: bytes32) -> uint256:
     """
-    @notice Void work that is wrong but not fraudulent (e.g. stale); no slash.
-    @dev Validators only, within the invalidation window.
-    @param work_id The work to void.
+    @notice Accuse work of being wrong but not fraudulent (e.g. stale): upheld, the item is
+            void, with no slash and no wipe.
+    @dev Bonded validators only, within the item's invalidation window; disputable like a
+         hard verdict.
+    @param work_id The work accused.
+    @return Always 0 (a soft verdict slashes nothing).
     """
-    w: Work = self._check_invalidation(work_id)
-    self.work_info[work_id].status = SOFT_INVALIDATED
-    self.pool_work_units[w.pool] -= w.units
-    log WorkInvalidated(work_id=work_id, node=w.node, hard=False, slashed=0, validator=msg.sender)
+    return self._accuse(work_id, False)
+
+
+@external
+def challenge(work_id: bytes32):
+    """
+    @notice The accused provider disputes a verdict: it then stands only if at least `quorum`
+            validators other than its maker uphold it, more than overturn it.
+    @dev The accused work's provider, before the dispute period ends; the period then lasts
+         at least `vote_period` more, so that validators can re-judge the file.
+    @param work_id The accused work.
+    """
+    assert self.work_info[work_id].provider == msg.sender, "work: not your work"
+    self._challenge(work_id)
+
+
+@external
+def vote(work_id: bytes32, uphold: bool):
+    """
+    @notice Re-judge a verdict of another validator: uphold it, or overturn it (which also
+            challenges it).
+    @dev Bonded validators other than the verdict's maker, once each, before the dispute
+         period ends.
+    @param work_id The accused work.
+    @param uphold True when the caller's own judgment of the file agrees with the verdict.
+    """
+    roles._check_validator()
+    assert stake.bonds[msg.sender] >= self.verdict_bond, "work: not bonded"
+    assert msg.sender != self.disputes[work_id].validator, "work: own verdict"
+    assert not self.voted[work_id][msg.sender], "work: already voted"
+    self.voted[work_id][msg.sender] = True
+    if uphold:
+        self._check_open(work_id)
+        self.disputes[work_id].uphold += 1
+    else:
+        self._challenge(work_id)
+        self.disputes[work_id].overturn += 1
+    log VerdictVoted(work_id=work_id, validator=msg.sender, uphold=uphold)
+
+
+@external
+@nonreentrant
+def settle(work_id: bytes32) -> uint256:
+    """
+    @notice Make a verdict final once its dispute period is over: unchallenged it stands;
+            challenged it stands with at least `quorum` upholds, more than overturns.
+    @dev Anyone.
+    @param work_id The accused work.
+    @return The amount slashed.
+    """
+    assert self.work_info[work_id].status == ACCUSED, "work: not accused"
+    d: Dispute = self.disputes[work_id]
+    assert block.timestamp >= d.until, "work: dispute open"
+    return self._settle(work_id, not d.challenged or (d.uphold >= self.quorum and d.uphold > d.overturn))
 
 
 @external
@@ -174,23 +297,24 @@ def soft_invalidate(work_id: bytes32):
 def claim(work_ids: DynArray[bytes32, MAX_CLAIM]) -> uint256:
     """
     @notice Claim the rewards of the caller's unlocked, valid work items (minted to the caller).
-    @dev The caller's stake must cover its nodes.
+    @dev The caller's stake must cover its nodes. An item under an open verdict waits.
     @param work_ids The work ids of the items; each can be claimed once.
     @return The amount minted.
     """
     stake._check_covered(msg.sender)
     total: uint256 = 0
     for wid: bytes32 in work_ids:
-        assert self.work_info[wid].provider == msg.sender, "work: not your work"
-        status: uint8 = self.work_info[wid].status
-        assert status != CLAIMED, "work: already claimed"
-        assert status == SUBMITTED, "work: invalidated"
-        unlock_at: uint256 = self.work_info[wid].unlock_at
-        assert block.timestamp >= unlock_at, "work: locked"
-        node: address = self.work_info[wid].node
-        assert not self._wiped(node, self.work_info[wid].generation, unlock_at), "work: rewards wiped"
+        w: Work = self.work_info[wid]
+        assert w.provider == msg.sender, "work: not your work"
+        assert w.status != CLAIMED, "work: already claimed"
+        assert w.status != ACCUSED, "work: disputed"
+        assert w.status == SUBMITTED, "work: invalidated"
+        assert block.timestamp >= w.unlock_at, "work: locked"
+        standing: uint8 = self._standing(w)
+        assert standing != WIPED, "work: rewards wiped"
+        assert standing != DISPUTED, "work: disputed"
         self.work_info[wid].status = CLAIMED
-        total += self.work_info[wid].reward
+        total += w.reward
     self.total_claimed += total
     log RewardsClaimed(provider=msg.sender, amount=total, count=len(work_ids))
     if total > 0:
@@ -203,6 +327,7 @@ def set_work_params(invalidation_window: uint256, lock_period: uint256, slash_pe
     """
     @notice Set the invalidation window, reward lock period and hard-invalidation penalty.
     @dev Federator only. The lock may not be shorter than the window, nor the unbonding delay.
+         Work submitted before keeps the window and lock it was submitted under.
     @param invalidation_window Seconds after submission during which validators may invalidate.
     @param lock_period Seconds after submission before a reward is claimable.
     @param slash_penalty Stake slashed on a hard invalidation.
@@ -212,15 +337,41 @@ def set_work_params(invalidation_window: uint256, lock_period: uint256, slash_pe
 
 
 @external
+def set_dispute_params(verdict_bond: uint256, dispute_period: uint256, vote_period: uint256, quorum: uint256):
+    """
+    @notice Set what a verdict puts at stake and how it is disputed.
+    @dev Federator only; applies to verdicts made from now on. A dispute period of 0 settles
+         every verdict at once (no dispute); otherwise the vote lasts a positive time.
+    @param verdict_bond Bond a validator locks per open verdict (lost if overturned).
+    @param dispute_period Seconds after a verdict during which it can be challenged.
+    @param vote_period Seconds a challenge leaves validators at least to vote.
+    @param quorum Upholding votes a challenged verdict needs to stand (at least 1).
+    """
+    roles._check_federator()
+    self._set_dispute_params(verdict_bond, dispute_period, vote_period, quorum)
+
+
+@external
 @view
 def claimable(work_id: bytes32) -> bool:
     """
     @notice Whether the work item can be claimed now by its provider (stake aside).
     @param work_id The work item.
-    @return True when valid, unclaimed, unlocked and not wiped.
+    @return True when valid, unclaimed, unlocked, not wiped and under no open verdict.
     """
     w: Work = self.work_info[work_id]
-    return w.status == SUBMITTED and block.timestamp >= w.unlock_at and not self._wiped(w.node, w.generation, w.unlock_at)
+    return w.status == SUBMITTED and block.timestamp >= w.unlock_at and self._standing(w) == CLEAR
+
+
+@external
+@view
+def standing(work_id: bytes32) -> uint8:
+    """
+    @notice What the verdicts on the provider's node say of a work item so far.
+    @param work_id The work item.
+    @return 0: clear, 1: wiped by an upheld verdict, 2: under an open verdict.
+    """
+    return self._standing(self.work_info[work_id])
 
 
 @external
@@ -243,20 +394,105 @@ def _work_id(node: address, file_sha256: bytes32) -> bytes32:
 
 @internal
 @view
-def _wiped(node: address, generation: uint256, unlock_at: uint256) -> bool:
-    wiped_at: uint256 = self.generation_wiped_at[node][generation]
-    return wiped_at != 0 and unlock_at > wiped_at
+def _standing(w: Work) -> uint8:
+    # The provider's accusations of the node made after the item, in order, until one made
+    # after the item's window closed: the first not overturned decides.
+    count: uint256 = self.accusations[w.provider][w.node]
+    for j: uint256 in range(MAX_SCAN):
+        k: uint256 = w.accusations_before + j
+        if k >= count:
+            return CLEAR
+        wid: bytes32 = self.accused_work[w.provider][w.node][k]
+        if self.disputes[wid].at >= w.judge_until:
+            return CLEAR
+        status: uint8 = self.work_info[wid].status
+        if status == HARD_INVALIDATED:
+            return WIPED
+        if status == ACCUSED:
+            return DISPUTED
+    return DISPUTED
 
 
 @internal
-@view
-def _check_invalidation(work_id: bytes32) -> Work:
+def _accuse(work_id: bytes32, hard: bool) -> uint256:
     roles._check_validator()
     w: Work = self.work_info[work_id]
     assert w.status != 0, "work: unknown work"
     assert w.status == SUBMITTED, "work: not pending"
-    assert block.timestamp < w.submitted_at + self.invalidation_window, "work: invalidation window closed"
-    return w
+    assert block.timestamp < w.judge_until, "work: invalidation window closed"
+    assert self.disputes[work_id].validator == empty(address), "work: verdict overturned"
+    bond: uint256 = self.verdict_bond
+    stake._lock_bond(msg.sender, bond)
+    self.work_info[work_id].status = ACCUSED
+    self.pool_work_units[w.pool] -= w.units
+    index: uint256 = 0
+    if hard:
+        k: uint256 = self.accusations[w.provider][w.node]
+        self.accused_work[w.provider][w.node][k] = work_id
+        self.accusations[w.provider][w.node] = k + 1
+        index = k + 1
+        stake._open_verdict(w.provider)
+        if nodes.node_info[w.node].provider == w.provider:
+            if nodes.node_info[w.node].pool == w.pool:
+                pools._eject(w.pool, w.node)  # also ends the generation
+            else:
+                nodes._next_generation(w.node)
+    until: uint256 = block.timestamp + self.dispute_period
+    self.disputes[work_id] = Dispute(
+        validator=msg.sender,
+        at=block.timestamp,
+        index=index,
+        bond=bond,
+        until=until,
+        challenged=False,
+        uphold=0,
+        overturn=0,
+    )
+    log WorkAccused(work_id=work_id, provider=w.provider, node=w.node, hard=hard, index=index, validator=msg.sender, until=until)
+    if self.dispute_period == 0:
+        return self._settle(work_id, True)
+    return 0
+
+
+@internal
+def _settle(work_id: bytes32, upheld: bool) -> uint256:
+    w: Work = self.work_info[work_id]
+    d: Dispute = self.disputes[work_id]
+    hard: bool = d.index != 0
+    if hard:
+        stake._close_verdict(w.provider)
+    if not upheld:
+        self.work_info[work_id].status = SUBMITTED
+        self.pool_work_units[w.pool] += w.units
+        stake._forfeit_bond(d.validator, d.bond, w.provider)
+        log VerdictOverturned(work_id=work_id, validator=d.validator, provider=w.provider, forfeited=d.bond)
+        return 0
+    stake._release_bond(d.validator, d.bond)
+    slashed: uint256 = 0
+    if hard:
+        self.work_info[work_id].status = HARD_INVALIDATED
+        slashed = stake._slash(w.provider, self.slash_penalty)
+        log RewardsWiped(provider=w.provider, node=w.node, index=d.index - 1, at=d.at)
+    else:
+        self.work_info[work_id].status = SOFT_INVALIDATED
+    log WorkInvalidated(work_id=work_id, node=w.node, hard=hard, slashed=slashed, validator=d.validator)
+    return slashed
+
+
+@internal
+@view
+def _check_open(work_id: bytes32):
+    assert self.work_info[work_id].status == ACCUSED, "work: not accused"
+    assert block.timestamp < self.disputes[work_id].until, "work: dispute period over"
+
+
+@internal
+def _challenge(work_id: bytes32):
+    self._check_open(work_id)
+    until: uint256 = max(self.disputes[work_id].until, block.timestamp + self.vote_period)
+    self.disputes[work_id].challenged = True
+    self.disputes[work_id].until = until
+    log VerdictChallenged(work_id=work_id, by=msg.sender, until=until)
 
 
 @internal
@@ -267,3 +503,15 @@ def _set_params(invalidation_window: uint256, lock_period: uint256, slash_penalt
     self.lock_period = lock_period
     self.slash_penalty = slash_penalty
     log WorkParamsSet(invalidation_window=invalidation_window, lock_period=lock_period, slash_penalty=slash_penalty)
+
+
+@internal
+def _set_dispute_params(verdict_bond: uint256, dispute_period: uint256, vote_period: uint256, quorum: uint256):
+    assert dispute_period <= MAX_DISPUTE_PERIOD and vote_period <= MAX_DISPUTE_PERIOD, "work: period too long"
+    assert dispute_period == 0 or vote_period > 0, "work: zero vote period"
+    assert quorum > 0, "work: zero quorum"
+    self.verdict_bond = verdict_bond
+    self.dispute_period = dispute_period
+    self.vote_period = vote_period
+    self.quorum = quorum
+    log DisputeParamsSet(verdict_bond=verdict_bond, dispute_period=dispute_period, vote_period=vote_period, quorum=quorum)
