@@ -55,8 +55,9 @@ def measure(backend, op: str, action: Callable[[], Receipt], n: int, setup=None)
 
 
 def run(backend, name: str, n: int) -> None:
-    fed, mgr, val, prov, node, node2 = (acct(x) for x in ("fed", "mgr", "val", "p", "n", "n2"))
-    for a in (fed, mgr, val, prov, node, node2):
+    fed, mgr, val, val2, prov, node, node2 = (
+        acct(x) for x in ("fed", "mgr", "val", "val2", "p", "n", "n2"))
+    for a in (fed, mgr, val, val2, prov, node, node2):
         backend.fund(a.address, 10**21)
     params = ProtocolParams()
     t = time.perf_counter()
@@ -70,14 +71,20 @@ def run(backend, name: str, n: int) -> None:
         },
     )
     F = Protocol(backend, dep, fed)
-    P, M, V = F.as_(prov), F.as_(mgr), F.as_(val)
+    P, M, V, V2 = F.as_(prov), F.as_(mgr), F.as_(val), F.as_(val2)
     F.mint(prov.address, 10**6 * TOKEN)
-    F.set_validator(val.address)
+    for v in (val, val2):
+        F.mint(v.address, 10**4 * TOKEN)
+        F.set_validator(v.address)
+    results_bond = measure(backend, "post_bond", lambda: V.post_bond(1000 * TOKEN), n)
+    for v in (V, V2):
+        v.post_bond(1000 * TOKEN)
     domain = F.create_domain("bench")
     pool = F.create_pool(domain, mgr.address, 10**15)
     F.start_pool(pool)
 
     results = [
+        results_bond,
         measure(backend, "mint", lambda: F.mint(prov.address, TOKEN), n),
         measure(backend, "approve", lambda: P.approve(dep.protocol, TOKEN), n),
         measure(
@@ -137,8 +144,36 @@ def run(backend, name: str, n: int) -> None:
     files = [P.work_id(node.address, keccak(text=f"file-{i}")) for i in range(1, 11)]
     for i in range(1, 11):
         P.submit_work(pool, node.address, keccak(text=f"file-{i}"), 100)
+    def final_at_once() -> None:
+        F.set_dispute_params(params.verdict_bond, 0, params.vote_period, params.quorum)
+
+    # verdicts final at once (dispute_period 0: the flow before issue 25)
+    results.append(measure(backend, "soft_invalidate_final", lambda: V.soft_invalidate(files[0]),
+                           n, setup=final_at_once))
+    results.append(measure(backend, "hard_invalidate_final", lambda: V.hard_invalidate(files[0]),
+                           n, setup=final_at_once))
+    # disputable verdicts (the default): accuse, challenge, vote, settle
     results.append(measure(backend, "soft_invalidate", lambda: V.soft_invalidate(files[0]), n))
     results.append(measure(backend, "hard_invalidate", lambda: V.hard_invalidate(files[0]), n))
+
+    def accused(challenge: bool = False, vote: bool | None = None):
+        def setup():
+            V.hard_invalidate(files[1])
+            if challenge:
+                P.challenge(files[1])
+            if vote is not None:
+                V2.vote(files[1], vote)
+            backend.advance_time(params.dispute_period + params.vote_period)
+        return setup
+
+    results.append(measure(backend, "challenge", lambda: P.challenge(files[1]), n,
+                           setup=lambda: V.hard_invalidate(files[1])))
+    results.append(measure(backend, "vote", lambda: V2.vote(files[1], True), n,
+                           setup=lambda: V.hard_invalidate(files[1])))
+    results.append(measure(backend, "settle_upheld", lambda: F.settle(files[1]), n,
+                           setup=accused()))
+    results.append(measure(backend, "settle_overturned", lambda: F.settle(files[1]), n,
+                           setup=accused(True, False)))
     results.append(measure(backend, "slash", lambda: F.slash(prov.address, TOKEN), n))
     results.append(measure(backend, "leave_pool", lambda: P.leave_pool(node.address), n))
     backend.advance_time(params.lock_period + 1)
