@@ -304,8 +304,14 @@ def _note_deadline(provider: address, deadline: uint256):
 
 
 @internal
-def _lock_bond(validator: address, amount: uint256):
+@view
+def _check_bond(validator: address, amount: uint256):
     assert self.bonds[validator] - self.bond_locked[validator] >= amount, "stake: bond too low"
+
+
+@internal
+def _lock_bond(validator: address, amount: uint256):
+    self._check_bond(validator, amount)
     self.bond_locked[validator] += amount
 
 

@@ -287,9 +287,13 @@ def settle(work_id: bytes32) -> uint256:
     @return The amount slashed.
     """
     assert self.work_info[work_id].status == ACCUSED, "work: not accused"
+    assert block.timestamp >= self.disputes[work_id].until, "work: dispute open"
+    upheld: bool = True
+    if self.disputes[work_id].challenged:
+        uphold: uint256 = self.disputes[work_id].uphold
+        upheld = uphold >= self.quorum and uphold > self.disputes[work_id].overturn
     d: Dispute = self.disputes[work_id]
-    assert block.timestamp >= d.until, "work: dispute open"
-    return self._settle(work_id, not d.challenged or (d.uphold >= self.quorum and d.uphold > d.overturn))
+    return self._settle(work_id, upheld, d.validator, d.index, d.bond, True)
 
 
 @external
@@ -304,17 +308,17 @@ def claim(work_ids: DynArray[bytes32, MAX_CLAIM]) -> uint256:
     stake._check_covered(msg.sender)
     total: uint256 = 0
     for wid: bytes32 in work_ids:
-        w: Work = self.work_info[wid]
-        assert w.provider == msg.sender, "work: not your work"
-        assert w.status != CLAIMED, "work: already claimed"
-        assert w.status != ACCUSED, "work: disputed"
-        assert w.status == SUBMITTED, "work: invalidated"
-        assert block.timestamp >= w.unlock_at, "work: locked"
-        standing: uint8 = self._standing(w)
+        assert self.work_info[wid].provider == msg.sender, "work: not your work"
+        status: uint8 = self.work_info[wid].status
+        assert status != CLAIMED, "work: already claimed"
+        assert status != ACCUSED, "work: disputed"
+        assert status == SUBMITTED, "work: invalidated"
+        assert block.timestamp >= self.work_info[wid].unlock_at, "work: locked"
+        standing: uint8 = self._standing(wid, msg.sender)
         assert standing != WIPED, "work: rewards wiped"
         assert standing != DISPUTED, "work: disputed"
         self.work_info[wid].status = CLAIMED
-        total += w.reward
+        total += self.work_info[wid].reward
     self.total_claimed += total
     log RewardsClaimed(provider=msg.sender, amount=total, count=len(work_ids))
     if total > 0:
@@ -360,7 +364,7 @@ def claimable(work_id: bytes32) -> bool:
     @return True when valid, unclaimed, unlocked, not wiped and under no open verdict.
     """
     w: Work = self.work_info[work_id]
-    return w.status == SUBMITTED and block.timestamp >= w.unlock_at and self._standing(w) == CLEAR
+    return w.status == SUBMITTED and block.timestamp >= w.unlock_at and self._standing(work_id, w.provider) == CLEAR
 
 
 @external
@@ -371,7 +375,7 @@ def standing(work_id: bytes32) -> uint8:
     @param work_id The work item.
     @return 0: clear, 1: wiped by an upheld verdict, 2: under an open verdict.
     """
-    return self._standing(self.work_info[work_id])
+    return self._standing(work_id, self.work_info[work_id].provider)
 
 
 @external
@@ -394,16 +398,21 @@ def _work_id(node: address, file_sha256: bytes32) -> bytes32:
 
 @internal
 @view
-def _standing(w: Work) -> uint8:
+def _standing(work_id: bytes32, provider: address) -> uint8:
     # The provider's accusations of the node made after the item, in order, until one made
     # after the item's window closed: the first not overturned decides.
-    count: uint256 = self.accusations[w.provider][w.node]
+    node: address = self.work_info[work_id].node
+    count: uint256 = self.accusations[provider][node]
+    before: uint256 = self.work_info[work_id].accusations_before
+    if before >= count:
+        return CLEAR
+    judge_until: uint256 = self.work_info[work_id].judge_until
     for j: uint256 in range(MAX_SCAN):
-        k: uint256 = w.accusations_before + j
+        k: uint256 = before + j
         if k >= count:
             return CLEAR
-        wid: bytes32 = self.accused_work[w.provider][w.node][k]
-        if self.disputes[wid].at >= w.judge_until:
+        wid: bytes32 = self.accused_work[provider][node][k]
+        if self.disputes[wid].at >= judge_until:
             return CLEAR
         status: uint8 = self.work_info[wid].status
         if status == HARD_INVALIDATED:
@@ -416,66 +425,72 @@ def _standing(w: Work) -> uint8:
 @internal
 def _accuse(work_id: bytes32, hard: bool) -> uint256:
     roles._check_validator()
-    w: Work = self.work_info[work_id]
-    assert w.status != 0, "work: unknown work"
-    assert w.status == SUBMITTED, "work: not pending"
-    assert block.timestamp < w.judge_until, "work: invalidation window closed"
+    status: uint8 = self.work_info[work_id].status
+    assert status != 0, "work: unknown work"
+    assert status == SUBMITTED, "work: not pending"
+    assert block.timestamp < self.work_info[work_id].judge_until, "work: invalidation window closed"
     assert self.disputes[work_id].validator == empty(address), "work: verdict overturned"
+    provider: address = self.work_info[work_id].provider
+    node: address = self.work_info[work_id].node
+    pool: uint256 = self.work_info[work_id].pool
     bond: uint256 = self.verdict_bond
-    stake._lock_bond(msg.sender, bond)
+    period: uint256 = self.dispute_period
+    until: uint256 = 0
+    # Stored only what is read later: a verdict settled in this transaction (period 0) needs
+    # no bond lock and no record but, when hard, its time (the reach of its wipe).
+    if period == 0:
+        stake._check_bond(msg.sender, bond)
+    else:
+        until = block.timestamp + period
+        stake._lock_bond(msg.sender, bond)
+        self.disputes[work_id].validator = msg.sender
+        self.disputes[work_id].bond = bond
+        self.disputes[work_id].until = until
     self.work_info[work_id].status = ACCUSED
-    self.pool_work_units[w.pool] -= w.units
+    self.pool_work_units[pool] -= self.work_info[work_id].units
     index: uint256 = 0
     if hard:
-        k: uint256 = self.accusations[w.provider][w.node]
-        self.accused_work[w.provider][w.node][k] = work_id
-        self.accusations[w.provider][w.node] = k + 1
+        k: uint256 = self.accusations[provider][node]
+        self.accused_work[provider][node][k] = work_id
+        self.accusations[provider][node] = k + 1
         index = k + 1
-        stake._open_verdict(w.provider)
-        if nodes.node_info[w.node].provider == w.provider:
-            if nodes.node_info[w.node].pool == w.pool:
-                pools._eject(w.pool, w.node)  # also ends the generation
+        self.disputes[work_id].at = block.timestamp
+        if period != 0:
+            self.disputes[work_id].index = index
+            stake._open_verdict(provider)
+        if nodes.node_info[node].provider == provider:
+            if nodes.node_info[node].pool == pool:
+                pools._eject(pool, node)  # also ends the generation
             else:
-                nodes._next_generation(w.node)
-    until: uint256 = block.timestamp + self.dispute_period
-    self.disputes[work_id] = Dispute(
-        validator=msg.sender,
-        at=block.timestamp,
-        index=index,
-        bond=bond,
-        until=until,
-        challenged=False,
-        uphold=0,
-        overturn=0,
-    )
-    log WorkAccused(work_id=work_id, provider=w.provider, node=w.node, hard=hard, index=index, validator=msg.sender, until=until)
-    if self.dispute_period == 0:
-        return self._settle(work_id, True)
+                nodes._next_generation(node)
+    log WorkAccused(work_id=work_id, provider=provider, node=node, hard=hard, index=index, validator=msg.sender, until=until)
+    if period == 0:
+        return self._settle(work_id, True, msg.sender, index, 0, False)
     return 0
 
 
 @internal
-def _settle(work_id: bytes32, upheld: bool) -> uint256:
-    w: Work = self.work_info[work_id]
-    d: Dispute = self.disputes[work_id]
-    hard: bool = d.index != 0
-    if hard:
-        stake._close_verdict(w.provider)
+def _settle(work_id: bytes32, upheld: bool, validator: address, index: uint256, bond: uint256, disputable: bool) -> uint256:
+    provider: address = self.work_info[work_id].provider
+    node: address = self.work_info[work_id].node
+    if disputable and index != 0:
+        stake._close_verdict(provider)
     if not upheld:
         self.work_info[work_id].status = SUBMITTED
-        self.pool_work_units[w.pool] += w.units
-        stake._forfeit_bond(d.validator, d.bond, w.provider)
-        log VerdictOverturned(work_id=work_id, validator=d.validator, provider=w.provider, forfeited=d.bond)
+        self.pool_work_units[self.work_info[work_id].pool] += self.work_info[work_id].units
+        stake._forfeit_bond(validator, bond, provider)
+        log VerdictOverturned(work_id=work_id, validator=validator, provider=provider, forfeited=bond)
         return 0
-    stake._release_bond(d.validator, d.bond)
+    if disputable:
+        stake._release_bond(validator, bond)
     slashed: uint256 = 0
-    if hard:
+    if index != 0:
         self.work_info[work_id].status = HARD_INVALIDATED
-        slashed = stake._slash(w.provider, self.slash_penalty)
-        log RewardsWiped(provider=w.provider, node=w.node, index=d.index - 1, at=d.at)
+        slashed = stake._slash(provider, self.slash_penalty)
+        log RewardsWiped(provider=provider, node=node, index=index - 1, at=self.disputes[work_id].at)
     else:
         self.work_info[work_id].status = SOFT_INVALIDATED
-    log WorkInvalidated(work_id=work_id, node=w.node, hard=hard, slashed=slashed, validator=d.validator)
+    log WorkInvalidated(work_id=work_id, node=node, hard=index != 0, slashed=slashed, validator=validator)
     return slashed
 
 
