@@ -5,12 +5,15 @@ upheld slashes the cheater as before. Numbers are asserted: stakes, bonds, rewar
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from meshrl.protocol import Backend, EthTesterBackend, Protocol, Standing, WorkStatus
+from meshrl.protocol import Backend, EthTesterBackend, Protocol, Standing, TxReverted, WorkStatus
 
 from .helpers import BOND, PARAMS, RATE, TOKEN, World, build_world, file_hash, key
 
@@ -176,6 +179,9 @@ def test_verdicts_need_a_free_bond_and_votes_a_bond(tc: Court) -> None:
     w.expect_revert("work: not bonded", lambda: s.vote(items[0], True))
     w.expect_revert("work: own verdict", lambda: tc.rogue.vote(items[0], True))
     w.expect_revert("work: not your work", lambda: w.p2.challenge(items[0]))
+    fed.set_validator(w.p1.address)  # a provider that is a validator too
+    w.p1.post_bond(BOND)
+    w.expect_revert("work: own work", lambda: w.p1.vote(items[0], False))
     tc.judge.vote(items[0], True)
     w.expect_revert("work: already voted", lambda: tc.judge.vote(items[0], False))
     w.backend.advance_time(DISPUTE + 60)
@@ -185,7 +191,7 @@ def test_verdicts_need_a_free_bond_and_votes_a_bond(tc: Court) -> None:
     before = fed.balance(tc.rogue.address)
     tc.rogue.withdraw_bond(VB)
     assert fed.balance(tc.rogue.address) == before + VB
-    assert fed.totals()["bonds"] == 2 * BOND - VB
+    assert fed.totals()["bonds"] == 3 * BOND - VB
 
 
 def test_quorum_of_two_needs_two_upholds(tc: Court) -> None:
@@ -199,3 +205,77 @@ def test_quorum_of_two_needs_two_upholds(tc: Court) -> None:
     assert fed.settle(fraud).event("VerdictOverturned").args["forfeited"] == VB
     w.expect_revert("work: zero quorum", lambda: fed.set_dispute_params(VB, DISPUTE, VOTE, 0))
     w.expect_revert("work: zero vote period", lambda: fed.set_dispute_params(VB, DISPUTE, 0, 1))
+
+
+DISPUTE_ACTION = st.one_of(
+    st.tuples(st.just("submit"), st.integers(0, 1)),
+    st.tuples(st.just("accuse"), st.booleans(), st.integers(0, 5)),
+    st.tuples(st.just("challenge"), st.integers(0, 5)),
+    st.tuples(st.just("vote"), st.booleans(), st.integers(0, 5)),
+    st.tuples(st.just("settle"), st.integers(0, 5)),
+    st.tuples(st.just("advance"), st.sampled_from([60, DISPUTE, LOCK])),
+    st.tuples(st.just("claim"), st.integers(0, 5)),
+    st.tuples(st.just("unstake_withdraw"), st.integers(0, 1)),
+    st.tuples(st.just("withdraw_bond"),),
+)
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(actions=st.lists(DISPUTE_ACTION, min_size=1, max_size=12))
+def test_books_balance_through_any_disputes(tester_court: Court, actions: list) -> None:
+    c = tester_court
+    w, fed = c.w, c.w.fed
+    snap = w.backend.snapshot()
+    try:
+        owners = [(w.p1, w.n1.address), (w.p2, w.n3.address)]
+        items: list[tuple[Protocol, bytes]] = []
+        supply0 = fed.token.functions.totalSupply().call()
+
+        def pick(k: int) -> tuple[Protocol, bytes] | None:
+            return items[k % len(items)] if items else None
+
+        for i, a in enumerate(actions):
+            with contextlib.suppress(TxReverted):
+                if a[0] == "submit":
+                    p, node = owners[a[1]]
+                    items.append((p, c.submit(p, node, f"prop-{i}", 3)))
+                elif a[0] == "accuse" and pick(a[2]):
+                    wid = pick(a[2])[1]
+                    (c.rogue.hard_invalidate if a[1] else c.rogue.soft_invalidate)(wid)
+                elif a[0] == "challenge" and pick(a[1]):
+                    p, wid = pick(a[1])
+                    p.challenge(wid)
+                elif a[0] == "vote" and pick(a[2]):
+                    c.judge.vote(pick(a[2])[1], a[1])
+                elif a[0] == "settle" and pick(a[1]):
+                    fed.settle(pick(a[1])[1])
+                elif a[0] == "advance":
+                    w.backend.advance_time(a[1])
+                elif a[0] == "claim" and pick(a[1]):
+                    p, wid = pick(a[1])
+                    p.claim([wid])
+                elif a[0] == "unstake_withdraw":
+                    p = owners[a[1]][0]
+                    p.request_unstake(TOKEN)
+                    p.withdraw()
+                elif a[0] == "withdraw_bond":
+                    c.rogue.withdraw_bond(c.rogue.bond()[0] - c.rogue.bond()[1])
+        totals = fed.totals()
+        provs = [fed.provider(p.address) for p, _ in owners]
+        bonds = [c.rogue.bond(), c.judge.bond()]
+        assert totals["stake"] == sum(p.stake for p in provs)
+        assert totals["unbonding"] == sum(p.unbonding for p in provs)
+        assert totals["bonds"] == sum(b for b, _ in bonds)
+        assert all(locked <= b for b, locked in bonds)
+        held = fed.balance(fed.contract.address)
+        assert held == totals["stake"] + totals["unbonding"] + totals["slashed"] + totals["bonds"]
+        supply = fed.token.functions.totalSupply().call()
+        assert supply == supply0 + totals["claimed"]
+        accused = [wid for _, wid in items if fed.work(wid).status == WorkStatus.ACCUSED]
+        open_hard = sum(fed.dispute(wid).hard for wid in accused)
+        assert sum(fed.contract.functions.open_verdicts(p.address).call()
+                   for p, _ in owners) == open_hard
+        assert c.rogue.bond()[1] == VB * len(accused)
+    finally:
+        w.backend.revert(snap)

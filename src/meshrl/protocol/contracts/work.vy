@@ -257,14 +257,15 @@ def vote(work_id: bytes32, uphold: bool):
     """
     @notice Re-judge a verdict of another validator: uphold it, or overturn it (which also
             challenges it).
-    @dev Bonded validators other than the verdict's maker, once each, before the dispute
-         period ends.
+    @dev Bonded validators other than the verdict's maker and the accused provider, once
+         each, before the dispute period ends.
     @param work_id The accused work.
     @param uphold True when the caller's own judgment of the file agrees with the verdict.
     """
     roles._check_validator()
     assert stake.bonds[msg.sender] >= self.verdict_bond, "work: not bonded"
     assert msg.sender != self.disputes[work_id].validator, "work: own verdict"
+    assert msg.sender != self.work_info[work_id].provider, "work: own work"
     assert not self.voted[work_id][msg.sender], "work: already voted"
     self.voted[work_id][msg.sender] = True
     if uphold:
