@@ -122,9 +122,10 @@ def test_money_per_node_equals_the_chain_then_a_claim_of_all_and_a_restart(
     # the orchestrator restarts on a database whose books were never kept
     pool.orch.stop()
     db = sqlite3.connect(Path(pool.tmp) / "orch.db")
-    for table in ("works", "accounts", "providers", "wipes", "pending"):
+    for table in ("works", "accounts", "providers", "wipes", "pending", "verdicts"):
         db.execute(f"DROP TABLE {table}")
-    db.execute("DELETE FROM meta WHERE key IN ('books_since', 'lock_period', 'chain_time')")
+    db.execute("DELETE FROM meta WHERE key IN ('books_since', 'lock_period', "
+               "'invalidation_window', 'chain_time')")
     db.commit()
     db.close()
     pool.orch.start()
