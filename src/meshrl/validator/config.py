@@ -41,6 +41,8 @@ class ValidatorConfig(Config):
     poll_interval: float = Field(1.0, gt=0, description="seconds between chain polls")
     batch_files: int = Field(8, ge=1, description="files of one version judged together")
     max_files: int = Field(0, ge=0, description="stop after judging this many files (0: run)")
+    bond_verdicts: int = Field(8, ge=0, description="keep a bond posted for this many open "
+                               "verdicts (the chain's verdict_bond each; 0: post none)")
     shardcast_servers: list[str] = Field(default_factory=list, description="where policy "
                                          "versions are fetched")
     rules_check_s: float = Field(10.0, gt=0, description="seconds between reads of the "

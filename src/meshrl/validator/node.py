@@ -8,7 +8,11 @@ Each loop: poll the chain from the persisted cursor and queue the pool's new sub
 take the due jobs, download and parse their files, group them by policy version and verify each
 group with shared prefill batches; then act: a hard verdict calls `hard_invalidate` (slash,
 eject), a soft one `soft_invalidate`, an accepted file is reported to the orchestrator; every
-verdict goes to the orchestrator's ledger with its reason. Failures of the validator itself
+verdict goes to the orchestrator's ledger with its reason. Verdicts are answerable
+(`disputes.py`): the validator keeps a bond posted for `bond_verdicts` open verdicts, votes on
+another validator's open verdict by its own judgment of the file (uphold or overturn), also when
+the accusation comes after its own judgment, and settles the verdicts it made or voted on once
+their dispute period is over. Failures of the validator itself
 (download, missing policy version, an exception in its own code) retry the job with backoff and
 end, at worst, in a soft invalidation.
 """
@@ -24,9 +28,10 @@ from eth_account.signers.local import LocalAccount
 
 from meshrl.log import get_logger, log_event
 from meshrl.pool import Decision, PoolRules, check_rules, give_up, read_rules, require_same_rules
-from meshrl.protocol import Deployment, Protocol, TxReverted, WorkStatus
+from meshrl.protocol import ChainError, Deployment, Protocol
 from meshrl.protocol.local import connect
 from meshrl.validator.config import ValidatorConfig
+from meshrl.validator.disputes import Clerk
 from meshrl.validator.judge import Judge, Unjudged
 from meshrl.validator.policy import backoff_delay
 from meshrl.validator.state import Job, ValidatorState
@@ -59,6 +64,11 @@ class ValidatorNode:
         if not await asyncio.to_thread(self.chain.is_validator, self.account.address):
             log_event(log, "this key has no validator role: invalidations will revert",
                       address=self.account.address)
+        self.clerk = Clerk(self.chain)
+        try:
+            await asyncio.to_thread(self.clerk.ensure_bond, self.cfg.bond_verdicts)
+        except ChainError as e:  # no tokens, say: its verdicts will be refused, and logged
+            log_event(log, "bond not posted", error=str(e))
         self.state = ValidatorState.load(f"{self.cfg.work_dir}/state.json", dep.block)
         self.cursor = self.chain.events(self.state.next_block)
         async with SignedClient(self.cfg.orchestrator_url, self.account.key) as orch:
@@ -71,6 +81,7 @@ class ValidatorNode:
                 await self._recheck_rules(orch)
                 await self._poll()
                 await self._post_verdicts(orch)
+                await asyncio.to_thread(self.clerk.settle_due)
                 due = [j for j in self.state.queue if j.not_before <= time.time()]
                 if due:
                     await self._judge(due[: self.cfg.batch_files])
@@ -109,6 +120,8 @@ class ValidatorNode:
         events = await asyncio.to_thread(self.cursor.poll)
         jobs = []
         for e in events:
+            if e.name == "WorkAccused" and e.args["validator"].lower() != self.clerk.me:
+                await self._accused(bytes(e.args["work_id"]))
             if e.name != "WorkSubmitted" or int(e.args["pool"]) != self.cfg.pool_id:
                 continue
             wid = bytes(e.args["work_id"])
@@ -148,24 +161,18 @@ class ValidatorNode:
                                           "verdict": d.kind.value, "reason": d.reason[:500]}
         if verdict is not None and await self._post(verdict):
             verdict = None
-        tx = await self._invalidate(job, d) if not d.accepted else ""
+        tx = await asyncio.to_thread(self.clerk.act, bytes.fromhex(job.work_id), d.kind)
         self.state.record(job, d.kind.value, verdict)  # a verdict not posted is kept for later
         self.judged += 1
         log_event(log, "verdict", sha256=job.sha256, node=job.node, verdict=d.kind.value,
                   reason=d.reason, checks=[c.value for c in d.checks], tx=tx, stats=d.stats)
 
-    async def _invalidate(self, job: Job, d: Decision) -> str:
-        wid = bytes.fromhex(job.work_id)
-        info = await asyncio.to_thread(self.chain.work, wid)
-        if info.status != WorkStatus.SUBMITTED:  # done before a crash, or by another validator
-            return ""
-        hard = d.kind is VerdictKind.HARD_INVALID
-        fn = self.chain.hard_invalidate if hard else self.chain.soft_invalidate
-        try:
-            return (await asyncio.to_thread(fn, wid)).tx_hash
-        except TxReverted as e:
-            log_event(log, "invalidation refused", sha256=job.sha256, error=str(e))
-            return ""
+    async def _accused(self, wid: bytes) -> None:
+        """Another validator accused work this validator judged already: vote by that
+        judgment (work not judged yet is voted on when it is)."""
+        kind = self.state.judged.get(wid.hex())
+        if kind is not None:
+            await asyncio.to_thread(self.clerk.act, wid, VerdictKind(kind))
 
     async def _post_verdicts(self, orch: SignedClient) -> None:
         for v in list(self.state.outgoing):

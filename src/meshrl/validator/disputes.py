@@ -1,0 +1,119 @@
+"""What a validator does on chain with its own judgment of a file, now that verdicts can be
+disputed (docs/protocol.md, *Verdicts and disputes*): accuse work it finds invalid; re-judge
+another validator's open verdict by voting (uphold when it also finds the file invalid,
+overturn when it accepts it); settle the verdicts it made or voted on once their dispute
+period is over; keep a bond posted that covers its open verdicts.
+
+Torch-free; `Clerk` is the chain side (blocking calls, run in a thread by the node), and
+`next_action` the rule, a pure function.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from meshrl.log import get_logger, log_event
+from meshrl.protocol import (
+    DisputeOpen,
+    NotAccused,
+    Protocol,
+    TxReverted,
+    WorkStatus,
+)
+from meshrl.wire.models import VerdictKind
+
+__all__ = ["Action", "Clerk", "next_action"]
+
+log = get_logger("meshrl.validator")
+
+
+class Action(StrEnum):
+    NONE = "none"
+    ACCUSE_HARD = "accuse_hard"
+    ACCUSE_SOFT = "accuse_soft"
+    UPHOLD = "uphold"
+    OVERTURN = "overturn"
+
+
+def next_action(status: int, accused_by_me: bool, kind: VerdictKind) -> Action:
+    """The on-chain step for this validator's own verdict `kind` on work in `status`."""
+    invalid = kind is not VerdictKind.ACCEPT
+    if status == WorkStatus.SUBMITTED:
+        if kind is VerdictKind.HARD_INVALID:
+            return Action.ACCUSE_HARD
+        return Action.ACCUSE_SOFT if invalid else Action.NONE
+    if status == WorkStatus.ACCUSED and not accused_by_me:
+        return Action.UPHOLD if invalid else Action.OVERTURN
+    return Action.NONE  # final already, or this validator's own open verdict
+
+
+class Clerk:
+    """The validator's disputes on chain. `to_settle` (work id -> when its dispute period ends
+    as last read) lives in memory: after a restart, verdicts left open are settled by whoever
+    calls `settle` first (the provider, another validator)."""
+
+    def __init__(self, chain: Protocol) -> None:
+        self.chain = chain
+        self.me = chain.address.lower()
+        self.to_settle: dict[bytes, int] = {}
+
+    def ensure_bond(self, verdicts: int) -> int:
+        """Post what is missing for `verdicts` open verdicts (none when verdicts need no bond);
+        returns the amount posted."""
+        per = int(self.chain.backend.call(self.chain.contract.functions.verdict_bond()))
+        bond, _ = self.chain.bond()
+        missing = per * verdicts - bond
+        if per == 0 or missing <= 0:
+            return 0
+        self.chain.post_bond(missing)
+        log_event(log, "bond posted", amount=missing, bond=bond + missing)
+        return missing
+
+    def act(self, work_id: bytes, kind: VerdictKind) -> str:
+        """Accuse or vote as `kind` says; the transaction hash, or "" when nothing was sent."""
+        info = self.chain.work(work_id)
+        mine = False
+        if info.status == WorkStatus.ACCUSED:
+            mine = self.chain.dispute(work_id).validator.lower() == self.me
+        action = next_action(info.status, mine, kind)
+        try:
+            if action in (Action.ACCUSE_HARD, Action.ACCUSE_SOFT):
+                fn = (self.chain.hard_invalidate if action is Action.ACCUSE_HARD
+                      else self.chain.soft_invalidate)
+                r = fn(work_id)
+                until = int(r.event("WorkAccused").args["until"])
+            elif action in (Action.UPHOLD, Action.OVERTURN):
+                r = self.chain.vote(work_id, action is Action.UPHOLD)
+                until = self.chain.dispute(work_id).until
+            else:
+                return ""
+        except TxReverted as e:
+            log_event(log, "verdict refused", work_id=work_id.hex(), action=action.value,
+                      error=str(e))
+            return ""
+        if until:  # 0: settled in the same transaction (no dispute period)
+            self.to_settle[work_id] = until
+        log_event(log, "verdict on chain", work_id=work_id.hex(), action=action.value,
+                  tx=r.tx_hash)
+        return r.tx_hash
+
+    def settle_due(self) -> int:
+        """Settle every followed verdict whose dispute period is over; returns how many."""
+        now, done = self.chain.backend.now(), 0
+        for wid, until in sorted(self.to_settle.items(), key=lambda kv: kv[1]):
+            if until > now:
+                continue
+            try:
+                r = self.chain.settle(wid)
+                done += 1
+                log_event(log, "verdict settled", work_id=wid.hex(), tx=r.tx_hash,
+                          overturned=any(e.name == "VerdictOverturned" for e in r.events))
+            except NotAccused:
+                pass  # settled by someone else
+            except DisputeOpen:  # a challenge lengthened it
+                self.to_settle[wid] = self.chain.dispute(wid).until
+                continue
+            except TxReverted as e:
+                log_event(log, "settle refused", work_id=wid.hex(), error=str(e))
+            del self.to_settle[wid]
+        return done
