@@ -40,6 +40,9 @@ class ServerState:
     busy_until: float = 0.0  # monotonic time before which it is not asked (it said 503)
     busy: int = 0
     refuses: bool = False  # it serves no shards to clients (403)
+    refusals: int = 0  # answers of it not believed (unsigned manifest, malformed listing...)
+    strikes: int = 0  # refusals since it last backed a listing with a signed manifest
+    distrust_until: float = 0.0  # monotonic time before which its listings are ignored
 
     def has(self, index: int) -> bool:
         return self.complete or index in self.have
@@ -109,6 +112,7 @@ class ServerPool:
             s.url: {
                 "bytes": s.bytes, "failures": s.failures, "hash_failures": s.hash_failures,
                 "throughput": s.throughput, "busy": s.busy, "role": s.role,
+                "refusals": s.refusals,
             }
             for s in self.servers.values()
         }
