@@ -63,6 +63,8 @@ DRIFTED: dict[str, Drift] = {
     "seed": Drift(8, "seed", "8", "7"),
     "proof_profile": Drift("any-hardware", "proof_profile", "'any-hardware'",
                            "'meshrl-cpu-engine'"),
+    "policy_signer": Drift("0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A", "policy_signer",
+                           "'0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A'", "None"),
 }
 
 
