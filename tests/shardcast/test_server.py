@@ -43,6 +43,7 @@ def test_health_manifest_shards_and_ranges(tmp_path):
             for bad, name in (("/versions?after=x", "after"), ("/v/5/have?known=1&wait=y",
                                                                  "known"),
                               ("/versions?wait=nan", "after"), ("/v/5/have?wait=inf", "known"),
+                              ("/v/5/have?known=9&wait=nan", "known"),
                               ("/versions?after=" + "9" * 5000, "after")):
                 async with s.get(url + bad) as r:
                     assert r.status == 422, bad

@@ -73,7 +73,7 @@ class ManifestError(ShardcastError, ValueError):
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # `true` is no version
 
 
 class FileEntry(_Frozen):
