@@ -259,3 +259,19 @@ def test_a_relay_or_fetch_without_a_publisher_refuses_in_one_line(tmp_path: Path
     src = make_file(tmp_path / "w.bin", 10, 1)
     assert cli(["shardcast", "publish", "--src", str(src), "--root", str(tmp_path / "o")]) == 2
     assert "--key_file is required" in capsys.readouterr().err
+
+
+def test_a_server_list_that_is_not_one_is_a_typed_refusal(tmp_path: Path, capsys) -> None:
+    """Servers may come from a work order: a port of 99999 is refused at once, not a ValueError
+    in the middle of a fetch."""
+    from meshrl.shardcast import ShardcastError
+    from meshrl.shardcast.errors import BadServerUrl
+
+    for bad in ("http://127.0.0.1:99999", "ftp://host", "http://", "http://h:1?x=1"):
+        with pytest.raises(BadServerUrl):
+            signed_client([bad])
+    assert issubclass(BadServerUrl, ShardcastError)
+    assert cli(["shardcast", "fetch", "--publisher", PUBLISHER, "--out", str(tmp_path / "x"),
+                "--server.urls", '["http://127.0.0.1:99999"]']) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "meshrl shardcast fetch: shardcast: not a server URL: 'http://127.0.0.1:99999'")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 __all__ = [
+    "BadServerUrl",
     "ManifestRefused",
     "OutputWriteError",
     "PublisherRequired",
@@ -36,6 +37,10 @@ class ShardUnavailableError(ShardcastError):
 
 class OutputWriteError(ShardcastError):
     """The output cannot be written (disk full, file too large, no permission)."""
+
+
+class BadServerUrl(ShardcastError, ValueError):
+    """A server address that is not an http(s) URL of a host (and port)."""
 
 
 class PublisherRequired(ShardcastError):

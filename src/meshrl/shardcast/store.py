@@ -142,7 +142,7 @@ class VersionStore:
 
     @staticmethod
     def _parse(name: str) -> int | None:
-        if name.startswith("v") and name[1:].isdigit():
+        if name.startswith("v") and name[1:].isascii() and name[1:].isdigit():
             return int(name[1:])
         return None
 
