@@ -275,3 +275,27 @@ def test_a_server_list_that_is_not_one_is_a_typed_refusal(tmp_path: Path, capsys
                 "--server.urls", '["http://127.0.0.1:99999"]']) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "meshrl shardcast fetch: shardcast: not a server URL: 'http://127.0.0.1:99999'")
+
+
+def test_a_client_without_a_publisher_believes_no_manifest(tmp_path: Path, procs: list) -> None:
+    """A server holds a real, signed version: a client with no publisher still refuses it
+    (`PublisherRequired`), in one line from the CLI."""
+    from meshrl.shardcast import PublisherRequired
+
+    root, ourl = origin(procs, tmp_path)
+    publish(root, make_file(tmp_path / "w.bin", SHARD, 1), 1)
+
+    async def main():
+        async with signed_client([ourl], FAST, publisher=None) as c:
+            await c.fetch(tmp_path / "out.bin", 1)
+
+    with pytest.raises(PublisherRequired):
+        run(main())
+    out = subprocess.run([sys.executable, "-m", "meshrl.cli", "shardcast", "fetch", "--out",
+                          str(tmp_path / "out.bin"), "--server.urls", json.dumps([ourl])],
+                         env=ENV, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        "meshrl shardcast fetch: shardcast: no publisher address is configured: no manifest "
+        "can be authenticated (set the policy signer)")
+    assert not (tmp_path / "out.bin").exists()

@@ -141,15 +141,17 @@ class ServerTracker:
             await asyncio.sleep(self.cfg.poll_interval)
 
     async def _backed(self, version: int, lister: ServerState) -> Manifest | None:
-        """The authenticated manifest of `version` (which `lister` listed), or None, and then a
-        strike for `lister` if it answered for its own listing with no manifest at all (a
-        manifest it served that was refused is struck already)."""
-        said = await self._manifests(version)
-        chosen = _chosen(said)
-        if chosen is None and isinstance(mine := said.get(lister.url), TransferError):
+        """The authenticated manifest of `version` that `lister` listed, or None. The lister is
+        asked first and alone, so a server listing what it cannot back costs one request of
+        it (and a strike), never a round of requests to every server."""
+        mine = await self._server_manifest(lister, version)
+        if isinstance(mine, Manifest):
+            return await self.get_manifest(version)
+        if not isinstance(mine, UntrustedAnswer):  # a refused manifest has its strike already
             self._strike(lister, UntrustedAnswer(lister.url, RefusalReason.UNBACKED_VERSION,
-                                                 f"listed version {version}, then {mine}"))
-        return chosen
+                                                 f"listed version {version}, then "
+                                                 f"{mine or 'no answer'}"))
+        return None
 
     async def get_manifest(self, version: int) -> Manifest:
         """The version's authenticated manifest, from the first server in URL order that serves
@@ -161,7 +163,7 @@ class ServerTracker:
         return chosen
 
     async def _manifests(self, version: int) -> dict[str, Said]:
-        check_publisher(self.publisher)  # PublisherRequired: nothing can be believed
+        check_publisher(self.publisher)
         servers = list(self.pool.servers.values())
         for s in servers:
             s.manifest_digest, s.complete, s.have = None, False, set()
@@ -174,6 +176,7 @@ class ServerTracker:
         return said
 
     async def _server_manifest(self, s: ServerState, version: int) -> Said:
+        publisher = check_publisher(self.publisher)  # PublisherRequired: nothing is believed
         url = f"{s.url}/v/{version}/manifest"
         try:
             body = await self._get(url, MAX_MANIFEST_BYTES, self.cfg.stall_timeout)
@@ -181,8 +184,7 @@ class ServerTracker:
                 m = Manifest.from_json(body)
             except ManifestError as e:
                 raise UntrustedAnswer(s.url, RefusalReason.MALFORMED, str(e)) from None
-            assert self.publisher is not None
-            verify_manifest(m, self.publisher, version, s.url)
+            verify_manifest(m, publisher, version, s.url)
         except UntrustedAnswer as e:
             self._strike(s, e)
             return e
