@@ -126,12 +126,13 @@ class ShardcastClient(ServerTracker):
         if self.cfg.shard_order == "random":  # spreads clients over the shards relays hold
             self.pool.rng.shuffle(pending)
         deadline = time.monotonic() + self.cfg.wait_timeout
+        digest = m.digest  # once: it hashes the whole manifest
 
         async def next_shard() -> int | None:
             """The first pending shard some server holds now (waiting while none does)."""
             while pending:
                 for pos, index in enumerate(pending):
-                    if self.pool.available(index, m.digest):
+                    if self.pool.available(index, digest):
                         return pending.pop(pos)
                 if time.monotonic() > deadline:
                     raise ShardUnavailableError(f"shardcast: shards {pending[:5]}... of version "
