@@ -114,7 +114,8 @@ class ServerTracker:
             now = time.monotonic()
             asked = [s for s in self.pool.servers.values() if now >= s.distrust_until]
             tasks = [asyncio.create_task(self._listing(s, floor, wait)) for s in asked]
-            beyond = bool(asked)  # every server answered, holding only newer versions
+            # every server (none of them ignored) answered, holding only newer versions
+            beyond = bool(asked) and len(asked) == len(self.pool.servers)
             try:
                 for fut in asyncio.as_completed(tasks):
                     s, listing = await fut
@@ -145,8 +146,8 @@ class ServerTracker:
         asked first and alone, so a server listing what it cannot back costs one request of
         it (and a strike), never a round of requests to every server."""
         mine = await self._server_manifest(lister, version)
-        if isinstance(mine, Manifest):
-            return await self.get_manifest(version)
+        if isinstance(mine, Manifest):  # the others' now, for who holds what (URL order)
+            return _chosen(await self._manifests(version, {lister.url: mine}))
         if not isinstance(mine, UntrustedAnswer):  # a refused manifest has its strike already
             self._strike(lister, UntrustedAnswer(lister.url, RefusalReason.UNBACKED_VERSION,
                                                  f"listed version {version}, then "
@@ -162,13 +163,17 @@ class ServerTracker:
                                        f"{version} signed by {self.publisher}")
         return chosen
 
-    async def _manifests(self, version: int) -> dict[str, Said]:
+    async def _manifests(self, version: int, known: dict[str, Said] | None = None
+                         ) -> dict[str, Said]:
+        """What every server says of `version`'s manifest (`known`: servers just asked)."""
         check_publisher(self.publisher)
-        servers = list(self.pool.servers.values())
+        known = known or {}
+        servers = [s for s in self.pool.servers.values() if s.url not in known]
         for s in servers:
             s.manifest_digest, s.complete, s.have = None, False, set()
         found = await asyncio.gather(*(self._server_manifest(s, version) for s in servers))
-        said = {s.url: m for s, m in zip(servers, found, strict=True)}
+        said = {**known, **{s.url: m for s, m in zip(servers, found, strict=True)}}
+        said = {url: said[url] for url in self.pool.servers}  # URL order
         chosen = _chosen(said)
         for s in servers:
             if chosen is not None and s.manifest_digest not in (None, chosen.digest):
