@@ -37,7 +37,8 @@ RULES = PoolRules(pool_id=3, task={"type": "arithmetic", "digits": 2}, group_siz
 # a value differing from RULES' for every rule field
 DRIFTED = {"task": {"type": "arithmetic", "digits": 3}, "sampling": {"max_new_tokens": 9,
            "temperature": 0.7}, "group_size": 8, "prompts_per_file": 3, "files_per_step": 1,
-           "async_level": 2, "seed": 8, "proof_profile": "any-hardware"}
+           "async_level": 2, "seed": 8, "proof_profile": "any-hardware",
+           "policy_signer": "0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A"}
 
 
 def test_task_specs_have_one_parser():
@@ -122,7 +123,7 @@ def test_assignment_by_hand():
     assert len(RULES.digest()) == 64 and RULES.digest() == PoolRules.model_validate_json(
         RULES.model_dump_json()).digest()
     drifted = [PoolRules.model_validate({**RULES.model_dump(), k: DRIFTED[k]}) for k in DRIFTED]
-    assert len({r.digest() for r in drifted} | {RULES.digest()}) == 9
+    assert len({r.digest() for r in drifted} | {RULES.digest()}) == len(DRIFTED) + 1
     assert RULES.model_copy(update={"seed": 8}).digest() != RULES.digest()
 
 
