@@ -100,6 +100,11 @@ def test_rules_changed_while_running():
     assert why == ("stopping, the pool's rules changed while running: rules.seed: started with "
                    "7, the pool now publishes 9")
     assert "pool_id" in changed_rules(RULES, RULES.model_copy(update={"pool_id": 4}))
+    # a rule the role started without pins nothing, and is still a change when it appears
+    signer = "0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A"
+    assert changed_rules(RULES, RULES.model_copy(update={"policy_signer": signer})) == (
+        "stopping, the pool's rules changed while running: rules.policy_signer: started with "
+        f"None, the pool now publishes '{signer}'")
 
 
 def test_assignment_by_hand():
