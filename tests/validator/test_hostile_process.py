@@ -8,10 +8,17 @@ What must hold: the validator neither dies nor restarts (one process, one start,
 when stopped), its peak RSS (VmHWM) stays within `RSS_HEADROOM` of its peak after judging an
 honest file, every hostile submission ends HARD_INVALIDATED on chain with the check that caught
 it named first in the ledger's verdict (one cheater node per file: a slash ejects the node),
-and the honest files around them are accepted. The trainer's reader (`file_groups`, which reads
-through `read_rollout_file_isolated`) refuses every hostile file with a typed error
-(`UnusableFile` / `RolloutFileError`) within `READ_SECONDS`, its process's peak RSS growing by
-less than `READER_HEADROOM`.
+and the honest files around them are accepted. The validator is held (SIGSTOP) while the files
+go on chain, so it queues them in one poll and judges them in one batch: the honest files share
+their prefill batch with every hostile file that parses (a bad row must sink only its own file).
+
+The trainer's reader (`file_groups`, which reads through `read_rollout_file_isolated`), given a
+ledger entry that agrees with the file (as if a validator had accepted it), refuses every
+hostile file with a typed error (`UnusableFile` / `RolloutFileError`) within `READ_SECONDS`,
+its process's peak RSS growing by less than `READER_HEADROOM`; except the kinds whose only
+defect is a field no reader of the trainer uses (proofs, finish reason, sample_index,
+prompt_id, the header's pool and rules digest): those it reads into exactly the honest file's
+groups, so nothing of them steers training.
 
 A file whose counter is outside 0..files_per_step-1 is refused its upload slot
 (`CounterOutOfRange`); submitted on chain anyway, it names bytes the pool never stored, so the
@@ -24,11 +31,13 @@ node still in the pool. The same rows through a slot granted for counter 0 are a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import hashlib
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,6 +97,9 @@ MB = 1 << 20
 # the validator's peak RSS may grow past its peak after judging an honest file by at most this
 # much while it judges every hostile file (measured: a few MB; the bombs are read in a child)
 RSS_HEADROOM = 300 * MB
+# any child the validator reads a file in (sampled every 50 ms while it judges: a child's VmHWM
+# when last seen); the wire tests bound each bomb's reading process at 250 MB
+CHILD_RSS = 400 * MB
 # the trainer's reader: each hostile file refused within this time, the reading process's peak
 # RSS growing by less than this over all of them (measured: well under a second each, ~0 MB)
 READ_SECONDS = 10.0
@@ -148,6 +160,26 @@ def _counter(value: int) -> Callable[[dict[str, list]], None]:
     return change
 
 
+def _set(column: str, row: int, value: Any) -> Callable[[dict[str, list]], None]:
+    def change(cols: dict[str, list]) -> None:
+        cols[column][row] = value(cols[column][row]) if callable(value) else value
+    return change
+
+
+def _flip_finish(reason: str) -> str:
+    """A finish reason its row's tokens contradict (EOS claimed without one, or the length
+    limit claimed by a row that ended on EOS before it)."""
+    return "length" if reason == "eos" else "eos"
+
+
+def _zero_proofs(cols: dict[str, list]) -> None:
+    cols["toploc_proofs"][0] = [b"\x00" * len(p) for p in cols["toploc_proofs"][0]]
+
+
+def _empty_completion(cols: dict[str, list]) -> None:
+    cols["completion_tokens"][0], cols["logprobs"][0], cols["toploc_proofs"][0] = [], [], []
+
+
 def _double_dip(rf: RolloutFile, rules: PoolRules) -> bytes:
     """The version-0 generation claimed as version 1, with the seed version 1 would have
     (a careful cheater): the claimed version's problems are other problems."""
@@ -175,6 +207,22 @@ KINDS: dict[str, Hostile] = {
     "token-negative": Hostile(_token(-1), "tokens"),
     "token-2^31-1": Hostile(_token(2**31 - 1), "tokens"),
     "sequence-past-context": Hostile(_rows_changed(_long_prompt), "tokens"),
+    "zero-rows": Hostile(_rows_changed(lambda cols: [v.clear() for v in cols.values()]),
+                         "schema"),
+    "empty-completion": Hostile(_rows_changed(_empty_completion), "schema"),
+    # rows that parse and are scored: replayed in the prefill batch of the honest files
+    "nan-logprob": Hostile(_rows_changed(_set("logprobs", 0, lambda lp: [float("nan"),
+                                                                        *lp[1:]])),
+                           "logprobs"),
+    "inf-reward": Hostile(_rows_changed(_set("reward", 0, float("inf"))), "rewards"),
+    "finish-reason-contradicted": Hostile(_rows_changed(_set("finish_reason", 0,
+                                                             _flip_finish)),
+                                          "termination", reader="ignored"),
+    "zeroed-proofs": Hostile(_rows_changed(_zero_proofs), "toploc", reader="ignored"),
+    "sample-index-forged": Hostile(_rows_changed(_set("sample_index", 0, 7)), "seq_ids",
+                                   reader="ignored"),
+    "prompt-id-forged": Hostile(_rows_changed(_set("prompt_id", 0, "9/9/9")), "seq_ids",
+                                reader="ignored"),
     "header-other-pool": Hostile(_header_changed(pool_id=999), "rules", reader="ignored"),
     "header-other-rules-digest": Hostile(_header_changed(rules_sha256="0" * 64), "rules",
                                          reader="ignored"),
@@ -272,6 +320,42 @@ def _hwm(pid: int) -> int:
     return int(status.split("VmHWM:")[1].split()[0]) * 1024
 
 
+class _ChildPeaks(threading.Thread):
+    """Samples the VmHWM of every descendant of `pid` until stopped: the largest one seen."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.seen = pid, 0, set()
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.05):
+            for child in _descendants(self.pid):
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    self.peak = max(self.peak, _hwm(child))
+                    self.seen.add(child)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(5)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process under `pid` (from each process's parent in /proc/<n>/stat)."""
+    parents: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                parents.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
 def _verdict_lines(log: Path) -> dict[str, dict]:
     out = {}
     for line in log.read_text().splitlines():
@@ -341,6 +425,8 @@ def test_hostile_files_never_hurt_a_real_validator_or_the_honest_files(net: Net,
     finally:
         os.kill(pid, signal.SIGCONT)
     t_sent = time.monotonic()
+    readers = _ChildPeaks(pid)  # the validator's isolated readers (forkserver children)
+    readers.start()
     by_kind = {c.kind: c for c in cheaters}
     assert by_kind["ungranted"].refused == "CounterOutOfRange"
     assert not any(c.refused for c in cheaters if c.kind != "ungranted")
@@ -354,7 +440,9 @@ def test_hostile_files_never_hurt_a_real_validator_or_the_honest_files(net: Net,
     wait_until(_accepted(net, hn2.address, 2), 60)
     peak = _hwm(pid)
     t_settled = time.monotonic()
+    readers.stop()
     assert t_settled - t_sent < JUDGE_SECONDS
+    assert readers.seen and readers.peak < CHILD_RSS, (readers.seen, readers.peak)
 
     # the validator: one process, alive, within its bound
     assert v.proc.poll() is None and v.proc.pid == pid
@@ -401,7 +489,10 @@ def test_hostile_files_never_hurt_a_real_validator_or_the_honest_files(net: Net,
     assert "verification crashed" not in log and "Traceback" not in log
     report = {"validator_rss_mb": {"baseline_peak": round(baseline / MB, 1),
                                    "peak": round(peak / MB, 1),
-                                   "bound": round((baseline + RSS_HEADROOM) / MB, 1)},
+                                   "bound": round((baseline + RSS_HEADROOM) / MB, 1),
+                                   "reader_children_seen": len(readers.seen),
+                                   "reader_child_peak": round(readers.peak / MB, 1),
+                                   "reader_child_bound": round(CHILD_RSS / MB, 1)},
               "seconds": {"prepare": round(t_prepared - t0, 1),
                           "baseline": round(t_baseline - t0, 1),
                           "hostile_sent": round(t_sent - t_baseline, 1),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -82,7 +83,7 @@ def file_groups(entry: LedgerEntry, data: bytes, tokenizer: Any, rules: PoolRule
                            f"counters, the pool's files have {rules.rows_per_file()} rows "
                            f"({rules.prompts_per_file} prompts x {g}) of one counter")
     counter = counters.pop()
-    bad = _not_the_assignment(rf, entry, counter, tokenizer, rules)
+    bad = _unusable_rows(rf, entry, counter, tokenizer, rules)
     if bad:
         raise UnusableFile(f"{entry.sha256[:12]}: {bad}")
     a = Assignment(rules, h.node, h.step, counter, h.policy_version)
@@ -112,11 +113,13 @@ def file_groups(entry: LedgerEntry, data: bytes, tokenizer: Any, rules: PoolRule
     return out
 
 
-def _not_the_assignment(rf: Any, entry: LedgerEntry, counter: int, tokenizer: Any,
-                        rules: PoolRules) -> str:
-    """Why the file cannot be the work its entry names by the pool's rules ("" if it can):
-    checked before any row is decoded, so a bad row is a typed refusal, never a crash. (The
-    header's other fields are ignored: problems come from the rules.)"""
+def _unusable_rows(rf: Any, entry: LedgerEntry, counter: int, tokenizer: Any,
+                   rules: PoolRules) -> str:
+    """Why the file's rows cannot be trained on ("" if they can): a counter the pool's rules
+    (or the grant) do not allow, a token id outside the vocabulary, a reward or log-prob that
+    is not a finite number. Checked before any row is decoded or trained on, so such a file is
+    a typed refusal, never a crash or a NaN in a batch. (The header's other fields are
+    ignored: problems come from the rules.)"""
     bad_counter = counter_refusal(rules, counter)
     if bad_counter is not None or (entry.counter >= 0 and counter != entry.counter):
         return bad_counter or f"counter {counter}, granted {entry.counter}"
@@ -124,6 +127,8 @@ def _not_the_assignment(rf: Any, entry: LedgerEntry, counter: int, tokenizer: An
     for r in rf.completions:
         if any(not 0 <= t < vocab for t in (*r.prompt_tokens, *r.completion_tokens)):
             return f"a token id outside the vocabulary (size {vocab})"
+        if not all(math.isfinite(x) for x in (r.reward, *r.logprobs)):
+            return "a reward or log-prob that is not a finite number"
     return ""
 
 
