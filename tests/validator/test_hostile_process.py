@@ -95,16 +95,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.anvil]
 
 MB = 1 << 20
 # the validator's peak RSS may grow past its peak after judging an honest file by at most this
-# much while it judges every hostile file (measured: a few MB; the bombs are read in a child)
+# much while it judges every hostile file (measured: +12 to +24 MB over a ~475 MB baseline; the
+# bombs are read in a child)
 RSS_HEADROOM = 300 * MB
 # any child the validator reads a file in (sampled every 50 ms while it judges: a child's VmHWM
-# when last seen); the wire tests bound each bomb's reading process at 250 MB
+# when last seen; measured: at most 83 MB); the wire tests bound each bomb's reader at 250 MB
 CHILD_RSS = 400 * MB
 # the trainer's reader: each hostile file refused within this time, the reading process's peak
 # RSS growing by less than this over all of them (measured: well under a second each, ~0 MB)
 READ_SECONDS = 10.0
 READER_HEADROOM = 100 * MB
-JUDGE_SECONDS = 180.0  # every hostile file and the honest ones around them judged (measured: ~30 s)
+# every hostile file and the honest ones around them judged (measured: 9 to 27 s)
+JUDGE_SECONDS = 180.0
 STEP = 1  # versions 0 and 1 are in the window: a version-0 generation can be claimed as 1
 
 
@@ -117,8 +119,8 @@ class Hostile:
     build: Callable[[RolloutFile, PoolRules], bytes]
     check: str
     slot: dict[str, int] | None = None  # slot-request fields other than the header's
-    # the trainer's reader: "refused" (a typed error), or "ignored" (a header field no reader
-    # uses: the trainer takes problems from the pool's rules, so its groups are the honest ones)
+    # the trainer's reader: "refused" (a typed error), or "ignored" (a field the trainer never
+    # reads: it takes problems from the pool's rules, so its groups are the honest file's)
     reader: str = "refused"
 
 
