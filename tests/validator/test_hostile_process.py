@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import hashlib
 import json
@@ -107,7 +108,7 @@ READ_SECONDS = 10.0
 READER_HEADROOM = 100 * MB
 # every hostile file and the honest ones around them judged (measured: 9 to 27 s)
 JUDGE_SECONDS = 180.0
-STEP = 1  # versions 0 and 1 are in the window: a version-0 generation can be claimed as 1
+STEP = 1  # the pool's step: versions 0 and 1 allowed, so a version-0 generation can be claimed as 1
 
 
 # ---- the hostile files -----------------------------------------------------------------------
@@ -183,13 +184,14 @@ def _empty_completion(cols: dict[str, list]) -> None:
 
 
 def _double_dip(rf: RolloutFile, rules: PoolRules) -> bytes:
-    """The version-0 generation claimed as version 1, with the seed version 1 would have
-    (a careful cheater): the claimed version's problems are other problems."""
+    """The version-0 generation claimed as version (and step) 1, with the seed and prompt ids
+    that claim would have (a careful cheater, as `adversary.DoubleDip`): the claimed version's
+    problems are other problems."""
     h = rf.header
-    seed = Assignment(rules, h.node, h.step, 0, 1).sampler_seed()
-    return rollout_file_bytes(RolloutFile(h.model_copy(update={"policy_version": 1,
-                                                               "sampling_seed": seed}),
-                                          rf.completions))
+    a = Assignment(rules, h.node, 1, 0, 1)
+    rows = [dataclasses.replace(r, prompt_id=a.prompt_id(i)) for i, r in enumerate(rf.completions)]
+    return rollout_file_bytes(RolloutFile(h.model_copy(update={
+        "policy_version": 1, "step": 1, "sampling_seed": a.sampler_seed()}), rows))
 
 
 def _vocab_size() -> int:
@@ -228,7 +230,7 @@ KINDS: dict[str, Hostile] = {
     "header-other-pool": Hostile(_header_changed(pool_id=999), "rules", reader="ignored"),
     "header-other-rules-digest": Hostile(_header_changed(rules_sha256="0" * 64), "rules",
                                          reader="ignored"),
-    "double-dip-version": Hostile(_double_dip, "prompts", {"policy_version": 1}),
+    "double-dip-version": Hostile(_double_dip, "prompts", {"step": 1, "policy_version": 1}),
     "counter-outside-range-slot-for-0": Hostile(_rows_changed(_counter(8)), "slot_claim",
                                                 {"counter": 0}),
 }
@@ -248,8 +250,8 @@ def _engine(model_dir: Path) -> tuple[CPUEngine, Any]:
 
 
 def _honest(engine: CPUEngine, tok: Any, rules: PoolRules, node: str, provider: str) -> RolloutFile:
-    """The file an honest worker would make at (node, STEP, counter 0, version 0)."""
-    return generate_rollouts(engine, tok, Assignment(rules, node, STEP, 0, 0),
+    """The file an honest worker would make with version 0 (its step), counter 0."""
+    return generate_rollouts(engine, tok, Assignment(rules, node, 0, 0, 0),
                              rules.task.build(), provider)
 
 
