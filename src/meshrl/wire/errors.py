@@ -360,7 +360,7 @@ class NotAnnounced(WireHTTPError, code=ErrorCode.NOT_ANNOUNCED):
 
 
 class BadPoolId(WireHTTPError, code=ErrorCode.BAD_POOL_ID):
-    """The pool id is not a positive uint256."""
+    """The pool id is not a positive 64-bit integer in ASCII digits."""
 
 
 class NotPoolManager(WireHTTPError, code=ErrorCode.NOT_POOL_MANAGER):

@@ -389,9 +389,10 @@ def _path_params(path: str) -> list[str]:
 
 class ConnectionGate:
     """Who may hold a connection: at most `max_connections_per_ip` per source IP and
-    `max_connections` in all, kept below the file-descriptor limit. At a cap the least recently
-    active idle connection (no request being handled: idle, or still sending its head) of that
-    IP (or of all) is closed to make way; when every one is busy the new one is dropped."""
+    `max_connections` in all, kept below the file-descriptor limit. At a cap an idle connection
+    (no request being handled) of that IP (or of all) is closed to make way: the oldest that
+    never carried a request (an idle socket, a head that never ends) first, else the least
+    recently active; when every one is busy the new one is dropped."""
 
     def __init__(self, cfg: GuardConfig) -> None:
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
@@ -402,25 +403,28 @@ class ConnectionGate:
         self.max_total = max(1, min(cfg.max_connections, soft - max(64, soft // 8)))
         self.total = 0
         self._all: dict[_GatedHandler, None] = {}  # least recently active first
+        self._unserved: dict[_GatedHandler, None] = {}  # no request yet, oldest first
         self._by_ip: dict[str, dict[_GatedHandler, None]] = {}
         self.on_drop: Callable[[str], None] = lambda why: None
 
     def admit(self, conn: _GatedHandler) -> bool:
         mine = self._by_ip.get(conn.peer, {})
-        if len(mine) >= self.cfg.max_connections_per_ip and not self._evict(mine, "ip_cap"):
+        if len(mine) >= self.cfg.max_connections_per_ip and not self._evict(mine, mine):
             self.on_drop("ip_cap")
             return False
-        if self.total >= self.max_total and not self._evict(self._all, "total_cap"):
+        if self.total >= self.max_total and not self._evict(self._unserved, self._all):
             self.on_drop("total_cap")
             return False
         self._by_ip.setdefault(conn.peer, {})[conn] = None
         self._all[conn] = None
+        self._unserved[conn] = None
         self.total += 1
         return True
 
     def touch(self, conn: _GatedHandler) -> None:
-        """`conn` was active: it goes to the back of the eviction order."""
+        """`conn` carries a request: it goes to the back of the eviction order."""
         if conn in self._all:
+            self._unserved.pop(conn, None)
             del self._all[conn]
             self._all[conn] = None
             mine = self._by_ip[conn.peer]
@@ -428,19 +432,23 @@ class ConnectionGate:
             mine[conn] = None
 
     def leave(self, conn: _GatedHandler) -> None:
-        if self._all.pop(conn, 0) is None:
-            self.total -= 1
-            mine = self._by_ip[conn.peer]
-            del mine[conn]
-            if not mine:
-                del self._by_ip[conn.peer]
+        if conn not in self._all:
+            return  # left already (evicted, then its transport closed)
+        del self._all[conn]
+        self._unserved.pop(conn, None)
+        self.total -= 1
+        mine = self._by_ip[conn.peer]
+        del mine[conn]
+        if not mine:
+            del self._by_ip[conn.peer]
 
-    def _evict(self, conns: dict[_GatedHandler, None], why: str) -> bool:
-        for victim in conns:
-            if not victim.busy:
-                self.leave(victim)
-                victim.drop(why)
-                return True
+    def _evict(self, first: dict[_GatedHandler, None], then: dict[_GatedHandler, None]) -> bool:
+        for pool, unserved_only in ((first, True), (then, False)):
+            for victim in pool:
+                if not victim.busy and (victim.served == 0 or not unserved_only):
+                    self.leave(victim)
+                    victim.drop("make_way")
+                    return True
         return False
 
 
@@ -451,7 +459,7 @@ class _GatedHandler(RequestHandler):
 
     def __init__(self, gate: ConnectionGate, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        self.gate, self.peer, self.busy = gate, "", 0
+        self.gate, self.peer, self.busy, self.served = gate, "", 0, 0
         self._admitted = False
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
@@ -489,6 +497,7 @@ class _GatedHandler(RequestHandler):
 
     async def _handle_request(self, request: Any, start_time: Any, handler: Any) -> Any:
         self.busy += 1
+        self.served += 1
         self.gate.touch(self)
         self._arm_body(request)
         try:
@@ -499,6 +508,18 @@ class _GatedHandler(RequestHandler):
             if self._body_timer is not None:
                 self._body_timer.cancel()
                 self._body_timer = None
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        """A request aiohttp could not parse (a bad request line, a non-ASCII URL, oversized
+        headers) is a typed refusal like any other, not text, and not a logged traceback: a peer
+        must not be able to fill the logs."""
+        if status >= 500 or request.writer.output_size > 0:
+            return super().handle_error(request, status, exc, message)
+        resp = error_response(ErrorBody(error="malformed request", code=ErrorCode.HTTP_REFUSED,
+                                        detail=(message or "")[:200]), status)
+        resp.force_close()
+        return resp
 
     def drop(self, why: str) -> None:
         """Close now (a timeout or to make way): abort, no lingering."""
