@@ -182,7 +182,7 @@ def test_unservable_values_poison_nothing(chain: Chain, disc: str) -> None:
             h = sign_request(n2, "PUT", "/nodes", body, audience=aud).as_dict()
             status, ans = await send(disc, "PUT", "/nodes", body, h)
             assert status == 422 and ans["code"] == "invalid_body", (where, value, status, ans)
-        for pool in ("\u0661", "1_0", "9223372036854775808", "+1", "01"):
+        for pool in ("%D9%A1", "%EF%BC%91", "1_0", "9223372036854775808", "+1", "01", "%2B1"):
             path = f"/pools/{pool}/nodes"
             h = sign_request(hexkey(chain.accounts["mgr"]), "GET", path, audience=aud).as_dict()
             status, ans = await send(disc, "GET", path, b"", h)
@@ -205,20 +205,24 @@ async def _more(url: str, n: int) -> bool:
     return (await health(url))["syncs"] >= n
 
 
-def _flood(url: str, aud: str, body: bytes, n: int, out: Any) -> None:
-    """`n` announcements, each signed by a fresh key (not on chain), from 127.0.0.2."""
-    heads = [sign_request("0x" + secrets.token_hex(32), "PUT", "/nodes", body,
-                          audience=aud).as_dict() for _ in range(n)]
+def _flood(url: str, aud: str, body: bytes, n: int, per_s: float, out: Any) -> None:
+    """`n` announcements at `per_s`, each signed by a fresh key (not on chain), from
+    127.0.0.2, 32 at a time."""
 
     async def go() -> dict[str, int]:
         counts: dict[str, int] = {}
         conn = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0), limit=32)
         async with aiohttp.ClientSession(connector=conn) as s:
-            async def one(h: dict[str, str]) -> None:
-                async with s.put(url + "/nodes", data=body, headers=h) as r:
-                    code = (await r.json())["code"]
-                    counts[code] = counts.get(code, 0) + 1
-            await asyncio.gather(*(one(h) for h in heads))
+            async def worker(k: int) -> None:
+                for _ in range(k):
+                    t0 = time.monotonic()
+                    h = sign_request("0x" + secrets.token_hex(32), "PUT", "/nodes", body,
+                                     audience=aud).as_dict()
+                    async with s.put(url + "/nodes", data=body, headers=h) as r:
+                        code = (await r.json())["code"]
+                        counts[code] = counts.get(code, 0) + 1
+                    await asyncio.sleep(max(0.0, 32 / per_s - (time.monotonic() - t0)))
+            await asyncio.gather(*(worker(n // 32) for _ in range(32)))
         return counts
     t0 = time.monotonic()
     counts = asyncio.run(go())
@@ -240,7 +244,8 @@ def test_a_flood_of_fresh_keys_is_refused_before_it_costs(chain: Chain, disc: st
 
     aud = run(identity(disc))
     base = run(honest(20))
-    proc, out = in_process(_flood, disc, aud, body_of(chain), 3000)
+    # 3,008 fresh keys at 300 a second (the finding: 9,300 in a minute, 155 a second)
+    proc, out = in_process(_flood, disc, aud, body_of(chain), 3008, 300.0)
 
     async def during() -> tuple[list[float], float]:
         lat, worst = [], 0.0
@@ -258,7 +263,7 @@ def test_a_flood_of_fresh_keys_is_refused_before_it_costs(chain: Chain, disc: st
     print("discovery-fresh-keys", json.dumps(report))
     # the few that got through cost one chain lookup each and were refused as strangers
     assert got.get("node_not_on_chain", 0) <= allowed, report
-    assert got["ip_rate_limited"] >= 3000 - allowed, report
+    assert got["ip_rate_limited"] >= 3008 - allowed, report
     assert info["guard"]["signer_buckets"] <= allowed + 1, report
     assert info["guard"]["nonces"] <= allowed + len(base) + len(lat) + 1, report
     assert worst < 1.0, report
