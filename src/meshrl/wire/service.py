@@ -545,6 +545,8 @@ class _GatedHandler(RequestHandler):
             self._body_timer = None
             if request.content.is_eof():
                 return  # the body is in: what is left is the handler's time, not the peer's
+            if self._reading_paused or self._buffer_paused:
+                self._last_data = self._loop.time()  # we hold the peer back (a slow store)
             late = self._last_data + idle - self._loop.time()
             if late > 0:
                 self._body_timer = self._loop.call_later(late, due)
