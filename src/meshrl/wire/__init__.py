@@ -81,7 +81,7 @@ _EXPORTS = {
     "GuardConfig": "guard",
     "RequestGuard": "guard",
     "VerifiedRequest": "guard",
-    "ConnectionGate": "service",
+    "ConnectionGate": "connections",
     "NonceStore": "nonces",
     "SqliteNonceStore": "nonces",
     "SignedClient": "client",

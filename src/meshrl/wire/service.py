@@ -17,26 +17,24 @@ strings valid UTF-8), so nothing is stored that could not be served back.
 from __future__ import annotations
 
 import asyncio
-import json
-import math
-import resource
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ValidationError
 
 from meshrl.durable import atomic_write
+from meshrl.wire.connections import ConnectionGate, GatedSite
 from meshrl.wire.errors import ErrorBody, ErrorCode, WireError
-from meshrl.wire.guard import GuardConfig, RequestGuard, VerifiedRequest
+from meshrl.wire.guard import RequestGuard, VerifiedRequest
 from meshrl.wire.models import ServiceIdentity
+from meshrl.wire.values import load_json, valid_text
 
 __all__ = ["Call", "ConnectionGate", "Route", "build_app", "error_response", "listen",
-           "openapi_document", "route_refusals", "serve_forever"]
+           "load_json", "openapi_document", "route_refusals", "serve_forever"]
 
 
 @dataclass
@@ -104,7 +102,7 @@ def route_refusals(route: Route) -> tuple[ErrorCode, ...]:
 
 METRICS_KEY = web.AppKey("metrics_registry", CollectorRegistry)
 GUARD_KEY = web.AppKey("request_guard", RequestGuard)
-GATE_KEY = web.AppKey("connection_gate", "ConnectionGate")
+GATE_KEY = web.AppKey("connection_gate", ConnectionGate)
 
 
 def error_response(body: ErrorBody, status: int) -> web.Response:
@@ -142,78 +140,6 @@ async def _read_body(request: web.Request, limit: int, timeout_s: float) -> byte
     return b"".join(parts)
 
 
-_I64 = (-(1 << 63), (1 << 63) - 1)
-
-
-class _Unservable(ValueError):
-    """A JSON value no service could store and serve back."""
-
-
-def _no_constant(name: str) -> float:
-    raise _Unservable(f"{name} is not a number")
-
-
-def _finite(text: str) -> float:
-    x = float(text)
-    if not math.isfinite(x):  # 1e999 parses as inf
-        raise _Unservable(f"{text[:20]} is not a finite number")
-    return x
-
-
-def _bounded(text: str) -> int:
-    if len(text) > 20:  # wider than 64 bits whatever the digits (and int() of 5000 raises)
-        raise _Unservable("an integer outside 64 bits")
-    x = int(text)
-    if not _I64[0] <= x <= _I64[1]:
-        raise _Unservable("an integer outside 64 bits")
-    return x
-
-
-def load_json(raw: bytes) -> Any:
-    """A request body as JSON, or `MalformedJson`; then `InvalidBody` for any value a service
-    could not store and serve back: a non-finite number, an integer outside 64 bits, a string
-    (or key) that is not valid UTF-8 (a lone surrogate)."""
-    if not raw:
-        return None
-    try:
-        data = json.loads(raw, parse_constant=_no_constant, parse_float=_finite,
-                          parse_int=_bounded)
-    except _Unservable as e:
-        raise WireError(ErrorCode.INVALID_BODY, str(e)) from None
-    except (ValueError, RecursionError):  # not JSON, not UTF-8/16/32, nested too deeply
-        raise WireError(ErrorCode.MALFORMED_JSON) from None
-    bad = _first_bad_string(data)
-    if bad is not None:
-        raise WireError(ErrorCode.INVALID_BODY, f"{bad[:200]}: not valid UTF-8 text")
-    return data
-
-
-def _first_bad_string(data: Any) -> str | None:
-    """The path of the first string (or key) with a lone surrogate, None if there is none."""
-    stack: list[tuple[str, Any]] = [("body", data)]
-    while stack:
-        where, x = stack.pop()
-        if isinstance(x, str):
-            if not _utf8(x):
-                return where
-        elif isinstance(x, dict):
-            for k, v in x.items():
-                if not _utf8(k):
-                    return where
-                stack.append((f"{where}.{k}", v))
-        elif isinstance(x, list):
-            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(x))
-    return None
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _parse(model: type[BaseModel], data: Any, what: str) -> BaseModel:
     try:
         return model.model_validate(data)
@@ -238,12 +164,12 @@ async def _dispatch(route: Route, guard: RequestGuard, request: web.Request) -> 
         if route.body is not None:
             body_model = _parse(route.body, load_json(raw), "body")
     for name, value in request.match_info.items():
-        if not _utf8(name) or not _utf8(value):
+        if not valid_text(name) or not valid_text(value):
             raise WireError(ErrorCode.NO_SUCH_ROUTE, "the path is not valid UTF-8")
     query = None
     if route.query:
         items = dict(request.query)
-        if not all(_utf8(k) and _utf8(v) for k, v in items.items()):
+        if not all(valid_text(k) and valid_text(v) for k, v in items.items()):
             raise WireError(ErrorCode.INVALID_QUERY, "not valid UTF-8 text")
         query = _parse(route.query, items, "query")
     result = await route.handler(Call(request, signer, body_model, query))
@@ -387,206 +313,6 @@ def _path_params(path: str) -> list[str]:
             if part.startswith("{") and part.endswith("}")]
 
 
-class ConnectionGate:
-    """Who may hold a connection: at most `max_connections_per_ip` per source IP and
-    `max_connections` in all, kept below the file-descriptor limit. At a cap an idle connection
-    (no request being handled) of that IP (or of all) is closed to make way: the oldest that
-    never carried a request (an idle socket, a head that never ends) first, else the least
-    recently active; when every one is busy the new one is dropped."""
-
-    def __init__(self, cfg: GuardConfig) -> None:
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        if soft == resource.RLIM_INFINITY:
-            soft = 1 << 20
-        self.cfg = cfg
-        # the rest stay for the database, the chain, logs and outgoing connections
-        self.max_total = max(1, min(cfg.max_connections, soft - max(64, soft // 8)))
-        self.total = 0
-        self._all: dict[_GatedHandler, None] = {}  # least recently active first
-        self._unserved: dict[_GatedHandler, None] = {}  # no request yet, oldest first
-        self._by_ip: dict[str, dict[_GatedHandler, None]] = {}
-        self.on_drop: Callable[[str], None] = lambda why: None
-
-    def admit(self, conn: _GatedHandler) -> bool:
-        mine = self._by_ip.get(conn.peer, {})
-        if len(mine) >= self.cfg.max_connections_per_ip and not self._evict(mine, mine):
-            self.on_drop("ip_cap")
-            return False
-        if self.total >= self.max_total and not self._evict(self._unserved, self._all):
-            self.on_drop("total_cap")
-            return False
-        self._by_ip.setdefault(conn.peer, {})[conn] = None
-        self._all[conn] = None
-        self._unserved[conn] = None
-        self.total += 1
-        return True
-
-    def touch(self, conn: _GatedHandler) -> None:
-        """`conn` carries a request: it goes to the back of the eviction order."""
-        if conn in self._all:
-            self._unserved.pop(conn, None)
-            del self._all[conn]
-            self._all[conn] = None
-            mine = self._by_ip[conn.peer]
-            del mine[conn]
-            mine[conn] = None
-
-    def leave(self, conn: _GatedHandler) -> None:
-        if conn not in self._all:
-            return  # left already (evicted, then its transport closed)
-        del self._all[conn]
-        self._unserved.pop(conn, None)
-        self.total -= 1
-        mine = self._by_ip[conn.peer]
-        del mine[conn]
-        if not mine:
-            del self._by_ip[conn.peer]
-
-    def _evict(self, first: dict[_GatedHandler, None], then: dict[_GatedHandler, None]) -> bool:
-        for pool, unserved_only in ((first, True), (then, False)):
-            for victim in pool:
-                if not victim.busy and (victim.served == 0 or not unserved_only):
-                    self.leave(victim)
-                    victim.drop("make_way")
-                    return True
-        return False
-
-
-class _GatedHandler(RequestHandler):
-    """aiohttp's connection handler with the gate and deadlines aiohttp lacks: a request's head
-    must arrive within `header_timeout_s` of the connection (or of its first byte on a kept-alive
-    one), and a body being sent must not stall for `body_idle_s`."""
-
-    def __init__(self, gate: ConnectionGate, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.gate, self.peer, self.busy, self.served = gate, "", 0, 0
-        self._admitted = False
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._body_timer: asyncio.TimerHandle | None = None
-        self._last_data = 0.0
-        self._parsed = 0
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        peer = transport.get_extra_info("peername")
-        self.peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
-        if not self.gate.admit(self):
-            transport.abort()  # before aiohttp sees it: nothing to clean up but the socket
-            return
-        self._admitted = True
-        super().connection_made(transport)
-        self._arm_head()
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        if not self._admitted:
-            return
-        self._admitted = False
-        self.gate.leave(self)
-        self._cancel_timers()
-        super().connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        self._last_data = self._loop.time()
-        if self._head_timer is None and not self.busy:
-            self._arm_head()  # a new head begins on a kept-alive connection
-        super().data_received(data)
-        if self._request_count != self._parsed:  # a whole head arrived
-            self._parsed = self._request_count
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
-
-    async def _handle_request(self, request: Any, start_time: Any, handler: Any) -> Any:
-        self.busy += 1
-        self.served += 1
-        self.gate.touch(self)
-        self._arm_body(request)
-        try:
-            return await super()._handle_request(request, start_time, handler)
-        finally:
-            self.busy -= 1
-            self.gate.touch(self)
-            if self._body_timer is not None:
-                self._body_timer.cancel()
-                self._body_timer = None
-
-    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
-        """A request aiohttp could not parse (a bad request line, a non-ASCII URL, oversized
-        headers) is a typed refusal like any other, not text, and not a logged traceback: a peer
-        must not be able to fill the logs."""
-        if status >= 500 or request.writer.output_size > 0:
-            return super().handle_error(request, status, exc, message)
-        resp = error_response(ErrorBody(error="malformed request", code=ErrorCode.HTTP_REFUSED,
-                                        detail=(message or "")[:200]), status)
-        resp.force_close()
-        return resp
-
-    def drop(self, why: str) -> None:
-        """Close now (a timeout or to make way): abort, no lingering."""
-        self.gate.on_drop(why)
-        self._cancel_timers()
-        if self.transport is not None:
-            self.transport.abort()
-
-    def _arm_head(self) -> None:
-        self._head_timer = self._loop.call_later(self.gate.cfg.header_timeout_s, self._head_due)
-
-    def _head_due(self) -> None:
-        self._head_timer = None
-        if not self.busy:
-            self.gate.leave(self)
-            self.drop("header_timeout")
-
-    def _arm_body(self, request: Any) -> None:
-        idle = self.gate.cfg.body_idle_s
-        self._last_data = self._loop.time()
-
-        def due() -> None:
-            self._body_timer = None
-            if request.content.is_eof():
-                return  # the body is in: what is left is the handler's time, not the peer's
-            if self._reading_paused or self._buffer_paused:
-                self._last_data = self._loop.time()  # we hold the peer back (a slow store)
-            late = self._last_data + idle - self._loop.time()
-            if late > 0:
-                self._body_timer = self._loop.call_later(late, due)
-            else:
-                self.gate.leave(self)
-                self.drop("body_timeout")
-        self._body_timer = self._loop.call_later(idle, due)
-
-    def _cancel_timers(self) -> None:
-        for t in (self._head_timer, self._body_timer):
-            if t is not None:
-                t.cancel()
-        self._head_timer = self._body_timer = None
-
-
-class _GatedSite(web.BaseSite):
-    """A TCP site whose connections go through a `ConnectionGate`."""
-
-    def __init__(self, runner: web.AppRunner, gate: ConnectionGate, host: str, port: int) -> None:
-        super().__init__(runner, backlog=1024)
-        self._gate, self._host, self._port = gate, host, port
-
-    @property
-    def name(self) -> str:
-        return f"http://{self._host}:{self._port}"
-
-    async def start(self) -> None:
-        await super().start()
-        loop = asyncio.get_running_loop()
-        server = self._runner.server
-        assert server is not None
-        cfg = self._gate.cfg
-
-        def factory() -> _GatedHandler:
-            return _GatedHandler(self._gate, server, loop=loop, keepalive_timeout=cfg.keepalive_s,
-                                 access_log=None)
-        self._server = await loop.create_server(factory, self._host, self._port,
-                                                backlog=self._backlog, reuse_address=True)
-
-
 async def listen(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:
     """Serve `app` on host:port (0: any free port); the runner (to clean up) and the base URL.
     An app of `build_app` is served through its `ConnectionGate` (the guard's limits)."""
@@ -594,7 +320,7 @@ async def listen(app: web.Application, host: str, port: int) -> tuple[web.AppRun
     await runner.setup()
     gate = app.get(GATE_KEY)
     site: web.BaseSite = (web.TCPSite(runner, host, port) if gate is None
-                          else _GatedSite(runner, gate, host, port))
+                          else GatedSite(runner, gate, host, port))
     await site.start()
     bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     return runner, f"http://{host}:{bound}"
