@@ -135,7 +135,8 @@ class GatedHandler(RequestHandler):
         self.busy += 1
         self.served += 1
         self.gate.touch(self)
-        self._arm_body(request)
+        if not request.content.is_eof():  # a body still to come (a small one is in already)
+            self._arm_body(request)
         try:
             return await super()._handle_request(request, start_time, handler)
         finally:

@@ -127,6 +127,12 @@ async def _read_body(request: web.Request, limit: int, timeout_s: float) -> byte
     """The whole body, however many pieces it arrives in, within `limit` bytes and `timeout_s`."""
     if request.content_length is not None and request.content_length > limit:
         raise WireError(ErrorCode.BODY_TOO_LARGE, f"{request.content_length} > {limit} bytes")
+    content = request.content
+    if content.is_eof():  # all of it is here already (the usual small body): no timer
+        body = await content.read(limit + 1)  # every buffered piece, up to limit + 1
+        if len(body) > limit:
+            raise WireError(ErrorCode.BODY_TOO_LARGE, f"more than {limit} bytes")
+        return body
     parts, size = [], 0
     try:
         async with asyncio.timeout(timeout_s):
