@@ -109,9 +109,12 @@ class SignedClient:
                 return UNBOUND_AUDIENCE
             raise_for(resp.status, data)
         try:
-            return ServiceIdentity.model_validate_json(data).audience
+            audience = ServiceIdentity.model_validate_json(data).audience
         except ValueError as e:
             raise WireUnavailable(f"{self.base_url}/identity: not an identity") from e
+        if not AUDIENCE_RE.match(audience):
+            raise WireUnavailable(f"{self.base_url}/identity: not an audience")
+        return audience
 
     async def _sign(self, method: str, path: str, body: bytes = b"",
                     body_sha256: str | None = None) -> dict[str, str]:
