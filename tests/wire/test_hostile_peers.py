@@ -156,7 +156,7 @@ EXAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
     "/heartbeat": ("POST", {"policy_version": 1, "step": 2, "tokens_per_s": 3.5,
                             "files_pending": 4}),
     "/uploads": ("POST", {"sha256": "ab" * 32, "size": 10, "step": 1, "policy_version": 0,
-                          "work_units": 3}),
+                          "work_units": 3, "counter": 0}),
     "/verdicts": ("POST", {"sha256": "ab" * 32, "verdict": "accept", "reason": "ok",
                            "work_id": "cd" * 32}),
     "/step": ("POST", {"step": 3}),
