@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eth_account.signers.local import LocalAccount
+
 from meshrl.network.config import NetworkConfig
-from meshrl.network.keys import DevKeys, hexkey
+from meshrl.network.keys import DevKeys, write_key_file
 from meshrl.network.toml import write_toml
 
 __all__ = ["Layout", "RoleSpec", "build_roles", "find_anvil"]
@@ -103,9 +105,15 @@ def _meshrl(*args: str) -> list[str]:
     return [sys.executable, "-m", "meshrl.cli", *args]
 
 
-def _chain(lay: Layout, key: str = "") -> dict[str, Any]:
+def key_file(lay: Layout, name: str, account: LocalAccount) -> Path:
+    """`keys/<name>.key`, mode 0600: a role reads its key from a file, never from argv or a
+    config file anyone may read."""
+    return write_key_file(account, lay.root / "keys" / f"{name}.key")
+
+
+def _chain(lay: Layout, key: Path | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"rpc_url": lay.rpc_url, "deployment": str(lay.deployment)}
-    return {**out, "private_key": key} if key else out
+    return {**out, "key_file": str(key)} if key else out
 
 
 def _rules(cfg: NetworkConfig) -> dict[str, Any]:
@@ -119,7 +127,7 @@ def devnet_argv(lay: Layout, keys: DevKeys) -> list[str]:
     providers = [keys.provider(i).address for i in range(n)]
     nodes = [keys.node(i).address for i in range(n)]
     path = write_toml(lay.config_path("devnet"), {
-        "chain": _chain(lay, hexkey(keys.federator())),
+        "chain": _chain(lay, key_file(lay, "federator", keys.federator())),
         "params": cfg.chain.model_dump(mode="json"),
         "manager": keys.manager().address, "validators": [keys.validator().address],
         "providers": providers, "fund": [*providers, *nodes, keys.trainer().address],
@@ -136,7 +144,7 @@ def build_roles(lay: Layout, keys: DevKeys, pool_id: int) -> list[RoleSpec]:
     roles.append(_service(lay, "orchestrator", 2, {
         "port": lay.port(2), "pool_id": pool_id, "db": str(root / "orchestrator" / "state.db"),
         "readers": [keys.trainer().address], "chain_poll_s": cfg.poll_s,
-        "chain": _chain(lay, hexkey(keys.manager())),
+        "chain": _chain(lay, key_file(lay, "manager", keys.manager())),
         "guard": {"rate_per_minute": 6000, "rate_burst": 300},
         "store": {"root": str(root / "orchestrator" / "files")},
         "heartbeat": {"interval_s": cfg.pool.heartbeat_s, "dead_after": cfg.pool.dead_after},
@@ -178,16 +186,13 @@ def _service(lay: Layout, role: str, offset: int, cfg: dict[str, Any]) -> RoleSp
 
 def _trainer(lay: Layout, keys: DevKeys, origin: Path) -> RoleSpec:
     cfg, p = lay.cfg, lay.cfg.pool
-    key_file = lay.root / "keys" / "trainer.key"
-    key_file.parent.mkdir(parents=True, exist_ok=True)
-    key_file.write_text(hexkey(keys.trainer()))
-    key_file.chmod(0o600)
+    trainer_key = key_file(lay, "trainer", keys.trainer())
     net = {"async_level": p.async_level, "tasks": p.task,
            "run": {"dir": str(lay.root), "name": "trainer", "threads": cfg.threads.trainer,
                    "progress": False},
            "rollout": {"group_size": p.group_size, "temperature": p.temperature,
                        "max_new_tokens": p.max_new_tokens},
-           "network": {"orchestrator_url": lay.orchestrator_url, "key_file": str(key_file),
+           "network": {"orchestrator_url": lay.orchestrator_url, "key_file": str(trainer_key),
                        "origin_root": str(origin), "poll_s": cfg.poll_s}}
     path = write_toml(lay.config_path("trainer"), _merge(net, cfg.train))
     return RoleSpec("trainer", _meshrl("train", cfg.train_config, str(path)),

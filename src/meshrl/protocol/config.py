@@ -62,7 +62,22 @@ class ChainConfig(Config):
     backend: Literal["eth-tester", "rpc"] = Field("rpc", description="eth-tester or rpc")
     rpc_url: str = Field("http://127.0.0.1:8545", description="JSON-RPC endpoint")
     deployment: str = Field("runs/chain/deployment.json", description="contract addresses file")
-    private_key: str = Field("", description="hex key that signs transactions (empty: none)")
+    private_key: str = Field("", description="hex key that signs transactions, in a config "
+                             "file only (on a command line it shows in `ps`: use key_file)")
+    key_file: str = Field("", description="file of the key that signs transactions: an eth "
+                          "keystore (`meshrl keys new`) or one hex key (mode 0600)")
+    password_file: str = Field("", description="file holding key_file's keystore password")
+    password_env: str = Field("MESHRL_KEYSTORE_PASSWORD", description="environment variable "
+                              "holding key_file's keystore password (without password_file)")
+    rpc_timeout_s: float = Field(30.0, gt=0, description="seconds one JSON-RPC request may "
+                                 "take before it fails (a worker keeps it below the pool's "
+                                 "ejection budget)")
     chain_id: int = Field(0, description="refuse a node on another chain (84532: Base Sepolia)")
 
     _key = field_validator("private_key", mode="before")(hex_key)
+
+    @model_validator(mode="after")
+    def _one_key(self) -> ChainConfig:
+        if self.private_key and self.key_file:
+            raise ValueError("chain: give private_key or key_file, not both")
+        return self
