@@ -57,6 +57,7 @@ def _cases(tmp: Path) -> dict[tuple[str, ...], tuple[list[str], str]]:
                             "nodeploy.json"),
         ("chain", "rewards"): ([*chain, "--provider", "0x" + "11" * 20], "nodeploy.json"),
         ("chain", "claim"): ([*chain, "--chain.key_file", missing], "nodeploy.json"),
+        ("chain", "rpc-filter"): (["--port", "70000"], "port"),
         ("keys", "new"): (["--dir", str(tmp / "k"), "--password_file", missing], "missing"),
         ("chain", "compile"): (["--contracts", "x"], "unknown key 'contracts'"),
         ("chain", "devnet"): (chain, "127.0.0.1:9"),

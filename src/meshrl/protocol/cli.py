@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from meshrl.config import Config
-from meshrl.protocol.config import ChainConfig, ProtocolParams, hex_address
+from meshrl.protocol.config import ChainConfig, ProtocolParams, RpcFilterConfig, hex_address
 
 __all__ = ["register"]
 
@@ -301,6 +301,12 @@ def _works(cfg: WorksConfig) -> int:
     return 0
 
 
+def _rpc_filter(cfg: RpcFilterConfig) -> int:
+    from meshrl.protocol.rpc_filter import serve_rpc_filter
+
+    return serve_rpc_filter(cfg)
+
+
 def _send(cfg: SendConfig) -> int:
     from meshrl.protocol.errors import ChainError
     from meshrl.protocol.local import open_protocol, to_base_units
@@ -486,6 +492,10 @@ def register(subparsers: Any) -> None:
         "a pool's work items (status, reward, claimable) and its invalidations, ejections, "
         "claims (one JSON object)",
     )
+    add_config_command(sub, "rpc-filter", RpcFilterConfig, _rpc_filter,
+                       "a public JSON-RPC endpoint in front of a private node (anvil): "
+                       "forwards standard eth_/net_/web3_ methods only, bounded bodies and "
+                       "batches")
     add_config_command(sub, "send", SendConfig, _handled("send", _send),
                        "send ether (gas) and/or stake tokens from the signer to --to")
     add_config_command(sub, "rewards", RewardsConfig, _handled("rewards", _rewards),
