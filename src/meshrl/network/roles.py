@@ -22,7 +22,9 @@ from meshrl.network.toml import write_toml
 __all__ = ["Layout", "RoleSpec", "build_roles", "find_anvil"]
 
 CHAIN_ID = 31337
+RPC_FILTER = 14  # port offset of the public chain RPC (a filter in front of anvil)
 DASHBOARD = 15  # port offset of the dashboard
+LOCAL = (0, DASHBOARD)  # anvil and the dashboard never leave loopback
 
 
 def find_anvil(explicit: str = "") -> str:
@@ -61,12 +63,27 @@ class Layout:
     def port(self, offset: int) -> int:
         return self.cfg.base_port + offset
 
+    @property
+    def public(self) -> bool:
+        return bool(self.cfg.public_host)
+
+    def host(self, offset: int) -> str:
+        """The address the role at `offset` listens on and is reached at: the public host
+        for the pool's public roles, loopback for the rest."""
+        return self.cfg.public_host if self.public and offset not in LOCAL else "127.0.0.1"
+
     def url(self, offset: int) -> str:
-        return f"http://127.0.0.1:{self.port(offset)}"
+        return f"http://{self.host(offset)}:{self.port(offset)}"
 
     @property
     def rpc_url(self) -> str:
+        """anvil itself: on loopback, for the roles of this host."""
         return self.url(0)
+
+    @property
+    def public_rpc_url(self) -> str:
+        """The chain RPC strangers use: the filter in front of anvil (public pools), else anvil."""
+        return self.url(RPC_FILTER) if self.public else self.rpc_url
 
     @property
     def discovery_url(self) -> str:
@@ -139,10 +156,15 @@ def build_roles(lay: Layout, keys: DevKeys, pool_id: int) -> list[RoleSpec]:
     """Every supervised role, in start order (anvil is started before the chain set-up)."""
     cfg, root = lay.cfg, lay.root
     servers = [*lay.relay_urls(), lay.origin_url]
-    roles = [_service(lay, "discovery", 1, {"port": lay.port(1), "db": str(root / "discovery.db"),
-                                            "sync_s": 1.0, "chain": _chain(lay)})]
+    roles = []
+    if lay.public:
+        roles.append(rpc_filter_role(lay))
+    roles.append(_service(lay, "discovery", 1, {
+        "host": lay.host(1), "port": lay.port(1), "db": str(root / "discovery.db"),
+        "sync_s": 1.0, "chain": _chain(lay)}))
     roles.append(_service(lay, "orchestrator", 2, {
-        "port": lay.port(2), "pool_id": pool_id, "db": str(root / "orchestrator" / "state.db"),
+        "host": lay.host(2), "port": lay.port(2), "pool_id": pool_id,
+        "db": str(root / "orchestrator" / "state.db"),
         "readers": [keys.trainer().address], "chain_poll_s": cfg.poll_s,
         "chain": _chain(lay, key_file(lay, "manager", keys.manager())),
         "guard": {"rate_per_minute": 6000, "rate_burst": 300},
@@ -153,12 +175,14 @@ def build_roles(lay: Layout, keys: DevKeys, pool_id: int) -> list[RoleSpec]:
         "rules": _rules(cfg)}))
     origin = root / "shardcast" / "origin"
     roles.append(RoleSpec("origin", _meshrl("shardcast", "origin", "--root", str(origin),
+                                            "--server.host", lay.host(3),
                                             "--server.port", str(lay.port(3))),
                           health=lay.origin_url + "/health"))
     for i, url in enumerate(lay.relay_urls()):
         roles.append(RoleSpec(f"relay-{i}", _meshrl(
             "shardcast", "relay", "--root", str(root / "shardcast" / f"relay-{i}"),
-            "--upstreams", f'["{lay.origin_url}"]', "--server.port", str(lay.port(4 + i))),
+            "--upstreams", f'["{lay.origin_url}"]', "--server.host", lay.host(4 + i),
+            "--server.port", str(lay.port(4 + i))),
             health=url + "/health"))
     roles.append(_trainer(lay, keys, origin))
     roles.append(_validator(lay, keys, pool_id, servers))
@@ -177,6 +201,13 @@ def anvil_role(lay: Layout) -> RoleSpec:
             "--chain-id", str(CHAIN_ID), "--silent", "--state", str(state),
             "--state-interval", "2"]
     return RoleSpec("anvil", argv, health=lay.rpc_url, rpc=True)
+
+
+def rpc_filter_role(lay: Layout) -> RoleSpec:
+    """The public chain RPC of a public pool: standard methods only, in front of anvil."""
+    return RoleSpec("rpc-filter", _meshrl(
+        "chain", "rpc-filter", "--upstream", lay.rpc_url, "--host", lay.host(RPC_FILTER),
+        "--port", str(lay.port(RPC_FILTER))), health=lay.public_rpc_url + "/health")
 
 
 def _service(lay: Layout, role: str, offset: int, cfg: dict[str, Any]) -> RoleSpec:

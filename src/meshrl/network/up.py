@@ -107,6 +107,7 @@ def _write_network_file(lay: Layout, keys: DevKeys, pool: int, roles: list[str])
     workers = {name: {"provider": keys.provider(i).address, "node": keys.node(i).address,
                       "dishonest": bad} for name, i, bad in lay.workers()}
     info = {"pool_id": pool, "reward_rate": lay.cfg.pool.reward_rate, "rpc_url": lay.rpc_url,
+            "public_rpc_url": lay.public_rpc_url,
             "deployment": str(lay.deployment),
             "discovery": lay.discovery_url, "orchestrator": lay.orchestrator_url,
             "origin": lay.origin_url, "relays": lay.relay_urls(), "roles": roles,
