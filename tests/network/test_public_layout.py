@@ -37,6 +37,9 @@ def test_public_roles_bind_and_advertise_the_public_host(tmp_path) -> None:
                                                  "http://127.0.0.2:20003"]
     assert orch["onboarding"]["discovery_url"] == "http://127.0.0.2:20001"
     assert orch["chain"]["rpc_url"] == "http://127.0.0.1:20000"  # the same host: anvil itself
+    assert orch["join"] == {"rpc_url": "http://127.0.0.2:20014",  # strangers: the filter
+                            "discovery_url": "http://127.0.0.2:20001",
+                            "trainer": keys.trainer().address}
     assert "--server.host" in roles["origin"].argv and "127.0.0.2" in roles["relay-0"].argv
     assert _toml(lay, "worker-0")["orchestrator_url"] == "http://127.0.0.2:20002"
     assert anvil_role(lay).argv[1:3] == ["--host", "127.0.0.1"]

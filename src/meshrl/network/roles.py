@@ -172,6 +172,8 @@ def build_roles(lay: Layout, keys: DevKeys, pool_id: int) -> list[RoleSpec]:
         "heartbeat": {"interval_s": cfg.pool.heartbeat_s, "dead_after": cfg.pool.dead_after},
         "onboarding": {"poll_s": 1.0, "discovery_url": lay.discovery_url},
         "work": {"shardcast_servers": servers, "slot_ttl_s": 120.0},
+        "join": {"rpc_url": lay.public_rpc_url, "discovery_url": lay.discovery_url,
+                 "trainer": keys.trainer().address},
         "rules": _rules(cfg)}))
     origin = root / "shardcast" / "origin"
     roles.append(RoleSpec("origin", _meshrl("shardcast", "origin", "--root", str(origin),

@@ -21,7 +21,7 @@ from meshrl.pool.client import (
     require_same_rules,
 )
 from meshrl.pool.limits import file_limits
-from meshrl.pool.messages import WorkOrder
+from meshrl.pool.messages import JoinManifest, WorkOrder
 from meshrl.pool.profiles import (
     PROFILE_FIELD,
     PROFILES,
@@ -52,6 +52,7 @@ __all__ = [
     "Check",
     "Decision",
     "Finding",
+    "JoinManifest",
     "PoolRules",
     "PoolRulesError",
     "ProfileSpec",
