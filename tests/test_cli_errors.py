@@ -66,6 +66,7 @@ def _cases(tmp: Path) -> dict[tuple[str, ...], tuple[list[str], str]]:
         ("discovery",): ([*chain, "--db", str(tmp / "d.db")], "nodeploy.json"),
         ("orchestrator",): ([*chain, "--db", str(tmp / "o.db")], "nodeploy.json"),
         ("worker",): ([*chain, "--work_dir", str(tmp / "w")], "127.0.0.1:9"),
+        ("worker-join",): ([DEAD_URL, "--work_dir", str(tmp / "wj")], "unreachable"),
         ("validator",): ([*chain, "--work_dir", str(tmp / "v")], "127.0.0.1:9"),
     }
 

@@ -67,7 +67,8 @@ class Net:
         self.anvil.stop()
 
 
-def start_net(tmp: Path) -> Net:
+def start_net(tmp: Path, **orch: Any) -> Net:
+    """`orch`: top-level keys of the orchestrator's config, replaced."""
     anvil = AnvilNode()
     backend = anvil.start()
     fed, mgr, val = key("fed"), key("mgr"), key("val")
@@ -96,7 +97,7 @@ def start_net(tmp: Path) -> Net:
         "store": {"root": str(tmp / "files")},
         "heartbeat": {"interval_s": 2.0, "dead_after": 5000},  # finished workers stay members
         "onboarding": {"poll_s": 0.3, "discovery_url": net.disc.url}, "work": work,
-        "rules": RULES}, tmp)
+        "rules": RULES, **orch}, tmp)
     net.orch.start()
     return net
 
