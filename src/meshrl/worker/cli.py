@@ -17,6 +17,7 @@ def _worker(cfg: WorkerConfig) -> int:
     from meshrl.protocol.errors import ChainError
     from meshrl.protocol.local import connect
     from meshrl.wire import WireHTTPError
+    from meshrl.worker.join import JoinError
     from meshrl.worker.keys import KeystoreError, load_keys
     from meshrl.worker.node import HardwareError, WorkerNode
     from meshrl.worker.onboard import Blacklisted, OnboardError
@@ -26,7 +27,8 @@ def _worker(cfg: WorkerConfig) -> int:
         return asyncio.run(WorkerNode(cfg, keys).run())
     except (Blacklisted, PoolRulesError) as e:  # for good: a supervisor must not restart it
         raise CommandError(str(e), EXIT_REFUSED) from None
-    except (KeystoreError, HardwareError, ChainError, OnboardError, WireHTTPError) as e:
+    except (KeystoreError, HardwareError, ChainError, OnboardError, WireHTTPError,
+            JoinError) as e:
         raise CommandError(str(e)) from None  # one line, not a traceback
 
 

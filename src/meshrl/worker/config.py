@@ -88,6 +88,11 @@ class WorkerConfig(Config):
     model_dir: str = Field("", description="initial policy (version 0) if shardcast has none")
     max_files: int = Field(0, ge=0, description="stop after submitting this many files (0: run)")
     poll_interval: float = Field(1.0, gt=0, description="seconds between work-order polls")
+    http_timeout_s: float = Field(20.0, gt=0, description="seconds one request to a pool "
+                                  "service may take (below the pool's ejection budget: "
+                                  "dead_after x heartbeat interval)")
+    status_line: Literal["auto", "on", "off"] = Field(
+        "auto", description="a one-line live status on stdout (auto: when it is a terminal)")
     heartbeat_interval: float = Field(10.0, gt=0, description="seconds between heartbeats")
     crash_test_pause: float = Field(
         0.0, ge=0, description="crash tests only: pause this long at each phase boundary "
@@ -104,7 +109,7 @@ class WorkerConfig(Config):
                              "the worker refuses to start (it always generates by the "
                              "published rules)")
     keys: KeysConfig = KeysConfig()
-    chain: ChainConfig = ChainConfig()
+    chain: ChainConfig = ChainConfig(rpc_timeout_s=10.0)
     onboard: OnboardConfig = OnboardConfig()
     engine: EngineConfig = EngineConfig()
     reference: ReferenceConfig = ReferenceConfig()
