@@ -65,6 +65,9 @@ class WorkConfig(Config):
     max_units_per_file: int = Field(1 << 20, ge=1, description="most work units per file "
                                     "(the pool's on-chain maximum, if lower, wins)")
     slot_ttl_s: float = Field(600.0, gt=0, description="seconds an upload slot stays valid")
+    stall_log_s: float = Field(20.0, gt=0, description="while the pool's step does not move, "
+                               "log this often what it has (members, files of the step by "
+                               "status) and why it may not fill: no silent stall")
 
 
 class JoinConfig(Config):
