@@ -7,10 +7,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import os
 import threading
 import time
 
-__all__ = ["Link"]
+__all__ = ["Link", "setns"]
+
+CLONE_NEWNET = 0x40000000
+
+
+def setns(path: str) -> None:
+    """Move the calling thread into the network namespace at `path` (/run/netns/NAME): the
+    sockets it creates from now on live there (those made before stay where they were)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns {path}")
+    finally:
+        os.close(fd)
 
 
 class Link:
@@ -18,8 +34,12 @@ class Link:
     twice it), `rate_bps` bits per second per direction of each connection (0: unlimited)."""
 
     def __init__(self, pairs: list[tuple[tuple[str, int], tuple[str, int]]],
-                 delay_s: float = 0.0, rate_bps: float = 0.0) -> None:
+                 delay_s: float = 0.0, rate_bps: float = 0.0, listen_ns: str = "",
+                 connect_ns: str = "") -> None:
+        """`listen_ns` / `connect_ns`: network namespaces (paths) the listening and the
+        outgoing sockets are made in: the link is then the only way between them."""
         self.pairs, self.delay_s, self.rate_bps = pairs, delay_s, rate_bps
+        self.listen_ns, self.connect_ns = listen_ns, connect_ns
         self.loop = asyncio.new_event_loop()
         self.up = True
         self._conns: set[asyncio.StreamWriter] = set()
@@ -40,10 +60,14 @@ class Link:
         self.loop.run_forever()
 
     async def _listen(self) -> None:
+        if self.listen_ns:
+            setns(self.listen_ns)  # the loop's thread: listeners are made there
         for (lh, lp), target in self.pairs:
             async def on(r: asyncio.StreamReader, w: asyncio.StreamWriter, t=target) -> None:
                 await self._relay(r, w, t)
             self._servers.append(await asyncio.start_server(on, lh, lp))
+        if self.connect_ns:
+            setns(self.connect_ns)  # every connection out is made there from now on
 
     async def _relay(self, r: asyncio.StreamReader, w: asyncio.StreamWriter,
                      target: tuple[str, int]) -> None:

@@ -122,10 +122,13 @@ class Funding:
         return out
 
     def line(self, m: JoinManifest, lacking: dict[str, int]) -> str:
-        parts = []
-        if "tokens" in lacking or "provider_wei" in lacking:
-            parts.append(f"provider {self.provider}: {_eth(self.provider_wei)} ETH and "
-                         f"{_eth(self.tokens)} tokens (token {m.token})")
+        parts, mine = [], []
+        if "provider_wei" in lacking:
+            mine.append(f"{_eth(self.provider_wei)} ETH")
+        if "tokens" in lacking:
+            mine.append(f"{_eth(self.tokens)} tokens (token {m.token})")
+        if mine:
+            parts.append(f"provider {self.provider}: " + " and ".join(mine))
         if "node_wei" in lacking:
             parts.append(f"node {self.node}: {_eth(self.node_wei)} ETH")
         return (f"fund on chain {m.chain_id} ({m.rpc_url}), then this worker goes on by "

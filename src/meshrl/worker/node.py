@@ -133,6 +133,8 @@ class WorkerNode:
         self.order = order = await self._work_order(orch)
         made = await self.make_file(order)
         if made is None:
+            if len(self.outbox):  # a delivery postponed (link down): retried while idle too
+                await self._deliver(courier)
             await self._sleep(self.cfg.poll_interval)
             return
         entry, data = made
