@@ -147,6 +147,10 @@ class WorkerNode:
     async def _make_file(self, order: WorkOrder) -> MadeFile | None:
         """The next file of this step; None when there is none to make now."""
         if self.policy.version not in order.policy_versions:
+            if time.monotonic() - getattr(self, "_said_policy", -1e9) > 30.0:  # not silent
+                self._said_policy = time.monotonic()
+                log_event(log, "waiting for a policy version", have=self.policy.version,
+                          allowed=order.policy_versions, step=order.step)
             return None  # the follower is fetching a newer one
         per_step = order.rules.files_per_step
         if per_step and self._made(order.step) >= per_step:
