@@ -19,7 +19,7 @@ from yarl import URL
 from meshrl.wire import ErrorCode, SignedClient, WireHTTPError, raise_for, sign_request
 from meshrl.wire.models import Heartbeat, LedgerPage, SlotRequest, UploadSlot, Verdict
 
-from .conftest import Pool
+from .conftest import Pool, next_counter, parquet_framed
 from .net import run
 
 pytestmark = pytest.mark.anvil
@@ -106,7 +106,7 @@ def test_oversized_body(pool: Pool) -> None:
 async def grant(pool: Pool, node: str, data: bytes) -> UploadSlot:
     async with SignedClient(pool.orch.url, pool.key(node)) as c:
         req = SlotRequest(sha256=hashlib.sha256(data).hexdigest(), size=len(data), step=3,
-                          policy_version=3, work_units=10)
+                          policy_version=3, work_units=10, counter=next_counter())
         return await c.call("POST", "/uploads", req, response=UploadSlot)
 
 
@@ -117,9 +117,9 @@ def _file(pool: Pool, name: str, data: bytes) -> Path:
 
 
 def test_upload_whose_bytes_do_not_match(pool: Pool) -> None:
-    good = b"rollout-a" * 1000
+    good = parquet_framed(b"rollout-a" * 1000)
     slot = run(grant(pool, "n1", good))
-    bad = _file(pool, "bad", b"rollout-b" * 1000)  # same size, other bytes
+    bad = _file(pool, "bad", parquet_framed(b"rollout-b" * 1000))  # same size, other bytes
     sha_good = hashlib.sha256(good).hexdigest()
 
     async def lie() -> Any:  # signs the granted sha256 but sends other bytes
@@ -140,7 +140,7 @@ def test_upload_whose_bytes_do_not_match(pool: Pool) -> None:
 
 
 def test_upload_without_slot_into_other_nodes_slot_and_twice(pool: Pool) -> None:
-    data = b"rollout-c" * 1000
+    data = parquet_framed(b"rollout-c" * 1000)
     path, sha = _file(pool, "c", data), hashlib.sha256(data).hexdigest()
 
     def up(node: str, url: str) -> Callable[[], Awaitable[Any]]:
@@ -156,7 +156,7 @@ def test_upload_without_slot_into_other_nodes_slot_and_twice(pool: Pool) -> None
 
 
 def test_concurrent_uses_of_one_slot_store_once(pool: Pool) -> None:
-    data = b"rollout-d" * 100_000
+    data = parquet_framed(b"rollout-d" * 100_000)
     path, sha = _file(pool, "d", data), hashlib.sha256(data).hexdigest()
     slot = run(grant(pool, "n1", data))
 
@@ -179,7 +179,8 @@ def test_heartbeat_from_node_not_in_pool(pool: Pool) -> None:
 
 
 def test_verdict_from_an_address_without_the_validator_role(pool: Pool) -> None:
-    data = b"rollout-v" * 1000  # a file of this test's own in the ledger (none may be before it)
+    # a file of this test's own in the ledger (none may be before it)
+    data = parquet_framed(b"rollout-v" * 1000)
     path, sha = _file(pool, "v", data), hashlib.sha256(data).hexdigest()
 
     async def upload() -> Any:
@@ -234,7 +235,7 @@ def test_slot_beyond_the_unit_and_size_limits(pool: Pool) -> None:
             async with SignedClient(pool.orch.url, pool.key("n1")) as c:
                 return await c.call("POST", "/uploads", SlotRequest(
                     sha256="ee" * 32, size=size, step=3, policy_version=version,
-                    work_units=units))
+                    work_units=units, counter=0))
         return go
     refused(pool, ask(10_001), ErrorCode.TOO_MANY_WORK_UNITS)
     refused(pool, ask(10, size=(1 << 21) + 1), ErrorCode.FILE_TOO_LARGE)

@@ -47,7 +47,7 @@ def net(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("join")
     port = _free_port()
     rpc = f"http://127.0.0.1:{port}"
-    n = start_net(tmp, join={"rpc_url": rpc, "trainer": key("trainer").address})
+    n = start_net(tmp, orch={"join": {"rpc_url": rpc, "trainer": key("trainer").address}})
     filt = _meshrl("chain", "rpc-filter", "--upstream", n.anvil.url, "--port", str(port),
                    "--ready_file", str(tmp / "rpc.ready"))
     wait_until(lambda: (tmp / "rpc.ready").is_file(), 30)

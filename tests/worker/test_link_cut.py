@@ -49,9 +49,9 @@ def _submissions(net, node: str) -> list[str]:
 def test_a_60_s_link_cut_is_outlived_without_a_restart(tmp_path) -> None:
     filt_port, rpc_l, disc_l, orch_l = (_free_port() for _ in range(4))
     local = "127.0.0.1"
-    net = start_net(tmp_path, heartbeat={"interval_s": 1.0, "dead_after": 3},
-                    join={"rpc_url": f"http://{local}:{rpc_l}",
-                          "discovery_url": f"http://{local}:{disc_l}"})
+    net = start_net(tmp_path, orch={"heartbeat": {"interval_s": 1.0, "dead_after": 3},
+                                    "join": {"rpc_url": f"http://{local}:{rpc_l}",
+                                             "discovery_url": f"http://{local}:{disc_l}"}})
     filt = _meshrl("chain", "rpc-filter", "--upstream", net.anvil.url, "--port",
                    str(filt_port), "--ready_file", str(tmp_path / "rpc.ready"))
     link = Link([((local, rpc_l), (local, filt_port)),

@@ -83,6 +83,7 @@ class Orchestrator:
         self.chain.restore_cursor(self.state)
         await self.chain.open_books(self.state)
         revived = self.state.grace(time.time())
+        self.state.reset_uploads()  # slots a kill left `uploading`: free to finish the upload
         api = OrchestratorApi(self.cfg, terms, self.state, self.store, self.pool, self.chain,
                               [*self.cfg.readers, self.manager], self.metrics, self.guard)
         app = build_app("orchestrator", api.routes(), self.guard, registry=self.registry)

@@ -13,16 +13,18 @@ from pydantic import BaseModel
 
 __all__ = [
     "BadFileName", "BadPoolId", "BadSignature", "BadSlotId", "BodySha256Mismatch", "BodyTooLarge",
-    "ErrorBody", "ErrorCode", "FileAlreadyKnown", "FileTooLarge", "FutureTimestamp", "HttpRefused",
+    "CounterOutOfRange", "CounterUsed", "ErrorBody", "ErrorCode", "FileAlreadyKnown",
+    "FileAlreadyUploaded", "FileTooLarge", "FutureTimestamp", "HttpRefused",
     "InvalidBody", "InvalidQuery", "MalformedAddress", "MalformedBodySha256", "MalformedJson",
     "MalformedNonce", "MalformedTimestamp", "MethodNotAllowed", "MissingSignature", "NoInvite",
     "NoSuchFile", "NoSuchRoute", "NoSuchSlot", "NoSuchSubmission", "NodeNotOnChain",
-    "NonceStoreUnavailable", "NotAReader", "NotAValidator", "NotAnnounced", "NotAwaitingVerdict",
-    "NotInPool", "NotOwnEntry", "NotPoolManager", "NotSubmittedYet", "ProviderMismatch",
-    "RateLimited", "ReplayedNonce", "RolloutFileError", "Sha256Mismatch", "SizeMismatch",
-    "SlotAlreadyUsed", "SlotExpired", "SlotOfAnotherNode", "StaleTimestamp", "StaleWork",
-    "StepGoesBack", "TooManyNodesForIp", "TooManyWorkUnits", "WireError", "WireHTTPError",
-    "WireUnavailable", "WorkIdOfAnotherFile", "WrongSigner", "refusal", "refusal_classes"
+    "NonceStoreUnavailable", "NotAReader", "NotARolloutFile", "NotAValidator", "NotAnnounced",
+    "NotAwaitingVerdict", "NotInPool", "NotOwnEntry", "NotPoolManager", "NotSubmittedYet",
+    "ProviderMismatch", "RateLimited", "ReplayedNonce", "RolloutFileError", "Sha256Mismatch",
+    "SizeMismatch", "SlotAlreadyUsed", "SlotExpired", "SlotOfAnotherNode", "StaleTimestamp",
+    "StaleWork", "StepGoesBack", "TooManyNodesForIp", "TooManyWorkUnits", "UploadInProgress",
+    "WireError", "WireHTTPError", "WireUnavailable", "WorkIdOfAnotherFile", "WrongSigner",
+    "refusal", "refusal_classes"
 ]
 
 
@@ -74,6 +76,11 @@ class ErrorCode(StrEnum):
     SLOT_OF_ANOTHER_NODE = "slot_of_another_node", 403, "slot of another node"
     SLOT_ALREADY_USED = "slot_already_used", 409, "slot already used"
     SLOT_EXPIRED = "slot_expired", 410, "slot expired"
+    COUNTER_OUT_OF_RANGE = "counter_out_of_range", 422, "counter out of range"
+    COUNTER_USED = "counter_used", 409, "counter used by another file"
+    FILE_ALREADY_UPLOADED = "file_already_uploaded", 409, "file already uploaded"
+    UPLOAD_IN_PROGRESS = "upload_in_progress", 409, "upload in progress"
+    NOT_A_ROLLOUT_FILE = "not_a_rollout_file", 422, "not a rollout file"
     SHA256_MISMATCH = "sha256_mismatch", 400, "sha256 mismatch"
     SIZE_MISMATCH = "size_mismatch", 400, "size mismatch"
     BAD_FILE_NAME = "bad_file_name", 400, "bad file name"
@@ -284,6 +291,26 @@ class SlotAlreadyUsed(WireHTTPError, code=ErrorCode.SLOT_ALREADY_USED):
 
 class SlotExpired(WireHTTPError, code=ErrorCode.SLOT_EXPIRED):
     """The slot expired before the upload."""
+
+
+class CounterOutOfRange(WireHTTPError, code=ErrorCode.COUNTER_OUT_OF_RANGE):
+    """A node's counters at a step are 0 .. files_per_step - 1."""
+
+
+class CounterUsed(WireHTTPError, code=ErrorCode.COUNTER_USED):
+    """The node was granted another file for this (step, counter): one file per counter."""
+
+
+class FileAlreadyUploaded(WireHTTPError, code=ErrorCode.FILE_ALREADY_UPLOADED):
+    """This node's file is stored already (an upload finished before a crash): submit it."""
+
+
+class UploadInProgress(WireHTTPError, code=ErrorCode.UPLOAD_IN_PROGRESS):
+    """An upload of this file is running (a previous connection): try again shortly."""
+
+
+class NotARolloutFile(WireHTTPError, code=ErrorCode.NOT_A_ROLLOUT_FILE):
+    """The uploaded bytes are not a Parquet rollout file: nothing was stored."""
 
 
 class Sha256Mismatch(WireHTTPError, code=ErrorCode.SHA256_MISMATCH):

@@ -137,6 +137,8 @@ class SlotRequest(Model):
     step: int = Field(ge=0)
     policy_version: int = Field(ge=0)
     work_units: int = Field(ge=1)
+    counter: int = Field(ge=0, lt=1 << 16, description="the file's counter at its step "
+                         "(0 .. files_per_step - 1); the orchestrator grants one file each")
 
 
 class UploadSlot(Model):
@@ -200,6 +202,7 @@ class LedgerEntry(Model):
     policy_version: int
     work_units: int
     size: int
+    counter: int = Field(-1, description="the granted counter (-1: a submission without grant)")
     status: FileStatus
     verdict: str = ""
     download: str = Field("", description="signed GET path of the file (empty until uploaded)")
