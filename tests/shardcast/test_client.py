@@ -227,3 +227,33 @@ def test_follow_calls_back_for_each_new_version(tmp_path):
     assert [v for v, _ in seen] == [0, 1, 2]
     assert all(body == srcs[v].read_bytes() for v, body in seen)
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["v1", "v2"]
+
+
+def test_a_version_pruned_everywhere_mid_fetch_fails_fast(tmp_path):
+    """A follower over a slow link that is still fetching a version the servers have pruned
+    (a newer one replaced it) gives it up at once instead of waiting `wait_timeout`: the
+    follow loop then takes the newest."""
+    from meshrl.shardcast import ShardUnavailableError
+
+    src = make_file(tmp_path / "w.bin", 40 * SHARD, 7)
+
+    async def main():
+        o = signed_origin(OriginConfig(root=str(tmp_path / "o"), keep=1,
+                                       server=ServerConfig(max_connection_mbps=2.0)))
+        url = await o.start()
+        await o.publish(src, 1, SHARD)
+        cfg = FAST.model_copy(update={"wait_timeout": 60, "concurrency": 1,
+                                      "shard_order": "sequential"})
+        async with signed_client([url], cfg) as c:
+            fetch = asyncio.create_task(c.fetch(tmp_path / "out.bin", 1))
+            await asyncio.sleep(0.5)
+            assert not fetch.done()
+            await o.publish(src, 2, SHARD)  # keep=1: version 1 is pruned once unread
+            t0 = asyncio.get_running_loop().time()
+            with pytest.raises(ShardUnavailableError):
+                await fetch
+            waited = asyncio.get_running_loop().time() - t0
+        await o.stop()
+        return waited
+
+    assert run(main()) < 20  # not the 60 s wait_timeout

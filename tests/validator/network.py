@@ -70,8 +70,9 @@ class Net:
         self.anvil.stop()
 
 
-def start_net(tmp: Path, **discovery: Any) -> Net:
-    """The pool; `discovery`: settings of the discovery service over the defaults."""
+def start_net(tmp: Path, orch: dict[str, Any] | None = None, **discovery: Any) -> Net:
+    """The pool; `discovery`: settings of the discovery service over the defaults; `orch`:
+    top-level keys of the orchestrator's config, replaced."""
     anvil = AnvilNode()
     backend = anvil.start()
     fed, mgr, val = key("fed"), key("mgr"), key("val")
@@ -100,7 +101,7 @@ def start_net(tmp: Path, **discovery: Any) -> Net:
         "store": {"root": str(tmp / "files")},
         "heartbeat": {"interval_s": 2.0, "dead_after": 5000},  # finished workers stay members
         "onboarding": {"poll_s": 0.3, "discovery_url": net.disc.url}, "work": work,
-        "rules": RULES}, tmp)
+        "rules": RULES, **(orch or {})}, tmp)
     net.orch.start()
     return net
 

@@ -154,7 +154,7 @@ class NetworkSource(RolloutSource):
         taken: list[FileGroups] = []
         dropped: list[dict[str, Any]] = []
         while sum(f.groups for f in taken) < self.rollout.prompts_per_step:
-            entry = self._next_entry()
+            entry = self._next_entry(step, taken, dropped)
             if not is_fresh(step, entry.policy_version, self.async_level):
                 self.dropped_stale += 1
                 dropped.append(_ref(entry, "stale"))
@@ -174,10 +174,33 @@ class NetworkSource(RolloutSource):
         pass  # nothing to stop: the ledger, not the trainer, holds what is in flight
 
     # ---- plumbing --------------------------------------------------------------------------
-    def _next_entry(self) -> LedgerEntry:
+    def _next_entry(self, step: int, taken: list[FileGroups],
+                    dropped: list[dict[str, Any]]) -> LedgerEntry:
+        t0 = last = time.monotonic()
         while (entry := self.take()) is None:
+            if time.monotonic() - last >= self.cfg.stall_log_s:
+                last = time.monotonic()
+                self._say_waiting(step, taken, dropped, last - t0)
             time.sleep(self.cfg.poll_s)
         return entry
+
+    def _say_waiting(self, step: int, taken: list[FileGroups], dropped: list[dict[str, Any]],
+                     waited: float) -> None:
+        """One line of what step `step` has and lacks (a stall is never silent)."""
+        have, need = sum(f.groups for f in taken), self.rollout.prompts_per_step
+        excluded = sum(f.excluded for f in taken)
+        reasons = [f"{need - have} more accepted groups (of {self.rules.prompts_per_file} per "
+                   "file)"]
+        if excluded:
+            reasons.append(f"{excluded} groups of held-out prompts were dropped from the files "
+                           "taken")
+        if dropped:
+            reasons.append(f"{len(dropped)} files dropped (stale or unusable)")
+        if self.rules.files_per_step:
+            reasons.append(f"members make at most {self.rules.files_per_step} files per step")
+        log_event(log, "step waiting for accepted files", step=step, groups=have, need=need,
+                  files=len(taken), excluded_groups=excluded, dropped=len(dropped),
+                  waited_s=round(waited, 1), why="; ".join(reasons))
 
     def take(self) -> LedgerEntry | None:
         """The next trainable accepted file in acceptance order, never one taken before (the
@@ -197,11 +220,18 @@ class NetworkSource(RolloutSource):
         that many steps however fast honest files arrive. Submissions of a file the pool never
         stored (version -1) are not waited for: nothing of them can be trained on, and the
         validator settles them only after its retries."""
+        t0 = last = time.monotonic()
         while upto >= 0:
             waiting = [e for e in self.reader.awaiting_verdict()
                        if e.step <= upto and e.policy_version >= 0]
             if not waiting:
                 return
+            if time.monotonic() - last >= self.cfg.stall_log_s:
+                last = time.monotonic()
+                log_event(log, "step waiting for verdicts", files=len(waiting), upto_step=upto,
+                          waited_s=round(last - t0, 1), why=f"{len(waiting)} submitted files "
+                          f"of steps <= {upto} have no verdict yet (judge_lag "
+                          f"{self.cfg.judge_lag}): is a validator running?")
             time.sleep(self.cfg.poll_s)
 
     def _load(self, entry: LedgerEntry) -> FileGroups:

@@ -87,6 +87,7 @@ class ShardcastClient(ServerTracker):
         super().__init__(ServerPool(urls, cfg.failure_decay, seed, cfg.origin_weight), cfg,
                          session, publisher and check_publisher(publisher))
         self._progress = 0.0  # of the version being fetched (sent: servers favour the behind)
+        self._gone: dict[int, set[str]] = {}  # per version: servers that answered 404
         # a relay says so (X-Shardcast-Relay) and is served before clients
         headers = {RELAY_HEADER: relay_token or "1"} if relay_token is not None else {}
         if transport is None:
@@ -134,7 +135,7 @@ class ShardcastClient(ServerTracker):
                 for pos, index in enumerate(pending):
                     if self.pool.available(index, digest):
                         return pending.pop(pos)
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or self._dropped(m.version):
                     raise ShardUnavailableError(f"shardcast: shards {pending[:5]}... of version "
                                                 f"{m.version} are held by no reachable server")
                 self._avail.clear()
@@ -183,7 +184,7 @@ class ShardcastClient(ServerTracker):
         shard, digest = m.shards[index], m.digest
         digests = [shard.piece_digest(j) for j in range(m.piece_count(shard))]
         rx = ShardReceiver(shard.size, m.piece_size, digests, sink, self.cfg.pieces_in_flight)
-        tried = set[str]()
+        tried, gone = set[str](), self._gone.setdefault(m.version, set())
         attempt, deadline = 0, time.monotonic() + self.cfg.wait_timeout
         again: ServerState | None = None  # the server that sent a slice: asked for the rest
         while attempt < self.cfg.max_attempts:
@@ -191,7 +192,7 @@ class ShardcastClient(ServerTracker):
             if s is None:  # nobody usable holds it now (busy, or a relay that held it was lost)
                 if rx.filled == 0:
                     return False
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or self._dropped(m.version):
                     break
                 self._avail.clear()
                 with contextlib.suppress(TimeoutError):
@@ -221,6 +222,7 @@ class ShardcastClient(ServerTracker):
             if isinstance(error, TransferError) and error.status == 404:
                 s.complete = False  # it no longer holds the version (pruned, restarted)
                 s.have.discard(index)
+                gone.add(s.url)
             tried.add(s.url)
             log_event(log, "shard transfer failed", url=s.url, shard=index, error=repr(error))
             delay = self.cfg.backoff * 2 ** (attempt - 1)
@@ -247,6 +249,11 @@ class ShardcastClient(ServerTracker):
                 self.pool.record_success(s, got, time.monotonic() - start,
                                          measure=not _is_refusal(error))
         return error
+
+    def _dropped(self, version: int) -> bool:
+        """Every server answered 404 for a shard of `version`: it was pruned everywhere (a
+        newer one replaced it), and waiting for it cannot bring it back."""
+        return len(self._gone.get(version, ())) >= len(self.pool.servers)
 
     def _refused(self, s: ServerState, error: BaseException | None) -> bool:
         """A server that keeps its upload for relays (403, 503): not a failure."""
