@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo demo-local test lint bench clean node
+.PHONY: setup demo demo-local test test-crosshost lint bench clean node
 
 setup: $(STAMP) node
 
@@ -32,7 +32,11 @@ demo-local: setup
 
 test: setup
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q -m "not crosshost" tests
+
+# a pool and a joining worker in two network namespaces over a shaped link (root only; minutes)
+test-crosshost: setup
+	$(BIN)/pytest -q -m crosshost tests
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks

@@ -162,7 +162,11 @@ slot_ttl_s = 3600
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
-            self.proc.wait(20)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:  # a busy machine: the numbers are in already
+                emit(phase="stop", note="orchestrator did not stop in 60 s: killed")
+                self.kill9()
 
 
 async def _heartbeats(url: str, keys: list[str], interval: float, stop_rel: float,

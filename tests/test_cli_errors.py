@@ -53,6 +53,12 @@ def _cases(tmp: Path) -> dict[tuple[str, ...], tuple[list[str], str]]:
         ("chain", "works"): (chain, "nodeploy.json"),
         ("chain", "propose-federator"): ([*chain, "--to", "0x" + "22" * 20], "nodeploy.json"),
         ("chain", "accept-federator"): (chain, "nodeploy.json"),
+        ("chain", "send"): ([*chain, "--to", "0x" + "11" * 20, "--ether", "1"],
+                            "nodeploy.json"),
+        ("chain", "rewards"): ([*chain, "--provider", "0x" + "11" * 20], "nodeploy.json"),
+        ("chain", "claim"): ([*chain, "--chain.key_file", missing], "nodeploy.json"),
+        ("chain", "rpc-filter"): (["--port", "70000"], "port"),
+        ("keys", "new"): (["--dir", str(tmp / "k"), "--password_file", missing], "missing"),
         ("chain", "compile"): (["--contracts", "x"], "unknown key 'contracts'"),
         ("chain", "devnet"): (chain, "127.0.0.1:9"),
         ("network", "up"): (["--anvil", missing, "--dir", str(tmp / "net")], "anvil not found"),
@@ -60,6 +66,7 @@ def _cases(tmp: Path) -> dict[tuple[str, ...], tuple[list[str], str]]:
         ("discovery",): ([*chain, "--db", str(tmp / "d.db")], "nodeploy.json"),
         ("orchestrator",): ([*chain, "--db", str(tmp / "o.db")], "nodeploy.json"),
         ("worker",): ([*chain, "--work_dir", str(tmp / "w")], "127.0.0.1:9"),
+        ("worker-join",): ([DEAD_URL, "--work_dir", str(tmp / "wj")], "unreachable"),
         ("validator",): ([*chain, "--work_dir", str(tmp / "v")], "127.0.0.1:9"),
     }
 

@@ -58,15 +58,19 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     head, overrides = _split_overrides(argv)
     parser = build_parser()
+    head = _two_words(parser, head)
     args, unknown = parser.parse_known_args(head)
     if getattr(args, "_handler", None) is None:
         if unknown:
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         parser.print_help()
         return 0 if args.command is None else 2
-    name = " ".join(w for w in head if not w.startswith("-") and w not in args.configs)
+    pos = getattr(args, "_positional", "")
+    given = [f"--{pos}", getattr(args, pos)] if pos else []
+    name = " ".join(w for w in head if not w.startswith("-") and w not in args.configs
+                    and w not in given)
     try:
-        cfg = load_config(args._config_cls, args.configs, unknown + overrides)
+        cfg = load_config(args._config_cls, args.configs, given + unknown + overrides)
     except ConfigError as e:
         return _fail(name, e, 2)
     try:
@@ -77,6 +81,16 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(name, e, 1)
     except KeyboardInterrupt:
         return 130
+
+
+def _two_words(parser: argparse.ArgumentParser, head: list[str]) -> list[str]:
+    """`meshrl worker join ...` is the command registered as `worker-join`: a role's command
+    takes config files as its arguments, so a verb under it is a command of its own."""
+    if len(head) >= 2:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        if f"{head[0]}-{head[1]}" in sub.choices:
+            return [f"{head[0]}-{head[1]}", *head[2:]]
+    return head
 
 
 def _fail(command: str, error: BaseException, code: int) -> int:

@@ -180,8 +180,11 @@ def add_config_command(
     config_cls: type[Config],
     handler: Callable[[Any], int | None],
     help: str,
+    positional: str = "",
 ) -> argparse.ArgumentParser:
     """A subcommand parsing TOML files + dotted overrides into `config_cls`, then `handler(cfg)`.
+    With `positional`, the first argument is that config key's value (`meshrl worker join URL`),
+    and config files follow it.
 
     It lives here, below every package, so a package's `cli.py` registers its commands without
     importing the `meshrl` command line (which imports every package's `cli.py`).
@@ -194,6 +197,8 @@ def add_config_command(
         epilog="options (as --dotted.key VALUE, after the config files):\n"
         + config_help(config_cls),
     )
+    if positional:
+        parser.add_argument(positional, help=f"sets --{positional}")
     parser.add_argument("configs", nargs="*", help="TOML config files, merged in order")
-    parser.set_defaults(_config_cls=config_cls, _handler=handler)
+    parser.set_defaults(_config_cls=config_cls, _handler=handler, _positional=positional)
     return parser

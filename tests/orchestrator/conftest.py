@@ -52,7 +52,7 @@ def orchestrator_config(chain: Chain, tmp: Path, **over: object) -> dict:
         "heartbeat": {"interval_s": 1.0, "dead_after": 3},
         "onboarding": {"poll_s": 0.2, "recheck_s": 0.5, "requirements": {"min_cores": 4}},
         "work": {"step": 3, "max_file_bytes": 1 << 21, "max_units_per_file": 10_000,
-                 "slot_ttl_s": 30.0},
+                 "slot_ttl_s": 30.0, "stall_log_s": 1.0},
         # many files of one node at one step in these tests: each takes a counter of its own
         "rules": {"async_level": 1, "group_size": 2, "files_per_step": 1 << 12},
     }

@@ -5,9 +5,11 @@ and after."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,14 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from meshrl.wire import ErrorCode, SignedClient, WireHTTPError, raise_for, sign_request
+from meshrl.wire import (
+    ErrorCode,
+    SignedClient,
+    SignedHeaders,
+    WireHTTPError,
+    raise_for,
+    sign_request,
+)
 from meshrl.wire.models import Heartbeat, LedgerPage, SlotRequest, UploadSlot, Verdict
 
 from .conftest import Pool, next_counter, parquet_framed
@@ -64,8 +73,21 @@ async def send(url: str, method: str, path: str, body: bytes, headers: dict) -> 
 HB = Heartbeat().model_dump_json().encode()
 
 
+@functools.cache
+def audience(url: str) -> str:
+    """The audience this service's requests are signed for (`GET /identity`)."""
+    with urllib.request.urlopen(url + "/identity", timeout=30) as r:
+        return str(json.load(r)["audience"])
+
+
+def signed(pool: Pool, key: str, method: str, path: str, body: bytes = b"",
+           **kw: Any) -> SignedHeaders:
+    """A raw request's headers, signed for the pool's orchestrator."""
+    return sign_request(key, method, path, body, audience=audience(pool.orch.url), **kw)
+
+
 def test_replayed_request(pool: Pool) -> None:
-    h = sign_request(pool.key("n1"), "POST", "/heartbeat", HB).as_dict()
+    h = signed(pool, pool.key("n1"), "POST", "/heartbeat", HB).as_dict()
     run(send(pool.orch.url, "POST", "/heartbeat", HB, h))
     refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", HB, h),
             ErrorCode.REPLAYED_NONCE)
@@ -74,13 +96,13 @@ def test_replayed_request(pool: Pool) -> None:
 @pytest.mark.parametrize("offset, code", [(-400, ErrorCode.STALE_TIMESTAMP),
                                           (400, ErrorCode.FUTURE_TIMESTAMP)])
 def test_stale_and_future_timestamps(pool: Pool, offset: int, code: ErrorCode) -> None:
-    h = sign_request(pool.key("n1"), "POST", "/heartbeat", HB,
+    h = signed(pool, pool.key("n1"), "POST", "/heartbeat", HB,
                      timestamp=int(time.time()) + offset).as_dict()
     refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", HB, h), code)
 
 
 def test_forged_signature(pool: Pool) -> None:
-    h = sign_request(pool.key("n1"), "POST", "/heartbeat", HB).as_dict()
+    h = signed(pool, pool.key("n1"), "POST", "/heartbeat", HB).as_dict()
     sig = bytearray.fromhex(h["x-signature"][2:])
     sig[10] ^= 0x55
     h["x-signature"] = "0x" + sig.hex()
@@ -90,7 +112,7 @@ def test_forged_signature(pool: Pool) -> None:
 
 
 def test_valid_signature_of_another_address(pool: Pool) -> None:
-    h = sign_request(pool.key("stranger"), "POST", "/heartbeat", HB).as_dict()
+    h = signed(pool, pool.key("stranger"), "POST", "/heartbeat", HB).as_dict()
     h["x-address"] = pool.chain.accounts["n1"].address
     refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", HB, h),
             ErrorCode.WRONG_SIGNER)
@@ -98,7 +120,7 @@ def test_valid_signature_of_another_address(pool: Pool) -> None:
 
 def test_oversized_body(pool: Pool) -> None:
     body = b'{"policy_version": 0, "pad": "' + b"x" * (20 << 10) + b'"}'
-    h = sign_request(pool.key("n1"), "POST", "/heartbeat", body).as_dict()
+    h = signed(pool, pool.key("n1"), "POST", "/heartbeat", body).as_dict()
     refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", body, h),
             ErrorCode.BODY_TOO_LARGE)
 
@@ -206,7 +228,7 @@ def test_paths_that_try_to_leave_the_store(pool: Pool, path: str, code: ErrorCod
     body = b"" if method == "GET" else b"x"
 
     async def t() -> Any:
-        h = sign_request(pool.key("trainer" if method == "GET" else "n1"), method, path,
+        h = signed(pool, pool.key("trainer" if method == "GET" else "n1"), method, path,
                          body).as_dict()
         return await send(pool.orch.url, method, path, body, h)
     refused(pool, t, code)

@@ -19,7 +19,7 @@ from eth_account import Account
 
 from meshrl.wire import CounterUsed, FileAlreadyUploaded, SignedClient, WireHTTPError
 from meshrl.wire.models import PoolNodes, SlotRequest, UploadSlot
-from meshrl.wire.signing import sign_request
+from meshrl.wire.signing import orchestrator_audience, sign_request
 
 from .conftest import Pool, next_counter, orchestrator_config, parquet_framed
 from .net import Heartbeater, Service, hexkey, run, wait_for
@@ -57,7 +57,8 @@ def test_an_upload_cut_by_a_kill_is_delivered_once(pool: Pool) -> None:
     """kill -9 of the orchestrator in the middle of an upload: after the restart the same slot
     takes the file (it was left `uploading`), asking for a slot again says it is stored; a
     grant the worker lost is granted again (no 409 until expiry); each file is stored once."""
-    orch, tmp, [node], _ = _own_pool(pool, "cut", 1)
+    orch, tmp, [node], pool_id = _own_pool(pool, "cut", 1)
+    audience = orchestrator_audience(pool.chain.fed.backend.chain_id, pool_id)
     url = orch.start()
     k = hexkey(node)
     data = parquet_framed(os.urandom(1 << 20))
@@ -70,8 +71,8 @@ def test_an_upload_cut_by_a_kill_is_delivered_once(pool: Pool) -> None:
     async def cut() -> UploadSlot:
         async with SignedClient(url, k) as c:
             slot = await c.call("POST", "/uploads", req, response=UploadSlot)
-            headers = sign_request(k, "PUT", slot.url, body_sha256=sha,
-                                   address=node.address).as_dict()
+            headers = sign_request(k, "PUT", slot.url, body_sha256=sha, address=node.address,
+                                   audience=audience).as_dict()
             headers["content-length"] = str(len(data))
 
             async def half() -> AsyncIterator[bytes]:

@@ -4,7 +4,6 @@ on chain, its provider slashed by the penalty and its node ejected."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Any
 
@@ -14,15 +13,18 @@ from meshrl.cli import main
 from meshrl.config import EXIT_REFUSED
 from meshrl.pool import RULE_FIELDS
 from meshrl.protocol import WorkStatus
-from meshrl.wire import SignedClient
-from meshrl.wire.models import LedgerPage, StepUpdate
 from network import (
     PARAMS,
     PASSWORD,
     RULES,
     Net,
+    _accepted,
+    _hard,
+    _rows,
+    _set_step,
+    _status,
+    _works,
     fund_provider,
-    key,
     start_net,
     validator,
     wait_until,
@@ -39,54 +41,6 @@ def net(tmp_path):
     n = start_net(tmp_path)
     yield n
     n.close()
-
-
-def _works(net: Net, node: str) -> list:
-    """(work id, WorkInfo) of every submission by `node`."""
-    out = []
-    for e in net.fed.events(net.fed.deployment.block).poll():
-        if e.name == "WorkSubmitted" and e.args["node"].lower() == node.lower():
-            wid = bytes(e.args["work_id"])
-            out.append((wid, net.fed.work(wid)))
-    return out
-
-
-def _rows(net: Net) -> list:
-    async def read() -> LedgerPage:
-        async with SignedClient(net.orch.url, "0x" + bytes(key("mgr").key).hex()) as c:
-            return await c.call("GET", "/ledger", response=LedgerPage, query={"limit": 5000})
-    return asyncio.run(read()).entries
-
-
-def _ledger(net: Net) -> dict[str, str]:
-    """The status of each file's granted row (a copy submitted by another node has its own)."""
-    return {e.sha256: e.status.value for e in _rows(net) if e.granted}
-
-
-def _set_step(net: Net, step: int) -> None:
-    async def go() -> None:
-        async with SignedClient(net.orch.url, "0x" + bytes(key("mgr").key).hex()) as c:
-            await c.call("POST", "/step", StepUpdate(step=step))
-    asyncio.run(go())
-
-
-def _status(net: Net, node: str) -> list[int]:
-    return [w.status for _, w in _works(net, node)]
-
-
-def _hard(net: Net, node: str, n: int = 1):
-    """Until `node` has n hard-invalidated submissions."""
-    return lambda: _status(net, node).count(WorkStatus.HARD_INVALIDATED) >= n
-
-
-def _accepted(net: Net, node: str, n: int = 1):
-    """Until the orchestrator's ledger has n accepted files of `node`."""
-    def check() -> bool:
-        shas = {bytes(e.args["file_sha256"]).hex() for e in net.fed.events(
-            net.fed.deployment.block).poll() if e.name == "WorkSubmitted" and
-            e.args["node"].lower() == node.lower()}
-        return sum(_ledger(net).get(s) == "accepted" for s in shas) >= n
-    return check
 
 
 CHEATS = ["other-model", "int8", "scale-layer", "cherry-pick", "forge-rewards", "forge-sampling",
@@ -130,6 +84,7 @@ DRIFTS: dict[str, Any] = {
     "sampling": {**RULES["sampling"], "temperature": 0.5},
     "group_size": 2, "prompts_per_file": 3, "files_per_step": 1, "async_level": 1,
     "seed": 12, "proof_profile": "any-hardware",
+    "policy_signer": "0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A",
 }
 
 

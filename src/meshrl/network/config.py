@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from meshrl.config import Config
 from meshrl.pool import PROFILE_FIELD, ProofProfile, RulesSpec
@@ -86,6 +86,11 @@ class NetworkConfig(Config):
     base_port: int = Field(18540, ge=1024, le=65000, description="first of the ports used: "
                            "anvil, discovery, orchestrator, origin, relays, in that order")
     relays: int = Field(2, ge=0, le=10, description="shardcast relays under the origin")
+    public_host: str = Field("", description="an address of this host that contributors "
+                             "reach: discovery, the orchestrator, the shardcast servers and "
+                             "a filtered chain RPC (base_port + 14, standard methods only) "
+                             "listen and are advertised on it; anvil, the trainer and the "
+                             "dashboard stay on loopback (empty: everything on loopback)")
     dashboard: bool = Field(True, description="serve the live page at base_port + 15")
     train_config: str = Field("configs/arithmetic.toml", description="the trainer's RL config")
     train: dict[str, Any] = Field(default_factory=dict, description="RL config keys that "
@@ -111,3 +116,13 @@ class NetworkConfig(Config):
     threads: ThreadsConfig = ThreadsConfig()
     workers: WorkersSpec = WorkersSpec()
     pool: PoolSpec = PoolSpec()
+
+    @field_validator("public_host")
+    @classmethod
+    def _routable(cls, v: str) -> str:
+        if v in ("0.0.0.0", "::", "[::]"):
+            raise ValueError("public_host: name the address contributors reach (it is "
+                             "advertised in every URL), not a wildcard")
+        if any(c in v for c in "/: ") and not v.startswith("["):
+            raise ValueError(f"public_host: a host name or address, not {v!r}")
+        return v

@@ -8,12 +8,14 @@ workers' accounts.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
-__all__ = ["DevKeys", "dev_account"]
+__all__ = ["DevKeys", "dev_account", "hexkey", "write_key_file"]
 
 ANVIL_MNEMONIC = "test test test test test test test test test test test junk"
 
@@ -25,6 +27,17 @@ def dev_account(index: int) -> LocalAccount:
 
 def hexkey(a: LocalAccount) -> str:
     return "0x" + bytes(a.key).hex()
+
+
+def write_key_file(a: LocalAccount, path: Path) -> Path:
+    """The key as one hex line in a file only its owner reads (what `chain.key_file` and the
+    trainer's `network.key_file` read): keys never go on a command line or in a config file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(hexkey(a) + "\n")
+    return path
 
 
 @dataclass(frozen=True)

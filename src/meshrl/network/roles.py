@@ -13,14 +13,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eth_account.signers.local import LocalAccount
+
 from meshrl.network.config import NetworkConfig
-from meshrl.network.keys import DevKeys, hexkey
+from meshrl.network.keys import DevKeys, write_key_file
 from meshrl.network.toml import write_toml
 
 __all__ = ["Layout", "RoleSpec", "build_roles", "find_anvil"]
 
 CHAIN_ID = 31337
+RPC_FILTER = 14  # port offset of the public chain RPC (a filter in front of anvil)
 DASHBOARD = 15  # port offset of the dashboard
+LOCAL = (0, DASHBOARD)  # anvil and the dashboard never leave loopback
 
 
 def find_anvil(explicit: str = "") -> str:
@@ -59,12 +63,27 @@ class Layout:
     def port(self, offset: int) -> int:
         return self.cfg.base_port + offset
 
+    @property
+    def public(self) -> bool:
+        return bool(self.cfg.public_host)
+
+    def host(self, offset: int) -> str:
+        """The address the role at `offset` listens on and is reached at: the public host
+        for the pool's public roles, loopback for the rest."""
+        return self.cfg.public_host if self.public and offset not in LOCAL else "127.0.0.1"
+
     def url(self, offset: int) -> str:
-        return f"http://127.0.0.1:{self.port(offset)}"
+        return f"http://{self.host(offset)}:{self.port(offset)}"
 
     @property
     def rpc_url(self) -> str:
+        """anvil itself: on loopback, for the roles of this host."""
         return self.url(0)
+
+    @property
+    def public_rpc_url(self) -> str:
+        """The chain RPC strangers use: the filter in front of anvil (public pools), else anvil."""
+        return self.url(RPC_FILTER) if self.public else self.rpc_url
 
     @property
     def discovery_url(self) -> str:
@@ -103,13 +122,22 @@ def _meshrl(*args: str) -> list[str]:
     return [sys.executable, "-m", "meshrl.cli", *args]
 
 
-def _chain(lay: Layout, key: str = "") -> dict[str, Any]:
+def key_file(lay: Layout, name: str, account: LocalAccount) -> Path:
+    """`keys/<name>.key`, mode 0600: a role reads its key from a file, never from argv or a
+    config file anyone may read."""
+    return write_key_file(account, lay.root / "keys" / f"{name}.key")
+
+
+def _chain(lay: Layout, key: Path | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"rpc_url": lay.rpc_url, "deployment": str(lay.deployment)}
-    return {**out, "private_key": key} if key else out
+    return {**out, "key_file": str(key)} if key else out
 
 
-def _rules(cfg: NetworkConfig) -> dict[str, Any]:
-    return cfg.pool.rules().model_dump(mode="json")
+def _rules(lay: Layout) -> dict[str, Any]:
+    """The pool's rules; the policy signer is the trainer (it signs every version it
+    publishes, workers and validators believe no other)."""
+    signer = DevKeys(len(lay.workers())).trainer().address
+    return {**lay.cfg.pool.rules().model_dump(mode="json"), "policy_signer": signer}
 
 
 def devnet_argv(lay: Layout, keys: DevKeys) -> list[str]:
@@ -119,7 +147,7 @@ def devnet_argv(lay: Layout, keys: DevKeys) -> list[str]:
     providers = [keys.provider(i).address for i in range(n)]
     nodes = [keys.node(i).address for i in range(n)]
     path = write_toml(lay.config_path("devnet"), {
-        "chain": _chain(lay, hexkey(keys.federator())),
+        "chain": _chain(lay, key_file(lay, "federator", keys.federator())),
         "params": cfg.chain.model_dump(mode="json"),
         "manager": keys.manager().address, "validators": [keys.validator().address],
         "providers": providers, "fund": [*providers, *nodes, keys.trainer().address],
@@ -131,26 +159,35 @@ def build_roles(lay: Layout, keys: DevKeys, pool_id: int) -> list[RoleSpec]:
     """Every supervised role, in start order (anvil is started before the chain set-up)."""
     cfg, root = lay.cfg, lay.root
     servers = [*lay.relay_urls(), lay.origin_url]
-    roles = [_service(lay, "discovery", 1, {"port": lay.port(1), "db": str(root / "discovery.db"),
-                                            "sync_s": 1.0, "chain": _chain(lay)})]
+    roles = []
+    if lay.public:
+        roles.append(rpc_filter_role(lay))
+    roles.append(_service(lay, "discovery", 1, {
+        "host": lay.host(1), "port": lay.port(1), "db": str(root / "discovery.db"),
+        "sync_s": 1.0, "chain": _chain(lay)}))
     roles.append(_service(lay, "orchestrator", 2, {
-        "port": lay.port(2), "pool_id": pool_id, "db": str(root / "orchestrator" / "state.db"),
+        "host": lay.host(2), "port": lay.port(2), "pool_id": pool_id,
+        "db": str(root / "orchestrator" / "state.db"),
         "readers": [keys.trainer().address], "chain_poll_s": cfg.poll_s,
-        "chain": _chain(lay, hexkey(keys.manager())),
+        "chain": _chain(lay, key_file(lay, "manager", keys.manager())),
         "guard": {"rate_per_minute": 6000, "rate_burst": 300},
         "store": {"root": str(root / "orchestrator" / "files")},
         "heartbeat": {"interval_s": cfg.pool.heartbeat_s, "dead_after": cfg.pool.dead_after},
         "onboarding": {"poll_s": 1.0, "discovery_url": lay.discovery_url},
         "work": {"shardcast_servers": servers, "slot_ttl_s": 120.0},
-        "rules": _rules(cfg)}))
+        "join": {"rpc_url": lay.public_rpc_url, "discovery_url": lay.discovery_url,
+                 "trainer": keys.trainer().address},
+        "rules": _rules(lay)}))
     origin = root / "shardcast" / "origin"
     roles.append(RoleSpec("origin", _meshrl("shardcast", "origin", "--root", str(origin),
+                                            "--server.host", lay.host(3),
                                             "--server.port", str(lay.port(3))),
                           health=lay.origin_url + "/health"))
     for i, url in enumerate(lay.relay_urls()):
         roles.append(RoleSpec(f"relay-{i}", _meshrl(
             "shardcast", "relay", "--root", str(root / "shardcast" / f"relay-{i}"),
-            "--upstreams", f'["{lay.origin_url}"]', "--server.port", str(lay.port(4 + i))),
+            "--upstreams", f'["{lay.origin_url}"]', "--server.host", lay.host(4 + i),
+            "--server.port", str(lay.port(4 + i)), "--publisher", keys.trainer().address),
             health=url + "/health"))
     roles.append(_trainer(lay, keys, origin))
     roles.append(_validator(lay, keys, pool_id, servers))
@@ -171,6 +208,13 @@ def anvil_role(lay: Layout) -> RoleSpec:
     return RoleSpec("anvil", argv, health=lay.rpc_url, rpc=True)
 
 
+def rpc_filter_role(lay: Layout) -> RoleSpec:
+    """The public chain RPC of a public pool: standard methods only, in front of anvil."""
+    return RoleSpec("rpc-filter", _meshrl(
+        "chain", "rpc-filter", "--upstream", lay.rpc_url, "--host", lay.host(RPC_FILTER),
+        "--port", str(lay.port(RPC_FILTER))), health=lay.public_rpc_url + "/health")
+
+
 def _service(lay: Layout, role: str, offset: int, cfg: dict[str, Any]) -> RoleSpec:
     path = write_toml(lay.config_path(role), cfg)
     return RoleSpec(role, _meshrl(role, str(path)), health=lay.url(offset) + "/health")
@@ -178,16 +222,13 @@ def _service(lay: Layout, role: str, offset: int, cfg: dict[str, Any]) -> RoleSp
 
 def _trainer(lay: Layout, keys: DevKeys, origin: Path) -> RoleSpec:
     cfg, p = lay.cfg, lay.cfg.pool
-    key_file = lay.root / "keys" / "trainer.key"
-    key_file.parent.mkdir(parents=True, exist_ok=True)
-    key_file.write_text(hexkey(keys.trainer()))
-    key_file.chmod(0o600)
+    trainer_key = key_file(lay, "trainer", keys.trainer())
     net = {"async_level": p.async_level, "tasks": p.task,
            "run": {"dir": str(lay.root), "name": "trainer", "threads": cfg.threads.trainer,
                    "progress": False},
            "rollout": {"group_size": p.group_size, "temperature": p.temperature,
                        "max_new_tokens": p.max_new_tokens},
-           "network": {"orchestrator_url": lay.orchestrator_url, "key_file": str(key_file),
+           "network": {"orchestrator_url": lay.orchestrator_url, "key_file": str(trainer_key),
                        "origin_root": str(origin), "poll_s": cfg.poll_s}}
     path = write_toml(lay.config_path("trainer"), _merge(net, cfg.train))
     return RoleSpec("trainer", _meshrl("train", cfg.train_config, str(path)),
@@ -200,7 +241,7 @@ def _validator(lay: Layout, keys: DevKeys, pool_id: int, servers: list[str]) -> 
         "pool_id": pool_id, "orchestrator_url": lay.orchestrator_url,
         "work_dir": str(lay.root / "validator"), "poll_interval": cfg.poll_s,
         "keys": {"dev_index": keys.validator_index}, "chain": _chain(lay),
-        "shardcast_servers": servers, "rules": _rules(cfg),
+        "shardcast_servers": servers, "rules": _rules(lay),
         "engine": {"num_threads": cfg.threads.validator},
         "retry": {"backoff": 1.0, "max_attempts": 6}})
     return RoleSpec("validator", _meshrl("validator", str(path)), threads=cfg.threads.validator)
@@ -214,7 +255,7 @@ def _worker(lay: Layout, name: str, index: int, dishonest: bool, pool_id: int) -
         "discovery_url": lay.discovery_url, "work_dir": str(lay.root / "workers" / name),
         "poll_interval": cfg.workers.poll_interval,
         "heartbeat_interval": cfg.workers.heartbeat_interval,
-        "keys": {"dev_index": index}, "chain": _chain(lay), "rules": _rules(lay.cfg),
+        "keys": {"dev_index": index}, "chain": _chain(lay), "rules": _rules(lay),
         "engine": {"num_threads": cfg.threads.worker}, "cheat": cheat})
     return RoleSpec(name, _meshrl("worker", str(path)), threads=cfg.threads.worker)
 

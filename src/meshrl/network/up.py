@@ -12,6 +12,7 @@ from its newest checkpoint, workers from their outboxes and the validator from i
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import subprocess
 import time
@@ -24,6 +25,7 @@ from meshrl.network.faults import Faults
 from meshrl.network.keys import DevKeys
 from meshrl.network.report import write_report
 from meshrl.network.roles import Layout, anvil_role, build_roles, devnet_argv
+from meshrl.network.status import UpStatus
 from meshrl.network.supervisor import RoleFailed, Supervisor
 
 __all__ = ["network_up"]
@@ -42,6 +44,14 @@ def network_up(cfg: NetworkConfig) -> int:
         interrupted.append(signum)
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    status = UpStatus(lay.root)
+    status.header({"dashboard": lay.dashboard_url if cfg.dashboard else "",
+                   "join": lay.orchestrator_url + "/join" if lay.public else "",
+                   "logs": str(lay.root / "logs"), "events": str(lay.root / "events.jsonl")})
+    quiet = logging.getLogger("meshrl")
+    level = quiet.level
+    if status.enabled:  # the status line instead of JSON lines (events.jsonl keeps them)
+        quiet.setLevel(logging.WARNING)
     t0 = time.monotonic()
     outcome, failed = "interrupted", False
     faults: Faults | None = None
@@ -58,6 +68,7 @@ def network_up(cfg: NetworkConfig) -> int:
         while not interrupted:
             finished = sup.poll()
             faults.tick(sup)
+            status.tick(sup.procs)
             if "trainer" in finished:
                 outcome = "trained"
                 if cfg.after_training == "stop":
@@ -71,11 +82,14 @@ def network_up(cfg: NetworkConfig) -> int:
         outcome, failed = f"failed: {e}", True
         log_event(log, "role failed", error=str(e))
     finally:
+        status.end()
+        quiet.setLevel(level)
         if faults is not None:
             faults.write(lay.root / "faults.json")
         _write_outcome(lay, outcome, time.monotonic() - t0)
         _report(cfg, lay)  # while the orchestrator and the chain still answer
         sup.stop_all()
+        status.header({"stopped": f"{outcome}; report {lay.root / 'report.md'}"})
         for s, h in old.items():
             signal.signal(s, h)
     return 1 if failed else 0
@@ -107,6 +121,7 @@ def _write_network_file(lay: Layout, keys: DevKeys, pool: int, roles: list[str])
     workers = {name: {"provider": keys.provider(i).address, "node": keys.node(i).address,
                       "dishonest": bad} for name, i, bad in lay.workers()}
     info = {"pool_id": pool, "reward_rate": lay.cfg.pool.reward_rate, "rpc_url": lay.rpc_url,
+            "public_rpc_url": lay.public_rpc_url,
             "deployment": str(lay.deployment),
             "discovery": lay.discovery_url, "orchestrator": lay.orchestrator_url,
             "origin": lay.origin_url, "relays": lay.relay_urls(), "roles": roles,

@@ -3,7 +3,7 @@ store and the chain view. Who may call what:
 
 | route | caller |
 | --- | --- |
-| `GET /health`, `GET /rules` | anyone (unsigned) |
+| `GET /health`, `GET /rules`, `GET /join` | anyone (unsigned) |
 | `GET /invite` | a candidate node |
 | `POST /heartbeat`, `GET /work`, `POST /uploads`, `PUT /uploads/{slot}` | a pool member |
 | `POST /verdicts` | an address with the validator role on chain |
@@ -27,6 +27,7 @@ from aiohttp import web
 from meshrl.orchestrator.books import NodeMoney
 from meshrl.orchestrator.chainview import ChainView
 from meshrl.orchestrator.config import OrchestratorConfig
+from meshrl.orchestrator.join import JoinDesk, read_chain_facts
 from meshrl.orchestrator.metrics import OrchestratorMetrics
 from meshrl.orchestrator.state import FileRow, Grant, PoolStep, SlotUse, State
 from meshrl.orchestrator.store import (
@@ -36,7 +37,7 @@ from meshrl.orchestrator.store import (
     check_slot_id,
     parquet_framed,
 )
-from meshrl.pool import PoolRules, WorkOrder, counter_refusal
+from meshrl.pool import JoinManifest, PoolRules, WorkOrder, counter_refusal
 from meshrl.wire.errors import ErrorCode, WireError
 from meshrl.wire.guard import RequestGuard
 from meshrl.wire.models import (
@@ -96,6 +97,7 @@ class OrchestratorApi:
         self.pool, self.chain, self.metrics, self.guard = pool, chain, metrics, guard
         self.readers = frozenset(a.lower() for a in readers)
         self.published = PoolRules(pool_id=cfg.pool_id, **dict(cfg.rules))  # served as is
+        self.join_desk = JoinDesk(cfg, self.published, cfg.readers)
 
     def member(self, call: Call) -> str:
         node = self.state.node(call.address)
@@ -150,6 +152,13 @@ class OrchestratorApi:
 
     async def rules(self, call: Call) -> PoolRules:
         return self.published
+
+    async def join(self, call: Call) -> JoinManifest:
+        desk = self.join_desk
+        if desk.stale():
+            desk.update(await self.chain.run(read_chain_facts, self.chain.protocol,
+                                             self.cfg.pool_id))
+        return desk.manifest(self.terms.max_units)
 
     async def grant(self, call: Call) -> UploadSlot:
         node = self.member(call)
@@ -295,6 +304,9 @@ class OrchestratorApi:
             Route("GET", "/rules", self.rules, response=PoolRules, signed=False,
                   summary="the pool's public rules (task, sampling, group size, seed, "
                   "proof profile, ...): read before staking"),
+            Route("GET", "/join", self.join, response=JoinManifest, signed=False,
+                  summary="how to join from anywhere: chain, contracts and their code hashes, "
+                  "rules, discovery, shardcast servers, stake and reward terms, clock"),
             Route("GET", "/invite", self.invite, response=Invite, max_body=none, tags=node,
                   summary="the caller's pending invite (404 if none)", refusals=(E.NO_INVITE,)),
             Route("POST", "/heartbeat", self.heartbeat, body=Heartbeat, response=HeartbeatAck,

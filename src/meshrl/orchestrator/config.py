@@ -14,6 +14,7 @@ from meshrl.wire.guard import GuardConfig
 __all__ = [
     "DiskStoreConfig",
     "HeartbeatConfig",
+    "JoinConfig",
     "OnboardingConfig",
     "OrchestratorConfig",
     "Requirements",
@@ -64,6 +65,22 @@ class WorkConfig(Config):
     max_units_per_file: int = Field(1 << 20, ge=1, description="most work units per file "
                                     "(the pool's on-chain maximum, if lower, wins)")
     slot_ttl_s: float = Field(600.0, gt=0, description="seconds an upload slot stays valid")
+    stall_log_s: float = Field(20.0, gt=0, description="while the pool's step does not move, "
+                               "log this often what it has (members, files of the step by "
+                               "status) and why it may not fill: no silent stall")
+
+
+class JoinConfig(Config):
+    """What `GET /join` advertises to strangers (each empty one: this orchestrator's own)."""
+
+    rpc_url: str = Field("", description="the chain's public JSON-RPC (empty: chain.rpc_url; a "
+                         "pool on anvil publishes its RPC filter here, never anvil itself)")
+    discovery_url: str = Field("", description="discovery as strangers reach it (empty: "
+                               "onboarding.discovery_url)")
+    trainer: str = Field("", description="the trainer's address (empty: the first reader)")
+    cache_s: float = Field(30.0, ge=0, description="seconds the chain's part is kept")
+
+    _trainer = field_validator("trainer", mode="before")(hex_address)
 
 
 class OrchestratorConfig(Config):
@@ -87,6 +104,7 @@ class OrchestratorConfig(Config):
     heartbeat: HeartbeatConfig = HeartbeatConfig()
     onboarding: OnboardingConfig = OnboardingConfig()
     work: WorkConfig = WorkConfig()
+    join: JoinConfig = JoinConfig()
     rules: RulesSpec = Field(default_factory=RulesSpec, description="the pool's public rules, "
                              "published at GET /rules and in every work order (proof_profile "
                              "meshrl-cpu-engine only when every worker runs meshrl's CPU engine)")

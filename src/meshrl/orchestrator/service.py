@@ -30,8 +30,11 @@ from meshrl.wire.guard import RequestGuard
 from meshrl.wire.models import FileStatus, NodeState
 from meshrl.wire.nonces import SqliteNonceStore
 from meshrl.wire.service import build_app, listen, write_ready_file
+from meshrl.wire.signing import orchestrator_audience
 
 __all__ = ["Orchestrator", "missed_heartbeats"]
+
+LIVE_STATES = (NodeState.HEALTHY, NodeState.UNHEALTHY)
 
 log = get_logger("meshrl.orchestrator")
 
@@ -55,7 +58,10 @@ class Orchestrator:
         self.store = store or DiskFileStore(cfg.store.root, fsync=cfg.store.fsync)
         self.chain = ChainView(protocol, cfg.pool_id, cfg.validator_cache_s)
         # seen nonces live in the state's database: a restart does not reopen replays
-        self.guard = RequestGuard(cfg.guard, nonces=SqliteNonceStore(self.state.db))
+        # requests signed for another pool's orchestrator (or another chain's) are refused
+        self.guard = RequestGuard(cfg.guard, nonces=SqliteNonceStore(self.state.db),
+                                  audience=orchestrator_audience(protocol.backend.chain_id,
+                                                                 cfg.pool_id))
         self.registry = CollectorRegistry()
         self.metrics = OrchestratorMetrics(self.registry)
         self.pool = PoolStep(self.state, cfg.work.step, cfg.rules.async_level)
@@ -63,6 +69,7 @@ class Orchestrator:
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._blacklisted: set[str] = set()  # nodes known blacklisted on chain (lower case)
+        self._step_since = (-1, 0.0, 0.0)  # (step, when it was first seen, last stall line)
         assert protocol.account is not None  # `protocol.address` refused a client without one
         self.onboarding = Onboarding(cfg.onboarding, cfg.pool_id, self.state, self.chain,
                                      protocol.account.key)
@@ -85,7 +92,8 @@ class Orchestrator:
                               [*self.cfg.readers, self.manager], self.metrics, self.guard)
         app = build_app("orchestrator", api.routes(), self.guard, registry=self.registry)
         self._runner, self.url = await listen(app, self.cfg.host, self.cfg.port)
-        for loop in (self._follow_chain, self._monitor, self._expire_slots, self.onboarding.run):
+        for loop in (self._follow_chain, self._monitor, self._expire_slots, self.onboarding.run,
+                     self._watch_step):
             self._tasks.append(asyncio.create_task(self._forever(loop)))
         log_event(log, "orchestrator listening", url=self.url, pool=self.cfg.pool_id,
                   step=self.pool.step, nodes_resumed=revived,
@@ -135,6 +143,44 @@ class Orchestrator:
                 continue
             self._blacklisted.add(node.lower())
             log_event(log, "node blacklisted", node=node, reason="hard-invalidated work")
+
+    async def _watch_step(self) -> float:
+        """While the pool's step stands still, say every `work.stall_log_s` what it has and
+        what it lacks: the members, this step's files by status, and whether the members
+        reached their files-per-step limit (then only the trainer's next step frees them)."""
+        every, now, step = self.cfg.work.stall_log_s, time.monotonic(), self.pool.step
+        seen, since, said = self._step_since
+        if step != seen:
+            self._step_since = (step, now, now)
+            return min(every, 5.0)
+        if now - said < every:
+            return min(every, 5.0)
+        self._step_since = (step, since, now)
+        rows = self.state.files(step, None, 0, 1_000_000)
+        by_status: dict[str, int] = {}
+        per_node: dict[str, int] = {}
+        for r in rows:
+            by_status[r.status.value] = by_status.get(r.status.value, 0) + 1
+            if r.granted:
+                per_node[r.node.lower()] = per_node.get(r.node.lower(), 0) + 1
+        members = self.state.nodes(LIVE_STATES)
+        limit = self.cfg.rules.files_per_step
+        full = [m.address for m in members if limit and per_node.get(m.address.lower(), 0)
+                >= limit]
+        why = []
+        if not members:
+            why.append("no live members")
+        elif limit and len(full) == len(members):
+            cap = len(members) * limit * self.cfg.rules.prompts_per_file
+            why.append(f"every member made its {limit} files of this step ({cap} prompts in "
+                       "all): the step can move only if the trainer has enough of them "
+                       "accepted")
+        if by_status.get(FileStatus.SUBMITTED.value):
+            why.append(f"{by_status[FileStatus.SUBMITTED.value]} files await a verdict")
+        log_event(log, "pool step waiting", step=step, still_s=round(now - since, 1),
+                  members=len(members), members_at_limit=len(full), files=by_status,
+                  why="; ".join(why) or "members are generating")
+        return min(every, 5.0)
 
     async def _expire_slots(self) -> float:
         self.state.expire_slots(time.time())

@@ -22,7 +22,7 @@ from meshrl.pool.client import (
     require_same_rules,
 )
 from meshrl.pool.limits import file_limits
-from meshrl.pool.messages import WorkOrder
+from meshrl.pool.messages import JoinManifest, WorkOrder
 from meshrl.pool.profiles import (
     PROFILE_FIELD,
     PROFILES,
@@ -53,6 +53,7 @@ __all__ = [
     "Check",
     "Decision",
     "Finding",
+    "JoinManifest",
     "PoolRules",
     "PoolRulesError",
     "ProfileSpec",

@@ -7,7 +7,7 @@ from pydantic import Field
 from meshrl.pool.rules import PoolRules
 from meshrl.wire.models import Model
 
-__all__ = ["WorkOrder"]
+__all__ = ["JoinManifest", "WorkOrder"]
 
 
 class WorkOrder(Model):
@@ -21,3 +21,36 @@ class WorkOrder(Model):
     shardcast_servers: list[str] = Field(max_length=64)
     max_file_bytes: int = Field(ge=1)
     max_units_per_file: int = Field(ge=1)
+
+
+class JoinManifest(Model):
+    """`GET /join` (unsigned): everything a stranger needs to join the pool from anywhere, with
+    nothing but the orchestrator's URL. A worker checks the chain id and the contracts' code
+    against it (and its own copy of the contracts) before it stakes anything."""
+
+    pool_id: int = Field(ge=1)
+    domain_id: int = Field(ge=0)
+    chain_id: int = Field(ge=1)
+    rpc_url: str = Field(max_length=2048, description="the chain's public JSON-RPC")
+    token: str = Field(max_length=42, description="the stake / reward token (ERC-20)")
+    protocol: str = Field(max_length=42, description="the protocol contract")
+    deployment_block: int = Field(ge=0, description="the block the contracts were deployed in")
+    code_hashes: dict[str, str] = Field(max_length=8, description="keccak256 (0x-hex) of the "
+                                        "runtime code of `token` and `protocol` on chain")
+    rules: PoolRules
+    rules_digest: str = Field(max_length=64, description="sha256 of the rules' canonical JSON")
+    discovery_url: str = Field(max_length=2048)
+    shardcast_servers: list[str] = Field(max_length=64)
+    min_stake: int = Field(ge=0, description="token base units a provider registers with")
+    stake_per_unit: int = Field(ge=0, description="token base units of stake per compute unit")
+    reward_rate: int = Field(ge=0, description="token base units per work unit")
+    max_units_per_file: int = Field(ge=1)
+    trainer: str = Field(max_length=42, description="the address that signs policy versions "
+                         "(and reads the ledger)")
+    heartbeat_interval_s: float = Field(gt=0)
+    dead_after: int = Field(ge=1, description="missed heartbeats before a node is ejected")
+    signature_window_s: int = Field(ge=1, description="how far a signed request's timestamp "
+                                    "may be from the orchestrator's clock")
+    server_time: float = Field(description="the orchestrator's clock (unix seconds) when it "
+                               "answered: a node whose clock is further off than the window "
+                               "is refused on every signed request")

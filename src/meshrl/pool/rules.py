@@ -13,6 +13,7 @@ import hashlib
 import json
 from typing import Any
 
+from eth_utils import is_checksum_address
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from meshrl.pool.profiles import PROFILE_FIELD, ProofProfile
@@ -35,6 +36,12 @@ def tasks_config(task: Any) -> TasksConfig:
     if isinstance(task, dict) and "mix" not in task and "type" in task:
         task = {"mix": [task]}
     return TasksConfig.model_validate(task)
+
+
+def _signer(v: str | None) -> str | None:
+    if v is not None and not is_checksum_address(v):
+        raise ValueError(f"{v!r} is not a checksummed Ethereum address")
+    return v
 
 
 class SamplingSpec(_Rule):
@@ -65,16 +72,24 @@ class RulesSpec(_Rule):
                              "its step")
     seed: int = Field(0, ge=0, lt=2**63, description="base seed prompts and sampling derive from")
     proof_profile: ProofProfile = Field("any-hardware", description=PROFILE_FIELD)
+    policy_signer: str | None = Field(None, description="checksummed address whose EIP-191 "
+                                      "signature every policy version's shardcast manifest "
+                                      "carries (the trainer's key); unset: no policy version "
+                                      "can be authenticated, workers and validators refuse to "
+                                      "fetch one")
 
     _task = field_validator("task", mode="before")(tasks_config)
+    _signer = field_validator("policy_signer")(_signer)
 
     def rows_per_file(self) -> int:
         return self.prompts_per_file * self.group_size
 
 
 def _canonical(model: BaseModel) -> bytes:
-    return json.dumps(model.model_dump(mode="json"), sort_keys=True,
-                      separators=(",", ":")).encode()
+    data = model.model_dump(mode="json")
+    if data.get("policy_signer", "") is None:
+        del data["policy_signer"]  # unset: the digest of rules from before the field
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 
 class PoolRules(RulesSpec):
@@ -106,6 +121,7 @@ class RulesPins(BaseModel):
     async_level: int | None = None
     seed: int | None = None
     proof_profile: ProofProfile | None = None
+    policy_signer: str | None = None
 
     @field_validator("task", mode="before")
     @classmethod

@@ -19,6 +19,7 @@ __all__ = [
     "Artifact",
     "compile_contract",
     "load_artifact",
+    "runtime_matches",
     "write_artifacts",
 ]
 
@@ -65,6 +66,16 @@ def load_artifact(name: str) -> Artifact:
     """The committed artifact of a deployable contract (`token` or `protocol`)."""
     data = json.loads((COMPILED_DIR / f"{name}.json").read_text())
     return Artifact(data["name"], data["abi"], data["bytecode"], data["compiler"])
+
+
+def runtime_matches(name: str, code: bytes, max_tail: int = 1024) -> bool:
+    """Whether `code` (a contract's runtime code on chain) is this package's contract `name`:
+    Vyper's creation code carries the runtime code verbatim (immutables, if any, are appended
+    after it on deployment, at most `max_tail` bytes)."""
+    if not code:
+        return False
+    init = bytes.fromhex(load_artifact(name).bytecode.removeprefix("0x"))
+    return any(code[:len(code) - n] in init for n in range(0, min(max_tail, len(code) - 1), 32))
 
 
 def write_artifacts(out_dir: Path = COMPILED_DIR) -> list[Path]:

@@ -117,6 +117,22 @@ class Backend:
         params = {"from": sender} if sender else None
         return self._call_guarded(lambda: fn.call(params, block_identifier=block))
 
+    def call_many(self, fns: list[Any], chunk: int = 500) -> list[Any]:
+        """Many view calls at the latest block: one JSON-RPC batch per `chunk` calls where the
+        node takes batches (one round trip instead of one per call), else one by one."""
+        out: list[Any] = []
+        for i in range(0, len(fns), chunk):
+            part = fns[i:i + chunk]
+            try:
+                with self.w3.batch_requests() as batch:
+                    for fn in part:
+                        batch.add(fn)
+                    got = batch.execute()
+            except (NotImplementedError, AttributeError, TypeError, ValueError):
+                got = [self.call(fn) for fn in part]
+            out.extend(got)
+        return out
+
     def _call_guarded(self, thunk: Any) -> Any:
         try:
             return thunk()

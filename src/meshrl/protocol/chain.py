@@ -142,6 +142,11 @@ class Protocol:
     def balance(self, who: str | None = None) -> int:
         return self._view(self.token.functions.balanceOf(who or self.address))
 
+    def send_ether(self, to: str, wei: int) -> str:
+        """Send `wei` of the chain's native currency (gas money) to `to`; the tx hash."""
+        r = self.backend.send(self._signer(), {"to": to, "value": wei, "gas": 21_000})
+        return "0x" + bytes(r["transactionHash"]).hex()
+
     def transfer(self, to: str, amount: int, gas: int | None = None) -> Receipt:
         return self._send(self.token.functions.transfer(to, amount), gas)
 

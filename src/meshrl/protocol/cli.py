@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from meshrl.config import Config
-from meshrl.protocol.config import ChainConfig, ProtocolParams, hex_address
+from meshrl.protocol.config import ChainConfig, ProtocolParams, RpcFilterConfig, hex_address
 
 __all__ = ["register"]
 
@@ -71,6 +71,43 @@ class BalancesConfig(Config):
     addresses: list[str] = Field(default_factory=list, description="addresses (default: signer)")
 
     _addresses = field_validator("addresses", mode="before")(hex_address)
+
+
+class SendConfig(Config):
+    chain: ChainConfig = Field(default_factory=ChainConfig)
+    to: str = Field("", description="recipient address")
+    ether: Decimal = Field(Decimal("0"), ge=0, description="ether to send (gas for a key that "
+                           "signs transactions: a provider and its node both need some)")
+    tokens: Decimal = Field(Decimal("0"), ge=0, description="stake tokens to send")
+
+    _to = field_validator("to", mode="before")(hex_address)
+
+
+class RewardsConfig(Config):
+    chain: ChainConfig = Field(default_factory=ChainConfig)
+    pool: int = Field(1, ge=1, description="the pool")
+    provider: str = Field("", description="the provider (default: the signer)")
+
+    _provider = field_validator("provider", mode="before")(hex_address)
+
+
+class ClaimConfig(Config):
+    chain: ChainConfig = Field(default_factory=ChainConfig)
+    pool: int = Field(1, ge=1, description="claim the signer's claimable rewards of this pool")
+    batch: int = Field(64, ge=1, le=64, description="work items per claim transaction")
+
+
+class KeysNewConfig(Config):
+    """`meshrl keys new`: encrypted keystores for a contributor (provider and node by default)."""
+
+    dir: str = Field("keys", description="directory the keystores are written to")
+    names: list[str] = Field(["provider", "node"], min_length=1,
+                             description="one keystore <dir>/<name>.json per name")
+    password_file: str = Field("", description="file holding the password (default: a prompt "
+                               "at the terminal, asked twice; never on the command line)")
+    force: bool = Field(False, description="overwrite existing keystores (their keys are lost)")
+    kdf_iterations: int = Field(0, ge=0, description="tests only: pbkdf2 with this many rounds "
+                                "instead of scrypt (0: scrypt)")
 
 
 class WorksConfig(Config):
@@ -264,6 +301,94 @@ def _works(cfg: WorksConfig) -> int:
     return 0
 
 
+def _rpc_filter(cfg: RpcFilterConfig) -> int:
+    from meshrl.protocol.rpc_filter import serve_rpc_filter
+
+    return serve_rpc_filter(cfg)
+
+
+def _send(cfg: SendConfig) -> int:
+    from meshrl.protocol.errors import ChainError
+    from meshrl.protocol.local import open_protocol, to_base_units
+
+    if not cfg.to:
+        raise ChainError("send: set --to")
+    if not cfg.ether and not cfg.tokens:
+        raise ChainError("send: set --ether and/or --tokens")
+    p = open_protocol(cfg.chain)
+    out: dict[str, Any] = {"from": p.address, "to": cfg.to}
+    if cfg.ether:
+        out["ether_tx"] = p.send_ether(cfg.to, to_base_units(cfg.ether))
+    if cfg.tokens:
+        out["tokens_tx"] = p.transfer(cfg.to, to_base_units(cfg.tokens)).tx_hash
+    out["eth"] = p.backend.w3.eth.get_balance(cfg.to)
+    out["token_balance"] = p.balance(cfg.to)
+    _print(out)
+    return 0
+
+
+def _rewards(cfg: RewardsConfig) -> int:
+    from meshrl.protocol.history import provider_rewards
+    from meshrl.protocol.local import open_protocol
+
+    p = open_protocol(cfg.chain, signer=not cfg.provider)
+    _print(provider_rewards(p, cfg.pool, cfg.provider or p.address))
+    return 0
+
+
+def _claim(cfg: ClaimConfig) -> int:
+    from meshrl.protocol.history import provider_rewards
+    from meshrl.protocol.local import open_protocol
+
+    p = open_protocol(cfg.chain)
+    view = provider_rewards(p, cfg.pool, p.address)
+    ids = [bytes.fromhex(w["work_id"]) for w in view["works"] if w["claimable"]]
+    before, txs = p.balance(), []
+    for i in range(0, len(ids), cfg.batch):
+        txs.append(p.claim(ids[i:i + cfg.batch]).tx_hash)
+    _print({"provider": p.address, "pool": cfg.pool, "claimed_items": len(ids),
+            "amount": p.balance() - before, "txs": txs})
+    return 0
+
+
+def _keys_new(cfg: KeysNewConfig) -> int:
+    import getpass
+    from pathlib import Path
+
+    from eth_account import Account
+
+    from meshrl.config import CommandError
+    from meshrl.protocol.keystore import KeystoreError, read_password, write_keystore
+
+    paths = {n: Path(cfg.dir) / f"{n}.json" for n in cfg.names}
+    if len(paths) != len(cfg.names) or any(not n or "/" in n for n in cfg.names):
+        raise CommandError("keys new: names must be distinct file names")
+    existing = [str(p) for p in paths.values() if p.exists()]
+    if existing and not cfg.force:
+        raise CommandError(f"keys new: {', '.join(existing)} exist (--force overwrites them, "
+                           "and their keys are lost)")
+    if cfg.password_file:
+        try:
+            password = read_password(cfg.password_file, "")
+        except KeystoreError as e:
+            raise CommandError(str(e)) from None
+    elif sys.stdin.isatty():
+        password = getpass.getpass("keystore password: ")
+        if password != getpass.getpass("again: "):
+            raise CommandError("keys new: the passwords differ")
+    else:
+        raise CommandError("keys new: no terminal to ask a password at: give --password_file")
+    if not password:
+        raise CommandError("keys new: an empty password protects nothing")
+    out: dict[str, Any] = {}
+    for name, path in paths.items():
+        account = Account.create()
+        write_keystore(account, password, path, cfg.kdf_iterations or None)
+        out[name] = {"address": account.address, "keystore": str(path)}
+    _print(out)
+    return 0
+
+
 def _devnet(cfg: Any) -> int:
     from meshrl.protocol.devnet import setup_devnet
 
@@ -286,6 +411,11 @@ class CompileConfig(Config):
 def register(subparsers: Any) -> None:
     from meshrl.config import add_config_command
 
+    keys = subparsers.add_parser("keys", help="key files: encrypted keystores")
+    keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    add_config_command(keys_sub, "new", KeysNewConfig, _keys_new,
+                       "new keys in encrypted keystores (provider and node by default); the "
+                       "password from a prompt or --password_file, never the command line")
     group = subparsers.add_parser("chain", help="protocol contracts: local chain, deploy, act")
     sub = group.add_subparsers(dest="chain_command", metavar="ACTION", required=True)
     add_config_command(
@@ -362,6 +492,17 @@ def register(subparsers: Any) -> None:
         "a pool's work items (status, reward, claimable) and its invalidations, ejections, "
         "claims (one JSON object)",
     )
+    add_config_command(sub, "rpc-filter", RpcFilterConfig, _rpc_filter,
+                       "a public JSON-RPC endpoint in front of a private node (anvil): "
+                       "forwards standard eth_/net_/web3_ methods only, bounded bodies and "
+                       "batches")
+    add_config_command(sub, "send", SendConfig, _handled("send", _send),
+                       "send ether (gas) and/or stake tokens from the signer to --to")
+    add_config_command(sub, "rewards", RewardsConfig, _handled("rewards", _rewards),
+                       "one provider's work in a pool: earned, claimable, claimed per node "
+                       "(reads only that provider's logs, batched)")
+    add_config_command(sub, "claim", ClaimConfig, _handled("claim", _claim),
+                       "claim every claimable reward of the signer in a pool")
     add_config_command(
         sub,
         "compile",

@@ -8,7 +8,10 @@ from pydantic import Field, field_validator, model_validator
 
 from meshrl.config import Config
 
-__all__ = ["ChainConfig", "ProtocolParams", "hex_address", "hex_key"]
+__all__ = [
+    "STANDARD_METHODS", "ChainConfig", "ProtocolParams", "RpcFilterConfig", "hex_address",
+    "hex_key",
+]
 
 
 def hex_key(value: object) -> object:
@@ -71,7 +74,56 @@ class ChainConfig(Config):
     backend: Literal["eth-tester", "rpc"] = Field("rpc", description="eth-tester or rpc")
     rpc_url: str = Field("http://127.0.0.1:8545", description="JSON-RPC endpoint")
     deployment: str = Field("runs/chain/deployment.json", description="contract addresses file")
-    private_key: str = Field("", description="hex key that signs transactions (empty: none)")
+    private_key: str = Field("", description="hex key that signs transactions, in a config "
+                             "file only (on a command line it shows in `ps`: use key_file)")
+    key_file: str = Field("", description="file of the key that signs transactions: an eth "
+                          "keystore (`meshrl keys new`) or one hex key (mode 0600)")
+    password_file: str = Field("", description="file holding key_file's keystore password")
+    password_env: str = Field("MESHRL_KEYSTORE_PASSWORD", description="environment variable "
+                              "holding key_file's keystore password (without password_file)")
+    rpc_timeout_s: float = Field(30.0, gt=0, description="seconds one JSON-RPC request may "
+                                 "take before it fails (a worker keeps it below the pool's "
+                                 "ejection budget)")
     chain_id: int = Field(0, description="refuse a node on another chain (84532: Base Sepolia)")
 
     _key = field_validator("private_key", mode="before")(hex_key)
+
+    @model_validator(mode="after")
+    def _one_key(self) -> ChainConfig:
+        if self.private_key and self.key_file:
+            raise ValueError("chain: give private_key or key_file, not both")
+        return self
+
+
+# Standard Ethereum JSON-RPC: reads, filters, and already-signed transactions. Nothing that
+# signs with a key the node holds, changes its state outside a transaction or inspects it.
+STANDARD_METHODS: tuple[str, ...] = (
+    "eth_blockNumber", "eth_blobBaseFee", "eth_call", "eth_chainId", "eth_createAccessList",
+    "eth_estimateGas", "eth_feeHistory", "eth_gasPrice", "eth_getBalance",
+    "eth_getBlockByHash", "eth_getBlockByNumber", "eth_getBlockReceipts",
+    "eth_getBlockTransactionCountByHash", "eth_getBlockTransactionCountByNumber",
+    "eth_getCode", "eth_getFilterChanges", "eth_getFilterLogs", "eth_getLogs", "eth_getProof",
+    "eth_getStorageAt", "eth_getTransactionByBlockHashAndIndex",
+    "eth_getTransactionByBlockNumberAndIndex", "eth_getTransactionByHash",
+    "eth_getTransactionCount", "eth_getTransactionReceipt", "eth_getUncleByBlockHashAndIndex",
+    "eth_getUncleByBlockNumberAndIndex", "eth_getUncleCountByBlockHash",
+    "eth_getUncleCountByBlockNumber", "eth_maxPriorityFeePerGas", "eth_newBlockFilter",
+    "eth_newFilter", "eth_newPendingTransactionFilter", "eth_protocolVersion",
+    "eth_sendRawTransaction", "eth_syncing", "eth_uninstallFilter",
+    "net_listening", "net_peerCount", "net_version", "web3_clientVersion", "web3_sha3",
+)
+
+
+class RpcFilterConfig(Config):
+    """`meshrl chain rpc-filter`: a public JSON-RPC endpoint in front of a private node."""
+
+    upstream: str = Field("http://127.0.0.1:8545", description="the node's JSON-RPC URL "
+                          "(anvil on loopback; never expose it itself)")
+    host: str = Field("127.0.0.1", description="listen address (the public one)")
+    port: int = Field(8546, ge=0, lt=65536, description="listen port (0: any free port)")
+    max_body: int = Field(512 << 10, ge=1024, description="largest request body (bytes)")
+    max_batch: int = Field(100, ge=1, description="most calls in one batch")
+    timeout_s: float = Field(10.0, gt=0, description="seconds the upstream may take per request")
+    allow: list[str] = Field(list(STANDARD_METHODS), description="methods forwarded; every "
+                             "other one is refused")
+    ready_file: str = Field("", description="write {url} here once listening (tests, scripts)")

@@ -13,6 +13,7 @@ from meshrl.protocol.backend import Backend, EthTesterBackend, RpcBackend
 from meshrl.protocol.chain import Protocol, deploy
 from meshrl.protocol.config import ChainConfig, ProtocolParams
 from meshrl.protocol.errors import ChainError
+from meshrl.protocol.keystore import KeystoreError, load_key_file
 from meshrl.protocol.records import Deployment
 
 __all__ = [
@@ -38,7 +39,7 @@ def connect(cfg: ChainConfig) -> Backend:
     if cfg.backend == "eth-tester":
         backend: Backend = EthTesterBackend()
     else:
-        backend = RpcBackend(cfg.rpc_url)
+        backend = RpcBackend(cfg.rpc_url, timeout=cfg.rpc_timeout_s)
         backend.wait_ready(timeout=5.0)
     if cfg.chain_id and backend.chain_id != cfg.chain_id:
         raise ChainError(f"{cfg.rpc_url} is chain {backend.chain_id}, expected {cfg.chain_id}")
@@ -46,9 +47,16 @@ def connect(cfg: ChainConfig) -> Backend:
 
 
 def load_account(cfg: ChainConfig, default: str = "") -> LocalAccount:
+    """The signing key: `cfg.key_file` (a keystore or a hex key file), `cfg.private_key` (a
+    config file's), else `default`."""
+    if cfg.key_file:
+        try:
+            return load_key_file(cfg.key_file, cfg.password_file, cfg.password_env)
+        except KeystoreError as e:
+            raise ChainError(str(e)) from None
     key = cfg.private_key or default
     if not key:
-        raise ChainError("this command signs transactions: set --chain.private_key")
+        raise ChainError("this command signs transactions: set --chain.key_file")
     return Account.from_key(key)
 
 

@@ -140,6 +140,9 @@ class NetworkSourceConfig(Config):
     judge_lag: int | None = Field(2, ge=1, description="step s waits until every file of steps "
                                   "<= s - judge_lag submitted on chain has its verdict, so a "
                                   "cheat is slashed within that many steps (None: no wait)")
+    stall_log_s: float = Field(15.0, gt=0, description="while a step waits (for accepted "
+                               "files or for verdicts), log what it has and what it awaits "
+                               "this often: no silent stall")
 
 
 class DistributedConfig(Config):

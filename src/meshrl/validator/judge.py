@@ -51,7 +51,8 @@ class Judge:
         self.tasks = rules.task.build()  # once: a math task reads its data file here
         self.limits = file_limits(rules)  # what a file of this pool may hold, checked first
         self.replay = replay_config(cfg, rules)
-        self.models = ModelCache(cfg.work_dir, cfg.model_dir, cfg.shardcast_servers, cfg.engine)
+        self.models = ModelCache(cfg.work_dir, cfg.model_dir, cfg.shardcast_servers, cfg.engine,
+                                 signer=rules.policy_signer)
 
     async def judge(self, jobs: list[Job]) -> list[Decision | Unjudged]:
         outs: list[Decision | Unjudged | None] = [None] * len(jobs)

@@ -105,10 +105,14 @@ def model_free_findings(rf: RolloutFile, claim: ChainClaim, rules: PoolRules, ta
                                      len(r.completion_tokens), tasks).total
                       for i, r in enumerate(rows)]
         out.append(check_rewards([r.reward for r in rows], recomputed))
-    bad_seq = [i for i, r in enumerate(rows) if r.seq_id != i]
+    # every row's identity is the assignment's: no field of a file goes unchecked
+    g = rules.group_size
+    bad_seq = [i for i, r in enumerate(rows) if r.seq_id != i or r.sample_index != i % g
+               or r.prompt_id != a.prompt_id(i)]
     if bad_seq:
         out.append(Finding(Check.SEQ_IDS, Severity.HARD, f"{len(bad_seq)} rows do not use "
-                           f"seq_id = row index, first row {bad_seq[0]}"))
+                           "seq_id = row index, sample_index = row % group_size and "
+                           f"prompt_id = step/counter/prompt, first row {bad_seq[0]}"))
     return [x for x in out if x is not None]
 
 

@@ -14,17 +14,17 @@ from pydantic import BaseModel
 __all__ = [
     "BadFileName", "BadPoolId", "BadSignature", "BadSlotId", "BodySha256Mismatch", "BodyTooLarge",
     "CounterOutOfRange", "CounterUsed", "ErrorBody", "ErrorCode", "FileAlreadyKnown",
-    "FileAlreadyUploaded", "FileTooLarge", "FutureTimestamp", "HttpRefused",
-    "InvalidBody", "InvalidQuery", "MalformedAddress", "MalformedBodySha256", "MalformedJson",
+    "FileAlreadyUploaded", "FileTooLarge", "FutureTimestamp", "HttpRefused", "InvalidBody",
+    "InvalidQuery", "IpRateLimited", "MalformedAddress", "MalformedBodySha256", "MalformedJson",
     "MalformedNonce", "MalformedTimestamp", "MethodNotAllowed", "MissingSignature", "NoInvite",
     "NoSuchFile", "NoSuchRoute", "NoSuchSlot", "NoSuchSubmission", "NodeNotOnChain",
     "NonceStoreUnavailable", "NotAReader", "NotARolloutFile", "NotAValidator", "NotAnnounced",
     "NotAwaitingVerdict", "NotInPool", "NotOwnEntry", "NotPoolManager", "NotSubmittedYet",
-    "ProviderMismatch", "RateLimited", "ReplayedNonce", "RolloutFileError", "Sha256Mismatch",
-    "SizeMismatch", "SlotAlreadyUsed", "SlotExpired", "SlotOfAnotherNode", "StaleTimestamp",
-    "StaleWork", "StepGoesBack", "TooManyNodesForIp", "TooManyWorkUnits", "UploadInProgress",
-    "WireError", "WireHTTPError", "WireUnavailable", "WorkIdOfAnotherFile", "WrongSigner",
-    "refusal", "refusal_classes"
+    "ProviderMismatch", "RateLimited", "ReplayedNonce", "RequestTimeout", "RolloutFileError",
+    "Sha256Mismatch", "SizeMismatch", "SlotAlreadyUsed", "SlotExpired", "SlotOfAnotherNode",
+    "StaleTimestamp", "StaleWork", "StepGoesBack", "TooManyNodesForIp", "TooManyWorkUnits",
+    "UploadInProgress", "WireError", "WireHTTPError", "WireUnavailable", "WorkIdOfAnotherFile",
+    "WrongAudience", "WrongSigner", "refusal", "refusal_classes"
 ]
 
 
@@ -53,9 +53,12 @@ class ErrorCode(StrEnum):
     FUTURE_TIMESTAMP = "future_timestamp", 401, "future timestamp"
     BAD_SIGNATURE = "bad_signature", 401, "bad signature"
     WRONG_SIGNER = "wrong_signer", 401, "signature of another address"
+    WRONG_AUDIENCE = "wrong_audience", 401, "signed for another service"
     RATE_LIMITED = "rate_limited", 429, "rate limit"
+    IP_RATE_LIMITED = "ip_rate_limited", 429, "too many requests from this IP address"
     REPLAYED_NONCE = "replayed_nonce", 409, "replayed nonce"
     NONCE_STORE_UNAVAILABLE = "nonce_store_unavailable", 503, "nonce store unavailable"
+    REQUEST_TIMEOUT = "request_timeout", 408, "request body too slow"
     MALFORMED_JSON = "malformed_json", 400, "malformed json"
     INVALID_BODY = "invalid_body", 422, "invalid body"
     INVALID_QUERY = "invalid_query", 422, "invalid query"
@@ -204,8 +207,20 @@ class WrongSigner(WireHTTPError, code=ErrorCode.WRONG_SIGNER):
     """The signature is valid but of another address than `x-address`."""
 
 
+class WrongAudience(WireHTTPError, code=ErrorCode.WRONG_AUDIENCE):
+    """The request was signed for another service (`x-audience` is not this one's)."""
+
+
 class RateLimited(WireHTTPError, code=ErrorCode.RATE_LIMITED):
     """This signer sent more requests than its rate allows: slow down."""
+
+
+class IpRateLimited(WireHTTPError, code=ErrorCode.IP_RATE_LIMITED):
+    """The source IP address sent more requests (or more new signers) than it may: slow down."""
+
+
+class RequestTimeout(WireHTTPError, code=ErrorCode.REQUEST_TIMEOUT):
+    """The body did not arrive within the server's deadline."""
 
 
 class ReplayedNonce(WireHTTPError, code=ErrorCode.REPLAYED_NONCE):
@@ -371,7 +386,7 @@ class NotAnnounced(WireHTTPError, code=ErrorCode.NOT_ANNOUNCED):
 
 
 class BadPoolId(WireHTTPError, code=ErrorCode.BAD_POOL_ID):
-    """The pool id is not a positive uint256."""
+    """The pool id is not a positive 64-bit integer in ASCII digits."""
 
 
 class NotPoolManager(WireHTTPError, code=ErrorCode.NOT_POOL_MANAGER):

@@ -15,6 +15,7 @@ __all__ = [
     "CHEAT_MODES",
     "CheatConfig",
     "HardwareRequirements",
+    "JoinConfig",
     "KeysConfig",
     "OnboardConfig",
     "WorkerConfig",
@@ -87,6 +88,11 @@ class WorkerConfig(Config):
     model_dir: str = Field("", description="initial policy (version 0) if shardcast has none")
     max_files: int = Field(0, ge=0, description="stop after submitting this many files (0: run)")
     poll_interval: float = Field(1.0, gt=0, description="seconds between work-order polls")
+    http_timeout_s: float = Field(20.0, gt=0, description="seconds one request to a pool "
+                                  "service may take (below the pool's ejection budget: "
+                                  "dead_after x heartbeat interval)")
+    status_line: Literal["auto", "on", "off"] = Field(
+        "auto", description="a one-line live status on stdout (auto: when it is a terminal)")
     heartbeat_interval: float = Field(10.0, gt=0, description="seconds between heartbeats")
     crash_test_pause: float = Field(
         0.0, ge=0, description="crash tests only: pause this long at each phase boundary "
@@ -103,7 +109,7 @@ class WorkerConfig(Config):
                              "the worker refuses to start (it always generates by the "
                              "published rules)")
     keys: KeysConfig = KeysConfig()
-    chain: ChainConfig = ChainConfig()
+    chain: ChainConfig = ChainConfig(rpc_timeout_s=10.0)
     onboard: OnboardConfig = OnboardConfig()
     engine: EngineConfig = EngineConfig()
     reference: ReferenceConfig = ReferenceConfig()
@@ -116,3 +122,24 @@ class WorkerConfig(Config):
             raise ValueError("dtype: the engine computes in float32; bfloat16 needs backend = "
                              "\"reference\"")
         return self
+
+
+class JoinConfig(WorkerConfig):
+    """`meshrl worker join URL`: join a pool from anywhere by its orchestrator's URL (every
+    `meshrl worker` option applies; the pool, discovery, chain RPC and contracts come from the
+    pool's manifest)."""
+
+    url: str = Field("", description="the pool's orchestrator (its GET /join manifest)")
+    work_dir: str = Field("runs/join", description="outbox, policy versions and state")
+    keys: KeysConfig = KeysConfig(provider_keystore="keys/provider.json",
+                                  node_keystore="keys/node.json")
+    fund_poll_s: float = Field(5.0, gt=0, description="seconds between funding checks")
+    fund_timeout_s: float = Field(0.0, ge=0, description="give up waiting for funds after "
+                                  "this long (0: wait until funded or Ctrl-C)")
+    provider_gas: int = Field(3_000_000, ge=0, description="gas the provider's ether must "
+                              "cover before it starts (register, add the node, first "
+                              "submissions), at twice the current gas price")
+    node_gas: int = Field(400_000, ge=0, description="gas the node's ether must cover "
+                          "(join_pool, rejoins), at twice the current gas price")
+    clock_margin_s: float = Field(30.0, ge=0, description="refuse a clock within this much "
+                                  "of the signature window's edge too")

@@ -23,7 +23,8 @@ from meshrl.durable import atomic_write
 from meshrl.log import get_logger, log_event
 from meshrl.pool import Assignment, PoolRules, WorkOrder, require_same_rules
 from meshrl.protocol import Deployment, Protocol
-from meshrl.protocol.errors import NodeNotInPool, TxReverted
+from meshrl.protocol.errors import ChainError, NodeNotInPool, TxReverted
+from meshrl.protocol.history import provider_rewards
 from meshrl.protocol.local import connect
 from meshrl.wire import SignedClient, WireHTTPError
 from meshrl.wire.models import Heartbeat, HeartbeatAck
@@ -33,12 +34,15 @@ from meshrl.worker.config import WorkerConfig
 from meshrl.worker.courier import ChainCourier
 from meshrl.worker.delivery import Courier, RetryLater, deliver_all
 from meshrl.worker.hardware import missing, probe
+from meshrl.worker.join import JoinError, check_clock, fetch_manifest
 from meshrl.worker.keys import WorkerKeys
 from meshrl.worker.onboard import announce_and_join, onboard_chain
 from meshrl.worker.outbox import Outbox, OutboxEntry
 from meshrl.worker.parts import MadeFile
 from meshrl.worker.policy import PolicyHolder, VersionMoved
 from meshrl.worker.profile import accepted_rules
+from meshrl.worker.retry import retrying
+from meshrl.worker.status import StatusLine
 
 __all__ = ["HardwareError", "WorkerNode"]
 
@@ -62,6 +66,7 @@ class WorkerNode:
         self.files_done = 0
         self.tokens_per_s = 0.0
         self.policy: PolicyHolder | None = None
+        self.state = "starting"  # for the live status line
 
     # ---- life ----------------------------------------------------------------------------
     async def run(self) -> int:
@@ -71,20 +76,31 @@ class WorkerNode:
         if lacking:
             raise HardwareError("this machine does not meet the pool's requirements: "
                                 + "; ".join(lacking))
-        async with SignedClient(self.cfg.orchestrator_url, self.keys.node.key) as orch:
+        await self._check_clock()
+        async with SignedClient(self.cfg.orchestrator_url, self.keys.node.key,
+                                timeout_s=self.cfg.http_timeout_s) as orch:
             rules = await accepted_rules(orch, self.cfg, self.stop)  # before anything is staked
             if rules is None:
                 return 0
             self.rules: PoolRules = rules
             self.tasks = rules.task.build()  # once: a math task reads its data file here
-            chain = Protocol(connect(self.cfg.chain), Deployment.load(self.cfg.chain.deployment))
-            steps = await asyncio.to_thread(onboard_chain, chain, self.keys, self.cfg)
+            backend = await retrying("chain", lambda: asyncio.to_thread(connect, self.cfg.chain),
+                                     self.stop)
+            chain = Protocol(backend, Deployment.load(self.cfg.chain.deployment))
+            self.state = "onboarding"
+            steps = await retrying("onboarding", lambda: asyncio.to_thread(
+                onboard_chain, chain, self.keys, self.cfg), self.stop)
             log_event(log, "on chain", steps=steps, node=self.keys.node.address)
-            self.join = lambda: announce_and_join(chain, self.keys, self.cfg, hw, orch,
-                                                  self.stop)
+            self.join = lambda: retrying("joining", lambda: announce_and_join(
+                chain, self.keys, self.cfg, hw, orch, self.stop), self.stop)
+            self.state = "joining"
             log_event(log, "pool", status=await self.join())
+            self.state = "working"
             beats = asyncio.create_task(self._heartbeats(orch))  # from now on: alive
-            tasks = [beats]
+            status = StatusLine(enabled=None if self.cfg.status_line == "auto"
+                                else self.cfg.status_line == "on")
+            tasks = [beats, asyncio.create_task(status.run(self, lambda: provider_rewards(
+                chain, self.cfg.pool_id, self.keys.provider.address), self.stop))]
             try:
                 self.order = await self._work_order(orch)
                 self.policy = await PolicyHolder.start(self.cfg, self.order, self.parts)
@@ -117,6 +133,8 @@ class WorkerNode:
         self.order = order = await self._work_order(orch)
         made = await self.make_file(order)
         if made is None:
+            if len(self.outbox):  # a delivery postponed (link down): retried while idle too
+                await self._deliver(courier)
             await self._sleep(self.cfg.poll_interval)
             return
         entry, data = made
@@ -130,6 +148,10 @@ class WorkerNode:
         """The next file of this step; None when there is none to make now."""
         version = self.policy.version
         if version not in order.policy_versions:
+            if time.monotonic() - getattr(self, "_said_policy", -1e9) > 30.0:  # not silent
+                self._said_policy = time.monotonic()
+                log_event(log, "waiting for a policy version", have=version,
+                          allowed=order.policy_versions, step=order.step)
             return None  # the follower is fetching a newer one
         # a file's step is the version it is generated with: each version's counters
         # 0 .. files_per_step - 1 are the only work it offers, so no choice of version or step
@@ -161,11 +183,11 @@ class WorkerNode:
         except RetryLater as e:
             log_event(log, "delivery postponed", reason=str(e))
             return
-        except (WireHTTPError, OSError, TxReverted) as e:
+        except (WireHTTPError, OSError, ChainError) as e:
             # the orchestrator is down or restarting (the outbox keeps every file, each phase
             # is resumed next time), or this node was ejected (refused by the orchestrator or
             # by the chain): the next work-order poll rejoins, or stops for good if the pool
-            # blacklisted it
+            # blacklisted it; a chain transport error (an RPC link down) is waited out too
             if isinstance(e, WireHTTPError) and e.status not in (403, 429) and e.status < 500:
                 raise
             if isinstance(e, TxReverted) and not isinstance(e, NodeNotInPool):
@@ -207,7 +229,9 @@ class WorkerNode:
                 if self.stop.is_set():
                     raise
                 if isinstance(e, WireHTTPError) and e.status == 403:
-                    await self.join()  # ejected (missed heartbeats): invited and joined again
+                    self.state = "rejoining"  # ejected (missed heartbeats): invited and joined
+                    log_event(log, "pool", status=await self.join())  # again
+                    self.state = "working"
                 await self._sleep(self.cfg.poll_interval)
 
     async def _heartbeats(self, orch: SignedClient) -> None:
@@ -221,6 +245,17 @@ class WorkerNode:
             except (WireHTTPError, OSError) as e:
                 log_event(log, "heartbeat failed", error=str(e))
             await self._sleep(self.cfg.heartbeat_interval)
+
+    async def _check_clock(self) -> None:
+        """Refuse to start (`ClockSkew`, one line) with a clock the pool's signature window
+        would refuse; an orchestrator without `GET /join` or not answering is not checked."""
+        try:
+            m, offset = await fetch_manifest(self.cfg.orchestrator_url, self.cfg.http_timeout_s)
+        except JoinError as e:
+            log_event(log, "clock not checked", reason=str(e))
+            return
+        check_clock(offset, m.signature_window_s)
+        log_event(log, "clock checked", offset_s=round(offset, 2), window_s=m.signature_window_s)
 
     async def _pause(self, phase: str, entry: OutboxEntry | None) -> None:
         """crash tests: hold still at a phase boundary so a test can kill -9 the process."""

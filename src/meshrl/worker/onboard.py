@@ -78,7 +78,8 @@ async def announce_and_join(chain: Protocol, keys: WorkerKeys, cfg: WorkerConfig
     if await asyncio.to_thread(chain.is_blacklisted, cfg.pool_id, keys.node.address):
         raise Blacklisted(f"node {keys.node.address} is blacklisted in pool {cfg.pool_id} "
                           "(its work was hard-invalidated) and cannot rejoin it")
-    async with SignedClient(cfg.discovery_url, keys.node.key) as disc:
+    async with SignedClient(cfg.discovery_url, keys.node.key,
+                            timeout_s=cfg.http_timeout_s) as disc:
         await disc.call("PUT", "/nodes", announcement(cfg, keys, hw))
     log_event(log, "announced; waiting for an invite", pool=cfg.pool_id)
     deadline = time.monotonic() + timeout

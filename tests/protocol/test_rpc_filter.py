@@ -1,0 +1,138 @@
+"""The public RPC filter in front of a real anvil: standard calls and signed transactions pass,
+anvil's and the node's own powers (anvil_*, evm_*, debug_*, eth_sendTransaction, ...) are
+refused with a JSON-RPC error and never reach anvil; bodies and batches are bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from eth_account import Account
+
+from meshrl.protocol import RpcBackend
+from meshrl.protocol.anvil import _free_port
+from meshrl.protocol.config import RpcFilterConfig
+from meshrl.protocol.local import ANVIL_DEV_KEY
+from meshrl.protocol.rpc_filter import METHOD_NOT_FOUND, RpcFilter
+
+pytestmark = pytest.mark.anvil
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+@pytest.fixture
+def rpc_filter(anvil_backend):
+    """The filter served from a thread of its own (its own event loop), on a free port."""
+    f = RpcFilter(RpcFilterConfig(upstream=anvil_backend.url, port=0, max_body=4096,
+                                  max_batch=5))
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(f.start())
+        ready.set()
+        loop.run_forever()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    assert ready.wait(10)
+    yield f
+    asyncio.run_coroutine_threadsafe(f.stop(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    t.join(10)
+
+
+def _post(url: str, body: object | bytes) -> tuple[int, object]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _call(method: str, params: list, id_: int = 1) -> dict:
+    return {"jsonrpc": "2.0", "id": id_, "method": method, "params": params}
+
+
+def test_standard_calls_and_signed_transactions_pass(rpc_filter, anvil_backend) -> None:
+    via = RpcBackend(rpc_filter.url)
+    assert via.chain_id == anvil_backend.chain_id
+    sender = Account.from_key(ANVIL_DEV_KEY)
+    to = Account.create().address
+    via.send(sender, {"to": to, "value": 12345, "gas": 21_000})  # signed here, sent raw
+    assert anvil_backend.w3.eth.get_balance(to) == 12345
+    status, out = _post(rpc_filter.url, _call("net_version", []))
+    assert status == 200 and out["result"] == str(anvil_backend.chain_id)
+
+
+@pytest.mark.parametrize("method, params", [
+    ("anvil_setBalance", ["0x" + "11" * 20, "0xffff"]),
+    ("evm_increaseTime", [1000]),
+    ("evm_mine", []),
+    ("evm_snapshot", []),
+    ("anvil_impersonateAccount", ["0x" + "11" * 20]),
+    ("eth_sendTransaction", [{"from": Account.from_key(ANVIL_DEV_KEY).address,
+                              "to": "0x" + "22" * 20, "value": "0x1"}]),
+    ("eth_sendUnsignedTransaction", [{"from": "0x" + "11" * 20, "to": "0x" + "22" * 20}]),
+    ("eth_sign", ["0x" + "11" * 20, "0x00"]),
+    ("eth_accounts", []),
+    ("debug_traceTransaction", ["0x" + "00" * 32]),
+    ("hardhat_mine", []),
+    ("personal_listAccounts", []),
+    ("admin_nodeInfo", []),
+    ("txpool_content", []),
+])
+def test_node_powers_are_refused(rpc_filter, anvil_backend, method, params) -> None:
+    block, poor = anvil_backend.block_number(), "0x" + "11" * 20
+    status, out = _post(rpc_filter.url, _call(method, params, 7))
+    assert status == 200 and out["id"] == 7 and out["error"]["code"] == METHOD_NOT_FOUND
+    assert method in out["error"]["message"]
+    assert anvil_backend.block_number() == block  # nothing mined, no time moved
+    assert anvil_backend.w3.eth.get_balance(poor) == 0
+
+
+def test_batches_are_filtered_call_by_call_and_bounded(rpc_filter, anvil_backend) -> None:
+    batch = [_call("eth_chainId", [], 1), _call("anvil_setBalance", ["0x" + "11" * 20, "0x1"], 2),
+             _call("eth_blockNumber", [], 3)]
+    status, out = _post(rpc_filter.url, batch)
+    assert status == 200 and [o["id"] for o in out] == [1, 2, 3]
+    assert int(out[0]["result"], 16) == anvil_backend.chain_id
+    assert out[1]["error"]["code"] == METHOD_NOT_FOUND and "result" in out[2]
+    status, out = _post(rpc_filter.url, [_call("eth_chainId", [], i) for i in range(6)])
+    assert status == 400 and "batch longer than 5" in out["error"]["message"]
+    status, out = _post(rpc_filter.url, b"x" * 5000)
+    assert status == 413 and out["error"]["message"] == "body too large"
+    status, out = _post(rpc_filter.url, b"{not json")
+    assert status == 400 and out["error"]["code"] == -32700
+    status, out = _post(rpc_filter.url, [])
+    assert status == 400
+
+
+def test_rpc_filter_command_serves_on_the_given_address(anvil_backend, tmp_path) -> None:
+    ready, port = tmp_path / "ready", _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "meshrl.cli", "chain", "rpc-filter", "--upstream",
+         anvil_backend.url, "--port", str(port), "--ready_file", str(ready)],
+        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.is_file() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        url = ready.read_text()
+        assert url == f"http://127.0.0.1:{port}"
+        assert _post(url, _call("evm_mine", []))[1]["error"]["code"] == METHOD_NOT_FOUND
+        assert RpcBackend(url).chain_id == anvil_backend.chain_id
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0
