@@ -56,7 +56,8 @@ def test_profile_tolerances_reach_the_replay():
     assert inexact_token_limit(10_000, 0.0) == 1
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_honest_margin_subset(model, tok):
     """10 files per (worker, top_p): 80 honest files, 140 judgements, none rejected."""
     lines = bench.honest_configs(model, tok, 2, list(bench.WORKERS), lambda _: None)

@@ -57,8 +57,13 @@ class Thresholds(Config):
     statistic stays at most 70% of its threshold, and int8 weights, one layer's MLP scaled by
     1.1 and 1% weight noise are rejected in every rollout of 16 chunks, by the pooled tests (the
     per-chunk fits reach the paper's caps for mismatches and median, and give 3.0 for the
-    mean). `paper()` keeps the paper's per-chunk thresholds and no pooled tests: loose enough
-    for any GPU and kernel, blind to those changes.
+    mean). Shorter rollouts are pooled too, against thresholds widened by
+    sqrt(pooled_full_chunks / n) (`pooled_limits`). `paper()` keeps the paper's per-chunk
+    thresholds and no pooled tests: loose enough for any GPU and kernel, blind to those changes.
+
+    The replay tolerances (sampling margin, top_p slack, inexact-token rate, log-prob difference
+    and bias) are the "any-hardware" profile's: the largest honest bfloat16 value measured by
+    benchmarks/bench_honest_margin.py times 2.4-10 (docs/roles.md, "Tolerances").
     """
 
     max_exp_mismatches: float = Field(38, description="per chunk: exponent mismatches")
