@@ -25,6 +25,8 @@ from typing import IO
 SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 ENV = {**os.environ, "PYTHONPATH": str(SRC)}
+# the benchmarks' publisher: it signs version 1, relays and clients believe only it
+KEY = "0x" + "b7" * 32
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -35,6 +37,13 @@ def make_file(path: Path, size: int) -> None:
             n = min(left, 16 << 20)
             f.write(os.urandom(n))
             left -= n
+
+
+def publisher() -> str:
+    """The address of `KEY`."""
+    from meshrl.wire.signing import address_of
+
+    return address_of(KEY)
 
 
 def spawn(args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
@@ -105,7 +114,8 @@ def tree(work: Path, relays: int, clients: int, origin_args: Sequence[str] = (),
         servers.append(origin)
         urls = [url]
         for i in range(relays):
-            p, relay_url = spawn(["relay", "--root", str(work / f"relay{i}"), "--upstreams",
+            p, relay_url = spawn(["relay", "--publisher", publisher(), "--root",
+                                  str(work / f"relay{i}"), "--upstreams",
                                   json.dumps([url]), "--server.port", "0",
                                   "--client.poll_interval", "0.05", *relay_args],
                                  work / f"relay{i}.log")
@@ -114,7 +124,8 @@ def tree(work: Path, relays: int, clients: int, origin_args: Sequence[str] = (),
         logs = [work / f"client{i}.log" for i in range(clients)]
         for i in range(clients):
             fetchers.append(subprocess.Popen(
-                [sys.executable, "-m", "meshrl.cli", "shardcast", "fetch", "--server.urls",
+                [sys.executable, "-m", "meshrl.cli", "shardcast", "fetch", "--publisher",
+                 publisher(), "--server.urls",
                  json.dumps(urls), "--version", "1", "--out", str(work / f"out{i}"),
                  "--client.fsync", "false", *client_args],
                 stdout=client_stdout, stderr=open(logs[i], "wb"), env=ENV))  # noqa: SIM115

@@ -44,7 +44,8 @@ def per_request_us(kind: str, work: Path, rnd: int, requests: list[dict[str, str
     store = open_store(kind, work / f"{kind}-{rnd}-{'guard' if guarded else 'store'}.db")
     now = time.time()
     if guarded:
-        guard = RequestGuard(GuardConfig(rate_per_minute=10**9, rate_burst=10**9),
+        guard = RequestGuard(GuardConfig(rate_per_minute=10**9, rate_burst=10**9,
+                                         ip_rate_per_minute=10**9, ip_burst=10**9),
                              nonces=store)
         t0 = time.perf_counter()
         for h in requests:

@@ -67,7 +67,8 @@ def tree(work: Path, src: Path, args: argparse.Namespace) -> dict:
                  client_stdout=subprocess.PIPE) as t:
         cpu0 = {p.pid: cpu_s(p.pid) for p in t.servers + t.clients}
         t0, own0 = time.perf_counter(), time.process_time()
-        VersionStore(work / "origin").publish(src, 1, args.shard_mb * 1_000_000, link=args.link)
+        VersionStore(work / "origin").publish(src, 1, args.shard_mb * 1_000_000, link=args.link,
+                                              key=sp.KEY)
         t_pub = time.perf_counter() - t0
         publish_cpu = time.process_time() - own0
         ends, client_cpu = [], 0.0

@@ -58,7 +58,8 @@ def run_topology(work: Path, src: Path, relays: int, args: argparse.Namespace) -
         procs, clients, logs, urls = t.servers, t.clients, t.logs, t.urls
         cpu0 = {p.pid: cpu_s(p.pid) for p in procs + clients}
         sampler = _Sampler(urls)
-        VersionStore(work / "origin").publish(src, 1, args.shard_mb * 1_000_000, link=True)
+        VersionStore(work / "origin").publish(src, 1, args.shard_mb * 1_000_000, link=True,
+                                              key=sp.KEY)
         t0, t0_wall = time.perf_counter(), time.time()
         client_cpu = 0.0
         for c in clients:

@@ -50,7 +50,7 @@ def run(preset: str, tokens: int, prompts: int, group: int, files: int, threads:
     built = rules.task.build()
 
     def make(counter: int) -> bytes:
-        a = Assignment(rules, NODE, 1, counter)
+        a = Assignment(rules, NODE, 1, counter, 0)
         return rollout_file_bytes(generate_rollouts(worker, tok, a, built, PROVIDER))
 
     def judge(blobs: list[bytes]) -> list:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
@@ -185,7 +186,8 @@ def test_every_declared_refusal_reaches_the_client_as_its_class(disc: Disc,
         ErrorCode.BAD_POOL_ID: lambda: get("mgr", "/pools/0/nodes"),
         ErrorCode.NOT_POOL_MANAGER: lambda: get("stranger", f"/pools/{disc.chain.pool}/nodes"),
     }
-    service = Discovery(DiscoveryConfig(db=str(tmp_path / "d.db")), None)  # type: ignore[arg-type]
+    no_chain = SimpleNamespace(backend=SimpleNamespace(chain_id=1))  # routes only: no chain calls
+    service = Discovery(DiscoveryConfig(db=str(tmp_path / "d.db")), no_chain)  # type: ignore[arg-type]
     declared = {c for r in service.routes() for c in r.refusals}
     service.registry.close()
     assert set(cases) == declared

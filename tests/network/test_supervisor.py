@@ -129,6 +129,11 @@ def test_role_configs_share_the_pool_rules(tmp_path: Path) -> None:
         assert read[role]["rules"] == published, role
     assert set(published) == set(RULE_FIELDS)
     assert published["proof_profile"] == "meshrl-cpu-engine"  # the demo's: every worker is ours
+    # the trainer signs every policy version; relays, workers and the validator believe only it
+    trainer = DevKeys(len(lay.workers())).trainer().address
+    assert published["policy_signer"] == trainer
+    for relay in (r for r in roles if r.name.startswith("relay-")):
+        assert relay.argv[relay.argv.index("--publisher") + 1] == trainer
     servers = read["orchestrator"]["work"]["shardcast_servers"]
     assert servers == read["validator"]["shardcast_servers"]
     assert servers[-1] == lay.origin_url and len(servers) == 3

@@ -3,6 +3,7 @@ onboarded members kept alive by a heartbeat thread."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +25,21 @@ class Pool:
         return hexkey(self.chain.accounts[name])
 
 
+_COUNTERS = itertools.count()
+
+
+def next_counter() -> int:
+    """A counter no other file of this test process used (the orchestrator grants each
+    (node, step, counter) one file)."""
+    return next(_COUNTERS)
+
+
+def parquet_framed(payload: bytes) -> bytes:
+    """`payload` framed as Parquet (magic first and last, a footer length that fits): what the
+    store's cheap format check lets through."""
+    return b"PAR1" + payload + len(payload).to_bytes(4, "little") + b"PAR1"
+
+
 def orchestrator_config(chain: Chain, tmp: Path, **over: object) -> dict:
     cfg: dict = {
         "port": 0, "pool_id": chain.pool, "db": str(tmp / "orch.db"),
@@ -37,7 +53,8 @@ def orchestrator_config(chain: Chain, tmp: Path, **over: object) -> dict:
         "onboarding": {"poll_s": 0.2, "recheck_s": 0.5, "requirements": {"min_cores": 4}},
         "work": {"step": 3, "max_file_bytes": 1 << 21, "max_units_per_file": 10_000,
                  "slot_ttl_s": 30.0},
-        "rules": {"async_level": 1, "group_size": 2},
+        # many files of one node at one step in these tests: each takes a counter of its own
+        "rules": {"async_level": 1, "group_size": 2, "files_per_step": 1 << 12},
     }
     for k, v in over.items():
         cfg[k] = {**cfg[k], **v} if isinstance(v, dict) else v

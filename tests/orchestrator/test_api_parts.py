@@ -11,6 +11,7 @@ from pathlib import Path
 import aiohttp
 
 from meshrl.orchestrator.config import OrchestratorConfig
+from meshrl.orchestrator.state import Grant
 from meshrl.wire import SignedClient
 from meshrl.wire.models import FileStatus, Health, LedgerPage, NodeState
 
@@ -26,7 +27,8 @@ def test_ledger_and_health_from_the_parts(tmp_path: Path) -> None:
         async with api_from_parts(tmp_path, cfg, readers=(address("trainer"),)) as s:
             n1, p1 = address("n1"), address("p1")
             s.state.upsert_node(n1, p1, NodeState.HEALTHY, time.time())
-            assert s.state.grant_slot("cd" * 16, n1, p1, SHA, 300, 4, 3, 12, time.time() + 60)
+            assert s.state.grant_slot("cd" * 16, n1, p1, SHA, 300, 4, 3, 12, 0,
+                                      time.time() + 60) is Grant.GRANTED
             s.state.finish_upload("cd" * 16, SHA)
             async with SignedClient(s.url, key("trainer")) as trainer:
                 page = await trainer.call("GET", "/ledger", query={"step": 4},

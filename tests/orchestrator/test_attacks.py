@@ -5,9 +5,11 @@ and after."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -16,10 +18,17 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from meshrl.wire import ErrorCode, SignedClient, WireHTTPError, raise_for, sign_request
+from meshrl.wire import (
+    ErrorCode,
+    SignedClient,
+    SignedHeaders,
+    WireHTTPError,
+    raise_for,
+    sign_request,
+)
 from meshrl.wire.models import Heartbeat, LedgerPage, SlotRequest, UploadSlot, Verdict
 
-from .conftest import Pool
+from .conftest import Pool, next_counter, parquet_framed
 from .net import run
 
 pytestmark = pytest.mark.anvil
@@ -64,8 +73,21 @@ async def send(url: str, method: str, path: str, body: bytes, headers: dict) -> 
 HB = Heartbeat().model_dump_json().encode()
 
 
+@functools.cache
+def audience(url: str) -> str:
+    """The audience this service's requests are signed for (`GET /identity`)."""
+    with urllib.request.urlopen(url + "/identity", timeout=30) as r:
+        return str(json.load(r)["audience"])
+
+
+def signed(pool: Pool, key: str, method: str, path: str, body: bytes = b"",
+           **kw: Any) -> SignedHeaders:
+    """A raw request's headers, signed for the pool's orchestrator."""
+    return sign_request(key, method, path, body, audience=audience(pool.orch.url), **kw)
+
+
 def test_replayed_request(pool: Pool) -> None:
-    h = sign_request(pool.key("n1"), "POST", "/heartbeat", HB).as_dict()
+    h = signed(pool, pool.key("n1"), "POST", "/heartbeat", HB).as_dict()
     run(send(pool.orch.url, "POST", "/heartbeat", HB, h))
     refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", HB, h),
             ErrorCode.REPLAYED_NONCE)
@@ -74,13 +96,13 @@ def test_replayed_request(pool: Pool) -> None:
 @pytest.mark.parametrize("offset, code", [(-400, ErrorCode.STALE_TIMESTAMP),
                                           (400, ErrorCode.FUTURE_TIMESTAMP)])
 def test_stale_and_future_timestamps(pool: Pool, offset: int, code: ErrorCode) -> None:
-    h = sign_request(pool.key("n1"), "POST", "/heartbeat", HB,
+    h = signed(pool, pool.key("n1"), "POST", "/heartbeat", HB,
                      timestamp=int(time.time()) + offset).as_dict()
     refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", HB, h), code)
 
 
 def test_forged_signature(pool: Pool) -> None:
-    h = sign_request(pool.key("n1"), "POST", "/heartbeat", HB).as_dict()
+    h = signed(pool, pool.key("n1"), "POST", "/heartbeat", HB).as_dict()
     sig = bytearray.fromhex(h["x-signature"][2:])
     sig[10] ^= 0x55
     h["x-signature"] = "0x" + sig.hex()
@@ -90,7 +112,7 @@ def test_forged_signature(pool: Pool) -> None:
 
 
 def test_valid_signature_of_another_address(pool: Pool) -> None:
-    h = sign_request(pool.key("stranger"), "POST", "/heartbeat", HB).as_dict()
+    h = signed(pool, pool.key("stranger"), "POST", "/heartbeat", HB).as_dict()
     h["x-address"] = pool.chain.accounts["n1"].address
     refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", HB, h),
             ErrorCode.WRONG_SIGNER)
@@ -98,7 +120,7 @@ def test_valid_signature_of_another_address(pool: Pool) -> None:
 
 def test_oversized_body(pool: Pool) -> None:
     body = b'{"policy_version": 0, "pad": "' + b"x" * (20 << 10) + b'"}'
-    h = sign_request(pool.key("n1"), "POST", "/heartbeat", body).as_dict()
+    h = signed(pool, pool.key("n1"), "POST", "/heartbeat", body).as_dict()
     refused(pool, lambda: send(pool.orch.url, "POST", "/heartbeat", body, h),
             ErrorCode.BODY_TOO_LARGE)
 
@@ -106,7 +128,7 @@ def test_oversized_body(pool: Pool) -> None:
 async def grant(pool: Pool, node: str, data: bytes) -> UploadSlot:
     async with SignedClient(pool.orch.url, pool.key(node)) as c:
         req = SlotRequest(sha256=hashlib.sha256(data).hexdigest(), size=len(data), step=3,
-                          policy_version=3, work_units=10)
+                          policy_version=3, work_units=10, counter=next_counter())
         return await c.call("POST", "/uploads", req, response=UploadSlot)
 
 
@@ -117,9 +139,9 @@ def _file(pool: Pool, name: str, data: bytes) -> Path:
 
 
 def test_upload_whose_bytes_do_not_match(pool: Pool) -> None:
-    good = b"rollout-a" * 1000
+    good = parquet_framed(b"rollout-a" * 1000)
     slot = run(grant(pool, "n1", good))
-    bad = _file(pool, "bad", b"rollout-b" * 1000)  # same size, other bytes
+    bad = _file(pool, "bad", parquet_framed(b"rollout-b" * 1000))  # same size, other bytes
     sha_good = hashlib.sha256(good).hexdigest()
 
     async def lie() -> Any:  # signs the granted sha256 but sends other bytes
@@ -140,7 +162,7 @@ def test_upload_whose_bytes_do_not_match(pool: Pool) -> None:
 
 
 def test_upload_without_slot_into_other_nodes_slot_and_twice(pool: Pool) -> None:
-    data = b"rollout-c" * 1000
+    data = parquet_framed(b"rollout-c" * 1000)
     path, sha = _file(pool, "c", data), hashlib.sha256(data).hexdigest()
 
     def up(node: str, url: str) -> Callable[[], Awaitable[Any]]:
@@ -156,7 +178,7 @@ def test_upload_without_slot_into_other_nodes_slot_and_twice(pool: Pool) -> None
 
 
 def test_concurrent_uses_of_one_slot_store_once(pool: Pool) -> None:
-    data = b"rollout-d" * 100_000
+    data = parquet_framed(b"rollout-d" * 100_000)
     path, sha = _file(pool, "d", data), hashlib.sha256(data).hexdigest()
     slot = run(grant(pool, "n1", data))
 
@@ -179,7 +201,8 @@ def test_heartbeat_from_node_not_in_pool(pool: Pool) -> None:
 
 
 def test_verdict_from_an_address_without_the_validator_role(pool: Pool) -> None:
-    data = b"rollout-v" * 1000  # a file of this test's own in the ledger (none may be before it)
+    # a file of this test's own in the ledger (none may be before it)
+    data = parquet_framed(b"rollout-v" * 1000)
     path, sha = _file(pool, "v", data), hashlib.sha256(data).hexdigest()
 
     async def upload() -> Any:
@@ -205,7 +228,7 @@ def test_paths_that_try_to_leave_the_store(pool: Pool, path: str, code: ErrorCod
     body = b"" if method == "GET" else b"x"
 
     async def t() -> Any:
-        h = sign_request(pool.key("trainer" if method == "GET" else "n1"), method, path,
+        h = signed(pool, pool.key("trainer" if method == "GET" else "n1"), method, path,
                          body).as_dict()
         return await send(pool.orch.url, method, path, body, h)
     refused(pool, t, code)
@@ -234,7 +257,7 @@ def test_slot_beyond_the_unit_and_size_limits(pool: Pool) -> None:
             async with SignedClient(pool.orch.url, pool.key("n1")) as c:
                 return await c.call("POST", "/uploads", SlotRequest(
                     sha256="ee" * 32, size=size, step=3, policy_version=version,
-                    work_units=units))
+                    work_units=units, counter=0))
         return go
     refused(pool, ask(10_001), ErrorCode.TOO_MANY_WORK_UNITS)
     refused(pool, ask(10, size=(1 << 21) + 1), ErrorCode.FILE_TOO_LARGE)

@@ -9,29 +9,35 @@ import os
 import socket
 import sqlite3
 import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 from eth_account import Account
 
-from meshrl.wire import SignedClient, WireHTTPError
+from meshrl.wire import CounterUsed, FileAlreadyUploaded, SignedClient, WireHTTPError
 from meshrl.wire.models import PoolNodes, SlotRequest, UploadSlot
+from meshrl.wire.signing import sign_request
 
-from .conftest import Pool, orchestrator_config
+from .conftest import Pool, next_counter, orchestrator_config, parquet_framed
 from .net import Heartbeater, Service, hexkey, run, wait_for
 
 pytestmark = pytest.mark.anvil
 
 
-@pytest.mark.slow
-def test_kill9_under_load_loses_nothing_acknowledged(pool: Pool) -> None:
-    chain, tmp = pool.chain, pool.tmp / "crash"
+def _own_pool(pool: Pool, name: str, members: int) -> tuple[Service, str, list[Any], int]:
+    """A pool of its own on the shared chain with `members` nodes joined, and its orchestrator
+    process (not started) on a fixed port, so a restarted process has the same URL."""
+    chain, tmp = pool.chain, pool.tmp / name
     tmp.mkdir()
     mgr = chain.client("mgr")
     fed = chain.fed
     pool_id = fed.create_pool(fed.pool(chain.pool).domain, mgr.address, 10**15)
     fed.start_pool(pool_id)
-    nodes = [Account.from_key(hashlib.sha256(f"crash-{i}".encode()).digest()) for i in range(4)]
+    nodes = [Account.from_key(hashlib.sha256(f"{name}-{i}".encode()).digest())
+             for i in range(members)]
     p2 = chain.client("p2")
     for n in nodes:
         fed.backend.fund(n.address, 10**20)
@@ -39,12 +45,76 @@ def test_kill9_under_load_loses_nothing_acknowledged(pool: Pool) -> None:
         exp = fed.backend.now() + 600
         chain.fed.as_(n).join_pool(pool_id, n.address, 1, exp,
                                    mgr.sign_invite(pool_id, n.address, 1, exp))
-    with socket.socket() as s:  # a fixed port, so the restarted process has the same URL
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cfg = orchestrator_config(chain, tmp, port=port, pool_id=pool_id, db=str(tmp / "orch.db"),
                               store={"root": str(tmp / "files")})
-    orch = Service("orchestrator", cfg, tmp)
+    return Service("orchestrator", cfg, tmp), str(tmp), nodes, pool_id
+
+
+def test_an_upload_cut_by_a_kill_is_delivered_once(pool: Pool) -> None:
+    """kill -9 of the orchestrator in the middle of an upload: after the restart the same slot
+    takes the file (it was left `uploading`), asking for a slot again says it is stored; a
+    grant the worker lost is granted again (no 409 until expiry); each file is stored once."""
+    orch, tmp, [node], _ = _own_pool(pool, "cut", 1)
+    url = orch.start()
+    k = hexkey(node)
+    data = parquet_framed(os.urandom(1 << 20))
+    sha = hashlib.sha256(data).hexdigest()
+    path = pool.tmp / "cut.parquet"
+    path.write_bytes(data)
+    req = SlotRequest(sha256=sha, size=len(data), step=3, policy_version=3, work_units=1,
+                      counter=0)
+
+    async def cut() -> UploadSlot:
+        async with SignedClient(url, k) as c:
+            slot = await c.call("POST", "/uploads", req, response=UploadSlot)
+            headers = sign_request(k, "PUT", slot.url, body_sha256=sha,
+                                   address=node.address).as_dict()
+            headers["content-length"] = str(len(data))
+
+            async def half() -> AsyncIterator[bytes]:
+                yield data[: len(data) // 2]
+                await asyncio.to_thread(orch.kill9)  # the rest never comes
+                yield data[len(data) // 2:]
+            with pytest.raises((aiohttp.ClientError, OSError)):
+                async with aiohttp.ClientSession() as http:
+                    await http.put(url + slot.url, data=half(), headers=headers)
+            return slot
+
+    async def finish(slot: UploadSlot) -> tuple[Any, Any]:
+        async with SignedClient(url, k) as c:
+            receipt = await c.upload("PUT", slot.url, path, sha)  # the same slot, once more
+            with pytest.raises(FileAlreadyUploaded):
+                await c.call("POST", "/uploads", req)
+            # a grant lost in a crash: the next file's slot is granted again, at once
+            other = parquet_framed(os.urandom(1000))
+            (pool.tmp / "lost.parquet").write_bytes(other)
+            sha2 = hashlib.sha256(other).hexdigest()
+            req2 = req.model_copy(update={"sha256": sha2, "size": len(other), "counter": 1})
+            await c.call("POST", "/uploads", req2, response=UploadSlot)  # lost
+            again = await c.call("POST", "/uploads", req2, response=UploadSlot)
+            with pytest.raises(CounterUsed):  # but no other file at its counter
+                await c.call("POST", "/uploads", req2.model_copy(update={"sha256": "ab" * 32}))
+            return receipt, await c.upload("PUT", again.url, pool.tmp / "lost.parquet", sha2)
+    try:
+        slot = run(cut())
+        assert orch.start() == url
+        first, second = run(finish(slot))
+        assert first["status"] == second["status"] == "uploaded"
+    finally:
+        orch.stop()
+    stored = sorted(p.name for p in (Path(tmp) / "files").glob("*/*.parquet"))
+    assert stored == sorted(f"{h}.parquet" for h in (sha, hashlib.sha256(
+        (pool.tmp / "lost.parquet").read_bytes()).hexdigest()))
+    assert (Path(tmp) / "files" / sha[:2] / f"{sha}.parquet").read_bytes() == data
+
+
+@pytest.mark.slow
+def test_kill9_under_load_loses_nothing_acknowledged(pool: Pool) -> None:
+    orch, tmp_s, nodes, pool_id = _own_pool(pool, "crash", 4)
+    tmp, fed = Path(tmp_s), pool.chain.fed
     url = orch.start()
     keys = [hexkey(n) for n in nodes]
 
@@ -63,13 +133,14 @@ def test_kill9_under_load_loses_nothing_acknowledged(pool: Pool) -> None:
         async with SignedClient(url, k) as c:
             n = 0
             while not stop.is_set():
-                data = os.urandom(200_000)
+                data = parquet_framed(os.urandom(200_000))
                 path = tmp / f"u{i}-{n}"
                 path.write_bytes(data)
                 sha = hashlib.sha256(data).hexdigest()
                 try:
                     slot = await c.call("POST", "/uploads", SlotRequest(
-                        sha256=sha, size=len(data), step=3, policy_version=3, work_units=1),
+                        sha256=sha, size=len(data), step=3, policy_version=3, work_units=1,
+                        counter=next_counter()),
                         response=UploadSlot)
                     await c.upload("PUT", slot.url, path, sha)
                     acked[sha] = len(data)

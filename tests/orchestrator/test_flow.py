@@ -36,7 +36,7 @@ from meshrl.wire.models import (
 )
 from wire.helpers import sample_rollout  # the wire tests' sample file (tests/ is on sys.path)
 
-from .conftest import Pool
+from .conftest import Pool, next_counter
 from .net import onboard, run, wait_for
 
 pytestmark = pytest.mark.anvil
@@ -55,7 +55,7 @@ def make_file(pool: Pool, name: str, seed: int) -> tuple:
 async def upload(o: SignedClient, path, sha: str, step: int = 3, version: int = 3,
                  units: int = 54) -> UploadSlot:
     req = SlotRequest(sha256=sha, size=path.stat().st_size, step=step, policy_version=version,
-                      work_units=units)
+                      work_units=units, counter=next_counter())
     slot = await o.call("POST", "/uploads", req, response=UploadSlot)
     await o.upload(slot.method, slot.url, path, sha)
     return slot

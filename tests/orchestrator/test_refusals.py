@@ -27,7 +27,7 @@ from meshrl.wire.models import (
     Verdict,
 )
 
-from .conftest import Pool
+from .conftest import Pool, next_counter, parquet_framed
 from .net import run, wait_for
 from .parts import Served, address, api_from_parts, key
 
@@ -46,16 +46,17 @@ async def expect(code: ErrorCode, attempt: Awaitable[Any]) -> WireHTTPError:
 
 
 def blob(tmp: Path, name: str, size: int = 300) -> tuple[Path, str]:
-    data = os.urandom(size)
+    data = parquet_framed(os.urandom(size - 12))
     path = tmp / name
     path.write_bytes(data)
     return path, hashlib.sha256(data).hexdigest()
 
 
 def slot_request(sha: str, size: int = 300, step: int = 3, version: int = 3,
-                 units: int = 10) -> SlotRequest:
+                 units: int = 10, counter: int | None = None) -> SlotRequest:
     return SlotRequest(sha256=sha, size=size, step=step, policy_version=version,
-                       work_units=units)
+                       work_units=units,
+                       counter=next_counter() if counter is None else counter)
 
 
 # ---- the API from its parts: members n1, n2; reader "trainer"; nobody else
@@ -96,6 +97,39 @@ async def _file_already_known(s: Served, tmp: Path, client: Any) -> Any:
     return await _grant(client("n2"), "bb" * 32)
 
 
+async def _counter_out_of_range(s: Served, tmp: Path, client: Any) -> Any:
+    return await client("n1").call("POST", "/uploads", slot_request("aa" * 32, counter=1 << 12))
+
+
+async def _counter_used(s: Served, tmp: Path, client: Any) -> Any:
+    # the same (node, step, counter) for another file: one generation per counter
+    await client("n1").call("POST", "/uploads", slot_request("bb" * 32, counter=5))
+    return await client("n1").call("POST", "/uploads", slot_request("cc" * 32, counter=5))
+
+
+async def _file_already_uploaded(s: Served, tmp: Path, client: Any) -> Any:
+    path, sha = blob(tmp, "f")
+    req = slot_request(sha)
+    slot = await client("n1").call("POST", "/uploads", req, response=UploadSlot)
+    await client("n1").upload("PUT", slot.url, path, sha)
+    return await client("n1").call("POST", "/uploads", req)  # asked again after a crash
+
+
+async def _upload_in_progress(s: Served, tmp: Path, client: Any) -> Any:
+    path, sha = blob(tmp, "f")
+    slot = await _grant(client("n1"), sha)
+    assert s.state.claim_slot(slot.slot_id)  # another connection is uploading through it
+    return await client("n1").upload("PUT", slot.url, path, sha)
+
+
+async def _not_a_rollout_file(s: Served, tmp: Path, client: Any) -> Any:
+    data = os.urandom(300)  # no Parquet framing: never stored
+    (tmp / "r").write_bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+    slot = await _grant(client("n1"), sha)
+    return await client("n1").upload("PUT", slot.url, tmp / "r", sha)
+
+
 async def _bad_slot_id(s: Served, tmp: Path, client: Any) -> Any:
     path, sha = blob(tmp, "f")
     return await client("n1").upload("PUT", "/uploads/not-a-slot", path, sha)
@@ -122,7 +156,7 @@ async def _slot_already_used(s: Served, tmp: Path, client: Any) -> Any:
 async def _slot_expired(s: Served, tmp: Path, client: Any) -> Any:
     path, sha = blob(tmp, "f")
     # a slot past its expiry that the expiry loop (not running here) has not removed yet
-    s.state.grant_slot("cd" * 16, address("n1"), address("p1"), sha, 300, 3, 3, 10,
+    s.state.grant_slot("cd" * 16, address("n1"), address("p1"), sha, 300, 3, 3, 10, 0,
                        expires_at=time.time() - 1)
     return await client("n1").upload("PUT", "/uploads/" + "cd" * 16, path, sha)
 
@@ -160,13 +194,16 @@ PARTS: dict[ErrorCode, PartsCase] = {
     E.SLOT_EXPIRED: _slot_expired, E.SHA256_MISMATCH: _sha256_mismatch,
     E.SIZE_MISMATCH: _size_mismatch, E.BAD_FILE_NAME: _bad_file_name,
     E.NO_SUCH_FILE: _no_such_file, E.STEP_GOES_BACK: _step_goes_back,
+    E.COUNTER_OUT_OF_RANGE: _counter_out_of_range, E.COUNTER_USED: _counter_used,
+    E.FILE_ALREADY_UPLOADED: _file_already_uploaded, E.UPLOAD_IN_PROGRESS: _upload_in_progress,
+    E.NOT_A_ROLLOUT_FILE: _not_a_rollout_file,
 }
 
 
 @pytest.mark.parametrize("code", list(PARTS), ids=lambda c: c.value)
 def test_refusal_without_a_chain(code: ErrorCode, tmp_path: Path) -> None:
     cfg = OrchestratorConfig(pool_id=1, work={"step": 3, "max_file_bytes": 2000},
-                             rules={"async_level": 1})
+                             rules={"async_level": 1, "files_per_step": 1 << 12})
 
     async def t() -> None:
         async with api_from_parts(tmp_path, cfg, readers=(address("trainer"),)) as s:

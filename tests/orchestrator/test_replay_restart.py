@@ -29,16 +29,23 @@ def send(url: str, method: str, path: str, headers: dict[str, str],
         return e.code, json.load(e)
 
 
+def audience(url: str) -> str:
+    """The audience the service's requests are signed for (`GET /identity`)."""
+    with urllib.request.urlopen(url + "/identity", timeout=30) as r:
+        return str(json.load(r)["audience"])
+
+
 def replayed_after_kill9(svc: Service, key: str, method: str, path: str, body: bytes) -> None:
     url = svc.start()
-    captured = sign_request(key, method, path, body).as_dict()
+    aud = audience(url)
+    captured = sign_request(key, method, path, body, audience=aud).as_dict()
     assert send(url, method, path, captured, body)[0] == 200
     svc.kill9()
     url = svc.start()  # same database, a new process (and port)
     try:
         status, answer = send(url, method, path, captured, body)
         assert (status, answer["error"]) == (409, "replayed nonce")
-        fresh = sign_request(key, method, path, body).as_dict()
+        fresh = sign_request(key, method, path, body, audience=aud).as_dict()
         assert send(url, method, path, fresh, body)[0] == 200
     finally:
         svc.stop()

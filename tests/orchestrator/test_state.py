@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import sqlite3
 
-from meshrl.orchestrator.state import PoolStep, SlotUse, State
+from meshrl.orchestrator.state import Grant, PoolStep, SlotUse, State
 from meshrl.wire.models import FileStatus
 
 A, B = "0x" + "aa" * 20, "0x" + "bb" * 20
 X, Y = "11" * 32, "22" * 32
 
 
-def _grant(s: State, sha: str, node: str = A, slot: str = "s1", expires: float = 1e12) -> bool:
-    return s.grant_slot(slot, node, "0xprov", sha, 100, 3, 2, 50, expires)
+def _grant(s: State, sha: str, node: str = A, slot: str = "s1", expires: float = 1e12,
+           counter: int | None = None) -> bool:
+    counter = int(sha[:2], 16) % 8 if counter is None else counter  # one per file by default
+    return s.grant_slot(slot, node, "0xprov", sha, 100, 3, 2, 50, counter,
+                        expires) is Grant.GRANTED
 
 
 def test_claims_are_rows_of_their_own_and_acceptance_orders_the_feed(tmp_path) -> None:

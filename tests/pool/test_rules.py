@@ -36,8 +36,9 @@ RULES = PoolRules(pool_id=3, task={"type": "arithmetic", "digits": 2}, group_siz
 
 # a value differing from RULES' for every rule field
 DRIFTED = {"task": {"type": "arithmetic", "digits": 3}, "sampling": {"max_new_tokens": 9,
-           "temperature": 0.7}, "group_size": 8, "prompts_per_file": 3, "files_per_step": 0,
-           "async_level": 2, "seed": 8, "proof_profile": "any-hardware"}
+           "temperature": 0.7}, "group_size": 8, "prompts_per_file": 3, "files_per_step": 1,
+           "async_level": 2, "seed": 8, "proof_profile": "any-hardware",
+           "policy_signer": "0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A"}
 
 
 def test_task_specs_have_one_parser():
@@ -99,16 +100,25 @@ def test_rules_changed_while_running():
     assert why == ("stopping, the pool's rules changed while running: rules.seed: started with "
                    "7, the pool now publishes 9")
     assert "pool_id" in changed_rules(RULES, RULES.model_copy(update={"pool_id": 4}))
+    # a rule the role started without pins nothing, and is still a change when it appears
+    signer = "0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A"
+    assert changed_rules(RULES, RULES.model_copy(update={"policy_signer": signer})) == (
+        "stopping, the pool's rules changed while running: rules.policy_signer: started with "
+        f"None, the pool now publishes '{signer}'")
 
 
 def test_assignment_by_hand():
     tok = CharTokenizer()
     node = "0x" + "ab" * 20
-    a = Assignment(RULES, node, step=5, counter=1)
+    a = Assignment(RULES, node, step=5, counter=1, policy_version=4)
     tasks = RULES.task.build()
     problems = a.problems(tasks)
-    assert problems == sample_problems(tasks, 7, node, 5, 1, 2)
-    assert a.sampler_seed() == sampling_seed(7, node, 5, 1)
+    assert problems == sample_problems(tasks, 7, node, 5, 1, 2, version=4)
+    assert a.sampler_seed() == sampling_seed(7, node, 5, 1, version=4)
+    # the version is part of the work: the same (node, step, counter) at another version is
+    # other problems and other noise, so one generation can serve one claim only
+    other = Assignment(RULES, node, step=5, counter=1, policy_version=3)
+    assert other.problems(tasks) != problems and other.sampler_seed() != a.sampler_seed()
     rows = a.prompt_rows(tok, problems)
     assert len(rows) == 8 and rows[0] == rows[3] != rows[4] == rows[7]
     assert rows[0] == encode_prompt(tok, problems[0].prompt)
@@ -118,7 +128,7 @@ def test_assignment_by_hand():
     assert len(RULES.digest()) == 64 and RULES.digest() == PoolRules.model_validate_json(
         RULES.model_dump_json()).digest()
     drifted = [PoolRules.model_validate({**RULES.model_dump(), k: DRIFTED[k]}) for k in DRIFTED]
-    assert len({r.digest() for r in drifted} | {RULES.digest()}) == 9
+    assert len({r.digest() for r in drifted} | {RULES.digest()}) == len(DRIFTED) + 1
     assert RULES.model_copy(update={"seed": 8}).digest() != RULES.digest()
 
 

@@ -29,11 +29,11 @@ def worker_file():
     tok = CharTokenizer()
     engine = CPUEngine(build_model("qwen2-tiny", tok.vocab_size, seed=3), tok,
                        EngineConfig(num_threads=1))
-    a = Assignment(RULES, NODE, step=3, counter=2)
+    a = Assignment(RULES, NODE, step=0, counter=2, policy_version=0)
     rf = generate_rollouts(engine, tok, a, BUILT, PROVIDER)
     data = rollout_file_bytes(rf)
     entry = LedgerEntry(seq=1, sha256=hashlib.sha256(data).hexdigest(), node=NODE,
-                        provider=PROVIDER, step=3, policy_version=rf.header.policy_version,
+                        provider=PROVIDER, step=0, policy_version=rf.header.policy_version,
                         work_units=rf.header.work_units, size=len(data),
                         status=FileStatus.ACCEPTED, download="/files/x")
     return tok, a, rf, data, entry

@@ -54,3 +54,48 @@ def spawn_service(args: list[str], log_path: Path) -> tuple[subprocess.Popen, st
         time.sleep(0.05)
     proc.kill()
     raise RuntimeError("service did not start")
+
+
+# the publisher (the trainer) of every test version: its key signs, its address is believed
+KEY = "0x" + "5c" * 32
+PUBLISHER = "0x" + "0" * 40  # replaced below by the key's address
+
+
+def _key_file() -> str:
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="shardcast-test-key-")
+    os.write(fd, KEY.encode())
+    os.close(fd)
+    return path
+
+
+def signed_origin(cfg, key: str = KEY):
+    """An origin that signs what it publishes with the test publisher's key."""
+    from meshrl.shardcast import Origin
+
+    return Origin(cfg, key=key)
+
+
+def signed_client(urls, cfg=None, **kw):
+    """A client that believes only the test publisher."""
+    from meshrl.shardcast import ShardcastClient
+
+    return ShardcastClient(urls, cfg, publisher=kw.pop("publisher", PUBLISHER), **kw)
+
+
+def _address() -> str:
+    from meshrl.wire.signing import address_of
+
+    return address_of(KEY)
+
+
+PUBLISHER = _address()
+KEY_FILE = _key_file()
+
+
+def relay_cfg(**kw):
+    """A relay's config that believes only the test publisher."""
+    from meshrl.shardcast import RelayConfig
+
+    return RelayConfig(publisher=PUBLISHER, **kw)

@@ -11,7 +11,7 @@ import urllib.request
 
 from meshrl.cli import main as cli
 
-from .conftest import SRC_ROOT, make_file, spawn_service
+from .conftest import KEY_FILE, PUBLISHER, SRC_ROOT, make_file, spawn_service
 
 
 def test_origin_relay_and_follower_processes(tmp_path):
@@ -23,18 +23,21 @@ def test_origin_relay_and_follower_processes(tmp_path):
         origin, ourl = spawn_service(["origin", "--root", str(tmp_path / "o"), "--server.port", "0",
                                       "--server.scan_interval", "0.05"], tmp_path / "o.log")
         procs.append(origin)
-        relay, rurl = spawn_service(["relay", "--root", str(tmp_path / "r"), "--upstreams",
+        relay, rurl = spawn_service(["relay", "--publisher", PUBLISHER,
+                                     "--root", str(tmp_path / "r"), "--upstreams",
                                      f'["{ourl}"]', "--server.port", "0"], tmp_path / "r.log")
         procs.append(relay)
         follower = subprocess.Popen(
-            [sys.executable, "-m", "meshrl.cli", "shardcast", "fetch", "--server.urls",
+            [sys.executable, "-m", "meshrl.cli", "shardcast", "fetch", "--publisher", PUBLISHER,
+             "--server.urls",
              json.dumps([ourl, rurl]), "--out", str(tmp_path / "w"), "--follow", "--keep", "1"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             env={**os.environ, "PYTHONPATH": str(SRC_ROOT)})
         procs.append(follower)
         watchdog = threading.Timer(40, follower.kill)  # a hung follower fails the test, fast
         watchdog.start()
-        publish = ["shardcast", "publish", "--src", str(ck), "--root", str(tmp_path / "o"),
+        publish = ["shardcast", "publish", "--key_file", KEY_FILE,
+                   "--src", str(ck), "--root", str(tmp_path / "o"),
                    "--shard_size", "65536"]
         seen = []
         for step in range(2):
@@ -64,7 +67,8 @@ def test_origin_and_relay_stop_cleanly_on_ctrl_c(tmp_path):
     """`serve_forever`: Ctrl-C stops the service (port closed) and the command exits with 0."""
     origin, ourl = spawn_service(["origin", "--root", str(tmp_path / "o"), "--server.port", "0"],
                                  tmp_path / "o.log")
-    relay, rurl = spawn_service(["relay", "--root", str(tmp_path / "r"), "--upstreams",
+    relay, rurl = spawn_service(["relay", "--publisher", PUBLISHER,
+                                 "--root", str(tmp_path / "r"), "--upstreams",
                                  f'["{ourl}"]', "--server.port", "0"], tmp_path / "r.log")
     try:
         for proc, url, log in ((relay, rurl, "r.log"), (origin, ourl, "o.log")):

@@ -9,24 +9,30 @@ import pytest
 
 from meshrl.shardcast import (
     ClientConfig,
-    Origin,
     OriginConfig,
     OutputWriteError,
     Relay,
-    RelayConfig,
     ServerConfig,
-    ShardcastClient,
     VersionNotFoundError,
 )
 from meshrl.shardcast.manifest import shard_sha256
 
-from .conftest import SHARD, SRC_ROOT, make_file, run
+from .conftest import (
+    PUBLISHER,
+    SHARD,
+    SRC_ROOT,
+    make_file,
+    relay_cfg,
+    run,
+    signed_client,
+    signed_origin,
+)
 
 FAST = ClientConfig(poll_interval=0.05, backoff=0.01, wait_timeout=10, fsync=False)
 
 
 async def _origin(tmp_path, **server):
-    o = Origin(OriginConfig(root=str(tmp_path / "o"), server=ServerConfig(**server)))
+    o = signed_origin(OriginConfig(root=str(tmp_path / "o"), server=ServerConfig(**server)))
     return o, await o.start()
 
 
@@ -40,7 +46,7 @@ def test_fetch_file_and_directory_and_replace_previous(tmp_path):
         origin, url = await _origin(tmp_path)
         await origin.publish(src, 1, SHARD)
         await origin.publish(ck, 2, SHARD)
-        async with ShardcastClient([url], FAST) as c:
+        async with signed_client([url], FAST) as c:
             r1 = await c.fetch(tmp_path / "out.bin", 1)
             await c.fetch(tmp_path / "outdir", 2)
             (tmp_path / "outdir" / "stale.txt").write_text("from an older version")
@@ -64,7 +70,7 @@ def test_client_waits_for_a_version_that_does_not_exist_yet(tmp_path):
 
     async def main():
         origin, url = await _origin(tmp_path)
-        async with ShardcastClient([url], FAST) as c:
+        async with signed_client([url], FAST) as c:
             fetch = asyncio.create_task(c.fetch(tmp_path / "out.bin", 3))
             await asyncio.sleep(0.5)
             assert not fetch.done()
@@ -85,7 +91,7 @@ def test_missing_or_pruned_version_is_a_clear_error(tmp_path):
         for v in (1, 2):
             await origin.publish(src, v, SHARD)
         cfg = FAST.model_copy(update={"wait_timeout": 0.3})
-        async with ShardcastClient([url], cfg) as c:
+        async with signed_client([url], cfg) as c:
             with pytest.raises(VersionNotFoundError, match="no longer held"):
                 await c.fetch(tmp_path / "a", 0)  # older than anything held: fail at once
             with pytest.raises(VersionNotFoundError, match="did not appear"):
@@ -102,8 +108,8 @@ def test_corrupted_relay_is_detected_and_never_written(tmp_path):
 
     async def main():
         origin, url = await _origin(tmp_path, max_upload_mbps=24)
-        relay = Relay(RelayConfig(root=str(tmp_path / "r"), upstreams=[url], client=FAST,
-                                server=ServerConfig()))
+        relay = Relay(relay_cfg(root=str(tmp_path / "r"), upstreams=[url], client=FAST,
+                              server=ServerConfig()))
         rurl = await relay.start()
         m = await origin.publish(src, 1, SHARD, piece_size=4096)
         while 1 not in relay.store.complete:
@@ -118,7 +124,7 @@ def test_corrupted_relay_is_detected_and_never_written(tmp_path):
         def sink(index, pos, chunk):
             written[index][pos : pos + len(chunk)] = chunk
 
-        async with ShardcastClient([url, rurl], FAST, seed=1) as c:
+        async with signed_client([url, rurl], FAST, seed=1) as c:
             await c.get_manifest(1)
             await c.fetch_shards(m, sink)
             stats = c.pool.stats()
@@ -146,7 +152,7 @@ def test_disk_full_while_writing_is_a_clear_error(tmp_path):
             os.write(fd, chunk)
 
         try:
-            async with ShardcastClient([url], FAST) as c:
+            async with signed_client([url], FAST) as c:
                 await c.get_manifest(1)
                 with pytest.raises(OutputWriteError, match="No space left"):
                     await c.fetch_shards(m, sink)
@@ -174,7 +180,8 @@ def test_file_too_large_keeps_previous_version_intact(tmp_path):
         origin, url = await _origin(tmp_path)
         await origin.publish(small, 1, SHARD)
         await origin.publish(big, 2, SHARD)
-        cmd = [sys.executable, "-m", "meshrl.cli", "shardcast", "fetch", "--server.urls",
+        cmd = [sys.executable, "-m", "meshrl.cli", "shardcast", "fetch", "--publisher", PUBLISHER,
+               "--server.urls",
                f'["{url}"]', "--out", str(out), "--client.fsync", "false"]
         env = {**os.environ, "PYTHONPATH": str(SRC_ROOT)}
         results = []
@@ -208,7 +215,7 @@ def test_follow_calls_back_for_each_new_version(tmp_path):
             else:
                 stop.set()
 
-        async with ShardcastClient([url], FAST) as c:
+        async with signed_client([url], FAST) as c:
             follower = asyncio.create_task(c.follow(tmp_path / "w", on_version, keep=2, stop=stop))
             await asyncio.sleep(0.2)
             await origin.publish(srcs[0], 0, SHARD)

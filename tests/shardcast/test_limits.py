@@ -8,17 +8,22 @@ import pytest
 
 from meshrl.shardcast import (
     ClientConfig,
-    Origin,
     OriginConfig,
     Relay,
-    RelayConfig,
     ServerConfig,
-    ShardcastClient,
     ShardUnavailableError,
 )
 from meshrl.shardcast.transport import RELAY_HEADER, RawHttpTransport, TransferError
 
-from .conftest import SHARD, get_json, make_file, run
+from .conftest import (
+    SHARD,
+    get_json,
+    make_file,
+    relay_cfg,
+    run,
+    signed_client,
+    signed_origin,
+)
 from .test_transport import receiver
 
 FAST = ClientConfig(poll_interval=0.05, backoff=0.01, wait_timeout=15, fsync=False)
@@ -26,7 +31,7 @@ RELAY = {RELAY_HEADER: "1"}
 
 
 async def _origin(tmp_path, src, **server):
-    o = Origin(OriginConfig(root=str(tmp_path / "o"), server=ServerConfig(**server)))
+    o = signed_origin(OriginConfig(root=str(tmp_path / "o"), server=ServerConfig(**server)))
     url = await o.start()
     m = await o.publish(src, 1, SHARD)
     return o, url, m
@@ -142,15 +147,15 @@ def test_origin_that_never_serves_clients_feeds_them_through_a_relay(tmp_path):
 
     async def main():
         origin, url, _ = await _origin(tmp_path, src, serve_clients="never")
-        relay = Relay(RelayConfig(root=str(tmp_path / "r"), upstreams=[url], client=FAST,
-                                  server=ServerConfig()))
+        relay = Relay(relay_cfg(root=str(tmp_path / "r"), upstreams=[url], client=FAST,
+                                server=ServerConfig()))
         rurl = await relay.start()
         async with aiohttp.ClientSession() as s, s.get(f"{url}/v/1/shard/0") as r:
             refused = r.status
-        async with ShardcastClient([url, rurl], FAST, seed=0) as c:
+        async with signed_client([url, rurl], FAST, seed=0) as c:
             res = await c.fetch(tmp_path / "out.bin", 1)
         lonely = FAST.model_copy(update={"wait_timeout": 0.5})
-        async with ShardcastClient([url], lonely) as c:
+        async with signed_client([url], lonely) as c:
             with pytest.raises(ShardUnavailableError):
                 await c.fetch(tmp_path / "never.bin", 1)
         health = await get_json(f"{url}/health")
@@ -171,7 +176,7 @@ def test_client_sliced_by_a_spare_origin_asks_again_without_failures(tmp_path):
     async def main():
         origin, url, _ = await _origin(tmp_path, src, max_upload_mbps=80, serve_clients="spare",
                                        spare_slice=SHARD // 4)
-        async with ShardcastClient([url], FAST) as c:
+        async with signed_client([url], FAST) as c:
             res = await c.fetch(tmp_path / "out.bin", 1)
         health = await get_json(f"{url}/health")
         await origin.stop()
@@ -212,13 +217,13 @@ def test_client_finds_relays_slower_than_the_origin_and_still_completes(tmp_path
 
     async def main():
         origin, url, _ = await _origin(tmp_path, src, max_upload_mbps=40, serve_clients="spare")
-        relay = Relay(RelayConfig(root=str(tmp_path / "r"), upstreams=[url], client=FAST,
-                                  server=ServerConfig(max_upload_mbps=1)))
+        relay = Relay(relay_cfg(root=str(tmp_path / "r"), upstreams=[url], client=FAST,
+                                server=ServerConfig(max_upload_mbps=1)))
         rurl = await relay.start()
         while 1 not in relay.store.complete:
             await asyncio.sleep(0.02)
         t0 = time.monotonic()
-        async with ShardcastClient([url, rurl], FAST, seed=0) as c:
+        async with signed_client([url, rurl], FAST, seed=0) as c:
             res = await c.fetch(tmp_path / "out.bin", 1)
         dt = time.monotonic() - t0
         await relay.stop()
@@ -238,13 +243,13 @@ def test_three_level_chain_with_limits_each_level_mirrors_from_the_one_above(tmp
 
     async def main():
         origin, url, _ = await _origin(tmp_path, src, max_upload_mbps=16)
-        r1 = Relay(RelayConfig(root=str(tmp_path / "r1"), upstreams=[url], client=FAST,
-                               server=limited))
+        r1 = Relay(relay_cfg(root=str(tmp_path / "r1"), upstreams=[url], client=FAST,
+                             server=limited))
         r1url = await r1.start()
-        r2 = Relay(RelayConfig(root=str(tmp_path / "r2"), upstreams=[r1url], client=FAST,
-                               server=limited))
+        r2 = Relay(relay_cfg(root=str(tmp_path / "r2"), upstreams=[r1url], client=FAST,
+                             server=limited))
         r2url = await r2.start()
-        async with ShardcastClient([r1url], FAST) as c1, ShardcastClient([r2url], FAST) as c2:
+        async with signed_client([r1url], FAST) as c1, signed_client([r2url], FAST) as c2:
             await asyncio.gather(c1.fetch(tmp_path / "c1.bin", 1), c2.fetch(tmp_path / "c2.bin", 1))
         h = [await get_json(f"{u}/health") for u in (url, r1url, r2url)]
         for service in (r2, r1, origin):

@@ -74,6 +74,23 @@ def _tampered(m: Manifest, **change) -> bytes:
         {"shards__0__pieces": ""},
         {"shards__0__pieces": "0" * 64},  # no longer what the shard's sha256 commits to
         {"shards__0__sha256": "0" * 64},
+        # what a receiver could not create, or would have to allocate without bound
+        {"files__0__name": "model\x00.bin"},  # NUL ends a C path (os.open: ValueError)
+        {"files__0__name": "a\nb"},
+        {"files__0__name": "\ud800"},  # a lone surrogate: not UTF-8
+        {"files__0__name": "x" * 256},  # past NAME_MAX
+        {"files__0__name": "a/" * 2100 + "b"},  # past PATH_MAX
+        {"files__0__name": "/etc/passwd"},
+        {"files__0__name": "a/./b"},
+        {"files__0__name": ""},
+        {"files__0__name": 7},
+        {"version": 2**63},
+        {"version": -1},
+        {"version": True},
+        {"piece_size": 1 << 27},  # a piece is held in memory per shard worker
+        {"created": "NaN"},
+        {"signature": "0xzz"},
+        {"files__0__sha256": "A" * 64},
     ],
 )
 def test_inconsistent_manifests_are_rejected(tmp_path, change):
@@ -85,3 +102,28 @@ def test_inconsistent_manifests_are_rejected(tmp_path, change):
 def test_garbage_is_rejected():
     with pytest.raises(ManifestError):
         Manifest.from_json(b"{not json")
+
+
+def test_a_name_that_is_a_file_and_a_directory_is_rejected(tmp_path):
+    make_file(tmp_path / "ck" / "a" / "b", 10, 1)
+    make_file(tmp_path / "ck" / "c", 10, 2)
+    m = build_manifest(tmp_path / "ck", 1, 1024)
+    with pytest.raises(ManifestError, match="is a file and a directory"):
+        Manifest.from_json(_tampered(m, files__1__name="a"))
+
+
+def test_manifest_errors_are_shardcast_errors_and_the_size_is_bounded():
+    from meshrl.shardcast import ShardcastError
+    from meshrl.shardcast.manifest import MAX_MANIFEST_BYTES
+
+    with pytest.raises(ShardcastError, match="over"):
+        Manifest.from_json(b" " * (MAX_MANIFEST_BYTES + 1))
+
+
+def test_the_digest_is_of_the_manifest_without_its_signature(tmp_path):
+    from meshrl.shardcast import sign_manifest
+
+    m = build_manifest(make_file(tmp_path / "f", 3000, 4), 1, 1024)
+    signed = sign_manifest(m, "0x" + "5c" * 32)
+    assert signed.signature and signed.digest == m.digest and signed.to_json() != m.to_json()
+    assert Manifest.from_json(signed.to_json()) == signed

@@ -5,16 +5,23 @@ import aiohttp
 
 from meshrl.shardcast import (
     ClientConfig,
-    Origin,
     OriginConfig,
     Relay,
-    RelayConfig,
     ServerConfig,
-    ShardcastClient,
 )
 from meshrl.shardcast.manifest import shard_sha256
 
-from .conftest import SHARD, get_json, make_file, run, spawn_service
+from .conftest import (
+    PUBLISHER,
+    SHARD,
+    get_json,
+    make_file,
+    relay_cfg,
+    run,
+    signed_client,
+    signed_origin,
+    spawn_service,
+)
 
 FAST = ClientConfig(poll_interval=0.05, backoff=0.01, wait_timeout=15, fsync=False)
 
@@ -25,14 +32,14 @@ def test_relay_chain_serves_verified_shards_before_the_version_arrives(tmp_path)
     data = src.read_bytes()
 
     async def main():
-        origin = Origin(OriginConfig(root=str(tmp_path / "o"),
-                                     server=ServerConfig(max_upload_mbps=12)))
+        origin = signed_origin(OriginConfig(root=str(tmp_path / "o"),
+                                            server=ServerConfig(max_upload_mbps=12)))
         ourl = await origin.start()
-        r1 = Relay(RelayConfig(root=str(tmp_path / "r1"), upstreams=[ourl], client=FAST,
-                               server=ServerConfig()))
+        r1 = Relay(relay_cfg(root=str(tmp_path / "r1"), upstreams=[ourl], client=FAST,
+                             server=ServerConfig()))
         r1url = await r1.start()
-        r2 = Relay(RelayConfig(root=str(tmp_path / "r2"), upstreams=[r1url], client=FAST,
-                               server=ServerConfig()))
+        r2 = Relay(relay_cfg(root=str(tmp_path / "r2"), upstreams=[r1url], client=FAST,
+                             server=ServerConfig()))
         r2url = await r2.start()
         m = await origin.publish(src, 1, SHARD)
         checked, bad = set(), []
@@ -51,7 +58,7 @@ def test_relay_chain_serves_verified_shards_before_the_version_arrives(tmp_path)
                         checked.add(i)
                     await asyncio.sleep(0.02)
 
-        async with ShardcastClient([r2url], FAST) as c:
+        async with signed_client([r2url], FAST) as c:
             res, _ = await asyncio.gather(c.fetch(tmp_path / "out.bin", 1), probe())
         h1, h2 = await get_json(f"{r1url}/health"), await get_json(f"{r2url}/health")
         for service in (r2, r1, origin):
@@ -74,17 +81,18 @@ def test_relay_killed_mid_transfer_client_finishes_from_the_others(tmp_path):
 
     async def main():
         nonlocal relay
-        origin = Origin(OriginConfig(root=str(tmp_path / "o"),
-                                     server=ServerConfig(max_upload_mbps=rate / 125_000)))
+        origin = signed_origin(OriginConfig(root=str(tmp_path / "o"),
+                                            server=ServerConfig(max_upload_mbps=rate / 125_000)))
         ourl = await origin.start()
         await origin.publish(src, 1, SHARD)
         relay, rurl = await asyncio.to_thread(spawn_service, [
-            "relay", "--root", str(tmp_path / "r"), "--upstreams", f'["{ourl}"]',
+            "relay", "--publisher", PUBLISHER, "--root", str(tmp_path / "r"),
+            "--upstreams", f'["{ourl}"]',
             "--server.port", "0", "--server.max_upload_mbps", str(rate / 125_000),
             "--client.poll_interval", "0.05"], log)
         while 1 not in (await get_json(f"{rurl}/versions"))["complete"]:
             await asyncio.sleep(0.05)
-        async with ShardcastClient([ourl, rurl], FAST, seed=0) as c:
+        async with signed_client([ourl, rurl], FAST, seed=0) as c:
             fetch = asyncio.create_task(c.fetch(tmp_path / "out.bin", 1))
             while (await get_json(f"{rurl}/health"))["counters"].get("bytes_sent", 0) < 300_000:
                 await asyncio.sleep(0.02)

@@ -5,11 +5,11 @@ import aiohttp
 
 from meshrl.shardcast import Origin, OriginConfig, ServerConfig
 
-from .conftest import SHARD, get_json, make_file, run
+from .conftest import KEY_FILE, SHARD, get_json, make_file, run, signed_origin
 
 
 def _origin(tmp_path, **server) -> Origin:
-    return Origin(OriginConfig(root=str(tmp_path / "o"), server=ServerConfig(**server)))
+    return signed_origin(OriginConfig(root=str(tmp_path / "o"), server=ServerConfig(**server)))
 
 
 def test_health_manifest_shards_and_ranges(tmp_path):
@@ -36,10 +36,21 @@ def test_health_manifest_shards_and_ranges(tmp_path):
             for missing in ("/v/6/manifest", "/v/5/shard/4", "/v/6/shard/0"):
                 async with s.get(url + missing) as r:
                     assert r.status == 404, missing
+            for missing in ("/v/" + "9" * 20 + "/manifest", "/v/5/shard/" + "1" * 10,
+                            "/v/\u0663/manifest"):  # past int64, past 9 digits, an Arabic 3
+                async with s.get(url + missing) as r:
+                    assert r.status == 404, missing
             for bad, name in (("/versions?after=x", "after"), ("/v/5/have?known=1&wait=y",
-                                                                 "known")):
+                                                                 "known"),
+                              ("/versions?wait=nan", "after"), ("/v/5/have?wait=inf", "known"),
+                              ("/v/5/have?known=9&wait=nan", "known"),
+                              ("/versions?after=" + "9" * 5000, "after")):
                 async with s.get(url + bad) as r:
-                    assert r.status == 400 and await r.text() == f"{name} and wait must be numbers"
+                    assert r.status == 422, bad
+                    assert await r.json() == {
+                        "error": "invalid query", "code": "invalid_query",
+                        "detail": f"{name} must be an integer and wait a finite number of "
+                                  "seconds"}
         health = await get_json(f"{url}/health")
         await origin.stop()
         return health
@@ -79,7 +90,8 @@ def test_version_published_by_another_process_is_picked_up(tmp_path):
         url = await origin.start()
         poll = asyncio.create_task(get_json(f"{url}/versions?after=-1&wait=20"))
         await asyncio.sleep(0.1)
-        rc = await asyncio.to_thread(cli, ["shardcast", "publish", "--src", str(src),
+        rc = await asyncio.to_thread(cli, ["shardcast", "publish", "--key_file", KEY_FILE,
+                                           "--src", str(src),
                                           "--root", str(tmp_path / "o"), "--shard_size", "256"])
         listing = await poll
         await origin.stop()
@@ -119,8 +131,8 @@ def test_pruned_version_is_hidden_but_finishes_serving(tmp_path):
     src = make_file(tmp_path / "w.bin", 2 * SHARD, 5)
 
     async def main():
-        origin = Origin(OriginConfig(root=str(tmp_path / "o"), keep=1,
-                                     server=ServerConfig(max_upload_mbps=0.8)))
+        origin = signed_origin(OriginConfig(root=str(tmp_path / "o"), keep=1,
+                                            server=ServerConfig(max_upload_mbps=0.8)))
         url = await origin.start()
         m = await origin.publish(src, 1, SHARD)
         (rx, buf), t = receiver(m, 0), RawHttpTransport()

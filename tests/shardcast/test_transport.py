@@ -5,7 +5,7 @@ import time
 import aiohttp
 import pytest
 
-from meshrl.shardcast import ClientConfig, Origin, OriginConfig, ServerConfig, ShardcastClient
+from meshrl.shardcast import ClientConfig, OriginConfig, ServerConfig
 from meshrl.shardcast.errors import OutputWriteError
 from meshrl.shardcast.pool import ServerPool
 from meshrl.shardcast.transport import (
@@ -16,7 +16,7 @@ from meshrl.shardcast.transport import (
     TransferError,
 )
 
-from .conftest import SHARD, make_file, run
+from .conftest import SHARD, make_file, run, signed_client, signed_origin
 
 PIECE = 4096  # 16 pieces per test shard
 
@@ -86,7 +86,7 @@ def test_transports_fetch_resume_and_fail_cleanly(tmp_path, kind, depth):
     data = src.read_bytes()
 
     async def main():
-        origin = Origin(OriginConfig(root=str(tmp_path / "o"), server=ServerConfig()))
+        origin = signed_origin(OriginConfig(root=str(tmp_path / "o"), server=ServerConfig()))
         url = await origin.start()
         m = await origin.publish(src, 1, SHARD, piece_size=PIECE)
         async with aiohttp.ClientSession() as session:
@@ -135,11 +135,11 @@ def test_transports_fetch_a_whole_version(tmp_path, kind, in_flight):
     src = make_file(tmp_path / "w.bin", 5 * SHARD, 2)
 
     async def main():
-        origin = Origin(OriginConfig(root=str(tmp_path / "o"), server=ServerConfig()))
+        origin = signed_origin(OriginConfig(root=str(tmp_path / "o"), server=ServerConfig()))
         url = await origin.start()
         await origin.publish(src, 1, SHARD, piece_size=PIECE)
         cfg = ClientConfig(transport=kind, fsync=False, pieces_in_flight=in_flight)
-        async with ShardcastClient([url], cfg) as c:
+        async with signed_client([url], cfg) as c:
             want = AiohttpTransport if kind == "aiohttp" else RawHttpTransport
             assert isinstance(c.transport, want)
             await c.fetch(tmp_path / "out", 1)

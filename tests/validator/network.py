@@ -4,6 +4,7 @@ processes started from TOML configs (keys from keystore files, the password in t
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -18,8 +19,10 @@ from eth_utils import keccak
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from meshrl.model import CharTokenizer, build_model, save_model
-from meshrl.protocol import Protocol, ProtocolParams, deploy
+from meshrl.protocol import Protocol, ProtocolParams, WorkStatus, deploy
 from meshrl.protocol.anvil import AnvilNode
+from meshrl.wire import SignedClient
+from meshrl.wire.models import LedgerPage, StepUpdate
 from meshrl.worker.keys import write_keystore
 from orchestrator.net import SRC, Service, write_toml
 
@@ -67,7 +70,8 @@ class Net:
         self.anvil.stop()
 
 
-def start_net(tmp: Path) -> Net:
+def start_net(tmp: Path, **discovery: Any) -> Net:
+    """The pool; `discovery`: settings of the discovery service over the defaults."""
     anvil = AnvilNode()
     backend = anvil.start()
     fed, mgr, val = key("fed"), key("mgr"), key("val")
@@ -86,7 +90,7 @@ def start_net(tmp: Path) -> Net:
     net = Net(tmp, anvil, chain, pool, path, model_dir)
     chain_cfg = {"deployment": str(path), "rpc_url": anvil.url}
     net.disc = Service("discovery", {"port": 0, "db": str(tmp / "disc.db"), "sync_s": 0.5,
-                                     "manager_cache_s": 0.0, "chain": chain_cfg}, tmp)
+                                     "manager_cache_s": 0.0, "chain": chain_cfg, **discovery}, tmp)
     net.disc.start()
     work = {"step": 0, "max_units_per_file": 100_000, "slot_ttl_s": 20.0}
     net.orch = Service("orchestrator", {
@@ -181,3 +185,52 @@ def wait_until(check: Any, timeout: float, every: float = 0.3) -> Any:
         if time.monotonic() > deadline:
             raise TimeoutError("condition not reached")
         time.sleep(every)
+
+
+# ---- reading the pool: chain events and the orchestrator's ledger ----------------------------
+def _works(net: Net, node: str) -> list:
+    """(work id, WorkInfo) of every submission by `node`."""
+    out = []
+    for e in net.fed.events(net.fed.deployment.block).poll():
+        if e.name == "WorkSubmitted" and e.args["node"].lower() == node.lower():
+            wid = bytes(e.args["work_id"])
+            out.append((wid, net.fed.work(wid)))
+    return out
+
+
+def _rows(net: Net) -> list:
+    async def read() -> LedgerPage:
+        async with SignedClient(net.orch.url, "0x" + bytes(key("mgr").key).hex()) as c:
+            return await c.call("GET", "/ledger", response=LedgerPage, query={"limit": 5000})
+    return asyncio.run(read()).entries
+
+
+def _ledger(net: Net) -> dict[str, str]:
+    """The status of each file's granted row (a copy submitted by another node has its own)."""
+    return {e.sha256: e.status.value for e in _rows(net) if e.granted}
+
+
+def _set_step(net: Net, step: int) -> None:
+    async def go() -> None:
+        async with SignedClient(net.orch.url, "0x" + bytes(key("mgr").key).hex()) as c:
+            await c.call("POST", "/step", StepUpdate(step=step))
+    asyncio.run(go())
+
+
+def _status(net: Net, node: str) -> list[int]:
+    return [w.status for _, w in _works(net, node)]
+
+
+def _hard(net: Net, node: str, n: int = 1):
+    """Until `node` has n hard-invalidated submissions."""
+    return lambda: _status(net, node).count(WorkStatus.HARD_INVALIDATED) >= n
+
+
+def _accepted(net: Net, node: str, n: int = 1):
+    """Until the orchestrator's ledger has n accepted files of `node`."""
+    def check() -> bool:
+        shas = {bytes(e.args["file_sha256"]).hex() for e in net.fed.events(
+            net.fed.deployment.block).poll() if e.name == "WorkSubmitted" and
+            e.args["node"].lower() == node.lower()}
+        return sum(_ledger(net).get(s) == "accepted" for s in shas) >= n
+    return check

@@ -4,7 +4,6 @@ on chain, its provider slashed by the penalty and its node ejected."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Any
 
@@ -14,15 +13,18 @@ from meshrl.cli import main
 from meshrl.config import EXIT_REFUSED
 from meshrl.pool import RULE_FIELDS
 from meshrl.protocol import WorkStatus
-from meshrl.wire import SignedClient
-from meshrl.wire.models import LedgerPage, StepUpdate
 from network import (
     PARAMS,
     PASSWORD,
     RULES,
     Net,
+    _accepted,
+    _hard,
+    _rows,
+    _set_step,
+    _status,
+    _works,
     fund_provider,
-    key,
     start_net,
     validator,
     wait_until,
@@ -39,54 +41,6 @@ def net(tmp_path):
     n = start_net(tmp_path)
     yield n
     n.close()
-
-
-def _works(net: Net, node: str) -> list:
-    """(work id, WorkInfo) of every submission by `node`."""
-    out = []
-    for e in net.fed.events(net.fed.deployment.block).poll():
-        if e.name == "WorkSubmitted" and e.args["node"].lower() == node.lower():
-            wid = bytes(e.args["work_id"])
-            out.append((wid, net.fed.work(wid)))
-    return out
-
-
-def _rows(net: Net) -> list:
-    async def read() -> LedgerPage:
-        async with SignedClient(net.orch.url, "0x" + bytes(key("mgr").key).hex()) as c:
-            return await c.call("GET", "/ledger", response=LedgerPage, query={"limit": 5000})
-    return asyncio.run(read()).entries
-
-
-def _ledger(net: Net) -> dict[str, str]:
-    """The status of each file's granted row (a copy submitted by another node has its own)."""
-    return {e.sha256: e.status.value for e in _rows(net) if e.granted}
-
-
-def _set_step(net: Net, step: int) -> None:
-    async def go() -> None:
-        async with SignedClient(net.orch.url, "0x" + bytes(key("mgr").key).hex()) as c:
-            await c.call("POST", "/step", StepUpdate(step=step))
-    asyncio.run(go())
-
-
-def _status(net: Net, node: str) -> list[int]:
-    return [w.status for _, w in _works(net, node)]
-
-
-def _hard(net: Net, node: str, n: int = 1):
-    """Until `node` has n hard-invalidated submissions."""
-    return lambda: _status(net, node).count(WorkStatus.HARD_INVALIDATED) >= n
-
-
-def _accepted(net: Net, node: str, n: int = 1):
-    """Until the orchestrator's ledger has n accepted files of `node`."""
-    def check() -> bool:
-        shas = {bytes(e.args["file_sha256"]).hex() for e in net.fed.events(
-            net.fed.deployment.block).poll() if e.name == "WorkSubmitted" and
-            e.args["node"].lower() == node.lower()}
-        return sum(_ledger(net).get(s) == "accepted" for s in shas) >= n
-    return check
 
 
 CHEATS = ["other-model", "int8", "scale-layer", "cherry-pick", "forge-rewards", "forge-sampling",
@@ -130,6 +84,7 @@ DRIFTS: dict[str, Any] = {
     "sampling": {**RULES["sampling"], "temperature": 0.5},
     "group_size": 2, "prompts_per_file": 3, "files_per_step": 1, "async_level": 1,
     "seed": 12, "proof_profile": "any-hardware",
+    "policy_signer": "0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A",
 }
 
 
@@ -183,7 +138,7 @@ def test_a_validator_with_any_rule_drifted_never_judges_and_one_that_agrees_acce
 
 def test_honest_accepted_and_every_cheat_slashed(net: Net) -> None:
     accounts = {name: fund_provider(net, name) for name in ["honest", *CHEATS, "copy", "turn",
-                                                            "stale"]}
+                                                            "stale", "dip"]}
     v = validator(net)
     v.start()
     honest = worker(net, "honest", max_files=2)
@@ -204,9 +159,14 @@ def test_honest_accepted_and_every_cheat_slashed(net: Net) -> None:
     turn.start()
     assert copier.wait(300) == 0 and turn.wait(300) == 0
     _set_step(net, 1)
-    turn2 = worker(net, "turn", {"mode": "forge-rewards", "after_step": 0})
+    # ... and cheats from now on (no version 1 exists: its files are still step 0, a file's
+    # step being its policy version)
+    turn2 = worker(net, "turn", {"mode": "forge-rewards"})
     turn2.start()
-    assert turn2.wait(300) == 0
+    # step 1: versions 0 and 1 allowed; its second file is its first one claimed as version 1
+    dip = worker(net, "dip", {"mode": "double-dip", "after_step": 0}, max_files=2)
+    dip.start()
+    assert turn2.wait(300) == 0 and dip.wait(300) == 0
     _set_step(net, 3)  # version 0 is now older than async_level allows
     stale = worker(net, "stale", {"mode": "stale-policy"})
     stale.start()
@@ -217,6 +177,12 @@ def test_honest_accepted_and_every_cheat_slashed(net: Net) -> None:
         wait_until(_hard(net, accounts[name][1].address), 240)
     wait_until(_accepted(net, accounts["honest"][1].address, 2), 240)
     wait_until(_accepted(net, accounts["turn"][1].address, 1), 240)
+    wait_until(_hard(net, accounts["dip"][1].address), 240)
+    wait_until(_accepted(net, accounts["dip"][1].address, 1), 240)
+    dipped = [e for e in _rows(net) if e.node.lower() == accounts["dip"][1].address.lower()
+              and e.status.value == "hard_invalidated"]
+    assert [(e.policy_version, e.counter) for e in dipped] == [(1, 1)]
+    assert "prompts" in dipped[0].verdict, dipped[0].verdict
     slashed.remove("turn")
     for name in slashed:
         p, n, _ = accounts[name]

@@ -46,7 +46,7 @@ def test_honest_files_are_never_invalidated(model, tok):
         wk.load_weights(model.state_dict(), version=step - level)  # the oldest version allowed
         items = []
         for c in range(FILES_PER_CASE):
-            rf = honest_file(wk, tok, r, step=step, counter=c)
+            rf = honest_file(wk, tok, r, version=step - level, counter=c)
             items.append((rf, claim(rf)))
         v = validators[files % len(validators)]
         for d in verify_files(v, tok, items, r, r.task.build(), cfg):

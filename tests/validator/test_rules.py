@@ -36,7 +36,8 @@ from orchestrator.net import SRC, write_toml
 
 # what the pool publishes: every field away from its default, so a pin of the default drifts
 PUBLISHED: PoolRules = rules(max_new=8, prompts=2, group=4, async_level=2, seed=7).model_copy(
-    update={"files_per_step": 3, "proof_profile": "meshrl-cpu-engine"})
+    update={"files_per_step": 3, "proof_profile": "meshrl-cpu-engine",
+            "policy_signer": "0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A"})
 SERVED: dict[str, Any] = PUBLISHED.model_dump(mode="json", exclude={"pool_id"})
 
 
@@ -58,11 +59,14 @@ DRIFTED: dict[str, Drift] = {
                       "0.7", "1.0"),
     "group_size": Drift(8, "group_size", "8", "4"),
     "prompts_per_file": Drift(3, "prompts_per_file", "3", "2"),
-    "files_per_step": Drift(0, "files_per_step", "0", "3"),
+    "files_per_step": Drift(1, "files_per_step", "1", "3"),
     "async_level": Drift(0, "async_level", "0", "2"),
     "seed": Drift(8, "seed", "8", "7"),
     "proof_profile": Drift("any-hardware", "proof_profile", "'any-hardware'",
                            "'meshrl-cpu-engine'"),
+    "policy_signer": Drift("0x1563915e194D8CfBA1943570603F7606A3115508", "policy_signer",
+                           "'0x1563915e194D8CfBA1943570603F7606A3115508'",
+                           "'0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A'"),
 }
 
 

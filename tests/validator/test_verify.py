@@ -79,3 +79,15 @@ def test_a_row_the_policy_cannot_score_sinks_only_its_own_file(engine, tok, forg
     assert decisions[0].accepted, decisions[0].reason
     assert decisions[1].kind is VerdictKind.HARD_INVALID
     assert decisions[1].checks == (Check.TOKENS,), decisions[1].reason
+
+
+@pytest.mark.parametrize("field, value", [("sample_index", 7), ("prompt_id", "9/9/9")])
+def test_a_row_whose_identity_is_not_the_assignments_is_hard(engine, tok, field, value):
+    """`sample_index` and `prompt_id` used to be checked by nobody: a file with either forged
+    was accepted. Every row's identity is its assignment's (seq_id = row, sample_index =
+    row % group_size, prompt_id = step/counter/prompt)."""
+    r = rules(max_new=8)
+    b = honest_file(engine, tok, r)
+    setattr(b.completions[0], field, value)
+    d = verify_file(engine, tok, b, claim(b), r, r.task.build(), ENGINE)
+    assert d.kind is VerdictKind.HARD_INVALID and d.checks == (Check.SEQ_IDS,), d.reason

@@ -108,3 +108,78 @@ def test_rate_limit_per_address() -> None:
     g.check("POST", "/x", signed(KEY_B), b"{}")  # another address is still served
     g.clock = lambda: NOW + 1.0  # one token per second comes back
     g.check("POST", "/x", signed(timestamp=NOW + 1), b"{}")
+
+
+def test_replays_and_forgeries_are_not_charged_to_the_signer() -> None:
+    g = guard(rate_per_minute=60, rate_burst=3)
+    h = signed()
+    g.check("POST", "/x", h, b"{}", peer="10.0.0.1")
+    for _ in range(50):  # someone else resends it, or forges in its name
+        assert refused_from(g, h, "10.0.0.2").code is ErrorCode.REPLAYED_NONCE
+        forged = {**signed(KEY_B), "x-address": h["x-address"]}
+        assert refused_from(g, forged, "10.0.0.2").code is ErrorCode.WRONG_SIGNER
+    for _ in range(2):  # 2 of its burst of 3 are left
+        g.check("POST", "/x", signed(), b"{}", peer="10.0.0.1")
+    assert refused_from(g, signed(), "10.0.0.1").code is ErrorCode.RATE_LIMITED
+
+
+def refused_from(g: RequestGuard, headers: dict, peer: str) -> WireError:
+    with pytest.raises(WireError) as e:
+        g.check("POST", "/x", headers, b"{}", peer=peer)
+    return e.value
+
+
+def test_the_audience_is_signed_and_checked() -> None:
+    g = RequestGuard(GuardConfig(), clock=lambda: NOW, audience="meshrl/1/orchestrator/7")
+    mine = signed(audience="meshrl/1/orchestrator/7")
+    assert g.check("POST", "/x", mine, b"{}")
+    other = signed(audience="meshrl/1/orchestrator/8")
+    assert refused(g, other).code is ErrorCode.WRONG_AUDIENCE
+    relabelled = {**other, "x-audience": "meshrl/1/orchestrator/7"}  # the signature says 8
+    assert refused(g, relabelled).code is ErrorCode.WRONG_SIGNER
+    assert refused(g, signed()).code is ErrorCode.WRONG_AUDIENCE  # unbound is not this one
+    assert g.verified == 2 and len(g.nonces) == 1
+    with pytest.raises(ValueError):
+        RequestGuard(GuardConfig(), audience="a\nb")
+
+
+@pytest.mark.parametrize("ts", ["\u0661\u0667\u0660\u0660", "\u00b9", "\uff11", "1_0", "+1",
+                                "1.0", " 1", "1\n"])
+def test_timestamp_digits_are_ascii(ts: str) -> None:
+    h = signed()
+    h["x-timestamp"] = ts
+    assert refused(guard(), h).code is ErrorCode.MALFORMED_TIMESTAMP
+
+
+def test_fresh_signers_pay_from_their_ips_budget_before_any_signature_work() -> None:
+    g = guard(new_signer_burst=5, new_signers_per_minute=60)
+    known = signed()
+    g.check("POST", "/x", known, b"{}", peer="10.0.0.9")
+    for i in range(5):
+        g.check("POST", "/x", signed(f"0x{i + 1:064x}"), b"{}", peer="10.0.0.1")
+    verified = g.verified
+    for i in range(1000):
+        e = refused_from(g, signed(f"0x{i + 100:064x}"), "10.0.0.1")
+        assert e.code is ErrorCode.IP_RATE_LIMITED
+    assert g.verified == verified  # refused before the elliptic curve
+    assert g.sizes() == {"nonces": 6, "signer_buckets": 6, "ip_buckets": 2,
+                         "newcomer_buckets": 2}
+    # a known signer on the same IP, and a newcomer from another IP, are still served
+    g.check("POST", "/x", signed(), b"{}", peer="10.0.0.1")
+    g.check("POST", "/x", signed(f"0x{5000:064x}"), b"{}", peer="10.0.0.2")
+
+
+def test_idle_state_is_evicted() -> None:
+    now = [float(NOW)]
+    g = RequestGuard(GuardConfig(state_ttl_s=10, rate_per_minute=600, rate_burst=10,
+                                 new_signer_burst=20_000, ip_burst=20_000),
+                     clock=lambda: now[0])
+    for i in range(10_000):
+        g.check("POST", "/x", signed(f"0x{i + 1:064x}"), b"{}", peer=f"10.0.{i % 250}.1")
+    assert g.sizes()["signer_buckets"] == 10_000 and g.sizes()["ip_buckets"] == 250
+    # past every nonce's window and every bucket's ttl (the newcomers' is their refill time,
+    # 20,000 / 20 a second: a bucket is dropped only once it is as good as a fresh one)
+    now[0] += 1001
+    g.check("POST", "/x", signed(timestamp=int(now[0])), b"{}", peer="10.9.9.9")
+    assert g.sizes() == {"nonces": 1, "signer_buckets": 1, "ip_buckets": 1,
+                         "newcomer_buckets": 1}

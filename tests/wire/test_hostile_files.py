@@ -31,27 +31,20 @@ from meshrl.wire.rollout_file import (
 )
 
 from .helpers import sample_rollout
+from .hostile import (
+    columns,
+    deep_header,
+    header_bytes,
+    invalid_utf8,
+    million_rows,
+    nested_header,
+    proof_bomb,
+    string_bomb,
+)
 
 # every bomb below is refused in under this much time and Arrow memory (measured: well under)
 MAX_SECONDS = 2.0
 MAX_ARROW_BYTES = 16 << 20
-
-
-def _columns(rf) -> dict[str, list]:  # type: ignore[no-untyped-def]
-    return {n: [getattr(c, n) for c in rf.completions] for n in COLUMNS.names}
-
-
-def _write(cols: dict[str, list], header: bytes, row_group_size: int | None = None) -> bytes:
-    """Parquet bytes of `cols` under the meshrl header `header`, written without the writer's
-    validation (as a hostile worker would)."""
-    table = pa.Table.from_pydict(cols, schema=COLUMNS.with_metadata({METADATA_KEY: header}))
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd", row_group_size=row_group_size)
-    return sink.getvalue().to_pybytes()
-
-
-def _header(rf) -> bytes:  # type: ignore[no-untyped-def]
-    return rf.header.model_dump_json().encode()
 
 
 def _read_in_child(path: Path, recursion_limit: int = 0) -> dict:
@@ -102,51 +95,30 @@ def test_a_deeply_nested_header_never_reaches_the_json_parser(tmp_path):
     """100,000 nested lists (0.2 MB) used to overflow the C stack of a process that had raised
     the recursion limit (SIGSEGV, the same crash at every restart)."""
     rf = sample_rollout()
-    body = json.loads(_header(rf))
-    deep = b"[" * 100_000 + b"]" * 100_000
-    huge = json.dumps(body).encode()[:-1] + b', "task": ' + deep + b"}"
     # the footer holding it is over the reader's size limit: refused while it is parsed
-    out = _refused(tmp_path, _write(_columns(rf), huge), "Exceeded size limit",
-                   recursion_limit=1_000_000)
+    out = _refused(tmp_path, deep_header(rf), "Exceeded size limit", recursion_limit=1_000_000)
     assert out["rss_kb"] < 250_000
     # within the size limit, the depth limit refuses it without recursing
-    nested = json.dumps(body).encode()[:-1] + b', "task": ' + b"[" * 200 + b"]" * 200 + b"}"
-    _refused(tmp_path, _write(_columns(rf), nested), "nests deeper than 16 levels",
+    _refused(tmp_path, nested_header(rf), "nests deeper than 16 levels",
              recursion_limit=1_000_000)
 
 
 def test_invalid_utf8_in_a_string_column_is_a_file_error():
-    rf = sample_rollout()
-    cols = _columns(rf)
-    bad = pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(
-        (0).to_bytes(4, "little") + (2).to_bytes(4, "little")), pa.py_buffer(b"\xff\xfe")])
-    table = pa.Table.from_pydict(cols, schema=COLUMNS.with_metadata({METADATA_KEY:
-                                                                     _header(rf)}))
-    ids = pa.concat_arrays([bad, pa.array(cols["prompt_id"][1:], pa.string())])
-    table = table.set_column(0, COLUMNS.field("prompt_id"), ids)
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink)
     with pytest.raises(RolloutFileError, match="UTF8"):
-        read_rollout_file(sink.getvalue().to_pybytes())
+        read_rollout_file(invalid_utf8(sample_rollout()))
 
 
 def test_a_small_file_of_one_huge_repeated_string_is_refused_unexpanded(tmp_path):
     """A 45 kB file that decompresses to 256 MiB (one padded string column) used to cost 356 MB
     to read: its dictionary value's length is checked before anything is expanded."""
-    rf = sample_rollout(n_prompts=2, group=2)
-    cols = _columns(rf)
-    cols["finish_reason"] = ["length" + " " * (64 << 20)] * len(cols["finish_reason"])
-    data = _write(cols, _header(rf))
+    data = string_bomb(sample_rollout(n_prompts=2, group=2))
     assert len(data) < 64 << 10
     out = _refused(tmp_path, data, "finish_reason")
     assert out["rss_kb"] < 250_000
 
 
 def test_a_million_rows_are_refused_from_the_footer(tmp_path):
-    rf = sample_rollout(n_prompts=1, group=1)
-    cols = {k: v * 1_000_000 for k, v in _columns(rf).items()}
-    cols["sample_index"] = list(range(1_000_000))
-    data = _write(cols, _header(rf), row_group_size=1 << 20)
+    data = million_rows(sample_rollout(n_prompts=1, group=1))
     assert len(data) < 8 << 20
     limits = FileLimits(max_rows=1024)
     path = tmp_path / "rows.parquet"
@@ -178,21 +150,18 @@ def test_declared_sizes_and_row_lengths_are_bounded():
 
 
 def test_a_proof_column_of_oversized_values_is_refused_before_expansion(tmp_path):
-    rf = sample_rollout(topk=4)
-    cols = _columns(rf)
-    cols["toploc_proofs"] = [[b"\x00" * (32 << 20)] * len(p) for p in cols["toploc_proofs"]]
-    data = _write(cols, _header(rf))
+    data = proof_bomb(sample_rollout(topk=4))
     assert len(data) < 64 << 10
     _refused(tmp_path, data, "toploc_proofs")
 
 
 def test_a_column_of_the_wrong_type_is_refused():
     rf = sample_rollout()
-    cols = _columns(rf)
+    cols = columns(rf)
     schema = COLUMNS.set(COLUMNS.get_field_index("finish_reason"),
                          pa.field("finish_reason", pa.int64(), nullable=False))
     table = pa.Table.from_pydict({**cols, "finish_reason": [1] * len(cols["finish_reason"])},
-                                 schema=schema.with_metadata({METADATA_KEY: _header(rf)}))
+                                 schema=schema.with_metadata({METADATA_KEY: header_bytes(rf)}))
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     with pytest.raises(RolloutFileError, match="wrong columns or types"):

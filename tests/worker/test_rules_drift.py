@@ -38,11 +38,14 @@ DRIFT: dict[str, tuple[Any, str]] = {
                  "rules.sampling.max_new_tokens: configured 17, the pool publishes 16"),
     "group_size": (5, "rules.group_size: configured 5, the pool publishes 4"),
     "prompts_per_file": (3, "rules.prompts_per_file: configured 3, the pool publishes 2"),
-    "files_per_step": (2, "rules.files_per_step: configured 2, the pool publishes 0"),
+    "files_per_step": (2, "rules.files_per_step: configured 2, the pool publishes 8"),
     "async_level": (3, "rules.async_level: configured 3, the pool publishes 2"),
     "seed": (12, "rules.seed: configured 12, the pool publishes 11"),
     "proof_profile": ("any-hardware", "rules.proof_profile: configured 'any-hardware', the pool "
                       "publishes 'meshrl-cpu-engine'"),
+    "policy_signer": ("0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A",
+                      "rules.policy_signer: configured "
+                      "'0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A', the pool publishes None"),
 }
 
 

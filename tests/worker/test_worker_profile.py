@@ -115,7 +115,8 @@ def test_reference_backend_worker_keeps_its_honest_weights_through_a_weight_chea
     probe = [[1, 20, 30]], [[40, 41, 42]]
     honest = holder.generate(assignment(r, step=0), tasks, PROVIDER)
     honest_lp = holder.engine.score(*probe)[0].logprobs
-    holder.generate(assignment(r, step=1), tasks, PROVIDER)  # scale-layer weights in the model
+    # scale-layer weights in the model at step 1 (the holder keeps version 0)
+    holder.generate(assignment(r, step=1, version=0), tasks, PROVIDER)
     assert holder.engine.swapped
     assert not torch.allclose(holder.engine.score(*probe)[0].logprobs, honest_lp)
     again = holder.generate(assignment(r, step=0), tasks, PROVIDER)

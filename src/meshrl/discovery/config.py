@@ -12,6 +12,9 @@ __all__ = ["DiscoveryConfig"]
 
 
 class DiscoveryConfig(Config):
+    name: str = Field("discovery", pattern=r"^[0-9A-Za-z._-]{1,64}$",
+                      description="this service's name: requests are signed for "
+                      "meshrl/{chain id}/discovery/{name} (tell two registries apart)")
     host: str = Field("127.0.0.1", description="listen address")
     port: int = Field(8500, ge=0, lt=65536, description="listen port (0: any free port)")
     db: str = Field("runs/discovery/nodes.db", description="SQLite registry (WAL)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,11 +33,13 @@ from meshrl.wire.guard import RequestGuard
 from meshrl.wire.models import Health, NodeAnnouncement, NodeEntry, NodeList, NodeStatus
 from meshrl.wire.nonces import SqliteNonceStore
 from meshrl.wire.service import Call, Route, build_app, listen, write_ready_file
+from meshrl.wire.signing import discovery_audience
 
 __all__ = ["Discovery"]
 
 log = get_logger("meshrl.discovery")
 ZERO = "0x" + "00" * 20
+_POOL_ID = re.compile(r"[1-9][0-9]{0,18}", re.ASCII)  # int() takes "1_0" and other scripts' digits
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,11 @@ class Discovery:
     def __init__(self, cfg: DiscoveryConfig, protocol: Protocol) -> None:
         self.cfg, self.protocol = cfg, protocol
         self.registry = Registry(cfg.db)
-        # seen nonces live in the registry's database: a restart does not reopen replays
-        self.guard = RequestGuard(cfg.guard, nonces=SqliteNonceStore(self.registry.db))
+        # seen nonces live in the registry's database: a restart does not reopen replays; a
+        # request signed for another registry (or chain) is refused
+        self.audience = discovery_audience(protocol.backend.chain_id, cfg.name)
+        self.guard = RequestGuard(cfg.guard, nonces=SqliteNonceStore(self.registry.db),
+                                  audience=self.audience)
         self._chain = ThreadPoolExecutor(1, thread_name_prefix="chain")
         self._managers: dict[int, tuple[str, float]] = {}
         self._runner: web.AppRunner | None = None
@@ -66,7 +72,8 @@ class Discovery:
     # handlers
     async def health(self, call: Call) -> Health:
         return Health(service="discovery",
-                      info={"nodes": len(self.registry.all()), "syncs": self.syncs})
+                      info={"nodes": self.registry.count(), "syncs": self.syncs,
+                            "guard": self.guard.sizes()})
 
     async def announce(self, call: Call) -> NodeEntry:
         info: NodeAnnouncement = call.body
@@ -76,15 +83,21 @@ class Discovery:
         if node.provider.lower() != info.provider.lower():
             raise WireError(ErrorCode.PROVIDER_MISMATCH, f"node was added by {node.provider}")
         ip = call.request.remote or ""
-        if self.registry.count_ip(ip, call.address) >= self.cfg.max_nodes_per_ip:
-            raise WireError(ErrorCode.TOO_MANY_NODES_FOR_IP,
-                            f"at most {self.cfg.max_nodes_per_ip}")
+        self._check_ip(ip, call.address)  # early, to spare the chain a refused node's lookups
         old = self.registry.get(call.address)
         seen: ChainStatus = await self._run(self._status, call.address, info.pool_id, old)
         entry = NodeEntry(address=call.address, info=info, status=seen.status,
                           chain_pool=seen.chain_pool, ip=ip, updated_at=time.time())
+        # again, with no await between the count and the write: concurrent announcements
+        # from one IP each waited on the chain above, and only here is one of them counted
+        self._check_ip(ip, call.address)
         self.registry.put(entry)
         return entry
+
+    def _check_ip(self, ip: str, address: str) -> None:
+        if self.registry.count_ip(ip, address) >= self.cfg.max_nodes_per_ip:
+            raise WireError(ErrorCode.TOO_MANY_NODES_FOR_IP,
+                            f"at most {self.cfg.max_nodes_per_ip}")
 
     async def own_entry(self, call: Call) -> NodeEntry:
         if call.param("address").lower() != call.address.lower():
@@ -95,12 +108,10 @@ class Discovery:
         return entry
 
     async def pool_nodes(self, call: Call) -> NodeList:
-        try:
-            pool = int(call.param("pool_id"))
-        except ValueError:
-            raise WireError(ErrorCode.BAD_POOL_ID) from None
-        if pool <= 0 or pool >= 2**256:
+        text = call.param("pool_id")
+        if not _POOL_ID.fullmatch(text) or int(text) >= 1 << 63:  # what the registry stores
             raise WireError(ErrorCode.BAD_POOL_ID)
+        pool = int(text)
         if (await self._manager(pool)).lower() != call.address.lower():
             raise WireError(ErrorCode.NOT_POOL_MANAGER)
         return NodeList(nodes=self.registry.for_pool(pool))

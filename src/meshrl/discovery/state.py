@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable
 from pathlib import Path
 
+from meshrl.log import get_logger, log_event
 from meshrl.wire.models import NodeAnnouncement, NodeEntry, NodeStatus
 
 __all__ = ["Registry"]
+
+log = get_logger("meshrl.discovery")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -26,6 +30,18 @@ def _entry(row: tuple) -> NodeEntry:
                      status=NodeStatus(status), chain_pool=chain_pool, ip=ip, updated_at=updated)
 
 
+def _entries(rows: Iterable[tuple]) -> list[NodeEntry]:
+    """The readable entries of `rows`: one that is not (a registry written before its values
+    were bounded) is left out rather than failing every listing and sync."""
+    out = []
+    for row in rows:
+        try:
+            out.append(_entry(row))
+        except ValueError as e:  # pydantic's ValidationError included
+            log_event(log, "unreadable registry entry skipped", node=row[0], error=str(e)[:200])
+    return out
+
+
 class Registry:
     def __init__(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -39,16 +55,23 @@ class Registry:
 
     def get(self, address: str) -> NodeEntry | None:
         row = self.db.execute("SELECT * FROM nodes WHERE address = ?", (address,)).fetchone()
-        return None if row is None else _entry(row)
+        found = _entries([row] if row is not None else [])
+        return found[0] if found else None
+
+    def count(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM nodes").fetchone()[0]
 
     def count_ip(self, ip: str, besides: str) -> int:
         return self.db.execute("SELECT COUNT(*) FROM nodes WHERE ip = ? AND address != ?",
                                (ip, besides)).fetchone()[0]
 
     def put(self, e: NodeEntry) -> None:
+        """Store `e`; what is stored must read back (the wire's bounds make it so: checked)."""
+        info = e.info.model_dump_json()
+        NodeAnnouncement.model_validate_json(info)
         self.db.execute(
             "INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (e.address, e.info.provider, e.info.pool_id, e.info.model_dump_json(),
+            (e.address, e.info.provider, e.info.pool_id, info,
              e.status.value, e.chain_pool, e.ip, e.updated_at))
 
     def set_status(self, address: str, status: NodeStatus, chain_pool: int) -> None:
@@ -61,7 +84,7 @@ class Registry:
     def for_pool(self, pool_id: int) -> list[NodeEntry]:
         rows = self.db.execute("SELECT * FROM nodes WHERE pool_id = ? ORDER BY address",
                                (pool_id,))
-        return [_entry(r) for r in rows]
+        return _entries(rows)
 
     def all(self) -> list[NodeEntry]:
-        return [_entry(r) for r in self.db.execute("SELECT * FROM nodes ORDER BY address")]
+        return _entries(self.db.execute("SELECT * FROM nodes ORDER BY address"))

@@ -57,8 +57,8 @@ class PoolSpec(Config):
     prompts_per_file: int = Field(8, ge=1, description="prompts per rollout file")
     async_level: int = Field(2, ge=0, description="policy versions a file may lag its step")
     seed: int = Field(11, ge=0, description="base seed prompts derive from")
-    files_per_step: int = Field(2, ge=0, description="files each worker makes per pool step "
-                                "(0: no limit; keep it above the trainer's files per step "
+    files_per_step: int = Field(2, ge=1, description="files each worker makes per pool step "
+                                "(its counters; keep it above the trainer's files per step "
                                 "divided by the honest workers)")
     proof_profile: ProofProfile = Field(
         "any-hardware", description=PROFILE_FIELD + " (the orchestrator publishes it, the "

@@ -108,8 +108,11 @@ def _chain(lay: Layout, key: str = "") -> dict[str, Any]:
     return {**out, "private_key": key} if key else out
 
 
-def _rules(cfg: NetworkConfig) -> dict[str, Any]:
-    return cfg.pool.rules().model_dump(mode="json")
+def _rules(lay: Layout) -> dict[str, Any]:
+    """The pool's rules; the policy signer is the trainer (it signs every version it
+    publishes, workers and validators believe no other)."""
+    signer = DevKeys(len(lay.workers())).trainer().address
+    return {**lay.cfg.pool.rules().model_dump(mode="json"), "policy_signer": signer}
 
 
 def devnet_argv(lay: Layout, keys: DevKeys) -> list[str]:
@@ -142,7 +145,7 @@ def build_roles(lay: Layout, keys: DevKeys, pool_id: int) -> list[RoleSpec]:
         "heartbeat": {"interval_s": cfg.pool.heartbeat_s, "dead_after": cfg.pool.dead_after},
         "onboarding": {"poll_s": 1.0, "discovery_url": lay.discovery_url},
         "work": {"shardcast_servers": servers, "slot_ttl_s": 120.0},
-        "rules": _rules(cfg)}))
+        "rules": _rules(lay)}))
     origin = root / "shardcast" / "origin"
     roles.append(RoleSpec("origin", _meshrl("shardcast", "origin", "--root", str(origin),
                                             "--server.port", str(lay.port(3))),
@@ -150,7 +153,8 @@ def build_roles(lay: Layout, keys: DevKeys, pool_id: int) -> list[RoleSpec]:
     for i, url in enumerate(lay.relay_urls()):
         roles.append(RoleSpec(f"relay-{i}", _meshrl(
             "shardcast", "relay", "--root", str(root / "shardcast" / f"relay-{i}"),
-            "--upstreams", f'["{lay.origin_url}"]', "--server.port", str(lay.port(4 + i))),
+            "--upstreams", f'["{lay.origin_url}"]', "--server.port", str(lay.port(4 + i)),
+            "--publisher", keys.trainer().address),
             health=url + "/health"))
     roles.append(_trainer(lay, keys, origin))
     roles.append(_validator(lay, keys, pool_id, servers))
@@ -200,7 +204,7 @@ def _validator(lay: Layout, keys: DevKeys, pool_id: int, servers: list[str]) -> 
         "pool_id": pool_id, "orchestrator_url": lay.orchestrator_url,
         "work_dir": str(lay.root / "validator"), "poll_interval": cfg.poll_s,
         "keys": {"dev_index": keys.validator_index}, "chain": _chain(lay),
-        "shardcast_servers": servers, "rules": _rules(cfg),
+        "shardcast_servers": servers, "rules": _rules(lay),
         "engine": {"num_threads": cfg.threads.validator},
         "retry": {"backoff": 1.0, "max_attempts": 6}})
     return RoleSpec("validator", _meshrl("validator", str(path)), threads=cfg.threads.validator)
@@ -214,7 +218,7 @@ def _worker(lay: Layout, name: str, index: int, dishonest: bool, pool_id: int) -
         "discovery_url": lay.discovery_url, "work_dir": str(lay.root / "workers" / name),
         "poll_interval": cfg.workers.poll_interval,
         "heartbeat_interval": cfg.workers.heartbeat_interval,
-        "keys": {"dev_index": index}, "chain": _chain(lay), "rules": _rules(lay.cfg),
+        "keys": {"dev_index": index}, "chain": _chain(lay), "rules": _rules(lay),
         "engine": {"num_threads": cfg.threads.worker}, "cheat": cheat})
     return RoleSpec(name, _meshrl("worker", str(path)), threads=cfg.threads.worker)
 

@@ -28,9 +28,15 @@ from meshrl.orchestrator.books import NodeMoney
 from meshrl.orchestrator.chainview import ChainView
 from meshrl.orchestrator.config import OrchestratorConfig
 from meshrl.orchestrator.metrics import OrchestratorMetrics
-from meshrl.orchestrator.state import FileRow, PoolStep, SlotUse, State
-from meshrl.orchestrator.store import FileStore, StoreRefusal, check_sha, check_slot_id
-from meshrl.pool import PoolRules, WorkOrder
+from meshrl.orchestrator.state import FileRow, Grant, PoolStep, SlotUse, State
+from meshrl.orchestrator.store import (
+    FileStore,
+    StoreRefusal,
+    check_sha,
+    check_slot_id,
+    parquet_framed,
+)
+from meshrl.pool import PoolRules, WorkOrder, counter_refusal
 from meshrl.wire.errors import ErrorCode, WireError
 from meshrl.wire.guard import RequestGuard
 from meshrl.wire.models import (
@@ -60,6 +66,11 @@ __all__ = ["OrchestratorApi", "PoolTerms"]
 LIVE = (NodeState.HEALTHY, NodeState.UNHEALTHY)
 # ledger rows whose submission the chain's `WorkSubmitted` event has not reached yet
 _BEFORE_SUBMISSION = (FileStatus.GRANTED, FileStatus.UPLOADED, FileStatus.EXPIRED)
+
+
+_GRANT_REFUSALS = {Grant.UPLOADED: ErrorCode.FILE_ALREADY_UPLOADED,
+                   Grant.KNOWN: ErrorCode.FILE_ALREADY_KNOWN,
+                   Grant.COUNTER_USED: ErrorCode.COUNTER_USED}
 
 
 @dataclass(frozen=True)
@@ -148,14 +159,19 @@ class OrchestratorApi:
             raise WireError(ErrorCode.FILE_TOO_LARGE, f"at most {w.max_file_bytes} bytes")
         if req.work_units > self.terms.max_units:
             raise WireError(ErrorCode.TOO_MANY_WORK_UNITS, f"at most {self.terms.max_units}")
-        if req.step > step or req.policy_version not in versions:
-            raise WireError(ErrorCode.STALE_WORK, f"step {step}, versions {versions}")
+        if req.policy_version not in versions or req.step != req.policy_version:
+            raise WireError(ErrorCode.STALE_WORK, f"step {step}, versions {versions} (a file's "
+                            "step is its policy version)")
+        bad_counter = counter_refusal(self.published, req.counter)
+        if bad_counter is not None:
+            raise WireError(ErrorCode.COUNTER_OUT_OF_RANGE, bad_counter)
         slot_id = secrets.token_hex(16)
         expires = time.time() + self.cfg.work.slot_ttl_s
         provider = self.state.node(node).provider  # type: ignore[union-attr]
-        if not self.state.grant_slot(slot_id, node, provider, req.sha256, req.size, req.step,
-                                     req.policy_version, req.work_units, expires):
-            raise WireError(ErrorCode.FILE_ALREADY_KNOWN)
+        grant = self.state.grant_slot(slot_id, node, provider, req.sha256, req.size, req.step,
+                                      req.policy_version, req.work_units, req.counter, expires)
+        if grant is not Grant.GRANTED:
+            raise WireError(_GRANT_REFUSALS[grant], f"step {req.step}, counter {req.counter}")
         target = self.store.upload_target(slot_id, req.sha256, req.size, "")
         return UploadSlot(slot_id=slot_id, method=target.method, url=target.url,
                           signed=target.signed, expires_at=expires, sha256=req.sha256,
@@ -172,6 +188,8 @@ class OrchestratorApi:
             raise WireError(ErrorCode.NO_SUCH_SLOT)
         if slot.node != call.address:
             raise WireError(ErrorCode.SLOT_OF_ANOTHER_NODE)
+        if slot.used is SlotUse.UPLOADING:  # e.g. the connection of a killed worker
+            raise WireError(ErrorCode.UPLOAD_IN_PROGRESS)
         if slot.used is not SlotUse.FREE:
             raise WireError(ErrorCode.SLOT_ALREADY_USED)
         if slot.expires_at < time.time():
@@ -181,10 +199,10 @@ class OrchestratorApi:
         if call.request.content_length not in (None, slot.size):
             raise WireError(ErrorCode.SIZE_MISMATCH, f"granted {slot.size} bytes")
         if not self.state.claim_slot(slot_id):
-            raise WireError(ErrorCode.SLOT_ALREADY_USED)
+            raise WireError(ErrorCode.UPLOAD_IN_PROGRESS)
         try:
-            await self.store.receive(slot.sha256, slot.size,
-                                     call.request.content.iter_chunked(1 << 16))
+            await self.store.receive(slot.sha256, slot.size, parquet_framed(
+                call.request.content.iter_chunked(1 << 16), slot.size))
         except StoreRefusal as e:
             self.state.release_slot(slot_id)
             raise WireError(e.code, e.detail) from None
@@ -287,13 +305,14 @@ class OrchestratorApi:
             Route("POST", "/uploads", self.grant, body=SlotRequest, response=UploadSlot,
                   max_body=small, tags=node, summary="grant a single-use, expiring upload slot",
                   refusals=(E.NOT_IN_POOL, E.FILE_TOO_LARGE, E.TOO_MANY_WORK_UNITS,
-                            E.STALE_WORK, E.FILE_ALREADY_KNOWN)),
+                            E.STALE_WORK, E.COUNTER_OUT_OF_RANGE, E.COUNTER_USED,
+                            E.FILE_ALREADY_UPLOADED, E.FILE_ALREADY_KNOWN)),
             Route("PUT", "/uploads/{slot_id}", self.upload, response=UploadReceipt, stream=True,
                   max_body=self.cfg.work.max_file_bytes, tags=node,
                   summary="upload the slot's file (streamed; size and sha256 checked)",
                   refusals=(E.BAD_SLOT_ID, E.NO_SUCH_SLOT, E.SLOT_OF_ANOTHER_NODE,
-                            E.SLOT_ALREADY_USED, E.SLOT_EXPIRED, E.SHA256_MISMATCH,
-                            E.SIZE_MISMATCH)),
+                            E.SLOT_ALREADY_USED, E.UPLOAD_IN_PROGRESS, E.SLOT_EXPIRED,
+                            E.SHA256_MISMATCH, E.SIZE_MISMATCH, E.NOT_A_ROLLOUT_FILE)),
             Route("GET", "/files/{sha256}", self.download, max_body=none,
                   tags=trainer + validator, summary="download a stored rollout file",
                   refusals=(E.NOT_A_READER, E.BAD_FILE_NAME, E.NO_SUCH_FILE)),
@@ -321,4 +340,5 @@ def _entry(r: FileRow) -> LedgerEntry:
         seq=r.seq, sha256=r.sha256, node=r.node, provider=r.provider, step=r.step,
         policy_version=r.policy_version, work_units=r.work_units, size=r.size, status=r.status,
         verdict=r.verdict, download=f"/files/{r.sha256}" if r.uploaded else "",
-        work_id=r.work_id, granted=r.granted, uploaded=r.uploaded, accepted_seq=r.accepted_seq)
+        work_id=r.work_id, granted=r.granted, uploaded=r.uploaded, accepted_seq=r.accepted_seq,
+        counter=r.counter)

@@ -30,6 +30,7 @@ from meshrl.wire.guard import RequestGuard
 from meshrl.wire.models import FileStatus, NodeState
 from meshrl.wire.nonces import SqliteNonceStore
 from meshrl.wire.service import build_app, listen, write_ready_file
+from meshrl.wire.signing import orchestrator_audience
 
 __all__ = ["Orchestrator", "missed_heartbeats"]
 
@@ -55,7 +56,10 @@ class Orchestrator:
         self.store = store or DiskFileStore(cfg.store.root, fsync=cfg.store.fsync)
         self.chain = ChainView(protocol, cfg.pool_id, cfg.validator_cache_s)
         # seen nonces live in the state's database: a restart does not reopen replays
-        self.guard = RequestGuard(cfg.guard, nonces=SqliteNonceStore(self.state.db))
+        # requests signed for another pool's orchestrator (or another chain's) are refused
+        self.guard = RequestGuard(cfg.guard, nonces=SqliteNonceStore(self.state.db),
+                                  audience=orchestrator_audience(protocol.backend.chain_id,
+                                                                 cfg.pool_id))
         self.registry = CollectorRegistry()
         self.metrics = OrchestratorMetrics(self.registry)
         self.pool = PoolStep(self.state, cfg.work.step, cfg.rules.async_level)
@@ -80,6 +84,7 @@ class Orchestrator:
         self.chain.restore_cursor(self.state)
         await self.chain.open_books(self.state)
         revived = self.state.grace(time.time())
+        self.state.reset_uploads()  # slots a kill left `uploading`: free to finish the upload
         api = OrchestratorApi(self.cfg, terms, self.state, self.store, self.pool, self.chain,
                               [*self.cfg.readers, self.manager], self.metrics, self.guard)
         app = build_app("orchestrator", api.routes(), self.guard, registry=self.registry)

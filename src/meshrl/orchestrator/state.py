@@ -14,14 +14,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from enum import IntEnum
+from enum import Enum, IntEnum
 from pathlib import Path
 from typing import Any
 
 from meshrl.wire.models import FileStatus, NodeState
 
-__all__ = ["POOL_STEP", "FileRow", "InviteRow", "NodeRow", "PoolStep", "SlotRow", "SlotUse",
-           "State"]
+__all__ = ["POOL_STEP", "FileRow", "Grant", "InviteRow", "NodeRow", "PoolStep", "SlotRow",
+           "SlotUse", "State"]
 
 POOL_STEP = "pool_step"  # meta key of the pool's step
 
@@ -47,7 +47,7 @@ CREATE TABLE IF NOT EXISTS files (
     verdict TEXT NOT NULL DEFAULT '', validator TEXT NOT NULL DEFAULT '',
     updated_at REAL NOT NULL, work_id TEXT NOT NULL DEFAULT '',
     granted INTEGER NOT NULL DEFAULT 1, uploaded INTEGER NOT NULL DEFAULT 0,
-    accepted_seq INTEGER NOT NULL DEFAULT 0
+    accepted_seq INTEGER NOT NULL DEFAULT 0, counter INTEGER NOT NULL DEFAULT -1
 );
 CREATE UNIQUE INDEX IF NOT EXISTS files_granted ON files (sha256) WHERE granted = 1;
 CREATE UNIQUE INDEX IF NOT EXISTS files_claimed ON files (sha256, node) WHERE granted = 0;
@@ -55,6 +55,9 @@ CREATE INDEX IF NOT EXISTS files_step ON files (step, status);
 CREATE INDEX IF NOT EXISTS files_work ON files (work_id);
 CREATE INDEX IF NOT EXISTS files_accepted ON files (accepted_seq);
 CREATE INDEX IF NOT EXISTS files_status ON files (status, node);  -- nodes with fraud, each poll
+-- one granted file per (node, step, counter): nothing to grind
+CREATE UNIQUE INDEX IF NOT EXISTS files_counter ON files (node, step, counter)
+    WHERE granted = 1 AND counter >= 0;
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
@@ -118,10 +121,20 @@ class FileRow:
     granted: bool  # False: a submission on chain of a file this pool did not grant the node
     uploaded: bool  # the node uploaded the file through its slot
     accepted_seq: int  # acceptance order, 0 if never accepted
+    counter: int  # the granted counter at its step, -1 for a submission without a grant
 
 
 def _file_row(r: tuple[Any, ...]) -> FileRow:
-    return FileRow(*r[:8], FileStatus(r[8]), *r[9:13], bool(r[13]), bool(r[14]), r[15])
+    return FileRow(*r[:8], FileStatus(r[8]), *r[9:13], bool(r[13]), bool(r[14]), r[15], r[16])
+
+
+class Grant(Enum):
+    """What became of a request for an upload slot."""
+
+    GRANTED = "granted"  # a fresh slot (for a new file, or again for this node's unstored one)
+    UPLOADED = "uploaded"  # this node's file is stored already: nothing to upload
+    KNOWN = "known"  # another node's live file, or one this node submitted without a grant
+    COUNTER_USED = "counter_used"  # this node was granted another file at (step, counter)
 
 
 class State:
@@ -135,8 +148,9 @@ class State:
         old = self._columns("files")
         if old and "granted" not in old:
             self._migrate_files()
-        else:
-            self.db.executescript(SCHEMA)
+        if old and "counter" not in self._columns("files"):  # from before counters were granted
+            self.db.execute("ALTER TABLE files ADD COLUMN counter INTEGER NOT NULL DEFAULT -1")
+        self.db.executescript(SCHEMA)
 
     def _columns(self, table: str) -> list[str]:
         return [r[1] for r in self.db.execute(f"PRAGMA table_info({table})")]
@@ -280,30 +294,52 @@ class State:
             (status.value, verdict, validator, time.time(), status is FileStatus.ACCEPTED, seq))
 
     def grant_slot(self, slot_id: str, node: str, provider: str, sha256: str, size: int,
-                   step: int, policy_version: int, work_units: int, expires_at: float) -> bool:
-        """A slot and the file's granted row; False if the file is already granted and live, or
-        the node already submitted it on chain without a grant."""
+                   step: int, policy_version: int, work_units: int, counter: int,
+                   expires_at: float) -> Grant:
+        """A slot for the file and its granted row. The same node asking again for a file it
+        has not stored gets a fresh slot (its old ones are dropped), so an upload cut by a crash
+        of either side can always be finished, once; a stored file is `UPLOADED`."""
         with self.tx() as db:
-            old = db.execute("SELECT seq, status FROM files WHERE sha256 = ? AND granted = 1",
-                             (sha256,)).fetchone()
             claimed = db.execute("SELECT 1 FROM files WHERE sha256 = ? AND node = ? AND "
                                  "granted = 0", (sha256, node)).fetchone()
-            if claimed or (old is not None and FileStatus(old[1]) is not FileStatus.EXPIRED):
-                return False
+            if claimed:
+                return Grant.KNOWN
+            old = db.execute("SELECT seq, status, node, uploaded FROM files WHERE sha256 = ? "
+                             "AND granted = 1", (sha256,)).fetchone()
+            if old is not None:
+                mine = old[2] == node
+                if mine and old[3]:
+                    return Grant.UPLOADED
+                if not mine and FileStatus(old[1]) is not FileStatus.EXPIRED:
+                    return Grant.KNOWN
+            other = db.execute("SELECT 1 FROM files WHERE granted = 1 AND node = ? AND step = ? "
+                               "AND counter = ? AND sha256 != ?",
+                               (node, step, counter, sha256)).fetchone()
+            if other:
+                return Grant.COUNTER_USED
+            db.execute("DELETE FROM slots WHERE sha256 = ? AND node = ? AND used = ?",
+                       (sha256, node, SlotUse.FREE))
             db.execute("INSERT INTO slots VALUES (?, ?, ?, ?, ?, ?)",
                        (slot_id, node, sha256, size, expires_at, SlotUse.FREE))
-            values = (node, provider, step, policy_version, work_units, size,
+            values = (node, provider, step, policy_version, work_units, size, counter,
                       FileStatus.GRANTED.value, time.time())
             if old is None:
                 db.execute("INSERT INTO files (node, provider, step, policy_version, work_units, "
-                           "size, status, updated_at, sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                           (*values, sha256))
-            else:  # an expired grant: the row is granted afresh
+                           "size, counter, status, updated_at, sha256) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (*values, sha256))
+            else:  # granted afresh: an expired grant, or this node's unstored file again
                 db.execute("UPDATE files SET node = ?, provider = ?, step = ?, "
-                           "policy_version = ?, work_units = ?, size = ?, status = ?, "
-                           "updated_at = ?, verdict = '', validator = '', work_id = '', "
-                           "uploaded = 0 WHERE seq = ?", (*values, old[0]))
-        return True
+                           "policy_version = ?, work_units = ?, size = ?, counter = ?, "
+                           "status = ?, updated_at = ?, verdict = '', validator = '', "
+                           "work_id = '', uploaded = 0 WHERE seq = ?", (*values, old[0]))
+        return Grant.GRANTED
+
+    def reset_uploads(self) -> int:
+        """At start: no upload survives the process that received it, so a slot left
+        `uploading` by a kill is free again (the store removed its partial bytes)."""
+        cur = self.db.execute("UPDATE slots SET used = ? WHERE used = ?",
+                              (SlotUse.FREE, SlotUse.UPLOADING))
+        return cur.rowcount
 
     def add_claim(self, sha256: str, node: str, provider: str, work_units: int,
                   work_id: str, fallback_step: int) -> FileRow:

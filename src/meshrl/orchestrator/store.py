@@ -27,6 +27,7 @@ from meshrl.wire.errors import ErrorCode
 
 __all__ = [
     "DiskFileStore", "FileStore", "StoreRefusal", "UploadTarget", "check_sha", "check_slot_id",
+    "parquet_framed",
 ]
 
 _SHA = re.compile(r"^[0-9a-f]{64}$")
@@ -67,6 +68,26 @@ class FileStore(abc.ABC):
     @abc.abstractmethod
     def path(self, sha256: str) -> Path:
         """A local path to read the file from (disk store) or raise for remote stores."""
+
+
+_MAGIC = b"PAR1"  # a Parquet file starts and ends with it; the footer's length precedes the end
+
+
+async def parquet_framed(chunks: AsyncIterator[bytes], size: int) -> AsyncIterator[bytes]:
+    """`chunks`, refused (`NOT_A_ROLLOUT_FILE`) unless they are framed as a Parquet file: the
+    magic first and last, a footer that fits. Cheap (no parsing), so random bytes are never
+    stored as a rollout file; the validator's reader judges the rest."""
+    head, tail = b"", b""
+    async for chunk in chunks:
+        if len(head) < 4:
+            head += chunk[: 4 - len(head)]
+            if len(head) == 4 and head != _MAGIC:
+                raise StoreRefusal(ErrorCode.NOT_A_ROLLOUT_FILE, "no Parquet magic at the start")
+        tail = (tail + chunk)[-8:]
+        yield chunk
+    footer = int.from_bytes(tail[:4], "little") if len(tail) == 8 else -1
+    if head != _MAGIC or tail[4:] != _MAGIC or not 0 < footer <= size - 12:
+        raise StoreRefusal(ErrorCode.NOT_A_ROLLOUT_FILE, "no Parquet footer at the end")
 
 
 def check_slot_id(slot_id: str) -> str:

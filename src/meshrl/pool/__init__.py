@@ -1,14 +1,15 @@
 """The pool's public rules, typed and in one home (torch-free).
 
 `rules`: `PoolRules` (task, sampling, group size, prompts per file, files per step, async level,
-seed, proof profile), `RulesPins` and `rules_drift`; `assignment`: which problems a (node, step,
-counter) gets, prompt encoding, rows; `profiles`: proof profiles; `verdicts`: findings,
-decisions and verdict kinds; `messages`: the work order; `client`: the one reader of
-`GET /rules`. Every role that generates or judges takes its rules from here.
+seed, proof profile), `RulesPins` and `rules_drift`; `assignment`: which problems a (node,
+step, counter, policy version) gets, prompt encoding, rows; `profiles`: proof profiles;
+`verdicts`: findings, decisions and verdict kinds; `messages`: the work order; `client`: the
+one reader of `GET /rules`. Every role that generates or judges takes its rules from here.
 """
 
 from meshrl.pool.assignment import (
     Assignment,
+    counter_refusal,
     encode_prompt,
     prompt_of_row,
     work_units,
@@ -64,6 +65,7 @@ __all__ = [
     "WorkOrder",
     "changed_rules",
     "check_rules",
+    "counter_refusal",
     "decide",
     "encode_prompt",
     "file_limits",

@@ -1,11 +1,15 @@
-"""The assignment rules: which problems a (node, step, counter) gets, how a prompt is encoded,
-which prompt row r belongs to, and what a file's header must say. A worker generates by them
-and a validator recomputes them, so each exists once, here.
+"""The assignment rules: which problems a (node, step, counter, policy version) gets, how a
+prompt is encoded, which prompt row r belongs to, and what a file's header must say. A worker
+generates by them and a validator recomputes them, so each exists once, here.
 
-- problems  = `meshrl.tasks.sample_problems(tasks, seed, node, step, counter, prompts_per_file)`;
+- the counters of a node at a step are 0 .. files_per_step - 1 (`counter_refusal`), each granted
+  one file by the orchestrator: nothing to grind, nothing to skip to;
+- problems  = `meshrl.tasks.sample_problems(tasks, seed, node, step, counter, prompts_per_file,
+  version)`: the policy version is part of the work, so one generation serves one claim only;
 - each prompt is `[bos] + tokenizer.encode(problem.prompt)` (`encode_prompt`) and gets
   `group_size` rows: row r belongs to prompt r // group_size, is sample r % group_size, and is
-  sampled with seq_id r and the seed `meshrl.tasks.sampling_seed(seed, node, step, counter)`;
+  sampled with seq_id r and the seed `meshrl.tasks.sampling_seed(seed, node, step, counter,
+  version)`;
 - reward = `compute_reward(problem, tokenizer.decode(completion), len(completion), tasks)`;
 - work units = the tokens processed: sum over rows of len(prompt) + len(completion);
 - the header names the rules by their digest (`PoolRules.digest`) and the sampler's seed.
@@ -20,7 +24,7 @@ from typing import Any
 from meshrl.pool.rules import PoolRules
 from meshrl.tasks import Problem, TaskSet, sample_problems, sampling_seed
 
-__all__ = ["Assignment", "encode_prompt", "prompt_of_row", "work_units"]
+__all__ = ["Assignment", "counter_refusal", "encode_prompt", "prompt_of_row", "work_units"]
 
 
 def encode_prompt(tokenizer: Any, text: str) -> list[int]:
@@ -39,22 +43,33 @@ def work_units(prompt_lens: Sequence[int], completion_lens: Sequence[int]) -> in
     return sum(prompt_lens) + sum(completion_lens)
 
 
+def counter_refusal(rules: PoolRules, counter: int) -> str | None:
+    """Why `counter` is not one a node may use at a step (None: it may)."""
+    if not 0 <= counter < rules.files_per_step:
+        return (f"counter {counter} is outside 0..{rules.files_per_step - 1} "
+                f"(files_per_step {rules.files_per_step})")
+    return None
+
+
 @dataclass(frozen=True)
 class Assignment:
-    """One unit of work: the rules, and the (node, step, counter) they are applied to."""
+    """One unit of work: the rules, and the (node, step, counter, policy version) they are
+    applied to."""
 
     rules: PoolRules
     node: str
     step: int
     counter: int
+    policy_version: int
 
     def problems(self, tasks: TaskSet) -> list[Problem]:
         """The problems assigned (`tasks` is `rules.task.build()`, built once by the role)."""
         return sample_problems(tasks, self.rules.seed, self.node, self.step, self.counter,
-                               self.rules.prompts_per_file)
+                               self.rules.prompts_per_file, self.policy_version)
 
     def sampler_seed(self) -> int:
-        return sampling_seed(self.rules.seed, self.node, self.step, self.counter)
+        return sampling_seed(self.rules.seed, self.node, self.step, self.counter,
+                             self.policy_version)
 
     def prompt_rows(self, tokenizer: Any, problems: Sequence[Problem]) -> list[list[int]]:
         """The prompt of every row: each problem's encoded prompt, `group_size` times."""

@@ -58,8 +58,14 @@ def check_rules(rules: PoolRules, pool_id: int | None, pins: RulesPins, role: st
 def changed_rules(started: PoolRules, now: PoolRules) -> str | None:
     """Why rules seen while running differ from those the role started with (None: same), one
     line naming each field that changed."""
+    found = rules_diff(RulesPins.of(started), now)
     diff = [f"rules.{path}: started with {a!r}, the pool now publishes {b!r}"
-            for path, a, b in rules_diff(RulesPins.of(started), now)]
+            for path, a, b in found]
+    # a rule the role started without (e.g. no policy_signer) pins nothing: compare it too
+    seen = {path.split(".")[0] for path, _, _ in found} | {"pool_id"}
+    was, new = started.model_dump(mode="json"), now.model_dump(mode="json")
+    diff += [f"rules.{k}: started with {was[k]!r}, the pool now publishes {new[k]!r}"
+             for k in was if k not in seen and was[k] != new[k]]
     if now.pool_id != started.pool_id:
         diff.insert(0, f"pool_id: started with {started.pool_id}, now {now.pool_id}")
     if not diff:

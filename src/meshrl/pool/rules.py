@@ -13,6 +13,7 @@ import hashlib
 import json
 from typing import Any
 
+from eth_utils import is_checksum_address
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from meshrl.pool.profiles import PROFILE_FIELD, ProofProfile
@@ -37,6 +38,12 @@ def tasks_config(task: Any) -> TasksConfig:
     return TasksConfig.model_validate(task)
 
 
+def _signer(v: str | None) -> str | None:
+    if v is not None and not is_checksum_address(v):
+        raise ValueError(f"{v!r} is not a checksummed Ethereum address")
+    return v
+
+
 class SamplingSpec(_Rule):
     """How completions are sampled (the seed is not a rule: it is derived per file)."""
 
@@ -59,22 +66,30 @@ class RulesSpec(_Rule):
                                    "are sampled")
     group_size: int = Field(1, ge=1, le=1024, description="completions per prompt")
     prompts_per_file: int = Field(8, ge=1, le=4096, description="prompts per rollout file")
-    files_per_step: int = Field(0, ge=0, le=1 << 16, description="files a node makes per "
-                                "step, at most (0: no limit)")
+    files_per_step: int = Field(8, ge=1, le=1 << 16, description="files a node may make per "
+                                "step: its counters are 0 .. files_per_step - 1")
     async_level: int = Field(2, ge=0, le=1024, description="policy versions a file may lag "
                              "its step")
     seed: int = Field(0, ge=0, lt=2**63, description="base seed prompts and sampling derive from")
     proof_profile: ProofProfile = Field("any-hardware", description=PROFILE_FIELD)
+    policy_signer: str | None = Field(None, description="checksummed address whose EIP-191 "
+                                      "signature every policy version's shardcast manifest "
+                                      "carries (the trainer's key); unset: no policy version "
+                                      "can be authenticated, workers and validators refuse to "
+                                      "fetch one")
 
     _task = field_validator("task", mode="before")(tasks_config)
+    _signer = field_validator("policy_signer")(_signer)
 
     def rows_per_file(self) -> int:
         return self.prompts_per_file * self.group_size
 
 
 def _canonical(model: BaseModel) -> bytes:
-    return json.dumps(model.model_dump(mode="json"), sort_keys=True,
-                      separators=(",", ":")).encode()
+    data = model.model_dump(mode="json")
+    if data.get("policy_signer", "") is None:
+        del data["policy_signer"]  # unset: the digest of rules from before the field
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 
 class PoolRules(RulesSpec):
@@ -106,6 +121,7 @@ class RulesPins(BaseModel):
     async_level: int | None = None
     seed: int | None = None
     proof_profile: ProofProfile | None = None
+    policy_signer: str | None = None
 
     @field_validator("task", mode="before")
     @classmethod

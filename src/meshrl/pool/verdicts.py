@@ -37,6 +37,7 @@ class Check(StrEnum):
     POLICY_VERSION = "policy_version"
     RULES = "rules"
     SAMPLING_SEED = "sampling_seed"
+    COUNTER = "counter"
     PROMPTS = "prompts"
     SEQ_IDS = "seq_ids"
     REWARDS = "rewards"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from meshrl.log import get_logger, log_event
-from meshrl.pool import Assignment, PoolRules, file_limits, read_rules
+from meshrl.pool import Assignment, PoolRules, counter_refusal, file_limits, read_rules
 from meshrl.tasks import TaskSet
 from meshrl.wire import SignedClient, StepGoesBack, WireHTTPError
 from meshrl.wire.isolated import read_rollout_file_isolated
@@ -81,7 +82,16 @@ def file_groups(entry: LedgerEntry, data: bytes, tokenizer: Any, rules: PoolRule
         raise UnusableFile(f"{entry.sha256[:12]}: {len(rows)} rows of {len(counters)} "
                            f"counters, the pool's files have {rules.rows_per_file()} rows "
                            f"({rules.prompts_per_file} prompts x {g}) of one counter")
-    problems = Assignment(rules, h.node, h.step, counters.pop()).problems(tasks)
+    counter = counters.pop()
+    bad = _unusable_rows(rf, entry, counter, tokenizer, rules)
+    if bad:
+        raise UnusableFile(f"{entry.sha256[:12]}: {bad}")
+    a = Assignment(rules, h.node, h.step, counter, h.policy_version)
+    problems = a.problems(tasks)
+    if [list(r.prompt_tokens) for r in rows] != a.prompt_rows(tokenizer, problems):
+        raise UnusableFile(f"{entry.sha256[:12]}: rows hold prompts other than the assignment "
+                           f"of (node, step {h.step}, counter {counter}, version "
+                           f"{h.policy_version}) by the pool's rules")
     out = FileGroups(entry)
     for k, problem in enumerate(problems):
         group = rows[k * g:(k + 1) * g]
@@ -101,6 +111,25 @@ def file_groups(entry: LedgerEntry, data: bytes, tokenizer: Any, rules: PoolRule
             scores.append(compute_reward(problem, text, len(r.completion_tokens), tasks).task)
         out.task_rewards.append(scores)
     return out
+
+
+def _unusable_rows(rf: Any, entry: LedgerEntry, counter: int, tokenizer: Any,
+                   rules: PoolRules) -> str:
+    """Why the file's rows cannot be trained on ("" if they can): a counter the pool's rules
+    (or the grant) do not allow, a token id outside the vocabulary, a reward or log-prob that
+    is not a finite number. Checked before any row is decoded or trained on, so such a file is
+    a typed refusal, never a crash or a NaN in a batch. (The header's other fields are
+    ignored: problems come from the rules.)"""
+    bad_counter = counter_refusal(rules, counter)
+    if bad_counter is not None or (entry.counter >= 0 and counter != entry.counter):
+        return bad_counter or f"counter {counter}, granted {entry.counter}"
+    vocab = tokenizer.vocab_size
+    for r in rf.completions:
+        if any(not 0 <= t < vocab for t in (*r.prompt_tokens, *r.completion_tokens)):
+            return f"a token id outside the vocabulary (size {vocab})"
+        if not all(math.isfinite(x) for x in (r.reward, *r.logprobs)):
+            return "a reward or log-prob that is not a finite number"
+    return ""
 
 
 class LedgerReader:

@@ -5,7 +5,9 @@ every policy version goes out through a shardcast origin store.
 mode (source.py), so the algorithm in loop.py is the same as with the local pipeline.
 
 - `publish(v)` saves the live policy (HF layout), publishes it as shardcast version `v` in the
-  origin's store (a running origin serves it; relays mirror it) and moves the pool to step `v`,
+  origin's store, its manifest signed with the trainer's key (the pool's `policy_signer`: relays,
+  workers and validators believe no other; a running origin serves it, relays mirror it) and
+  moves the pool to step `v`,
   so workers generate with versions `v - async_level .. v`.
 - `get(s)` takes accepted files in the order they were accepted (`GET /ledger?accepted_after=`;
   the order a file was granted in says nothing of when it is judged), only rows granted to and
@@ -24,6 +26,7 @@ mode (source.py), so the algorithm in loop.py is the same as with the local pipe
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 import time
@@ -33,7 +36,7 @@ from typing import Any
 import torch
 
 from meshrl.log import get_logger, log_event
-from meshrl.pool import RulesPins, check_rules
+from meshrl.pool import PoolRulesError, RulesPins, check_rules
 from meshrl.rl.config import NetworkSourceConfig, RolloutConfig
 from meshrl.rl.ledger_files import (
     FileGroups,
@@ -47,6 +50,7 @@ from meshrl.rl.rollouts import RolloutBatch
 from meshrl.rl.source import PolicyPublisher, RolloutSource, Weights
 from meshrl.tasks import TasksConfig
 from meshrl.wire.models import LedgerEntry
+from meshrl.wire.signing import address_of
 
 __all__ = ["NetworkSource", "ShardcastPublisher", "read_records"]
 
@@ -65,13 +69,14 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 
 class ShardcastPublisher(PolicyPublisher):
-    """Each version of the live policy `model` into the shardcast origin's store, then the pool
-    moved to it (through `reader`, the trainer's signed client of the orchestrator)."""
+    """Each version of the live policy `model` into the shardcast origin's store, its manifest
+    signed with `key` (the trainer's), then the pool moved to it (through `reader`, the
+    trainer's signed client of the orchestrator)."""
 
     def __init__(self, origin_root: str | Path, reader: LedgerReader, model: Any,
-                 tokenizer: Any) -> None:
+                 tokenizer: Any, key: str) -> None:
         self.origin_root, self.reader = Path(origin_root), reader
-        self.model, self.tokenizer = model, tokenizer
+        self.model, self.tokenizer, self.key = model, tokenizer, key
 
     def publish(self, version: int, weights: Weights) -> None:
         """Publish `model`, whose weights are `weights`, as `version`; move the pool."""
@@ -85,7 +90,7 @@ class ShardcastPublisher(PolicyPublisher):
                                         dir=store.root.parent))
             try:
                 save_model(self.model, self.tokenizer, tmp / "model")
-                store.publish(tmp / "model", version, SHARD_SIZE)
+                store.publish(tmp / "model", version, SHARD_SIZE, key=self.key)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         else:  # published before a crash: workers may already hold it, keep theirs
@@ -115,6 +120,14 @@ class NetworkSource(RolloutSource):
         self.rules = self.reader.rules()
         pins = RulesPins(task=tasks, group_size=rollout.group_size, async_level=async_level)
         check_rules(self.rules, None, pins, "trainer")
+        self.key, signer = key, self.rules.policy_signer
+        if signer is not None and signer != address_of(key):  # else every version it
+            raise PoolRulesError(  # publishes is refused by every relay, worker and validator
+                f"refusing to start, the pool's rules name policy_signer {signer}, this "
+                f"trainer's key is {address_of(key)}")
+        if signer is None:
+            log_event(log, "the pool's rules name no policy_signer: workers and validators "
+                      "refuse to fetch the versions this trainer publishes", level=logging.WARNING)
         self.tasks = self.rules.task.build()
         self.records_path = run_dir / "rollouts.jsonl"
         self.seen = self._resume_records(start_step)  # sha256 of every file used or dropped
@@ -129,7 +142,8 @@ class NetworkSource(RolloutSource):
 
     def publisher(self) -> ShardcastPublisher:
         """The publisher of this pool: it moves the pool through this source's reader."""
-        return ShardcastPublisher(self.cfg.origin_root, self.reader, self.model, self.tokenizer)
+        return ShardcastPublisher(self.cfg.origin_root, self.reader, self.model, self.tokenizer,
+                                  self.key)
 
     # ---- RolloutSource -----------------------------------------------------------------------
     def get(self, step: int) -> RolloutBatch:

@@ -1,8 +1,9 @@
 """Shardcast: broadcast checkpoints through an HTTP relay tree (origin → relays → workers).
 
-    origin = Origin(OriginConfig(root="store")); await origin.start()
+    origin = Origin(OriginConfig(root="store"), key=trainer_key)   # signs every manifest
+    origin_url = await origin.start()
     await origin.publish("model_dir", version=step)
-    async with ShardcastClient([origin_url, relay_url]) as c:
+    async with ShardcastClient([origin_url, relay_url], publisher=trainer_address) as c:
         await c.fetch("weights", version=step)       # or c.follow(out_dir, callback)
 """
 
@@ -17,14 +18,19 @@ from meshrl.shardcast.config import (
     ServersConfig,
 )
 from meshrl.shardcast.errors import (
+    ManifestRefused,
     OutputWriteError,
+    PublisherRequired,
+    RefusalReason,
     ShardcastError,
     ShardUnavailableError,
+    UntrustedAnswer,
     VersionNotFoundError,
 )
 from meshrl.shardcast.manifest import FileEntry, Manifest, ManifestError, ShardEntry, build_manifest
 from meshrl.shardcast.relay import Origin, Relay
 from meshrl.shardcast.server import ShardServer
+from meshrl.shardcast.signing import sign_manifest, verify_manifest
 from meshrl.shardcast.store import StoreError, VersionStore
 
 __all__ = [
@@ -34,10 +40,13 @@ __all__ = [
     "FileEntry",
     "Manifest",
     "ManifestError",
+    "ManifestRefused",
     "Origin",
     "OriginConfig",
     "OutputWriteError",
     "PublishConfig",
+    "PublisherRequired",
+    "RefusalReason",
     "Relay",
     "RelayConfig",
     "ServerConfig",
@@ -48,7 +57,10 @@ __all__ = [
     "ShardcastClient",
     "ShardcastError",
     "StoreError",
+    "UntrustedAnswer",
     "VersionNotFoundError",
     "VersionStore",
     "build_manifest",
+    "sign_manifest",
+    "verify_manifest",
 ]

@@ -12,18 +12,33 @@ __all__ = ["register"]
 def _publish(cfg: PublishConfig) -> int:
     import json
     import sys
+    from pathlib import Path
 
+    from meshrl.shardcast.signing import load_key
     from meshrl.shardcast.store import StoreError, VersionStore
 
     if not cfg.src:
         print("meshrl shardcast publish: --src is required", file=sys.stderr)
         return 2
+    if not Path(cfg.src).exists():
+        print(f"meshrl shardcast publish: nothing to publish at {cfg.src}", file=sys.stderr)
+        return 1
+    if not cfg.key_file:
+        print("meshrl shardcast publish: --key_file is required (no relay or client believes "
+              "an unsigned manifest)", file=sys.stderr)
+        return 2
+    try:
+        key = load_key(cfg.key_file)
+    except (OSError, ValueError) as e:
+        print(f"meshrl shardcast publish: cannot read the key {cfg.key_file}: {e}",
+              file=sys.stderr)
+        return 1
     store = VersionStore(cfg.root, keep=1 << 30)  # the running origin prunes (it knows readers)
     latest = store.latest()
     version = cfg.version if cfg.version >= 0 else (-1 if latest is None else latest) + 1
     try:
         m = store.publish(cfg.src, version, cfg.shard_size, link=cfg.link,
-                          piece_size=cfg.piece_size)
+                          piece_size=cfg.piece_size, key=key)
     except (StoreError, FileNotFoundError) as e:
         print(f"meshrl shardcast publish: {e}", file=sys.stderr)
         return 1
@@ -33,17 +48,19 @@ def _publish(cfg: PublishConfig) -> int:
 
 
 def _origin(cfg: OriginConfig) -> int:
+    from meshrl.shardcast.errors import ShardcastError
     from meshrl.shardcast.relay import Origin
     from meshrl.wire.service import serve_forever
 
-    return serve_forever(lambda: Origin(cfg))
+    return serve_forever(lambda: Origin(cfg), (ShardcastError,))
 
 
 def _relay(cfg: RelayConfig) -> int:
+    from meshrl.shardcast.errors import ShardcastError
     from meshrl.shardcast.relay import Relay
     from meshrl.wire.service import serve_forever
 
-    return serve_forever(lambda: Relay(cfg))
+    return serve_forever(lambda: Relay(cfg), (ShardcastError,))
 
 
 def _fetch(cfg: FetchConfig) -> int:
@@ -63,7 +80,8 @@ def _fetch(cfg: FetchConfig) -> int:
                           "seconds": round(res.seconds, 3)}), flush=True)
 
     async def run() -> None:
-        async with ShardcastClient(cfg.server.urls, cfg.client) as client:
+        async with ShardcastClient(cfg.server.urls, cfg.client,
+                                   publisher=cfg.publisher or None) as client:
             if cfg.follow:
                 await client.follow(cfg.out, report, keep=cfg.keep)
             else:

@@ -1,6 +1,7 @@
 """The shardcast client: fetch a version from several servers at once, verified, atomically.
 
-A fetch finds the version (waiting for it if no server has it yet), takes its manifest, then
+A fetch finds the version (waiting for it if no server has it yet), takes its manifest (only
+one signed by `publisher`, the pool's policy signer: no server is believed), then
 runs `concurrency` shard workers. Each worker asks the pool for a server holding its shard
 (relays that mirror a version announce shards as they verify them) and streams the shard through
 a `ShardReceiver`: every piece (1 MiB) is checked against the manifest's sha256 and only then
@@ -29,11 +30,13 @@ from meshrl.log import get_logger, log_event
 from meshrl.shardcast.config import ClientConfig
 from meshrl.shardcast.errors import (
     OutputWriteError,
+    PublisherRequired,
+    ShardcastError,
     ShardUnavailableError,
-    VersionNotFoundError,
 )
 from meshrl.shardcast.manifest import Manifest
 from meshrl.shardcast.pool import ServerPool, ServerState
+from meshrl.shardcast.signing import check_publisher
 from meshrl.shardcast.store import ShardWriter, file_paths, place_output, verify_files
 from meshrl.shardcast.tracker import ServerTracker
 from meshrl.shardcast.transport import (
@@ -64,8 +67,10 @@ class FetchResult:
 class ShardcastClient(ServerTracker):
     """Fetches versions from `urls`.
 
-    `session` (aiohttp) carries the small JSON requests; `transport` moves shard bytes (default:
-    RawHttpTransport for http:// servers, see `transport.py`). Both can be injected.
+    `publisher` is the checksummed address whose signature a manifest must carry (None: every
+    manifest is refused with `PublisherRequired`). `session` (aiohttp) carries the small JSON
+    requests; `transport` moves shard bytes (default: RawHttpTransport for http:// servers,
+    see `transport.py`). Both can be injected.
     """
 
     def __init__(
@@ -76,10 +81,11 @@ class ShardcastClient(ServerTracker):
         seed: int | None = None,
         transport: ShardTransport | None = None,
         relay_token: str | None = None,
+        publisher: str | None = None,
     ) -> None:
         cfg = cfg or ClientConfig()
         super().__init__(ServerPool(urls, cfg.failure_decay, seed, cfg.origin_weight), cfg,
-                         session)
+                         session, publisher and check_publisher(publisher))
         self._progress = 0.0  # of the version being fetched (sent: servers favour the behind)
         # a relay says so (X-Shardcast-Relay) and is served before clients
         headers = {RELAY_HEADER: relay_token or "1"} if relay_token is not None else {}
@@ -120,12 +126,13 @@ class ShardcastClient(ServerTracker):
         if self.cfg.shard_order == "random":  # spreads clients over the shards relays hold
             self.pool.rng.shuffle(pending)
         deadline = time.monotonic() + self.cfg.wait_timeout
+        digest = m.digest  # once: it hashes the whole manifest
 
         async def next_shard() -> int | None:
             """The first pending shard some server holds now (waiting while none does)."""
             while pending:
                 for pos, index in enumerate(pending):
-                    if self.pool.available(index, m.digest):
+                    if self.pool.available(index, digest):
                         return pending.pop(pos)
                 if time.monotonic() > deadline:
                     raise ShardUnavailableError(f"shardcast: shards {pending[:5]}... of version "
@@ -258,8 +265,8 @@ class ShardcastClient(ServerTracker):
         """
         t0 = time.monotonic()
         log_event(log, "fetch start", version=version, out=str(out), servers=len(self.pool.servers))
-        v = await self.wait_for_version(version)
-        m = await self.get_manifest(v)
+        m = await self.find_manifest(version)
+        v = m.version
         out = Path(out)
         tmp = out.parent / f".{out.name}.shardcast-{uuid.uuid4().hex[:8]}"
         writer = ShardWriter(m, [tmp] if m.kind == "file" else file_paths(m, tmp))
@@ -297,15 +304,24 @@ class ShardcastClient(ServerTracker):
         stop: asyncio.Event | None = None,
     ) -> None:
         """Fetch each new version (the newest, skipping stale ones) to `out_dir/v<N>`, then call
-        `on_version`; keeps the `keep` newest local versions. Runs until `stop` is set."""
+        `on_version`; keeps the `keep` newest local versions. Runs until `stop` is set; a
+        failed fetch (no server has it, a full disk) is retried after a backoff, and only
+        `PublisherRequired` (nothing could ever be believed) ends it."""
         out_dir, stop = Path(out_dir), stop or asyncio.Event()
+        failures = 0
         while not stop.is_set():
             try:
                 v = await self.wait_for_version(after=after)
                 res = await self.fetch(out_dir / f"v{v}", v)
-            except (VersionNotFoundError, ShardUnavailableError) as e:
+            except PublisherRequired:
+                raise
+            except ShardcastError as e:
+                failures += 1
                 log_event(log, "follow: retrying", error=str(e))
+                await asyncio.sleep(min(self.cfg.poll_interval * 2**failures,
+                                        self.cfg.max_backoff))
                 continue
+            failures = 0
             after = v
             ret = on_version(res)
             if asyncio.iscoroutine(ret):

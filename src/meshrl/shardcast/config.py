@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from eth_utils import is_checksum_address
+from pydantic import Field, field_validator
 
 from meshrl.config import Config
 
@@ -20,6 +21,12 @@ __all__ = [
 
 MB = 1_000_000
 MBIT = 125_000  # bytes/s in one megabit/s
+
+
+def _publisher(v: str) -> str:
+    if v and not is_checksum_address(v):
+        raise ValueError(f"{v!r} is not a checksummed Ethereum address")
+    return v
 
 
 class ServerConfig(Config):
@@ -72,7 +79,8 @@ class ClientConfig(Config):
     connect_timeout: float = Field(5.0, gt=0, description="seconds to open a connection")
     stall_timeout: float = Field(10.0, gt=0, description="seconds without a byte before retrying")
     poll_interval: float = Field(0.2, gt=0, description="seconds between polls / first backoff")
-    long_poll: float = Field(10.0, gt=0, description="seconds a server may hold a long-poll")
+    long_poll: float = Field(10.0, gt=0, le=60, description="seconds a server may hold a "
+                             "long-poll (servers cap it at 60)")
     wait_timeout: float = Field(600.0, ge=0, description="how long to wait for a version to appear")
     failure_decay: float = Field(10.0, gt=0, description="seconds for a server failure to fade")
     fsync: bool = Field(True, description="fsync the output before the atomic rename")
@@ -85,7 +93,8 @@ class ClientConfig(Config):
 
 
 class ServersConfig(Config):
-    urls: list[str] = Field(["http://127.0.0.1:8470"], description="origin / relay base URLs")
+    urls: list[str] = Field(["http://127.0.0.1:8470"], min_length=1, max_length=1024,
+                            description="origin / relay base URLs")
 
 
 class PublishConfig(Config):
@@ -95,6 +104,8 @@ class PublishConfig(Config):
     shard_size: int = Field(50 * MB, gt=0, description="bytes per shard")
     piece_size: int = Field(1 << 20, gt=0, description="bytes per verified piece of a shard")
     link: bool = Field(False, description="hard-link files into the store instead of copying")
+    key_file: str = Field("", description="file holding the publisher's private key (hex): "
+                          "the manifest is signed with it (the pool's policy_signer)")
 
 
 class OriginConfig(Config):
@@ -106,10 +117,15 @@ class OriginConfig(Config):
 class RelayConfig(Config):
     root: str = Field("runs/shardcast/relay", description="mirror directory")
     keep: int = Field(5, ge=1, description="versions kept")
-    upstreams: list[str] = Field(["http://127.0.0.1:8470"], description="servers to mirror")
+    upstreams: list[str] = Field(["http://127.0.0.1:8470"], min_length=1, max_length=1024,
+                                 description="servers to mirror")
     server: ServerConfig = ServerConfig(port=8471)
     client: ClientConfig = ClientConfig()
     token: str = Field("", description="sent upstream in X-Shardcast-Relay (their relay_token)")
+    publisher: str = Field("", description="checksummed address whose signature every mirrored "
+                           "manifest must carry (the pool's policy_signer); required")
+
+    _publisher = field_validator("publisher")(_publisher)
 
 
 class FetchConfig(Config):
@@ -119,3 +135,7 @@ class FetchConfig(Config):
     out: str = Field("", description="output path (file or directory, as published)")
     follow: bool = Field(False, description="keep fetching new versions into out/v<N>")
     keep: int = Field(2, ge=1, description="with follow: local versions kept")
+    publisher: str = Field("", description="checksummed address whose signature the manifest "
+                           "must carry (the pool's policy_signer); required")
+
+    _publisher = field_validator("publisher")(_publisher)

@@ -13,6 +13,10 @@ cache-sized buffers (hash and write read cache-hot bytes; no shard-sized buffer 
 instead of holding 50 MB per transfer, and hashes each byte once. Publishing hashes each byte
 twice (its piece, and the whole file for tools outside shardcast such as `sha256sum` and the
 optional `verify_files` pass).
+
+A manifest comes from untrusted servers, so it is bounded (bytes, files, shards, names, sizes,
+numbers) and carries the publisher's EIP-191 `signature` of (version, digest) (`signing.py`);
+the digest (the version's identity) is the sha256 of the canonical JSON without the signature.
 """
 
 from __future__ import annotations
@@ -28,9 +32,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from meshrl.shardcast.errors import ShardcastError
+
 __all__ = [
     "HASH_CHUNK",
     "MANIFEST_NAME",
+    "MAX_MANIFEST_BYTES",
+    "MAX_VERSION",
     "PIECE_SIZE",
     "FileEntry",
     "Manifest",
@@ -44,31 +52,43 @@ __all__ = [
 MANIFEST_NAME = "manifest.json"
 HASH_CHUNK = 1 << 20  # stream files in 1 MiB reads
 PIECE_SIZE = 1 << 20  # default bytes per verified piece
-FORMAT = 2
+FORMAT = 3  # 3: signed by the publisher
 _HEX = 64  # hex characters of one sha256 digest
 _HEX_DIGITS = frozenset("0123456789abcdef")
+_SHA256 = r"^[0-9a-f]{64}$"
+# bounds of what a server may make a receiver parse, allocate or create
+MAX_MANIFEST_BYTES = 64 << 20  # ~1M pieces of hex: a 1 TB checkpoint at 1 MiB pieces
+MAX_VERSION = 2**63 - 1  # a version is a trainer step: int64, like the chain's
+MAX_FILES = 100_000
+MAX_SHARDS = 1 << 20
+MAX_PIECE_SIZE = 1 << 26  # a receiver holds about one piece per shard worker in memory
+MAX_SHARD_SIZE = 1 << 40
+MAX_FILE_SIZE = 1 << 48
+MAX_NAME_BYTES = 4096  # PATH_MAX
+MAX_PART_BYTES = 255  # NAME_MAX
 
 
-class ManifestError(ValueError):
+class ManifestError(ShardcastError, ValueError):
     """A manifest that is malformed or inconsistent with itself."""
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # `true` is no version
 
 
 class FileEntry(_Frozen):
-    name: str = Field(description="path relative to the version root, '/'-separated")
-    size: int = Field(ge=0)
-    sha256: str
+    name: str = Field(max_length=MAX_NAME_BYTES,
+                      description="path relative to the version root, '/'-separated")
+    size: int = Field(ge=0, le=MAX_FILE_SIZE)
+    sha256: str = Field(pattern=_SHA256)
 
 
 class ShardEntry(_Frozen):
-    index: int = Field(ge=0)
-    file: int = Field(ge=0, description="index into Manifest.files")
-    offset: int = Field(ge=0)
-    size: int = Field(ge=0)
-    sha256: str
+    index: int = Field(ge=0, lt=MAX_SHARDS)
+    file: int = Field(ge=0, lt=MAX_FILES, description="index into Manifest.files")
+    offset: int = Field(ge=0, le=MAX_FILE_SIZE)
+    size: int = Field(ge=0, le=MAX_SHARD_SIZE)
+    sha256: str = Field(pattern=_SHA256)
     pieces: str = Field(description="sha256 hex of each piece of the shard, concatenated")
 
     def piece_digest(self, j: int) -> str:
@@ -77,13 +97,16 @@ class ShardEntry(_Frozen):
 
 class Manifest(_Frozen):
     format: int = FORMAT
-    version: int = Field(ge=0, description="the trainer's step number")
+    version: int = Field(ge=0, le=MAX_VERSION, description="the trainer's step number")
     kind: Literal["file", "dir"]
-    shard_size: int = Field(gt=0)
-    piece_size: int = Field(PIECE_SIZE, gt=0, description="bytes per verified piece of a shard")
-    files: tuple[FileEntry, ...]
-    shards: tuple[ShardEntry, ...]
-    created: float = 0.0
+    shard_size: int = Field(gt=0, le=MAX_SHARD_SIZE)
+    piece_size: int = Field(PIECE_SIZE, gt=0, le=MAX_PIECE_SIZE,
+                            description="bytes per verified piece of a shard")
+    files: tuple[FileEntry, ...] = Field(max_length=MAX_FILES)
+    shards: tuple[ShardEntry, ...] = Field(max_length=MAX_SHARDS)
+    created: float = Field(0.0, allow_inf_nan=False)
+    signature: str = Field("", pattern=r"^(0x[0-9a-f]{130})?$", description="the publisher's "
+                           "EIP-191 signature of (version, digest); '' before signing")
 
     def piece_count(self, shard: ShardEntry) -> int:
         return -(-shard.size // self.piece_size)
@@ -93,19 +116,27 @@ class Manifest(_Frozen):
         return sum(f.size for f in self.files)
 
     def to_json(self) -> bytes:
+        """The canonical JSON, signature included (what stores keep and servers serve)."""
         return json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
 
     @property
     def digest(self) -> str:
-        """sha256 of the canonical JSON: servers that agree on a version agree on this."""
-        return hashlib.sha256(self.to_json()).hexdigest()
+        """sha256 of the canonical JSON without the signature: servers that agree on a version
+        agree on this, and it is what the publisher signs."""
+        body = self.model_dump(mode="json", exclude={"signature"})
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
     @classmethod
     def from_json(cls, data: bytes | str) -> Manifest:
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise ManifestError(f"shardcast: manifest of {len(data)} bytes is over "
+                                f"{MAX_MANIFEST_BYTES}")
         try:
             m = cls.model_validate_json(data)
         except ValidationError as e:
-            raise ManifestError(f"shardcast: malformed manifest: {e.errors()[0]['msg']}") from None
+            err = e.errors()[0]
+            where = ".".join(str(x) for x in err["loc"])[:80]
+            raise ManifestError(f"shardcast: malformed manifest: {where}: {err['msg']}") from None
         m.check()
         return m
 
@@ -115,13 +146,17 @@ class Manifest(_Frozen):
             raise ManifestError(f"shardcast: unsupported manifest format {self.format}")
         if self.kind == "file" and len(self.files) != 1:
             raise ManifestError("shardcast: a 'file' manifest must list exactly one file")
-        names = set()
+        names: set[str] = set()
+        dirs: set[str] = set()
         for f in self.files:
-            parts = f.name.split("/")
-            bad = f.name.startswith("/") or any(p in ("", ".", "..") for p in parts)
-            if bad or f.name in names:
-                raise ManifestError(f"shardcast: bad or duplicate file name {f.name!r}")
+            if not _good_name(f.name) or f.name in names:
+                raise ManifestError(f"shardcast: bad or duplicate file name {f.name[:100]!r}")
             names.add(f.name)
+            parts = f.name.split("/")
+            dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))
+        if names & dirs:  # "a" and "a/b": one would have to be a file and a directory
+            raise ManifestError(f"shardcast: {sorted(names & dirs)[0][:100]!r} is a file and a "
+                                "directory")
         cursor = {i: 0 for i in range(len(self.files))}
         for expect, s in enumerate(self.shards):
             if s.index != expect or s.file >= len(self.files):
@@ -136,6 +171,20 @@ class Manifest(_Frozen):
         for i, f in enumerate(self.files):
             if cursor[i] != f.size:
                 raise ManifestError(f"shardcast: shards do not cover {f.name!r}")
+
+
+def _good_name(name: str) -> bool:
+    """A relative '/'-path every receiver can create under its root, and nothing else: no
+    escape ('..', absolute), no empty or '.' parts, no control characters (NUL ends a C path),
+    valid UTF-8, within PATH_MAX / NAME_MAX."""
+    try:
+        raw = name.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (JSON can spell one)
+        return False
+    if not raw or len(raw) > MAX_NAME_BYTES or any(c < 32 or c == 127 for c in raw):
+        return False
+    parts = raw.split(b"/")
+    return all(p not in (b"", b".", b"..") and len(p) <= MAX_PART_BYTES for p in parts)
 
 
 def sha256_file(path: str | Path) -> str:

@@ -17,8 +17,24 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from meshrl.shardcast.errors import BadServerUrl
 
 __all__ = ["ServerPool", "ServerState"]
+
+
+def _checked(url: str) -> str:
+    """`url` without a trailing '/', if it is http(s)://host[:port][/path] (a server list may
+    come from a work order: a port of 99999 must be a refusal now, not a ValueError mid-fetch)."""
+    try:
+        u = urlsplit(url)
+        ok = u.scheme in ("http", "https") and bool(u.hostname) and u.port != 0
+    except ValueError:  # a port out of range or not a number
+        ok = False
+    if not ok or u.query or u.fragment:
+        raise BadServerUrl(f"shardcast: not a server URL: {url[:200]!r}")
+    return url.rstrip("/")
 
 _DEFAULT_RATE = 100e6  # bytes/s assumed before any measurement
 
@@ -40,6 +56,9 @@ class ServerState:
     busy_until: float = 0.0  # monotonic time before which it is not asked (it said 503)
     busy: int = 0
     refuses: bool = False  # it serves no shards to clients (403)
+    refusals: int = 0  # answers of it not believed (unsigned manifest, malformed listing...)
+    strikes: int = 0  # refusals since it last backed a listing with a signed manifest
+    distrust_until: float = 0.0  # monotonic time before which its listings are ignored
 
     def has(self, index: int) -> bool:
         return self.complete or index in self.have
@@ -52,8 +71,8 @@ class ServerPool:
     def __init__(self, urls: list[str], failure_decay: float = 10.0, seed: int | None = None,
                  origin_weight: float = 1.0):
         if not urls:
-            raise ValueError("shardcast: at least one server URL is needed")
-        self.servers = {u.rstrip("/"): ServerState(u.rstrip("/")) for u in urls}
+            raise BadServerUrl("shardcast: at least one server URL is needed")
+        self.servers = {_checked(u): ServerState(_checked(u)) for u in urls}
         self.failure_decay, self.origin_weight = failure_decay, origin_weight
         self.rng = random.Random(seed)
 
@@ -109,6 +128,7 @@ class ServerPool:
             s.url: {
                 "bytes": s.bytes, "failures": s.failures, "hash_failures": s.hash_failures,
                 "throughput": s.throughput, "busy": s.busy, "role": s.role,
+                "refusals": s.refusals,
             }
             for s in self.servers.values()
         }

@@ -5,6 +5,10 @@ server re-scans its root). A relay follows its upstreams and mirrors each new ve
 *pipelined*: it takes the manifest, announces the version as partial, and serves every shard as
 soon as that shard is verified and written, long before the whole version has arrived. When a
 relay falls behind it mirrors only the newest version.
+
+A relay believes its upstreams no more than a client does: it mirrors only manifests signed by
+its `publisher`, and no answer of an upstream can end its follow task (a failure is logged and
+retried after a backoff; the other upstreams keep it current).
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ import aiohttp
 from meshrl.log import get_logger, log_event
 from meshrl.shardcast.client import ShardcastClient
 from meshrl.shardcast.config import OriginConfig, RelayConfig
-from meshrl.shardcast.errors import ShardcastError
 from meshrl.shardcast.manifest import PIECE_SIZE, Manifest
 from meshrl.shardcast.server import ShardServer
+from meshrl.shardcast.signing import check_publisher
 from meshrl.shardcast.store import StoreError, VersionStore
 
 __all__ = ["Origin", "Relay"]
@@ -31,10 +35,11 @@ log = get_logger("meshrl.shardcast.relay")
 
 
 class Origin:
-    """The root of the tree: publishes versions and serves them."""
+    """The root of the tree: publishes versions (signed with `key`, the publisher's private
+    key) and serves them."""
 
-    def __init__(self, cfg: OriginConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: OriginConfig, key: str | bytes | None = None) -> None:
+        self.cfg, self.key = cfg, key
         self.store = VersionStore(cfg.root, cfg.keep)
         self.server = ShardServer(self.store, cfg.server, role="origin")
 
@@ -49,9 +54,11 @@ class Origin:
         piece_size: int = PIECE_SIZE,
     ) -> Manifest:
         """Publish `src` as `version` (hashing and copying happen in a thread)."""
+        if self.key is None:
+            raise StoreError("shardcast: an origin publishes only with the publisher's key")
         t0 = time.monotonic()
         m = await asyncio.to_thread(self.store.publish, src, version, shard_size, link,
-                                    piece_size)
+                                    piece_size, self.key)
         self.store.prune()
         self.server.notify()
         log_event(log, "published", version=version, bytes=m.total_size, shards=len(m.shards),
@@ -64,9 +71,12 @@ class Relay:
 
     def __init__(self, cfg: RelayConfig, session: aiohttp.ClientSession | None = None) -> None:
         self.cfg = cfg
-        self.store = VersionStore(cfg.root, cfg.keep)
+        # what it mirrored before a restart is served again only if signed
+        self.store = VersionStore(cfg.root, cfg.keep, publisher=cfg.publisher or None)
+        publisher = check_publisher(cfg.publisher)  # PublisherRequired: it could believe nothing
         self.server = ShardServer(self.store, cfg.server, role="relay")
-        self.client = ShardcastClient(cfg.upstreams, cfg.client, session, relay_token=cfg.token)
+        self.client = ShardcastClient(cfg.upstreams, cfg.client, session, relay_token=cfg.token,
+                                      publisher=publisher)
         self.mirrored: dict[str, dict[str, float]] = {}
         self.server.info["mirrored"] = self.mirrored
         self._task: asyncio.Task[None] | None = None
@@ -86,18 +96,24 @@ class Relay:
 
     async def _follow(self) -> None:
         after = self.store.latest() if self.store.latest() is not None else -1
+        failures = 0
         while True:
             try:
-                v = await self.client.wait_for_version(after=after)
-                await self.mirror(v)
-                after = v
-            except (ShardcastError, StoreError, OSError) as e:
-                log_event(log, "mirror failed, retrying", level=logging.WARNING, error=str(e))
-                await asyncio.sleep(self.cfg.client.poll_interval)
+                m = await self.client.find_manifest(after=after)
+                await self.mirror(m)
+                after, failures = m.version, 0
+            except Exception as e:  # whatever an upstream sent: keep following
+                failures += 1
+                log_event(log, "mirror failed, retrying", level=logging.WARNING,
+                          error=f"{type(e).__name__}: {e}"[:300], failures=failures)
+                c = self.cfg.client
+                await asyncio.sleep(min(c.poll_interval * 2**failures, max(c.max_backoff, 5.0)))
 
-    async def mirror(self, version: int) -> None:
+    async def mirror(self, version: int | Manifest) -> None:
+        """Mirror `version` (or the version of an authenticated manifest), pipelined."""
         t0 = time.time()
-        m = await self.client.get_manifest(version)
+        m = version if isinstance(version, Manifest) else await self.client.get_manifest(version)
+        version = m.version
         partial = self.store.begin_partial(m)
         self.server.notify()
         log_event(log, "mirroring", version=version, shards=len(m.shards))

@@ -31,6 +31,7 @@ from meshrl.shardcast.config import ServerConfig
 from meshrl.shardcast.ratelimit import TokenBucket
 from meshrl.shardcast.store import VersionStore
 from meshrl.shardcast.transport import PREEMPTIBLE_HEADER, PROGRESS_HEADER, RELAY_HEADER
+from meshrl.wire.errors import ErrorCode, WireError
 
 __all__ = ["ShardServer"]
 
@@ -77,9 +78,10 @@ class ShardServer:
         app = web.Application()
         app.router.add_get("/health", self.health)
         app.router.add_get("/versions", self.versions)
-        app.router.add_get("/v/{version:\\d+}/manifest", self.manifest)
-        app.router.add_get("/v/{version:\\d+}/have", self.have)
-        app.router.add_get("/v/{version:\\d+}/shard/{index:\\d+}", self.shard)
+        # ASCII digits, bounded: `\d` takes any script's digits, and int() of 5000 digits raises
+        app.router.add_get("/v/{version:[0-9]{1,19}}/manifest", self.manifest)
+        app.router.add_get("/v/{version:[0-9]{1,19}}/have", self.have)
+        app.router.add_get("/v/{version:[0-9]{1,19}}/shard/{index:[0-9]{1,9}}", self.shard)
         return app
 
     async def start(self) -> str:
@@ -308,9 +310,23 @@ def _step(cfg: ServerConfig) -> int:
     return min(cfg.chunk_size, max(16384, int(min(rates) / 100)))
 
 
+MAX_WAIT = 60.0  # s: the longest a long-poll is held, whatever it asks for
+
+
 def _long_poll_args(request: web.Request, name: str) -> tuple[int, float]:
-    """The `name=N&wait=S` query of a long poll: N (default -1) and S capped at 60 s."""
+    """The `name=N&wait=S` query of a long poll: N (default -1, at most 19 digits) and S in
+    [0, 60] s. Anything else (`nan`, `inf`, a number of 5000 digits) is an `invalid_query`
+    refusal: a NaN deadline would never pass."""
+    raw_n, raw_wait = request.query.get(name, "-1"), request.query.get("wait", "0")
     try:
-        return int(request.query.get(name, "-1")), min(float(request.query.get("wait", "0")), 60.0)
+        if len(raw_n) > 20 or len(raw_wait) > 32:
+            raise ValueError("too long")
+        n, wait = int(raw_n), float(raw_wait)
+        if not math.isfinite(wait):
+            raise ValueError("not finite")
     except ValueError:
-        raise web.HTTPBadRequest(text=f"{name} and wait must be numbers") from None
+        err = WireError(ErrorCode.INVALID_QUERY, f"{name} must be an integer and wait a finite "
+                        "number of seconds")
+        raise web.HTTPUnprocessableEntity(text=err.body().model_dump_json(),
+                                          content_type="application/json") from None
+    return n, min(max(wait, 0.0), MAX_WAIT)

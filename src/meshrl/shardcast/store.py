@@ -13,6 +13,9 @@ A version becomes visible only by the rename of a finished directory, so a reade
 half-written version. Pruning keeps the newest `keep` versions; a version with open readers is
 hidden at once but deleted only when its last reader is done.
 
+With `publisher` set (a relay), only manifests signed by it are ever taken from disk; `publish`
+signs each manifest with the publisher's `key` (an origin store written by the trainer).
+
 `fsync` is off by default: a store is a cache of data that every consumer verifies shard by
 shard, so bytes lost in a crash are detected (and refetched), never used.
 """
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshrl.durable import fsync_dir, fsync_tree
+from meshrl.shardcast.errors import ManifestRefused, ShardcastError
 from meshrl.shardcast.manifest import (
     MANIFEST_NAME,
     PIECE_SIZE,
@@ -39,6 +43,7 @@ from meshrl.shardcast.manifest import (
     build_manifest,
     sha256_file,
 )
+from meshrl.shardcast.signing import sign_manifest, verify_manifest
 
 __all__ = [
     "ShardWriter",
@@ -50,7 +55,7 @@ __all__ = [
 ]
 
 
-class StoreError(RuntimeError):
+class StoreError(ShardcastError):
     """A store operation that cannot be done (version exists, unknown version...)."""
 
 
@@ -118,10 +123,11 @@ class Partial:
 class VersionStore:
     """Complete versions (from disk), partial mirrors (in memory + disk), readers and pruning."""
 
-    def __init__(self, root: str | Path, keep: int = 5, fsync: bool = False) -> None:
+    def __init__(self, root: str | Path, keep: int = 5, fsync: bool = False,
+                 publisher: str | None = None) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.keep, self.fsync = keep, fsync
+        self.keep, self.fsync, self.publisher = keep, fsync, publisher
         self.complete: dict[int, Manifest] = {}
         self.partial: dict[int, Partial] = {}
         self.readers: dict[int, int] = {}
@@ -136,7 +142,7 @@ class VersionStore:
 
     @staticmethod
     def _parse(name: str) -> int | None:
-        if name.startswith("v") and name[1:].isdigit():
+        if name.startswith("v") and name[1:].isascii() and name[1:].isdigit():
             return int(name[1:])
         return None
 
@@ -152,9 +158,12 @@ class VersionStore:
                 found[v] = self.complete[v]
                 continue
             try:
-                found[v] = Manifest.from_json((Path(entry.path) / MANIFEST_NAME).read_bytes())
-            except (OSError, ManifestError):
-                continue  # not ours, or damaged: never advertised
+                m = Manifest.from_json((Path(entry.path) / MANIFEST_NAME).read_bytes())
+                if self.publisher is not None:
+                    verify_manifest(m, self.publisher, v)
+            except (OSError, ManifestError, ManifestRefused):
+                continue  # not ours, damaged, or not the publisher's: never advertised
+            found[v] = m
         changed = found.keys() != self.complete.keys()
         self.complete = found
         return self.prune() or changed
@@ -203,15 +212,19 @@ class VersionStore:
     # ---- origin: atomic publish ---------------------------------------------------------
     def publish(
         self, src: str | Path, version: int, shard_size: int, link: bool = False,
-        piece_size: int = PIECE_SIZE,
+        piece_size: int = PIECE_SIZE, key: str | bytes | None = None,
     ) -> Manifest:
-        """Copy (or hard-link) + hash `src` into a hidden directory, then rename it into place."""
+        """Copy (or hard-link) + hash `src` into a hidden directory, sign its manifest with the
+        publisher's `key`, then rename it into place. Without a key the manifest is unsigned:
+        no relay or client believes it (tests of exactly that only)."""
         if self.version_dir(version).exists() or version in self.partial:
             raise StoreError(f"shardcast: version {version} already exists in {self.root}")
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=self.root))
         try:
             m = build_manifest(src, version, shard_size, time.time(), tmp / "data", link,
                                piece_size)
+            if key is not None:
+                m = sign_manifest(m, key)
             (tmp / MANIFEST_NAME).write_bytes(m.to_json())
             if self.fsync:
                 fsync_tree(tmp)

@@ -139,7 +139,7 @@ class _Response(asyncio.BufferedProtocol):
     def _parse_head(self, head: bytes) -> None:
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[1].isdigit():
+        if len(parts) < 2 or not (parts[1].isascii() and parts[1].isdigit()):
             raise TransferError(f"bad status line {lines[0]!r}")
         self.status = int(parts[1])
         for line in lines[1:]:

@@ -77,30 +77,40 @@ def _check(tasks: object) -> TaskSet:
     return tasks
 
 
-def problem_seed(seed: int, node_id: str, step: int, counter: int) -> int:
-    """A 64-bit seed from (seed, node id, step, counter), stable across machines and versions."""
+def _seed(tag: str, seed: int, node_id: str, step: int, counter: int,
+          version: int | None) -> int:
     node = node_id.lower()  # addresses are case-insensitive hex
-    digest = hashlib.sha256(f"meshrl/v1|{seed}|{node}|{step}|{counter}".encode()).digest()
-    return int.from_bytes(digest[:8], "big")
+    # with a policy version (a pool's work), v2 binds it: one generation serves one claim only
+    key = (f"meshrl/v1{tag}|{seed}|{node}|{step}|{counter}" if version is None
+           else f"meshrl/v2{tag}|{seed}|{node}|{step}|{counter}|{version}")
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
 
 
-def sampling_seed(seed: int, node_id: str, step: int, counter: int) -> int:
-    """The seed of the replayable sampler for the rollouts of (node, step, counter).
+def problem_seed(seed: int, node_id: str, step: int, counter: int,
+                 version: int | None = None) -> int:
+    """A 64-bit seed from (seed, node id, step, counter[, policy version]), stable across
+    machines and releases."""
+    return _seed("", seed, node_id, step, counter, version)
+
+
+def sampling_seed(seed: int, node_id: str, step: int, counter: int,
+                  version: int | None = None) -> int:
+    """The seed of the replayable sampler for the rollouts of (node, step, counter[, version]).
 
     Distinct from `problem_seed` (another domain tag), so knowing the problems says nothing about
     the sampling noise; a validator recomputes it from the same public inputs.
     """
-    node = node_id.lower()
-    digest = hashlib.sha256(f"meshrl/v1/sampling|{seed}|{node}|{step}|{counter}".encode()).digest()
-    return int.from_bytes(digest[:8], "big")
+    return _seed("/sampling", seed, node_id, step, counter, version)
 
 
 def sample_problems(
-    tasks: TaskSet, seed: int, node_id: str, step: int, counter: int, n: int
+    tasks: TaskSet, seed: int, node_id: str, step: int, counter: int, n: int,
+    version: int | None = None,
 ) -> list[Problem]:
-    """The `n` problems assigned to (node, step, counter). Pure: same inputs, same problems."""
+    """The `n` problems assigned to (node, step, counter[, policy version]). Pure: same inputs,
+    same problems."""
     tasks = _check(tasks)
-    rng = random.Random(problem_seed(seed, node_id, step, counter))
+    rng = random.Random(problem_seed(seed, node_id, step, counter, version))
     lt = tasks.cfg.length_target
     out = []
     for _ in range(n):

@@ -85,13 +85,14 @@ def check_prompts(claimed: Sequence[Sequence[int]],
                                                                  "first": bad[0]})
 
 
-def check_policy_version(version: int, step: int, async_level: int) -> Finding | None:
-    """step - async_level <= version <= step (the trainer's async rule)."""
-    if step - async_level <= version <= step:
+def check_policy_version(version: int, step: int) -> Finding | None:
+    """A file's step is the policy version it was generated with: the version's counters are
+    the only work it offers (`meshrl.pool.assignment`), so no choice of step can pick among
+    generations of one piece of work. (How old a version the trainer takes is its own rule.)"""
+    if version == step:
         return None
-    return Finding(Check.POLICY_VERSION, HARD, f"version {version} for step {step} is outside "
-                   f"[{step - async_level}, {step}] (async_level {async_level})",
-                   {"version": version, "step": step, "async_level": async_level})
+    return Finding(Check.POLICY_VERSION, HARD, f"version {version} for step {step}: a file's "
+                   "step is its policy version", {"version": version, "step": step})
 
 
 def check_sampling_seed(seed: int, expected: int) -> Finding | None:

@@ -19,7 +19,7 @@ from meshrl.validator.config import ValidatorConfig
 from meshrl.validator.models import ModelCache, VersionUnavailable
 from meshrl.validator.replay import ReplayConfig, profile_thresholds
 from meshrl.validator.state import Job
-from meshrl.validator.verify import ChainClaim, verify_files
+from meshrl.validator.verify import ChainClaim, model_free_findings, verify_files
 from meshrl.wire import RolloutFileError, SignedClient, WireHTTPError
 from meshrl.wire.isolated import read_rollout_file_isolated
 from meshrl.wire.models import LedgerEntry, LedgerPage
@@ -51,7 +51,8 @@ class Judge:
         self.tasks = rules.task.build()  # once: a math task reads its data file here
         self.limits = file_limits(rules)  # what a file of this pool may hold, checked first
         self.replay = replay_config(cfg, rules)
-        self.models = ModelCache(cfg.work_dir, cfg.model_dir, cfg.shardcast_servers, cfg.engine)
+        self.models = ModelCache(cfg.work_dir, cfg.model_dir, cfg.shardcast_servers, cfg.engine,
+                                 signer=rules.policy_signer)
 
     async def judge(self, jobs: list[Job]) -> list[Decision | Unjudged]:
         outs: list[Decision | Unjudged | None] = [None] * len(jobs)
@@ -69,8 +70,8 @@ class Judge:
             try:
                 engine = await self.models.get(version)
             except VersionUnavailable as e:
-                for i in idx:
-                    outs[i] = Unjudged(str(e))
+                for i in idx:  # what needs no model is final: a hard finding is not retried
+                    outs[i] = self._without_model(files[i][0], jobs[i], files[i][1], str(e))
                 continue
             items = [(files[i][0], _claim(jobs[i])) for i in idx]
             prior = [files[i][1] for i in idx]
@@ -86,6 +87,15 @@ class Judge:
             for i, d in zip(idx, decisions, strict=True):
                 outs[i] = d
         return [o if o is not None else Unjudged("not judged") for o in outs]
+
+    def _without_model(self, rf: RolloutFile, job: Job, prior: list[Finding],
+                       why: str) -> Decision | Unjudged:
+        """A file whose policy version cannot be had: hard if a check that needs no model
+        fails (a false version claim cannot buy a retry), else judged later."""
+        found = prior + model_free_findings(rf, _claim(job), self.rules, self.tasks,
+                                            self.models.tokenizer)
+        hard = [f for f in found if f.severity is Severity.HARD]
+        return decide(hard) if hard else Unjudged(why)
 
     async def _fetch(self, job: Job) -> tuple[RolloutFile, list[Finding]] | Decision | Unjudged:
         try:
@@ -109,10 +119,12 @@ class Judge:
         entry = await self._ledger_entry(job)
         # only a granted row holds what this node was granted (a copy's holds the original's)
         if entry is not None and entry.granted and entry.node.lower() == job.node.lower():
+            counters = {r.counter for r in rf.completions}
             slot = check_slot_claim(
-                {"step": h.step, "policy_version": h.policy_version, "work_units": h.work_units},
+                {"step": h.step, "policy_version": h.policy_version, "work_units": h.work_units,
+                 "counter": counters.pop() if len(counters) == 1 else -1},
                 {"step": entry.step, "policy_version": entry.policy_version,
-                 "work_units": entry.work_units})
+                 "work_units": entry.work_units, "counter": entry.counter})
             findings += [slot] if slot is not None else []
         return rf, findings
 

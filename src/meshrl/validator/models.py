@@ -1,7 +1,9 @@
 """One inference backend per policy version, loaded once and kept while files of it arrive.
 
 Version 0 may come from a local model directory; every version can come from the pool's
-shardcast servers (verified, atomic). A version that is not available yet raises
+shardcast servers (verified, atomic, its manifest signed by the rules' `policy_signer`; with
+servers but no signer the cache refuses to exist: `PoolRulesError`). A version that is not
+available yet raises
 `VersionUnavailable`: the validator's own problem, so the file is retried, never judged on it.
 """
 
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from meshrl.inference.params import EngineConfig
+from meshrl.pool import PoolRulesError
 
 __all__ = ["ModelCache", "VersionUnavailable"]
 
@@ -23,7 +26,12 @@ class VersionUnavailable(RuntimeError):
 
 class ModelCache:
     def __init__(self, work_dir: str | Path, model_dir: str, servers: list[str],
-                 engine: EngineConfig, keep: int = 3, fetch_timeout: float = 30.0) -> None:
+                 engine: EngineConfig, keep: int = 3, fetch_timeout: float = 30.0,
+                 signer: str | None = None) -> None:
+        if servers and signer is None:
+            raise PoolRulesError("refusing to fetch policy versions: the pool's rules name no "
+                                 "policy_signer, so no version can be authenticated")
+        self.signer = signer
         self.root = Path(work_dir) / "policy"
         self.model_dir, self.servers, self.engine_cfg = model_dir, servers, engine
         self.keep, self.fetch_timeout = keep, fetch_timeout
@@ -54,7 +62,7 @@ class ModelCache:
 
         cfg = ClientConfig(wait_timeout=self.fetch_timeout)
         try:
-            async with ShardcastClient(self.servers, cfg) as sc:
+            async with ShardcastClient(self.servers, cfg, publisher=self.signer) as sc:
                 return (await sc.fetch(local, version)).path
         except Exception as e:  # any failure to fetch is ours, never the worker's
             raise VersionUnavailable(f"policy version {version}: {e}") from e

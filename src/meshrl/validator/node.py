@@ -38,6 +38,7 @@ from meshrl.wire import (
     WireHTTPError,
 )
 from meshrl.wire.models import Verdict, VerdictKind
+from meshrl.wire.signing import orchestrator_audience
 
 __all__ = ["ValidatorNode"]
 
@@ -61,7 +62,9 @@ class ValidatorNode:
                       address=self.account.address)
         self.state = ValidatorState.load(f"{self.cfg.work_dir}/state.json", dep.block)
         self.cursor = self.chain.events(self.state.next_block)
-        async with SignedClient(self.cfg.orchestrator_url, self.account.key) as orch:
+        audience = orchestrator_audience(dep.chain_id, self.cfg.pool_id)  # never learnt from it
+        async with SignedClient(self.cfg.orchestrator_url, self.account.key,
+                                audience=audience) as orch:
             self.orch = orch
             rules = await self._rules(orch)
             if rules is None:

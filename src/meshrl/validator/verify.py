@@ -22,6 +22,7 @@ from meshrl.pool import (
     Finding,
     PoolRules,
     Severity,
+    counter_refusal,
     decide,
 )
 from meshrl.tasks import TaskSet, compute_reward
@@ -40,7 +41,8 @@ from meshrl.wire.rollout_file import RolloutFile
 __all__ = ["ChainClaim", "model_free_findings", "unscorable", "verify_file", "verify_files"]
 
 # findings after which a file's seed and prompts mean nothing: no replay
-_NOT_ITS_WORK = (Check.TOKENS, Check.PROMPTS, Check.NODE, Check.SAMPLING_SEED, Check.RULES)
+_NOT_ITS_WORK = (Check.TOKENS, Check.PROMPTS, Check.NODE, Check.SAMPLING_SEED, Check.RULES,
+                 Check.COUNTER)
 
 
 @dataclass(frozen=True)
@@ -78,18 +80,23 @@ def _counter(rf: RolloutFile) -> int | Finding:
 def model_free_findings(rf: RolloutFile, claim: ChainClaim, rules: PoolRules, tasks: TaskSet,
                         tokenizer: Any) -> list[Finding]:
     """Every check that needs no model: node, units, rules, assignment, version window,
-    rewards."""
+    rewards (`tokenizer` None: those that need no tokenizer either)."""
     h, rows = rf.header, rf.completions
     counter = _counter(rf)
     if isinstance(counter, Finding):
         return [counter]
-    a = Assignment(rules, h.node, h.step, counter)
+    bad_counter = counter_refusal(rules, counter)
+    if bad_counter is not None:  # a counter outside the granted range: problems ground for
+        return [Finding(Check.COUNTER, Severity.HARD, bad_counter, {"counter": counter})]
+    a = Assignment(rules, h.node, h.step, counter, h.policy_version)
     out = [check_node(h.node, h.provider, claim.node, claim.provider),
            check_work_units(h.work_units, claim.units, [len(r.prompt_tokens) for r in rows],
                             [len(r.completion_tokens) for r in rows]),
            check_header_rules(h.pool_id, h.rules_sha256, rules),
-           check_policy_version(h.policy_version, h.step, rules.async_level),
+           check_policy_version(h.policy_version, h.step),
            check_sampling_seed(h.sampling_seed, a.sampler_seed())]
+    if tokenizer is None:  # no policy loaded yet: only the checks above can be made
+        return [x for x in out if x is not None]
     problems = a.problems(tasks)
     out.append(check_prompts([r.prompt_tokens for r in rows], a.prompt_rows(tokenizer, problems)))
     if out[-1] is None:
@@ -98,10 +105,14 @@ def model_free_findings(rf: RolloutFile, claim: ChainClaim, rules: PoolRules, ta
                                      len(r.completion_tokens), tasks).total
                       for i, r in enumerate(rows)]
         out.append(check_rewards([r.reward for r in rows], recomputed))
-    bad_seq = [i for i, r in enumerate(rows) if r.seq_id != i]
+    # every row's identity is the assignment's: no field of a file goes unchecked
+    g = rules.group_size
+    bad_seq = [i for i, r in enumerate(rows) if r.seq_id != i or r.sample_index != i % g
+               or r.prompt_id != a.prompt_id(i)]
     if bad_seq:
         out.append(Finding(Check.SEQ_IDS, Severity.HARD, f"{len(bad_seq)} rows do not use "
-                           f"seq_id = row index, first row {bad_seq[0]}"))
+                           "seq_id = row index, sample_index = row % group_size and "
+                           f"prompt_id = step/counter/prompt, first row {bad_seq[0]}"))
     return [x for x in out if x is not None]
 
 

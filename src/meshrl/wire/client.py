@@ -1,7 +1,10 @@
 """The client helper every role uses: signs each request (EIP-191) and parses typed answers.
 
-`SignedClient(base_url, private_key)` wraps an aiohttp session (pass your own to share one
-connection pool or to inject a transport). JSON bodies are signed over their exact bytes;
+`SignedClient(base_url, private_key, audience=...)` wraps an aiohttp session (pass your own to
+share one connection pool or to inject a transport). Every request is signed for the service's
+audience (meshrl.wire.signing): the one passed, which a role that knows whom it talks to should
+pass (`orchestrator_audience(chain_id, pool_id)`), else the one the service names at
+`GET /identity`, read once per base URL. JSON bodies are signed over their exact bytes;
 uploads are streamed from disk and signed over the file's sha256, which the receiving store
 checks while it writes. A non-2xx answer raises the `WireHTTPError` subclass of its code
 (`NotInPool`, `StaleWork`, ...; the base class for a code this version does not know); a service
@@ -10,6 +13,7 @@ that cannot be reached (refused, reset, timed out) raises `WireUnavailable`, an 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -22,12 +26,17 @@ import aiohttp
 from pydantic import BaseModel
 from yarl import URL
 
-from meshrl.wire.errors import WireUnavailable, refusal
-from meshrl.wire.signing import address_of, sign_request
+from meshrl.wire.errors import WireUnavailable, WrongAudience, refusal
+from meshrl.wire.models import ServiceIdentity
+from meshrl.wire.signing import AUDIENCE_RE, UNBOUND_AUDIENCE, address_of, sign_request
 
 __all__ = ["SignedClient", "raise_for"]
 
 M = TypeVar("M", bound=BaseModel)
+
+# base URL -> the audience its service named (one read per process and URL, shared by clients)
+_AUDIENCES: dict[str, str] = {}
+_ASKING: dict[tuple[int, str], asyncio.Task[str]] = {}
 
 
 class SignedClient:
@@ -40,10 +49,14 @@ class SignedClient:
         *,
         session: aiohttp.ClientSession | None = None,
         timeout_s: float = 60.0,
+        audience: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._key = private_key
         self.address = address_of(private_key)
+        if audience is not None and not AUDIENCE_RE.match(audience):
+            raise ValueError(f"not a valid audience: {audience!r}")
+        self._audience = audience
         self._own_session = session is None
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -66,6 +79,54 @@ class SignedClient:
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+    async def audience(self) -> str:
+        """The audience this client signs for: the one given, else the service's own."""
+        if self._audience is not None:
+            return self._audience
+        known = _AUDIENCES.get(self.base_url)
+        if known is not None:
+            return known
+        loop = asyncio.get_running_loop()
+        key = (id(loop), self.base_url)  # many clients of one URL ask once
+        task = _ASKING.get(key)
+        if task is None or task.get_loop() is not loop:
+            task = _ASKING[key] = loop.create_task(self._identity())
+        try:
+            known = await asyncio.shield(task)
+        finally:
+            if task.done():
+                _ASKING.pop(key, None)
+        _AUDIENCES[self.base_url] = known
+        return known
+
+    async def _identity(self) -> str:
+        async with _reachable(self.base_url), self.session.get(
+            URL(self.base_url + "/identity", encoded=True)
+        ) as resp:
+            data = await resp.read()
+            if resp.status == 404:  # a service from before audiences: unbound
+                return UNBOUND_AUDIENCE
+            raise_for(resp.status, data)
+        try:
+            audience = ServiceIdentity.model_validate_json(data).audience
+        except ValueError as e:
+            raise WireUnavailable(f"{self.base_url}/identity: not an identity") from e
+        if not AUDIENCE_RE.match(audience):
+            raise WireUnavailable(f"{self.base_url}/identity: not an audience")
+        return audience
+
+    async def _sign(self, method: str, path: str, body: bytes = b"",
+                    body_sha256: str | None = None) -> dict[str, str]:
+        return sign_request(self._key, method, path, body, body_sha256=body_sha256,
+                            address=self.address, audience=await self.audience()).as_dict()
+
+    def _answer(self, status: int, data: bytes) -> None:
+        try:
+            raise_for(status, data)
+        except WrongAudience:
+            _AUDIENCES.pop(self.base_url, None)  # the service changed: learn it again
+            raise
 
     @overload
     async def call(self, method: str, path: str, body: Any = ..., *, response: type[M],
@@ -91,7 +152,7 @@ class SignedClient:
         else:
             raw = json.dumps(body).encode()
         path_qs = path + ("?" + urlencode(query) if query else "")
-        headers = sign_request(self._key, method, path_qs, raw, address=self.address).as_dict()
+        headers = await self._sign(method, path_qs, raw)
         if raw:
             headers["content-type"] = "application/json"
         url = URL(self.base_url + path_qs, encoded=True)
@@ -99,7 +160,7 @@ class SignedClient:
             method, url, data=raw, headers=headers
         ) as resp:
             data = await resp.read()
-            raise_for(resp.status, data)
+            self._answer(resp.status, data)
         parsed = json.loads(data) if data else None
         return response.model_validate(parsed) if response is not None else parsed
 
@@ -109,8 +170,7 @@ class SignedClient:
         """Stream `file` as the body, signed over its declared `sha256` (lower hex)."""
         file = Path(file)
         size = file.stat().st_size
-        headers = sign_request(self._key, method, path, body_sha256=sha256,
-                               address=self.address).as_dict()
+        headers = await self._sign(method, path, body_sha256=sha256)
         headers["content-type"] = "application/octet-stream"
         headers["content-length"] = str(size)
         url = URL(self.base_url + path, encoded=True)
@@ -118,17 +178,17 @@ class SignedClient:
             method, url, data=_chunks(file, chunk_size), headers=headers
         ) as resp:
             data = await resp.read()
-            raise_for(resp.status, data)
+            self._answer(resp.status, data)
         return json.loads(data) if data else None
 
     async def get_bytes(self, path: str) -> bytes:
         """A signed GET whose answer is raw bytes (a file download)."""
-        headers = sign_request(self._key, "GET", path, b"", address=self.address).as_dict()
+        headers = await self._sign("GET", path)
         async with _reachable(self.base_url), self.session.get(
             URL(self.base_url + path, encoded=True), headers=headers
         ) as resp:
             data = await resp.read()
-            raise_for(resp.status, data)
+            self._answer(resp.status, data)
         return data
 
 

@@ -13,16 +13,18 @@ from pydantic import BaseModel
 
 __all__ = [
     "BadFileName", "BadPoolId", "BadSignature", "BadSlotId", "BodySha256Mismatch", "BodyTooLarge",
-    "ErrorBody", "ErrorCode", "FileAlreadyKnown", "FileTooLarge", "FutureTimestamp", "HttpRefused",
-    "InvalidBody", "InvalidQuery", "MalformedAddress", "MalformedBodySha256", "MalformedJson",
+    "CounterOutOfRange", "CounterUsed", "ErrorBody", "ErrorCode", "FileAlreadyKnown",
+    "FileAlreadyUploaded", "FileTooLarge", "FutureTimestamp", "HttpRefused", "InvalidBody",
+    "InvalidQuery", "IpRateLimited", "MalformedAddress", "MalformedBodySha256", "MalformedJson",
     "MalformedNonce", "MalformedTimestamp", "MethodNotAllowed", "MissingSignature", "NoInvite",
     "NoSuchFile", "NoSuchRoute", "NoSuchSlot", "NoSuchSubmission", "NodeNotOnChain",
-    "NonceStoreUnavailable", "NotAReader", "NotAValidator", "NotAnnounced", "NotAwaitingVerdict",
-    "NotInPool", "NotOwnEntry", "NotPoolManager", "NotSubmittedYet", "ProviderMismatch",
-    "RateLimited", "ReplayedNonce", "RolloutFileError", "Sha256Mismatch", "SizeMismatch",
-    "SlotAlreadyUsed", "SlotExpired", "SlotOfAnotherNode", "StaleTimestamp", "StaleWork",
-    "StepGoesBack", "TooManyNodesForIp", "TooManyWorkUnits", "WireError", "WireHTTPError",
-    "WireUnavailable", "WorkIdOfAnotherFile", "WrongSigner", "refusal", "refusal_classes"
+    "NonceStoreUnavailable", "NotAReader", "NotARolloutFile", "NotAValidator", "NotAnnounced",
+    "NotAwaitingVerdict", "NotInPool", "NotOwnEntry", "NotPoolManager", "NotSubmittedYet",
+    "ProviderMismatch", "RateLimited", "ReplayedNonce", "RequestTimeout", "RolloutFileError",
+    "Sha256Mismatch", "SizeMismatch", "SlotAlreadyUsed", "SlotExpired", "SlotOfAnotherNode",
+    "StaleTimestamp", "StaleWork", "StepGoesBack", "TooManyNodesForIp", "TooManyWorkUnits",
+    "UploadInProgress", "WireError", "WireHTTPError", "WireUnavailable", "WorkIdOfAnotherFile",
+    "WrongAudience", "WrongSigner", "refusal", "refusal_classes"
 ]
 
 
@@ -51,9 +53,12 @@ class ErrorCode(StrEnum):
     FUTURE_TIMESTAMP = "future_timestamp", 401, "future timestamp"
     BAD_SIGNATURE = "bad_signature", 401, "bad signature"
     WRONG_SIGNER = "wrong_signer", 401, "signature of another address"
+    WRONG_AUDIENCE = "wrong_audience", 401, "signed for another service"
     RATE_LIMITED = "rate_limited", 429, "rate limit"
+    IP_RATE_LIMITED = "ip_rate_limited", 429, "too many requests from this IP address"
     REPLAYED_NONCE = "replayed_nonce", 409, "replayed nonce"
     NONCE_STORE_UNAVAILABLE = "nonce_store_unavailable", 503, "nonce store unavailable"
+    REQUEST_TIMEOUT = "request_timeout", 408, "request body too slow"
     MALFORMED_JSON = "malformed_json", 400, "malformed json"
     INVALID_BODY = "invalid_body", 422, "invalid body"
     INVALID_QUERY = "invalid_query", 422, "invalid query"
@@ -74,6 +79,11 @@ class ErrorCode(StrEnum):
     SLOT_OF_ANOTHER_NODE = "slot_of_another_node", 403, "slot of another node"
     SLOT_ALREADY_USED = "slot_already_used", 409, "slot already used"
     SLOT_EXPIRED = "slot_expired", 410, "slot expired"
+    COUNTER_OUT_OF_RANGE = "counter_out_of_range", 422, "counter out of range"
+    COUNTER_USED = "counter_used", 409, "counter used by another file"
+    FILE_ALREADY_UPLOADED = "file_already_uploaded", 409, "file already uploaded"
+    UPLOAD_IN_PROGRESS = "upload_in_progress", 409, "upload in progress"
+    NOT_A_ROLLOUT_FILE = "not_a_rollout_file", 422, "not a rollout file"
     SHA256_MISMATCH = "sha256_mismatch", 400, "sha256 mismatch"
     SIZE_MISMATCH = "size_mismatch", 400, "size mismatch"
     BAD_FILE_NAME = "bad_file_name", 400, "bad file name"
@@ -197,8 +207,20 @@ class WrongSigner(WireHTTPError, code=ErrorCode.WRONG_SIGNER):
     """The signature is valid but of another address than `x-address`."""
 
 
+class WrongAudience(WireHTTPError, code=ErrorCode.WRONG_AUDIENCE):
+    """The request was signed for another service (`x-audience` is not this one's)."""
+
+
 class RateLimited(WireHTTPError, code=ErrorCode.RATE_LIMITED):
     """This signer sent more requests than its rate allows: slow down."""
+
+
+class IpRateLimited(WireHTTPError, code=ErrorCode.IP_RATE_LIMITED):
+    """The source IP address sent more requests (or more new signers) than it may: slow down."""
+
+
+class RequestTimeout(WireHTTPError, code=ErrorCode.REQUEST_TIMEOUT):
+    """The body did not arrive within the server's deadline."""
 
 
 class ReplayedNonce(WireHTTPError, code=ErrorCode.REPLAYED_NONCE):
@@ -286,6 +308,26 @@ class SlotExpired(WireHTTPError, code=ErrorCode.SLOT_EXPIRED):
     """The slot expired before the upload."""
 
 
+class CounterOutOfRange(WireHTTPError, code=ErrorCode.COUNTER_OUT_OF_RANGE):
+    """A node's counters at a step are 0 .. files_per_step - 1."""
+
+
+class CounterUsed(WireHTTPError, code=ErrorCode.COUNTER_USED):
+    """The node was granted another file for this (step, counter): one file per counter."""
+
+
+class FileAlreadyUploaded(WireHTTPError, code=ErrorCode.FILE_ALREADY_UPLOADED):
+    """This node's file is stored already (an upload finished before a crash): submit it."""
+
+
+class UploadInProgress(WireHTTPError, code=ErrorCode.UPLOAD_IN_PROGRESS):
+    """An upload of this file is running (a previous connection): try again shortly."""
+
+
+class NotARolloutFile(WireHTTPError, code=ErrorCode.NOT_A_ROLLOUT_FILE):
+    """The uploaded bytes are not a Parquet rollout file: nothing was stored."""
+
+
 class Sha256Mismatch(WireHTTPError, code=ErrorCode.SHA256_MISMATCH):
     """The uploaded bytes are not the granted file."""
 
@@ -344,7 +386,7 @@ class NotAnnounced(WireHTTPError, code=ErrorCode.NOT_ANNOUNCED):
 
 
 class BadPoolId(WireHTTPError, code=ErrorCode.BAD_POOL_ID):
-    """The pool id is not a positive uint256."""
+    """The pool id is not a positive 64-bit integer in ASCII digits."""
 
 
 class NotPoolManager(WireHTTPError, code=ErrorCode.NOT_POOL_MANAGER):

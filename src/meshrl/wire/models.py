@@ -8,7 +8,7 @@ these models.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,6 +30,7 @@ __all__ = [
     "NodeStatus",
     "PoolNode",
     "PoolNodes",
+    "ServiceIdentity",
     "SlotRequest",
     "StepUpdate",
     "UploadReceipt",
@@ -44,8 +45,23 @@ WORK_ID = r"^([0-9a-f]{64})?$"
 ADDRESS = r"^0x[0-9a-fA-F]{40}$"
 
 
+# Bounds of every number a peer sends: what SQLite stores and JSON serves back unchanged
+I64 = (1 << 63) - 1
+MAX_GB = 1 << 30  # memory sizes (GB): far above any machine, far below overflow
+MAX_RATE = 1e12  # tokens per second
+
+
 class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # inf and nan cannot be stored as JSON and served back (they come back as null): refused
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class ServiceIdentity(Model):
+    """`GET /identity` (unsigned): which service this is and the audience requests to it are
+    signed for (meshrl.wire.signing)."""
+
+    service: str
+    audience: str
 
 
 class Health(Model):
@@ -58,13 +74,13 @@ class Health(Model):
 
 class Accelerator(Model):
     name: str = Field(max_length=128)
-    memory_gb: float = Field(ge=0)
+    memory_gb: float = Field(ge=0, le=MAX_GB)
     count: int = Field(1, ge=1, le=1024)
 
 
 class Hardware(Model):
     cores: int = Field(ge=1, le=1 << 16)
-    memory_gb: float = Field(ge=0)
+    memory_gb: float = Field(ge=0, le=MAX_GB)
     accelerators: list[Accelerator] = Field(default_factory=list, max_length=64)
 
 
@@ -72,10 +88,12 @@ class NodeAnnouncement(Model):
     """What a node PUTs to discovery (the signer is the node)."""
 
     provider: str = Field(pattern=ADDRESS)
-    pool_id: int = Field(ge=1, description="the pool the node wants to join")
-    endpoints: list[str] = Field(default_factory=list, max_length=16)
+    pool_id: int = Field(ge=1, le=I64, description="the pool the node wants to join")
+    endpoints: list[Annotated[str, Field(max_length=256)]] = Field(default_factory=list,
+                                                                   max_length=16)
     hardware: Hardware
-    software: dict[str, str] = Field(default_factory=dict, max_length=32)
+    software: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=256)]] = (
+        Field(default_factory=dict, max_length=32))
 
 
 class NodeStatus(StrEnum):
@@ -112,10 +130,10 @@ class Invite(Model):
 
 
 class Heartbeat(Model):
-    policy_version: int = Field(-1, ge=-1, description="loaded policy version (-1: none)")
-    step: int = Field(0, ge=0)
-    tokens_per_s: float = Field(0.0, ge=0)
-    files_pending: int = Field(0, ge=0)
+    policy_version: int = Field(-1, ge=-1, le=I64, description="loaded policy version (-1: none)")
+    step: int = Field(0, ge=0, le=I64)
+    tokens_per_s: float = Field(0.0, ge=0, le=MAX_RATE)
+    files_pending: int = Field(0, ge=0, le=I64)
 
 
 class NodeState(StrEnum):
@@ -133,10 +151,12 @@ class HeartbeatAck(Model):
 
 class SlotRequest(Model):
     sha256: str = Field(pattern=SHA256)
-    size: int = Field(ge=1)
-    step: int = Field(ge=0)
-    policy_version: int = Field(ge=0)
-    work_units: int = Field(ge=1)
+    size: int = Field(ge=1, le=I64)
+    step: int = Field(ge=0, le=I64)
+    policy_version: int = Field(ge=0, le=I64)
+    work_units: int = Field(ge=1, le=I64)
+    counter: int = Field(ge=0, lt=1 << 16, description="the file's counter at its step "
+                         "(0 .. files_per_step - 1); the orchestrator grants one file each")
 
 
 class UploadSlot(Model):
@@ -200,6 +220,7 @@ class LedgerEntry(Model):
     policy_version: int
     work_units: int
     size: int
+    counter: int = Field(-1, description="the granted counter (-1: a submission without grant)")
     status: FileStatus
     verdict: str = ""
     download: str = Field("", description="signed GET path of the file (empty until uploaded)")
@@ -212,7 +233,7 @@ class LedgerEntry(Model):
 class StepUpdate(Model):
     """The trainer moves the pool to `step` (monotone)."""
 
-    step: int = Field(ge=0)
+    step: int = Field(ge=0, le=I64)
 
 
 class PoolNode(Model):
@@ -240,15 +261,15 @@ class PoolNodes(Model):
 
 
 class LedgerQuery(Model):
-    step: int | None = Field(None, ge=0, description="only files of this step")
+    step: int | None = Field(None, ge=0, le=I64, description="only files of this step")
     status: FileStatus | None = Field(None, description="only files in this state")
     sha256: str | None = Field(None, pattern=SHA256, description="only this file")
     work_id: str | None = Field(None, pattern=SHA256,
                                 description="only this submission")
-    after: int = Field(0, ge=0, description="ledger sequence to start after (paging)")
-    accepted_after: int | None = Field(None, ge=0, description="accepted files in acceptance "
-                                       "order, after this `accepted_seq` (the trainer's feed; "
-                                       "`next_after` is then an `accepted_seq`)")
+    after: int = Field(0, ge=0, le=I64, description="ledger sequence to start after (paging)")
+    accepted_after: int | None = Field(None, ge=0, le=I64, description="accepted files in "
+                                       "acceptance order, after this `accepted_seq` (the "
+                                       "trainer's feed; `next_after` is then an `accepted_seq`)")
     limit: int = Field(500, ge=1, le=5000)
 
 

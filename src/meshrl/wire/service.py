@@ -5,27 +5,36 @@ verifies every signed route (`RequestGuard`), parses the JSON body and query int
 models, serialises the response model, counts requests in Prometheus metrics and answers every
 refusal as `{"error": reason, "code": code, "detail": ...}` (`ErrorBody`) with the code's status.
 The OpenAPI document is built from the same routes (`openapi_document`), each route's refusals
-included, and served at `/openapi.json`; `/health` and `/metrics` are unsigned.
+included, and served at `/openapi.json`; `/health`, `/metrics` and `/identity` (the audience a
+request must be signed for) are unsigned.
+
+Everything a peer sends is bounded before it costs much (`listen`): connections per source IP
+and in all (the least recently active idle one makes way, else the new one is dropped), the
+time to send a request's head and body, and every JSON value (numbers finite and within 64 bits,
+strings valid UTF-8), so nothing is stored that could not be served back.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ValidationError
 
 from meshrl.durable import atomic_write
+from meshrl.wire.connections import ConnectionGate, GatedSite
 from meshrl.wire.errors import ErrorBody, ErrorCode, WireError
 from meshrl.wire.guard import RequestGuard, VerifiedRequest
+from meshrl.wire.models import ServiceIdentity
+from meshrl.wire.values import load_json, valid_text
 
-__all__ = ["Call", "Route", "build_app", "error_response", "openapi_document", "route_refusals",
-           "serve_forever"]
+__all__ = ["Call", "ConnectionGate", "Route", "build_app", "error_response", "listen",
+           "load_json", "openapi_document", "route_refusals", "serve_forever"]
 
 
 @dataclass
@@ -71,9 +80,10 @@ class Route:
     refusals: tuple[ErrorCode, ...] = ()
 
 
-_SIGNED = (ErrorCode.MISSING_SIGNATURE, ErrorCode.MALFORMED_ADDRESS, ErrorCode.MALFORMED_NONCE,
-           ErrorCode.MALFORMED_TIMESTAMP, ErrorCode.MALFORMED_BODY_SHA256,
-           ErrorCode.STALE_TIMESTAMP, ErrorCode.FUTURE_TIMESTAMP, ErrorCode.BAD_SIGNATURE,
+_SIGNED = (ErrorCode.MISSING_SIGNATURE, ErrorCode.WRONG_AUDIENCE, ErrorCode.MALFORMED_ADDRESS,
+           ErrorCode.MALFORMED_NONCE, ErrorCode.MALFORMED_TIMESTAMP,
+           ErrorCode.MALFORMED_BODY_SHA256, ErrorCode.STALE_TIMESTAMP,
+           ErrorCode.FUTURE_TIMESTAMP, ErrorCode.IP_RATE_LIMITED, ErrorCode.BAD_SIGNATURE,
            ErrorCode.WRONG_SIGNER, ErrorCode.RATE_LIMITED, ErrorCode.REPLAYED_NONCE,
            ErrorCode.NONCE_STORE_UNAVAILABLE)
 
@@ -84,13 +94,15 @@ def route_refusals(route: Route) -> tuple[ErrorCode, ...]:
     if route.signed or route.stream:
         out += [*([] if route.stream else [ErrorCode.BODY_SHA256_MISMATCH]), *_SIGNED]
     if route.body is not None:
-        out += [ErrorCode.MALFORMED_JSON, ErrorCode.INVALID_BODY]
+        out += [ErrorCode.REQUEST_TIMEOUT, ErrorCode.MALFORMED_JSON, ErrorCode.INVALID_BODY]
     if route.query is not None:
         out.append(ErrorCode.INVALID_QUERY)
     return tuple(dict.fromkeys([*out, *route.refusals]))
 
 
 METRICS_KEY = web.AppKey("metrics_registry", CollectorRegistry)
+GUARD_KEY = web.AppKey("request_guard", RequestGuard)
+GATE_KEY = web.AppKey("connection_gate", ConnectionGate)
 
 
 def error_response(body: ErrorBody, status: int) -> web.Response:
@@ -111,13 +123,27 @@ class _Metrics:
         self.service = service
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
+async def _read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
+    """The whole body, however many pieces it arrives in, within `limit` bytes and `timeout_s`."""
     if request.content_length is not None and request.content_length > limit:
         raise WireError(ErrorCode.BODY_TOO_LARGE, f"{request.content_length} > {limit} bytes")
-    body = await request.content.read(limit + 1)
-    if len(body) > limit:
-        raise WireError(ErrorCode.BODY_TOO_LARGE, f"more than {limit} bytes")
-    return body
+    content = request.content
+    if content.is_eof():  # all of it is here already (the usual small body): no timer
+        body = await content.read(limit + 1)  # every buffered piece, up to limit + 1
+        if len(body) > limit:
+            raise WireError(ErrorCode.BODY_TOO_LARGE, f"more than {limit} bytes")
+        return body
+    parts, size = [], 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            while chunk := await request.content.read(limit + 1 - size):
+                parts.append(chunk)
+                size += len(chunk)
+                if size > limit:
+                    raise WireError(ErrorCode.BODY_TOO_LARGE, f"more than {limit} bytes")
+    except TimeoutError:
+        raise WireError(ErrorCode.REQUEST_TIMEOUT, f"body not sent within {timeout_s} s") from None
+    return b"".join(parts)
 
 
 def _parse(model: type[BaseModel], data: Any, what: str) -> BaseModel:
@@ -131,21 +157,27 @@ def _parse(model: type[BaseModel], data: Any, what: str) -> BaseModel:
 
 async def _dispatch(route: Route, guard: RequestGuard, request: web.Request) -> web.StreamResponse:
     signer, body_model = None, None
+    peer = request.remote or ""
     if route.stream:
         signer = guard.check_headers(request.method, request.raw_path, request.headers,
-                                     request.content_length, route.max_body)
+                                     request.content_length, route.max_body, peer)
     else:
         limit = route.max_body if route.max_body is not None else guard.cfg.max_body_bytes
-        raw = await _read_body(request, limit)
+        raw = await _read_body(request, limit, guard.cfg.body_timeout_s)
         if route.signed:
-            signer = guard.check(request.method, request.raw_path, request.headers, raw, limit)
+            signer = guard.check(request.method, request.raw_path, request.headers, raw, limit,
+                                 peer)
         if route.body is not None:
-            try:
-                data = json.loads(raw) if raw else None
-            except (ValueError, UnicodeDecodeError):
-                raise WireError(ErrorCode.MALFORMED_JSON) from None
-            body_model = _parse(route.body, data, "body")
-    query = _parse(route.query, dict(request.query), "query") if route.query else None
+            body_model = _parse(route.body, load_json(raw), "body")
+    for name, value in request.match_info.items():
+        if not valid_text(name) or not valid_text(value):
+            raise WireError(ErrorCode.NO_SUCH_ROUTE, "the path is not valid UTF-8")
+    query = None
+    if route.query:
+        items = dict(request.query)
+        if not all(valid_text(k) and valid_text(v) for k, v in items.items()):
+            raise WireError(ErrorCode.INVALID_QUERY, "not valid UTF-8 text")
+        query = _parse(route.query, items, "query")
     result = await route.handler(Call(request, signer, body_model, query))
     if isinstance(result, web.StreamResponse):
         return result
@@ -178,6 +210,17 @@ def build_app(
     metrics = _Metrics(service, registry or CollectorRegistry())
     app = web.Application(client_max_size=client_max_size, middlewares=[_json_errors])
     app[METRICS_KEY] = metrics.registry
+    app[GUARD_KEY] = guard
+    gate = app[GATE_KEY] = ConnectionGate(guard.cfg)
+    state = Gauge("meshrl_guard_entries", "rate, nonce and connection state held, by table",
+                  ["service", "table"], registry=metrics.registry)
+    for table in guard.sizes():
+        state.labels(service, table).set_function(lambda t=table: guard.sizes()[t])
+    state.labels(service, "connections").set_function(lambda: gate.total)
+    refused = Counter("meshrl_connections_dropped", "connections closed by the gate, by why",
+                      ["service", "why"], registry=metrics.registry)
+    gate.on_drop = lambda why: refused.labels(service, why).inc()
+    identity = ServiceIdentity(service=service, audience=guard.audience)
 
     def wrap(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
@@ -202,8 +245,13 @@ def build_app(
         return web.Response(body=generate_latest(metrics.registry),
                             content_type="text/plain", charset="utf-8")
 
+    async def whoami(_: web.Request) -> web.Response:
+        return web.Response(body=identity.model_dump_json().encode(),
+                            content_type="application/json")
+
     app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/metrics", prometheus)
+    app.router.add_get("/identity", whoami)
     return app
 
 
@@ -272,10 +320,13 @@ def _path_params(path: str) -> list[str]:
 
 
 async def listen(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:
-    """Serve `app` on host:port (0: any free port); the runner (to clean up) and the base URL."""
+    """Serve `app` on host:port (0: any free port); the runner (to clean up) and the base URL.
+    An app of `build_app` is served through its `ConnectionGate` (the guard's limits)."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    gate = app.get(GATE_KEY)
+    site: web.BaseSite = (web.TCPSite(runner, host, port) if gate is None
+                          else GatedSite(runner, gate, host, port))
     await site.start()
     bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     return runner, f"http://{host}:{bound}"

@@ -1,8 +1,13 @@
 """EIP-191 request signatures: what a sender signs and how a receiver recovers the signer.
 
-The signed message is the text
+The signed message is the seven lines (joined by \\n, no trailing newline)
 
-    meshrl-request-v1\\n{METHOD}\\n{path with query}\\n{sha256(body) hex}\\n{nonce}\\n{timestamp}
+    meshrl-request-v2, {audience}, {METHOD}, {path with query}, {sha256(body) hex}, {nonce},
+    {timestamp}
+
+where the audience names the one service the request is for (`meshrl/{chain id}/orchestrator/
+{pool id}`, `meshrl/{chain id}/discovery/{name}`): a request signed for one pool's orchestrator
+is refused by every other service, so a service that receives it cannot replay it elsewhere.
 
 prefixed as `personal_sign` does (`"\\x19Ethereum Signed Message:\\n" + len + text`) and hashed
 with keccak256, so any Ethereum wallet can sign it. Signatures are 65 bytes `r || s || v` with
@@ -23,13 +28,18 @@ import coincurve
 from eth_utils import keccak, to_checksum_address
 
 __all__ = [
+    "AUDIENCE_RE",
     "HEADER_ADDRESS",
+    "HEADER_AUDIENCE",
     "HEADER_BODY_SHA256",
     "HEADER_NONCE",
     "HEADER_SIGNATURE",
     "HEADER_TIMESTAMP",
+    "UNBOUND_AUDIENCE",
     "SignedHeaders",
     "address_of",
+    "discovery_audience",
+    "orchestrator_audience",
     "recover_signer",
     "request_message",
     "sign_request",
@@ -40,17 +50,36 @@ HEADER_SIGNATURE = "x-signature"
 HEADER_NONCE = "x-nonce"
 HEADER_TIMESTAMP = "x-timestamp"
 HEADER_BODY_SHA256 = "x-content-sha256"
+HEADER_AUDIENCE = "x-audience"
 
-PREFIX = "meshrl-request-v1"
-NONCE_RE = re.compile(r"^[0-9A-Za-z_-]{8,64}$")
+PREFIX = "meshrl-request-v2"
+NONCE_RE = re.compile(r"^[0-9A-Za-z_-]{8,64}\Z", re.ASCII)
+AUDIENCE_RE = re.compile(r"^[0-9A-Za-z._:/-]{1,128}\Z", re.ASCII)
+# a service built without an identity (and `sign_request` without one) uses this: such services
+# are not told apart, so every real service passes its own (`orchestrator_audience`, ...)
+UNBOUND_AUDIENCE = "meshrl/unbound"
+
+
+def orchestrator_audience(chain_id: int, pool_id: int) -> str:
+    """The audience of the orchestrator of pool `pool_id` on chain `chain_id`."""
+    return f"meshrl/{int(chain_id)}/orchestrator/{int(pool_id)}"
+
+
+def discovery_audience(chain_id: int, name: str) -> str:
+    """The audience of the discovery service called `name` on chain `chain_id`."""
+    audience = f"meshrl/{int(chain_id)}/discovery/{name}"
+    if not AUDIENCE_RE.match(audience):
+        raise ValueError(f"not a valid service name: {name!r}")
+    return audience
 _SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 
 
 def request_message(
-    method: str, path: str, body_sha256: str, nonce: str, timestamp: int
+    method: str, path: str, body_sha256: str, nonce: str, timestamp: int,
+    audience: str = UNBOUND_AUDIENCE,
 ) -> bytes:
     """The text a request's signature covers (method upper-cased, sha256 as lower hex)."""
-    parts = (PREFIX, method.upper(), path, body_sha256.lower(), nonce, str(timestamp))
+    parts = (PREFIX, audience, method.upper(), path, body_sha256.lower(), nonce, str(timestamp))
     return "\n".join(parts).encode()
 
 
@@ -74,13 +103,14 @@ def address_of(private_key: bytes | str) -> str:
 
 @dataclass(frozen=True)
 class SignedHeaders:
-    """The five headers of a signed request."""
+    """The six headers of a signed request."""
 
     address: str
     signature: str
     nonce: str
     timestamp: int
     body_sha256: str
+    audience: str = UNBOUND_AUDIENCE
 
     def as_dict(self) -> dict[str, str]:
         return {
@@ -89,6 +119,7 @@ class SignedHeaders:
             HEADER_NONCE: self.nonce,
             HEADER_TIMESTAMP: str(self.timestamp),
             HEADER_BODY_SHA256: self.body_sha256,
+            HEADER_AUDIENCE: self.audience,
         }
 
 
@@ -102,16 +133,21 @@ def sign_request(
     nonce: str | None = None,
     timestamp: int | None = None,
     address: str | None = None,
+    audience: str = UNBOUND_AUDIENCE,
 ) -> SignedHeaders:
-    """Sign one request. Pass `body_sha256` instead of `body` when streaming a large body."""
+    """Sign one request for the service `audience`. Pass `body_sha256` instead of `body` when
+    streaming a large body."""
+    if not AUDIENCE_RE.match(audience):
+        raise ValueError(f"not a valid audience: {audience!r}")
     key = _key_bytes(private_key)
     digest = body_sha256 if body_sha256 is not None else hashlib.sha256(body).hexdigest()
     nonce = nonce if nonce is not None else secrets.token_hex(16)
     ts = int(time.time()) if timestamp is None else timestamp
-    h = _eip191_hash(request_message(method, path, digest, nonce, ts))
+    h = _eip191_hash(request_message(method, path, digest, nonce, ts, audience))
     raw = coincurve.PrivateKey(key).sign_recoverable(h, hasher=None)  # r || s || recid, low s
     sig = raw[:64] + bytes([raw[64] + 27])
-    return SignedHeaders(address or address_of(key), "0x" + sig.hex(), nonce, ts, digest.lower())
+    return SignedHeaders(address or address_of(key), "0x" + sig.hex(), nonce, ts, digest.lower(),
+                         audience)
 
 
 def recover_signer(message: bytes, signature: bytes) -> str:

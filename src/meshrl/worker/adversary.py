@@ -11,7 +11,9 @@ Each cheat is what a worker that wants rewards without the work (or with easier 
 - `truncate`: ends completions early with an EOS the sampler did not choose (fewer tokens);
 - `stale-policy`: keeps generating with the policy it had when the cheat began;
 - `copy`: submits another worker's file as its own;
-- `inflate-units`: claims twice the work units it did.
+- `inflate-units`: claims twice the work units it did;
+- `double-dip`: submits one generation twice, the second time under another allowed policy
+  version at a counter of its own (header seed rewritten to match the claim).
 A cheat is active on steps > `after_step`, so a test can watch an honest node turn.
 
 Every cheat is a `meshrl.worker.parts.Parts` that wraps the honest parts where it acts, and
@@ -25,6 +27,7 @@ never asks which cheat runs.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -35,7 +38,7 @@ from meshrl.inference import Completion, InferenceBackend, SamplingParams
 from meshrl.inference.backend import ScoreResult
 from meshrl.pool import Assignment, WorkOrder
 from meshrl.tasks import Problem, TaskSet
-from meshrl.wire.rollout_file import RolloutFile, read_rollout_file
+from meshrl.wire.rollout_file import RolloutFile, read_rollout_file, rollout_file_bytes
 from meshrl.worker.config import CheatConfig
 from meshrl.worker.delivery import Courier
 from meshrl.worker.outbox import Outbox, OutboxEntry
@@ -220,7 +223,8 @@ class StalePolicy(BackendCheat):
             if made is None:
                 return None
             entry, data = made
-            return replace(entry, policy_version=max(order.policy_versions)), data
+            newest = max(order.policy_versions)  # a file's step is its version
+            return replace(entry, step=newest, policy_version=newest), data
 
         return stale
 
@@ -232,7 +236,8 @@ class _CherryPicked(Assignment):
 
     def problems(self, tasks: TaskSet) -> list[Problem]:
         pool = [p for c in range(1, 9) for p in Assignment(
-            self.rules, self.node, self.step, self.counter + 1000 * c).problems(tasks)]
+            self.rules, self.node, self.step, self.counter + 1000 * c,
+            self.policy_version).problems(tasks)]
         pool.sort(key=lambda p: (len(p.answer), p.prompt))
         return pool[: self.rules.prompts_per_file]
 
@@ -241,7 +246,7 @@ class CherryPick(Adversary):
     def rollouts(self, engine: InferenceBackend, tokenizer: Any, a: Assignment, tasks: TaskSet,
                  provider: str) -> RolloutFile:
         if self.active(a.step):
-            a = _CherryPicked(a.rules, a.node, a.step, a.counter)
+            a = _CherryPicked(a.rules, a.node, a.step, a.counter, a.policy_version)
         return super().rollouts(engine, tokenizer, a, tasks, provider)
 
 
@@ -295,6 +300,45 @@ def _copy(source: Path, outbox: Outbox) -> MadeFile | None:
     return None
 
 
+class DoubleDip(Adversary):
+    """Every other file is the previous generation again: its rows claimed under another
+    allowed policy version, at the counter (in range) of the file made in its place,
+    the header's seed rewritten to what that claim's seed would be. At a tiny learning rate the
+    versions' weights are nearly the same, so only the binding of the problems and the noise
+    to the version can tell."""
+
+    def file_maker(self, make: MakeFile, outbox: Outbox) -> MakeFile:
+        kept: list[MadeFile] = []
+
+        async def dipped(order: WorkOrder) -> MadeFile | None:
+            made = await make(order)
+            if made is None or not self.active(order.step):
+                return made
+            if not kept:
+                kept.append(made)
+                return made
+            (first, data), (entry, _) = kept.pop(), made
+            versions = [v for v in order.policy_versions if v != first.policy_version]
+            if not versions:
+                return made
+            return _redeemed(data, entry.counter, max(versions), order)
+
+        return dipped
+
+
+def _redeemed(data: bytes, counter: int, version: int, order: WorkOrder) -> MadeFile:
+    """The file `data` claimed as policy version (and step) `version` at `counter`."""
+    rf = read_rollout_file(data)
+    a = Assignment(order.rules, rf.header.node, version, counter, version)
+    rows = [replace(r, counter=a.counter, prompt_id=a.prompt_id(i))
+            for i, r in enumerate(rf.completions)]
+    header = rf.header.model_copy(update={"policy_version": version, "step": a.step,
+                                          "sampling_seed": a.sampler_seed()})
+    out = rollout_file_bytes(RolloutFile(header, rows))
+    return OutboxEntry(hashlib.sha256(out).hexdigest(), len(out), a.step, a.counter, version,
+                       header.work_units), out
+
+
 class _NoUploadOfCopies:
     """A courier that does not upload copied files (and delivers every other file as given)."""
 
@@ -316,7 +360,7 @@ CHEATS: dict[str, type[Adversary]] = {
     "other-model": OtherModel, "int8": Int8, "scale-layer": ScaleLayer,
     "cherry-pick": CherryPick, "forge-rewards": ForgeRewards, "forge-sampling": ForgeSampling,
     "truncate": Truncate, "stale-policy": StalePolicy, "copy": Copy,
-    "inflate-units": InflateUnits,
+    "inflate-units": InflateUnits, "double-dip": DoubleDip,
 }
 
 # the cheats that load weights of their own into the backend

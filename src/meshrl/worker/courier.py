@@ -1,10 +1,11 @@
 """The worker's real `Courier`: upload slots on the orchestrator, `submit_work` on chain.
 
 Uploads are made resumable by remembering the granted slot in the outbox record before the
-upload starts: after a crash the same slot is used again, and the orchestrator's refusal
-`SlotAlreadyUsed` means the bytes arrived before the crash. A grant refused as
-`FileAlreadyKnown` while no slot is remembered means a grant was lost in a crash: it expires on
-the orchestrator, after which it can be granted again (`RetryLater` until then).
+upload starts: after a crash the same slot is used again; `SlotAlreadyUsed` (or, for a new
+grant, `FileAlreadyUploaded`) means the bytes arrived before the crash, `UploadInProgress` that
+a previous connection still holds the slot (`RetryLater`). The orchestrator grants this node's
+unstored file again whenever asked, so a lost grant costs nothing. A file whose counter is used
+by another file, or that is known as another node's, can never be delivered: it is dropped.
 """
 
 from __future__ import annotations
@@ -17,15 +18,19 @@ from eth_account.signers.local import LocalAccount
 
 from meshrl.protocol import DuplicateFile, Protocol, WorkStatus
 from meshrl.wire import (
+    CounterOutOfRange,
+    CounterUsed,
     FileAlreadyKnown,
+    FileAlreadyUploaded,
     NoSuchSlot,
     SignedClient,
     SlotAlreadyUsed,
     SlotExpired,
     StaleWork,
+    UploadInProgress,
 )
 from meshrl.wire.models import SlotRequest, UploadSlot
-from meshrl.worker.delivery import DuplicateSubmission, Pause, RetryLater, StaleFile
+from meshrl.worker.delivery import DuplicateSubmission, Pause, RefusedFile, RetryLater, StaleFile
 from meshrl.worker.outbox import Outbox, OutboxEntry
 
 __all__ = ["ChainCourier"]
@@ -45,20 +50,28 @@ class ChainCourier:
                 return
             except SlotAlreadyUsed:
                 return  # it arrived before a crash
+            except UploadInProgress:
+                raise RetryLater("an upload through this slot is still running") from None
             except (NoSuchSlot, SlotExpired):
                 pass  # ask for a new slot
         req = SlotRequest(sha256=entry.sha256, size=entry.size, step=entry.step,
-                          policy_version=entry.policy_version, work_units=entry.work_units)
+                          policy_version=entry.policy_version, work_units=entry.work_units,
+                          counter=entry.counter)
         try:
             slot = await self.orch.call("POST", "/uploads", req, response=UploadSlot)
+        except FileAlreadyUploaded:
+            return  # stored through a slot granted before a crash
         except StaleWork as e:
             raise StaleFile(e.detail) from None
-        except FileAlreadyKnown:
-            raise RetryLater("a slot granted before a crash has not expired yet") from None
+        except (CounterUsed, CounterOutOfRange, FileAlreadyKnown) as e:
+            raise RefusedFile(str(e)) from None
         self.outbox.set_slot(entry, slot.url, slot.expires_at)
         if self.pause is not None:
             await self.pause("slot-granted", entry)
-        await self.orch.upload(slot.method, slot.url, path, entry.sha256)
+        try:
+            await self.orch.upload(slot.method, slot.url, path, entry.sha256)
+        except UploadInProgress:
+            raise RetryLater("an upload through this slot is still running") from None
 
     async def submitted(self, entry: OutboxEntry) -> bool:
         wid = Protocol.work_id(self.node, bytes.fromhex(entry.sha256))

@@ -14,7 +14,8 @@ from typing import Literal, Protocol
 
 from meshrl.worker.outbox import Outbox, OutboxEntry, is_stale
 
-__all__ = ["Courier", "DuplicateSubmission", "RetryLater", "StaleFile", "deliver", "deliver_all"]
+__all__ = ["Courier", "DuplicateSubmission", "RefusedFile", "RetryLater", "StaleFile", "deliver",
+           "deliver_all"]
 
 Outcome = Literal["sent", "dropped"]
 Pause = Callable[[str, OutboxEntry], Awaitable[None]]
@@ -28,7 +29,12 @@ class DuplicateSubmission(RuntimeError):
     """The chain already holds this file's submission (a retried transaction after a crash)."""
 
 
-class StaleFile(RuntimeError):
+class RefusedFile(RuntimeError):
+    """The orchestrator refuses the file for good (too old for the pool's step, its counter
+    used by another file or out of range): it is dropped from the outbox."""
+
+
+class StaleFile(RefusedFile):
     """The orchestrator refuses the file as too old for the pool's step."""
 
 
@@ -60,7 +66,7 @@ async def deliver(outbox: Outbox, entry: OutboxEntry, courier: Courier, pool_ste
     if entry.phase == "written":
         try:
             await courier.upload(entry, outbox.data_path(entry.sha256))
-        except StaleFile as e:
+        except RefusedFile as e:
             outbox.drop(entry, f"orchestrator: {e}")
             return "dropped"
         outbox.mark(entry, "uploaded")

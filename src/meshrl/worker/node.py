@@ -37,7 +37,7 @@ from meshrl.worker.keys import WorkerKeys
 from meshrl.worker.onboard import announce_and_join, onboard_chain
 from meshrl.worker.outbox import Outbox, OutboxEntry
 from meshrl.worker.parts import MadeFile
-from meshrl.worker.policy import PolicyHolder
+from meshrl.worker.policy import PolicyHolder, VersionMoved
 from meshrl.worker.profile import accepted_rules
 
 __all__ = ["HardwareError", "WorkerNode"]
@@ -128,16 +128,22 @@ class WorkerNode:
 
     async def _make_file(self, order: WorkOrder) -> MadeFile | None:
         """The next file of this step; None when there is none to make now."""
-        if self.policy.version not in order.policy_versions:
+        version = self.policy.version
+        if version not in order.policy_versions:
             return None  # the follower is fetching a newer one
-        per_step = order.rules.files_per_step
-        if per_step and self._made(order.step) >= per_step:
-            return None  # this step has its files: wait for the next
-        counter = self._next_counter(order.step)
-        a = Assignment(self.rules, self.keys.node.address, order.step, counter)
+        # a file's step is the version it is generated with: each version's counters
+        # 0 .. files_per_step - 1 are the only work it offers, so no choice of version or step
+        # can pick among generations of one piece of work
+        if self._made(version) >= order.rules.files_per_step:
+            return None  # this version's counters are used: wait for the next one
+        counter = self._next_counter(version)
+        a = Assignment(self.rules, self.keys.node.address, version, counter, version)
         t0 = time.perf_counter()
-        rf = await asyncio.to_thread(self.policy.generate, a, self.tasks,
-                                     self.keys.provider.address)
+        try:
+            rf = await asyncio.to_thread(self.policy.generate, a, self.tasks,
+                                         self.keys.provider.address)
+        except VersionMoved:
+            return None  # a newer version arrived meanwhile: its counters next time
         tokens = sum(len(c.completion_tokens) for c in rf.completions)
         self.tokens_per_s = tokens / max(1e-9, time.perf_counter() - t0)
         data = rollout_file_bytes(rf)
@@ -173,7 +179,7 @@ class WorkerNode:
 
     # ---- state ---------------------------------------------------------------------------
     def _made(self, step: int) -> int:
-        """Files generated at `step` so far (the counters taken)."""
+        """Files generated at `step` (their policy version) so far (the counters taken)."""
         path = self.work_dir / "counters.json"
         counters: dict[str, int] = json.loads(path.read_text()) if path.is_file() else {}
         return counters.get(str(step), 0)

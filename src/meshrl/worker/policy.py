@@ -1,9 +1,11 @@
 """The policy a worker generates with: the engine, its version, and how new versions arrive.
 
 Version 0 is the model directory in the config when the pool names no shardcast servers;
-otherwise the newest version the work order allows is fetched (verified, atomic) and later
-versions are followed and hot-loaded into the running engine. The engine and the rollouts of an
-assignment are the worker's `Parts` (honest, or wrapped by a cheat: `worker/adversary.py`).
+otherwise the newest version the work order allows is fetched (verified, atomic, its manifest
+signed by the rules' `policy_signer`: no other is believed, and a pool whose rules name none is
+refused) and later versions are followed and hot-loaded into the running engine. The engine
+and the rollouts of an assignment are the worker's `Parts` (honest, or wrapped by a cheat:
+`worker/adversary.py`).
 """
 
 from __future__ import annotations
@@ -15,13 +17,13 @@ from typing import Any
 
 from meshrl.inference import InferenceBackend
 from meshrl.log import get_logger, log_event
-from meshrl.pool import Assignment, WorkOrder
+from meshrl.pool import Assignment, PoolRulesError, WorkOrder
 from meshrl.tasks import TaskSet
 from meshrl.wire.rollout_file import RolloutFile
 from meshrl.worker.config import WorkerConfig
 from meshrl.worker.parts import Parts
 
-__all__ = ["PolicyHolder"]
+__all__ = ["PolicyHolder", "VersionMoved"]
 
 log = get_logger("meshrl.worker")
 
@@ -41,6 +43,19 @@ def _backend(cfg: WorkerConfig, model: Any, tokenizer: Any, version: int) -> Inf
     return engine
 
 
+def policy_signer(order: WorkOrder) -> str:
+    """The address policy versions must be signed by; refused (`PoolRulesError`, for good) when
+    the pool's rules name none: no version could be told from a relay's forgery."""
+    if order.rules.policy_signer is None:
+        raise PoolRulesError("refusing to fetch policy versions: the pool's rules name no "
+                             "policy_signer, so no version can be authenticated")
+    return order.rules.policy_signer
+
+
+class VersionMoved(RuntimeError):
+    """The policy version changed between making an assignment and generating it."""
+
+
 class PolicyHolder:
     """The engine and its current version (one lock around swaps)."""
 
@@ -57,6 +72,7 @@ class PolicyHolder:
         self.rollouts = parts.rollouts
         self.version = version
         self.lock = threading.Lock()
+        self.signer: str | None = None  # the policy signer of the pool's rules
 
     @classmethod
     async def start(cls, cfg: WorkerConfig, order: WorkOrder,
@@ -67,11 +83,14 @@ class PolicyHolder:
             return await asyncio.to_thread(cls, cfg, Path(cfg.model_dir), 0, parts)
         from meshrl.shardcast import ShardcastClient
 
+        signer = policy_signer(order)
         out = Path(cfg.work_dir) / "policy"
-        async with ShardcastClient(order.shardcast_servers) as sc:
+        async with ShardcastClient(order.shardcast_servers, publisher=signer) as sc:
             res = await sc.fetch(out / f"v{max(order.policy_versions)}",
                                  max(order.policy_versions))
-        return await asyncio.to_thread(cls, cfg, res.path, res.version, parts)
+        holder = await asyncio.to_thread(cls, cfg, res.path, res.version, parts)
+        holder.signer = signer
+        return holder
 
     def load(self, model_dir: Path, version: int) -> None:
         """Hot-load a new version (generation in another thread keeps its consistent weights)."""
@@ -84,7 +103,12 @@ class PolicyHolder:
         log_event(log, "policy loaded", version=version)
 
     def generate(self, a: Assignment, tasks: TaskSet, provider: str) -> RolloutFile:
+        """The file of `a`; `VersionMoved` if a hot-load since `a` was made replaced its policy
+        version (the version is part of the work: its problems are another version's)."""
         with self.lock:
+            if self.version != a.policy_version:
+                raise VersionMoved(f"version {self.version} loaded, the assignment is for "
+                                   f"{a.policy_version}")
             return self.rollouts(self.engine, self.tokenizer, a, tasks, provider)
 
     async def follow(self, servers: list[str], stop: asyncio.Event) -> None:
@@ -96,6 +120,6 @@ class PolicyHolder:
         async def on_version(res: Any) -> None:
             await asyncio.to_thread(self.load, res.path, res.version)
 
-        async with ShardcastClient(servers) as sc:
+        async with ShardcastClient(servers, publisher=self.signer) as sc:
             await sc.follow(Path(self.cfg.work_dir) / "policy", on_version, after=self.version,
                             stop=stop)

@@ -1,4 +1,5 @@
-"""One unit of work: the assigned prompts of (node, step, counter), generated, scored and proven.
+"""One unit of work: the assigned prompts of (node, step, counter, version), generated, scored
+and proven.
 
 The rules a validator replays are `meshrl.pool.assignment` (which problems, prompt encoding,
 rows, seeds, work units; docs/roles.md); this module applies them with the loaded policy and
@@ -39,6 +40,9 @@ def generate_rollouts(engine: InferenceBackend, tokenizer: Any, a: Assignment, t
     problems = a.problems(tasks)
     prompts = a.prompt_rows(tokenizer, problems)
     comps = engine.generate(prompts, sampling_params(a), seq_ids=list(range(len(prompts))))
+    if comps[0].policy_version != a.policy_version:  # the problems were drawn for a.version
+        raise RuntimeError(f"the engine holds policy version {comps[0].policy_version}, the "
+                           f"assignment is for version {a.policy_version}")
     g = a.rules.group_size
     rows = []
     for r, c in enumerate(comps):
@@ -51,7 +55,7 @@ def generate_rollouts(engine: InferenceBackend, tokenizer: Any, a: Assignment, t
                         toploc_proofs=build_proofs(c.hidden_states)))
     header = RolloutHeader(
         node=a.node, provider=provider, pool_id=a.rules.pool_id, step=a.step,
-        policy_version=comps[0].policy_version, rules_sha256=a.rules.digest(),
+        policy_version=a.policy_version, rules_sha256=a.rules.digest(),
         sampling_seed=a.sampler_seed(), toploc_chunk_size=DEFAULT_CHUNK_SIZE,
         toploc_topk=DEFAULT_TOPK, work_units=work_units(rows))
     return RolloutFile(header, rows)
