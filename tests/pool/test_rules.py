@@ -149,7 +149,7 @@ def test_encode_prompt_puts_bos_first_when_there_is_one():
 def test_proof_profiles_and_the_compute_they_are_honest_for():
     assert set(PROFILES) == {"any-hardware", "meshrl-cpu-engine"}
     assert PROFILES["any-hardware"].thresholds == {}
-    assert PROFILES["meshrl-cpu-engine"].thresholds["min_pooled_chunks"] == 2
+    assert PROFILES["meshrl-cpu-engine"].thresholds["pooled_full_chunks"] == 1
     assert unmet_profile("any-hardware", "bfloat16", "reference") is None
     assert unmet_profile("meshrl-cpu-engine", "float32", "engine") is None
     why = unmet_profile("meshrl-cpu-engine", "bfloat16", "reference")

@@ -11,6 +11,7 @@ from meshrl.toploc import (
     ChunkResult,
     Thresholds,
     calibrate_thresholds,
+    pooled_limits,
     rollout_stats,
     tail_threshold,
     threshold_ratios,
@@ -54,21 +55,46 @@ def test_rollout_stats_hand_checked():
 
 
 def test_pooled_tests_catch_what_chunks_miss():
-    th = Thresholds(max_mant_err_mean=1.0, max_pooled_mant_err_mean=0.5, min_pooled_chunks=4)
+    th = Thresholds(max_mant_err_mean=1.0, max_pooled_mant_err_mean=0.5, min_pooled_chunks=4,
+                    pooled_full_chunks=4)
     slightly_off = [_chunk(1, 0.7, 1.0, 128, 60)] * 8
     assert verdict(slightly_off, th.model_copy(update={"max_pooled_mant_err_mean": None})).accepted
     v = verdict(slightly_off, th)
     assert not v.accepted and "rollout" in v.reasons[0]
     assert verdict(slightly_off[:3], th).accepted  # too short for pooled tests
-    th_inexact = Thresholds(max_pooled_mant_inexact_rate=0.4, min_pooled_chunks=1)
+    th_inexact = Thresholds(max_pooled_mant_inexact_rate=0.4, min_pooled_chunks=1,
+                            pooled_full_chunks=1)
     assert not verdict([_chunk(0, 0.1, 0.0, 128, 70)], th_inexact).accepted
     assert verdict([_chunk(0, 0.1, 0.0, 128, 90)], th_inexact).accepted
+
+
+def test_small_rollouts_are_pooled_against_widened_thresholds():
+    """No gap below 16 chunks (issue #22): every rollout is pooled, the thresholds widened by
+    sqrt(16 / n) where the mean of n chunks spreads more."""
+    th = Thresholds()
+    assert (th.min_pooled_chunks, th.pooled_full_chunks) == (1, 16)
+    assert pooled_limits(th, 16)["max_pooled_mant_err_mean"] == pytest.approx(0.78)
+    assert pooled_limits(th, 64)["max_pooled_mant_err_mean"] == pytest.approx(0.78)
+    assert pooled_limits(th, 4)["max_pooled_mant_err_mean"] == pytest.approx(1.56)
+    assert pooled_limits(th, 13)["max_pooled_exp_mismatch_rate"] == pytest.approx(
+        0.048 * math.sqrt(16 / 13))
+    assert pooled_limits(th.model_copy(update={"min_pooled_chunks": 5}), 4) == dict.fromkeys(
+        ["max_pooled_exp_mismatch_rate", "max_pooled_mant_err_mean",
+         "max_pooled_mant_inexact_rate"])
+    # 13 chunks of mantissa error mean 0.9 (each far below the chunk test's 3.0): rejected now
+    # (0.9 > 0.78 x 1.109 = 0.8653), at 4 chunks passed (< 1.56)
+    off = [_chunk(1, 0.9, 1.0, 128, 60)]
+    v = verdict(off * 13, th)
+    assert not v.accepted and "rollout: mantissa error mean 0.9 > 0.8653 (13 chunks)" in v.reasons
+    assert verdict(off * 4, th).accepted
+    r = threshold_ratios([off * 4, off * 16], th)
+    assert r["pooled.mant_err_mean"] == pytest.approx(0.9 / 0.78)  # each against its own size
 
 
 def test_threshold_ratios_hand_checked():
     th = Thresholds(max_exp_mismatches=10, max_mant_err_mean=2.0, max_mant_err_median=2.0,
                     max_pooled_exp_mismatch_rate=None, max_pooled_mant_err_mean=1.0,
-                    max_pooled_mant_inexact_rate=0.5, min_pooled_chunks=2)
+                    max_pooled_mant_inexact_rate=0.5, min_pooled_chunks=2, pooled_full_chunks=2)
     ro = [_chunk(4, 0.6, 1.0, 100, 80), _chunk(2, 0.2, 0.0, 100, 90)]
     r = threshold_ratios([ro, ro[:1]], th)  # the second rollout is too short to pool
     assert r["chunk.exp_mismatches"] == pytest.approx(0.4)

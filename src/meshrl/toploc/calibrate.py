@@ -165,7 +165,7 @@ def run_calibration(cfg: CalibrateConfig) -> dict[str, Any]:
     every = [ro for rs in honest.values() for ro in rs]
     fitted = calibrate_thresholds(calib, fpr=cfg.fpr, chunk_margin=cfg.chunk_margin,
                                   pooled_margin=cfg.pooled_margin,
-                                  min_pooled_chunks=Thresholds().min_pooled_chunks)
+                                  min_pooled_chunks=Thresholds().pooled_full_chunks)
     sets = {"default": Thresholds(), "fitted": fitted, "paper": Thresholds.paper()}
     report: dict[str, Any] = {
         "model": cfg.model_dir or cfg.preset, "fpr_budget": cfg.fpr, "config": cfg.model_dump(),

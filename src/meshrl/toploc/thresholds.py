@@ -33,6 +33,7 @@ __all__ = [
     "RolloutStats",
     "Thresholds",
     "calibrate_thresholds",
+    "pooled_limits",
     "rollout_stats",
     "tail_threshold",
     "threshold_ratios",
@@ -56,8 +57,13 @@ class Thresholds(Config):
     statistic stays at most 70% of its threshold, and int8 weights, one layer's MLP scaled by
     1.1 and 1% weight noise are rejected in every rollout of 16 chunks, by the pooled tests (the
     per-chunk fits reach the paper's caps for mismatches and median, and give 3.0 for the
-    mean). `paper()` keeps the paper's per-chunk thresholds and no pooled tests: loose enough
-    for any GPU and kernel, blind to those changes.
+    mean). Shorter rollouts are pooled too, against thresholds widened by
+    sqrt(pooled_full_chunks / n) (`pooled_limits`). `paper()` keeps the paper's per-chunk
+    thresholds and no pooled tests: loose enough for any GPU and kernel, blind to those changes.
+
+    The replay tolerances (sampling margin, top_p slack, inexact-token rate, log-prob difference
+    and bias) are the "any-hardware" profile's: the largest honest bfloat16 value measured by
+    benchmarks/bench_honest_margin.py times 2.4-10 (docs/roles.md, "Tolerances").
     """
 
     max_exp_mismatches: float = Field(38, description="per chunk: exponent mismatches")
@@ -76,9 +82,33 @@ class Thresholds(Config):
         0.68, description="rollout: fraction of matched entries whose mantissa differs"
     )
     min_pooled_chunks: int = Field(
-        16, description="pooled tests apply only to rollouts with at least this many chunks"
+        1, ge=1, description="pooled tests apply to rollouts with at least this many chunks"
+    )
+    pooled_full_chunks: int = Field(
+        16, ge=1, description="pooled thresholds hold as given from this many chunks; a "
+        "rollout of n fewer gets each widened by sqrt(pooled_full_chunks / n)"
     )
     topk: int = Field(DEFAULT_TOPK, description="entries committed per chunk")
+    # Replay tolerances beside the proof: the validator's replay (`meshrl.validator.replay`)
+    # applies them. They live here so that a proof profile names every limit of honest noise.
+    max_sampling_margin: float = Field(
+        0.01, gt=0, description="per token: best sampler score - claimed token's score"
+    )
+    top_p_slack: float = Field(
+        0.04, ge=0, description="nucleus mass by which a claimed token may lie outside top_p"
+    )
+    max_inexact_token_rate: float = Field(
+        0.005, ge=0, description="file: share of tokens that may be inexact sampler picks "
+        "(each within the tolerances; a Poisson allowance is added, "
+        "`meshrl.validator.replay.inexact_token_limit`)"
+    )
+    max_logprob_diff: float = Field(
+        0.02, gt=0, description="per token: |claimed - recomputed log-prob| (nats)"
+    )
+    max_logprob_bias: float = Field(
+        0.002, ge=0, description="file: |mean(claimed - recomputed)| may reach this + "
+        "max_logprob_diff / sqrt(tokens)"
+    )
 
     @classmethod
     def paper(cls) -> Thresholds:
@@ -156,12 +186,33 @@ def verdict(results: Sequence[ChunkResult],
             if not value <= bound:  # NaN fails too
                 reasons.append(f"chunk {i}: {name} {value:.4g} > {bound:.4g}")
     stats = rollout_stats(results, th.topk)
-    if not reasons and stats.chunks >= th.min_pooled_chunks:
+    if not reasons:
         for name, stat, limit in _POOLED_TESTS:
-            value, bound = getattr(stats, stat), getattr(th, limit)
+            value, bound = getattr(stats, stat), pooled_limits(th, stats.chunks)[limit]
             if bound is not None and not value <= bound:
-                reasons.append(f"rollout: {name} {value:.4g} > {bound:.4g}")
+                reasons.append(f"rollout: {name} {value:.4g} > {bound:.4g} "
+                               f"({stats.chunks} chunks)")
     return ProofVerdict(accepted=not reasons, reasons=reasons, stats=stats)
+
+
+def pooled_limits(th: Thresholds, chunks: int) -> dict[str, float | None]:
+    """The pooled thresholds that apply to a rollout of `chunks` chunks (None: not tested).
+
+    A pooled statistic is a mean over the rollout's chunks, so its honest spread shrinks like
+    1 / sqrt(chunks): the thresholds hold as given from `pooled_full_chunks` on and are widened
+    by sqrt(pooled_full_chunks / chunks) below, down to `min_pooled_chunks`. Every rollout is
+    then tested with the strength its size allows; the old cliff (no pooled test at all below
+    16 chunks) let int8 weights through in 13-chunk files (issue #22).
+    """
+    names = [limit for _, _, limit in _POOLED_TESTS]
+    if chunks < th.min_pooled_chunks or chunks < 1:
+        return dict.fromkeys(names)
+    widen = math.sqrt(max(1.0, th.pooled_full_chunks / chunks))
+    out: dict[str, float | None] = {}
+    for limit in names:
+        bound = getattr(th, limit)
+        out[limit] = None if bound is None else bound * widen
+    return out
 
 
 def threshold_ratios(
@@ -176,10 +227,12 @@ def threshold_ratios(
         values = [getattr(c, stat) for c in chunks]
         out[f"chunk.{stat}"] = _ratio(values, getattr(th, limit))
     pooled = [rollout_stats(ro, th.topk) for ro in rollouts]
-    pooled = [p for p in pooled if p.chunks >= th.min_pooled_chunks]
+    pooled = [p for p in pooled if p.chunks >= max(1, th.min_pooled_chunks)]
     for _, stat, limit in _POOLED_TESTS:
-        if getattr(th, limit) is not None and pooled:
-            out[f"pooled.{stat}"] = _ratio([getattr(p, stat) for p in pooled], getattr(th, limit))
+        if getattr(th, limit) is not None and pooled:  # each against the bound of its size
+            out[f"pooled.{stat}"] = max(_ratio([getattr(p, stat)],
+                                               pooled_limits(th, p.chunks)[limit] or 0.0)
+                                        for p in pooled)
     return out
 
 
@@ -269,4 +322,6 @@ def calibrate_thresholds(
             _fit([getattr(p, stat) for p in pooled], per_test, pooled_margin, headroom)
             if pooled else None
         )
-    return Thresholds(**th, topk=topk, min_pooled_chunks=min_pooled_chunks)
+    # fitted on rollouts of min_pooled_chunks or more: they hold as fitted from that size on
+    return Thresholds(**th, topk=topk, min_pooled_chunks=min_pooled_chunks,
+                      pooled_full_chunks=min_pooled_chunks)

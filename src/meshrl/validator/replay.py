@@ -9,25 +9,26 @@ verdict over all chunks of the file. Several files share one prefill batch (`rep
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from meshrl.config import Config
 from meshrl.inference import InferenceBackend
-from meshrl.inference.sampling import check_sampled_tokens, token_margins
+from meshrl.inference.sampling import gumbel_noise, token_margins
 from meshrl.pool import Check, Finding, Severity, profile
-from meshrl.toploc import Thresholds, verdict, verify_proofs
+from meshrl.toploc import Thresholds, pooled_limits, verdict, verify_proofs
 from meshrl.toploc.proofs import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK
 from meshrl.validator.checks import check_termination
 
 HARD = Severity.HARD
 
-__all__ = ["ReplayConfig", "ReplayRow", "ReplaySpec", "ReplayStats", "profile_thresholds",
-           "replay_file", "replay_files"]
+__all__ = ["EXACT_SCORE", "ReplayConfig", "ReplayRow", "ReplaySpec", "ReplayStats",
+           "inexact_token_limit", "profile_thresholds", "replay_file", "replay_files"]
 
 
 def profile_thresholds(name: str) -> Thresholds:
@@ -37,15 +38,35 @@ def profile_thresholds(name: str) -> Thresholds:
 
 
 class ReplayConfig(Config):
-    """Tolerances of the replayed checks (floating-point noise between worker and validator)."""
+    """Tolerances of the replayed checks (floating-point noise between worker and validator).
+
+    The per-token tolerances default to the proof profile's (`thresholds.max_sampling_margin`,
+    `thresholds.max_logprob_diff`): honest noise depends on the compute the profile admits
+    (docs/roles.md, "Tolerances"). Setting one here replaces the profile's (experts only).
+    """
 
     chunk_size: int = Field(DEFAULT_CHUNK_SIZE, ge=1, description="TOPLOC tokens per proof")
     topk: int = Field(DEFAULT_TOPK, ge=1, description="TOPLOC activations per proof")
     thresholds: Thresholds = Field(default_factory=Thresholds, description="TOPLOC thresholds "
-                                   "(the validator sets its proof profile's)")
-    sampling_tolerance: float = Field(0.05, gt=0, description="score slack of the replay")
-    logprob_atol: float = Field(0.05, gt=0, description="largest log-prob difference (nats)")
+                                   "and replay tolerances (the validator sets its proof "
+                                   "profile's)")
+    sampling_tolerance: float = Field(0.01, gt=0, description="score slack of the replay "
+                                      "(default: thresholds.max_sampling_margin)")
+    logprob_atol: float = Field(0.02, gt=0, description="largest log-prob difference (nats; "
+                                "default: thresholds.max_logprob_diff)")
     max_batch_rows: int = Field(256, ge=1, description="rows per prefill (several files share)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _profile_tolerances(cls, data: Any) -> Any:
+        """Unset tolerances come from the thresholds (the proof profile's)."""
+        if not isinstance(data, dict):
+            return data
+        th = data.get("thresholds")
+        th = th if isinstance(th, Thresholds) else Thresholds.model_validate(th or {})
+        return {"sampling_tolerance": th.max_sampling_margin,
+                "logprob_atol": th.max_logprob_diff,
+                **{k: v for k, v in data.items() if v is not None}}
 
 
 @dataclass(frozen=True)
@@ -78,12 +99,18 @@ class ReplayStats:
     rows: int = 0
     tokens: int = 0
     chunks: int = 0
-    max_sampling_margin: float = 0.0  # largest (best score - claimed token's score)
+    max_sampling_margin: float = 0.0  # largest (best score in the nucleus - claimed's score)
+    max_top_p_excess: float = 0.0  # largest nucleus slack a claimed token needed
+    inexact_tokens: int = 0  # tokens whose margin or nucleus slack exceeds EXACT_SCORE
+    inexact_limit: int = 0  # how many honest noise may give at this many tokens
     max_logprob_diff: float = 0.0
+    logprob_bias: float = 0.0  # mean (claimed - recomputed) over the file's tokens
+    logprob_bias_limit: float = 0.0  # what that mean may reach at this many tokens
     max_exp_mismatches: int = 0
     max_mant_err_mean: float = 0.0
     max_mant_err_median: float = 0.0
     pooled: dict[str, float] = field(default_factory=dict)
+    pooled_limits: dict[str, float] = field(default_factory=dict)  # at this many chunks
 
 
 def replay_file(engine: InferenceBackend, rows: Sequence[ReplayRow], spec: ReplaySpec,
@@ -138,44 +165,118 @@ def _termination(rows: Sequence[ReplayRow], spec: ReplaySpec, findings: list[Fin
         findings.append(bad)
 
 
+# a score difference float32 recomputation never reaches (honest float32: 0 measured,
+# log-probs within 1e-6): above it a token is not exactly the sampler's pick
+EXACT_SCORE = 1e-4
+
+
+def inexact_token_limit(tokens: int, rate: float) -> int:
+    """How many of `tokens` honest tokens may be inexact picks (near-ties that recomputation
+    noise flipped, nucleus-boundary tokens) at honest rate `rate`: the mean plus three standard
+    deviations of a Poisson count, plus one."""
+    mean = rate * tokens
+    return math.floor(mean + 3.0 * math.sqrt(mean) + 1.0)
+
+
+def _mass_before(scaled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token of [N, V]: the probability mass of the tokens ranked above it (as
+    `top_p_mask` ranks them), and whether it is the most probable (always in the nucleus)."""
+    probs = torch.softmax(scaled.float(), dim=-1)
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    before = torch.empty_like(sorted_p).scatter(-1, order, sorted_p.cumsum(-1) - sorted_p)
+    first = torch.zeros_like(before, dtype=torch.bool).scatter(-1, order[:, :1], True)
+    return before, first
+
+
 def _sampling(rows, spec: ReplaySpec, cfg: ReplayConfig, findings: list[Finding],
               stats: ReplayStats) -> None:
+    """Every token must be the seeded sampler's pick: inside the nucleus (widened by
+    `top_p_slack`) and within `sampling_tolerance` of the best score among the tokens certainly
+    in it (narrowed by the slack). The same test as `inference.sampling.check_sampled_tokens`,
+    keeping the per-token numbers the honest margin is measured by."""
     logits = torch.cat([s.logits for _, _, s in rows])
     tokens = torch.tensor([t for _, r, _ in rows for t in r.token_ids])
     seq = [r.seq_id for _, r, _ in rows for _ in r.token_ids]
     pos = [j for _, r, _ in rows for j in range(len(r.token_ids))]
-    margins = token_margins(logits, tokens, spec.seed, seq, pos, spec.temperature)
-    if spec.top_p < 1.0:  # the nucleus needs the full check
-        ok = check_sampled_tokens(logits, tokens, spec.seed, seq, pos, spec.temperature,
-                                  spec.top_p, cfg.sampling_tolerance)
-    else:  # without a nucleus the check is exactly margin <= tolerance: one noise computation
-        ok = margins <= cfg.sampling_tolerance
+    tol, slack = cfg.sampling_tolerance, cfg.thresholds.top_p_slack
+    if spec.top_p >= 1.0 or spec.temperature == 0:
+        margins = token_margins(logits, tokens, spec.seed, seq, pos, spec.temperature)
+        in_nucleus = torch.ones_like(margins, dtype=torch.bool)
+    else:
+        scaled = logits.double() / spec.temperature
+        scores = scaled + gumbel_noise(spec.seed, seq, pos, logits.shape[-1], logits.device)
+        before, first = _mass_before(scaled)
+        claimed_before = before.gather(-1, tokens[:, None])[:, 0].double()
+        claimed_first = first.gather(-1, tokens[:, None])[:, 0]
+        excess = (claimed_before - spec.top_p).clamp(min=0).masked_fill(claimed_first, 0.0)
+        in_nucleus = excess < slack if slack > 0 else excess <= 0
+        strict = (before < max(1e-6, spec.top_p - slack)) | first
+        claimed_score = scores.gather(-1, tokens[:, None])
+        best = scores.masked_fill(~strict, float("-inf")).max(dim=-1).values
+        margins = best - claimed_score[:, 0]
+        # the slack this token needs: the claimed token inside the widened nucleus, and every
+        # token that beats it by more than the tolerance outside the narrowed one
+        beats = (scores > claimed_score + tol) & ~first
+        shortfall = (spec.top_p - before.double()).masked_fill(~beats, 0.0).amax(dim=-1)
+        needed = torch.maximum(excess, shortfall.clamp(min=0))
+        stats.max_top_p_excess = float(needed.max())
+    ok = in_nucleus & (margins <= tol)
     stats.max_sampling_margin = float(margins.max())
+    inexact = margins > EXACT_SCORE
+    if spec.top_p < 1.0 and spec.temperature > 0:
+        inexact |= needed > EXACT_SCORE
+    stats.inexact_tokens = int(inexact.sum())
+    stats.inexact_limit = inexact_token_limit(len(ok), cfg.thresholds.max_inexact_token_rate)
     if bool(ok.all()):
+        if stats.inexact_tokens > stats.inexact_limit:
+            findings.append(Finding(
+                Check.SAMPLING, HARD, f"{stats.inexact_tokens} of {len(ok)} tokens are not "
+                f"exactly the seeded sampler's pick (each within the tolerance), more than "
+                f"honest noise gives ({stats.inexact_limit}): chosen near-ties or another top_p",
+                {"inexact_tokens": stats.inexact_tokens, "limit": stats.inexact_limit,
+                 "tokens": len(ok)}))
         return
     owner = [i for i, r, _ in rows for _ in r.token_ids]
-    first = int((~ok).nonzero()[0, 0])
+    first_bad = int((~ok).nonzero()[0, 0])
+    where = f"first in row {owner[first_bad]} at position {pos[first_bad]}"
+    why = (f"score margin {float(margins[first_bad]):.3g} > tolerance {tol}"
+           if bool(in_nucleus[first_bad]) else
+           f"outside the top_p {spec.top_p} nucleus by more than the slack {slack}")
     findings.append(Finding(
         Check.SAMPLING, HARD, f"{int((~ok).sum())} of {len(ok)} tokens are not the seeded "
-        f"sampler's pick, first in row {owner[first]} at position {pos[first]} (score margin "
-        f"{float(margins[first]):.3g} > tolerance {cfg.sampling_tolerance})",
-        {"bad_tokens": int((~ok).sum()), "tokens": len(ok),
-         "max_margin": stats.max_sampling_margin}))
+        f"sampler's pick, {where} ({why})",
+        {"bad_tokens": int((~ok).sum()), "outside_nucleus": int((~in_nucleus).sum()),
+         "tokens": len(ok), "max_margin": stats.max_sampling_margin,
+         "max_top_p_excess": stats.max_top_p_excess}))
 
 
 def _logprobs(rows, cfg: ReplayConfig, findings: list[Finding], stats: ReplayStats) -> None:
+    """Claimed log-probs are the trainer's behaviour log-probs (its importance ratio's
+    denominator), so both each token's error and their mean over the file are bounded: honest
+    errors are small and of either sign, a bias moves every ratio of the file one way."""
     claimed = torch.tensor([x for _, r, _ in rows for x in r.logprobs], dtype=torch.float32)
     own = torch.cat([s.logprobs for _, _, s in rows])
     if claimed.shape != own.shape:
         findings.append(Finding(Check.LOGPROBS, HARD, f"{claimed.numel()} log-probs for "
                                 f"{own.numel()} tokens"))
         return
-    diff = (claimed - own).abs().nan_to_num(nan=float("inf"))
+    signed = (claimed.double() - own.double()).nan_to_num(nan=float("inf"))
+    diff = signed.abs()
     stats.max_logprob_diff = float(diff.max())
+    stats.logprob_bias = float(signed.mean())
+    stats.logprob_bias_limit = (cfg.thresholds.max_logprob_bias
+                                + cfg.logprob_atol / math.sqrt(signed.numel()))
     if stats.max_logprob_diff > cfg.logprob_atol:
         findings.append(Finding(Check.LOGPROBS, HARD, f"claimed log-probs differ by up to "
                                 f"{stats.max_logprob_diff:.4g} > {cfg.logprob_atol}",
-                                {"max_diff": stats.max_logprob_diff}))
+                                {"max_diff": stats.max_logprob_diff,
+                                 "bad_tokens": int((diff > cfg.logprob_atol).sum())}))
+    elif not abs(stats.logprob_bias) <= stats.logprob_bias_limit:
+        findings.append(Finding(Check.LOGPROBS, HARD, f"claimed log-probs are biased: mean "
+                                f"difference {stats.logprob_bias:.3g} over {signed.numel()} "
+                                f"tokens > {stats.logprob_bias_limit:.3g}",
+                                {"bias": stats.logprob_bias,
+                                 "limit": stats.logprob_bias_limit}))
 
 
 def _toploc(rows, scored, cfg: ReplayConfig, findings: list[Finding],
@@ -196,6 +297,9 @@ def _toploc(rows, scored, cfg: ReplayConfig, findings: list[Finding],
         stats.pooled = {"exp_mismatch_rate": v.stats.exp_mismatch_rate,
                         "mant_err_mean": v.stats.mant_err_mean,
                         "mant_inexact_rate": v.stats.mant_inexact_rate}
+        limits = pooled_limits(cfg.thresholds, v.stats.chunks)
+        stats.pooled_limits = {k: limits[f"max_pooled_{k}"] for k in stats.pooled
+                               if limits[f"max_pooled_{k}"] is not None}
     if not v.accepted:
         findings.append(Finding(Check.TOPLOC, HARD, f"{len(v.reasons)} failed test(s) over "
                                 f"{len(chunks)} chunks, first: {v.reasons[0]}",
