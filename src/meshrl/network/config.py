@@ -77,6 +77,14 @@ class PoolSpec(Config):
                          proof_profile=self.proof_profile)
 
 
+# a local network's chain: short periods, and verdicts final at once (its validator posts no
+# bond, nobody disputes)
+NETWORK_CHAIN = ProtocolParams(
+    min_stake=100 * TOKEN, stake_per_unit=10 * TOKEN, unbonding_delay=600,
+    invalidation_window=600, lock_period=600, slash_penalty=50 * TOKEN,
+    verdict_bond=0, dispute_period=0)
+
+
 class NetworkConfig(Config):
     """`meshrl network up`: anvil, discovery, orchestrator, shardcast, trainer, validator and
     workers as separate processes on loopback, supervised."""
@@ -106,16 +114,23 @@ class NetworkConfig(Config):
     max_fast_deaths: int = Field(5, ge=1, description="give up on a role that dies this many "
                                  "times in a row within 10 s of its start")
     anvil: str = Field("", description="anvil binary (default: node_modules/.bin, then PATH)")
-    chain: ProtocolParams = ProtocolParams(
-        min_stake=100 * TOKEN, stake_per_unit=10 * TOKEN, unbonding_delay=600,
-        invalidation_window=600, lock_period=600, slash_penalty=50 * TOKEN,
-        verdict_bond=0, dispute_period=0)  # verdicts final at once: validators post no bond yet
+    chain: ProtocolParams = Field(default_factory=lambda: NETWORK_CHAIN, description="the "
+                                  "chain's parameters; a [chain] table changes only the keys "
+                                  "it names")
     poll_s: float = Field(0.25, gt=0, description="how often the orchestrator reads the chain and "
                           "the validator and trainer look for new work: each poll is latency "
                           "on every step's path from a worker to the trainer")
     threads: ThreadsConfig = ThreadsConfig()
     workers: WorkersSpec = WorkersSpec()
     pool: PoolSpec = PoolSpec()
+
+    @field_validator("chain", mode="before")
+    @classmethod
+    def _chain_over_defaults(cls, v: object) -> object:
+        # a table names what it changes; the rest keeps the network's values, not the protocol's
+        if isinstance(v, dict):
+            return {**NETWORK_CHAIN.model_dump(), **v}
+        return v
 
     @field_validator("public_host")
     @classmethod
