@@ -89,6 +89,12 @@ async def announce_and_join(chain: Protocol, keys: WorkerKeys, cfg: WorkerConfig
         except WireHTTPError as e:
             if e.status != 404 or time.monotonic() > deadline:
                 raise
+            # a node ejected for fraud is blacklisted a moment after its ejection: it may have
+            # started to wait for an invite just before, and must not wait for one for good
+            if await asyncio.to_thread(chain.is_blacklisted, cfg.pool_id, keys.node.address):
+                raise Blacklisted(f"node {keys.node.address} is blacklisted in pool "
+                                  f"{cfg.pool_id} (its work was hard-invalidated) and cannot "
+                                  "rejoin it") from None
             await asyncio.sleep(cfg.poll_interval)
             continue
         me = chain.as_(keys.node)
