@@ -33,7 +33,8 @@ def test_orchestrator_says_why_the_step_waits(pool: Pool) -> None:
         assert time.monotonic() < deadline, "no 'pool step waiting' line"
         time.sleep(0.3)
     line = said[-1]
-    assert line["step"] == 3 and line["members"] >= 2 and line["why"]
+    # the shared pool's members are whoever has joined so far (its tests run in any order)
+    assert line["step"] == 3 and line["members"] >= 1 and line["why"]
     assert isinstance(line["files"], dict) and "still_s" in line
 
 
