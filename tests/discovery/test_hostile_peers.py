@@ -15,12 +15,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-from yarl import URL
 
 from meshrl.wire import RateLimited, SignedClient, TooManyNodesForIp, sign_request
 from meshrl.wire.models import NodeEntry, NodeList
 from orchestrator.net import Chain, Service, announcement, hexkey, run, start_chain, wait_for
-from wire.hostile_http import health_seconds, in_process, median_ms
+from wire.hostile_http import health_seconds, in_process, median_ms, send
 
 pytestmark = pytest.mark.anvil
 
@@ -67,15 +66,6 @@ async def health(url: str) -> dict[str, Any]:
     async with aiohttp.ClientSession() as s, s.get(url + "/health") as r:
         assert r.status == 200
         return dict((await r.json())["info"])
-
-
-async def send(url: str, method: str, path: str, body: bytes, headers: dict[str, str],
-               source: str = "127.0.0.1") -> tuple[int, Any]:
-    conn = aiohttp.TCPConnector(local_addr=(source, 0))
-    async with aiohttp.ClientSession(connector=conn) as s, s.request(
-            method, URL(url + path, encoded=True), data=body, headers=headers) as r:
-        data = await r.read()
-        return r.status, json.loads(data) if data else None
 
 
 def body_of(chain: Chain, provider: str = "p1") -> bytes:

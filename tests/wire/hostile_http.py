@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
 from meshrl.wire import SignedClient
 from meshrl.wire.models import Heartbeat
@@ -70,6 +71,16 @@ class HostileService:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+async def send(url: str, method: str, path: str, body: bytes, headers: dict[str, str],
+               source: str = "127.0.0.1") -> tuple[int, Any]:
+    """One raw request from `source`: (status, parsed JSON answer)."""
+    conn = aiohttp.TCPConnector(local_addr=(source, 0))
+    async with aiohttp.ClientSession(connector=conn) as s, s.request(
+            method, URL(url + path, encoded=True), data=body, headers=headers) as r:
+        data = await r.read()
+        return r.status, json.loads(data) if data else None
 
 
 async def metrics(url: str) -> dict[str, float]:

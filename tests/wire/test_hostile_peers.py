@@ -18,7 +18,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from yarl import URL
 
 from meshrl.wire import (
     ErrorCode,
@@ -42,6 +41,7 @@ from .hostile_http import (
     in_process,
     median_ms,
     metrics,
+    send,
 )
 
 AUD = "meshrl/31337/test/hostile"
@@ -65,16 +65,6 @@ def service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HostileS
         yield svc
     finally:
         svc.stop()
-
-
-async def send(url: str, method: str, path: str, body: bytes, headers: dict[str, str],
-               source: str = "127.0.0.1") -> tuple[int, Any]:
-    """One raw request from `source`: (status, parsed JSON answer)."""
-    conn = aiohttp.TCPConnector(local_addr=(source, 0))
-    async with aiohttp.ClientSession(connector=conn) as s, s.request(
-            method, URL(url + path, encoded=True), data=body, headers=headers) as r:
-        data = await r.read()
-        return r.status, json.loads(data) if data else None
 
 
 def code_of(answer: Any) -> str:
