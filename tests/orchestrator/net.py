@@ -109,6 +109,17 @@ def write_toml(path: Path, cfg: dict[str, Any]) -> Path:
     return path
 
 
+def stop_process(proc: subprocess.Popen | None) -> None:
+    """SIGINT (a clean shutdown), then SIGKILL after 10 s."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class Service:
     """One `meshrl <role>` process; `url` once it wrote its ready file."""
 
@@ -142,13 +153,7 @@ class Service:
         self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 def run(coro: Awaitable[Any]) -> Any:

@@ -9,7 +9,6 @@ import json
 import multiprocessing as mp
 import os
 import re
-import signal
 import socket
 import statistics
 import subprocess
@@ -24,6 +23,7 @@ from yarl import URL
 
 from meshrl.wire import SignedClient
 from meshrl.wire.models import Heartbeat
+from orchestrator.net import stop_process  # tests/ is on sys.path
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
@@ -64,13 +64,7 @@ class HostileService:
         return int(self.url.rsplit(":", 1)[1])
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 async def send(url: str, method: str, path: str, body: bytes, headers: dict[str, str],
