@@ -29,6 +29,11 @@ class Task(ABC):
     def sample(self, rng: random.Random) -> Problem:
         """Draw a problem using only `rng` (so sampling is reproducible by validators)."""
 
+    def sample_heldout(self, rng: random.Random) -> Problem:
+        """Draw an evaluation problem. A task over a fixed set of rows keeps some apart for
+        this; a procedural task draws as in training (its held-out set is another seed)."""
+        return self.sample(rng)
+
     @abstractmethod
     def score(self, problem: Problem, completion: str) -> float:
         """1.0 for a correct completion, 0.0 for a wrong one (partial credit where defined)."""
