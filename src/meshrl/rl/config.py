@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from meshrl.config import Config
 from meshrl.tasks import TasksConfig
@@ -106,6 +106,30 @@ class EvalConfig(Config):
     every: int = Field(25, ge=1, description="evaluate every N RL steps")
     batch_size: int = Field(512, ge=1, description="problems per generation batch")
     max_new_tokens: int = Field(8, ge=1, description="completion length cap")
+    pass_k: list[int] = Field([], description="also report pass@k for each k (unbiased "
+                              "estimator over `pass_samples` sampled completions per problem)")
+    pass_samples: int | None = Field(None, ge=1, le=1024, description="samples per problem "
+                                     "for pass@k (default: the largest k)")
+    pass_temperature: float = Field(1.0, gt=0, description="temperature of pass@k's samples")
+    pass_seed: int = Field(0, ge=0, description="seed of pass@k's sampling noise")
+
+    @field_validator("pass_k")
+    @classmethod
+    def _ks(cls, v: list[int]) -> list[int]:
+        if any(k < 1 for k in v):
+            raise ValueError(f"pass_k values are >= 1, got {v}")
+        return sorted(set(v))
+
+    @model_validator(mode="after")
+    def _enough_samples(self) -> EvalConfig:
+        if self.pass_k and self.pass_samples is not None and self.pass_samples < self.pass_k[-1]:
+            raise ValueError(f"pass_samples {self.pass_samples} is below the largest pass_k "
+                             f"{self.pass_k[-1]}")
+        return self
+
+    def samples(self) -> int:
+        """Completions sampled per problem for pass@k (0 when none is asked)."""
+        return (self.pass_samples or self.pass_k[-1]) if self.pass_k else 0
 
 
 class RunConfig(Config):

@@ -1,7 +1,10 @@
-"""Held-out evaluation: greedy decoding on a fixed set of problems the trainer never sees."""
+"""Held-out evaluation: greedy decoding on a fixed set of problems the trainer never sees, and
+optionally pass@k from sampled completions (the unbiased estimator of Chen et al. 2021:
+1 - C(n-c, k) / C(n, k) for c correct of n samples, averaged over problems)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +13,17 @@ from meshrl.pool import encode_prompt
 from meshrl.rl.config import EvalCommandConfig, EvalConfig
 from meshrl.tasks import TaskSet
 
-__all__ = ["evaluate", "evaluate_checkpoint", "heldout_problems", "resolve_model_dir"]
+__all__ = ["evaluate", "evaluate_checkpoint", "heldout_problems", "pass_at_k",
+           "resolve_model_dir"]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem with `c` correct among `n` samples (k <= n)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def heldout_problems(tasks: TaskSet, cfg: EvalConfig) -> list[Any]:
@@ -19,7 +32,8 @@ def heldout_problems(tasks: TaskSet, cfg: EvalConfig) -> list[Any]:
 
     seen: dict[str, Any] = {}
     for counter in range(256):
-        for p in sample_problems(tasks, cfg.seed, "heldout", 0, counter, cfg.num_problems):
+        for p in sample_problems(tasks, cfg.seed, "heldout", 0, counter, cfg.num_problems,
+                                 heldout=True):
             seen.setdefault(p.prompt, p)
         if len(seen) >= cfg.num_problems:
             break
@@ -33,7 +47,8 @@ def evaluate(
     tasks: TaskSet,
     cfg: EvalConfig,
 ) -> dict[str, float]:
-    """Greedy accuracy (verifier score 1.0) and mean completion length on `problems`."""
+    """Greedy accuracy (mean verifier score) and mean completion length on `problems`, and
+    `pass@k` for each of `cfg.pass_k`."""
     from meshrl.tasks import compute_reward
 
     correct, tokens = 0.0, 0
@@ -47,7 +62,35 @@ def evaluate(
             correct += compute_reward(p, text, len(o.token_ids), tasks).task
             tokens += len(o.token_ids)
     n = max(1, len(problems))
-    return {"accuracy": correct / n, "mean_tokens": tokens / n, "n": float(len(problems))}
+    out = {"accuracy": correct / n, "mean_tokens": tokens / n, "n": float(len(problems))}
+    if cfg.pass_k:
+        out.update(_pass_k(backend, tokenizer, problems, tasks, cfg))
+    return out
+
+
+def _pass_k(backend: InferenceBackend, tokenizer: Any, problems: list[Any], tasks: TaskSet,
+            cfg: EvalConfig) -> dict[str, float]:
+    """pass@k for each k of `cfg.pass_k` from `cfg.samples()` sampled completions a problem
+    (a completion is correct when its verifier score is 1.0)."""
+    from meshrl.tasks import compute_reward
+
+    s = cfg.samples()
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.pass_temperature,
+                            seed=cfg.pass_seed)
+    totals = dict.fromkeys(cfg.pass_k, 0.0)
+    per_batch = max(1, cfg.batch_size // s)
+    for start in range(0, len(problems), per_batch):
+        chunk = problems[start : start + per_batch]
+        prompts = [encode_prompt(tokenizer, p.prompt) for p in chunk for _ in range(s)]
+        outs = backend.generate(prompts, params, seq_ids=[start * s + i
+                                                          for i in range(len(prompts))])
+        for j, p in enumerate(chunk):
+            c = sum(compute_reward(p, tokenizer.decode(o.token_ids), len(o.token_ids),
+                                   tasks).task == 1.0 for o in outs[j * s:(j + 1) * s])
+            for k in cfg.pass_k:
+                totals[k] += pass_at_k(s, c, k)
+    n = max(1, len(problems))
+    return {f"pass@{k}": total / n for k, total in totals.items()}
 
 
 

@@ -6,6 +6,9 @@ from typing import Any
 
 from meshrl.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from meshrl.tasks.base import Problem, Task
+from meshrl.tasks.code import CodeConfig, CodeTask, extract_program
+from meshrl.tasks.dataset import DatasetConfig, DatasetError, DatasetTask, load_rows
+from meshrl.tasks.gym import GymConfig, GymTask, UnknownGymDataset
 from meshrl.tasks.math import MathConfig, MathTask, load_math_rows
 from meshrl.tasks.reverse import ReverseConfig, ReverseTextTask
 from meshrl.tasks.reward import Reward, length_penalty, task_reward
@@ -18,11 +21,25 @@ from meshrl.tasks.sampling import (
     sample_problems,
     sampling_seed,
 )
+from meshrl.tasks.sandbox import (
+    SandboxConfig,
+    SandboxResult,
+    SandboxUnavailable,
+    check_sandbox,
+    run_sandboxed,
+)
 
 __all__ = [
     "TASK_CONFIGS",
     "ArithmeticConfig",
     "ArithmeticTask",
+    "CodeConfig",
+    "CodeTask",
+    "DatasetConfig",
+    "DatasetError",
+    "DatasetTask",
+    "GymConfig",
+    "GymTask",
     "LengthTargetConfig",
     "MathConfig",
     "MathTask",
@@ -30,14 +47,22 @@ __all__ = [
     "ReverseConfig",
     "ReverseTextTask",
     "Reward",
+    "SandboxConfig",
+    "SandboxResult",
+    "SandboxUnavailable",
     "Task",
     "TaskSet",
     "TasksConfig",
+    "UnknownGymDataset",
+    "check_sandbox",
     "compute_reward",
+    "extract_program",
     "get_task",
     "length_penalty",
     "load_math_rows",
+    "load_rows",
     "problem_seed",
+    "run_sandboxed",
     "sample_problems",
     "sampling_seed",
     "task_reward",
@@ -47,6 +72,9 @@ TASK_CONFIGS: dict[str, type] = {
     "arithmetic": ArithmeticConfig,
     "reverse": ReverseConfig,
     "math": MathConfig,
+    "dataset": DatasetConfig,
+    "code": CodeConfig,
+    "reasoning_gym": GymConfig,
 }
 
 

@@ -19,6 +19,9 @@ from pydantic import Field
 from meshrl.config import Config
 from meshrl.tasks.arithmetic import ArithmeticConfig
 from meshrl.tasks.base import Problem, Task
+from meshrl.tasks.code import CodeConfig
+from meshrl.tasks.dataset import DatasetConfig
+from meshrl.tasks.gym import GymConfig
 from meshrl.tasks.math import MathConfig
 from meshrl.tasks.reverse import ReverseConfig
 from meshrl.tasks.reward import Reward, task_reward
@@ -34,7 +37,10 @@ __all__ = [
     "sampling_seed",
 ]
 
-TaskSpec = Annotated[ArithmeticConfig | ReverseConfig | MathConfig, Field(discriminator="type")]
+TaskSpec = Annotated[
+    ArithmeticConfig | ReverseConfig | MathConfig | DatasetConfig | CodeConfig | GymConfig,
+    Field(discriminator="type"),
+]
 
 
 class LengthTargetConfig(Config):
@@ -66,7 +72,7 @@ class TaskSet:
             if task.name in self.tasks:
                 raise ValueError(f"tasks: {task.name!r} appears twice in the mix")
             self.tasks[task.name] = task
-        self.names = [spec.type for spec in cfg.mix]
+        self.names = list(self.tasks)  # a task's name: its type, or its own `name`
         self.weights = [spec.weight for spec in cfg.mix]
 
 
@@ -105,17 +111,17 @@ def sampling_seed(seed: int, node_id: str, step: int, counter: int,
 
 def sample_problems(
     tasks: TaskSet, seed: int, node_id: str, step: int, counter: int, n: int,
-    version: int | None = None,
+    version: int | None = None, heldout: bool = False,
 ) -> list[Problem]:
     """The `n` problems assigned to (node, step, counter[, policy version]). Pure: same inputs,
-    same problems."""
+    same problems. `heldout`: evaluation problems (`Task.sample_heldout`) instead."""
     tasks = _check(tasks)
     rng = random.Random(problem_seed(seed, node_id, step, counter, version))
     lt = tasks.cfg.length_target
     out = []
     for _ in range(n):
         task = tasks.tasks[rng.choices(tasks.names, tasks.weights)[0]]
-        problem = task.sample(rng)
+        problem = task.sample_heldout(rng) if heldout else task.sample(rng)
         if lt.enabled:
             target = rng.choice(lt.targets)
             problem = Problem(

@@ -88,7 +88,9 @@ def _command(cfg: SandboxConfig, bwrap: str, prlimit: str, program_fd: int) -> l
     return [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
             "--new-session", "--cap-drop", "ALL", *mounts, "--proc", "/proc", "--dev", "/dev",
             "--size", str(cfg.tmp_mb << 20), "--tmpfs", "/tmp",
-            "--ro-bind-data", str(program_fd), "/sandbox/main.py", "--chdir", "/tmp",
+            "--ro-bind-data", str(program_fd), "/sandbox/main.py",
+            # read-only root and /dev (tmpfs both): only the size-capped /tmp takes writes
+            "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp",
             "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
             "--setenv", "LANG", "C.UTF-8",
             "--", prlimit, *limits, "--", cfg.python, "-I", "-B", "/sandbox/main.py"]

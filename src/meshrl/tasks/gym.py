@@ -1,0 +1,108 @@
+"""reasoning-gym as a task source: any of its procedural datasets by name, with its own config,
+scored by its own scorer.
+
+reasoning-gym generates item `i` of a dataset built with seed `s` from `Random(s + i)`, whatever
+the dataset's `size`, so an item is a pure function of (dataset, config, s + i). A problem draws
+`i` from the assignment's RNG (the pool's seed and the node/step/counter/version), so a validator
+that builds the same task regenerates exactly the worker's problems. Training items use the
+seeds `seed .. seed + size - 1`, held-out items `seed + size .. seed + 2 * size - 1`: disjoint.
+The answer is read from the completion's `<answer>...</answer>` tag (configurable) and passed
+to the dataset's `score_answer`.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from typing import Any, Literal
+
+from pydantic import Field
+
+from meshrl.config import Config
+from meshrl.tasks.base import Problem, Task
+
+__all__ = ["GymConfig", "GymTask", "UnknownGymDataset"]
+
+
+class UnknownGymDataset(ValueError):
+    """A reasoning-gym dataset name or config that reasoning-gym does not know."""
+
+
+class GymConfig(Config):
+    type: Literal["reasoning_gym"] = "reasoning_gym"
+    name: str | None = Field(None, min_length=1, max_length=64, description="the task's name "
+                             "in the mix (default: rg/<dataset>)")
+    weight: float = Field(1.0, gt=0, description="mixing weight among tasks")
+    dataset: str = Field(..., min_length=1, description="a reasoning-gym dataset name, e.g. "
+                         "'chain_sum'")
+    config: dict[str, Any] = Field(default_factory=dict, description="the dataset's own config "
+                                   "fields (e.g. {min_terms = 2, max_terms = 3})")
+    seed: int = Field(0, ge=0, lt=2**31, description="base seed of the dataset's items")
+    size: int = Field(1_000_000, ge=1, le=2**30, description="distinct training items (as many "
+                      "again are held out)")
+    template: str = Field("{question}\nGive the final answer in <answer></answer> tags.\n",
+                          description="prompt template over the item's `question`")
+    answer_tag: str | None = Field("answer", description="tag the answer is read from (None: "
+                                   "the whole completion, stripped)")
+
+    def build(self) -> GymTask:
+        return GymTask(self)
+
+
+def _create(cfg: GymConfig, seed: int) -> Any:
+    try:
+        import reasoning_gym
+    except ImportError:
+        raise UnknownGymDataset("reasoning_gym task: the reasoning-gym package is not "
+                                "installed (pip install reasoning-gym)") from None
+    from reasoning_gym.factory import DATASETS
+
+    if cfg.dataset not in DATASETS:
+        raise UnknownGymDataset(f"reasoning_gym task: unknown dataset {cfg.dataset!r} (see "
+                                f"reasoning_gym.factory.DATASETS, {len(DATASETS)} known)")
+    try:
+        return reasoning_gym.create_dataset(cfg.dataset, seed=seed, size=cfg.size,
+                                            **cfg.config)
+    except (TypeError, ValueError, AssertionError) as e:
+        raise UnknownGymDataset(f"reasoning_gym task {cfg.dataset!r}: bad config "
+                                f"{cfg.config!r}: {e}") from None
+
+
+class GymTask(Task):
+    """Items of one reasoning-gym dataset, scored by the dataset's own `score_answer`."""
+
+    def __init__(self, cfg: GymConfig) -> None:
+        self.cfg = cfg
+        self.name = cfg.name or f"rg/{cfg.dataset}"
+        self.splits = {"train": _create(cfg, cfg.seed), "heldout": _create(cfg, cfg.seed +
+                                                                            cfg.size)}
+        self._entry = functools.lru_cache(maxsize=4096)(self._generate)
+
+    def _generate(self, split: str, index: int) -> dict[str, Any]:
+        return self.splits[split][index]
+
+    def _problem(self, split: str, index: int) -> Problem:
+        entry = self._entry(split, index)
+        prompt = self.cfg.template.format(question=entry["question"])
+        return Problem(self.name, prompt, str(entry["answer"]), {"split": split,
+                                                                  "index": index})
+
+    def sample(self, rng: random.Random) -> Problem:
+        return self._problem("train", rng.randrange(self.cfg.size))
+
+    def sample_heldout(self, rng: random.Random) -> Problem:
+        return self._problem("heldout", rng.randrange(self.cfg.size))
+
+    def score(self, problem: Problem, completion: str) -> float:
+        if self.cfg.answer_tag is None:
+            answer: str | None = completion.strip()
+        else:
+            from reasoning_gym.utils import extract_answer
+
+            answer = extract_answer(completion, tag_name=self.cfg.answer_tag)
+        entry = self._entry(str(problem.meta["split"]), int(problem.meta["index"]))
+        try:
+            score = float(self.splits[str(problem.meta["split"])].score_answer(answer, entry))
+        except Exception:  # a scorer choking on a hostile answer: a wrong answer, not a crash
+            return 0.0
+        return min(1.0, max(0.0, score)) if score == score else 0.0
