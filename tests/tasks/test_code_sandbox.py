@@ -25,7 +25,7 @@ from meshrl.tasks import (
     run_sandboxed,
     sample_problems,
 )
-from meshrl.tasks.code import CODE_DATA
+from meshrl.tasks.code import CODE_DATA, data_path
 
 if shutil.which("bwrap") is None:
     if os.environ.get("CI") == "true":
@@ -63,7 +63,7 @@ def test_extract_program_takes_the_last_block() -> None:
 
 
 def test_shipped_data_is_hardcode_proof_and_solvable(task) -> None:
-    rows = [json.loads(line) for line in Path(CODE_DATA).read_text().splitlines()]
+    rows = [json.loads(line) for line in data_path(CODE_DATA).read_text().splitlines()]
     assert len(rows) == len(task.rows) >= 30
     for row in rows:
         # no single printed answer passes every hidden test of a row

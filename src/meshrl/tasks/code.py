@@ -26,15 +26,26 @@ from pydantic import Field
 
 from meshrl.config import Config
 from meshrl.tasks.base import Problem, Task
-from meshrl.tasks.dataset import DatasetError, heldout_rows, load_rows
+from meshrl.tasks.dataset import DatasetError, check_digest, heldout_rows, load_rows
 from meshrl.tasks.sandbox import SandboxConfig, check_sandbox, run_sandboxed
 
-__all__ = ["CODE_DATA", "CodeConfig", "CodeTask", "extract_program"]
+__all__ = ["CODE_DATA", "CodeConfig", "CodeTask", "data_path", "extract_program"]
 
-CODE_DATA = str(Path(__file__).parent / "data" / "code_small.jsonl")
+CODE_DATA = "meshrl:code_small.jsonl"  # shipped data: the same name on every machine
+_SHIPPED = Path(__file__).parent / "data"
 
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 _MAX_TESTS = 64
+
+
+def data_path(path: str) -> Path:
+    """A data path as written in a rule: `meshrl:NAME` names a shipped file."""
+    if path.startswith("meshrl:"):
+        name = path.removeprefix("meshrl:")
+        if not name or "/" in name or name.startswith("."):
+            raise DatasetError(f"code dataset {path!r}: a shipped file is meshrl:NAME")
+        return _SHIPPED / name
+    return Path(path)
 
 
 def extract_program(completion: str) -> str:
@@ -49,12 +60,15 @@ class CodeConfig(Config):
                       "the mix (distinct per task)")
     weight: float = Field(1.0, gt=0, description="mixing weight among tasks")
     path: str = Field(CODE_DATA, description="rows {prompt, tests: [{input, output}]}: a local "
-                      ".jsonl/.parquet file or a datasets directory (default: the shipped "
-                      "generated set)")
+                      ".jsonl/.parquet file or a datasets directory; `meshrl:NAME` is a file "
+                      "shipped in meshrl/tasks/data (default: the generated set)")
     template: str = Field("{prompt}\nWrite a Python program that reads stdin and prints the "
                           "answer, in a ```python block.\n", description="prompt template "
                           "over the row's `prompt`")
     heldout_fraction: float = Field(0.1, ge=0, lt=1, description="rows kept for evaluation")
+    sha256: str | None = Field(None, pattern="^[0-9a-fA-F]{64}$", description="the data's "
+                               "digest (`meshrl.tasks.dataset.data_digest`): every role "
+                               "refuses other data")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="limits of each "
                                    "test's run")
 
@@ -88,7 +102,9 @@ class CodeTask(Task):
     def __init__(self, cfg: CodeConfig) -> None:
         self.cfg = cfg
         self.name = cfg.name
-        rows = load_rows(cfg.path)
+        path = data_path(cfg.path)
+        check_digest(path, cfg.sha256)
+        rows = load_rows(path)
         if not rows:
             raise DatasetError(f"code dataset {cfg.path}: no rows")
         self.rows = [(str(r.get("prompt")), _tests(cfg.path, i, r))

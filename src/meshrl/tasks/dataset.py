@@ -23,8 +23,8 @@ from pydantic import Field
 from meshrl.config import Config
 from meshrl.tasks.base import Problem, Task
 
-__all__ = ["DatasetConfig", "DatasetError", "DatasetTask", "heldout_rows", "load_rows",
-           "math_verify_score", "numeric_score"]
+__all__ = ["DatasetConfig", "DatasetError", "DatasetTask", "check_digest", "data_digest",
+           "heldout_rows", "load_rows", "math_verify_score", "numeric_score"]
 
 Verifier = Literal["exact", "numeric", "math-verify"]
 
@@ -63,6 +63,30 @@ def load_rows(path: str | Path, split: str = "train") -> list[dict[str, Any]]:
                                    f"{type(row).__name__}")
             rows.append(row)
     return rows
+
+
+def data_digest(path: str | Path) -> str:
+    """sha256 (hex) of a data file, or of a directory's files (relative names and bytes, in
+    sorted order): what a pool's rule pins so every role reads the same data."""
+    path = Path(path)
+    h = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        if path.is_dir():
+            h.update(str(f.relative_to(path)).encode() + b"\0")
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def check_digest(path: str | Path, sha256: str | None) -> None:
+    """Refuse data whose digest differs from the pinned one (None: nothing pinned)."""
+    if sha256 is not None and Path(path).exists():
+        got = data_digest(path)
+        if got != sha256.lower():
+            raise DatasetError(f"dataset {path}: sha256 {got[:16]}... differs from the pinned "
+                               f"{sha256[:16]}... (another file than the pool's)")
 
 
 def _load_hf(path: Path, split: str) -> list[dict[str, Any]]:
@@ -152,6 +176,9 @@ class DatasetConfig(Config):
     heldout_fraction: float = Field(0.1, ge=0, lt=1, description="rows kept for evaluation "
                                     "only (chosen by a hash of the row index)")
     timeout_s: float = Field(5.0, gt=0, description="math-verify timeout (main thread only)")
+    sha256: str | None = Field(None, pattern="^[0-9a-fA-F]{64}$", description="the data's "
+                               "digest (`meshrl.tasks.dataset.data_digest`): set in a pool's "
+                               "rules, every role refuses other data")
 
     def build(self) -> DatasetTask:
         return DatasetTask(self)
@@ -171,6 +198,7 @@ class DatasetTask(Task):
     def __init__(self, cfg: DatasetConfig) -> None:
         self.cfg = cfg
         self.name = cfg.name
+        check_digest(cfg.path, cfg.sha256)
         rows = load_rows(cfg.path, cfg.split)
         if not rows:
             raise DatasetError(f"dataset {cfg.path}: no rows")

@@ -1,0 +1,58 @@
+"""A task mix as a pool rule: one reasoning-gym dataset, one dataset on disk and one code task,
+published by an orchestrator (`GET /rules` JSON), pinned by a worker or validator, and
+regenerated identically from the published JSON."""
+
+import json
+
+import pytest
+
+from meshrl.pool import Assignment, PoolRules, RulesPins, rules_drift
+from meshrl.tasks import compute_reward
+from meshrl.tasks.dataset import DatasetError, data_digest
+
+SANDBOX = {"cpu_s": 1, "wall_s": 3.0}
+
+
+@pytest.fixture
+def rules(tmp_path) -> PoolRules:
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i} * 3 = ?", "answer": str(3 * i)}) + "\n"
+                            for i in range(30)))
+    return PoolRules(pool_id=5, seed=3, prompts_per_file=12, task={"mix": [
+        {"type": "reasoning_gym", "dataset": "chain_sum", "weight": 2.0},
+        {"type": "dataset", "name": "qa", "path": str(data), "verifier": "numeric",
+         "sha256": data_digest(data)},
+        {"type": "code", "sandbox": SANDBOX},
+    ]})
+
+
+def test_the_mix_is_published_pinned_and_regenerated(rules) -> None:
+    published = PoolRules.model_validate_json(rules.model_dump_json())  # what GET /rules gives
+    assert published == rules and published.digest() == rules.digest()
+    a = Assignment(rules, "0xAa", 2, 1, 2)
+    b = Assignment(published, "0xaa", 2, 1, 2)
+    worker, validator = rules.task.build(), published.task.build()
+    problems = a.problems(worker)
+    assert problems == b.problems(validator)
+    assert {p.task for p in problems} == {"rg/chain_sum", "qa", "code"}
+    for p in problems:
+        if p.task == "qa":
+            assert compute_reward(p, f"it is {p.answer}", 4, validator).task == 1.0
+        if p.task == "rg/chain_sum":
+            assert compute_reward(p, f"<answer>{p.answer}</answer>", 4, validator).task == 1.0
+    assert rules_drift(RulesPins.of(published), rules) == []
+
+
+def test_a_pin_on_a_tasks_leaf_names_it(rules) -> None:
+    pins = RulesPins.of(rules).model_dump()
+    pins["task"]["mix"][2]["sandbox"]["cpu_s"] = 2
+    pins["task"]["mix"][0]["config"] = {"max_terms": 3}
+    drift = rules_drift(RulesPins.model_validate(pins), rules)
+    assert drift == ["rules.task.mix.0.config.max_terms: configured 3, the pool publishes None",
+                     "rules.task.mix.2.sandbox.cpu_s: configured 2, the pool publishes 1"]
+
+
+def test_other_data_than_the_pools_is_refused(rules, tmp_path) -> None:
+    (tmp_path / "qa.jsonl").write_text(json.dumps({"question": "q", "answer": "1"}) + "\n")
+    with pytest.raises(DatasetError, match="differs from the pinned"):
+        rules.task.build()
