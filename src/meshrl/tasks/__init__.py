@@ -8,6 +8,7 @@ from meshrl.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from meshrl.tasks.base import Problem, Task
 from meshrl.tasks.code import CodeConfig, CodeTask, extract_program
 from meshrl.tasks.dataset import DatasetConfig, DatasetError, DatasetTask, load_rows
+from meshrl.tasks.environment import EnvironmentConfig, EnvironmentTask, VerifiersEnvError
 from meshrl.tasks.gym import GymConfig, GymTask, UnknownGymDataset
 from meshrl.tasks.math import MathConfig, MathTask, load_math_rows
 from meshrl.tasks.reverse import ReverseConfig, ReverseTextTask
@@ -38,6 +39,8 @@ __all__ = [
     "DatasetConfig",
     "DatasetError",
     "DatasetTask",
+    "EnvironmentConfig",
+    "EnvironmentTask",
     "GymConfig",
     "GymTask",
     "LengthTargetConfig",
@@ -54,6 +57,7 @@ __all__ = [
     "TaskSet",
     "TasksConfig",
     "UnknownGymDataset",
+    "VerifiersEnvError",
     "check_sandbox",
     "compute_reward",
     "extract_program",
@@ -75,6 +79,7 @@ TASK_CONFIGS: dict[str, type] = {
     "dataset": DatasetConfig,
     "code": CodeConfig,
     "reasoning_gym": GymConfig,
+    "verifiers": EnvironmentConfig,
 }
 
 

@@ -21,6 +21,7 @@ from meshrl.tasks.arithmetic import ArithmeticConfig
 from meshrl.tasks.base import Problem, Task
 from meshrl.tasks.code import CodeConfig
 from meshrl.tasks.dataset import DatasetConfig
+from meshrl.tasks.environment import EnvironmentConfig
 from meshrl.tasks.gym import GymConfig
 from meshrl.tasks.math import MathConfig
 from meshrl.tasks.reverse import ReverseConfig
@@ -38,7 +39,8 @@ __all__ = [
 ]
 
 TaskSpec = Annotated[
-    ArithmeticConfig | ReverseConfig | MathConfig | DatasetConfig | CodeConfig | GymConfig,
+    ArithmeticConfig | ReverseConfig | MathConfig | DatasetConfig | CodeConfig | GymConfig
+    | EnvironmentConfig,
     Field(discriminator="type"),
 ]
 
