@@ -31,6 +31,7 @@ TOK = CharTokenizer()
 HERE = "tests/rl/test_options.py::"
 TRAINER, LOSSES = "tests/rl/test_trainer.py::", "tests/rl/test_losses.py::"
 DIST = "tests/rl/test_distributed.py::"
+PASS_K = "tests/rl/test_pass_at_k.py::test_evaluate_pass_at_k_matches_samples_scored_by_hand"
 NET = "tests/network/test_network_e2e.py::"
 COVERED = {
     "steps": "tests/rl/test_cli.py::test_train_then_eval_from_the_command_line",
@@ -95,6 +96,10 @@ COVERED = {
     "eval.every": HERE + "test_run_outputs",
     "eval.batch_size": HERE + "test_eval_options",
     "eval.max_new_tokens": HERE + "test_eval_options",
+    "eval.pass_k": PASS_K,
+    "eval.pass_samples": PASS_K,
+    "eval.pass_temperature": PASS_K,
+    "eval.pass_seed": PASS_K,
     "dist.backend": DIST + "test_nccl_without_cuda_is_a_clear_error",
     "dist.mixed_precision": DIST + "test_fsdp_bf16_mixed_precision_runs_close_to_fp32",
     "dist.activation_checkpointing": DIST + "test_fsdp_steps_match_single_process",
