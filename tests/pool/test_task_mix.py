@@ -56,3 +56,20 @@ def test_other_data_than_the_pools_is_refused(rules, tmp_path) -> None:
     (tmp_path / "qa.jsonl").write_text(json.dumps({"question": "q", "answer": "1"}) + "\n")
     with pytest.raises(DatasetError, match="differs from the pinned"):
         rules.task.build()
+
+
+def test_a_rule_reading_a_workers_disk_must_pin_the_data(tmp_path) -> None:
+    keystore = tmp_path / "key.jsonl"
+    keystore.write_text('{"crypto": "secret", "address": "0x1"}\n')
+    steal = {"type": "dataset", "path": str(keystore), "template": "{crypto}",
+             "answer_field": "address"}
+    with pytest.raises(ValueError, match=r"task.mix.0 \(dataset\) reads .*key.jsonl.*: a pool's "
+                                         r"rule pins the data's sha256"):
+        PoolRules(pool_id=1, task=steal)
+    with pytest.raises(ValueError, match=r"task.mix.0 \(code\) reads"):
+        PoolRules(pool_id=1, task={"type": "code", "path": str(keystore)})
+    assert PoolRules(pool_id=1, task={"type": "code"}).task.mix[0].path == "meshrl:code_small.jsonl"
+    with pytest.raises(ValueError, match=r"sandbox\.bwrap must name the bwrap binary"):
+        PoolRules(pool_id=1, task={"type": "code", "sandbox": {"bwrap": "/bin/sh"}})
+    with pytest.raises(ValueError, match="env"):
+        PoolRules(pool_id=1, task={"type": "verifiers", "env": "os.path"})

@@ -38,6 +38,19 @@ def tasks_config(task: Any) -> TasksConfig:
     return TasksConfig.model_validate(task)
 
 
+def _pinned_data(task: TasksConfig) -> TasksConfig:
+    """A published rule that reads a file from every worker's disk must pin its digest: a pool
+    that names a path it cannot hash (a keystore, a home file) could otherwise have its
+    contents encoded into prompts and sent back in rollout files."""
+    for i, spec in enumerate(task.mix):
+        path = getattr(spec, "path", None)
+        if spec.type in ("dataset", "code") and not str(path).startswith("meshrl:") \
+                and getattr(spec, "sha256", None) is None:
+            raise ValueError(f"task.mix.{i} ({spec.type}) reads {path!r}: a pool's rule pins "
+                             f"the data's sha256 (meshrl.tasks.dataset.data_digest)")
+    return task
+
+
 def _signer(v: str | None) -> str | None:
     if v is not None and not is_checksum_address(v):
         raise ValueError(f"{v!r} is not a checksummed Ethereum address")
@@ -79,6 +92,7 @@ class RulesSpec(_Rule):
                                       "fetch one")
 
     _task = field_validator("task", mode="before")(tasks_config)
+    _pinned = field_validator("task")(_pinned_data)
     _signer = field_validator("policy_signer")(_signer)
 
     def rows_per_file(self) -> int:

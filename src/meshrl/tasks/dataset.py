@@ -48,7 +48,7 @@ def load_rows(path: str | Path, split: str = "train") -> list[dict[str, Any]]:
             return pq.read_table(path).to_pylist()
         except Exception as e:  # pyarrow's errors are many types; one line names the file
             raise DatasetError(f"dataset {path}: not a readable Parquet file ({e})") from None
-    if path.suffix not in (".jsonl", ".json"):
+    if path.suffix != ".jsonl":
         raise DatasetError(f"dataset {path}: unknown format {path.suffix!r} (want .jsonl, "
                            f".parquet or a datasets directory)")
     rows = []

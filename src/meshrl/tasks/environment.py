@@ -41,8 +41,9 @@ class EnvironmentConfig(Config):
     name: str | None = Field(None, min_length=1, max_length=64, description="the task's name "
                              "in the mix (default: vf/<env>)")
     weight: float = Field(1.0, gt=0, description="mixing weight among tasks")
-    env: str = Field(..., min_length=1, description="installed taskset package id (the "
-                     "module verifiers imports, e.g. 'my_env')")
+    env: str = Field(..., pattern=r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$", description="installed "
+                     "taskset package id (the top-level module verifiers imports, e.g. "
+                     "'my_env')")
     config: dict[str, Any] = Field(default_factory=dict, description="the taskset's own "
                                    "config fields")
     max_tasks: int = Field(100_000, ge=1, le=10_000_000, description="tasks loaded at most")

@@ -29,7 +29,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from meshrl.config import Config
 
@@ -54,6 +54,14 @@ class SandboxConfig(Config):
     processes: int = Field(8, ge=1, le=256, description="processes of the sandbox's user")
     output_bytes: int = Field(65536, ge=1024, le=1 << 24, description="stdout cap (bytes)")
     tmp_mb: int = Field(16, ge=1, le=1024, description="size of the private /tmp (MiB)")
+
+    @field_validator("bwrap")
+    @classmethod
+    def _is_bwrap(cls, v: str) -> str:
+        # a published rule names the binary that runs peers' programs: only ever bubblewrap
+        if Path(v).name != "bwrap":
+            raise ValueError(f"sandbox.bwrap must name the bwrap binary, got {v!r}")
+        return v
 
 
 @dataclass(frozen=True)
