@@ -44,7 +44,7 @@ def test_the_datasets_own_config_and_scorer() -> None:
         expr = p.prompt.split(":")[-1].split("=")[0]
         assert len(expr.replace(" ", "").replace("+", " ").replace("-", " ").split()) == 2
         assert str(eval(expr)) == p.answer  # the prompt holds a Python expression
-    raw = GymConfig(dataset="chain_sum", answer_tag=None).build()
+    raw = GymConfig(dataset="chain_sum", answer_tag="").build()
     p = raw.sample(__import__("random").Random(0))
     assert raw.score(p, f"  {p.answer} ") == 1.0
 

@@ -42,8 +42,8 @@ class GymConfig(Config):
                       "again are held out)")
     template: str = Field("{question}\nGive the final answer in <answer></answer> tags.\n",
                           description="prompt template over the item's `question`")
-    answer_tag: str | None = Field("answer", description="tag the answer is read from (None: "
-                                   "the whole completion, stripped)")
+    answer_tag: str = Field("answer", max_length=32, description="tag the answer is read "
+                            "from ('': the whole completion, stripped)")
 
     def build(self) -> GymTask:
         return GymTask(self)
@@ -94,7 +94,7 @@ class GymTask(Task):
         return self._problem("heldout", rng.randrange(self.cfg.size))
 
     def score(self, problem: Problem, completion: str) -> float:
-        if self.cfg.answer_tag is None:
+        if not self.cfg.answer_tag:
             answer: str | None = completion.strip()
         else:
             from reasoning_gym.utils import extract_answer
