@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import shutil
 import time
 import uuid
@@ -28,13 +29,14 @@ import aiohttp
 
 from meshrl.log import get_logger, log_event
 from meshrl.shardcast.config import ClientConfig
+from meshrl.shardcast.delta import DeltaError, reconstruct
 from meshrl.shardcast.errors import (
     OutputWriteError,
     PublisherRequired,
     ShardcastError,
     ShardUnavailableError,
 )
-from meshrl.shardcast.manifest import Manifest
+from meshrl.shardcast.manifest import DELTA_DIR, FULL_DIR, Manifest
 from meshrl.shardcast.pool import ServerPool, ServerState
 from meshrl.shardcast.signing import check_publisher
 from meshrl.shardcast.store import ShardWriter, file_paths, place_output, verify_files
@@ -59,9 +61,11 @@ log = get_logger("meshrl.shardcast.client")
 class FetchResult:
     version: int
     path: Path
-    bytes: int
+    bytes: int  # of the files placed at `path`
     seconds: float
     servers: dict[str, dict[str, Any]]
+    payload: str = "full"  # what was fetched: full, delta (reconstructed on the base), adapter
+    fetched_bytes: int = 0  # bytes downloaded
 
 
 class ShardcastClient(ServerTracker):
@@ -116,14 +120,18 @@ class ShardcastClient(ServerTracker):
         m: Manifest,
         sink: Callable[[int, int, memoryview], None],
         on_shard: Callable[[int], None] | None = None,
+        only: list[int] | None = None,
     ) -> None:
-        """Download every shard of `m`, passing each verified piece to `sink(index, pos, data)`
+        """Download every shard of `m` (of the files `only`, indices into `m.files`), passing
+        each verified piece to `sink(index, pos, data)`
         (in a worker thread; `pos` is the byte position in the shard). `on_shard(index)` follows
         once all of a shard's pieces went through `sink`.
 
         `data` is only valid during the call (its buffer is reused for later pieces).
         """
-        pending = [shard.index for shard in m.shards]
+        wanted = None if only is None else set(only)
+        pending = [s.index for s in m.shards if wanted is None or s.file in wanted]
+        size = sum(m.shards[i].size for i in pending)
         if self.cfg.shard_order == "random":  # spreads clients over the shards relays hold
             self.pool.rng.shuffle(pending)
         deadline = time.monotonic() + self.cfg.wait_timeout
@@ -152,22 +160,22 @@ class ShardcastClient(ServerTracker):
                     on_shard(index)
                 progress(m.shards[index].size)
 
-        t0, done, step = time.monotonic(), [0, 0], max(1, len(m.shards) // 10)
+        t0, done, step, count = time.monotonic(), [0, 0], max(1, len(pending) // 10), len(pending)
         self._progress = 0.0
 
         def progress(nbytes: int) -> None:  # one log line per ~10% of the shards
             done[0] += 1
             done[1] += nbytes
-            self._progress = done[1] / max(m.total_size, 1)
-            if done[0] % step == 0 or done[0] == len(m.shards):
+            self._progress = done[1] / max(size, 1)
+            if done[0] % step == 0 or done[0] == count:
                 rate = done[1] / max(time.monotonic() - t0, 1e-9) / 1e6
                 log_event(log, "progress", version=m.version, shards=done[0],
-                          of=len(m.shards), mb=round(done[1] / 1e6, 1), mb_per_s=round(rate, 1))
+                          of=count, mb=round(done[1] / 1e6, 1), mb_per_s=round(rate, 1))
 
         watchers = [asyncio.create_task(self._watch(s, m)) for s in self.pool.servers.values()]
         try:
             async with asyncio.TaskGroup() as tg:
-                for _ in range(min(self.cfg.concurrency, len(m.shards))):
+                for _ in range(min(self.cfg.concurrency, count)):
                     tg.create_task(worker())
         except ExceptionGroup as eg:
             raise eg.exceptions[0] from None
@@ -265,29 +273,82 @@ class ShardcastClient(ServerTracker):
         return True
 
     # ---- whole versions -----------------------------------------------------------------
-    async def fetch(self, out: str | Path, version: int | None = None) -> FetchResult:
+    async def fetch(self, out: str | Path, version: int | None = None,
+                    base: tuple[int, Path] | None = None) -> FetchResult:
         """Fetch `version` (None: the latest) to `out` (a file or a directory, as published).
 
-        The previous content of `out` stays intact until the new version is complete.
+        `base` (version, directory of its files) is a version held here: a delta version
+        against it is fetched as its delta part alone and reconstructed on it, bit-exactly, each
+        file checked against the manifest's sha256. A delta whose base is not held, or does not
+        match, or that does not reconstruct, is fetched as its full part instead (one log line
+        saying why): never wrong weights. The previous content of `out` stays intact until the
+        new version is complete.
         """
         t0 = time.monotonic()
         log_event(log, "fetch start", version=version, out=str(out), servers=len(self.pool.servers))
         m = await self.find_manifest(version)
-        v = m.version
         out = Path(out)
+        payload, fetched = m.payload, m.total_size
+        if m.payload != "delta":
+            await self._download(m, out, list(range(len(m.files))), m.kind == "file")
+        else:
+            payload, fetched = await self._fetch_delta(m, out, base)
+        dt = time.monotonic() - t0
+        size = m.part_size(FULL_DIR) if m.payload == "delta" else m.total_size
+        log_event(log, "fetched", version=m.version, out=str(out), bytes=size, payload=payload,
+                  fetched_bytes=fetched, seconds=round(dt, 3))
+        return FetchResult(m.version, out, size, dt, self.pool.stats(), payload, fetched)
+
+    async def _fetch_delta(self, m: Manifest, out: Path, base: tuple[int, Path] | None
+                           ) -> tuple[str, int]:
+        """A delta version into `out`: ("delta", bytes) reconstructed on `base`, else ("full",
+        bytes) of its full part, and why in the log."""
+        if base is None or not base[1].is_dir():
+            why = "no base version held"
+        elif base[0] != m.base:
+            why = f"the delta is against version {m.base}, version {base[0]} is held"
+        else:
+            scratch = out.parent / f".{out.name}.delta-{uuid.uuid4().hex[:8]}"
+            try:
+                await self._download(m, scratch, m.part(DELTA_DIR), False)
+                rebuilt = out.parent / f".{out.name}.rebuilt-{uuid.uuid4().hex[:8]}"
+                try:
+                    await asyncio.to_thread(reconstruct, m, scratch, base[1], rebuilt)
+                    place_output(rebuilt, out)
+                finally:
+                    shutil.rmtree(rebuilt, ignore_errors=True)
+                return "delta", m.part_size(DELTA_DIR)
+            except DeltaError as e:  # BaseMismatch included
+                why = f"{type(e).__name__}: {e}"
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+        log_event(log, "delta unusable, fetching the full checkpoint", level=logging.WARNING,
+                  version=m.version, base=m.base, why=why)
+        scratch = out.parent / f".{out.name}.full-{uuid.uuid4().hex[:8]}"
+        try:
+            await self._download(m, scratch, m.part(FULL_DIR), False)
+            place_output(scratch / FULL_DIR, out)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return "full", m.part_size(FULL_DIR)
+
+    async def _download(self, m: Manifest, out: Path, only: list[int], single: bool) -> None:
+        """The files `only` of `m` into `out` (the file itself when `single`), verified, via a
+        temporary renamed into place when complete."""
         tmp = out.parent / f".{out.name}.shardcast-{uuid.uuid4().hex[:8]}"
-        writer = ShardWriter(m, [tmp] if m.kind == "file" else file_paths(m, tmp))
+        writer = ShardWriter(m, [tmp] if single else file_paths(m, tmp), only)
         try:
             try:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 writer.open()
             except OSError as e:
                 raise OutputWriteError(f"shardcast: cannot write {out}: {e}") from e
-            await self.fetch_shards(m, writer.write_at)
+            await self.fetch_shards(m, writer.write_at, only=only)
             try:
                 writer.close(sync=self.cfg.fsync)
                 if self.cfg.verify_files:
-                    await asyncio.to_thread(verify_files, m, writer.paths)
+                    paths = [writer.paths[i] for i in only]
+                    await asyncio.to_thread(verify_files, m, paths, only)
                 place_output(tmp, out)
             except OSError as e:
                 raise OutputWriteError(f"shardcast: cannot write {out}: {e}") from e
@@ -298,9 +359,6 @@ class ShardcastClient(ServerTracker):
             else:
                 with contextlib.suppress(OSError):
                     tmp.unlink()
-        dt = time.monotonic() - t0
-        log_event(log, "fetched", version=v, out=str(out), bytes=m.total_size, seconds=round(dt, 3))
-        return FetchResult(v, out, m.total_size, dt, self.pool.stats())
 
     async def follow(
         self,
@@ -319,7 +377,9 @@ class ShardcastClient(ServerTracker):
         while not stop.is_set():
             try:
                 v = await self.wait_for_version(after=after)
-                res = await self.fetch(out_dir / f"v{v}", v)
+                held = out_dir / f"v{after}"
+                res = await self.fetch(out_dir / f"v{v}", v,
+                                       base=(after, held) if after >= 0 else None)
             except PublisherRequired:
                 raise
             except ShardcastError as e:
