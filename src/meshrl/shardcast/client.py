@@ -274,15 +274,15 @@ class ShardcastClient(ServerTracker):
 
     # ---- whole versions -----------------------------------------------------------------
     async def fetch(self, out: str | Path, version: int | None = None,
-                    base: tuple[int, Path] | None = None) -> FetchResult:
+                    held: Path | None = None) -> FetchResult:
         """Fetch `version` (None: the latest) to `out` (a file or a directory, as published).
 
-        `base` (version, directory of its files) is a version held here: a delta version
-        against it is fetched as its delta part alone and reconstructed on it, bit-exactly, each
-        file checked against the manifest's sha256. A delta whose base is not held, or does not
-        match, or that does not reconstruct, is fetched as its full part instead (one log line
-        saying why): never wrong weights. The previous content of `out` stays intact until the
-        new version is complete.
+        `held` is the directory of the versions held here (`held/v<N>`, as `follow` keeps
+        them): a delta version against one of them is fetched as its delta part alone and
+        reconstructed on it, bit-exactly, each file checked against the manifest's sha256. A
+        delta whose base is not held, or does not match, or that does not reconstruct, is
+        fetched as its full part instead (one log line saying why): never wrong weights. The
+        previous content of `out` stays intact until the new version is complete.
         """
         t0 = time.monotonic()
         log_event(log, "fetch start", version=version, out=str(out), servers=len(self.pool.servers))
@@ -292,28 +292,27 @@ class ShardcastClient(ServerTracker):
         if m.payload != "delta":
             await self._download(m, out, list(range(len(m.files))), m.kind == "file")
         else:
-            payload, fetched = await self._fetch_delta(m, out, base)
+            payload, fetched = await self._fetch_delta(m, out, held)
         dt = time.monotonic() - t0
         size = m.part_size(FULL_DIR) if m.payload == "delta" else m.total_size
         log_event(log, "fetched", version=m.version, out=str(out), bytes=size, payload=payload,
                   fetched_bytes=fetched, seconds=round(dt, 3))
         return FetchResult(m.version, out, size, dt, self.pool.stats(), payload, fetched)
 
-    async def _fetch_delta(self, m: Manifest, out: Path, base: tuple[int, Path] | None
+    async def _fetch_delta(self, m: Manifest, out: Path, held: Path | None
                            ) -> tuple[str, int]:
-        """A delta version into `out`: ("delta", bytes) reconstructed on `base`, else ("full",
-        bytes) of its full part, and why in the log."""
-        if base is None or not base[1].is_dir():
-            why = "no base version held"
-        elif base[0] != m.base:
-            why = f"the delta is against version {m.base}, version {base[0]} is held"
+        """A delta version into `out`: ("delta", bytes) reconstructed on the base version held
+        under `held`, else ("full", bytes) of its full part, and why in the log."""
+        base = held / f"v{m.base}" if held is not None else None
+        if base is None or not base.is_dir():
+            why = f"its base version {m.base} is not held"
         else:
             scratch = out.parent / f".{out.name}.delta-{uuid.uuid4().hex[:8]}"
             try:
                 await self._download(m, scratch, m.part(DELTA_DIR), False)
                 rebuilt = out.parent / f".{out.name}.rebuilt-{uuid.uuid4().hex[:8]}"
                 try:
-                    await asyncio.to_thread(reconstruct, m, scratch, base[1], rebuilt)
+                    await asyncio.to_thread(reconstruct, m, scratch, base, rebuilt)
                     place_output(rebuilt, out)
                 finally:
                     shutil.rmtree(rebuilt, ignore_errors=True)
@@ -377,9 +376,7 @@ class ShardcastClient(ServerTracker):
         while not stop.is_set():
             try:
                 v = await self.wait_for_version(after=after)
-                held = out_dir / f"v{after}"
-                res = await self.fetch(out_dir / f"v{v}", v,
-                                       base=(after, held) if after >= 0 else None)
+                res = await self.fetch(out_dir / f"v{v}", v, held=out_dir)
             except PublisherRequired:
                 raise
             except ShardcastError as e:

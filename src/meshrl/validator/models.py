@@ -63,7 +63,8 @@ class ModelCache:
         cfg = ClientConfig(wait_timeout=self.fetch_timeout)
         try:
             async with ShardcastClient(self.servers, cfg, publisher=self.signer) as sc:
-                return (await sc.fetch(local, version)).path
+                # a delta against a version held here is fetched as the delta alone
+                return (await sc.fetch(local, version, held=self.root)).path
         except Exception as e:  # any failure to fetch is ours, never the worker's
             raise VersionUnavailable(f"policy version {version}: {e}") from e
 
