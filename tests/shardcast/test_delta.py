@@ -176,3 +176,83 @@ def test_a_delta_signed_but_broken_by_its_publisher_yields_the_full_weights(tmp_
     assert r.payload == "full" and _same(tmp_path / "c" / "v2", v2)
     assert any(r.fields.get("why", "").startswith("DeltaError: shardcast: delta is for another")
                for r in caplog.records if hasattr(r, "fields"))
+
+
+def test_follow_reports_relays_killed_mid_transfer_and_keeps_the_version_held(tmp_path, caplog):
+    """The origin keeps its upload for relays (serve_clients = never); both relays are killed
+    (SIGKILL) while a follower fetches version 2 through them: the follower says so within its
+    sync_timeout, keeps version 1 as it was, never hangs, and takes version 2 once a relay is
+    back (on the same address)."""
+    import asyncio
+    import contextlib
+    import signal
+
+    from meshrl.shardcast import ServerConfig
+
+    from .conftest import PUBLISHER, make_file, spawn_service
+
+    v1 = make_file(tmp_path / "src1" / "w.bin", 4 * SHARD, 1).parent
+    v2 = make_file(tmp_path / "src2" / "w.bin", 48 * SHARD, 2).parent
+    out, procs = tmp_path / "follower", []
+
+    def relay(name: str, port: int = 0, mbps: int = 4):  # 4 Mbit/s: slower than sync_timeout
+        p, url = spawn_service(["relay", "--publisher", PUBLISHER, "--root",
+                                str(tmp_path / name), "--upstreams", json.dumps([ourl]),
+                                "--server.port", str(port), "--server.max_upload_mbps", str(mbps),
+                                "--client.poll_interval", "0.05"], tmp_path / f"{name}.log")
+        procs.append(p)
+        return p, url
+
+    async def main():
+        nonlocal ourl
+        origin = signed_origin(OriginConfig(root=str(tmp_path / "o"),
+                                            server=ServerConfig(serve_clients="never")))
+        ourl = await origin.start()
+        (p1, u1), (p2, u2) = relay("r1"), relay("r2")
+        await origin.publish(v1, 1, SHARD)
+        cfg = ClientConfig(poll_interval=0.05, backoff=0.01, max_backoff=0.2, fsync=False,
+                           wait_timeout=30, stall_timeout=1, connect_timeout=0.5,
+                           sync_timeout=3, long_poll=1)
+        got: list[int] = []
+        stop = asyncio.Event()
+        async with signed_client([u1, u2, ourl], cfg) as c:
+            await c.fetch(out / "v1", 1)
+            task = asyncio.create_task(c.follow(out, lambda r: got.append(r.version), after=1,
+                                                stop=stop))
+            await origin.publish(v2, 2, SHARD)
+            while not list(out.glob(".v2.shardcast-*")):  # the transfer has begun
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.3)
+            for p in (p1, p2):
+                p.send_signal(signal.SIGKILL)
+            t0 = asyncio.get_running_loop().time()
+            while c.sync_failures == 0:
+                assert asyncio.get_running_loop().time() - t0 < 10, "the follower hung"
+                await asyncio.sleep(0.05)
+            assert got == [] and _same_file(out / "v1" / "w.bin", v1 / "w.bin")
+            assert not (out / "v2").exists() and not task.done()
+            relay("r1", int(u1.rsplit(":", 1)[1]), 1000)  # a relay is back: version 2 arrives
+            while got != [2]:
+                assert asyncio.get_running_loop().time() - t0 < 40, "version 2 never came"
+                await asyncio.sleep(0.05)
+            assert _same_file(out / "v2" / "w.bin", v2 / "w.bin") and c.sync_error is None
+            stop.set()  # (seen between versions; the wait for version 3 is cancelled)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await origin.stop()
+
+    ourl = ""
+    try:
+        with caplog.at_level(logging.WARNING, logger="meshrl.shardcast.client"):
+            run(main(), 90)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    lines = [r for r in caplog.records if r.getMessage() == "version sync failed"]
+    assert lines and lines[0].fields["version"] == 2 and lines[0].fields["serving"] == 1
+
+
+def _same_file(a, b) -> bool:
+    return sha256_file(a) == sha256_file(b)

@@ -92,6 +92,8 @@ class ShardcastClient(ServerTracker):
                          session, publisher and check_publisher(publisher))
         self._progress = 0.0  # of the version being fetched (sent: servers favour the behind)
         self._gone: dict[int, set[str]] = {}  # per version: servers that answered 404
+        self.sync_failures = 0  # follow: versions that did not arrive within sync_timeout
+        self.sync_error: str | None = None  # why the last one did not (None once one arrives)
         # a relay says so (X-Shardcast-Relay) and is served before clients
         headers = {RELAY_HEADER: relay_token or "1"} if relay_token is not None else {}
         if transport is None:
@@ -369,22 +371,34 @@ class ShardcastClient(ServerTracker):
     ) -> None:
         """Fetch each new version (the newest, skipping stale ones) to `out_dir/v<N>`, then call
         `on_version`; keeps the `keep` newest local versions. Runs until `stop` is set; a
-        failed fetch (no server has it, a full disk) is retried after a backoff, and only
-        `PublisherRequired` (nothing could ever be believed) ends it."""
+        failed fetch (no server has it, a full disk, every server gone mid-transfer, more than
+        `sync_timeout` s) is reported (`version sync failed`, `sync_failures`) and retried
+        after a backoff, the versions held untouched; only `PublisherRequired` (nothing could
+        ever be believed) ends it."""
         out_dir, stop = Path(out_dir), stop or asyncio.Event()
         failures = 0
         while not stop.is_set():
+            v = None
             try:
                 v = await self.wait_for_version(after=after)
-                res = await self.fetch(out_dir / f"v{v}", v, held=out_dir)
+                res = await asyncio.wait_for(self.fetch(out_dir / f"v{v}", v, held=out_dir),
+                                             self.cfg.sync_timeout)
             except PublisherRequired:
                 raise
-            except ShardcastError as e:
+            except (ShardcastError, TimeoutError) as e:
                 failures += 1
-                log_event(log, "follow: retrying", error=str(e))
+                if v is not None:  # a version that exists did not arrive: say so
+                    self.sync_failures += 1
+                    self.sync_error = (f"timed out after {self.cfg.sync_timeout:g} s"
+                                       if isinstance(e, TimeoutError) else str(e)[:300])
+                    log_event(log, "version sync failed", level=logging.WARNING, version=v,
+                              serving=after, error=self.sync_error, failures=self.sync_failures)
+                else:
+                    log_event(log, "follow: retrying", error=str(e))
                 await asyncio.sleep(min(self.cfg.poll_interval * 2**failures,
                                         self.cfg.max_backoff))
                 continue
+            self.sync_error = None
             failures = 0
             after = v
             ret = on_version(res)
