@@ -178,6 +178,7 @@ def test_a_delta_signed_but_broken_by_its_publisher_yields_the_full_weights(tmp_
                for r in caplog.records if hasattr(r, "fields"))
 
 
+@pytest.mark.slow
 def test_follow_reports_relays_killed_mid_transfer_and_keeps_the_version_held(tmp_path, caplog):
     """The origin keeps its upload for relays (serve_clients = never); both relays are killed
     (SIGKILL) while a follower fetches version 2 through them: the follower says so within its
