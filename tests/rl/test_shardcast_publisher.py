@@ -39,3 +39,31 @@ def test_each_published_version_is_signed_by_the_trainer(tmp_path):
     with pytest.raises(ManifestRefused) as e:
         verify_manifest(m, address_of("0x" + "66" * 32), 1)
     assert e.value.reason == RefusalReason.WRONG_SIGNER
+
+
+def test_delta_broadcast_publishes_each_later_version_as_a_signed_rebuildable_delta(tmp_path):
+    import torch
+
+    from meshrl.shardcast.delta import reconstruct
+    from meshrl.shardcast.manifest import FULL_DIR, sha256_file
+
+    tok = CharTokenizer()
+    model = build_model("qwen2-tiny", tok.vocab_size, seed=1)
+    pub = ShardcastPublisher(tmp_path / "origin", _Reader(), model, tok, KEY,  # type: ignore[arg-type]
+                             broadcast="delta")
+    pub.publish(1, model.state_dict())
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1e-4 * torch.sign(torch.randn_like(p)))
+    pub.publish(2, model.state_dict())
+    store = VersionStore(tmp_path / "origin", publisher=address_of(KEY))
+    m1, m2 = store.manifest(1), store.manifest(2)
+    assert m1 is not None and m2 is not None
+    assert (m1.payload, m2.payload, m2.base, m2.base_digest) == ("full", "delta", 1, m1.digest)
+    verify_manifest(m2, address_of(KEY), 2)
+    assert m2.fetch_size < 0.8 * m2.part_size(FULL_DIR)
+    rebuilt = tmp_path / "rebuilt"
+    reconstruct(m2, store.version_dir(2) / "data", store.version_dir(1) / "data", rebuilt)
+    for i in m2.part(FULL_DIR):
+        f = m2.files[i]
+        assert sha256_file(rebuilt / f.name.removeprefix("full/")) == f.sha256

@@ -94,18 +94,25 @@ def _accuracy_goal(cfg: NetworkConfig) -> bool:
 
 
 def _broadcast(root: Path, workers: list[str]) -> list[dict[str, Any]]:
-    published = {r["version"]: r["ts"] for r in _lines(root / "logs" / "trainer.log")
-                 if r.get("msg") == "published"}
+    trainer = _lines(root / "logs" / "trainer.log")
+    published = {r["version"]: r["ts"] for r in trainer if r.get("msg") == "published"}
+    stored = {r["version"]: r for r in trainer if r.get("msg") == "version stored"}
     loaded: dict[int, dict[str, float]] = defaultdict(dict)
+    by_delta: dict[int, set[str]] = defaultdict(set)  # workers that rebuilt it from a delta
     for name in workers:
         for r in _lines(root / "logs" / f"{name}.log"):
             if r.get("msg") in ("policy loaded", "fetched") and "version" in r:
                 loaded[r["version"]].setdefault(name, r["ts"])
+            if r.get("msg") == "fetched" and r.get("payload") == "delta":
+                by_delta[r["version"]].add(name)
     out = []
     for v, t in sorted(published.items()):
         per = {n: round(loaded[v][n] - t, 2) for n in workers if n in loaded[v]}
+        kind = stored.get(v, {})
         out.append({"version": v, "workers_loaded": len(per), "max_s": max(per.values(),
-                    default=None), "per_worker_s": per})
+                    default=None), "per_worker_s": per, "kind": kind.get("payload", "full"),
+                    "bytes": kind.get("bytes"), "fetch_bytes": kind.get("fetch_bytes"),
+                    "workers_by_delta": len(by_delta[v])})
     return out
 
 
@@ -243,9 +250,11 @@ def _markdown(rep: dict[str, Any]) -> str:
                    f"{_tokens(n['rewards_claimable'])} | {_tokens(n['rewards_claimed'])} | "
                    f"{_tokens(n['stake'])} | {_tokens(n['stake_slashed'])} |")
     out += ["", "## Policy versions (seconds from publish to load, slowest worker)", "",
-            "| version | workers | max s |", "| --- | --- | --- |"]
-    out += [f"| {v['version']} | {v['workers_loaded']} | {v['max_s']} |"
-            for v in rep["versions"]]
+            "| version | kind | bytes | bytes with the base | workers | by delta | max s |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    out += [f"| {v['version']} | {v.get('kind', 'full')} | {v.get('bytes')} | "
+            f"{v.get('fetch_bytes')} | {v['workers_loaded']} | {v.get('workers_by_delta', 0)} "
+            f"| {v['max_s']} |" for v in rep["versions"]]
     out += ["", "## Faults", "", "| role | at s | detect s | recover s |",
             "| --- | --- | --- | --- |"]
     out += [f"| {f['role']} | {f['at_s']} | {_s(f['detect_s'])} | {_s(f['recover_s'])} |"

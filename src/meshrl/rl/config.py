@@ -167,6 +167,11 @@ class NetworkSourceConfig(Config):
     stall_log_s: float = Field(15.0, gt=0, description="while a step waits (for accepted "
                                "files or for verdicts), log what it has and what it awaits "
                                "this often: no silent stall")
+    broadcast: Literal["full", "delta"] = Field(
+        "full", description="how each version after the first is published: full (the "
+        "checkpoint) or delta (a lossless delta against the newest published version beside "
+        "the full checkpoint: a worker or validator holding that version fetches the delta "
+        "alone, any other the full part; docs/shardcast.md)")
 
 
 class DistributedConfig(Config):

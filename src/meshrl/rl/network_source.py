@@ -74,9 +74,10 @@ class ShardcastPublisher(PolicyPublisher):
     trainer's signed client of the orchestrator)."""
 
     def __init__(self, origin_root: str | Path, reader: LedgerReader, model: Any,
-                 tokenizer: Any, key: str) -> None:
+                 tokenizer: Any, key: str, broadcast: str = "full") -> None:
         self.origin_root, self.reader = Path(origin_root), reader
         self.model, self.tokenizer, self.key = model, tokenizer, key
+        self.broadcast = broadcast  # "delta": against the newest version published before
 
     def publish(self, version: int, weights: Weights) -> None:
         """Publish `model`, whose weights are `weights`, as `version`; move the pool."""
@@ -90,7 +91,14 @@ class ShardcastPublisher(PolicyPublisher):
                                         dir=store.root.parent))
             try:
                 save_model(self.model, self.tokenizer, tmp / "model")
-                store.publish(tmp / "model", version, SHARD_SIZE, key=self.key)
+                older = [v for v in store.complete if v < version]
+                if self.broadcast == "delta" and older:
+                    m = store.publish_delta(tmp / "model", version, max(older), SHARD_SIZE,
+                                            key=self.key)
+                else:
+                    m = store.publish(tmp / "model", version, SHARD_SIZE, key=self.key)
+                log_event(log, "version stored", version=version, payload=m.payload,
+                          base=m.base, bytes=m.total_size, fetch_bytes=m.fetch_size)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         else:  # published before a crash: workers may already hold it, keep theirs
@@ -143,7 +151,7 @@ class NetworkSource(RolloutSource):
     def publisher(self) -> ShardcastPublisher:
         """The publisher of this pool: it moves the pool through this source's reader."""
         return ShardcastPublisher(self.cfg.origin_root, self.reader, self.model, self.tokenizer,
-                                  self.key)
+                                  self.key, self.cfg.broadcast)
 
     # ---- RolloutSource -----------------------------------------------------------------------
     def get(self, step: int) -> RolloutBatch:

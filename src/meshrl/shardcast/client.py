@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import shutil
 import time
 import uuid
@@ -28,13 +29,14 @@ import aiohttp
 
 from meshrl.log import get_logger, log_event
 from meshrl.shardcast.config import ClientConfig
+from meshrl.shardcast.delta import DeltaError, reconstruct
 from meshrl.shardcast.errors import (
     OutputWriteError,
     PublisherRequired,
     ShardcastError,
     ShardUnavailableError,
 )
-from meshrl.shardcast.manifest import Manifest
+from meshrl.shardcast.manifest import DELTA_DIR, FULL_DIR, Manifest
 from meshrl.shardcast.pool import ServerPool, ServerState
 from meshrl.shardcast.signing import check_publisher
 from meshrl.shardcast.store import ShardWriter, file_paths, place_output, verify_files
@@ -59,9 +61,11 @@ log = get_logger("meshrl.shardcast.client")
 class FetchResult:
     version: int
     path: Path
-    bytes: int
+    bytes: int  # of the files placed at `path`
     seconds: float
     servers: dict[str, dict[str, Any]]
+    payload: str = "full"  # what was fetched: full, delta (reconstructed on the base), adapter
+    fetched_bytes: int = 0  # bytes downloaded
 
 
 class ShardcastClient(ServerTracker):
@@ -88,6 +92,8 @@ class ShardcastClient(ServerTracker):
                          session, publisher and check_publisher(publisher))
         self._progress = 0.0  # of the version being fetched (sent: servers favour the behind)
         self._gone: dict[int, set[str]] = {}  # per version: servers that answered 404
+        self.sync_failures = 0  # follow: versions that did not arrive within sync_timeout
+        self.sync_error: str | None = None  # why the last one did not (None once one arrives)
         # a relay says so (X-Shardcast-Relay) and is served before clients
         headers = {RELAY_HEADER: relay_token or "1"} if relay_token is not None else {}
         if transport is None:
@@ -116,14 +122,18 @@ class ShardcastClient(ServerTracker):
         m: Manifest,
         sink: Callable[[int, int, memoryview], None],
         on_shard: Callable[[int], None] | None = None,
+        only: list[int] | None = None,
     ) -> None:
-        """Download every shard of `m`, passing each verified piece to `sink(index, pos, data)`
+        """Download every shard of `m` (of the files `only`, indices into `m.files`), passing
+        each verified piece to `sink(index, pos, data)`
         (in a worker thread; `pos` is the byte position in the shard). `on_shard(index)` follows
         once all of a shard's pieces went through `sink`.
 
         `data` is only valid during the call (its buffer is reused for later pieces).
         """
-        pending = [shard.index for shard in m.shards]
+        wanted = None if only is None else set(only)
+        pending = [s.index for s in m.shards if wanted is None or s.file in wanted]
+        size = sum(m.shards[i].size for i in pending)
         if self.cfg.shard_order == "random":  # spreads clients over the shards relays hold
             self.pool.rng.shuffle(pending)
         deadline = time.monotonic() + self.cfg.wait_timeout
@@ -152,22 +162,22 @@ class ShardcastClient(ServerTracker):
                     on_shard(index)
                 progress(m.shards[index].size)
 
-        t0, done, step = time.monotonic(), [0, 0], max(1, len(m.shards) // 10)
+        t0, done, step, count = time.monotonic(), [0, 0], max(1, len(pending) // 10), len(pending)
         self._progress = 0.0
 
         def progress(nbytes: int) -> None:  # one log line per ~10% of the shards
             done[0] += 1
             done[1] += nbytes
-            self._progress = done[1] / max(m.total_size, 1)
-            if done[0] % step == 0 or done[0] == len(m.shards):
+            self._progress = done[1] / max(size, 1)
+            if done[0] % step == 0 or done[0] == count:
                 rate = done[1] / max(time.monotonic() - t0, 1e-9) / 1e6
                 log_event(log, "progress", version=m.version, shards=done[0],
-                          of=len(m.shards), mb=round(done[1] / 1e6, 1), mb_per_s=round(rate, 1))
+                          of=count, mb=round(done[1] / 1e6, 1), mb_per_s=round(rate, 1))
 
         watchers = [asyncio.create_task(self._watch(s, m)) for s in self.pool.servers.values()]
         try:
             async with asyncio.TaskGroup() as tg:
-                for _ in range(min(self.cfg.concurrency, len(m.shards))):
+                for _ in range(min(self.cfg.concurrency, count)):
                     tg.create_task(worker())
         except ExceptionGroup as eg:
             raise eg.exceptions[0] from None
@@ -265,29 +275,81 @@ class ShardcastClient(ServerTracker):
         return True
 
     # ---- whole versions -----------------------------------------------------------------
-    async def fetch(self, out: str | Path, version: int | None = None) -> FetchResult:
+    async def fetch(self, out: str | Path, version: int | None = None,
+                    held: Path | None = None) -> FetchResult:
         """Fetch `version` (None: the latest) to `out` (a file or a directory, as published).
 
-        The previous content of `out` stays intact until the new version is complete.
+        `held` is the directory of the versions held here (`held/v<N>`, as `follow` keeps
+        them): a delta version against one of them is fetched as its delta part alone and
+        reconstructed on it, bit-exactly, each file checked against the manifest's sha256. A
+        delta whose base is not held, or does not match, or that does not reconstruct, is
+        fetched as its full part instead (one log line saying why): never wrong weights. The
+        previous content of `out` stays intact until the new version is complete.
         """
         t0 = time.monotonic()
         log_event(log, "fetch start", version=version, out=str(out), servers=len(self.pool.servers))
         m = await self.find_manifest(version)
-        v = m.version
         out = Path(out)
+        payload, fetched = m.payload, m.total_size
+        if m.payload != "delta":
+            await self._download(m, out, list(range(len(m.files))), m.kind == "file")
+        else:
+            payload, fetched = await self._fetch_delta(m, out, held)
+        dt = time.monotonic() - t0
+        size = m.part_size(FULL_DIR) if m.payload == "delta" else m.total_size
+        log_event(log, "fetched", version=m.version, out=str(out), bytes=size, payload=payload,
+                  fetched_bytes=fetched, seconds=round(dt, 3))
+        return FetchResult(m.version, out, size, dt, self.pool.stats(), payload, fetched)
+
+    async def _fetch_delta(self, m: Manifest, out: Path, held: Path | None
+                           ) -> tuple[str, int]:
+        """A delta version into `out`: ("delta", bytes) reconstructed on the base version held
+        under `held`, else ("full", bytes) of its full part, and why in the log."""
+        base = held / f"v{m.base}" if held is not None else None
+        if base is None or not base.is_dir():
+            why = f"its base version {m.base} is not held"
+        else:
+            scratch = out.parent / f".{out.name}.delta-{uuid.uuid4().hex[:8]}"
+            try:
+                await self._download(m, scratch, m.part(DELTA_DIR), False)
+                rebuilt = out.parent / f".{out.name}.rebuilt-{uuid.uuid4().hex[:8]}"
+                try:
+                    await asyncio.to_thread(reconstruct, m, scratch, base, rebuilt)
+                    place_output(rebuilt, out)
+                finally:
+                    shutil.rmtree(rebuilt, ignore_errors=True)
+                return "delta", m.part_size(DELTA_DIR)
+            except DeltaError as e:  # BaseMismatch included
+                why = f"{type(e).__name__}: {e}"
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+        log_event(log, "delta unusable, fetching the full checkpoint", level=logging.WARNING,
+                  version=m.version, base=m.base, why=why)
+        scratch = out.parent / f".{out.name}.full-{uuid.uuid4().hex[:8]}"
+        try:
+            await self._download(m, scratch, m.part(FULL_DIR), False)
+            place_output(scratch / FULL_DIR, out)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return "full", m.part_size(FULL_DIR)
+
+    async def _download(self, m: Manifest, out: Path, only: list[int], single: bool) -> None:
+        """The files `only` of `m` into `out` (the file itself when `single`), verified, via a
+        temporary renamed into place when complete."""
         tmp = out.parent / f".{out.name}.shardcast-{uuid.uuid4().hex[:8]}"
-        writer = ShardWriter(m, [tmp] if m.kind == "file" else file_paths(m, tmp))
+        writer = ShardWriter(m, [tmp] if single else file_paths(m, tmp), only)
         try:
             try:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 writer.open()
             except OSError as e:
                 raise OutputWriteError(f"shardcast: cannot write {out}: {e}") from e
-            await self.fetch_shards(m, writer.write_at)
+            await self.fetch_shards(m, writer.write_at, only=only)
             try:
                 writer.close(sync=self.cfg.fsync)
                 if self.cfg.verify_files:
-                    await asyncio.to_thread(verify_files, m, writer.paths)
+                    paths = [writer.paths[i] for i in only]
+                    await asyncio.to_thread(verify_files, m, paths, only)
                 place_output(tmp, out)
             except OSError as e:
                 raise OutputWriteError(f"shardcast: cannot write {out}: {e}") from e
@@ -298,9 +360,6 @@ class ShardcastClient(ServerTracker):
             else:
                 with contextlib.suppress(OSError):
                     tmp.unlink()
-        dt = time.monotonic() - t0
-        log_event(log, "fetched", version=v, out=str(out), bytes=m.total_size, seconds=round(dt, 3))
-        return FetchResult(v, out, m.total_size, dt, self.pool.stats())
 
     async def follow(
         self,
@@ -312,22 +371,34 @@ class ShardcastClient(ServerTracker):
     ) -> None:
         """Fetch each new version (the newest, skipping stale ones) to `out_dir/v<N>`, then call
         `on_version`; keeps the `keep` newest local versions. Runs until `stop` is set; a
-        failed fetch (no server has it, a full disk) is retried after a backoff, and only
-        `PublisherRequired` (nothing could ever be believed) ends it."""
+        failed fetch (no server has it, a full disk, every server gone mid-transfer, more than
+        `sync_timeout` s) is reported (`version sync failed`, `sync_failures`) and retried
+        after a backoff, the versions held untouched; only `PublisherRequired` (nothing could
+        ever be believed) ends it."""
         out_dir, stop = Path(out_dir), stop or asyncio.Event()
         failures = 0
         while not stop.is_set():
+            v = None
             try:
                 v = await self.wait_for_version(after=after)
-                res = await self.fetch(out_dir / f"v{v}", v)
+                res = await asyncio.wait_for(self.fetch(out_dir / f"v{v}", v, held=out_dir),
+                                             self.cfg.sync_timeout)
             except PublisherRequired:
                 raise
-            except ShardcastError as e:
+            except (ShardcastError, TimeoutError) as e:
                 failures += 1
-                log_event(log, "follow: retrying", error=str(e))
+                if v is not None:  # a version that exists did not arrive: say so
+                    self.sync_failures += 1
+                    self.sync_error = (f"timed out after {self.cfg.sync_timeout:g} s"
+                                       if isinstance(e, TimeoutError) else str(e)[:300])
+                    log_event(log, "version sync failed", level=logging.WARNING, version=v,
+                              serving=after, error=self.sync_error, failures=self.sync_failures)
+                else:
+                    log_event(log, "follow: retrying", error=str(e))
                 await asyncio.sleep(min(self.cfg.poll_interval * 2**failures,
                                         self.cfg.max_backoff))
                 continue
+            self.sync_error = None
             failures = 0
             after = v
             ret = on_version(res)

@@ -82,6 +82,10 @@ class ClientConfig(Config):
     long_poll: float = Field(10.0, gt=0, le=60, description="seconds a server may hold a "
                              "long-poll (servers cap it at 60)")
     wait_timeout: float = Field(600.0, ge=0, description="how long to wait for a version to appear")
+    sync_timeout: float = Field(
+        300.0, gt=0, description="with follow: most seconds one new version may take to "
+        "arrive; past it the attempt is abandoned and reported (one line, `sync_failures`), "
+        "the newest version held stays in use and the version is tried again after a backoff")
     failure_decay: float = Field(10.0, gt=0, description="seconds for a server failure to fade")
     fsync: bool = Field(True, description="fsync the output before the atomic rename")
     verify_files: bool = Field(False, description="re-hash whole files after the shards verify")

@@ -35,6 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from meshrl.shardcast.errors import ShardcastError
 
 __all__ = [
+    "DELTA_DIR",
+    "DELTA_SUFFIX",
+    "FULL_DIR",
     "HASH_CHUNK",
     "MANIFEST_NAME",
     "MAX_MANIFEST_BYTES",
@@ -43,6 +46,7 @@ __all__ = [
     "FileEntry",
     "Manifest",
     "ManifestError",
+    "Payload",
     "ShardEntry",
     "build_manifest",
     "sha256_file",
@@ -52,7 +56,9 @@ __all__ = [
 MANIFEST_NAME = "manifest.json"
 HASH_CHUNK = 1 << 20  # stream files in 1 MiB reads
 PIECE_SIZE = 1 << 20  # default bytes per verified piece
-FORMAT = 3  # 3: signed by the publisher
+FORMAT = 4  # 3: signed by the publisher; 4: says its payload (full, delta, adapter)
+FULL_DIR, DELTA_DIR = "full", "delta"  # the two parts of a delta version
+DELTA_SUFFIX = ".xorz"  # delta/<name>.xorz reconstructs full/<name> (delta.py)
 _HEX = 64  # hex characters of one sha256 digest
 _HEX_DIGITS = frozenset("0123456789abcdef")
 _SHA256 = r"^[0-9a-f]{64}$"
@@ -95,10 +101,21 @@ class ShardEntry(_Frozen):
         return self.pieces[j * _HEX : (j + 1) * _HEX]
 
 
+Payload = Literal["full", "delta", "adapter"]
+
+
 class Manifest(_Frozen):
     format: int = FORMAT
     version: int = Field(ge=0, le=MAX_VERSION, description="the trainer's step number")
     kind: Literal["file", "dir"]
+    payload: Payload = Field("full", description="full: the files themselves; delta: "
+                             "full/<files> and delta/<file>.xorz against version `base` (a "
+                             "client holding the base fetches only delta/); adapter: LoRA "
+                             "adapter files for the pool's base model")
+    base: int | None = Field(None, ge=0, le=MAX_VERSION,
+                             description="the version a delta is taken against")
+    base_digest: str | None = Field(None, pattern=_SHA256,
+                                    description="the digest of the base version's manifest")
     shard_size: int = Field(gt=0, le=MAX_SHARD_SIZE)
     piece_size: int = Field(PIECE_SIZE, gt=0, le=MAX_PIECE_SIZE,
                             description="bytes per verified piece of a shard")
@@ -114,6 +131,19 @@ class Manifest(_Frozen):
     @property
     def total_size(self) -> int:
         return sum(f.size for f in self.files)
+
+    def part(self, prefix: str) -> list[int]:
+        """Indices of the files under `prefix/` (a delta version's `full` or `delta`)."""
+        return [i for i, f in enumerate(self.files) if f.name.startswith(prefix + "/")]
+
+    def part_size(self, prefix: str) -> int:
+        return sum(self.files[i].size for i in self.part(prefix))
+
+    @property
+    def fetch_size(self) -> int:
+        """Bytes a client holding the base fetches: the delta part of a delta version, all of
+        any other."""
+        return self.part_size(DELTA_DIR) if self.payload == "delta" else self.total_size
 
     def to_json(self) -> bytes:
         """The canonical JSON, signature included (what stores keep and servers serve)."""
@@ -171,6 +201,23 @@ class Manifest(_Frozen):
         for i, f in enumerate(self.files):
             if cursor[i] != f.size:
                 raise ManifestError(f"shardcast: shards do not cover {f.name!r}")
+        self._check_payload(names)
+
+    def _check_payload(self, names: set[str]) -> None:
+        """A delta names its base and holds one delta per full file, nothing else."""
+        if self.payload != "delta":
+            if self.base is not None or self.base_digest is not None:
+                raise ManifestError(f"shardcast: a {self.payload!r} version has no base")
+            return
+        if self.base is None or self.base_digest is None or self.base >= self.version:
+            raise ManifestError("shardcast: a delta needs an older base version and its digest")
+        if self.kind != "dir":
+            raise ManifestError("shardcast: a delta version is a directory")
+        full = {n[len(FULL_DIR) + 1:] for n in names if n.startswith(FULL_DIR + "/")}
+        deltas = {f"{DELTA_DIR}/{n}{DELTA_SUFFIX}" for n in full}
+        if not full or names != deltas | {f"{FULL_DIR}/{n}" for n in full}:
+            raise ManifestError("shardcast: a delta version holds full/<f> and delta/<f>.xorz "
+                                "for the same files, nothing else")
 
 
 def _good_name(name: str) -> bool:
@@ -301,12 +348,15 @@ def build_manifest(
     copy_to: Path | None = None,
     link: bool = False,
     piece_size: int = PIECE_SIZE,
+    payload: Payload = "full",
+    base: Manifest | None = None,
 ) -> Manifest:
     """Hash `path` (a file, or a directory of files) into a manifest for `version`.
 
     With `copy_to` (a directory), each file is also copied to `copy_to/<name>` in the same pass,
     or hard-linked there with `link` (no copy; the source must then never be modified in place,
     which clients would detect as hash mismatches). Links fall back to copies across devices.
+    A `payload` "delta" names `base` (the manifest of the version it is taken against).
     """
     path = Path(path)
     if path.is_file():
@@ -330,6 +380,8 @@ def build_manifest(
             shards.append(ShardEntry(index=len(shards), file=fi, offset=offset, size=size,
                                      sha256=digest, pieces=pieces))
     m = Manifest(version=version, kind=kind, shard_size=shard_size, piece_size=piece_size,
-                 files=tuple(files), shards=tuple(shards), created=created)
+                 files=tuple(files), shards=tuple(shards), created=created, payload=payload,
+                 base=base.version if base is not None else None,
+                 base_digest=base.digest if base is not None else None)
     m.check()
     return m

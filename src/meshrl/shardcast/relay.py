@@ -51,17 +51,23 @@ class Origin:
 
     async def publish(
         self, src: str | Path, version: int, shard_size: int = 50_000_000, link: bool = False,
-        piece_size: int = PIECE_SIZE,
+        piece_size: int = PIECE_SIZE, delta_from: int | None = None,
     ) -> Manifest:
-        """Publish `src` as `version` (hashing and copying happen in a thread)."""
+        """Publish `src` as `version` (hashing and copying happen in a thread); with
+        `delta_from`, as a delta against that version (a full one if it is not held)."""
         if self.key is None:
             raise StoreError("shardcast: an origin publishes only with the publisher's key")
         t0 = time.monotonic()
-        m = await asyncio.to_thread(self.store.publish, src, version, shard_size, link,
-                                    piece_size, self.key)
+        if delta_from is None:
+            m = await asyncio.to_thread(self.store.publish, src, version, shard_size, link,
+                                        piece_size, self.key)
+        else:
+            m = await asyncio.to_thread(self.store.publish_delta, src, version, delta_from,
+                                        shard_size, piece_size, self.key)
         self.store.prune()
         self.server.notify()
-        log_event(log, "published", version=version, bytes=m.total_size, shards=len(m.shards),
+        log_event(log, "published", version=version, payload=m.payload, base=m.base,
+                  bytes=m.total_size, fetch_bytes=m.fetch_size, shards=len(m.shards),
                   seconds=round(time.monotonic() - t0, 3))
         return m
 

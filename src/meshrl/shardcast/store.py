@@ -36,10 +36,12 @@ from pathlib import Path
 from meshrl.durable import fsync_dir, fsync_tree
 from meshrl.shardcast.errors import ManifestRefused, ShardcastError
 from meshrl.shardcast.manifest import (
+    FULL_DIR,
     MANIFEST_NAME,
     PIECE_SIZE,
     Manifest,
     ManifestError,
+    Payload,
     build_manifest,
     sha256_file,
 )
@@ -70,16 +72,19 @@ class ShardWriter:
     Only ever called with verified bytes (pieces whose sha256 matched the manifest).
     """
 
-    def __init__(self, manifest: Manifest, paths: list[Path]) -> None:
+    def __init__(self, manifest: Manifest, paths: list[Path],
+                 only: list[int] | None = None) -> None:
         self.manifest = manifest
-        self.paths = paths
-        self._fds: list[int] = []
+        self.paths = paths  # of every file; `only` (file indices): the ones written
+        self.only = list(range(len(paths))) if only is None else only
+        self._fds: dict[int, int] = {}
 
     def open(self) -> None:
-        for path, entry in zip(self.paths, self.manifest.files, strict=True):
+        for i in self.only:
+            path, entry = self.paths[i], self.manifest.files[i]
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            self._fds.append(fd)
+            self._fds[i] = fd
             os.ftruncate(fd, entry.size)
             if entry.size:
                 try:  # reserve the space now, so a full disk fails before the download
@@ -101,7 +106,7 @@ class ShardWriter:
             done += os.pwrite(fd, view[done:], shard.offset + pos + done)
 
     def close(self, sync: bool = True) -> None:
-        fds, self._fds = self._fds, []
+        fds, self._fds = list(self._fds.values()), {}
         try:
             if sync:
                 for fd in fds:
@@ -185,6 +190,19 @@ class VersionStore:
         return p is not None and index in p.have
 
     @contextlib.contextmanager
+    def reading(self, version: int) -> Iterator[None]:
+        """Keep `version` on disk (not pruned) while the block runs."""
+        self.readers[version] = self.readers.get(version, 0) + 1
+        try:
+            yield
+        finally:
+            self.readers[version] -= 1
+            if self.readers[version] == 0:
+                del self.readers[version]
+                if version in self.retiring:
+                    self._delete(version)
+
+    @contextlib.contextmanager
     def open_shard(self, version: int, index: int) -> Iterator[tuple[int, int, int]]:
         """(fd, offset, size) of a servable shard; the version is not deleted while it is open.
 
@@ -209,10 +227,20 @@ class VersionStore:
                 if version in self.retiring:
                     self._delete(version)
 
+    def full_dir(self, version: int) -> Path | None:
+        """Where the full files of complete `version` lie (a delta version's `full/` part);
+        None for a version not held or an adapter."""
+        m = self.complete.get(version)
+        if m is None or m.payload == "adapter":
+            return None
+        data = self.version_dir(version) / "data"
+        return data / FULL_DIR if m.payload == "delta" else data
+
     # ---- origin: atomic publish ---------------------------------------------------------
     def publish(
         self, src: str | Path, version: int, shard_size: int, link: bool = False,
         piece_size: int = PIECE_SIZE, key: str | bytes | None = None,
+        payload: Payload = "full", base: Manifest | None = None,
     ) -> Manifest:
         """Copy (or hard-link) + hash `src` into a hidden directory, sign its manifest with the
         publisher's `key`, then rename it into place. Without a key the manifest is unsigned:
@@ -222,7 +250,7 @@ class VersionStore:
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=self.root))
         try:
             m = build_manifest(src, version, shard_size, time.time(), tmp / "data", link,
-                               piece_size)
+                               piece_size, payload, base)
             if key is not None:
                 m = sign_manifest(m, key)
             (tmp / MANIFEST_NAME).write_bytes(m.to_json())
@@ -237,6 +265,26 @@ class VersionStore:
         self.complete[version] = m
         self.prune()
         return m
+
+    def publish_delta(
+        self, src: str | Path, version: int, base: int, shard_size: int,
+        piece_size: int = PIECE_SIZE, key: str | bytes | None = None,
+    ) -> Manifest:
+        """Publish model directory `src` as a delta version against complete version `base`
+        (full/ and delta/ parts, docs/shardcast.md); a full version if `base` is not held."""
+        base_dir, base_m = self.full_dir(base), self.complete.get(base)
+        if base_dir is None or base_m is None:
+            return self.publish(src, version, shard_size, True, piece_size, key)
+        from meshrl.shardcast.delta import make_delta_dir
+
+        stage = Path(tempfile.mkdtemp(prefix=f".delta-{version}-", dir=self.root))
+        try:
+            with self.reading(base):
+                make_delta_dir(Path(src), base_dir, stage)
+            return self.publish(stage, version, shard_size, True, piece_size, key, "delta",
+                                base_m)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
 
     # ---- relay: pipelined mirror --------------------------------------------------------
     def begin_partial(self, manifest: Manifest) -> Partial:
@@ -289,8 +337,9 @@ class VersionStore:
         self.retiring.discard(version)
 
 
-def verify_files(m: Manifest, paths: list[Path]) -> None:
-    for entry, path in zip(m.files, paths, strict=True):
+def verify_files(m: Manifest, paths: list[Path], only: list[int] | None = None) -> None:
+    entries = m.files if only is None else [m.files[i] for i in only]
+    for entry, path in zip(entries, paths, strict=True):
         if sha256_file(path) != entry.sha256:
             raise StoreError(f"shardcast: {entry.name} does not match its sha256")
 

@@ -27,7 +27,7 @@ class VersionUnavailable(RuntimeError):
 class ModelCache:
     def __init__(self, work_dir: str | Path, model_dir: str, servers: list[str],
                  engine: EngineConfig, keep: int = 3, fetch_timeout: float = 30.0,
-                 signer: str | None = None) -> None:
+                 signer: str | None = None, sync_timeout: float = 120.0) -> None:
         if servers and signer is None:
             raise PoolRulesError("refusing to fetch policy versions: the pool's rules name no "
                                  "policy_signer, so no version can be authenticated")
@@ -35,6 +35,7 @@ class ModelCache:
         self.root = Path(work_dir) / "policy"
         self.model_dir, self.servers, self.engine_cfg = model_dir, servers, engine
         self.keep, self.fetch_timeout = keep, fetch_timeout
+        self.sync_timeout = sync_timeout  # the most one version's fetch may take in all
         self.engines: OrderedDict[int, Any] = OrderedDict()
         self.tokenizer: Any = None
         self.loads = 0
@@ -61,9 +62,14 @@ class ModelCache:
         from meshrl.shardcast import ClientConfig, ShardcastClient
 
         cfg = ClientConfig(wait_timeout=self.fetch_timeout)
-        try:
+        try:  # bounded as a whole: relays gone mid-transfer never hang the validator
             async with ShardcastClient(self.servers, cfg, publisher=self.signer) as sc:
-                return (await sc.fetch(local, version)).path
+                # a delta against a version held here is fetched as the delta alone
+                fetch = sc.fetch(local, version, held=self.root)
+                return (await asyncio.wait_for(fetch, self.sync_timeout)).path
+        except TimeoutError:
+            raise VersionUnavailable(f"policy version {version}: not fetched within "
+                                     f"{self.sync_timeout:g} s") from None
         except Exception as e:  # any failure to fetch is ours, never the worker's
             raise VersionUnavailable(f"policy version {version}: {e}") from e
 

@@ -94,6 +94,10 @@ class WorkerConfig(Config):
     status_line: Literal["auto", "on", "off"] = Field(
         "auto", description="a one-line live status on stdout (auto: when it is a terminal)")
     heartbeat_interval: float = Field(10.0, gt=0, description="seconds between heartbeats")
+    policy_sync_timeout_s: float = Field(
+        120.0, gt=0, description="most seconds a new policy version may take to arrive; past "
+        "it the worker says so (one line, the status line) and keeps generating with the "
+        "newest version it holds that the work order allows, then tries again")
     crash_test_pause: float = Field(
         0.0, ge=0, description="crash tests only: pause this long at each phase boundary "
         "(counter taken, file written, slot granted, uploaded, submitted on chain), logging "

@@ -73,6 +73,7 @@ class PolicyHolder:
         self.version = version
         self.lock = threading.Lock()
         self.signer: str | None = None  # the policy signer of the pool's rules
+        self.sync: Any = None  # the follower's client: sync_failures, sync_error
 
     @classmethod
     async def start(cls, cfg: WorkerConfig, order: WorkOrder,
@@ -115,11 +116,13 @@ class PolicyHolder:
         """Fetch and hot-load each new version from shardcast until `stop`."""
         if not servers:
             return
-        from meshrl.shardcast import ShardcastClient
+        from meshrl.shardcast import ClientConfig, ShardcastClient
 
         async def on_version(res: Any) -> None:
             await asyncio.to_thread(self.load, res.path, res.version)
 
-        async with ShardcastClient(servers, publisher=self.signer) as sc:
+        cfg = ClientConfig(sync_timeout=self.cfg.policy_sync_timeout_s)
+        async with ShardcastClient(servers, cfg, publisher=self.signer) as sc:
+            self.sync = sc  # a delta against the version held is fetched as the delta alone
             await sc.follow(Path(self.cfg.work_dir) / "policy", on_version, after=self.version,
                             stop=stop)

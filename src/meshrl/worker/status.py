@@ -28,6 +28,9 @@ class _Node(Proto):
 
 def status_text(node: _Node, rewards: dict[str, Any] | None) -> str:
     version = "-" if node.policy is None else f"v{node.policy.version}"
+    sync = getattr(node.policy, "sync", None)
+    if sync is not None and sync.sync_error is not None:
+        version += f" (sync failing x{sync.sync_failures}: {sync.sync_error[:60]})"
     out = f"{node.state} | step {node.pool_step} | policy {version} | files sent " \
           f"{node.files_done}"
     if rewards is not None:
