@@ -143,6 +143,11 @@ class NetworkSourceConfig(Config):
     stall_log_s: float = Field(15.0, gt=0, description="while a step waits (for accepted "
                                "files or for verdicts), log what it has and what it awaits "
                                "this often: no silent stall")
+    ahead_files: int = Field(-1, ge=-1, le=1 << 20, description="pacing: files the trainer "
+                             "asks the pool to keep generated, judged or waiting beyond those "
+                             "it has taken (-1: max(1, async_level) x the files of one batch, "
+                             "so none is made for a version that will be stale; 0: no pacing, "
+                             "every member makes its counters' worth)")
 
 
 class DistributedConfig(Config):

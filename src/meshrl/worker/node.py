@@ -153,6 +153,14 @@ class WorkerNode:
                 log_event(log, "waiting for a policy version", have=version,
                           allowed=order.policy_versions, step=order.step)
             return None  # the follower is fetching a newer one
+        if order.files_wanted == 0:  # paced: the pool has what the trainer will take
+            if time.monotonic() - getattr(self, "_said_paced", -1e9) > 30.0:  # not silent
+                self._said_paced = time.monotonic()
+                log_event(log, "waiting: the pool wants no file now", why=order.waiting,
+                          step=order.step)
+            self.state = "paced"
+            return None
+        self.state = "working"
         # a file's step is the version it is generated with: each version's counters
         # 0 .. files_per_step - 1 are the only work it offers, so no choice of version or step
         # can pick among generations of one piece of work
