@@ -108,6 +108,8 @@ COVERED = {
     "network.poll_s": NET + "test_trainer_records_against_the_ledger",
     "network.judge_lag": NET + "test_cheater_slashed_ejected_within_two_steps_never_trained_on",
     "network.stall_log_s": "tests/orchestrator/test_stall.py::test_trainer_says_what_a_step_awaits",
+    "network.ahead_files": "tests/orchestrator/test_stall.py::"
+                           "test_trainer_paces_the_pool_by_what_it_will_take",
 }
 
 

@@ -148,6 +148,15 @@ class NetworkSource(RolloutSource):
         self.taken_through = 0  # acceptance number of the last accepted file taken
         self._said = (-1, 0)  # (step, taken_through) last restated to the pool
         self._flow: dict[str, float] = {}
+        one_member = self.rules.files_per_step * self.rules.prompts_per_file
+        if one_member < rollout.prompts_per_step + self.rules.prompts_per_file:
+            log_event(log, "one member cannot fill a step alone", level=logging.WARNING,
+                      files_per_step=self.rules.files_per_step,
+                      prompts_per_file=self.rules.prompts_per_file,
+                      prompts_per_step=rollout.prompts_per_step,
+                      why=f"a member makes at most {one_member} prompts of one policy version, "
+                      f"the trainer takes {rollout.prompts_per_step} and a file's held-out "
+                      "prompts are dropped: with few members a step may wait for the next")
 
     def _resume_records(self, start_step: int) -> set[str]:
         kept = [r for r in read_records(self.records_path) if r["step"] < start_step]
@@ -222,6 +231,9 @@ class NetworkSource(RolloutSource):
             reasons.append(f"{len(dropped)} files dropped (stale or unusable)")
         if self.rules.files_per_step:
             reasons.append(f"members make at most {self.rules.files_per_step} files per step")
+        if self.ahead is not None:
+            reasons.append(f"the pool is paced to {self.ahead} files beyond those taken "
+                           f"(through acceptance {self.taken_through})")
         log_event(log, "step waiting for accepted files", step=step, groups=have, need=need,
                   files=len(taken), excluded_groups=excluded, dropped=len(dropped),
                   waited_s=round(waited, 1), why="; ".join(reasons))
