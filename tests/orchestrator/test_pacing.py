@@ -106,6 +106,13 @@ def test_work_orders_want_what_the_trainer_will_take(tmp_path: Path) -> None:
             assert bad_row is not None
             s.state.set_file_status(bad_row.seq, FileStatus.HARD_INVALIDATED)
             assert s.api.pacer.backlog() == 0
+            # a dead node's granted file never reaches the chain while it is gone: no backlog
+            await _grant(s.url, "n3", 3, 0)
+            assert s.api.pacer.backlog() == 1
+            s.state.set_node_state(address("n3"), NodeState.DEAD)
+            assert s.api.pacer.backlog() == 0
+            s.state.set_node_state(address("n3"), NodeState.HEALTHY)
+            assert s.api.pacer.backlog() == 1
             # a node that used its counters of its version holds no lease, and says why
             await _grant(s.url, "n1", 3, 1)
             full = await _want(s.url, "n1")

@@ -8,7 +8,8 @@ while it holds the cores and the validator the trainer waits on.
 The trainer says what it will take (`POST /step`: it has taken every accepted file up to
 acceptance number `taken_through`, and wants `ahead` files beyond those). The pool's backlog is
 every granted file of a fresh version (>= step - async_level) the trainer has not taken:
-granted, uploaded, submitted, or accepted after `taken_through` (`State.backlog`). A node's
+granted or uploaded by a live node, submitted, or accepted after `taken_through`
+(`State.backlog`). A node's
 work order wants one file when the backlog plus the leases of other nodes is below `ahead`; that
 want is a lease held by the node until its next work order or `lease_s`, so members asking at
 once do not all make the last file wanted. A node that cannot make a file now holds no lease:

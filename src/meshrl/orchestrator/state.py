@@ -393,13 +393,16 @@ class State:
 
     def backlog(self, taken_through: int, min_version: int) -> int:
         """Granted files of policy versions >= `min_version` that the trainer has not taken:
-        granted (slot unexpired), uploaded or submitted, or accepted after acceptance number
-        `taken_through` (the pacing's count, docs/services.md)."""
-        busy = (FileStatus.GRANTED.value, FileStatus.UPLOADED.value, FileStatus.SUBMITTED.value)
+        granted (slot unexpired) or uploaded by a live node (a dead node's never reach the
+        chain until it is back), submitted (every submission is judged), or accepted after
+        acceptance number `taken_through` (the pacing's count, docs/services.md)."""
+        live = (NodeState.HEALTHY.value, NodeState.UNHEALTHY.value)
         row = self.db.execute(
             "SELECT COUNT(*) FROM files WHERE granted = 1 AND policy_version >= ? AND "
-            "(status IN (?, ?, ?) OR (status = ? AND accepted_seq > ?))",
-            (min_version, *busy, FileStatus.ACCEPTED.value, taken_through)).fetchone()
+            "((status IN (?, ?) AND node IN (SELECT address FROM nodes WHERE state IN (?, ?))) "
+            "OR status = ? OR (status = ? AND accepted_seq > ?))",
+            (min_version, FileStatus.GRANTED.value, FileStatus.UPLOADED.value, *live,
+             FileStatus.SUBMITTED.value, FileStatus.ACCEPTED.value, taken_through)).fetchone()
         return int(row[0])
 
     def granted_count(self, node: str, step: int) -> int:
