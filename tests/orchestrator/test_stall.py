@@ -59,3 +59,42 @@ def test_trainer_says_what_a_step_awaits(pool: Pool, tmp_path, capsys) -> None:
     said = _lines(capsys.readouterr().err, "step waiting for accepted files")
     assert said and said[0]["step"] == 3 and said[0]["need"] == 64
     assert said[0]["excluded_groups"] == 2 and "held-out" in said[0]["why"]
+
+
+def _health(url: str) -> dict:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/health", timeout=10) as r:
+        return json.loads(r.read())["info"]
+
+
+def test_trainer_paces_the_pool_by_what_it_will_take(pool: Pool, tmp_path) -> None:
+    """`ahead_files`: by default async_level batches' worth of files (here 1 x 64 prompts / 8
+    per file), a number as given, 0 no pacing; the demand goes out with each move and again
+    while a step waits once it took files, and the pool's stall line names it."""
+    key = tmp_path / "trainer.key"
+    key.write_text(pool.key("trainer"))
+    rollout = RolloutConfig(group_size=2, prompts_per_step=64)
+
+    def source(ahead: int) -> NetworkSource:
+        cfg = NetworkSourceConfig(orchestrator_url=pool.orch.url, key_file=str(key),
+                                  poll_s=0.02, stall_log_s=0.1, ahead_files=ahead)
+        return NetworkSource(cfg, rollout, 1, 0, tmp_path, (None, None))
+
+    assert source(0).ahead is None and source(3).ahead == 3
+    src = source(-1)
+    assert src.ahead == 8
+    try:
+        src.reader.set_step(3, src.taken_through, src.ahead)
+        assert _health(pool.orch.url)["pacing"]["ahead"] == 8
+        src.taken_through = 10 ** 9  # it took files while the step waits: said at once
+        src._restate_demand(3)
+        assert _health(pool.orch.url)["pacing"]["taken_through"] == 10 ** 9
+        deadline = time.monotonic() + 20
+        while not [x for x in _lines(pool.orch.log.read_text(), "pool step waiting")
+                   if "pacing" in x["why"]]:
+            assert time.monotonic() < deadline, "the stall line does not name the pacing"
+            time.sleep(0.3)
+    finally:
+        src.reader.set_step(3)  # the module's other tests see an unpaced pool
+    assert _health(pool.orch.url)["pacing"]["ahead"] is None

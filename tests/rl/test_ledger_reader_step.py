@@ -49,3 +49,17 @@ def test_set_step_moves_forward_and_takes_a_step_behind_as_done(tmp_path: Path) 
         with pytest.raises(NotAReader):  # not a step refusal: raised
             LedgerReader(s.url, key("n1")).set_step(9)
         assert s.api.pool.step == 7
+
+
+def test_set_step_restates_the_trainers_demand(tmp_path: Path) -> None:
+    """The pacing demand reaches the orchestrator with the move, and a move without one stops
+    pacing (work orders then want no particular number of files)."""
+    with served(tmp_path) as s:
+        reader = LedgerReader(s.url, key("trainer"))
+        assert reader.set_step(5, taken_through=3, ahead=8) == 5
+        demand = s.api.pacer.demand
+        assert demand is not None and (demand.taken_through, demand.ahead) == (3, 8)
+        reader.set_step(6, taken_through=1, ahead=8)  # never goes back (a resumed trainer)
+        assert s.api.pacer.demand is not None and s.api.pacer.demand.taken_through == 3
+        reader.set_step(6)
+        assert s.api.pacer.demand is None

@@ -115,6 +115,8 @@ COVERED = {
     "network.stall_log_s": "tests/orchestrator/test_stall.py::test_trainer_says_what_a_step_awaits",
     "network.broadcast": "tests/rl/test_shardcast_publisher.py::"
                          "test_delta_broadcast_publishes_each_later_version_as_a_signed_rebuildable_delta",
+    "network.ahead_files": "tests/orchestrator/test_stall.py::"
+                           "test_trainer_paces_the_pool_by_what_it_will_take",
 }
 
 

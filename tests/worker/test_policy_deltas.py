@@ -35,7 +35,8 @@ RULES = PoolRules(pool_id=1, async_level=1, task=TASKS, sampling={"max_new_token
 class _Step:
     """The orchestrator's step as the publisher moves it (no pool in this test)."""
 
-    def set_step(self, step: int) -> int:
+    def set_step(self, step: int, taken_through: int | None = None,
+                 ahead: int | None = None) -> int:
         return step
 
 

@@ -1,9 +1,10 @@
 """The dashboard's aiohttp app: `/` the page, `/api/state` the snapshot it polls, `/health`.
 
 The page is static HTML with a small script: every `refresh_s` it fetches `/api/state` and
-redraws the nodes table, the policy versions per shardcast server, the reward and held-out
-accuracy curves (inline SVG) and the invalidation log, without a reload. Loopback only: it
-shows what a pool's reader may see and takes no input.
+redraws the flow line (the trainer's idle share, the validator's lag, stale drops, the pool's
+pacing and why the trainer or the pool waits), the nodes table, the policy versions per
+shardcast server, the reward and held-out accuracy curves (inline SVG) and the invalidation
+log, without a reload. Loopback only: it shows what a pool's reader may see and takes no input.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ th{background:#f3f3f3} td:first-child{text-align:left}
 </style></head><body>
 <h1>meshrl network <span id="pool" class="muted"></span></h1>
 <p id="status" class="muted">loading…</p>
+<h2>Flow</h2>
+<p id="flow">-</p><ul id="waiting"></ul>
+<p class="muted">trainer idle: the share of its step time spent waiting for batches; validator
+lag: files submitted and not yet judged; pacing: files in flight or waiting of those the trainer
+wants ahead; a wait line names what the trainer or the pool awaits</p>
 <h2>Nodes</h2>
 <table id="nodes"><thead><tr><th>node</th><th>state</th><th>policy</th><th>tokens/s</th>
 <th>accepted</th><th>rejected</th><th>pending</th><th>stake</th><th>slashed</th>
@@ -105,6 +111,14 @@ async function refresh() {
       [r => tokens(r.earned)], [r => tokens(r.claimable)]]);
     fill("versions", s.versions, [[r => r.url], [r => r.role ?? "down"],
       [r => r.latest ?? "-"], [r => r.complete.join(" ")]]);
+    const f = s.flow || {}, p = f.pacing;
+    document.getElementById("flow").textContent = "trainer idle " +
+      (f.idle_share == null ? "-" : (100 * f.idle_share).toFixed(0) + "%") +
+      " · validator lag " + (f.validator_lag ?? "-") + " files · stale dropped " +
+      (f.dropped_stale ?? "-") + " · pacing " + (p && p.ahead != null ?
+        p.backlog + " in flight or waiting + " + p.leases + " being made, of " + p.ahead :
+        "off");
+    list("waiting", (f.waiting || []).map(w => w.role + ": " + w.msg + " (" + w.why + ")"));
     curve("reward", s.reward);
     curve("accuracy", s.accuracy);
     list("invalid", s.invalidations.map(v => v.node + " " + v.verdict + ": " + v.reason));

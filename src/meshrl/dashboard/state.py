@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import aiohttp
 from meshrl.wire import SignedClient
 from meshrl.wire.models import LedgerPage, PoolNodes
 
-__all__ = ["collect_state"]
+__all__ = ["collect_state", "flow_state"]
 
 CURVE_POINTS = 400
 
@@ -64,6 +65,56 @@ async def _shardcast(urls: list[str]) -> list[dict[str, Any]]:
             except (aiohttp.ClientError, TimeoutError, ValueError):
                 out.append({"url": url, "role": None, "latest": None, "complete": []})
     return out
+
+
+async def _pacing(url: str) -> dict[str, Any] | None:
+    """The orchestrator's pacing as its `/health` says (None when it does not answer)."""
+    try:
+        async with (aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as s,
+                    s.get(url + "/health") as r):
+            return (await r.json()).get("info", {}).get("pacing")
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+
+
+def _tail(path: Path, msgs: tuple[str, ...], limit: int = 1 << 16) -> dict[str, Any] | None:
+    """The last line of `path`'s last `limit` bytes whose `msg` is one of `msgs`."""
+    if not path.is_file():
+        return None
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - limit))
+        lines = f.read().decode(errors="replace").splitlines()
+    for line in reversed(lines):
+        if line.startswith("{") and any(m in line for m in msgs):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("msg") in msgs:
+                return rec
+    return None
+
+
+# a wait line older than this is over (each is repeated while its wait lasts)
+WAIT_FRESH_S = 60.0
+
+
+def flow_state(run: Path, steps: list[dict[str, Any]], pacing: dict[str, Any] | None,
+               now: float) -> dict[str, Any]:
+    """Is the trainer kept busy: its idle share and the validator's lag (its metrics' last
+    step), the stale drops, the pool's pacing, and why the trainer or the pool waits now (their
+    last wait lines, while fresh)."""
+    last = steps[-1] if steps else {}
+    waits = []
+    for role, msgs in (("trainer", ("step waiting for accepted files",
+                                    "step waiting for verdicts")),
+                       ("orchestrator", ("pool step waiting",))):
+        rec = _tail(run / "logs" / f"{role}.log", msgs)
+        if rec is not None and now - rec.get("ts", 0) <= WAIT_FRESH_S:
+            waits.append({"role": role, "msg": rec["msg"], "why": rec.get("why", ""),
+                          "ts": rec.get("ts")})
+    return {"idle_share": last.get("idle_share"), "validator_lag": last.get("validator_lag"),
+            "dropped_stale": last.get("dropped_stale"), "pacing": pacing, "waiting": waits}
 
 
 def _nodes(info: dict[str, Any], pool: list[Any], ledger: list[Any]) -> list[dict[str, Any]]:
@@ -121,6 +172,7 @@ async def collect_state(run: Path) -> dict[str, Any]:
                            "reason": v.get("reason"), "ts": v.get("ts")}
                           for v in verdicts[-50:]],
         "events": [e for e in events if e["event"] != "start"][-30:],
+        "flow": flow_state(run, steps, await _pacing(info["orchestrator"]), time.time()),
     }
 
 

@@ -57,9 +57,11 @@ class PoolSpec(Config):
     prompts_per_file: int = Field(8, ge=1, description="prompts per rollout file")
     async_level: int = Field(2, ge=0, description="policy versions a file may lag its step")
     seed: int = Field(11, ge=0, description="base seed prompts derive from")
-    files_per_step: int = Field(2, ge=1, description="files each worker makes per pool step "
-                                "(its counters; keep it above the trainer's files per step "
-                                "divided by the honest workers)")
+    files_per_step: int = Field(8, ge=1, description="files each worker may make per policy "
+                                "version (its counters). The trainer's pacing decides how many "
+                                "are made; this is only the cap, so keep it at least the "
+                                "trainer's files per batch plus one (one member alone can fill "
+                                "a step whose files lost held-out groups)")
     proof_profile: ProofProfile = Field(
         "any-hardware", description=PROFILE_FIELD + " (the orchestrator publishes it, the "
         "validator judges by it; meshrl-cpu-engine only when every worker runs meshrl's engine)")

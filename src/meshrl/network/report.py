@@ -142,6 +142,35 @@ def _node_rows(info: dict[str, Any], ledger: list[dict[str, Any]],
     return nodes
 
 
+def _flow(metrics: list[dict[str, Any]], records: list[dict[str, Any]],
+          ledger: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the trainer's time went and how much paid work it threw away: its idle share
+    (seconds waiting for batches over seconds of steps; the part of the wait spent reading the
+    files is `load_share`), the validator's lag (files submitted and not yet judged, when each
+    step began), and the accepted files it took but dropped as stale."""
+    steps = [m for m in metrics if m.get("kind") == "step"]
+    total = sum(m["step_seconds"] for m in steps)
+    lags = [m["validator_lag"] for m in steps if m.get("validator_lag") is not None]
+    used = sum(len(r["used"]) for r in records)
+    dropped = [d for r in records for d in r["dropped"]]
+    stale = sum(d.get("reason") == "stale" for d in dropped)
+    taken = used + len(dropped)
+    return {
+        "steps": len(steps), "step_seconds": round(total, 1),
+        "idle_share": None if not total else round(
+            sum(m["wait_seconds"] for m in steps) / total, 3),
+        "load_share": None if not total else round(
+            sum(m.get("load_seconds", 0.0) for m in steps) / total, 3),
+        "train_seconds_per_step": None if not steps else round(
+            sum(m.get("train_seconds", 0.0) for m in steps) / len(steps), 3),
+        "validator_lag_mean": None if not lags else round(sum(lags) / len(lags), 2),
+        "validator_lag_max": max(lags, default=None),
+        "files_taken": taken, "files_used": used, "stale_dropped": stale,
+        "stale_share": None if not taken else round(stale / taken, 4),
+        "files_granted": sum(bool(e.get("granted")) for e in ledger),
+    }
+
+
 def build_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
     info = json.loads((root / "network.json").read_text())
     metrics = _lines(root / "trainer" / "metrics.jsonl")
@@ -171,6 +200,7 @@ def build_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
         "restarts": [e for e in events if e["event"] in ("died", "killed", "recovered", "retired")],
         "faults": _lines_json(root / "faults.json") or [],
         "invalidations": [v for v in verdicts if v.get("verdict") != "accept"],
+        "flow": _flow(metrics, records, ledger),
     }
 
 
@@ -249,6 +279,7 @@ def _markdown(rep: dict[str, Any]) -> str:
                    f"{n['trained_on']} | {n['tokens']} | {_tokens(n['rewards_earned'])} | "
                    f"{_tokens(n['rewards_claimable'])} | {_tokens(n['rewards_claimed'])} | "
                    f"{_tokens(n['stake'])} | {_tokens(n['stake_slashed'])} |")
+    out += _flow_markdown(rep.get("flow") or {})
     out += ["", "## Policy versions (seconds from publish to load, slowest worker)", "",
             "| version | kind | bytes | bytes with the base | workers | by delta | max s |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -267,3 +298,22 @@ def _markdown(rep: dict[str, Any]) -> str:
     out += [f"- {v.get('node')} {v.get('verdict')}: {v.get('reason')}"
             for v in rep["invalidations"]]
     return "\n".join(out) + "\n"
+
+
+def _share(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _flow_markdown(f: dict[str, Any]) -> list[str]:
+    """The trainer's flow: idle share, the validator's lag, stale drops (`_flow`)."""
+    if not f:
+        return []
+    return ["", "## Flow (is the trainer kept busy?)", "",
+            f"- trainer idle: {_share(f['idle_share'])} of {f['step_seconds']} s of steps "
+            f"(reading files: {_share(f['load_share'])}; training "
+            f"{f['train_seconds_per_step']} s per step)",
+            f"- validator lag (files submitted, not yet judged, at each step): mean "
+            f"{f['validator_lag_mean']}, max {f['validator_lag_max']}",
+            f"- accepted files taken: {f['files_taken']}, trained on {f['files_used']}, "
+            f"dropped as stale {f['stale_dropped']} ({_share(f['stale_share'])}); files "
+            f"granted in all: {f['files_granted']}"]

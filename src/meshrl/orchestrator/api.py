@@ -29,6 +29,7 @@ from meshrl.orchestrator.chainview import ChainView
 from meshrl.orchestrator.config import OrchestratorConfig
 from meshrl.orchestrator.join import JoinDesk, read_chain_facts
 from meshrl.orchestrator.metrics import OrchestratorMetrics
+from meshrl.orchestrator.pacing import Pacer
 from meshrl.orchestrator.state import FileRow, Grant, PoolStep, SlotUse, State
 from meshrl.orchestrator.store import (
     FileStore,
@@ -92,8 +93,10 @@ class OrchestratorApi:
 
     def __init__(self, cfg: OrchestratorConfig, terms: PoolTerms, state: State,
                  store: FileStore, pool: PoolStep, chain: ChainView, readers: Iterable[str],
-                 metrics: OrchestratorMetrics, guard: RequestGuard) -> None:
+                 metrics: OrchestratorMetrics, guard: RequestGuard,
+                 pacer: Pacer | None = None) -> None:
         self.cfg, self.terms, self.state, self.store = cfg, terms, state, store
+        self.pacer = pacer or Pacer(state, pool, cfg.work.lease_s, cfg.rules.files_per_step)
         self.pool, self.chain, self.metrics, self.guard = pool, chain, metrics, guard
         self.readers = frozenset(a.lower() for a in readers)
         self.published = PoolRules(pool_id=cfg.pool_id, **dict(cfg.rules))  # served as is
@@ -120,6 +123,7 @@ class OrchestratorApi:
         return {"pool_id": self.cfg.pool_id, "step": self.pool.step,
                 "nodes": {s.value: len(self.state.nodes((s,))) for s in NodeState},
                 "files": self.state.count_files(), "chain_block": self.chain.cursor.next_block,
+                "pacing": self.pacer.status(time.monotonic()),
                 "signatures": {"verified": self.guard.verified,
                                "seconds": round(self.guard.verify_seconds, 6)}}
 
@@ -143,12 +147,14 @@ class OrchestratorApi:
                             step=self.pool.step)
 
     async def work(self, call: Call) -> WorkOrder:
-        self.member(call)
+        node = self.member(call)
         w = self.cfg.work
+        wanted, waiting = self.pacer.want(node, time.monotonic())
         return WorkOrder(rules=self.published, step=self.pool.step,
                          policy_versions=self.pool.versions(),
                          shardcast_servers=w.shardcast_servers, max_file_bytes=w.max_file_bytes,
-                         max_units_per_file=self.terms.max_units)
+                         max_units_per_file=self.terms.max_units, files_wanted=wanted,
+                         waiting=waiting)
 
     async def rules(self, call: Call) -> PoolRules:
         return self.published
@@ -291,6 +297,7 @@ class OrchestratorApi:
         if new.step < self.pool.step:
             raise WireError(ErrorCode.STEP_GOES_BACK, f"pool is at step {self.pool.step}")
         self.pool.set(new.step)
+        self.pacer.set_demand(new.taken_through, new.ahead)  # each move restates the demand
         return HeartbeatAck(state=NodeState.HEALTHY, interval_s=self.cfg.heartbeat.interval_s,
                             step=self.pool.step)
 

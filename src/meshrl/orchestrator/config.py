@@ -68,6 +68,9 @@ class WorkConfig(Config):
     stall_log_s: float = Field(20.0, gt=0, description="while the pool's step does not move, "
                                "log this often what it has (members, files of the step by "
                                "status) and why it may not fill: no silent stall")
+    lease_s: float = Field(30.0, gt=0, description="pacing: how long a work order's want of "
+                           "one file holds that file's place for its node (until its next work "
+                           "order at the latest)")
 
 
 class JoinConfig(Config):

@@ -22,6 +22,7 @@ from meshrl.orchestrator.chainview import ChainView
 from meshrl.orchestrator.config import OrchestratorConfig
 from meshrl.orchestrator.metrics import OrchestratorMetrics
 from meshrl.orchestrator.onboarding import Onboarding
+from meshrl.orchestrator.pacing import Pacer
 from meshrl.orchestrator.state import PoolStep, State
 from meshrl.orchestrator.store import DiskFileStore, FileStore
 from meshrl.protocol.chain import Protocol
@@ -65,6 +66,8 @@ class Orchestrator:
         self.registry = CollectorRegistry()
         self.metrics = OrchestratorMetrics(self.registry)
         self.pool = PoolStep(self.state, cfg.work.step, cfg.rules.async_level)
+        self.pacer = Pacer(self.state, self.pool, cfg.work.lease_s,
+                           cfg.rules.files_per_step)
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -89,7 +92,8 @@ class Orchestrator:
         revived = self.state.grace(time.time())
         self.state.reset_uploads()  # slots a kill left `uploading`: free to finish the upload
         api = OrchestratorApi(self.cfg, terms, self.state, self.store, self.pool, self.chain,
-                              [*self.cfg.readers, self.manager], self.metrics, self.guard)
+                              [*self.cfg.readers, self.manager], self.metrics, self.guard,
+                              self.pacer)
         app = build_app("orchestrator", api.routes(), self.guard, registry=self.registry)
         self._runner, self.url = await listen(app, self.cfg.host, self.cfg.port)
         for loop in (self._follow_chain, self._monitor, self._expire_slots, self.onboarding.run,
@@ -175,10 +179,18 @@ class Orchestrator:
             why.append(f"every member made its {limit} files of this step ({cap} prompts in "
                        "all): the step can move only if the trainer has enough of them "
                        "accepted")
+        pace = self.pacer.status(time.monotonic())
+        if pace["ahead"] is not None:
+            made = pace["backlog"] + pace["leases"]
+            why.append(f"pacing: {pace['backlog']} files in flight or waiting and "
+                       f"{pace['leases']} being made of the {pace['ahead']} the trainer wants "
+                       "ahead" + (" (met: members wait for the trainer to take some)"
+                                  if made >= pace["ahead"] else ""))
         if by_status.get(FileStatus.SUBMITTED.value):
             why.append(f"{by_status[FileStatus.SUBMITTED.value]} files await a verdict")
         log_event(log, "pool step waiting", step=step, still_s=round(now - since, 1),
                   members=len(members), members_at_limit=len(full), files=by_status,
+                  pacing=pace,
                   why="; ".join(why) or "members are generating")
         return min(every, 5.0)
 

@@ -391,6 +391,26 @@ class State:
     def set_work_id(self, seq: int, work_id: str) -> None:
         self.db.execute("UPDATE files SET work_id = ? WHERE seq = ?", (work_id, seq))
 
+    def backlog(self, taken_through: int, min_version: int) -> int:
+        """Granted files of policy versions >= `min_version` that the trainer has not taken:
+        granted (slot unexpired) or uploaded by a live node (a dead node's never reach the
+        chain until it is back), submitted (every submission is judged), or accepted after
+        acceptance number `taken_through` (the pacing's count, docs/services.md)."""
+        live = (NodeState.HEALTHY.value, NodeState.UNHEALTHY.value)
+        row = self.db.execute(
+            "SELECT COUNT(*) FROM files WHERE granted = 1 AND policy_version >= ? AND "
+            "((status IN (?, ?) AND node IN (SELECT address FROM nodes WHERE state IN (?, ?))) "
+            "OR status = ? OR (status = ? AND accepted_seq > ?))",
+            (min_version, FileStatus.GRANTED.value, FileStatus.UPLOADED.value, *live,
+             FileStatus.SUBMITTED.value, FileStatus.ACCEPTED.value, taken_through)).fetchone()
+        return int(row[0])
+
+    def granted_count(self, node: str, step: int) -> int:
+        """Counters `node` has used at `step` (its granted files of that step)."""
+        row = self.db.execute("SELECT COUNT(*) FROM files WHERE granted = 1 AND node = ? AND "
+                              "step = ? AND counter >= 0", (node, step)).fetchone()
+        return int(row[0])
+
     def count_files(self) -> dict[FileStatus, int]:
         rows = self.db.execute("SELECT status, COUNT(*) FROM files GROUP BY status")
         return {FileStatus(status): n for status, n in rows}

@@ -21,6 +21,11 @@ class WorkOrder(Model):
     shardcast_servers: list[str] = Field(max_length=64)
     max_file_bytes: int = Field(ge=1)
     max_units_per_file: int = Field(ge=1)
+    files_wanted: int | None = Field(None, ge=0, le=1 << 20, description="files the pool "
+                                     "wants from this node now (the trainer's pacing: 0, wait "
+                                     "and ask again; None: as many as its counters allow)")
+    waiting: str = Field("", max_length=1000, description="why the pool wants no file now "
+                         "(empty when it does)")
 
 
 class JoinManifest(Model):

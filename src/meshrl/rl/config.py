@@ -172,6 +172,11 @@ class NetworkSourceConfig(Config):
         "checkpoint) or delta (a lossless delta against the newest published version beside "
         "the full checkpoint: a worker or validator holding that version fetches the delta "
         "alone, any other the full part; docs/shardcast.md)")
+    ahead_files: int = Field(-1, ge=-1, le=1 << 20, description="pacing: files the trainer "
+                             "asks the pool to keep generated, judged or waiting beyond those "
+                             "it has taken (-1: max(1, async_level) x the files of one batch, "
+                             "so none is made for a version that will be stale; 0: no pacing, "
+                             "every member makes its counters' worth)")
 
 
 class DistributedConfig(Config):

@@ -80,6 +80,9 @@ class RankSource(RolloutSource):
             self.dropped_stale = self.source.dropped_stale
         return self.world.broadcast(batch)
 
+    def flow(self) -> dict[str, float]:
+        return self.source.flow() if self.source is not None else {}
+
     def pending(self, upto: int) -> list[RolloutBatch]:
         return self.source.pending(upto) if self.source is not None else []
 

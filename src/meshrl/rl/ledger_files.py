@@ -203,15 +203,19 @@ class LedgerReader:
                 return [await c.get_bytes(e.download) for e in entries]
         return self._run(go)
 
-    def set_step(self, step: int) -> int:
-        """Move the pool to `step` (monotone); returns the pool's step after the call."""
+    def set_step(self, step: int, taken_through: int | None = None,
+                 ahead: int | None = None) -> int:
+        """Move the pool to `step` (monotone) and restate what the trainer will take (`ahead`
+        files beyond acceptance number `taken_through`; None: no pacing); returns the pool's
+        step after the call."""
         from meshrl.wire.models import HeartbeatAck, StepUpdate
+
+        update = StepUpdate(step=step, taken_through=taken_through, ahead=ahead)
 
         async def go() -> int:
             async with SignedClient(self.url, self.key) as c:
                 try:
-                    ack = await c.call("POST", "/step", StepUpdate(step=step),
-                                       response=HeartbeatAck)
+                    ack = await c.call("POST", "/step", update, response=HeartbeatAck)
                     return ack.step
                 except StepGoesBack:  # the pool is already past it (a resumed run)
                     return step

@@ -82,6 +82,7 @@ class RLRun:
         self.elapsed_before = 0.0  # wall time of earlier sessions of this run
         self.t0 = time.perf_counter()
         self.accuracy = float("nan")
+        self.waited = self.stepped = 0.0  # this session's seconds waiting for batches, in steps
 
     # ----------------------------------------------------------------------------- the algorithm
     def run(self) -> dict[str, Any]:
@@ -296,6 +297,7 @@ class RLRun:
 
     def _log_step(self, batch: RolloutBatch, stats: dict[str, float], keep: torch.Tensor,
                   wait: float, seconds: float, source: RolloutSource) -> None:
+        self.waited, self.stepped = self.waited + wait, self.stepped + seconds
         self.metrics.log({
             "kind": "step", "step": self.step, "version": batch.version,
             "staleness": self.step - 1 - batch.version, **stats,
@@ -305,6 +307,8 @@ class RLRun:
             "tokens_per_s": batch.num_tokens / max(seconds, 1e-9),
             "step_seconds": seconds, "wait_seconds": wait, "gen_seconds": batch.gen_seconds,
             "dropped_stale": source.dropped_stale, "elapsed": self.elapsed(),
+            # the share of this session's step time spent waiting for batches
+            "idle_share": self.waited / max(self.stepped, 1e-9), **source.flow(),
         })
 
     def _progress_bar(self) -> Any:

@@ -8,7 +8,10 @@ mode (source.py), so the algorithm in loop.py is the same as with the local pipe
   origin's store, its manifest signed with the trainer's key (the pool's `policy_signer`: relays,
   workers and validators believe no other; a running origin serves it, relays mirror it) and
   moves the pool to step `v`,
-  so workers generate with versions `v - async_level .. v`.
+  so workers generate with versions `v - async_level .. v`. With the move it says what it will
+  take (pacing, docs/services.md): every accepted file up to the last one it took, and `ahead`
+  files beyond (`ahead_files`, by default max(1, async_level) batches' worth of files), so the
+  pool makes no file for a version that will be stale by the time the trainer reaches it.
 - `get(s)` takes accepted files in the order they were accepted (`GET /ledger?accepted_after=`;
   the order a file was granted in says nothing of when it is judged), only rows granted to and
   uploaded by their node, each sha256 once, applying the async rule (a file of policy version v
@@ -17,6 +20,9 @@ mode (source.py), so the algorithm in loop.py is the same as with the local pipe
   Before that it waits until every file of steps <= s - `judge_lag` submitted on chain has a
   verdict: the trainer never runs more than `judge_lag` steps ahead of the validators, so a
   cheater is slashed and ejected within that many steps of its first dishonest file.
+- Flow, in every step's metrics (`flow()`): `validator_lag`, the files submitted on chain and
+  not yet judged when the step began; `load_seconds`, the part of the step's wait spent
+  downloading and reading its files (the rest is idle).
 - Records: `rollouts.jsonl` in the run directory has one line per step with every file it
   used and every file it dropped. A file appears in the records at most once, so no accepted
   rollout is used twice; on resume from the checkpoint of step c the lines of steps >= c are cut
@@ -30,6 +36,7 @@ import logging
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,10 +81,12 @@ class ShardcastPublisher(PolicyPublisher):
     trainer's signed client of the orchestrator)."""
 
     def __init__(self, origin_root: str | Path, reader: LedgerReader, model: Any,
-                 tokenizer: Any, key: str, broadcast: str = "full") -> None:
+                 tokenizer: Any, key: str, broadcast: str = "full",
+                 demand: Callable[[], tuple[int, int | None]] = lambda: (0, None)) -> None:
         self.origin_root, self.reader = Path(origin_root), reader
         self.model, self.tokenizer, self.key = model, tokenizer, key
         self.broadcast = broadcast  # "delta": against the newest version published before
+        self.demand = demand  # (taken through, ahead) restated with every move
 
     def publish(self, version: int, weights: Weights) -> None:
         """Publish `model`, whose weights are `weights`, as `version`; move the pool."""
@@ -103,7 +112,7 @@ class ShardcastPublisher(PolicyPublisher):
                 shutil.rmtree(tmp, ignore_errors=True)
         else:  # published before a crash: workers may already hold it, keep theirs
             log_event(log, "version already published", version=version)
-        pool_step = self.reader.set_step(version)
+        pool_step = self.reader.set_step(version, *self.demand())
         log_event(log, "published", version=version, pool_step=pool_step,
                   seconds=round(time.perf_counter() - t0, 3))
 
@@ -141,6 +150,21 @@ class NetworkSource(RolloutSource):
         self.seen = self._resume_records(start_step)  # sha256 of every file used or dropped
         self.queue: list[LedgerEntry] = []  # trainable, not yet taken, in acceptance order
         self.dropped_stale = 0
+        per_batch = -(-rollout.prompts_per_step // self.rules.prompts_per_file)
+        self.ahead: int | None = (cfg.ahead_files if cfg.ahead_files >= 0
+                                  else max(1, async_level) * per_batch) or None
+        self.taken_through = 0  # acceptance number of the last accepted file taken
+        self._said = (-1, 0)  # (step, taken_through) last restated to the pool
+        self._flow: dict[str, float] = {}
+        one_member = self.rules.files_per_step * self.rules.prompts_per_file
+        if one_member < rollout.prompts_per_step + self.rules.prompts_per_file:
+            log_event(log, "one member cannot fill a step alone", level=logging.WARNING,
+                      files_per_step=self.rules.files_per_step,
+                      prompts_per_file=self.rules.prompts_per_file,
+                      prompts_per_step=rollout.prompts_per_step,
+                      why=f"a member makes at most {one_member} prompts of one policy version, "
+                      f"the trainer takes {rollout.prompts_per_step} and a file's held-out "
+                      "prompts are dropped: with few members a step may wait for the next")
 
     def _resume_records(self, start_step: int) -> set[str]:
         kept = [r for r in read_records(self.records_path) if r["step"] < start_step]
@@ -151,12 +175,15 @@ class NetworkSource(RolloutSource):
     def publisher(self) -> ShardcastPublisher:
         """The publisher of this pool: it moves the pool through this source's reader."""
         return ShardcastPublisher(self.cfg.origin_root, self.reader, self.model, self.tokenizer,
-                                  self.key, self.cfg.broadcast)
+                                  self.key, self.cfg.broadcast,
+                                  lambda: (self.taken_through, self.ahead))
 
     # ---- RolloutSource -----------------------------------------------------------------------
     def get(self, step: int) -> RolloutBatch:
         """The batch of `step`: accepted groups of fresh files, at least `prompts_per_step`."""
         t0 = time.perf_counter()
+        self._said = (step, self.taken_through)  # the publish of `step` restated it
+        self._flow = {"validator_lag": self._validator_lag(), "load_seconds": 0.0}
         if self.cfg.judge_lag is not None:
             self._wait_judged(step - self.cfg.judge_lag)
         taken: list[FileGroups] = []
@@ -167,13 +194,19 @@ class NetworkSource(RolloutSource):
                 self.dropped_stale += 1
                 dropped.append(_ref(entry, "stale"))
                 continue
+            t_load = time.perf_counter()
             try:
                 taken.append(self._load(entry))
             except (UnusableFile, ValueError) as e:
                 log_event(log, "file unusable", sha256=entry.sha256, reason=str(e))
                 dropped.append(_ref(entry, f"unusable: {e}"))
+            finally:
+                self._flow["load_seconds"] += time.perf_counter() - t_load
         self._record(step, taken, dropped, time.perf_counter() - t0)
         return _batch(step, taken, self.rollout.group_size, time.perf_counter() - t0)
+
+    def flow(self) -> dict[str, float]:
+        return dict(self._flow)
 
     def pending(self, upto: int) -> list[RolloutBatch]:
         return []  # nothing in flight belongs to the trainer: the ledger keeps it
@@ -186,6 +219,7 @@ class NetworkSource(RolloutSource):
                     dropped: list[dict[str, Any]]) -> LedgerEntry:
         t0 = last = time.monotonic()
         while (entry := self.take()) is None:
+            self._restate_demand(step)
             if time.monotonic() - last >= self.cfg.stall_log_s:
                 last = time.monotonic()
                 self._say_waiting(step, taken, dropped, last - t0)
@@ -206,9 +240,24 @@ class NetworkSource(RolloutSource):
             reasons.append(f"{len(dropped)} files dropped (stale or unusable)")
         if self.rules.files_per_step:
             reasons.append(f"members make at most {self.rules.files_per_step} files per step")
+        if self.ahead is not None:
+            reasons.append(f"the pool is paced to {self.ahead} files beyond those taken "
+                           f"(through acceptance {self.taken_through})")
         log_event(log, "step waiting for accepted files", step=step, groups=have, need=need,
                   files=len(taken), excluded_groups=excluded, dropped=len(dropped),
                   waited_s=round(waited, 1), why="; ".join(reasons))
+
+    def _restate_demand(self, step: int) -> None:
+        """While a step waits, tell the pool what was taken since the last move, so files
+        taken for this very step free their places at once (never twice for the same)."""
+        if self.ahead is None or self._said == (step, self.taken_through):
+            return
+        self._said = (step, self.taken_through)
+        self.reader.set_step(step, self.taken_through, self.ahead)
+
+    def _validator_lag(self) -> int:
+        """Files submitted on chain and not yet judged (those the pool stored: version >= 0)."""
+        return sum(e.policy_version >= 0 for e in self.reader.awaiting_verdict())
 
     def take(self) -> LedgerEntry | None:
         """The next trainable accepted file in acceptance order, never one taken before (the
@@ -217,6 +266,7 @@ class NetworkSource(RolloutSource):
             self.queue.extend(e for e in self.reader.accepted() if trainable(e))
         while self.queue:
             entry = self.queue.pop(0)
+            self.taken_through = max(self.taken_through, entry.accepted_seq)
             if entry.sha256 not in self.seen:
                 self.seen.add(entry.sha256)
                 return entry

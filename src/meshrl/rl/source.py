@@ -26,6 +26,11 @@ class RolloutSource(ABC):
     @abstractmethod
     def get(self, step: int) -> RolloutBatch: ...
 
+    def flow(self) -> dict[str, float]:
+        """Numbers of the source's flow for this step's metrics (the pool's: the validator's
+        lag, the files' reading time); none for a local source."""
+        return {}
+
     @abstractmethod
     def pending(self, upto: int) -> list[RolloutBatch]:
         """Batches made for steps <= `upto` and not yet taken: what a checkpoint must keep."""

@@ -231,9 +231,17 @@ class LedgerEntry(Model):
 
 
 class StepUpdate(Model):
-    """The trainer moves the pool to `step` (monotone)."""
+    """The trainer moves the pool to `step` (monotone) and, optionally, says what it will take
+    (the orchestrator's pacing, docs/services.md): it has taken every accepted file up to
+    acceptance number `taken_through`, and wants `ahead` files in flight or waiting beyond
+    those. Without `ahead` the pool is not paced (each node makes its counters' worth)."""
 
     step: int = Field(ge=0, le=I64)
+    taken_through: int | None = Field(None, ge=0, le=I64, description="the `accepted_seq` of "
+                                      "the last accepted file the trainer has taken")
+    ahead: int | None = Field(None, ge=0, le=1 << 20, description="files the trainer wants "
+                              "generated, judged or waiting beyond those it has taken (None: "
+                              "no pacing)")
 
 
 class PoolNode(Model):

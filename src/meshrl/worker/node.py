@@ -67,6 +67,7 @@ class WorkerNode:
         self.tokens_per_s = 0.0
         self.policy: PolicyHolder | None = None
         self.state = "starting"  # for the live status line
+        self._paced_s = 0.0  # the wait between work orders while paced (`_idle_wait`)
 
     # ---- life ----------------------------------------------------------------------------
     async def run(self) -> int:
@@ -135,8 +136,9 @@ class WorkerNode:
         if made is None:
             if len(self.outbox):  # a delivery postponed (link down): retried while idle too
                 await self._deliver(courier)
-            await self._sleep(self.cfg.poll_interval)
+            await self._sleep(self._idle_wait(order))
             return
+        self._paced_s = 0.0
         entry, data = made
         self.outbox.put(data, entry)
         log_event(log, "file written", sha256=entry.sha256, step=entry.step,
@@ -153,6 +155,14 @@ class WorkerNode:
                 log_event(log, "waiting for a policy version", have=version,
                           allowed=order.policy_versions, step=order.step)
             return None  # the follower is fetching a newer one
+        if order.files_wanted == 0:  # paced: the pool has what the trainer will take
+            if time.monotonic() - getattr(self, "_said_paced", -1e9) > 30.0:  # not silent
+                self._said_paced = time.monotonic()
+                log_event(log, "waiting: the pool wants no file now", why=order.waiting,
+                          step=order.step)
+            self.state = "paced"
+            return None
+        self.state = "working"
         # a file's step is the version it is generated with: each version's counters
         # 0 .. files_per_step - 1 are the only work it offers, so no choice of version or step
         # can pick among generations of one piece of work
@@ -173,6 +183,16 @@ class WorkerNode:
         h = rf.header
         return OutboxEntry(hashlib.sha256(data).hexdigest(), len(data), h.step, counter,
                            h.policy_version, h.work_units), data
+
+    def _idle_wait(self, order: WorkOrder) -> float:
+        """Seconds until the next work order: `poll_interval`, doubled while the pool keeps
+        wanting no file (paced), up to 4x, so idle members do not sign a request each poll."""
+        if order.files_wanted != 0:
+            self._paced_s = 0.0
+            return self.cfg.poll_interval
+        self._paced_s = min(4 * self.cfg.poll_interval,
+                            2 * (self._paced_s or self.cfg.poll_interval / 2))
+        return self._paced_s
 
     async def _deliver(self, courier: Courier) -> None:
         order = self.order

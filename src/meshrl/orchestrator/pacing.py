@@ -1,0 +1,106 @@
+"""Pacing: the pool makes what the trainer will take, not what its members could make.
+
+Without it every member makes its `files_per_step` counters of every policy version, however
+few of them the trainer needs: the surplus is generated, uploaded, submitted, judged and paid
+for, and then dropped as stale (a file of version v is usable only up to step v + async_level),
+while it holds the cores and the validator the trainer waits on.
+
+The trainer says what it will take (`POST /step`: it has taken every accepted file up to
+acceptance number `taken_through`, and wants `ahead` files beyond those). The pool's backlog is
+every granted file of a fresh version (>= step - async_level) the trainer has not taken:
+granted or uploaded by a live node, submitted, or accepted after `taken_through`
+(`State.backlog`). A node's
+work order wants one file when the backlog plus the leases of other nodes is below `ahead`; that
+want is a lease held by the node until its next work order or `lease_s`, so members asking at
+once do not all make the last file wanted. A node that cannot make a file now holds no lease:
+one whose last heartbeat names a policy version the pool no longer takes, or that used its
+`files_per_step` counters of that version (the want goes to the others). An invalidated or
+expired file leaves the backlog, so its place is made again. Without a demand (a trainer that
+never said, or `ahead` None) the pool is not paced.
+
+The demand lives in the state's meta table: a restarted orchestrator keeps pacing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from meshrl.orchestrator.state import PoolStep, State
+
+__all__ = ["Demand", "Pacer"]
+
+DEMAND = "trainer_demand"  # meta key
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What the trainer will take: `ahead` files beyond acceptance number `taken_through`."""
+
+    taken_through: int
+    ahead: int
+
+
+class Pacer:
+    """The files each node's work order wants now (module docstring)."""
+
+    def __init__(self, state: State, pool: PoolStep, lease_s: float,
+                 files_per_step: int) -> None:
+        self.state, self.pool, self.lease_s = state, pool, lease_s
+        self.files_per_step = files_per_step
+        raw = state.get_meta(DEMAND)
+        self.demand: Demand | None = Demand(**json.loads(raw)) if raw else None
+        self.leases: dict[str, float] = {}  # node (lower case) -> lease expiry (monotonic)
+
+    def set_demand(self, taken_through: int | None, ahead: int | None) -> None:
+        """The trainer's latest word (`ahead` None: stop pacing). `taken_through` never goes
+        back (a resumed trainer may re-take files it lost; the pool made them already)."""
+        if ahead is None:
+            self.demand = None
+            self.state.set_meta(DEMAND, "")
+            return
+        before = self.demand.taken_through if self.demand else 0
+        self.demand = Demand(max(before, taken_through or 0), ahead)
+        self.state.set_meta(DEMAND, json.dumps(self.demand.__dict__))
+
+    def backlog(self) -> int:
+        """Fresh files the trainer has not taken (0 without a demand)."""
+        if self.demand is None:
+            return 0
+        return self.state.backlog(self.demand.taken_through, min(self.pool.versions()))
+
+    def want(self, node: str, now: float) -> tuple[int | None, str]:
+        """(files `node` should make now, why none): None without a demand; 1 with a lease
+        for it, or 0 and the reason the pool has enough."""
+        if self.demand is None:
+            return None, ""
+        key = node.lower()
+        self.leases = {n: t for n, t in self.leases.items() if t > now and n != key}
+        cannot = self._cannot(node)
+        if cannot:
+            return 0, cannot
+        backlog, leased = self.backlog(), len(self.leases)
+        if backlog + leased < self.demand.ahead:
+            self.leases[key] = now + self.lease_s
+            return 1, ""
+        return 0, (f"the trainer's demand is met: {backlog} files in flight or waiting and "
+                   f"{leased} being made, it wants {self.demand.ahead} ahead")
+
+    def _cannot(self, node: str) -> str:
+        """Why `node` cannot make a file now ("" if it can), by its last heartbeat."""
+        row = self.state.node(node)
+        version = -1 if row is None else row.policy_version
+        if version not in self.pool.versions():
+            return (f"this node's policy version {version} is not one the pool takes "
+                    f"({self.pool.versions()}): fetch a newer one")
+        if self.state.granted_count(node, version) >= self.files_per_step:
+            return (f"this node made its {self.files_per_step} files of version {version}: "
+                    "the next version's counters are its next work")
+        return ""
+
+    def status(self, now: float) -> dict[str, int | None]:
+        """For `/health` and the stall log: the demand, the backlog and the live leases."""
+        live = sum(t > now for t in self.leases.values())
+        return {"ahead": None if self.demand is None else self.demand.ahead,
+                "taken_through": None if self.demand is None else self.demand.taken_through,
+                "backlog": self.backlog(), "leases": live}

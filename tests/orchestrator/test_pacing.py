@@ -1,0 +1,158 @@
+"""Pacing: a work order wants a file only while the files the trainer has not taken (granted,
+uploaded, submitted, or accepted past what it took) and those being made are fewer than it asked
+for; a want is a lease, so members asking at once do not all make the last file; a node that
+cannot make a file holds none; the demand survives a restart. Over the real HTTP API, served from
+its parts (acceptance is set in the state, as following the chain does)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+from pathlib import Path
+
+from meshrl.orchestrator.config import OrchestratorConfig
+from meshrl.orchestrator.pacing import Pacer
+from meshrl.orchestrator.state import PoolStep, State
+from meshrl.pool import WorkOrder
+from meshrl.wire import SignedClient
+from meshrl.wire.models import (
+    FileStatus,
+    Heartbeat,
+    HeartbeatAck,
+    NodeState,
+    SlotRequest,
+    StepUpdate,
+    UploadSlot,
+)
+
+from .conftest import parquet_framed
+from .parts import address, api_from_parts, key
+
+NODES = ("n1", "n2", "n3")
+FILES_PER_STEP = 2
+
+
+def _cfg() -> OrchestratorConfig:
+    return OrchestratorConfig(pool_id=1, work={"step": 3, "max_file_bytes": 4000},
+                              rules={"async_level": 1, "files_per_step": FILES_PER_STEP},
+                              guard={"rate_per_minute": 100_000, "rate_burst": 1000})
+
+
+async def _want(url: str, node: str) -> WorkOrder:
+    async with SignedClient(url, key(node)) as c:
+        return await c.call("GET", "/work", response=WorkOrder)
+
+
+async def _beat(url: str, node: str, version: int) -> None:
+    async with SignedClient(url, key(node)) as c:
+        await c.call("POST", "/heartbeat", Heartbeat(policy_version=version, step=version,
+                                                      tokens_per_s=1.0, files_pending=0),
+                     response=HeartbeatAck)
+
+
+async def _grant(url: str, node: str, version: int, counter: int) -> str:
+    data = parquet_framed(os.urandom(64))
+    sha = hashlib.sha256(data).hexdigest()
+    async with SignedClient(url, key(node)) as c:
+        await c.call("POST", "/uploads", SlotRequest(
+            sha256=sha, size=len(data), step=version, policy_version=version, work_units=10,
+            counter=counter), response=UploadSlot)
+    return sha
+
+
+async def _step(url: str, step: int, taken: int | None, ahead: int | None) -> None:
+    async with SignedClient(url, key("trainer")) as c:
+        await c.call("POST", "/step", StepUpdate(step=step, taken_through=taken, ahead=ahead),
+                     response=HeartbeatAck)
+
+
+def test_work_orders_want_what_the_trainer_will_take(tmp_path: Path) -> None:
+    async def t() -> None:
+        async with api_from_parts(tmp_path, _cfg(), readers=(address("trainer"),)) as s:
+            for n in NODES:
+                s.state.upsert_node(address(n), address("p" + n), NodeState.HEALTHY,
+                                    time.time())
+                await _beat(s.url, n, 3)
+            # no demand said: not paced
+            assert (await _want(s.url, "n1")).files_wanted is None
+            await _step(s.url, 3, 0, 2)
+            # two files wanted ahead: the first two to ask lease one each, the third waits
+            assert (await _want(s.url, "n1")).files_wanted == 1
+            assert (await _want(s.url, "n2")).files_wanted == 1
+            third = await _want(s.url, "n3")
+            assert third.files_wanted == 0 and "demand is met" in third.waiting
+            # asking again gives back one's own lease first: n1 keeps its place
+            assert (await _want(s.url, "n1")).files_wanted == 1
+            # n1's file granted: it is in flight; with n2's lease, the two wanted are covered
+            sha = await _grant(s.url, "n1", 3, 0)
+            assert (await _want(s.url, "n1")).files_wanted == 0
+            assert s.api.pacer.status(time.monotonic())["backlog"] == 1
+            # accepted, not yet taken: still the trainer's backlog
+            row = s.state.file(sha)
+            assert row is not None
+            s.state.set_file_status(row.seq, FileStatus.ACCEPTED)
+            assert (await _want(s.url, "n3")).files_wanted == 0
+            # the trainer took it: its place is free again
+            accepted = s.state.file(sha)
+            assert accepted is not None and accepted.accepted_seq >= 1
+            await _step(s.url, 3, accepted.accepted_seq, 2)
+            assert (await _want(s.url, "n3")).files_wanted == 1
+            # an invalidated file leaves the backlog (its place is made again)
+            bad = await _grant(s.url, "n2", 3, 0)
+            assert s.api.pacer.backlog() == 1
+            bad_row = s.state.file(bad)
+            assert bad_row is not None
+            s.state.set_file_status(bad_row.seq, FileStatus.HARD_INVALIDATED)
+            assert s.api.pacer.backlog() == 0
+            # a dead node's granted file never reaches the chain while it is gone: no backlog
+            await _grant(s.url, "n3", 3, 0)
+            assert s.api.pacer.backlog() == 1
+            s.state.set_node_state(address("n3"), NodeState.DEAD)
+            assert s.api.pacer.backlog() == 0
+            s.state.set_node_state(address("n3"), NodeState.HEALTHY)
+            assert s.api.pacer.backlog() == 1
+            # a node that used its counters of its version holds no lease, and says why
+            await _grant(s.url, "n1", 3, 1)
+            full = await _want(s.url, "n1")
+            assert full.files_wanted == 0 and f"its {FILES_PER_STEP} files" in full.waiting
+            # files of versions the pool no longer takes are not backlog; a node still on an
+            # old version holds no lease
+            await _step(s.url, 5, accepted.accepted_seq, 2)
+            assert s.api.pacer.backlog() == 0
+            old = await _want(s.url, "n2")
+            assert old.files_wanted == 0 and "not one the pool takes" in old.waiting
+            await _beat(s.url, "n2", 5)
+            assert (await _want(s.url, "n2")).files_wanted == 1
+            # a move without `ahead` stops pacing
+            await _step(s.url, 5, None, None)
+            assert (await _want(s.url, "n2")).files_wanted is None
+            await _step(s.url, 5, accepted.accepted_seq, 4)
+    asyncio.run(t())
+    # the demand is in the state: a restarted orchestrator paces as before
+    state = State(tmp_path / "orch.db")
+    try:
+        pacer = Pacer(state, PoolStep(state, 3, 1), 30.0, FILES_PER_STEP)
+        assert pacer.demand is not None and pacer.demand.ahead == 4
+        assert pacer.demand.taken_through >= 1
+    finally:
+        state.close()
+
+
+def test_a_lease_expires(tmp_path: Path) -> None:
+    """A node that leased a file and went quiet gives its place back after `lease_s`."""
+    state = State(tmp_path / "orch.db")
+    try:
+        pool = PoolStep(state, 3, 1)
+        for n in NODES[:2]:
+            state.upsert_node(address(n), address("p" + n), NodeState.HEALTHY, time.time())
+            state.heartbeat(address(n), time.time(), 3, 3, 1.0, 0)
+        pacer = Pacer(state, pool, lease_s=5.0, files_per_step=FILES_PER_STEP)
+        pacer.set_demand(0, 1)
+        assert pacer.want(address("n1"), now=100.0)[0] == 1
+        assert pacer.want(address("n2"), now=104.0)[0] == 0
+        assert pacer.want(address("n2"), now=105.5)[0] == 1
+        assert pacer.status(105.5)["leases"] == 1
+    finally:
+        state.close()
