@@ -94,6 +94,10 @@ def test_the_model_free_checks_cover_the_rows_not_replayed(engine, tok):
                                    for i, x in enumerate(rf.completions)])
     d = verify_file(engine, tok, *_submitted(paid, block), r, r.task.build(), ENGINE)
     assert d.kind is VerdictKind.HARD_INVALID and Check.REWARDS in d.checks, d.reason
+    nan = RolloutFile(rf.header, [replace(x, logprobs=[float("nan"), *x.logprobs[1:]])
+                                  if i == 3 else x for i, x in enumerate(rf.completions)])
+    d = verify_file(engine, tok, *_submitted(nan, block), r, r.task.build(), ENGINE)
+    assert d.kind is VerdictKind.HARD_INVALID and d.checks == (Check.LOGPROBS,), d.reason
 
 
 def test_a_queued_job_keeps_its_block_hash_across_a_restart(tmp_path):

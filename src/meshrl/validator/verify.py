@@ -11,6 +11,7 @@ sha256); every check that needs no model covers every row.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -124,6 +125,13 @@ def model_free_findings(rf: RolloutFile, claim: ChainClaim, rules: PoolRules, ta
                                      len(r.completion_tokens), tasks).total
                       for i, r in enumerate(rows)]
         out.append(check_rewards([r.reward for r in rows], recomputed))
+    # log-probs no sampler gives, on every row (the replay compares the replayed rows' values)
+    bad_lp = [i for i, r in enumerate(rows) if len(r.logprobs) != len(r.completion_tokens)
+              or not all(math.isfinite(x) for x in r.logprobs)]
+    if bad_lp:
+        out.append(Finding(Check.LOGPROBS, Severity.HARD, f"{len(bad_lp)} rows hold log-probs "
+                           "that are not finite or not one per token, first row "
+                           f"{bad_lp[0]}", {"bad_rows": len(bad_lp)}))
     # every row's identity is the assignment's: no field of a file goes unchecked
     g = rules.group_size
     bad_seq = [i for i, r in enumerate(rows) if r.seq_id != i or r.sample_index != i % g
