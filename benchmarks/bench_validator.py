@@ -52,7 +52,8 @@ def run(preset: str, tokens: int, prompts: int, group: int, files: int, threads:
     sampling = {"max_new_tokens": tokens, "temperature": 1.0, "top_p": 1.0, "ignore_eos": True}
     tasks = TasksConfig(mix=[ArithmeticConfig(digits=2)])
     rules = PoolRules(pool_id=1, seed=1, async_level=2, prompts_per_file=prompts,
-                      group_size=group, sampling=sampling, task=tasks, replay=rule)
+                      group_size=group, sampling=sampling, task=tasks, replay=rule,
+                      files_per_step=1 << 16)
     built = rules.task.build()
 
     def make(counter: int) -> bytes:
