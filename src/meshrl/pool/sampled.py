@@ -13,7 +13,7 @@ The block hash is the hash of the block that holds the file's `WorkSubmitted` ev
 commits to every byte of the file (its sha256, on chain) before that block exists: it cannot know
 which rows will be replayed until its submission is final, and cannot change the file after.
 Anyone can recompute the rows afterwards from public data (the block, the file). What a block
-producer can do is in docs/economics.md ("Who can steer the rows").
+producer can do is in docs/economics.md ("Why a worker cannot predict or steer the rows").
 
 `catch_probability` is the chance that a file with k forged rows of n has at least one of them
 replayed (hypergeometric); docs/economics.md prices cheating by it.
