@@ -84,6 +84,18 @@ def test_event_cursor_is_incremental(world: World) -> None:
     assert cursor.next_block == world.backend.block_number() + 1
 
 
+def test_block_hash_is_the_hash_of_the_block_holding_a_submission(world: World) -> None:
+    """What picks the rows a validator replays of the submitted file (pool/sampled.py)."""
+    cursor = world.fed.events(world.backend.block_number() + 1)
+    world.p1.submit_work(world.pool, world.n1.address, file_hash("bh1"), 3)
+    world.p1.submit_work(world.pool, world.n1.address, file_hash("bh2"), 3)
+    a, b = cursor.poll()
+    receipt = world.backend.w3.eth.get_transaction_receipt(a.tx_hash)
+    assert world.backend.block_hash(a.block) == "0x" + bytes(receipt["blockHash"]).hex()
+    assert len(world.backend.block_hash(a.block)) == 66
+    assert world.backend.block_hash(b.block) != world.backend.block_hash(a.block)
+
+
 def test_event_cursor_pages_through_long_ranges(world: World) -> None:
     whole = world.fed.events().poll()
     paged = world.fed.events()

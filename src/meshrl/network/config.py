@@ -65,6 +65,9 @@ class PoolSpec(Config):
     proof_profile: ProofProfile = Field(
         "any-hardware", description=PROFILE_FIELD + " (the orchestrator publishes it, the "
         "validator judges by it; meshrl-cpu-engine only when every worker runs meshrl's engine)")
+    replay_rows_fraction: float = Field(0.25, gt=0, le=1, description="rules.replay."
+                                        "rows_fraction: the share of each file's rows the "
+                                        "validator replays on the model (docs/economics.md)")
     reward_rate: int = Field(10**15, ge=0, description="token base units per work unit")
     heartbeat_s: float = Field(2.0, gt=0, description="the orchestrator's heartbeat interval")
     dead_after: int = Field(15, ge=1, description="missed heartbeats before a node is ejected")
@@ -76,7 +79,8 @@ class PoolSpec(Config):
                                    "temperature": self.temperature, "top_p": 1.0},
                          prompts_per_file=self.prompts_per_file, async_level=self.async_level,
                          seed=self.seed, files_per_step=self.files_per_step,
-                         proof_profile=self.proof_profile)
+                         proof_profile=self.proof_profile,
+                         replay={"rows_fraction": self.replay_rows_fraction})
 
 
 # a local network's chain: short periods, and verdicts final at once (its validator posts no

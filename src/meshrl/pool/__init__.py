@@ -1,10 +1,11 @@
 """The pool's public rules, typed and in one home (torch-free).
 
 `rules`: `PoolRules` (task, sampling, group size, prompts per file, files per step, async level,
-seed, proof profile), `RulesPins` and `rules_drift`; `assignment`: which problems a (node,
-step, counter, policy version) gets, prompt encoding, rows; `profiles`: proof profiles;
-`verdicts`: findings, decisions and verdict kinds; `messages`: the work order; `client`: the
-one reader of `GET /rules`. Every role that generates or judges takes its rules from here.
+seed, proof profile, sampled replay), `RulesPins` and `rules_drift`; `assignment`: which
+problems a (node, step, counter, policy version) gets, prompt encoding, rows; `profiles`: proof
+profiles; `sampled`: which rows of a file a validator replays on the model; `verdicts`:
+findings, decisions and verdict kinds; `messages`: the work order; `client`: the one reader of
+`GET /rules`. Every role that generates or judges takes its rules from here.
 """
 
 from meshrl.pool.assignment import (
@@ -42,9 +43,17 @@ from meshrl.pool.rules import (
     rules_drift,
     tasks_config,
 )
+from meshrl.pool.sampled import (
+    FULL_REPLAY,
+    ReplayRule,
+    catch_probability,
+    replayed_count,
+    replayed_rows,
+)
 from meshrl.pool.verdicts import Check, Decision, Finding, Severity, VerdictKind, decide, give_up
 
 __all__ = [
+    "FULL_REPLAY",
     "PROFILES",
     "PROFILE_FIELD",
     "PROOF_PROFILES",
@@ -58,12 +67,14 @@ __all__ = [
     "PoolRulesError",
     "ProfileSpec",
     "ProofProfile",
+    "ReplayRule",
     "RulesPins",
     "RulesSpec",
     "SamplingSpec",
     "Severity",
     "VerdictKind",
     "WorkOrder",
+    "catch_probability",
     "changed_rules",
     "check_rules",
     "counter_refusal",
@@ -74,6 +85,8 @@ __all__ = [
     "profile",
     "prompt_of_row",
     "read_rules",
+    "replayed_count",
+    "replayed_rows",
     "require_same_rules",
     "rules_diff",
     "rules_drift",

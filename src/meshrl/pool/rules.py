@@ -17,6 +17,7 @@ from eth_utils import is_checksum_address
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from meshrl.pool.profiles import PROFILE_FIELD, ProofProfile
+from meshrl.pool.sampled import FULL_REPLAY, ReplayRule
 from meshrl.tasks import TasksConfig
 
 __all__ = ["RULE_FIELDS", "PoolRules", "RulesPins", "RulesSpec", "SamplingSpec", "rules_diff",
@@ -90,6 +91,9 @@ class RulesSpec(_Rule):
                                       "carries (the trainer's key); unset: no policy version "
                                       "can be authenticated, workers and validators refuse to "
                                       "fetch one")
+    replay: ReplayRule = Field(default_factory=ReplayRule, description="which rows of each "
+                               "file a validator replays on the model (sampled replay, "
+                               "pool/sampled.py; the other checks cover every row)")
 
     _task = field_validator("task", mode="before")(tasks_config)
     _pinned = field_validator("task")(_pinned_data)
@@ -103,6 +107,8 @@ def _canonical(model: BaseModel) -> bytes:
     data = model.model_dump(mode="json")
     if data.get("policy_signer", "") is None:
         del data["policy_signer"]  # unset: the digest of rules from before the field
+    if data.get("replay") == FULL_REPLAY.model_dump(mode="json"):
+        del data["replay"]  # full replay: the digest of rules from before sampled replay
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -136,6 +142,7 @@ class RulesPins(BaseModel):
     seed: int | None = None
     proof_profile: ProofProfile | None = None
     policy_signer: str | None = None
+    replay: ReplayRule | None = None
 
     @field_validator("task", mode="before")
     @classmethod

@@ -78,6 +78,11 @@ class Backend:
     def block_number(self) -> int:
         return int(self.w3.eth.block_number)
 
+    def block_hash(self, number: int) -> str:
+        """Hash (0x-hex) of block `number`: what picks the rows a validator replays of a file
+        submitted in it (meshrl.pool.sampled)."""
+        return "0x" + bytes(self.w3.eth.get_block(number)["hash"]).hex()
+
     def send(self, account: LocalAccount, tx: dict[str, Any]) -> TxReceipt:
         """Fill, sign with `account` and send `tx`; wait for its receipt; raise on revert."""
         tx = dict(tx)

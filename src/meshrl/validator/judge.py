@@ -144,4 +144,4 @@ class Judge:
 
 
 def _claim(job: Job) -> ChainClaim:
-    return ChainClaim(job.sha256, job.node, job.provider, job.units)
+    return ChainClaim(job.sha256, job.node, job.provider, job.units, job.block_hash)

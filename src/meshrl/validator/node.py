@@ -129,8 +129,11 @@ class ValidatorNode:
                 continue
             wid = bytes(e.args["work_id"])
             info = await asyncio.to_thread(self.chain.work, wid)
+            # the submission's block hash picks the rows replayed on the model (pool/sampled.py)
+            block_hash = await asyncio.to_thread(self.chain.backend.block_hash, e.block)
             jobs.append(Job(wid.hex(), bytes(e.args["file_sha256"]).hex(), e.args["node"],
-                            info.provider, self.cfg.pool_id, int(e.args["units"]), e.block))
+                            info.provider, self.cfg.pool_id, int(e.args["units"]), e.block,
+                            block_hash))
         if jobs or events:
             self.state.enqueue(jobs, self.cursor.next_block)
         elif self.cursor.next_block != self.state.next_block:

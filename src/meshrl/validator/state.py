@@ -31,6 +31,7 @@ class Job:
     pool: int
     units: int
     block: int
+    block_hash: str | None = None  # of `block`: picks the rows replayed (None: every row)
     attempts: int = 0
     not_before: float = 0.0
     last_error: str = ""

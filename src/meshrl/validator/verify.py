@@ -4,11 +4,14 @@
 each submission (`ChainClaim`), the pool's published rules (`meshrl.pool.PoolRules`, the only
 rules a validator judges by) with their built tasks, and the backend holding the files' policy
 version, and returns every finding with the numbers behind it. The prefill runs only for files
-whose rows are the node's own assigned prompts.
+whose rows are the node's own assigned prompts, and only on the rows the pool's sampled-replay
+rule picks (`meshrl.pool.replayed_rows`, from the submission's block hash and the file's
+sha256); every check that needs no model covers every row.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -24,6 +27,7 @@ from meshrl.pool import (
     Severity,
     counter_refusal,
     decide,
+    replayed_rows,
 )
 from meshrl.tasks import TaskSet, compute_reward
 from meshrl.validator.checks import (
@@ -33,12 +37,14 @@ from meshrl.validator.checks import (
     check_prompts,
     check_rewards,
     check_sampling_seed,
+    check_termination,
     check_work_units,
 )
 from meshrl.validator.replay import ReplayConfig, ReplayRow, ReplaySpec, replay_files
 from meshrl.wire.rollout_file import RolloutFile
 
-__all__ = ["ChainClaim", "model_free_findings", "unscorable", "verify_file", "verify_files"]
+__all__ = ["ChainClaim", "model_free_findings", "replay_subset", "unscorable", "verify_file",
+           "verify_files"]
 
 # findings after which a file's seed and prompts mean nothing: no replay
 _NOT_ITS_WORK = (Check.TOKENS, Check.PROMPTS, Check.NODE, Check.SAMPLING_SEED, Check.RULES,
@@ -47,12 +53,26 @@ _NOT_ITS_WORK = (Check.TOKENS, Check.PROMPTS, Check.NODE, Check.SAMPLING_SEED, C
 
 @dataclass(frozen=True)
 class ChainClaim:
-    """The `WorkSubmitted` facts: who submitted which hash for how many units."""
+    """The `WorkSubmitted` facts: who submitted which hash for how many units, and the hash
+    (hex) of the block that holds the event, which picks the rows replayed on the model
+    (`meshrl.pool.replayed_rows`); None: not known, every row is replayed."""
 
     sha256: str
     node: str
     provider: str
     units: int
+    block_hash: str | None = None
+
+
+def replay_subset(rf: RolloutFile, claim: ChainClaim, rules: PoolRules) -> list[int]:
+    """The rows of `rf` replayed on the model: those the pool's replay rule picks by the
+    submission's block hash, or every row when the block hash is not known (more than the rule
+    asks, never less)."""
+    n = len(rf.completions)
+    if claim.block_hash is None:
+        return list(range(n))
+    block = bytes.fromhex(claim.block_hash.removeprefix("0x"))
+    return replayed_rows(rules.replay, n, claim.sha256, block)
 
 
 def unscorable(backend: InferenceBackend, rf: RolloutFile, rules: PoolRules) -> Finding | None:
@@ -105,6 +125,13 @@ def model_free_findings(rf: RolloutFile, claim: ChainClaim, rules: PoolRules, ta
                                      len(r.completion_tokens), tasks).total
                       for i, r in enumerate(rows)]
         out.append(check_rewards([r.reward for r in rows], recomputed))
+    # log-probs no sampler gives, on every row (the replay compares the replayed rows' values)
+    bad_lp = [i for i, r in enumerate(rows) if len(r.logprobs) != len(r.completion_tokens)
+              or not all(math.isfinite(x) for x in r.logprobs)]
+    if bad_lp:
+        out.append(Finding(Check.LOGPROBS, Severity.HARD, f"{len(bad_lp)} rows hold log-probs "
+                           "that are not finite or not one per token, first row "
+                           f"{bad_lp[0]}", {"bad_rows": len(bad_lp)}))
     # every row's identity is the assignment's: no field of a file goes unchecked
     g = rules.group_size
     bad_seq = [i for i, r in enumerate(rows) if r.seq_id != i or r.sample_index != i % g
@@ -125,9 +152,26 @@ def _spec(rf: RolloutFile, rules: PoolRules, tokenizer: Any,
                       stop_token_ids=tuple(s.stop_token_ids), max_seq_len=max_seq_len)
 
 
-def _rows(rf: RolloutFile) -> list[ReplayRow]:
-    return [ReplayRow(r.prompt_tokens, r.completion_tokens, r.logprobs, r.finish_reason,
-                      r.seq_id, r.toploc_proofs) for r in rf.completions]
+def _rows(rf: RolloutFile, which: Sequence[int]) -> list[ReplayRow]:
+    rows = rf.completions
+    return [ReplayRow(rows[i].prompt_tokens, rows[i].completion_tokens, rows[i].logprobs,
+                      rows[i].finish_reason, rows[i].seq_id, rows[i].toploc_proofs)
+            for i in which]
+
+
+def _termination_of_others(rf: RolloutFile, replayed: Sequence[int],
+                           spec: ReplaySpec) -> Finding | None:
+    """Termination (needs no model) of the rows not replayed; the replay checks the others."""
+    skip = set(replayed)
+
+    def limit(n_prompt: int) -> int:  # a row may end on "length" where the context ends
+        if spec.max_seq_len is None:
+            return spec.max_new_tokens
+        return min(spec.max_new_tokens, spec.max_seq_len - n_prompt)
+
+    rows = [(r.completion_tokens, r.finish_reason, limit(len(r.prompt_tokens)))
+            for i, r in enumerate(rf.completions) if i not in skip]
+    return check_termination(rows, spec.eos_token_ids, spec.stop_token_ids) if rows else None
 
 
 def verify_files(backend: InferenceBackend, tokenizer: Any,
@@ -144,11 +188,17 @@ def verify_files(backend: InferenceBackend, tokenizer: Any,
         found.append([*(prior[i] if prior else []), *mine])
     todo = [i for i, fs in enumerate(found) if not any(x.check in _NOT_ITS_WORK for x in fs)]
     max_len = getattr(backend, "max_seq_len", None)
-    batch = [(_rows(items[i][0]), _spec(items[i][0], rules, tokenizer, max_len)) for i in todo]
+    specs = {i: _spec(items[i][0], rules, tokenizer, max_len) for i in todo}
+    subsets = {i: replay_subset(*items[i], rules) for i in todo}
+    for i in todo:
+        bad_end = _termination_of_others(items[i][0], subsets[i], specs[i])
+        found[i] += [bad_end] if bad_end is not None else []
+    batch = [(_rows(items[i][0], subsets[i]), specs[i]) for i in todo]
     stats: dict[int, dict[str, Any]] = {}
     for i, (more, st) in zip(todo, replay_files(backend, batch, cfg), strict=True):
         found[i] += more
-        stats[i] = asdict(st)
+        stats[i] = {**asdict(st), "file_rows": len(items[i][0].completions),
+                    "replayed_rows": subsets[i]}
     return [decide(fs, stats.get(i)) for i, fs in enumerate(found)]
 
 

@@ -12,6 +12,9 @@ Each cheat is what a worker that wants rewards without the work (or with easier 
 - `stale-policy`: keeps generating with the policy it had when the cheat began;
 - `copy`: submits another worker's file as its own;
 - `inflate-units`: claims twice the work units it did;
+- `forge-one-row`: one row per file is not generated: it repeats its group neighbour's
+  completion (tokens, log-probs, proofs and reward all still consistent), so only the replay of
+  that very row (its seeded noise) can tell; caught when sampled replay picks it;
 - `double-dip`: submits one generation twice, the second time under another allowed policy
   version at a counter of its own (header seed rewritten to match the claim).
 A cheat is active on steps > `after_step`, so a test can watch an honest node turn.
@@ -36,7 +39,7 @@ import torch
 
 from meshrl.inference import Completion, InferenceBackend, SamplingParams
 from meshrl.inference.backend import ScoreResult
-from meshrl.pool import Assignment, WorkOrder
+from meshrl.pool import Assignment, WorkOrder, work_units
 from meshrl.tasks import Problem, TaskSet
 from meshrl.wire.rollout_file import RolloutFile, read_rollout_file, rollout_file_bytes
 from meshrl.worker.config import CheatConfig
@@ -269,6 +272,31 @@ class InflateUnits(Adversary):
         return rf
 
 
+class ForgeOneRow(Adversary):
+    """Skips one row's generation per file (`forge_row`, mod the rows): the row repeats the
+    completion of the row before it in its group (same prompt, so its reward, log-probs and
+    TOPLOC proofs are those the policy gives these tokens; only the sampler's noise, keyed by
+    the row's seq id, differs). Needs group_size >= 2 (else the file is honest)."""
+
+    def rollouts(self, engine: InferenceBackend, tokenizer: Any, a: Assignment, tasks: TaskSet,
+                 provider: str) -> RolloutFile:
+        rf = super().rollouts(engine, tokenizer, a, tasks, provider)
+        g, rows = a.rules.group_size, rf.completions
+        i = self.cfg.forge_row % len(rows)
+        if not self.active(a.step) or g < 2:
+            return rf
+        i = i if i % g else i + 1  # a row with a neighbour before it in its group
+        src = rows[i - 1]
+        rows[i] = replace(rows[i], completion_tokens=list(src.completion_tokens),
+                          logprobs=list(src.logprobs), reward=src.reward,
+                          finish_reason=src.finish_reason,
+                          toploc_proofs=list(src.toploc_proofs))
+        units = work_units([len(r.prompt_tokens) for r in rows],
+                           [len(r.completion_tokens) for r in rows])
+        rf.header = rf.header.model_copy(update={"work_units": units})
+        return rf
+
+
 # ---- the file maker and the courier ----------------------------------------------------------
 class Copy(Adversary):
     """Submits another worker's newest submitted file (from its outbox, `copy_from`), one not
@@ -360,7 +388,7 @@ CHEATS: dict[str, type[Adversary]] = {
     "other-model": OtherModel, "int8": Int8, "scale-layer": ScaleLayer,
     "cherry-pick": CherryPick, "forge-rewards": ForgeRewards, "forge-sampling": ForgeSampling,
     "truncate": Truncate, "stale-policy": StalePolicy, "copy": Copy,
-    "inflate-units": InflateUnits, "double-dip": DoubleDip,
+    "inflate-units": InflateUnits, "double-dip": DoubleDip, "forge-one-row": ForgeOneRow,
 }
 
 # the cheats that load weights of their own into the backend

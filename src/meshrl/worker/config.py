@@ -24,6 +24,7 @@ __all__ = [
 CheatMode = Literal[
     "none", "other-model", "int8", "scale-layer", "cherry-pick", "forge-rewards",
     "forge-sampling", "truncate", "stale-policy", "copy", "inflate-units", "double-dip",
+    "forge-one-row",
 ]
 CHEAT_MODES: tuple[str, ...] = CheatMode.__args__  # type: ignore[attr-defined]
 
@@ -68,6 +69,8 @@ class CheatConfig(Config):
     temperature: float = Field(0.0, ge=0, description="forge-sampling: the temperature used")
     copy_from: str = Field("", description="copy: another worker's outbox directory")
     other_seed: int = Field(12345, description="other-model: init seed of the other model")
+    forge_row: int = Field(1, ge=0, description="forge-one-row: the row forged (mod the rows; "
+                           "the next one if it starts a group)")
 
 
 class OnboardConfig(Config):

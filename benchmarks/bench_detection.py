@@ -1,0 +1,156 @@
+"""Detection under sampled replay: caught / uncaught counts from real judged files.
+
+A tiny model's dishonest workers (`meshrl.worker.adversary`) each make `--files` rollout files
+(`--prompts` x `--group` rows of `--tokens` tokens) of distinct assignments; each file gets a
+block hash of its own (as the block holding its submission would), and a validator judges them
+by the pool's rules with the default sampled-replay rule (`meshrl.pool.ReplayRule()`: a
+quarter of the rows replayed on the model, every other check on every row) and the proof
+profile `--profile`. For every cheat that forges every row (other-model, int8, scale-layer,
+forge-sampling, truncate, stale-policy) the catch rate must be 1; for `forge-one-row` (one row
+of n forged) the measured catch rate is set against the formula of docs/economics.md,
+P = 1 - C(n-1, m) / C(n, m) = m / n, with its binomial standard deviation, and the expected
+earnings per file of that cheat are printed at the demo's stake and rewards.
+
+`stale-policy` here generates with the policy one optimizer step (AdamW, the demo's RL lr 3e-4)
+older than the version the file claims, as the cheat does when it stops loading versions.
+One JSON object per line; CPU-bound, one torch thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import time
+from typing import Any
+
+import torch
+
+from meshrl.inference import CPUEngine, EngineConfig
+from meshrl.model import CharTokenizer, build_model
+from meshrl.pool import Assignment, PoolRules, catch_probability, replayed_count
+from meshrl.tasks import ArithmeticConfig, TasksConfig
+from meshrl.validator.replay import ReplayConfig, profile_thresholds
+from meshrl.validator.verify import ChainClaim, verify_files
+from meshrl.wire.rollout_file import read_rollout_file, rollout_file_bytes
+from meshrl.worker.adversary import WEIGHT_CHEATS, worker_parts
+from meshrl.worker.config import CheatConfig
+
+NODE, PROVIDER = "0x" + "ab" * 20, "0x" + "cd" * 20
+WHOLE_FILE = ["other-model", "int8", "scale-layer", "forge-sampling", "truncate",
+              "stale-policy"]
+
+
+def _stepped(model: Any, tok: CharTokenizer, lr: float) -> Any:
+    """`model` after one AdamW step on the language-model loss of a few token sequences: the
+    next policy version, as near to the last as one RL step makes it."""
+    new = build_model("qwen2-tiny", tok.vocab_size, seed=0)
+    new.load_state_dict(model.state_dict())
+    opt = torch.optim.AdamW(new.parameters(), lr=lr)
+    ids = torch.tensor([tok.encode("12+34=46"), tok.encode("77+15=92")])
+    loss = new(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    return new
+
+
+class Pool:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.tok = tok = CharTokenizer()
+        self.model = build_model("qwen2-tiny", tok.vocab_size, seed=0)
+        self.rules = PoolRules(
+            pool_id=1, seed=1, async_level=2, prompts_per_file=args.prompts, group_size=args.group,
+            files_per_step=1 << 16, proof_profile=args.profile,
+            task=TasksConfig(mix=[ArithmeticConfig(digits=2)]),
+            sampling={"max_new_tokens": args.tokens, "temperature": 1.0, "top_p": 1.0})
+        self.tasks = self.rules.task.build()
+        self.cfg = EngineConfig(num_threads=1)
+        self.validator = CPUEngine(self.model, tok, self.cfg)
+        self.replay = ReplayConfig(thresholds=profile_thresholds(args.profile))
+        self.stale = _stepped(self.model, tok, 3e-4)  # the policy a stale worker lags
+        self.stale_validator = CPUEngine(self.stale, tok, self.cfg)
+
+    def files(self, mode: str, n: int, first: int) -> list[bytes]:
+        tok = self.tok
+        parts = worker_parts(CheatConfig(mode="none" if mode == "stale-policy" else mode))
+        engine = CPUEngine(self.model, tok, self.cfg)  # a worker's own engine (its weights)
+        backend = parts.backend(engine, self.model, tok, 0)
+        out = []
+        for counter in range(first, first + n):
+            a = Assignment(self.rules, NODE, 0, counter, 0)
+            out.append(rollout_file_bytes(parts.rollouts(backend, tok, a, self.tasks, PROVIDER)))
+        return out
+
+    def judge(self, blobs: list[bytes], validator: CPUEngine, seed: str) -> list[Any]:
+        items = []
+        for data in blobs:
+            rf = read_rollout_file(data)
+            sha = hashlib.sha256(data).hexdigest()
+            block = hashlib.sha256(f"{seed} block of {sha}".encode()).hexdigest()
+            items.append((rf, ChainClaim(sha, NODE, PROVIDER, rf.header.work_units, block)))
+        return verify_files(validator, self.tok, items, self.rules, self.tasks, self.replay)
+
+
+def run_mode(pool: Pool, mode: str, n: int, batch: int) -> dict[str, Any]:
+    t = time.perf_counter()
+    rows = pool.rules.rows_per_file()
+    m = replayed_count(pool.rules.replay, rows)
+    k = 1 if mode == "forge-one-row" else rows
+    caught, checks = 0, {}
+    # stale-policy: generated by the old policy (pool.model), judged as the next version
+    validator = pool.stale_validator if mode == "stale-policy" else pool.validator
+    for lo in range(0, n, batch):
+        blobs = pool.files(mode, min(batch, n - lo), 1 + lo)
+        for d in pool.judge(blobs, validator, mode):
+            caught += not d.accepted
+            for c in d.checks:
+                checks[c.value] = checks.get(c.value, 0) + 1
+    p = catch_probability(rows, m, k)
+    sd = math.sqrt(p * (1 - p) / n)
+    rate = caught / n
+    return {"bench": "detection", "mode": mode, "profile": pool.rules.proof_profile,
+            "files": n, "rows_per_file": rows, "rows_replayed": m, "forged_rows": k,
+            "caught": caught, "catch_rate": round(rate, 4), "predicted": round(p, 4),
+            "sd": round(sd, 4), "within_3_points": abs(rate - p) <= 0.03,
+            "checks": checks, "wall_s": round(time.perf_counter() - t, 1),
+            "load_1min": os.getloadavg()[0]}
+
+
+def earnings(rate: float, stake: float, reward: float, locked: float) -> dict[str, float]:
+    """docs/economics.md: a forged file earns R if not caught; caught, it loses R, the rewards
+    locked L and the slash S. Expected earnings per file: (1 - p) R - p (S + L)."""
+    return {"expected_per_file": round((1 - rate) * reward - rate * (stake + locked), 4),
+            "break_even_p": round(reward / (reward + stake + locked), 6)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--modes", nargs="+", default=[*WHOLE_FILE, "forge-one-row"])
+    ap.add_argument("--files", type=int, default=50, help="files per whole-file cheat")
+    ap.add_argument("--one-row-files", type=int, default=2000, help="files of forge-one-row")
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--group", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=50, help="files judged together")
+    ap.add_argument("--profile", default="meshrl-cpu-engine")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    pool = Pool(args)
+    assert set(WEIGHT_CHEATS) <= set(WHOLE_FILE)
+    for mode in args.modes:
+        n = args.one_row_files if mode == "forge-one-row" else args.files
+        row = run_mode(pool, mode, n, args.batch)
+        if mode == "forge-one-row":
+            # the demo's values (configs/network.toml, network/config.py; docs/economics.md):
+            # slash 50 tokens, reward 0.001 token per unit, a file of 16 x 8 rows (~870 prompt
+            # + <= 1,024 completion units: R <= 1.9 tokens), no other locked rewards (L = 0,
+            # the cheater's best case)
+            row["demo_earnings_tokens"] = earnings(row["catch_rate"], 50.0, 1.9, 0.0)
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
