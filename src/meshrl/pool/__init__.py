@@ -1,17 +1,20 @@
 """The pool's public rules, typed and in one home (torch-free).
 
 `rules`: `PoolRules` (task, sampling, group size, prompts per file, files per step, async level,
-seed, proof profile), `RulesPins` and `rules_drift`; `assignment`: which problems a (node,
-step, counter, policy version) gets, prompt encoding, rows; `profiles`: proof profiles;
-`verdicts`: findings, decisions and verdict kinds; `messages`: the work order; `client`: the
-one reader of `GET /rules`. Every role that generates or judges takes its rules from here.
+seed, proof profile, prompt format), `RulesPins` and `rules_drift`; `assignment`: which
+problems a (node, step, counter, policy version) gets, prompt encoding, rows; `profiles`:
+proof profiles; `verdicts`: findings, decisions and verdict kinds; `messages`: the work
+order; `client`: the one reader of `GET /rules`. Every role that generates or judges takes
+its rules from here.
 """
 
 from meshrl.pool.assignment import (
     Assignment,
+    PromptFormatError,
     counter_refusal,
     encode_prompt,
     prompt_of_row,
+    uses_chat,
     work_units,
 )
 from meshrl.pool.client import (
@@ -33,8 +36,10 @@ from meshrl.pool.profiles import (
     unmet_profile,
 )
 from meshrl.pool.rules import (
+    PROMPT_FORMAT_FIELD,
     RULE_FIELDS,
     PoolRules,
+    PromptFormat,
     RulesPins,
     RulesSpec,
     SamplingSpec,
@@ -47,6 +52,7 @@ from meshrl.pool.verdicts import Check, Decision, Finding, Severity, VerdictKind
 __all__ = [
     "PROFILES",
     "PROFILE_FIELD",
+    "PROMPT_FORMAT_FIELD",
     "PROOF_PROFILES",
     "RULE_FIELDS",
     "Assignment",
@@ -57,6 +63,8 @@ __all__ = [
     "PoolRules",
     "PoolRulesError",
     "ProfileSpec",
+    "PromptFormat",
+    "PromptFormatError",
     "ProofProfile",
     "RulesPins",
     "RulesSpec",
@@ -79,5 +87,6 @@ __all__ = [
     "rules_drift",
     "tasks_config",
     "unmet_profile",
+    "uses_chat",
     "work_units",
 ]

@@ -36,11 +36,10 @@ def _backend(cfg: WorkerConfig, model: Any, tokenizer: Any, version: int) -> Inf
 
         return ReferenceBackend(model.to(getattr(torch, cfg.dtype)), tokenizer, cfg.reference,
                                 version)
-    from meshrl.inference import CPUEngine
+    from meshrl.inference import engine_or_reference
 
-    engine = CPUEngine(model, tokenizer, cfg.engine)
-    engine.load_weights(model.state_dict(), version)
-    return engine
+    # a model the fast engine cannot run (its reason logged) runs on the reference backend
+    return engine_or_reference(model, tokenizer, cfg.engine, cfg.reference, version)
 
 
 def policy_signer(order: WorkOrder) -> str:
