@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from meshrl.config import Config
-from meshrl.pool import PROFILE_FIELD, ProofProfile, RulesSpec
+from meshrl.pool import PROFILE_FIELD, PROMPT_FORMAT_FIELD, PromptFormat, ProofProfile, RulesSpec
 from meshrl.protocol.config import ProtocolParams
 
 __all__ = ["CheatSpec", "NetworkConfig", "PoolSpec", "ThreadsConfig", "WorkersSpec"]
@@ -63,6 +63,7 @@ class PoolSpec(Config):
     proof_profile: ProofProfile = Field(
         "any-hardware", description=PROFILE_FIELD + " (the orchestrator publishes it, the "
         "validator judges by it; meshrl-cpu-engine only when every worker runs meshrl's engine)")
+    prompt_format: PromptFormat = Field("raw", description=PROMPT_FORMAT_FIELD)
     reward_rate: int = Field(10**15, ge=0, description="token base units per work unit")
     heartbeat_s: float = Field(2.0, gt=0, description="the orchestrator's heartbeat interval")
     dead_after: int = Field(15, ge=1, description="missed heartbeats before a node is ejected")
@@ -74,7 +75,7 @@ class PoolSpec(Config):
                                    "temperature": self.temperature, "top_p": 1.0},
                          prompts_per_file=self.prompts_per_file, async_level=self.async_level,
                          seed=self.seed, files_per_step=self.files_per_step,
-                         proof_profile=self.proof_profile)
+                         proof_profile=self.proof_profile, prompt_format=self.prompt_format)
 
 
 # a local network's chain: short periods, and verdicts final at once (its validator posts no
