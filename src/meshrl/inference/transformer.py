@@ -86,6 +86,10 @@ class ModelSpec:
                 f"fast engine: {heads} attention heads do not group over {kv_heads} KV heads")
         llama3 = None
         if rope_type == "llama3":
+            keys = ("factor", "low_freq_factor", "high_freq_factor",
+                    "original_max_position_embeddings")
+            if any(rope.get(k) is None for k in keys):
+                raise EngineUnsupportedError(f"fast engine: llama3 RoPE scaling needs {keys}")
             llama3 = (float(rope["factor"]), float(rope["low_freq_factor"]),
                       float(rope["high_freq_factor"]),
                       int(rope["original_max_position_embeddings"]))
