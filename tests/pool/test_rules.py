@@ -38,6 +38,7 @@ RULES = PoolRules(pool_id=3, task={"type": "arithmetic", "digits": 2}, group_siz
 DRIFTED = {"task": {"type": "arithmetic", "digits": 3}, "sampling": {"max_new_tokens": 9,
            "temperature": 0.7}, "group_size": 8, "prompts_per_file": 3, "files_per_step": 1,
            "async_level": 2, "seed": 8, "proof_profile": "any-hardware",
+           "prompt_format": "chat",
            "policy_signer": "0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A",
            "replay": {"rows_fraction": 0.5}}
 

@@ -69,6 +69,8 @@ COVERED = {
     "rollout.temperature": HERE + "test_rollout_options",
     "rollout.top_p": HERE + "test_rollout_options",
     "rollout.node_id": HERE + "test_rollout_options",
+    "rollout.prompt_format": "tests/rl/test_train_own_model.py::"
+        "test_train_on_a_qwen3_directory_with_chat_prompts",
     "rollout.backend":
         "tests/rl/test_engine_backend.py::test_engine_and_reference_rollouts_agree_before_and_after_a_reload",
     "rollout.subprocess":

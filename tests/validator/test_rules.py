@@ -64,6 +64,7 @@ DRIFTED: dict[str, Drift] = {
     "seed": Drift(8, "seed", "8", "7"),
     "proof_profile": Drift("any-hardware", "proof_profile", "'any-hardware'",
                            "'meshrl-cpu-engine'"),
+    "prompt_format": Drift("auto", "prompt_format", "'auto'", "'raw'"),
     "policy_signer": Drift("0x1563915e194D8CfBA1943570603F7606A3115508", "policy_signer",
                            "'0x1563915e194D8CfBA1943570603F7606A3115508'",
                            "'0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A'"),

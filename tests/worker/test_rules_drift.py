@@ -43,6 +43,8 @@ DRIFT: dict[str, tuple[Any, str]] = {
     "seed": (12, "rules.seed: configured 12, the pool publishes 11"),
     "proof_profile": ("any-hardware", "rules.proof_profile: configured 'any-hardware', the pool "
                       "publishes 'meshrl-cpu-engine'"),
+    "prompt_format": ("chat", "rules.prompt_format: configured 'chat', the pool publishes "
+                      "'raw'"),
     "policy_signer": ("0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A",
                       "rules.policy_signer: configured "
                       "'0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A', the pool publishes None"),

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from meshrl.inference.backend import (
     Completion,
+    EngineUnsupportedError,
     FinishReason,
     InferenceBackend,
     InferenceError,
@@ -18,7 +19,7 @@ from meshrl.inference.backend import (
     ScoreResult,
     WeightLoadError,
 )
-from meshrl.inference.build import build_backend
+from meshrl.inference.build import build_backend, engine_or_reference, engine_refusal
 from meshrl.inference.params import EngineConfig, ReferenceConfig, SamplingParams
 from meshrl.lazy import lazy_getattr
 
@@ -50,6 +51,7 @@ __all__ = [
     "CPUEngine",
     "Completion",
     "EngineConfig",
+    "EngineUnsupportedError",
     "FinishReason",
     "InferenceBackend",
     "InferenceError",
@@ -61,6 +63,8 @@ __all__ = [
     "WeightLoadError",
     "build_backend",
     "check_sampled_tokens",
+    "engine_or_reference",
+    "engine_refusal",
     "gumbel_noise",
     "sample_tokens",
     "token_margins",

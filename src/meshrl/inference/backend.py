@@ -10,7 +10,8 @@ against token for token). Conventions every backend keeps:
 - token j of completion i is drawn by `meshrl.inference.sampling.sample_tokens` with
   seq_id = seq_ids[i] (default: i) and position = j, so validators can replay it.
 - `logprobs[j]` = log softmax(logits / T)[token j], with T = 1 when sampling is greedy (T = 0).
-- a completion ends on EOS ("eos", unless `ignore_eos`), on a stop token or stop string
+- a completion ends on EOS ("eos", unless `ignore_eos`: any of `eos_token_ids`, e.g. Qwen's
+  `<|im_end|>` and `<|endoftext|>`), on a stop token or stop string
   ("stop"), or at `max_new_tokens` or the end of the context ("length"); the token that ended
   it is included.
 - every completion carries the policy version its weights were loaded with.
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # no torch import here: `meshrl --help` stays fast
 
 __all__ = [
     "Completion",
+    "EngineUnsupportedError",
     "FinishReason",
     "InferenceBackend",
     "InferenceError",
@@ -40,6 +42,7 @@ __all__ = [
     "WeightLoadError",
     "check_generate_request",
     "check_score_request",
+    "eos_token_ids",
 ]
 
 
@@ -49,6 +52,11 @@ class InferenceError(ValueError):
 
 class InvalidRequestError(InferenceError):
     """A generate / score request that cannot be served (empty prompt, too long, bad token...)."""
+
+
+class EngineUnsupportedError(InferenceError):
+    """A model the fast engine cannot run (its architecture, RoPE type, biases...): the one-line
+    reason says what; the reference backend runs it instead."""
 
 
 class WeightLoadError(InferenceError):
@@ -113,6 +121,18 @@ class InferenceBackend(ABC):
     def load_weights(self, source: str | Path | dict[str, torch.Tensor], version: int) -> None:
         """Replace the policy weights (model directory or HF state dict) with policy `version`;
         on any error (checked before anything changes) the backend keeps its weights."""
+
+
+def eos_token_ids(tokenizer: Any, config: Any) -> tuple[int, ...]:
+    """The tokens that end a completion with "eos": the tokenizer's `eos_token_ids` (every
+    stop token of the model directory, `meshrl.model.HFTokenizer`), its `eos_token_id`, or
+    without a tokenizer the model config's `eos_token_id` (an int or a list)."""
+    if tokenizer is not None:
+        ids = getattr(tokenizer, "eos_token_ids", None) or (tokenizer.eos_token_id,)
+    else:
+        eos = getattr(config, "eos_token_id", None)
+        ids = () if eos is None else tuple(eos) if isinstance(eos, list | tuple) else (eos,)
+    return tuple(dict.fromkeys(int(t) for t in ids if t is not None))
 
 
 # ---- request checks shared by the backends --------------------------------------------------

@@ -24,6 +24,7 @@ from meshrl.inference.backend import (
     WeightLoadError,
     check_generate_request,
     check_score_request,
+    eos_token_ids,
 )
 from meshrl.inference.native import (
     NativeKernels,
@@ -104,7 +105,8 @@ def _real_slots(pad: torch.Tensor, width: int) -> torch.Tensor:
 
 
 class CPUEngine(InferenceBackend):
-    """Default backend: meshrl's own forward over HF Qwen2 / Llama weights, float32 on CPU.
+    """Default backend: meshrl's own forward over HF Qwen2 / Qwen3 / Llama weights, float32 on
+    CPU (a model it cannot run raises `EngineUnsupportedError`: use the reference backend).
 
     The weights are copied (fused) at construction as policy `version`; call `load_weights` to
     pick up new ones.
@@ -118,9 +120,8 @@ class CPUEngine(InferenceBackend):
         self.max_seq_len = min(self.cfg.max_seq_len or self.spec.max_positions,
                                self.spec.max_positions)
         self.tokenizer = tokenizer
-        eos = tokenizer.eos_token_id if tokenizer is not None else model.config.eos_token_id
-        eos = eos[0] if isinstance(eos, list | tuple) else eos
-        self.eos_token_id: int | None = None if eos is None else int(eos)
+        self.eos_token_ids = eos_token_ids(tokenizer, model.config)
+        self.eos_token_id: int | None = self.eos_token_ids[0] if self.eos_token_ids else None
         self.hidden_dtype = getattr(torch, self.cfg.hidden_dtype)
         self.kernels = _load_kernels(self.cfg)
         self._set_weights(model.state_dict(), version)
@@ -192,9 +193,8 @@ class CPUEngine(InferenceBackend):
         ws = None if self.kernels is None else NativeWorkspace.allocate(w, b)
         out = _Outputs(b, steps, self.spec.hidden, self.hidden_dtype if p.return_hidden_states
                        else None, budget.tolist())
-        eos = None if p.ignore_eos else self.eos_token_id
-        stop_ids = torch.tensor(sorted({*p.stop_token_ids} | (
-            set() if eos is None else {eos})), dtype=torch.int64)
+        eos = set() if p.ignore_eos else set(self.eos_token_ids)
+        stop_ids = torch.tensor(sorted({*p.stop_token_ids} | eos), dtype=torch.int64)
         budget_ends = set(budget.tolist())
         temp = p.temperature if p.temperature > 0 else 1.0
         # same tokens as sample_tokens(logits, seed, seq_ids, j, ...), with per-row work hoisted
@@ -215,7 +215,7 @@ class CPUEngine(InferenceBackend):
             if ended.any():
                 for r in ended.nonzero()[:, 0].tolist():
                     t = int(tok[r])
-                    reason = "eos" if t == eos else "stop" if (
+                    reason = "eos" if t in eos else "stop" if (
                         t in p.stop_token_ids or (hit is not None and bool(hit[r]))) else "length"
                     out.finish(int(live.rows[r]), j + 1, reason)
                 live.alive &= ~ended

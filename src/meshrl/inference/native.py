@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from meshrl.inference.backend import InferenceError
-from meshrl.inference.transformer import KVCache, PackedWeights
+from meshrl.inference.transformer import KVCache, PackedWeights, qk_norm
 
 __all__ = [
     "NativeKernels",
@@ -237,6 +237,9 @@ def decode_step_native(
             torch.mm(y, layer.w_qkv, out=qkv)
         else:
             torch.addmm(layer.b_qkv, y, layer.w_qkv, out=qkv)
+        if layer.qk_norm is not None:  # Qwen3: in place, before the kernel's RoPE
+            kq = qkv.view(b, kv, s.heads // kv + 2, hd)[:, :, 1:]
+            kq.copy_(qk_norm(kq, layer, w.eps))
         kern.attend(qkv.data_ptr(), rope, pos_p, start_p, k0 + i * layer_bytes,
                     v0 + i * layer_bytes, pa, b, kv, s.heads // kv, hd, slots, slot, hd**-0.5,
                     threads)

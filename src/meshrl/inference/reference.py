@@ -26,6 +26,7 @@ from meshrl.inference.backend import (
     WeightLoadError,
     check_generate_request,
     check_score_request,
+    eos_token_ids,
 )
 from meshrl.inference.params import ReferenceConfig, SamplingParams
 from meshrl.inference.sampling import sample_tokens
@@ -54,9 +55,8 @@ class ReferenceBackend(InferenceBackend):
         self.tokenizer = tokenizer
         self.cfg = cfg or ReferenceConfig()
         self.version = int(version)
-        eos = tokenizer.eos_token_id if tokenizer is not None else model.config.eos_token_id
-        eos = eos[0] if isinstance(eos, list | tuple) else eos
-        self.eos_token_id: int | None = None if eos is None else int(eos)
+        self.eos_token_ids = eos_token_ids(tokenizer, model.config)
+        self.eos_token_id: int | None = self.eos_token_ids[0] if self.eos_token_ids else None
         self.vocab = self.vocab_size = int(model.config.vocab_size)
         self.max_seq_len = int(model.config.max_position_embeddings)
 
@@ -127,7 +127,7 @@ class ReferenceBackend(InferenceBackend):
     def _finished(self, row: _Row, p: SamplingParams) -> FinishReason | None:
         """Why `row` ends after its latest token, or None while it goes on."""
         t = row.tokens[-1]
-        if t == self.eos_token_id and not p.ignore_eos:
+        if t in self.eos_token_ids and not p.ignore_eos:
             return "eos"
         if t in p.stop_token_ids:
             return "stop"

@@ -1,4 +1,4 @@
-"""meshrl's own forward pass over Hugging Face Qwen2 / Llama weights.
+"""meshrl's own forward pass over Hugging Face Qwen2 / Qwen3 / Llama weights.
 
 Why not call the HF modules: at rollout sizes (hidden 128-512, batch 32-128) one decode step is a
 few hundred tiny kernels, and the HF module, cache and mask machinery costs more than the math.
@@ -16,15 +16,20 @@ This runs the same math with fewer, larger kernels:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from meshrl.inference.backend import WeightLoadError
+from meshrl.inference.backend import EngineUnsupportedError, WeightLoadError
 
-__all__ = ["KVCache", "ModelSpec", "PackedWeights", "WeightLoadError", "decode_step", "forward"]
+__all__ = ["ENGINE_FAMILIES", "KVCache", "ModelSpec", "PackedWeights", "WeightLoadError",
+           "decode_step", "forward", "qk_norm", "rope_inv_freq"]
+
+
+ENGINE_FAMILIES = ("qwen2", "qwen3", "llama")
 
 
 @dataclass(frozen=True)
@@ -44,32 +49,56 @@ class ModelSpec:
     max_positions: int
     tied: bool
     qkv_bias: bool  # Qwen2 has q/k/v biases; Llama has none (attention_bias would bias o_proj too)
+    qk_norm: bool = False  # Qwen3: RMSNorm over each q / k head before RoPE
+    # Llama 3 RoPE scaling (factor, low_freq_factor, high_freq_factor, original context); None:
+    # plain RoPE
+    rope_llama3: tuple[float, float, float, int] | None = None
 
     @classmethod
     def from_hf_config(cls, config: Any) -> ModelSpec:
+        """The spec of `config`, or an `EngineUnsupportedError` saying what the engine lacks."""
         model_type = getattr(config, "model_type", "?")
-        if model_type not in ("qwen2", "llama"):
-            raise ValueError(f"unsupported architecture {model_type!r} (supported: qwen2, llama)")
-        rope = getattr(config, "rope_parameters", None) or {}
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"unsupported RoPE type {rope.get('rope_type')!r} (only 'default')")
+        if model_type not in ENGINE_FAMILIES:
+            raise EngineUnsupportedError(f"fast engine: unsupported architecture {model_type!r} "
+                                         f"(supported: {', '.join(ENGINE_FAMILIES)})")
+        rope = dict(getattr(config, "rope_parameters", None) or {})
+        rope_type = rope.get("rope_type", "default")
+        if rope_type not in ("default", "llama3"):
+            raise EngineUnsupportedError(
+                f"fast engine: unsupported RoPE type {rope_type!r} (only 'default', 'llama3')")
+        if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise EngineUnsupportedError("fast engine: partial rotary embeddings are not supported")
         if getattr(config, "hidden_act", "silu") != "silu":
-            raise ValueError(f"unsupported activation {config.hidden_act!r} (only silu)")
+            raise EngineUnsupportedError(
+                f"fast engine: unsupported activation {config.hidden_act!r} (only silu)")
         if getattr(config, "use_sliding_window", False) or "sliding_attention" in (
             getattr(config, "layer_types", None) or []
         ):
-            raise ValueError("sliding-window attention is not supported")
+            raise EngineUnsupportedError("fast engine: sliding-window attention is not supported")
         if getattr(config, "mlp_bias", False) or (
-            model_type == "llama" and getattr(config, "attention_bias", False)
+            model_type != "qwen2" and getattr(config, "attention_bias", False)
         ):
-            raise ValueError("MLP / o_proj biases are not supported")
+            raise EngineUnsupportedError("fast engine: MLP / o_proj biases are not supported")
         heads = config.num_attention_heads
+        kv_heads = config.num_key_value_heads or heads
+        if heads % kv_heads:
+            raise EngineUnsupportedError(
+                f"fast engine: {heads} attention heads do not group over {kv_heads} KV heads")
+        llama3 = None
+        if rope_type == "llama3":
+            keys = ("factor", "low_freq_factor", "high_freq_factor",
+                    "original_max_position_embeddings")
+            if any(rope.get(k) is None for k in keys):
+                raise EngineUnsupportedError(f"fast engine: llama3 RoPE scaling needs {keys}")
+            llama3 = (float(rope["factor"]), float(rope["low_freq_factor"]),
+                      float(rope["high_freq_factor"]),
+                      int(rope["original_max_position_embeddings"]))
         return cls(
             model_type=model_type,
             hidden=config.hidden_size,
             layers=config.num_hidden_layers,
             heads=heads,
-            kv_heads=config.num_key_value_heads or heads,
+            kv_heads=kv_heads,
             head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
             intermediate=config.intermediate_size,
             vocab=config.vocab_size,
@@ -78,6 +107,8 @@ class ModelSpec:
             max_positions=config.max_position_embeddings,
             tied=bool(getattr(config, "tie_word_embeddings", False)),
             qkv_bias=model_type == "qwen2",
+            qk_norm=model_type == "qwen3",
+            rope_llama3=llama3,
         )
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -102,6 +133,9 @@ class ModelSpec:
                 p + "mlp.up_proj.weight": (self.intermediate, d),
                 p + "mlp.down_proj.weight": (d, self.intermediate),
             }
+            if self.qk_norm:
+                shapes |= {p + "self_attn.q_norm.weight": (self.head_dim,),
+                           p + "self_attn.k_norm.weight": (self.head_dim,)}
             if self.qkv_bias:
                 shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                            p + "self_attn.v_proj.bias": (kv,)}
@@ -116,6 +150,9 @@ class Layer:
     w_o: torch.Tensor  # [h * hd, d]
     w_gu: torch.Tensor  # [d, 2 * intermediate]
     w_down: torch.Tensor  # [intermediate, d]
+    # Qwen3's q / k norm weights laid out like a KV group's rotated rows: [1 + G, hd] (k, then
+    # q G times), permuted like the rows they scale; None without q / k norms
+    qk_norm: torch.Tensor | None = None
 
 
 @dataclass
@@ -170,6 +207,11 @@ class PackedWeights:
                     _permute_heads(f32(a + "q_proj.bias"), perm, spec.heads),
                     _permute_heads(f32(a + "k_proj.bias"), perm, spec.kv_heads),
                     f32(a + "v_proj.bias"), spec)
+            qk_norm = None
+            if spec.qk_norm:
+                g = spec.heads // spec.kv_heads
+                qk_norm = torch.stack([f32(a + "k_norm.weight")[perm]]
+                                      + [f32(a + "q_norm.weight")[perm]] * g)
             gu = torch.cat([f32(p + "mlp.gate_proj.weight"), f32(p + "mlp.up_proj.weight")])
             gu = gu * f32(p + "post_attention_layernorm.weight")
             layers.append(Layer(
@@ -178,6 +220,7 @@ class PackedWeights:
                 w_o=f32(a + "o_proj.weight").clone().t(),
                 w_gu=gu.t(),
                 w_down=f32(p + "mlp.down_proj.weight").clone().t(),
+                qk_norm=qk_norm,
             ))
         embed = f32("model.embed_tokens.weight").clone()
         head = embed if spec.tied else f32("lm_head.weight").clone()
@@ -205,10 +248,27 @@ def _group_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: ModelSpe
     return torch.cat(parts, dim=1).reshape(-1, *rest)
 
 
-def rope_table(spec: ModelSpec) -> torch.Tensor:
-    # same float32 ops as HF's rotary embedding: freqs = pos * inv_freq, then cos / sin
+def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
+    """RoPE's inverse frequencies [hd / 2], in the same float32 ops as HF's rotary embedding
+    (`modeling_rope_utils`: the default and Llama 3's `_compute_llama3_parameters`)."""
     dim = spec.head_dim
     inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if spec.rope_llama3 is None:
+        return inv_freq
+    # Llama 3: long wavelengths slowed by `factor`, short ones kept, the band between smoothed
+    factor, low, high, context = spec.rope_llama3
+    low_wavelen, high_wavelen = context / low, context / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_table(spec: ModelSpec) -> torch.Tensor:
+    # same float32 ops as HF's rotary embedding: freqs = pos * inv_freq, then cos / sin
+    inv_freq = rope_inv_freq(spec)
     freqs = torch.arange(spec.max_positions).float()[:, None] * inv_freq[None, :]
     return torch.complex(freqs.cos(), freqs.sin())
 
@@ -235,6 +295,11 @@ def _rms(x: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
     """x / rms(x), without the weight (folded into the next matrix); 4 kernels, F.rms_norm ~10."""
     norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
     return x * torch.addcmul(eps, norm, norm, value=1.0 / x.shape[-1]).rsqrt_()
+
+
+def qk_norm(kq: torch.Tensor, layer: Layer, eps: torch.Tensor) -> torch.Tensor:
+    """Qwen3's per-head RMSNorm of the k and q rows [..., 1 + G, hd] (as is without one)."""
+    return kq if layer.qk_norm is None else _rms(kq, eps) * layer.qk_norm
 
 
 def _rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
@@ -272,7 +337,7 @@ def forward(
         if real is not None:  # back onto the grid for attention (padding rows stay zero)
             qkv = qkv.new_zeros(b * n, qkv.shape[1]).index_copy_(0, real, qkv)
         qkv = qkv.view(b, n, kv, groups + 2, hd)
-        kq = _rope(qkv[:, :, :, 1:], rot)  # [B, S, kv, 1 + G, hd]
+        kq = _rope(qk_norm(qkv[:, :, :, 1:], layer, w.eps), rot)  # [B, S, kv, 1 + G, hd]
         q = kq[:, :, :, 1:].reshape(b, n, h, hd).transpose(1, 2)
         k = kq[:, :, :, 0].transpose(1, 2)
         v = qkv[:, :, :, 0].transpose(1, 2)
@@ -313,7 +378,7 @@ def decode_step(
         y = _rms(x, w.eps)
         qkv = y @ layer.w_qkv if layer.b_qkv is None else torch.addmm(layer.b_qkv, y, layer.w_qkv)
         qkv = qkv.view(b, kv, groups + 2, hd)
-        kq = _rope(qkv[:, :, 1:], rot)  # [B, kv, 1 + G, hd]
+        kq = _rope(qk_norm(qkv[:, :, 1:], layer, w.eps), rot)  # [B, kv, 1 + G, hd]
         kc, vc = cache.k[i, :b], cache.v[i, :b]  # [B, kv, slots, hd]
         kc[:, :, slot] = kq[:, :, 0]
         vc[:, :, slot] = qkv[:, :, 0]

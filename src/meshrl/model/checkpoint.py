@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from meshrl.durable import fsync_tree, replace
+from meshrl.model.families import check_model_config, read_model_config
 
 __all__ = ["load_model", "save_model"]
 
@@ -68,7 +69,10 @@ def _sweep(directory: Path) -> None:
 
 
 def load_model(directory: str | Path, dtype: Any = None) -> Any:
-    """Load a causal LM from a local HF directory (never from the network)."""
+    """Load a causal LM from a local HF directory (never from the network), sharded or not.
+
+    A directory of a family meshrl does not know is refused before any weight is read
+    (`UnsupportedModelError`, naming the model_type or architectures entry)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -80,6 +84,7 @@ def load_model(directory: str | Path, dtype: Any = None) -> Any:
         hf_logging.disable_progress_bar()
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"{directory}: not a model directory (no config.json)")
+    check_model_config(read_model_config(directory), str(directory / "config.json"))
     model = AutoModelForCausalLM.from_pretrained(
         str(directory), local_files_only=True, dtype=dtype or torch.float32
     )

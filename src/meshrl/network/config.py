@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from meshrl.config import Config
-from meshrl.pool import PROFILE_FIELD, ProofProfile, RulesSpec
+from meshrl.pool import PROFILE_FIELD, PROMPT_FORMAT_FIELD, PromptFormat, ProofProfile, RulesSpec
 from meshrl.protocol.config import ProtocolParams
 
 __all__ = ["CheatSpec", "NetworkConfig", "PoolSpec", "ThreadsConfig", "WorkersSpec"]
@@ -68,6 +68,7 @@ class PoolSpec(Config):
     replay_rows_fraction: float = Field(0.25, gt=0, le=1, description="rules.replay."
                                         "rows_fraction: the share of each file's rows the "
                                         "validator replays on the model (docs/economics.md)")
+    prompt_format: PromptFormat = Field("raw", description=PROMPT_FORMAT_FIELD)
     reward_rate: int = Field(10**15, ge=0, description="token base units per work unit")
     heartbeat_s: float = Field(2.0, gt=0, description="the orchestrator's heartbeat interval")
     dead_after: int = Field(15, ge=1, description="missed heartbeats before a node is ejected")
@@ -79,7 +80,7 @@ class PoolSpec(Config):
                                    "temperature": self.temperature, "top_p": 1.0},
                          prompts_per_file=self.prompts_per_file, async_level=self.async_level,
                          seed=self.seed, files_per_step=self.files_per_step,
-                         proof_profile=self.proof_profile,
+                         proof_profile=self.proof_profile, prompt_format=self.prompt_format,
                          replay={"rows_fraction": self.replay_rows_fraction})
 
 

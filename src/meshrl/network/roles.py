@@ -227,7 +227,7 @@ def _trainer(lay: Layout, keys: DevKeys, origin: Path) -> RoleSpec:
            "run": {"dir": str(lay.root), "name": "trainer", "threads": cfg.threads.trainer,
                    "progress": False},
            "rollout": {"group_size": p.group_size, "temperature": p.temperature,
-                       "max_new_tokens": p.max_new_tokens},
+                       "max_new_tokens": p.max_new_tokens, "prompt_format": p.prompt_format},
            "network": {"orchestrator_url": lay.orchestrator_url, "key_file": str(trainer_key),
                        "origin_root": str(origin), "poll_s": cfg.poll_s}}
     path = write_toml(lay.config_path("trainer"), _merge(net, cfg.train))

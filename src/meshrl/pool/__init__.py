@@ -1,18 +1,20 @@
 """The pool's public rules, typed and in one home (torch-free).
 
 `rules`: `PoolRules` (task, sampling, group size, prompts per file, files per step, async level,
-seed, proof profile, sampled replay), `RulesPins` and `rules_drift`; `assignment`: which
-problems a (node, step, counter, policy version) gets, prompt encoding, rows; `profiles`: proof
-profiles; `sampled`: which rows of a file a validator replays on the model; `verdicts`:
-findings, decisions and verdict kinds; `messages`: the work order; `client`: the one reader of
-`GET /rules`. Every role that generates or judges takes its rules from here.
+seed, proof profile, prompt format, sampled replay), `RulesPins` and `rules_drift`;
+`assignment`: which problems a (node, step, counter, policy version) gets, prompt encoding,
+rows; `profiles`: proof profiles; `sampled`: which rows of a file a validator replays on the
+model; `verdicts`: findings, decisions and verdict kinds; `messages`: the work order; `client`:
+the one reader of `GET /rules`. Every role that generates or judges takes its rules from here.
 """
 
 from meshrl.pool.assignment import (
     Assignment,
+    PromptFormatError,
     counter_refusal,
     encode_prompt,
     prompt_of_row,
+    uses_chat,
     work_units,
 )
 from meshrl.pool.client import (
@@ -34,8 +36,10 @@ from meshrl.pool.profiles import (
     unmet_profile,
 )
 from meshrl.pool.rules import (
+    PROMPT_FORMAT_FIELD,
     RULE_FIELDS,
     PoolRules,
+    PromptFormat,
     RulesPins,
     RulesSpec,
     SamplingSpec,
@@ -56,6 +60,7 @@ __all__ = [
     "FULL_REPLAY",
     "PROFILES",
     "PROFILE_FIELD",
+    "PROMPT_FORMAT_FIELD",
     "PROOF_PROFILES",
     "RULE_FIELDS",
     "Assignment",
@@ -66,6 +71,8 @@ __all__ = [
     "PoolRules",
     "PoolRulesError",
     "ProfileSpec",
+    "PromptFormat",
+    "PromptFormatError",
     "ProofProfile",
     "ReplayRule",
     "RulesPins",
@@ -92,5 +99,6 @@ __all__ = [
     "rules_drift",
     "tasks_config",
     "unmet_profile",
+    "uses_chat",
     "work_units",
 ]

@@ -6,7 +6,8 @@ generates by them and a validator recomputes them, so each exists once, here.
   one file by the orchestrator: nothing to grind, nothing to skip to;
 - problems  = `meshrl.tasks.sample_problems(tasks, seed, node, step, counter, prompts_per_file,
   version)`: the policy version is part of the work, so one generation serves one claim only;
-- each prompt is `[bos] + tokenizer.encode(problem.prompt)` (`encode_prompt`) and gets
+- each prompt is `[bos] + tokenizer.encode(problem.prompt)`, or the chat template's user turn
+  when the rules' `prompt_format` says so (`encode_prompt`), and gets
   `group_size` rows: row r belongs to prompt r // group_size, is sample r % group_size, and is
   sampled with seq_id r and the seed `meshrl.tasks.sampling_seed(seed, node, step, counter,
   version)`;
@@ -21,14 +22,34 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from meshrl.pool.rules import PoolRules
+from meshrl.pool.rules import PoolRules, PromptFormat
 from meshrl.tasks import Problem, TaskSet, sample_problems, sampling_seed
 
-__all__ = ["Assignment", "counter_refusal", "encode_prompt", "prompt_of_row", "work_units"]
+__all__ = ["Assignment", "PromptFormatError", "counter_refusal", "encode_prompt", "prompt_of_row",
+           "uses_chat", "work_units"]
 
 
-def encode_prompt(tokenizer: Any, text: str) -> list[int]:
-    """A prompt's token ids: BOS (when the tokenizer has one) then the text."""
+class PromptFormatError(ValueError):
+    """A pool's `prompt_format` that the policy's tokenizer cannot follow (chat without a
+    chat template)."""
+
+
+def uses_chat(tokenizer: Any, prompt_format: PromptFormat) -> bool:
+    """Whether prompts go through the tokenizer's chat template under `prompt_format`, or a
+    `PromptFormatError` when the rule asks for a template the tokenizer lacks."""
+    has = bool(getattr(tokenizer, "has_chat_template", False))
+    if prompt_format == "chat" and not has:
+        raise PromptFormatError("prompt_format 'chat': the policy's tokenizer has no chat "
+                                "template")
+    return has and prompt_format != "raw"
+
+
+def encode_prompt(tokenizer: Any, text: str, prompt_format: PromptFormat = "raw") -> list[int]:
+    """A prompt's token ids: BOS (when the tokenizer has one) then the text, or, when the
+    pool's `prompt_format` says so (`uses_chat`), the text as the user turn of the tokenizer's
+    chat template up to the assistant's turn (the template writes any BOS itself)."""
+    if uses_chat(tokenizer, prompt_format):
+        return list(tokenizer.encode(tokenizer.chat_prompt(text)))
     bos = getattr(tokenizer, "bos_token_id", None)
     return ([bos] if bos is not None else []) + list(tokenizer.encode(text))
 
@@ -74,7 +95,8 @@ class Assignment:
     def prompt_rows(self, tokenizer: Any, problems: Sequence[Problem]) -> list[list[int]]:
         """The prompt of every row: each problem's encoded prompt, `group_size` times."""
         g = self.rules.group_size
-        return [encode_prompt(tokenizer, p.prompt) for p in problems for _ in range(g)]
+        fmt = self.rules.prompt_format
+        return [encode_prompt(tokenizer, p.prompt, fmt) for p in problems for _ in range(g)]
 
     def prompt_id(self, row: int) -> str:
         return f"{self.step}/{self.counter}/{prompt_of_row(row, self.rules.group_size)}"

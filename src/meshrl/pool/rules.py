@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Literal
 
 from eth_utils import is_checksum_address
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -20,8 +20,8 @@ from meshrl.pool.profiles import PROFILE_FIELD, ProofProfile
 from meshrl.pool.sampled import FULL_REPLAY, ReplayRule
 from meshrl.tasks import TasksConfig
 
-__all__ = ["RULE_FIELDS", "PoolRules", "RulesPins", "RulesSpec", "SamplingSpec", "rules_diff",
-           "rules_drift", "tasks_config"]
+__all__ = ["PROMPT_FORMAT_FIELD", "RULE_FIELDS", "PoolRules", "PromptFormat", "RulesPins",
+           "RulesSpec", "SamplingSpec", "rules_diff", "rules_drift", "tasks_config"]
 
 
 class _Rule(BaseModel):
@@ -58,6 +58,14 @@ def _signer(v: str | None) -> str | None:
     return v
 
 
+PromptFormat = Literal["raw", "chat", "auto"]
+PROMPT_FORMAT_FIELD = (
+    "how a problem's prompt becomes tokens (`meshrl.pool.encode_prompt`): raw = [BOS] + the "
+    "text; chat = the text as the user turn of the policy tokenizer's chat template, ending "
+    "where the assistant answers (a policy without a template is refused); auto = chat when "
+    "the policy's tokenizer has a chat template, else raw")
+
+
 class SamplingSpec(_Rule):
     """How completions are sampled (the seed is not a rule: it is derived per file)."""
 
@@ -86,6 +94,7 @@ class RulesSpec(_Rule):
                              "its step")
     seed: int = Field(0, ge=0, lt=2**63, description="base seed prompts and sampling derive from")
     proof_profile: ProofProfile = Field("any-hardware", description=PROFILE_FIELD)
+    prompt_format: PromptFormat = Field("raw", description=PROMPT_FORMAT_FIELD)
     policy_signer: str | None = Field(None, description="checksummed address whose EIP-191 "
                                       "signature every policy version's shardcast manifest "
                                       "carries (the trainer's key); unset: no policy version "
@@ -109,6 +118,8 @@ def _canonical(model: BaseModel) -> bytes:
         del data["policy_signer"]  # unset: the digest of rules from before the field
     if data.get("replay") == FULL_REPLAY.model_dump(mode="json"):
         del data["replay"]  # full replay: the digest of rules from before sampled replay
+    if data.get("prompt_format") == "raw":
+        del data["prompt_format"]  # likewise: raw prompts were the only kind before it
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -141,6 +152,7 @@ class RulesPins(BaseModel):
     async_level: int | None = None
     seed: int | None = None
     proof_profile: ProofProfile | None = None
+    prompt_format: PromptFormat | None = None
     policy_signer: str | None = None
     replay: ReplayRule | None = None
 

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from meshrl.config import Config
+from meshrl.pool.rules import PROMPT_FORMAT_FIELD, PromptFormat
 from meshrl.tasks import TasksConfig
 
 __all__ = [
@@ -84,6 +85,7 @@ class RolloutConfig(Config):
         " scheduling)",
     )
     node_id: str = Field("trainer", description="node id mixed into problem sampling")
+    prompt_format: PromptFormat = Field("raw", description=PROMPT_FORMAT_FIELD)
 
 
 class SFTConfig(Config):

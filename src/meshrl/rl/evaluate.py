@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from meshrl.inference import InferenceBackend, SamplingParams
-from meshrl.pool import encode_prompt
+from meshrl.pool import PromptFormat, encode_prompt
 from meshrl.rl.config import EvalCommandConfig, EvalConfig
 from meshrl.tasks import TaskSet
 
@@ -46,6 +46,7 @@ def evaluate(
     problems: list[Any],
     tasks: TaskSet,
     cfg: EvalConfig,
+    prompt_format: PromptFormat = "raw",
 ) -> dict[str, float]:
     """Greedy accuracy (mean verifier score) and mean completion length on `problems`, and
     `pass@k` for each of `cfg.pass_k`."""
@@ -55,7 +56,7 @@ def evaluate(
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=0.0)
     for start in range(0, len(problems), cfg.batch_size):
         chunk = problems[start : start + cfg.batch_size]
-        prompts = [encode_prompt(tokenizer, p.prompt) for p in chunk]
+        prompts = [encode_prompt(tokenizer, p.prompt, prompt_format) for p in chunk]
         outs = backend.generate(prompts, params, seq_ids=list(range(len(chunk))))
         for p, o in zip(chunk, outs, strict=True):
             text = tokenizer.decode(o.token_ids)

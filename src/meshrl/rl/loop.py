@@ -151,7 +151,7 @@ class RLRun:
 
     def evaluate(self, phase: str, step: int | None = None) -> float:
         result = evaluate(self.eval_backend, self.tokenizer, self.heldout, self.tasks,
-                          self.cfg.eval)
+                          self.cfg.eval, self.cfg.rollout.prompt_format)
         self.accuracy = result["accuracy"]
         step = self.step if step is None else step
         self.metrics.log({"kind": "eval", "phase": phase, "step": step,
@@ -212,7 +212,8 @@ class RLRun:
 
         result = warm_start(self.host_model, self.tokenizer, self.cfg.sft, self.tasks,
                             lambda step: self.evaluate("sft", step), self.cfg.run.seed,
-                            self.exclude, on_eval=on_eval)
+                            self.exclude, on_eval=on_eval,
+                            prompt_format=self.cfg.rollout.prompt_format)
         self.metrics.log({"kind": "warm_start", **result, "elapsed": self.elapsed()})
         self._keep_reference(fresh=True)
         self.evaluate("rl")

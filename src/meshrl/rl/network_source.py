@@ -135,7 +135,8 @@ class NetworkSource(RolloutSource):
         # files are read by the pool's published rules; the trainer's own shape (and the task
         # its held-out set is drawn from) must be theirs, or it refuses to start
         self.rules = self.reader.rules()
-        pins = RulesPins(task=tasks, group_size=rollout.group_size, async_level=async_level)
+        pins = RulesPins(task=tasks, group_size=rollout.group_size, async_level=async_level,
+                         prompt_format=rollout.prompt_format)
         check_rules(self.rules, None, pins, "trainer")
         self.key, signer = key, self.rules.policy_signer
         if signer is not None and signer != address_of(key):  # else every version it

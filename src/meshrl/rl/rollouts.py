@@ -102,7 +102,8 @@ def generate_batch(
     t0 = time.perf_counter()
     problems = draw_problems(tasks, seed, cfg.node_id, index, cfg.prompts_per_step, exclude)
     g = cfg.group_size
-    prompts = [encode_prompt(tokenizer, p.prompt) for p in problems for _ in range(g)]
+    prompts = [encode_prompt(tokenizer, p.prompt, cfg.prompt_format)
+               for p in problems for _ in range(g)]
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                             top_p=cfg.top_p, seed=batch_seed(seed, index))
     samples = backend.generate(prompts, params, seq_ids=list(range(len(prompts))))

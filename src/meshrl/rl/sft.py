@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from meshrl.pool import encode_prompt
+from meshrl.pool import PromptFormat, encode_prompt
 from meshrl.rl.config import SFTConfig
 from meshrl.rl.rollouts import collate, draw_problems
 from meshrl.tasks import TaskSet
@@ -22,9 +22,11 @@ from meshrl.tasks import TaskSet
 __all__ = ["SFTConfig", "warm_start"]
 
 
-def sft_batch(tokenizer: Any, problems: list[Any]) -> dict[str, torch.Tensor]:
-    """Prompt + answer + EOS rows; `loss_mask` covers the answer and EOS tokens."""
-    prompts = [encode_prompt(tokenizer, p.prompt) for p in problems]
+def sft_batch(tokenizer: Any, problems: list[Any],
+              prompt_format: PromptFormat = "raw") -> dict[str, torch.Tensor]:
+    """Prompt + answer + EOS rows; `loss_mask` covers the answer and EOS tokens. Prompts are
+    encoded as the rollouts' are (`prompt_format`)."""
+    prompts = [encode_prompt(tokenizer, p.prompt, prompt_format) for p in problems]
     answers = [[*tokenizer.encode(p.answer), tokenizer.eos_token_id] for p in problems]
     zeros = [[0.0] * len(a) for a in answers]
     return collate(prompts, answers, zeros, tokenizer.pad_token_id)
@@ -46,6 +48,7 @@ def warm_start(
     seed: int,
     exclude: frozenset[str] = frozenset(),
     on_eval: Callable[[int, float, float], None] | None = None,
+    prompt_format: PromptFormat = "raw",
 ) -> dict[str, float]:
     """Train `model` in place; returns {"steps", "accuracy", "loss"} of the policy handed to RL.
 
@@ -62,7 +65,7 @@ def warm_start(
     for step in range(1, cfg.max_steps + 1):
         problems = draw_problems(tasks, seed, "sft", step, cfg.batch_size, exclude)
         model.train()
-        loss = sft_loss(model, sft_batch(tokenizer, problems))
+        loss = sft_loss(model, sft_batch(tokenizer, problems, prompt_format))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

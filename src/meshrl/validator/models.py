@@ -74,13 +74,13 @@ class ModelCache:
             raise VersionUnavailable(f"policy version {version}: {e}") from e
 
     def _load(self, path: Path, version: int) -> Any:
-        from meshrl.inference import CPUEngine
+        from meshrl.inference import engine_or_reference
         from meshrl.model import load_model, load_tokenizer
 
         model = load_model(path)
         if self.tokenizer is None:
             self.tokenizer = load_tokenizer(path)
-        engine = CPUEngine(model, self.tokenizer, self.engine_cfg)
-        engine.load_weights(model.state_dict(), version)
+        # the reference backend where the fast engine cannot run the model (reason logged)
+        engine = engine_or_reference(model, self.tokenizer, self.engine_cfg, version=version)
         self.loads += 1
         return engine

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from meshrl.inference import InferenceBackend, InvalidRequestError
-from meshrl.inference.backend import check_score_request
+from meshrl.inference.backend import check_score_request, eos_token_ids
 from meshrl.pool import (
     Assignment,
     Check,
@@ -148,7 +148,7 @@ def _spec(rf: RolloutFile, rules: PoolRules, tokenizer: Any,
     s = rules.sampling
     return ReplaySpec(seed=rf.header.sampling_seed, max_new_tokens=s.max_new_tokens,
                       temperature=s.temperature, top_p=s.top_p,
-                      eos_token_ids=() if s.ignore_eos else (int(tokenizer.eos_token_id),),
+                      eos_token_ids=() if s.ignore_eos else eos_token_ids(tokenizer, None),
                       stop_token_ids=tuple(s.stop_token_ids), max_seq_len=max_seq_len)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from meshrl.inference import InferenceBackend
 from meshrl.log import get_logger, log_event
-from meshrl.pool import Assignment, PoolRulesError, WorkOrder
+from meshrl.pool import Assignment, PoolRulesError, PromptFormatError, WorkOrder, uses_chat
 from meshrl.tasks import TaskSet
 from meshrl.wire.rollout_file import RolloutFile
 from meshrl.worker.config import WorkerConfig
@@ -36,11 +36,10 @@ def _backend(cfg: WorkerConfig, model: Any, tokenizer: Any, version: int) -> Inf
 
         return ReferenceBackend(model.to(getattr(torch, cfg.dtype)), tokenizer, cfg.reference,
                                 version)
-    from meshrl.inference import CPUEngine
+    from meshrl.inference import engine_or_reference
 
-    engine = CPUEngine(model, tokenizer, cfg.engine)
-    engine.load_weights(model.state_dict(), version)
-    return engine
+    # a model the fast engine cannot run (its reason logged) runs on the reference backend
+    return engine_or_reference(model, tokenizer, cfg.engine, cfg.reference, version)
 
 
 def policy_signer(order: WorkOrder) -> str:
@@ -81,7 +80,9 @@ class PolicyHolder:
         if not order.shardcast_servers:
             if not cfg.model_dir:
                 raise ValueError("worker: the pool has no shardcast servers; set model_dir")
-            return await asyncio.to_thread(cls, cfg, Path(cfg.model_dir), 0, parts)
+            holder = await asyncio.to_thread(cls, cfg, Path(cfg.model_dir), 0, parts)
+            holder.check_prompt_format(order)
+            return holder
         from meshrl.shardcast import ShardcastClient
 
         signer = policy_signer(order)
@@ -91,7 +92,16 @@ class PolicyHolder:
                                  max(order.policy_versions))
         holder = await asyncio.to_thread(cls, cfg, res.path, res.version, parts)
         holder.signer = signer
+        holder.check_prompt_format(order)
         return holder
+
+    def check_prompt_format(self, order: WorkOrder) -> None:
+        """Refused for good (`PoolRulesError`) when the rules' `prompt_format` asks for a chat
+        template the policy's tokenizer lacks: no prompt of this pool could be encoded."""
+        try:
+            uses_chat(self.tokenizer, order.rules.prompt_format)
+        except PromptFormatError as e:
+            raise PoolRulesError(f"refusing to start: {e}") from e
 
     def load(self, model_dir: Path, version: int) -> None:
         """Hot-load a new version (generation in another thread keeps its consistent weights)."""
