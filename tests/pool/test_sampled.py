@@ -95,8 +95,9 @@ def test_the_rule_is_in_the_digest_and_full_replay_keeps_the_old_one():
     sampled, full = PoolRules(pool_id=1), PoolRules(pool_id=1, replay=FULL_REPLAY)
     assert sampled.digest() != full.digest()
     assert PoolRules(pool_id=1, replay={"rows_fraction": 0.5}).digest() != sampled.digest()
-    # full replay: the digest of the same rules from before the field existed
+    # full replay: the digest of the same rules from before the field existed (and before
+    # policy_signer and prompt_format, whose unset/raw values also keep the old digest)
     old = full.model_dump(mode="json")
-    del old["replay"], old["policy_signer"]
+    del old["replay"], old["policy_signer"], old["prompt_format"]
     canonical = json.dumps(old, sort_keys=True, separators=(",", ":")).encode()
     assert full.digest() == hashlib.sha256(canonical).hexdigest()
