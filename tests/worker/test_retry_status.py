@@ -55,10 +55,10 @@ def test_status_line_redraws_one_line() -> None:
     node = SimpleNamespace(state="working", pool_step=4, files_done=7,
                            policy=SimpleNamespace(version=3))
     rewards = {"works": [{"status": "submitted"}] * 6 + [{"status": "hard_invalidated"}],
-               "rewards": {"earned": 15 * 10**17, "claimable": 0, "claimed": 0}}
+               "rewards": {"earned": 15 * 10**17, "claimable": 0, "claimed": 5 * 10**17}}
     text = status_text(node, rewards)
     assert text == ("working | step 4 | policy v3 | files sent 7, on chain 6, invalidated 1 | "
-                    "earned 1.5000 tokens, claimable 0.0000")
+                    "earned 1.5000 tokens, claimable 0.0000, claimed 0.5000")
     out = io.StringIO()
     line = StatusLine(out, enabled=True)
     stop = asyncio.Event()

@@ -94,6 +94,16 @@ class WorkerConfig(Config):
     status_line: Literal["auto", "on", "off"] = Field(
         "auto", description="a one-line live status on stdout (auto: when it is a terminal)")
     heartbeat_interval: float = Field(10.0, gt=0, description="seconds between heartbeats")
+    claim_every_s: float = Field(0.0, ge=0, description="claim this provider's claimable "
+                                 "rewards in the pool every this many seconds, from this "
+                                 "process (it owns the provider key's nonce: claim from no "
+                                 "other process meanwhile); 0: never")
+    claim_batch: int = Field(64, ge=1, le=64, description="work items per claim transaction "
+                             "(the contract takes at most 64)")
+    leave_on_stop: bool = Field(False, description="on SIGTERM / Ctrl-C, take the node out of "
+                                "the pool on chain (`leave_pool`, signed by the node key) "
+                                "before exiting, instead of being ejected after missed "
+                                "heartbeats; the stake stays, so earned rewards stay claimable")
     crash_test_pause: float = Field(
         0.0, ge=0, description="crash tests only: pause this long at each phase boundary "
         "(counter taken, file written, slot granted, uploaded, submitted on chain), logging "
@@ -143,3 +153,10 @@ class JoinConfig(WorkerConfig):
                           "(join_pool, rejoins), at twice the current gas price")
     clock_margin_s: float = Field(30.0, ge=0, description="refuse a clock within this much "
                                   "of the signature window's edge too")
+    claim_every_s: float = Field(300.0, ge=0, description="claim this provider's claimable "
+                                 "rewards every this many seconds, from this process (it owns "
+                                 "the provider key's nonce: claim from no other process "
+                                 "meanwhile); 0: never")
+    leave_on_stop: bool = Field(True, description="on SIGTERM / Ctrl-C, leave the pool on chain "
+                                "before exiting (the stake stays: earned rewards stay "
+                                "claimable)")
