@@ -40,12 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from linkrelay import Link, setns
 
 pytestmark = [pytest.mark.slow, pytest.mark.anvil, pytest.mark.crosshost,
-              pytest.mark.timeout(900)]
+              pytest.mark.timeout(1200)]  # a cap for a loaded machine, not a target
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 CUT_S = 60.0
-LOCK_S = 60  # the chain's lock period (and invalidation window): rewards claimable after it
+LOCK_S = 30  # the chain's lock period (and invalidation window): rewards claimable after it
 TOKEN = 10**18
 T = TypeVar("T")
 
@@ -228,7 +228,7 @@ def test_strangers_on_another_host_join_train_outlive_a_cut_leave_and_are_paid(
     port = 23000 + (os.getpid() % 100) * 20
     cfg = tmp_path / "net.toml"
     # more steps than the test lasts: the pool trains throughout and is stopped by Ctrl-C;
-    # rewards unlock 60 s after submission, so both strangers are paid within the run
+    # rewards unlock LOCK_S after submission, so both strangers are paid within the run
     cfg.write_text(nu.short_network(
         "xhost", steps=2000, checkpoint_every=10, workers="honest = 1\ndishonest = 0",
         top=f'public_host = "{addr}"\nmax_minutes = 30\ndashboard = false\nrelays = 1'
