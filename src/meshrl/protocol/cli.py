@@ -129,7 +129,7 @@ class WorksConfig(Config):
 
 
 def _print(obj: Any) -> None:
-    print(json.dumps(obj, default=str))
+    print(json.dumps(obj, default=str), flush=True)  # a reader of a pipe sees it now
 
 
 def _handled(name: str, fn: Callable[[Any], int]) -> Callable[[Any], int]:
