@@ -65,7 +65,10 @@ def test_status_line_redraws_one_line() -> None:
 
     async def run() -> None:
         task = asyncio.create_task(line.run(node, lambda: rewards, stop, every_s=0.01))
-        await asyncio.sleep(0.05)
+        for _ in range(500):  # two redraws (a loaded machine takes its time)
+            if out.getvalue().count("\r\x1b[2K") >= 2:
+                break
+            await asyncio.sleep(0.01)
         stop.set()
         await task
     asyncio.run(run())
