@@ -55,17 +55,20 @@ def test_status_line_redraws_one_line() -> None:
     node = SimpleNamespace(state="working", pool_step=4, files_done=7,
                            policy=SimpleNamespace(version=3))
     rewards = {"works": [{"status": "submitted"}] * 6 + [{"status": "hard_invalidated"}],
-               "rewards": {"earned": 15 * 10**17, "claimable": 0, "claimed": 0}}
+               "rewards": {"earned": 15 * 10**17, "claimable": 0, "claimed": 5 * 10**17}}
     text = status_text(node, rewards)
     assert text == ("working | step 4 | policy v3 | files sent 7, on chain 6, invalidated 1 | "
-                    "earned 1.5000 tokens, claimable 0.0000")
+                    "earned 1.5000 tokens, claimable 0.0000, claimed 0.5000")
     out = io.StringIO()
     line = StatusLine(out, enabled=True)
     stop = asyncio.Event()
 
     async def run() -> None:
         task = asyncio.create_task(line.run(node, lambda: rewards, stop, every_s=0.01))
-        await asyncio.sleep(0.05)
+        for _ in range(500):  # two redraws (a loaded machine takes its time)
+            if out.getvalue().count("\r\x1b[2K") >= 2:
+                break
+            await asyncio.sleep(0.01)
         stop.set()
         await task
     asyncio.run(run())

@@ -12,6 +12,7 @@ every failure mode of a reverted transaction into `TxReverted` with the contract
 from __future__ import annotations
 
 import re
+import threading
 import time
 from typing import Any
 
@@ -64,6 +65,11 @@ class Backend:
         self.preflight = True
         self.unchecked_gas = 2_000_000
         self._chain_id: int | None = None
+        # one transaction of a sender at a time in this process: its nonce is picked, the tx
+        # sent and its receipt awaited under the lock, so two threads of one process (a
+        # worker's courier and its claimer) never pick the same nonce
+        self._senders: dict[str, threading.Lock] = {}
+        self._senders_lock = threading.Lock()
 
     @property
     def chain_id(self) -> int:
@@ -84,7 +90,14 @@ class Backend:
         return "0x" + bytes(self.w3.eth.get_block(number)["hash"]).hex()
 
     def send(self, account: LocalAccount, tx: dict[str, Any]) -> TxReceipt:
-        """Fill, sign with `account` and send `tx`; wait for its receipt; raise on revert."""
+        """Fill, sign with `account` and send `tx`; wait for its receipt; raise on revert.
+        Transactions of one sender are serialized (see `_senders`)."""
+        with self._senders_lock:
+            lock = self._senders.setdefault(account.address.lower(), threading.Lock())
+        with lock:
+            return self._send(account, tx)
+
+    def _send(self, account: LocalAccount, tx: dict[str, Any]) -> TxReceipt:
         tx = dict(tx)
         tx["from"] = account.address
         tx.setdefault("chainId", self.chain_id)

@@ -23,6 +23,19 @@ class NodeConfig(Config):
     port: int = Field(8545, description="port of the local anvil on 127.0.0.1")
     anvil: str = Field("", description="anvil binary (default: node_modules/.bin, then PATH)")
     run_seconds: float = Field(0.0, description="stop after this long (0: until interrupted)")
+    public_host: str = Field("", description="an address of this host that others reach: the "
+                             "chain's public RPC listens there through the RPC filter "
+                             "(standard methods only); anvil itself stays on 127.0.0.1 "
+                             "(empty: no public RPC)")
+    public_port: int = Field(0, ge=0, le=65535, description="port of the public RPC on "
+                             "public_host (0: port + 1)")
+
+    @field_validator("public_host")
+    @classmethod
+    def _routable(cls, v: str) -> str:
+        if v in ("0.0.0.0", "::", "[::]"):
+            raise ValueError("public_host: name the address others reach, not a wildcard")
+        return v
 
 
 class DeployConfig(Config):
@@ -116,7 +129,7 @@ class WorksConfig(Config):
 
 
 def _print(obj: Any) -> None:
-    print(json.dumps(obj, default=str))
+    print(json.dumps(obj, default=str), flush=True)  # a reader of a pipe sees it now
 
 
 def _handled(name: str, fn: Callable[[Any], int]) -> Callable[[Any], int]:
@@ -156,19 +169,31 @@ def _sigterm_exits() -> Iterator[None]:
 def _node(cfg: NodeConfig) -> int:
     import time
 
+    from meshrl.config import CommandError
     from meshrl.log import get_logger, log_event
     from meshrl.protocol.local import start_local_chain
+    from meshrl.protocol.rpc_filter import filter_in_thread
 
     log = get_logger("meshrl.protocol.node")
+    stop_filter = None
     with _sigterm_exits():
         node, dep = start_local_chain(
             cfg.port, cfg.params, cfg.chain.deployment, cfg.anvil, cfg.chain.private_key
         )
         start = time.monotonic()
         try:  # from here on anvil is ours to stop, whenever SIGTERM lands (even mid-print)
+            public: dict[str, str] = {}
+            if cfg.public_host:  # the public face: the filter, never anvil itself
+                try:
+                    filt, stop_filter = filter_in_thread(RpcFilterConfig(
+                        upstream=node.url, host=cfg.public_host,
+                        port=cfg.public_port or cfg.port + 1))
+                except OSError as e:
+                    raise CommandError(f"chain node: {e}") from None
+                public["public_rpc_url"] = filt.url
             log_event(log, "chain ready", url=node.url, deployment=cfg.chain.deployment,
-                      protocol=dep.protocol, token=dep.token)
-            _print({"url": node.url, **dep.__dict__})
+                      protocol=dep.protocol, token=dep.token, **public)
+            _print({"url": node.url, **public, **dep.__dict__})
             while node.proc is not None and node.proc.poll() is None:
                 if cfg.run_seconds and time.monotonic() - start >= cfg.run_seconds:
                     break
@@ -176,6 +201,8 @@ def _node(cfg: NodeConfig) -> int:
         except KeyboardInterrupt:
             pass
         finally:
+            if stop_filter is not None:
+                stop_filter()
             node.stop()
             log_event(log, "chain stopped", url=node.url)
     return 0
@@ -423,7 +450,8 @@ def register(subparsers: Any) -> None:
         "node",
         NodeConfig,
         _handled("node", _node),
-        "start a local anvil on 127.0.0.1, deploy, write the deployment file",
+        "start a local anvil on 127.0.0.1, deploy, write the deployment file; "
+        "--public_host ADDR serves a filtered public RPC on ADDR (standard methods only)",
     )
     from meshrl.protocol.devnet import DevnetConfig
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -23,7 +24,8 @@ from aiohttp import web
 from meshrl.log import get_logger, log_event
 from meshrl.protocol.config import STANDARD_METHODS, RpcFilterConfig
 
-__all__ = ["STANDARD_METHODS", "RpcFilter", "RpcFilterConfig", "serve_rpc_filter"]
+__all__ = ["STANDARD_METHODS", "RpcFilter", "RpcFilterConfig", "filter_in_thread",
+           "serve_rpc_filter"]
 
 log = get_logger("meshrl.protocol.rpc_filter")
 
@@ -134,6 +136,41 @@ class RpcFilter:
             await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
+
+
+def filter_in_thread(cfg: RpcFilterConfig,
+                     timeout_s: float = 20.0) -> tuple[RpcFilter, Callable[[], None]]:
+    """The filter served from a daemon thread with its own event loop, for a synchronous
+    caller (`meshrl chain node --public_host`); returns it listening and a `stop()`."""
+    import threading
+
+    f, loop, started = RpcFilter(cfg), asyncio.new_event_loop(), threading.Event()
+    failed: list[BaseException] = []
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(f.start())
+        except BaseException as e:  # e.g. the address is taken: handed to the caller
+            failed.append(e)
+            started.set()
+            return
+        started.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, name="rpc-filter", daemon=True)
+    thread.start()
+    if not started.wait(timeout_s) or failed:
+        raise OSError(f"rpc filter did not start on {cfg.host}:{cfg.port}: "
+                      f"{failed[0] if failed else 'timed out'}")
+
+    def stop() -> None:
+        if loop.is_running():
+            asyncio.run_coroutine_threadsafe(f.stop(), loop).result(timeout_s)
+            loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout_s)
+
+    return f, stop
 
 
 def serve_rpc_filter(cfg: RpcFilterConfig) -> int:

@@ -101,6 +101,16 @@ class WorkerConfig(Config):
         120.0, gt=0, description="most seconds a new policy version may take to arrive; past "
         "it the worker says so (one line, the status line) and keeps generating with the "
         "newest version it holds that the work order allows, then tries again")
+    claim_every_s: float = Field(0.0, ge=0, description="claim this provider's claimable "
+                                 "rewards in the pool every this many seconds, from this "
+                                 "process (it owns the provider key's nonce: claim from no "
+                                 "other process meanwhile); 0: never")
+    claim_batch: int = Field(64, ge=1, le=64, description="work items per claim transaction "
+                             "(the contract takes at most 64)")
+    leave_on_stop: bool = Field(False, description="on SIGTERM / Ctrl-C, take the node out of "
+                                "the pool on chain (`leave_pool`, signed by the node key) "
+                                "before exiting, instead of being ejected after missed "
+                                "heartbeats; the stake stays, so earned rewards stay claimable")
     crash_test_pause: float = Field(
         0.0, ge=0, description="crash tests only: pause this long at each phase boundary "
         "(counter taken, file written, slot granted, uploaded, submitted on chain), logging "
@@ -150,3 +160,10 @@ class JoinConfig(WorkerConfig):
                           "(join_pool, rejoins), at twice the current gas price")
     clock_margin_s: float = Field(30.0, ge=0, description="refuse a clock within this much "
                                   "of the signature window's edge too")
+    claim_every_s: float = Field(300.0, ge=0, description="claim this provider's claimable "
+                                 "rewards every this many seconds, from this process (it owns "
+                                 "the provider key's nonce: claim from no other process "
+                                 "meanwhile); 0: never")
+    leave_on_stop: bool = Field(True, description="on SIGTERM / Ctrl-C, leave the pool on chain "
+                                "before exiting (the stake stays: earned rewards stay "
+                                "claimable)")

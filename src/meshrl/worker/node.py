@@ -4,8 +4,10 @@ Reads top to bottom as the node's life: `run` checks the machine, onboards (chai
 invite), starts the heartbeat and policy-follower tasks, delivers whatever a previous run left in
 the outbox, then loops over `work_once`. Generation runs in a thread so heartbeats and policy
 downloads continue meanwhile; a new policy version is swapped into the engine between two files
-(`load_weights` is atomic, so generation stops only for the load itself). SIGTERM / Ctrl-C set
-`stop`: the current file is finished into the outbox, then the process exits cleanly.
+(`load_weights` is atomic, so generation stops only for the load itself). With `claim_every_s`
+a claimer task claims this provider's rewards (claims.py). SIGTERM / Ctrl-C set `stop`: the
+current file is finished into the outbox, the node leaves the pool on chain when
+`leave_on_stop`, then the process exits cleanly.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from meshrl.wire import SignedClient, WireHTTPError
 from meshrl.wire.models import Heartbeat, HeartbeatAck
 from meshrl.wire.rollout_file import rollout_file_bytes
 from meshrl.worker.adversary import worker_parts
+from meshrl.worker.claims import Claimer
 from meshrl.worker.config import WorkerConfig
 from meshrl.worker.courier import ChainCourier
 from meshrl.worker.delivery import Courier, RetryLater, deliver_all
@@ -68,6 +71,8 @@ class WorkerNode:
         self.policy: PolicyHolder | None = None
         self.state = "starting"  # for the live status line
         self._paced_s = 0.0  # the wait between work orders while paced (`_idle_wait`)
+        self.claimer: Claimer | None = None
+        self.signalled = False  # stopped by SIGTERM / Ctrl-C (not by max_files)
 
     # ---- life ----------------------------------------------------------------------------
     async def run(self) -> int:
@@ -102,6 +107,10 @@ class WorkerNode:
                                 else self.cfg.status_line == "on")
             tasks = [beats, asyncio.create_task(status.run(self, lambda: provider_rewards(
                 chain, self.cfg.pool_id, self.keys.provider.address), self.stop))]
+            if self.cfg.claim_every_s > 0:  # this process owns the provider key's nonce
+                self.claimer = Claimer(chain.as_(self.keys.provider), self.cfg.pool_id,
+                                       self.cfg.claim_every_s, self.cfg.claim_batch)
+                tasks.append(asyncio.create_task(self.claimer.run(self.stop)))
             try:
                 self.order = await self._work_order(orch)
                 self.policy = await PolicyHolder.start(self.cfg, self.order, self.parts)
@@ -118,13 +127,39 @@ class WorkerNode:
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
-        log_event(log, "stopped", files=self.files_done)
+                if self.signalled and self.cfg.leave_on_stop:
+                    await self._leave(chain)
+        log_event(log, "stopped", files=self.files_done,
+                  claimed=None if self.claimer is None else self.claimer.claimed)
         return 0
 
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
+
+        def stop() -> None:
+            self.signalled = True
+            self.stop.set()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop.set)
+            loop.add_signal_handler(sig, stop)
+
+    async def _leave(self, chain: Protocol) -> None:
+        """Take the node out of the pool on chain (one attempt, bounded: a pool that does not
+        hear of it ejects the node after missed heartbeats anyway)."""
+        me, node = chain.as_(self.keys.node), self.keys.node.address
+        self.state = "leaving"
+        try:
+            info = await asyncio.wait_for(asyncio.to_thread(me.node, node),
+                                          self.cfg.http_timeout_s)
+            if info.pool != self.cfg.pool_id:
+                log_event(log, "not in the pool", pool=self.cfg.pool_id, now_in=info.pool)
+                return
+            r = await asyncio.wait_for(asyncio.to_thread(me.leave_pool, node),
+                                       self.cfg.http_timeout_s)
+        except (ChainError, TimeoutError) as e:
+            log_event(log, "leave failed", error=f"{type(e).__name__}: {e}"[:300])
+            return
+        log_event(log, "left the pool", pool=self.cfg.pool_id, tx=r.tx_hash,
+                  files_pending=len(self.outbox))
 
     def _enough(self) -> bool:
         return self.cfg.max_files > 0 and self.files_done >= self.cfg.max_files

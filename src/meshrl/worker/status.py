@@ -1,6 +1,7 @@
 """The worker's one-line live status on a terminal: state, pool step, policy version, files
-delivered, on chain and invalidated, tokens earned and claimable (`meshrl.protocol.history.
-provider_rewards`, this provider's work only). Redrawn in place; nothing when not a terminal
+delivered, on chain and invalidated, tokens earned, claimable and claimed (the worker claims
+them itself with `claim_every_s`; `meshrl.protocol.history.provider_rewards`, this provider's
+work only). Redrawn in place; nothing when not a terminal
 (the JSON log lines stay the record)."""
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def status_text(node: _Node, rewards: dict[str, Any] | None) -> str:
         bad = sum(w["status"] in ("soft_invalidated", "hard_invalidated") for w in works)
         r = rewards["rewards"]
         out += f", on chain {len(works) - bad}, invalidated {bad} | earned " \
-               f"{r['earned'] / TOKEN:.4f} tokens, claimable {r['claimable'] / TOKEN:.4f}"
+               f"{r['earned'] / TOKEN:.4f} tokens, claimable {r['claimable'] / TOKEN:.4f}, " \
+               f"claimed {r['claimed'] / TOKEN:.4f}"
     return out
 
 
