@@ -2,6 +2,7 @@ import asyncio
 import os
 import resource
 import signal
+import socket
 import subprocess
 import sys
 
@@ -245,6 +246,40 @@ def test_a_version_pruned_everywhere_mid_fetch_fails_fast(tmp_path):
         cfg = FAST.model_copy(update={"wait_timeout": 60, "concurrency": 1,
                                       "shard_order": "sequential"})
         async with signed_client([url], cfg) as c:
+            fetch = asyncio.create_task(c.fetch(tmp_path / "out.bin", 1))
+            await asyncio.sleep(0.5)
+            assert not fetch.done()
+            await o.publish(src, 2, SHARD)  # keep=1: version 1 is pruned once unread
+            t0 = asyncio.get_running_loop().time()
+            with pytest.raises(ShardUnavailableError):
+                await fetch
+            waited = asyncio.get_running_loop().time() - t0
+        await o.stop()
+        return waited
+
+    assert run(main()) < 20  # not the 60 s wait_timeout
+
+
+def test_a_pruned_version_is_given_up_while_another_server_is_unreachable(tmp_path):
+    """The cross-host stall: a link cut mid-fetch, and when it comes back the one reachable
+    server has pruned the version while another listed server (the origin, behind the cut)
+    cannot be reached. No server can bring the version back, so the fetch fails fast and the
+    follower takes the newest instead of waiting `wait_timeout` for a server that is gone."""
+    from meshrl.shardcast import ShardUnavailableError
+
+    src = make_file(tmp_path / "w.bin", 40 * SHARD, 7)
+
+    async def main():
+        o = signed_origin(OriginConfig(root=str(tmp_path / "o"), keep=1,
+                                       server=ServerConfig(max_connection_mbps=2.0)))
+        url = await o.start()
+        await o.publish(src, 1, SHARD)
+        with socket.socket() as sock:  # a port nothing listens on
+            sock.bind(("127.0.0.1", 0))
+            dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        cfg = FAST.model_copy(update={"wait_timeout": 60, "concurrency": 1,
+                                      "shard_order": "sequential", "connect_timeout": 1.0})
+        async with signed_client([url, dead], cfg) as c:
             fetch = asyncio.create_task(c.fetch(tmp_path / "out.bin", 1))
             await asyncio.sleep(0.5)
             assert not fetch.done()

@@ -91,7 +91,6 @@ class ShardcastClient(ServerTracker):
         super().__init__(ServerPool(urls, cfg.failure_decay, seed, cfg.origin_weight), cfg,
                          session, publisher and check_publisher(publisher))
         self._progress = 0.0  # of the version being fetched (sent: servers favour the behind)
-        self._gone: dict[int, set[str]] = {}  # per version: servers that answered 404
         self.sync_failures = 0  # follow: versions that did not arrive within sync_timeout
         self.sync_error: str | None = None  # why the last one did not (None once one arrives)
         # a relay says so (X-Shardcast-Relay) and is served before clients
@@ -259,11 +258,6 @@ class ShardcastClient(ServerTracker):
                 self.pool.record_success(s, got, time.monotonic() - start,
                                          measure=not _is_refusal(error))
         return error
-
-    def _dropped(self, version: int) -> bool:
-        """Every server answered 404 for a shard of `version`: it was pruned everywhere (a
-        newer one replaced it), and waiting for it cannot bring it back."""
-        return len(self._gone.get(version, ())) >= len(self.pool.servers)
 
     def _refused(self, s: ServerState, error: BaseException | None) -> bool:
         """A server that keeps its upload for relays (403, 503): not a failure."""

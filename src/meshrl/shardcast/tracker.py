@@ -57,6 +57,24 @@ class ServerTracker:
         self.publisher = publisher
         self._session, self._own_session = session, session is None
         self._avail = asyncio.Event()  # set when a server's availability changed
+        # per version: servers that answered 404 for it or moved past it without holding it,
+        # and servers that could not be reached while it downloads (watchers keep both)
+        self._gone: dict[int, set[str]] = {}
+        self._unreachable: dict[int, set[str]] = {}
+
+    def _mark_gone(self, version: int, s: ServerState) -> None:
+        self._gone.setdefault(version, set()).add(s.url)
+        self._avail.set()  # wake a download waiting for it: it may have to give up
+
+    def _dropped(self, version: int) -> bool:
+        """No server can bring `version` back: at least one answered 404 for it or moved past
+        it (it was pruned: a newer one replaced it), and every other one is gone as well or
+        cannot be reached. Waiting for it would stall a follower that should take the newest."""
+        gone = self._gone.get(version, set())
+        if not gone:
+            return False
+        out = gone | self._unreachable.get(version, set())
+        return all(url in out for url in self.pool.servers)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -238,6 +256,7 @@ class ServerTracker:
                         if isinstance(await self._server_manifest(s, v), UntrustedAnswer):
                             return  # it serves a manifest nobody signed: never used
                     elif held and max(held) > v:
+                        self._mark_gone(v, s)
                         return  # it moved past this version without holding it
                 elif s.manifest_digest != m.digest:
                     return  # it serves another manifest for this version: never used
@@ -247,6 +266,7 @@ class ServerTracker:
                     self._set_have(s, parse(Have, body, s.url), m)
                     await asyncio.sleep(self.cfg.poll_interval)  # batch the next announcements
                 errors = 0
+                self._unreachable.get(v, set()).discard(s.url)
             except UntrustedAnswer as e:
                 self._strike(s, e)
                 s.manifest_digest, s.complete, s.have = None, False, set()
@@ -254,8 +274,11 @@ class ServerTracker:
             except TransferError as e:
                 if e.status == 404:  # it dropped the version (e.g. an aborted mirror)
                     s.manifest_digest, s.complete, s.have = None, False, set()
+                    self._mark_gone(v, s)
                 errors += 1
             except (aiohttp.ClientError, TimeoutError):
+                self._unreachable.setdefault(v, set()).add(s.url)
+                self._avail.set()
                 errors += 1
             if errors:
                 await asyncio.sleep(min(self.cfg.poll_interval * 2**errors, self.cfg.max_backoff))
