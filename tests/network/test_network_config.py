@@ -58,7 +58,7 @@ def test_validators_split_the_files_and_are_all_given_the_role(tmp_path) -> None
     assert not others & set(addrs)
     for j, name in enumerate(names):
         v = _toml(Path(roles[name].argv[-1]))
-        assert v["share"] == {"index": j, "of": 3}
+        assert v["share"] == {"index": j, "of": 3, "audit": 0.1}
         assert v["keys"]["dev_index"] == keys.validator_dev_index(j)
         assert v["rogue"]["mode"] == ("accuse-honest" if j == 2 else "none")
         assert v["bond_verdicts"] == 32 and v["work_dir"].endswith(name)

@@ -26,6 +26,19 @@ def test_shares_cover_every_file_exactly_once_and_evenly() -> None:
     assert ShareConfig().mine(ids[0])  # alone, a validator judges everything
 
 
+def test_audits_judge_a_fraction_of_the_other_shares_unpredictably() -> None:
+    ids = [os.urandom(32) for _ in range(4000)]
+    share = ShareConfig(index=0, of=2, audit=0.1)
+    a, b = "0x" + "11" * 20, "0x" + "22" * 20
+    others = [w for w in ids if not share.mine(w)]
+    mine_a = {w for w in others if share.judges(w, a)}
+    mine_b = {w for w in others if share.judges(w, b)}
+    assert all(share.judges(w, a) for w in ids if share.mine(w))
+    assert 0.07 < len(mine_a) / len(others) < 0.13, len(mine_a)
+    assert len(mine_a & mine_b) < len(mine_a) / 3  # another key audits other files
+    assert not any(ShareConfig(index=0, of=2).judges(w, a) for w in others)
+
+
 def test_a_share_outside_the_split_is_refused() -> None:
     with pytest.raises(ValueError, match="index 2 not below of 2"):
         ShareConfig(index=2, of=2)

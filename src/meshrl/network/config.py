@@ -51,6 +51,8 @@ class ValidatorsSpec(Config):
     validators cost about what one does, and no verdict is one key's word."""
 
     count: int = Field(2, ge=1, le=8, description="validators, each with its own key and bond")
+    audit: float = Field(0.1, ge=0, le=1, description="fraction of the other validators' "
+                         "files each one judges too (validator.share.audit)")
     rogue: int = Field(0, ge=0, description="of them, this many (the last ones) are rogue: "
                        "they hard-invalidate honest files (validator.rogue; tests and demos "
                        "of disputes only)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -23,6 +24,10 @@ class ShareConfig(Config):
 
     index: int = Field(0, ge=0, description="this validator's share")
     of: int = Field(1, ge=1, description="how many shares the files are split into")
+    audit: float = Field(0.0, ge=0, le=1, description="fraction of the other shares' files "
+                         "this validator judges too, drawn by a hash of its address and the "
+                         "work id (others cannot predict it): a validator that accepts bad "
+                         "files of its own share is caught at that rate")
 
     @model_validator(mode="after")
     def _in_range(self) -> ShareConfig:
@@ -32,6 +37,14 @@ class ShareConfig(Config):
 
     def mine(self, work_id: bytes) -> bool:
         return int.from_bytes(work_id, "big") % self.of == self.index
+
+    def judges(self, work_id: bytes, me: str) -> bool:
+        """Whether this validator (address `me`) judges `work_id` of its own accord: its share,
+        or an audit of another's."""
+        if self.mine(work_id):
+            return True
+        draw = hashlib.sha256(work_id + bytes.fromhex(me.lower().removeprefix("0x"))).digest()
+        return int.from_bytes(draw[:8], "big") < self.audit * 2**64
 
 
 class RogueConfig(Config):

@@ -5,7 +5,8 @@ validator judges by. A validator whose `[rules]` pins any rule to another value 
 (one line naming the field, `EXIT_REFUSED`), and so does one that sees the published rules change
 while it runs (re-read every `rules_check_s`): an operator's typo never slashes an honest worker.
 Each loop: poll the chain from the persisted cursor and queue the pool's new submissions of
-this validator's share (`share`: work id mod `of`; validators of a pool split the files);
+this validator's share (`share`: work id mod `of`; validators of a pool split the files) and
+the `share.audit` fraction of the others';
 take the due jobs, download and parse their files, group them by policy version and verify each
 group with shared prefill batches; then act: a hard verdict calls `hard_invalidate` (slash,
 eject), a soft one `soft_invalidate`, an accepted file is reported to the orchestrator; every
@@ -133,7 +134,7 @@ class ValidatorNode:
             if e.name != "WorkSubmitted" or int(e.args["pool"]) != self.cfg.pool_id:
                 continue
             wid = bytes(e.args["work_id"])
-            if not self.cfg.share.mine(wid):
+            if not self.cfg.share.judges(wid, self.clerk.me):
                 continue  # another validator's share (judged here only if it accuses it)
             jobs.append(await asyncio.to_thread(self._job, e))
         if jobs or events:
