@@ -11,6 +11,7 @@ wiped, under no open verdict), read at the latest block.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from eth_utils import event_abi_to_log_topic
@@ -126,7 +127,7 @@ def _disputes(p: Protocol, events: list[Event], mine: set[bytes],
                        settled_ts=times(e.block))
         elif e.name == "WorkInvalidated":
             row.update(outcome="upheld", slashed=a["slashed"], settled_ts=times(e.block))
-    now = p.backend.now()
+    now = max(p.backend.now(), int(time.time()))  # the next block's time, at least
     for row in rows.values():
         row["due"] = row["outcome"] == "open" and now >= row["until"]
     return list(rows.values())
