@@ -25,7 +25,7 @@ from meshrl.protocol import Protocol, WorkStatus
 from meshrl.protocol.history import pool_disputes
 from meshrl.rl.network_source import read_records
 
-pytestmark = [pytest.mark.slow, pytest.mark.anvil]
+pytestmark = [pytest.mark.slow, pytest.mark.anvil, pytest.mark.timeout(900)]
 
 TOKEN = 10**18
 BOND = 10 * TOKEN  # the network's verdict_bond
