@@ -358,7 +358,9 @@ def _on_verdict(cfg: WorkIdConfig, act: str) -> int:
     elif act == "vote":
         r = p.vote(wid, bool(getattr(cfg, "uphold", False)))
     else:
-        r = p.settle(wid)
+        from meshrl.protocol.chain import SETTLE_GAS
+
+        r = p.settle(wid, SETTLE_GAS)
     d = p.dispute(wid)
     _print({"work_id": cfg.work_id, "action": act, "by": p.address, "tx": r.tx_hash,
             "events": [e.name for e in r.events], "status": int(p.work(wid).status),

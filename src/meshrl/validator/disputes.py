@@ -15,6 +15,7 @@ from enum import StrEnum
 
 from meshrl.log import get_logger, log_event
 from meshrl.protocol import (
+    SETTLE_GAS,
     DisputeOpen,
     NotAccused,
     Protocol,
@@ -107,7 +108,7 @@ class Clerk:
             if until > now:
                 continue
             try:
-                r = self.chain.settle(wid)
+                r = self.chain.settle(wid, SETTLE_GAS)
                 done += 1
                 log_event(log, "verdict settled", work_id=wid.hex(), tx=r.tx_hash,
                           overturned=any(e.name == "VerdictOverturned" for e in r.events))
