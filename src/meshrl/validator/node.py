@@ -193,8 +193,6 @@ class ValidatorNode:
         kind = self.state.judged.get(wid.hex())
         if kind is not None:
             await asyncio.to_thread(self.clerk.act, wid, VerdictKind(kind))
-            if kind == VerdictKind.ACCEPT.value:  # the accuser's verdict reached the ledger
-                await self._accept_again(wid)  # after this one's: say it again
             return
         if not any(j.work_id == wid.hex() for j in self.state.queue):
             sub = await asyncio.to_thread(submission, self.chain, wid)
@@ -204,15 +202,6 @@ class ValidatorNode:
             self.state.enqueue([job], self.state.next_block)
         self.state.first(wid.hex())
         log_event(log, "re-judging an accused file", work_id=wid.hex())
-
-    async def _accept_again(self, wid: bytes) -> None:
-        sub = await asyncio.to_thread(submission, self.chain, wid)
-        if sub is not None:
-            self.state.outgoing.append({
-                "sha256": bytes(sub.args["file_sha256"]).hex(), "work_id": wid.hex(),
-                "verdict": VerdictKind.ACCEPT.value, "reason": "accepted again: another "
-                "validator's accusation is disputed by this one's judgment"})
-            self.state.save()
 
     async def _post_verdicts(self, orch: SignedClient) -> None:
         for v in list(self.state.outgoing):
