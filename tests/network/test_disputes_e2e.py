@@ -25,7 +25,7 @@ from meshrl.protocol import Protocol, WorkStatus
 from meshrl.protocol.history import pool_disputes
 from meshrl.rl.network_source import read_records
 
-pytestmark = [pytest.mark.slow, pytest.mark.anvil, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.anvil, pytest.mark.timeout(1500)]
 
 TOKEN = 10**18
 BOND = 10 * TOKEN  # the network's verdict_bond
@@ -65,7 +65,7 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
                  "events": chain.events().poll(), "ledger": nu.ledger(root),
                  "claim": _claim_honest(root, info, chain, disputes)}
         proc.send_signal(signal.SIGINT)  # the report is written while the roles still answer
-        assert proc.wait(180) == 0
+        assert proc.wait(400) == 0  # minutes on a loaded machine (load 27 on 2 cores: 3)
         facts["report"] = json.loads((root / "report.json").read_text())
         yield facts
     finally:
@@ -124,10 +124,12 @@ def test_the_wronged_provider_claims_every_reward_of_its_node(net) -> None:
     assert bytes.fromhex(claim["dispute"]["work_id"]) in claim["ready"]
     assert claim["owed"] > 0 and claim["gained"] == claim["owed"]
     assert all(chain.work(wid).status == WorkStatus.CLAIMED for wid in claim["ready"])
-    # the overturned file was honest: the honest validator accepted it, the ledger too
+    # the overturned file was honest: never invalidated in the ledger (accepted when the honest
+    # validator's verdict came after the rogue's; left `submitted`, never trained on, when an
+    # audit had accepted it before: the ledger keeps the later, disputed verdict)
     ledger = net["ledger"]
     row = next(e for e in ledger.values() if e.work_id == claim["dispute"]["work_id"])
-    assert row.status.value == "accepted"
+    assert row.status.value in ("accepted", "submitted")
 
 
 def test_cheater_still_slashed_blacklisted_and_never_trained_on(net) -> None:
