@@ -1,13 +1,18 @@
 """The network's [chain] table changes only the keys it names: the rest keep the local network's
-values (verdicts final at once, short periods), never the protocol's own defaults (a one-hour
-dispute period, which held every verdict of the demo open and stalled its trainer)."""
+values (disputable verdicts with a one-minute period, short periods), never the protocol's own
+defaults (a one-hour dispute period, which held every verdict of the demo open and stalled its
+trainer). Its validators split the files and are bonded and funded at set-up."""
 
 from __future__ import annotations
 
 import tomllib
 from pathlib import Path
 
-from meshrl.network.config import NETWORK_CHAIN, NetworkConfig
+import pytest
+
+from meshrl.network.config import NETWORK_CHAIN, TOKEN, NetworkConfig
+from meshrl.network.keys import DevKeys
+from meshrl.network.roles import Layout, build_roles, devnet_argv
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -15,11 +20,45 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 def test_a_chain_table_keeps_the_networks_other_values() -> None:
     c = NetworkConfig.model_validate({"chain": {"unbonding_delay": 900}})
     assert c.chain.unbonding_delay == 900
-    assert (c.chain.dispute_period, c.chain.verdict_bond) == (0, 0)
+    assert (c.chain.dispute_period, c.chain.vote_period, c.chain.verdict_bond,
+            c.chain.quorum) == (60, 30, 10 * TOKEN, 1)
     assert c.chain.min_stake == NETWORK_CHAIN.min_stake
 
 
-def test_the_shipped_network_config_makes_verdicts_final_at_once() -> None:
+def test_the_shipped_network_config_has_disputes_on_and_two_validators() -> None:
     raw = tomllib.loads((CONFIGS / "network.toml").read_text())
-    c = NetworkConfig.model_validate({"chain": raw["chain"]})
-    assert c.chain.dispute_period == 0 and c.chain.verdict_bond == 0
+    c = NetworkConfig.model_validate({"chain": raw["chain"], "validators": raw["validators"]})
+    assert c.chain.dispute_period == 60 and c.chain.verdict_bond == 10 * TOKEN
+    assert c.validators.count == 2 and c.validators.rogue == 0
+
+
+def test_a_rogue_needs_an_honest_validator_beside_it() -> None:
+    with pytest.raises(ValueError, match="at least one validator must be honest"):
+        NetworkConfig.model_validate({"validators": {"count": 2, "rogue": 2}})
+
+
+def _toml(path: Path) -> dict:
+    return tomllib.loads(path.read_text())
+
+
+def test_validators_split_the_files_and_are_all_given_the_role(tmp_path) -> None:
+    cfg = NetworkConfig.model_validate({"dir": str(tmp_path), "dashboard": False,
+                                        "validators": {"count": 3, "rogue": 1}})
+    lay, keys = Layout(cfg), DevKeys(4)
+    devnet = _toml(Path(devnet_argv(lay, keys)[-1]))
+    roles = {r.name: r for r in build_roles(lay, keys, 1)}
+    names = ["validator", "validator-1", "validator-2"]
+    assert [n for n in roles if n.startswith("validator")] == names
+    addrs = [keys.validator(j).address for j in range(3)]
+    assert devnet["validators"] == addrs and len(set(addrs)) == 3
+    # no validator key is another role's
+    others = {keys.manager().address, keys.trainer().address, keys.federator().address,
+              *(keys.provider(i).address for i in range(4)),
+              *(keys.node(i).address for i in range(4))}
+    assert not others & set(addrs)
+    for j, name in enumerate(names):
+        v = _toml(Path(roles[name].argv[-1]))
+        assert v["share"] == {"index": j, "of": 3, "audit": 0.1}
+        assert v["keys"]["dev_index"] == keys.validator_dev_index(j)
+        assert v["rogue"]["mode"] == ("accuse-honest" if j == 2 else "none")
+        assert v["bond_verdicts"] == 32 and v["work_dir"].endswith(name)

@@ -1,10 +1,11 @@
 """`meshrl network up` end to end, shortened: anvil, discovery, orchestrator, a shardcast origin
-and two relays, the trainer, one validator, two honest workers and one that forges rewards after
-step 1, as separate processes. Checked against the chain, the orchestrator's ledger and the
-trainer's records: the cheater is hard-invalidated, slashed and ejected within two steps of its
-first dishonest file and none of its dishonest rollouts is trained on; honest workers are never
-invalidated and their rewards can be claimed after the lock; no file is used or judged twice;
-Ctrl-C stops every role cleanly.
+and two relays, the trainer, two validators that split the files (verdicts disputable for a
+minute), two honest workers and one that forges rewards after step 1, as separate processes.
+Checked against the chain, the orchestrator's ledger and the trainer's records: the cheater is
+accused (and ejected) within two steps of its first dishonest file, hard-invalidated and
+slashed once the verdict settles, and none of its dishonest rollouts is trained on; honest
+workers are never invalidated and their rewards can be claimed after the lock; no file is used
+or judged twice; Ctrl-C stops every role cleanly.
 
 The tests run in any order: what changes the network is done by its fixture, not by a test.
 Before the first test an honest provider claims its rewards after the lock (recorded in
@@ -27,9 +28,10 @@ import pytest
 
 from meshrl.network.keys import dev_account
 from meshrl.protocol import Protocol, WorkStatus
+from meshrl.protocol.history import pool_disputes
 from meshrl.rl.network_source import read_records
 
-pytestmark = [pytest.mark.slow, pytest.mark.anvil]
+pytestmark = [pytest.mark.slow, pytest.mark.anvil, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = 10**18
@@ -58,6 +60,10 @@ def net(tmp_path_factory) -> Iterator[tuple[Path, subprocess.Popen[bytes], Claim
     run = nu.run_network(tmp_path_factory.mktemp("network"), CONFIG, "e2e")
     root, proc = next(run)
     try:
+        # verdicts are disputable: the last ones settle a dispute period after they were made
+        chain, pool = nu.chain(root), nu.info(root)["pool_id"]
+        nu.wait(lambda: all(d["outcome"] != "open" for d in pool_disputes(chain, pool)), 300,
+                "verdicts still open", every=3.0)
         claim = _claim_after_the_lock(root)
         yield root, proc, claim
         _ctrl_c_stops_every_role(root, proc)
@@ -111,10 +117,13 @@ def test_cheater_slashed_ejected_within_two_steps_never_trained_on(net) -> None:
                         for e in nu.events(root)), 60, "the blacklisted cheater was not retired")
     assert not [e for e in nu.events(root) if e["event"] == "retired"
                 and e["role"] != "cheater-0"]
-    # within two steps: when the first hard invalidation was mined, the trainer had not yet
-    # taken the batch of step (first dishonest step + 2)
+    # within two steps: when the first hard accusation was mined (it locks the file's reward
+    # and ejects the node; upheld, it slashed once its dispute period was over), the trainer
+    # had not yet taken the batch of step (first dishonest step + 2)
     first_bad = min(e.step for e in dishonest)
-    t_inv = chain.backend.w3.eth.get_block(hard[0].block)["timestamp"]
+    accused = [e for e in evs if e.name == "WorkAccused" and e.args["hard"]
+               and e.args["node"].lower() == node]
+    t_inv = chain.backend.w3.eth.get_block(accused[0].block)["timestamp"]
     records = read_records(root / "trainer" / "rollouts.jsonl")
     taken_before = [r["step"] for r in records if r["t"] < t_inv]
     assert max(taken_before, default=-1) <= first_bad + 1, (first_bad, taken_before)

@@ -160,3 +160,62 @@ def test_report_rows_and_markdown() -> None:
     assert "| cheater-0 | retired | 3 |  |" in md and "| worker-0 | recovered" not in md
     assert "- **PASS** `no_accepted_file_lost`: 6 accepted, 5 taken, 0 lost, 1 still waiting" in md
     assert "| cheater-0 | True | accepted 1, hard_invalidated 2 | 1 | 1 | 30 | 0.000 |" in md
+
+
+def _dispute(node: str, outcome: str, block: int, ts: int, **kw: Any) -> dict[str, Any]:
+    return {"work_id": f"{block:064x}", "node": node, "provider": "0xp", "validator": "0xv",
+            "hard": True, "block": block, "ts": ts, "until": ts + 60, "challenged": False,
+            "uphold": 0, "overturn": 0, "outcome": outcome, "slashed": 0, "forfeited": 0,
+            "settled_ts": None, "due": False, **kw}
+
+
+def _disputed() -> RunFacts:
+    """Disputes on: the cheater accused at t=150 (upheld, slashed at t=450, after the dispute
+    period), and a rogue's accusation of the honest node at block 5, which ejected it and was
+    overturned (10 tokens of bond to its provider)."""
+    f = _facts()
+    f.disputes = True
+    f.chain["invalidations"][0]["ts"] = 450  # type: ignore[index]
+    f.chain["ejections"].append({"node": H, "block": 5, "ts": 120})  # type: ignore[union-attr]
+    f.chain["disputes"] = [  # type: ignore[index]
+        _dispute(H, "overturned", 5, 120, challenged=True, overturn=1, forfeited=10 * TOKEN),
+        _dispute(C, "upheld", 7, 150, uphold=1, slashed=50 * TOKEN)]
+    return f
+
+
+def test_disputes_are_counted_and_no_verdict_on_honest_work_may_stand() -> None:
+    got = _by_name(_disputed())
+    assert all(c["ok"] for c in got.values()), got
+    n = got["honest_files_not_invalidated"]["numbers"]
+    assert (n["accused"], n["challenged"], n["upheld"], n["overturned"], n["open"],
+            n["bond_moved"], n["honest_accused"], n["honest_upheld"]) == (
+        2, 1, 1, 1, 0, 10 * TOKEN, 1, 0)
+    # caught at the accusation (t=150, before step 2 was taken), not at the slash (t=450)
+    assert got["cheater_caught[cheater-0]"]["numbers"]["caught_before_step"] == 2
+    assert got["honest_nodes_kept"]["numbers"]["nodes"]["worker-0"]["ejected"] == 0
+    f = _disputed()
+    f.chain["disputes"][0]["outcome"] = "upheld"  # type: ignore[index]
+    assert _fails(f, "honest_files_not_invalidated")["honest_upheld"] == 1
+    assert _fails(f, "honest_nodes_kept")["nodes"]["worker-0"]["ejected"] == 1  # not excused
+    f = _disputed()
+    f.records.append({"step": 4, "t": 400.0, "used": [_ref(f.ledger[6])], "dropped": []})
+    assert _by_name(f)["cheater_caught[cheater-0]"]["numbers"]["caught_before_step"] == 2
+    f.chain["disputes"][1]["outcome"] = "overturned"  # type: ignore[index]
+    # an overturned accusation is not the catch: the slash (t=450) came three steps late
+    assert _fails(f, "cheater_caught[cheater-0]")["caught_before_step"] == 5
+    f = _disputed()
+    f.disputes = False
+    assert "honest_files_not_invalidated" not in _by_name(f)  # verdicts final at once
+
+
+def test_report_dispute_section() -> None:
+    from meshrl.network.checks import dispute_counts
+    from meshrl.network.report import _dispute_lines
+
+    ds = _disputed().chain["disputes"]  # type: ignore[index]
+    lines = _dispute_lines({"counts": dispute_counts(ds), "validators": {
+        "validator-1": {**dispute_counts(ds[:1]), "rogue": True, "bond": 310 * TOKEN}}})
+    assert "- 2 verdicts: 1 challenged, 1 upheld, 1 overturned, 0 open; 10.000 tokens of " \
+           "validator bond moved to providers" in lines
+    assert "| validator-1 | True | 1 | 1 | 0 | 1 | 0 | 10.000 | 310.000 |" in lines
+    assert _dispute_lines({"counts": None})[-1] == "the chain did not answer"

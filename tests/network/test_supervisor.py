@@ -120,12 +120,14 @@ def test_role_configs_share_the_pool_rules(tmp_path: Path) -> None:
     roles = build_roles(lay, DevKeys(len(lay.workers())), pool_id=1)
     names = [r.name for r in roles]
     assert names == ["discovery", "orchestrator", "origin", "relay-0", "relay-1", "trainer",
-                     "validator", "worker-0", "worker-1", "worker-2", "cheater-0", "dashboard"]
+                     "validator", "validator-1", "worker-0", "worker-1", "worker-2",
+                     "cheater-0", "dashboard"]
     read = {n: tomllib.loads(lay.config_path(n).read_text())
-            for n in ("orchestrator", "validator", "trainer", "worker-0", "cheater-0")}
+            for n in ("orchestrator", "validator", "validator-1", "trainer", "worker-0",
+                      "cheater-0")}
     published = read["orchestrator"]["rules"]
-    # the validator and every worker pin every rule to the published value
-    for role in ("validator", "worker-0", "cheater-0"):
+    # the validators and every worker pin every rule to the published value
+    for role in ("validator", "validator-1", "worker-0", "cheater-0"):
         assert read[role]["rules"] == published, role
     assert set(published) == set(RULE_FIELDS)
     assert published["proof_profile"] == "meshrl-cpu-engine"  # the demo's: every worker is ours

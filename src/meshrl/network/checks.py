@@ -3,8 +3,9 @@
 Inputs are what the roles wrote or serve, as plain dicts: the trainer's per-step records
 (`rollouts.jsonl`: `used` / `dropped` files), the orchestrator's ledger entries (`LedgerEntry`
 fields), the chain's view of the pool (`meshrl chain works`: work items, invalidations,
-ejections), the validator's verdict log lines and the trainer's evaluations. Each check says
-pass / fail / n/a with the numbers it counted; none is true by construction.
+ejections, verdicts and their disputes), the validators' verdict log lines and the trainer's
+evaluations. Each check says pass / fail / n/a with the numbers it counted; none is true by
+construction.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Check", "RunFacts", "run_checks"]
+__all__ = ["Check", "RunFacts", "dispute_counts", "run_checks"]
 
 ACCEPTED = "accepted"
 INVALID = ("soft_invalidated", "hard_invalidated")
@@ -47,6 +48,7 @@ class RunFacts:
     evals: list[dict[str, Any]]  # the trainer's RL-phase eval metrics
     accuracy_goal: bool  # the run means to reach TARGET (its trainer stops at accuracy)
     verdicts: list[dict[str, Any]] = field(default_factory=list)  # validator "verdict" lines
+    disputes: bool = False  # verdicts can be disputed (the chain's dispute period is positive)
 
     def used(self) -> list[dict[str, Any]]:
         return [f for r in self.records for f in r["used"]]
@@ -106,7 +108,18 @@ def no_accepted_file_lost(f: RunFacts) -> Check:
                   "lost": len(lost), "waiting": waiting, "examples": lost[:5]})
 
 
+def _disputes(f: RunFacts) -> list[dict[str, Any]]:
+    return list((f.chain or {}).get("disputes", []))
+
+
+def _hard_accusations(f: RunFacts, node: str) -> list[dict[str, Any]]:
+    return [d for d in _disputes(f) if d["hard"] and d["node"].lower() == node]
+
+
 def honest_nodes_kept(f: RunFacts) -> Check:
+    """No honest node's work is invalidated (on chain or in the ledger), and no honest node is
+    ejected but by a hard accusation that was overturned (a rogue validator's: the contract
+    ejects the accused node at once; the orchestrator invites it again)."""
     if f.chain is None:
         return Check("honest_nodes_kept", "fail", "the chain did not answer")
     per: dict[str, dict[str, int]] = {}
@@ -114,11 +127,13 @@ def honest_nodes_kept(f: RunFacts) -> Check:
         if w["dishonest"]:
             continue
         node = w["node"].lower()
+        wrongly = {d["block"] for d in _hard_accusations(f, node) if d["outcome"] == "overturned"}
+        ejections = [x for x in f.chain["ejections"] if x["node"].lower() == node]
         per[name] = {
             "invalidated_rows": sum(e["status"] in INVALID for e in f.node_rows(node)),
             "invalidated_on_chain": sum(i["node"].lower() == node
                                         for i in f.chain["invalidations"]),
-            "ejected": sum(x["node"].lower() == node for x in f.chain["ejections"])}
+            "ejected": sum(x["block"] not in wrongly for x in ejections)}
     bad = {n: v for n, v in per.items() if any(v.values())}
     return Check("honest_nodes_kept", _verdict(not bad),
                  f"{len(per)} honest nodes, {len(bad)} invalidated or ejected", {"nodes": per})
@@ -126,17 +141,19 @@ def honest_nodes_kept(f: RunFacts) -> Check:
 
 def no_work_judged_twice(f: RunFacts) -> Check:
     """On chain: no work id invalidated twice, and no work both accepted (the ledger row's
-    verdict) and invalidated. The validator's log: no submission given two different verdicts
-    (the same verdict logged again after a restart, without a second action, is counted)."""
+    verdict) and invalidated. Each validator's log: no submission given two different verdicts
+    by it (the same verdict logged again after a restart, without a second action, is
+    counted); two validators may differ, and a dispute settles which one stands."""
     if f.chain is None:
         return Check("no_work_judged_twice", "fail", "the chain did not answer")
     ids = [i["work_id"] for i in f.chain["invalidations"]]
     twice = len(ids) - len(set(ids))
     flipped = sum(e["status"] in INVALID and e["verdict"] == "accept" for e in f.ledger)
-    kinds: dict[tuple[str, str], set[str]] = defaultdict(set)
-    lines: Counter[tuple[str, str]] = Counter()
+    kinds: dict[tuple[str, str, str], set[str]] = defaultdict(set)
+    lines: Counter[tuple[str, str, str]] = Counter()
     for v in f.verdicts:
-        key = (str(v.get("node", "")).lower(), str(v.get("sha256", "")))
+        key = (str(v.get("validator", "")), str(v.get("node", "")).lower(),
+               str(v.get("sha256", "")))
         kinds[key].add(str(v.get("verdict")))
         lines[key] += 1
     conflicting = sum(len(k) > 1 for k in kinds.values())
@@ -165,12 +182,17 @@ def cheater_caught(f: RunFacts, name: str) -> Check:
     first = min(e["step"] for e in bad)
     hard = sorted((i for i in f.chain["invalidations"]
                    if i["hard"] and i["node"].lower() == node), key=lambda i: i["block"])
+    # caught when first accused (that locks its reward and ejects it; the slash follows once
+    # the dispute period is over), by an accusation not overturned; without disputes the
+    # accusation is the slash
+    accused = sorted((d for d in _hard_accusations(f, node) if d["outcome"] != "overturned"),
+                     key=lambda d: d["block"]) or hard
     ejected = [x for x in f.chain["ejections"] if x["node"].lower() == node]
     trained = [u for u in f.used() if u["node"].lower() == node and u["step"] > f.cheat_after]
     slashed = sum(i["slashed"] for i in hard)
-    # the trainer step whose batch was not yet taken when the first slash was mined
-    caught_at = None if not hard else 1 + max(
-        (r["step"] for r in f.records if r["t"] < hard[0]["ts"]), default=-1)
+    # the trainer step whose batch was not yet taken when the first accusation was mined
+    caught_at = None if not accused else 1 + max(
+        (r["step"] for r in f.records if r["t"] < accused[0]["ts"]), default=-1)
     ok = (caught_at is not None and caught_at <= first + 2 and slashed > 0 and bool(ejected)
           and not trained)
     return Check(check, _verdict(ok),
@@ -184,6 +206,35 @@ def cheater_caught(f: RunFacts, name: str) -> Check:
                   "dishonest_trained_on": len(trained),
                   "dishonest_hard_invalidated": sum(e["status"] == "hard_invalidated"
                                                     for e in bad)})
+
+
+def honest_files_not_invalidated(f: RunFacts) -> Check:
+    """With disputes on: every accusation of an honest node's work was overturned or is still
+    open (no verdict on honest work stands), and none was settled against it. Counts the
+    disputes: accused, challenged, upheld, overturned, open, and the bond moved to providers."""
+    ds = _disputes(f)
+    if f.chain is None:
+        return Check("honest_files_not_invalidated", "fail", "the chain did not answer")
+    honest = {w["node"].lower() for w in f.workers.values() if not w["dishonest"]}
+    on_honest = [d for d in ds if d["node"].lower() in honest]
+    upheld = [d["work_id"][:12] for d in on_honest if d["outcome"] == "upheld"]
+    n = dispute_counts(ds)
+    n.update(honest_accused=len(on_honest), honest_upheld=len(upheld),
+             honest_open=sum(d["outcome"] == "open" for d in on_honest), examples=upheld[:5])
+    return Check("honest_files_not_invalidated", _verdict(not upheld),
+                 f"{n['accused']} verdicts ({n['challenged']} challenged, {n['upheld']} upheld, "
+                 f"{n['overturned']} overturned, {n['open']} open); {len(on_honest)} on honest "
+                 f"work, {len(upheld)} of them standing; {n['bond_moved'] / 10**18:g} tokens of "
+                 f"bond moved to providers", n)
+
+
+def dispute_counts(ds: list[dict[str, Any]]) -> dict[str, Any]:
+    """accused, challenged, upheld, overturned, open verdicts; bond moved to providers."""
+    return {"accused": len(ds), "challenged": sum(d["challenged"] for d in ds),
+            "upheld": sum(d["outcome"] == "upheld" for d in ds),
+            "overturned": sum(d["outcome"] == "overturned" for d in ds),
+            "open": sum(d["outcome"] == "open" for d in ds),
+            "bond_moved": sum(d["forfeited"] for d in ds)}
 
 
 def reached_target(f: RunFacts) -> Check:
@@ -206,7 +257,11 @@ def run_checks(f: RunFacts, ledger_read: bool = True) -> list[Check]:
         names = ["trained_files_accepted", "no_accepted_file_lost", "honest_nodes_kept",
                  "no_work_judged_twice", *(f"cheater_caught[{n}]" for n in cheaters)]
         down = [Check(n, "fail", "the orchestrator's ledger could not be read") for n in names]
-        return [no_file_taken_twice(f), *down, reached_target(f)]
+        return [no_file_taken_twice(f), *down, *_dispute_checks(f), reached_target(f)]
     out = [trained_files_accepted(f), no_file_taken_twice(f), no_accepted_file_lost(f),
-           honest_nodes_kept(f), no_work_judged_twice(f)]
+           honest_nodes_kept(f), no_work_judged_twice(f), *_dispute_checks(f)]
     return [*out, *(cheater_caught(f, n) for n in cheaters), reached_target(f)]
+
+
+def _dispute_checks(f: RunFacts) -> list[Check]:
+    return [honest_files_not_invalidated(f)] if f.disputes else []

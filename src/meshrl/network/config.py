@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from meshrl.config import Config
 from meshrl.pool import PROFILE_FIELD, PROMPT_FORMAT_FIELD, PromptFormat, ProofProfile, RulesSpec
 from meshrl.protocol.config import ProtocolParams
 
-__all__ = ["CheatSpec", "NetworkConfig", "PoolSpec", "ThreadsConfig", "WorkersSpec"]
+__all__ = ["CheatSpec", "NetworkConfig", "PoolSpec", "ThreadsConfig", "ValidatorsSpec",
+           "WorkersSpec"]
 
 TOKEN = 10**18
 
@@ -42,6 +43,28 @@ class WorkersSpec(Config):
     cheat: CheatSpec = CheatSpec()
     poll_interval: float = Field(0.25, gt=0, description="seconds between work-order polls")
     heartbeat_interval: float = Field(2.0, gt=0, description="seconds between heartbeats")
+
+
+class ValidatorsSpec(Config):
+    """The pool's validators. They split the files (validator i of n judges the work ids that
+    are i mod n) and each re-judges, and votes on, every file another one accused, so n
+    validators cost about what one does, and no verdict is one key's word."""
+
+    count: int = Field(2, ge=1, le=8, description="validators, each with its own key and bond")
+    audit: float = Field(0.1, ge=0, le=1, description="fraction of the other validators' "
+                         "files each one judges too (validator.share.audit)")
+    rogue: int = Field(0, ge=0, description="of them, this many (the last ones) are rogue: "
+                       "they hard-invalidate honest files (validator.rogue; tests and demos "
+                       "of disputes only)")
+    rogue_accusations: int = Field(2, ge=1, description="honest files each rogue accuses")
+    bond_verdicts: int = Field(32, ge=0, description="open verdicts each validator's bond "
+                               "covers (chain.verdict_bond each)")
+
+    @model_validator(mode="after")
+    def _some_honest(self) -> ValidatorsSpec:
+        if self.rogue >= self.count:
+            raise ValueError("validators.rogue: at least one validator must be honest")
+        return self
 
 
 class PoolSpec(Config):
@@ -84,12 +107,16 @@ class PoolSpec(Config):
                          replay={"rows_fraction": self.replay_rows_fraction})
 
 
-# a local network's chain: short periods, and verdicts final at once (its validator posts no
-# bond, nobody disputes)
+# a local network's chain: short periods; a verdict puts 10 tokens of its validator's bond at
+# stake and can be disputed for 60 s (a challenge leaves 30 s to vote; one other validator's
+# vote upholds it): a slash is final about a minute after the accusation, while the accused
+# file's reward and its node's place in the pool are taken at the accusation. The period is
+# the time the other validators have to re-judge the file on a loaded machine: a vote after it
+# is refused, and an unchallenged verdict stands.
 NETWORK_CHAIN = ProtocolParams(
     min_stake=100 * TOKEN, stake_per_unit=10 * TOKEN, unbonding_delay=600,
     invalidation_window=600, lock_period=600, slash_penalty=50 * TOKEN,
-    verdict_bond=0, dispute_period=0)
+    verdict_bond=10 * TOKEN, dispute_period=60, vote_period=30, quorum=1)
 
 
 class NetworkConfig(Config):
@@ -129,6 +156,7 @@ class NetworkConfig(Config):
                           "on every step's path from a worker to the trainer")
     threads: ThreadsConfig = ThreadsConfig()
     workers: WorkersSpec = WorkersSpec()
+    validators: ValidatorsSpec = ValidatorsSpec()
     pool: PoolSpec = PoolSpec()
 
     @field_validator("chain", mode="before")

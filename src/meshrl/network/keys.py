@@ -2,8 +2,8 @@
 only: these keys are public knowledge).
 
 Workers follow `meshrl worker --keys.dev_index i` (provider = account 2i+1, node = 2i+2);
-account 0 is the federator; the validator, the pool manager and the trainer come after the
-workers' accounts.
+account 0 is the federator; the first validator, the pool manager and the trainer come after the
+workers' accounts, and the other validators after the trainer.
 """
 
 from __future__ import annotations
@@ -57,8 +57,13 @@ class DevKeys:
     def node(self, i: int) -> LocalAccount:
         return dev_account(2 * i + 2)
 
-    def validator(self) -> LocalAccount:
-        return dev_account(self.validator_index)
+    def validator(self, j: int = 0) -> LocalAccount:
+        return dev_account(self.validator_dev_index(j))
+
+    def validator_dev_index(self, j: int) -> int:
+        """Validator j's account: 2w+1 for the first (as before there were several), then
+        after the trainer's."""
+        return self.validator_index if j == 0 else 2 * self.workers + 3 + j
 
     def manager(self) -> LocalAccount:
         return dev_account(2 * self.workers + 2)

@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from meshrl.network.checks import RunFacts, run_checks
+from meshrl.network.checks import RunFacts, dispute_counts, run_checks
 from meshrl.network.config import NetworkConfig
 
 __all__ = ["build_report", "write_report"]
@@ -180,11 +180,12 @@ def build_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
     read = _ledger(info)
     ledger = read or []
     chain = _works(info)
-    verdicts = [r for r in _lines(root / "logs" / "validator.log") if r.get("msg") == "verdict"]
+    verdicts = _verdicts(root, info)
     facts = RunFacts(records=records, ledger=ledger, chain=chain, workers=info["workers"],
                      cheat_after=cfg.workers.cheat.after_step,
                      async_level=cfg.pool.async_level, evals=evals,
-                     accuracy_goal=_accuracy_goal(cfg), verdicts=verdicts)
+                     accuracy_goal=_accuracy_goal(cfg), verdicts=verdicts,
+                     disputes=cfg.chain.dispute_period > 0)
     events = _lines(root / "events.jsonl")
     return {
         "outcome": _lines_json(root / "outcome.json"),
@@ -201,7 +202,33 @@ def build_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
         "faults": _lines_json(root / "faults.json") or [],
         "invalidations": [v for v in verdicts if v.get("verdict") != "accept"],
         "flow": _flow(metrics, records, ledger),
+        "disputes": _dispute_section(chain, info),
     }
+
+
+def _verdicts(root: Path, info: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every validator's `verdict` log lines, each tagged with its validator's role name."""
+    names = list(info.get("validators") or {"validator": {}})
+    return [{**r, "validator": n} for n in names for r in _lines(root / "logs" / f"{n}.log")
+            if r.get("msg") == "verdict"]
+
+
+def _dispute_section(chain: dict[str, Any] | None, info: dict[str, Any]) -> dict[str, Any]:
+    """The verdicts' disputes: counts (accused, challenged, upheld, overturned, open, bond
+    moved) in all and per validator, with each validator's bond now."""
+    if chain is None:
+        return {"counts": None, "validators": {}}
+    ds = chain.get("disputes", [])
+    who = {v["address"].lower(): n for n, v in (info.get("validators") or {}).items()}
+    per = {n: {**dispute_counts([d for d in ds if d["validator"].lower() == a]),
+               "rogue": info["validators"][n]["rogue"]} for a, n in who.items()}
+    bonds = {r["address"].lower(): r.get("bond") for r in _chain(
+        info, "balances", "--addresses", json.dumps([v["address"] for v in
+                                                     info["validators"].values()]))} if who \
+        else {}
+    for a, n in who.items():
+        per[n]["bond"] = bonds.get(a)
+    return {"counts": dispute_counts(ds), "validators": per}
 
 
 def _lines_json(path: Path) -> Any:
@@ -243,6 +270,22 @@ def write_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
     (root / "report.json").write_text(json.dumps(rep, indent=1, default=str))
     (root / "report.md").write_text(_markdown(rep))
     return rep
+
+
+def _dispute_lines(d: dict[str, Any]) -> list[str]:
+    c = d.get("counts")
+    out = ["", "## Disputes", ""]
+    if c is None:
+        return [*out, "the chain did not answer"]
+    out += [f"- {c['accused']} verdicts: {c['challenged']} challenged, {c['upheld']} upheld, "
+            f"{c['overturned']} overturned, {c['open']} open; {_tokens(c['bond_moved'])} "
+            "tokens of validator bond moved to providers", "",
+            "| validator | rogue | accused | challenged | upheld | overturned | open | "
+            "bond lost | bond now |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out += [f"| {n} | {v['rogue']} | {v['accused']} | {v['challenged']} | {v['upheld']} | "
+            f"{v['overturned']} | {v['open']} | {_tokens(v['bond_moved'])} | "
+            f"{_tokens(v['bond'])} |" for n, v in d["validators"].items()]
+    return out
 
 
 def _tokens(base_units: int | None) -> str:
@@ -295,8 +338,9 @@ def _markdown(rep: dict[str, Any]) -> str:
     out += [f"| {e['role']} | {e['event']} | {e.get('rc', '')} | {e.get('alive_s', '')} |"
             for e in rep["restarts"] if e["event"] in ("died", "retired")]
     out += ["", "## Invalidations", ""]
-    out += [f"- {v.get('node')} {v.get('verdict')}: {v.get('reason')}"
-            for v in rep["invalidations"]]
+    out += [f"- {v.get('validator', 'validator')}: {v.get('node')} {v.get('verdict')}: "
+            f"{v.get('reason')}" for v in rep["invalidations"]]
+    out += _dispute_lines(rep.get("disputes") or {})
     return "\n".join(out) + "\n"
 
 

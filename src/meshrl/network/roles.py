@@ -19,7 +19,7 @@ from meshrl.network.config import NetworkConfig
 from meshrl.network.keys import DevKeys, write_key_file
 from meshrl.network.toml import write_toml
 
-__all__ = ["Layout", "RoleSpec", "build_roles", "find_anvil"]
+__all__ = ["Layout", "RoleSpec", "build_roles", "find_anvil", "validator_name", "validator_names"]
 
 CHAIN_ID = 31337
 RPC_FILTER = 14  # port offset of the public chain RPC (a filter in front of anvil)
@@ -149,7 +149,8 @@ def devnet_argv(lay: Layout, keys: DevKeys) -> list[str]:
     path = write_toml(lay.config_path("devnet"), {
         "chain": _chain(lay, key_file(lay, "federator", keys.federator())),
         "params": cfg.chain.model_dump(mode="json"),
-        "manager": keys.manager().address, "validators": [keys.validator().address],
+        "manager": keys.manager().address,
+        "validators": [keys.validator(j).address for j in range(cfg.validators.count)],
         "providers": providers, "fund": [*providers, *nodes, keys.trainer().address],
         "reward_rate": cfg.pool.reward_rate})
     return _meshrl("chain", "devnet", str(path))
@@ -190,7 +191,7 @@ def build_roles(lay: Layout, keys: DevKeys, pool_id: int) -> list[RoleSpec]:
             "--server.port", str(lay.port(4 + i)), "--publisher", keys.trainer().address),
             health=url + "/health"))
     roles.append(_trainer(lay, keys, origin))
-    roles.append(_validator(lay, keys, pool_id, servers))
+    roles += [_validator(lay, keys, pool_id, servers, j) for j in range(cfg.validators.count)]
     roles += [_worker(lay, name, i, bad, pool_id) for name, i, bad in lay.workers()]
     if cfg.dashboard:
         roles.append(RoleSpec("dashboard", _meshrl(
@@ -235,16 +236,34 @@ def _trainer(lay: Layout, keys: DevKeys, origin: Path) -> RoleSpec:
                     threads=cfg.threads.trainer, critical=True)
 
 
-def _validator(lay: Layout, keys: DevKeys, pool_id: int, servers: list[str]) -> RoleSpec:
-    cfg = lay.cfg
-    path = write_toml(lay.config_path("validator"), {
+def validator_name(j: int) -> str:
+    """`validator` (the first, as when there was one), then `validator-1`, ..."""
+    return "validator" if j == 0 else f"validator-{j}"
+
+
+def validator_names(cfg: NetworkConfig) -> list[str]:
+    return [validator_name(j) for j in range(cfg.validators.count)]
+
+
+def _validator(lay: Layout, keys: DevKeys, pool_id: int, servers: list[str],
+               j: int) -> RoleSpec:
+    """Validator j of n: judges its share of the files (work id mod n == j) and re-judges
+    every file another validator accused; the last `validators.rogue` ones are rogue."""
+    cfg, name = lay.cfg, validator_name(j)
+    v = cfg.validators
+    rogue = j >= v.count - v.rogue
+    path = write_toml(lay.config_path(name), {
         "pool_id": pool_id, "orchestrator_url": lay.orchestrator_url,
-        "work_dir": str(lay.root / "validator"), "poll_interval": cfg.poll_s,
-        "keys": {"dev_index": keys.validator_index}, "chain": _chain(lay),
+        "work_dir": str(lay.root / name), "poll_interval": cfg.poll_s,
+        "keys": {"dev_index": keys.validator_dev_index(j)}, "chain": _chain(lay),
         "shardcast_servers": servers, "rules": _rules(lay),
         "engine": {"num_threads": cfg.threads.validator},
+        "share": {"index": j, "of": v.count, "audit": v.audit if v.count > 1 else 0.0},
+        "bond_verdicts": v.bond_verdicts,
+        "rogue": {"mode": "accuse-honest" if rogue else "none",
+                  "accusations": v.rogue_accusations},
         "retry": {"backoff": 1.0, "max_attempts": 6}})
-    return RoleSpec("validator", _meshrl("validator", str(path)), threads=cfg.threads.validator)
+    return RoleSpec(name, _meshrl("validator", str(path)), threads=cfg.threads.validator)
 
 
 def _worker(lay: Layout, name: str, index: int, dishonest: bool, pool_id: int) -> RoleSpec:

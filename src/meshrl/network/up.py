@@ -4,9 +4,10 @@ finishes (or Ctrl-C, or `max_minutes`).
 Order: anvil (its state dumped to `chain/anvil-state.json` every 2 s and on exit, so a second
 `up` resumes the same chain), `meshrl chain devnet` (skipped when the chain already has the
 contracts), discovery, orchestrator, the shardcast origin and relays, the trainer, the
-validator, the workers. Every role keeps its state under `runs/<name>/`, so starting the same
-network again resumes it: the chain from its state file, the services from SQLite, the trainer
-from its newest checkpoint, workers from their outboxes and the validator from its cursor.
+validators (`validators.count`, splitting the files; docs/protocol.md), the workers. Every
+role keeps its state under `runs/<name>/`, so starting the same network again resumes it: the
+chain from its state file, the services from SQLite, the trainer from its newest checkpoint,
+workers from their outboxes and each validator from its cursor.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from meshrl.network.config import NetworkConfig
 from meshrl.network.faults import Faults
 from meshrl.network.keys import DevKeys
 from meshrl.network.report import write_report
-from meshrl.network.roles import Layout, anvil_role, build_roles, devnet_argv
+from meshrl.network.roles import Layout, anvil_role, build_roles, devnet_argv, validator_name
 from meshrl.network.status import UpStatus
 from meshrl.network.supervisor import RoleFailed, Supervisor
 
@@ -127,6 +128,10 @@ def _write_network_file(lay: Layout, keys: DevKeys, pool: int, roles: list[str])
             "origin": lay.origin_url, "relays": lay.relay_urls(), "roles": roles,
             "dashboard": lay.dashboard_url if lay.cfg.dashboard else None,
             "workers": workers, "validator": keys.validator().address,
+            "validators": {validator_name(j): {
+                "address": keys.validator(j).address,
+                "rogue": j >= lay.cfg.validators.count - lay.cfg.validators.rogue}
+                for j in range(lay.cfg.validators.count)},
             "manager": keys.manager().address, "trainer": keys.trainer().address,
             "trainer_key_file": str(lay.root / "keys" / "trainer.key"),
             "trainer_dir": str(lay.root / "trainer")}

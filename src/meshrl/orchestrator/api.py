@@ -255,8 +255,10 @@ class OrchestratorApi:
         if v.verdict is VerdictKind.ACCEPT:
             self.state.set_file_status(row.seq, FileStatus.ACCEPTED, verdict=v.verdict.value,
                                        validator=call.address)
-        else:  # recorded; the status moves when the chain's WorkInvalidated event is seen
-            self.state.set_file_status(row.seq, FileStatus.SUBMITTED,
+        else:  # recorded; the status moves when the chain's WorkInvalidated event is seen (a
+            # row another validator accepted stays accepted: verdicts are disputed on chain,
+            # and the trainer may have trained on it already)
+            self.state.set_file_status(row.seq, row.status,
                                        verdict=f"{v.verdict.value}: {v.reason}",
                                        validator=call.address)
         after = self.state.file_by_work_id(row.work_id) if row.work_id else \

@@ -19,6 +19,7 @@ _EXPORTS = {
     "Protocol": "chain",
     "ProviderInfo": "records",
     "Receipt": "records",
+    "SETTLE_GAS": "chain",
     "WorkInfo": "records",
     "WorkStatus": "records",
     "deploy": "chain",

@@ -22,7 +22,7 @@ from meshrl.protocol.records import (
 )
 from meshrl.protocol.signing import sign_invite, sign_ownership, work_id
 
-__all__ = ["DEFAULT_MAX_UNITS", "Protocol", "deploy"]
+__all__ = ["DEFAULT_MAX_UNITS", "SETTLE_GAS", "Protocol", "deploy"]
 
 DEFAULT_MAX_UNITS = 1_000_000  # work units one rollout file may claim, unless a pool says else
 
@@ -76,6 +76,9 @@ def deploy(
         c._send(t.set_minter(federator.address, False))
         c._send(t.transfer_ownership(protocol))
     return dep
+
+
+SETTLE_GAS = 300_000  # settle: 103k upheld (slash + wipe), 86k overturned (benchmarks/README.md)
 
 
 class Protocol:
@@ -414,9 +417,12 @@ class Protocol:
         """Another validator re-judges a verdict (an overturn vote also challenges it)."""
         return self._send(self.contract.functions.vote(work_id, uphold))
 
-    def settle(self, work_id: bytes) -> Receipt:
-        """Make a verdict final once its dispute period is over (anyone)."""
-        return self._send(self.contract.functions.settle(work_id))
+    def settle(self, work_id: bytes, gas: int | None = None) -> Receipt:
+        """Make a verdict final once its dispute period is over (anyone). `gas` skips the
+        estimate, which a node runs at its latest block: on a chain that mines only with
+        transactions (anvil) that block can be older than the period's end while the next one
+        is not (`SETTLE_GAS` covers an upheld hard verdict's slash and wipe)."""
+        return self._send(self.contract.functions.settle(work_id), gas)
 
     def dispute(self, work_id: bytes) -> DisputeInfo:
         return DisputeInfo(*self._view(self.contract.functions.disputes(work_id)))

@@ -128,6 +128,36 @@ class WorksConfig(Config):
     pool: int = Field(1, ge=1, description="the pool whose work to list")
 
 
+def _work_id(v: object) -> object:
+    """A work id on the command line: 32 bytes in hex (0x optional), else a config error."""
+    if not isinstance(v, str):
+        return v
+    h = v.lower().removeprefix("0x")
+    if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
+        raise ValueError(f"work_id: 32 bytes in hex, not {v!r}")
+    return h
+
+
+class DisputesConfig(Config):
+    chain: ChainConfig = Field(default_factory=ChainConfig)
+    pool: int = Field(1, ge=1, description="the pool whose verdicts to list")
+    open: bool = Field(False, description="only verdicts not settled yet")
+
+
+class WorkIdConfig(Config):
+    chain: ChainConfig = Field(default_factory=ChainConfig)
+    work_id: str = Field("", description="the accused work (32 bytes, hex; `meshrl chain "
+                         "disputes` lists them)")
+
+    _wid = field_validator("work_id", mode="before")(_work_id)
+
+
+class VoteConfig(WorkIdConfig):
+    uphold: bool = Field(False, description="true: the verdict is right (your own judgment of "
+                         "the file finds it invalid too); false: overturn it (also a "
+                         "challenge)")
+
+
 def _print(obj: Any) -> None:
     print(json.dumps(obj, default=str), flush=True)  # a reader of a pipe sees it now
 
@@ -307,6 +337,7 @@ def _balances(cfg: BalancesConfig) -> int:
     p = open_protocol(cfg.chain, signer=not cfg.addresses)
     for who in cfg.addresses or [p.address]:
         info = p.provider(who)
+        bond, locked = p.bond(who)
         _print(
             {
                 "address": who,
@@ -315,6 +346,8 @@ def _balances(cfg: BalancesConfig) -> int:
                 "stake": info.stake,
                 "unbonding": info.unbonding,
                 "compute_units": info.compute_units,
+                "bond": bond,
+                "bond_locked": locked,
             }
         )
     return 0
@@ -326,6 +359,53 @@ def _works(cfg: WorksConfig) -> int:
 
     _print(pool_history(open_protocol(cfg.chain, signer=False), cfg.pool))
     return 0
+
+
+def _disputes(cfg: DisputesConfig) -> int:
+    from meshrl.protocol.history import pool_disputes
+    from meshrl.protocol.local import open_protocol
+
+    for row in pool_disputes(open_protocol(cfg.chain, signer=False), cfg.pool):
+        if not cfg.open or row["outcome"] == "open":
+            _print(row)
+    return 0
+
+
+def _on_verdict(cfg: WorkIdConfig, act: str) -> int:
+    """challenge / vote / settle one verdict, then print the dispute as it stands."""
+    from meshrl.protocol.errors import ChainError
+    from meshrl.protocol.local import open_protocol
+
+    if not cfg.work_id:
+        raise ChainError(f"{act}: set --work_id")
+    p = open_protocol(cfg.chain)
+    wid = bytes.fromhex(cfg.work_id)
+    if act == "challenge":
+        r = p.challenge(wid)
+    elif act == "vote":
+        r = p.vote(wid, bool(getattr(cfg, "uphold", False)))
+    else:
+        from meshrl.protocol.chain import SETTLE_GAS
+
+        r = p.settle(wid, SETTLE_GAS)
+    d = p.dispute(wid)
+    _print({"work_id": cfg.work_id, "action": act, "by": p.address, "tx": r.tx_hash,
+            "events": [e.name for e in r.events], "status": int(p.work(wid).status),
+            "until": d.until, "challenged": d.challenged, "uphold": d.uphold,
+            "overturn": d.overturn})
+    return 0
+
+
+def _challenge(cfg: WorkIdConfig) -> int:
+    return _on_verdict(cfg, "challenge")
+
+
+def _vote(cfg: VoteConfig) -> int:
+    return _on_verdict(cfg, "vote")
+
+
+def _settle(cfg: WorkIdConfig) -> int:
+    return _on_verdict(cfg, "settle")
 
 
 def _rpc_filter(cfg: RpcFilterConfig) -> int:
@@ -510,7 +590,7 @@ def register(subparsers: Any) -> None:
         "balances",
         BalancesConfig,
         _handled("balances", _balances),
-        "ether, token, stake of addresses",
+        "ether, token, stake, validator bond (and its locked part) of addresses",
     )
     add_config_command(
         sub,
@@ -520,6 +600,19 @@ def register(subparsers: Any) -> None:
         "a pool's work items (status, reward, claimable) and its invalidations, ejections, "
         "claims (one JSON object)",
     )
+    add_config_command(sub, "disputes", DisputesConfig, _handled("disputes", _disputes),
+                       "a pool's verdicts, one JSON line each: accuser, hard or soft, until "
+                       "when disputable, challenged, votes, outcome (open, upheld, overturned)")
+    add_config_command(sub, "challenge", WorkIdConfig, _handled("challenge", _challenge),
+                       "the accused work's provider disputes the verdict: it then stands only "
+                       "if enough other validators uphold it")
+    add_config_command(sub, "vote", VoteConfig, _handled("vote", _vote),
+                       "a bonded validator re-judges another's open verdict: --uphold true, "
+                       "or false to overturn it")
+    add_config_command(sub, "settle", WorkIdConfig, _handled("settle", _settle),
+                       "anyone: make a verdict final once its dispute period is over "
+                       "(slash, or restore the work and pay the validator's bond to the "
+                       "provider)")
     add_config_command(sub, "rpc-filter", RpcFilterConfig, _rpc_filter,
                        "a public JSON-RPC endpoint in front of a private node (anvil): "
                        "forwards standard eth_/net_/web3_ methods only, bounded bodies and "

@@ -11,14 +11,17 @@ wiped, under no open verdict), read at the latest block.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from eth_utils import event_abi_to_log_topic
 
 from meshrl.protocol.chain import Protocol
+from meshrl.protocol.events import Event
 from meshrl.protocol.records import Standing, WorkInfo, WorkStatus
 
-__all__ = ["STATUS_NAMES", "node_rewards", "pool_history", "provider_rewards"]
+__all__ = ["STATUS_NAMES", "node_rewards", "pool_disputes", "pool_history", "provider_rewards",
+           "submission"]
 
 STATUS_NAMES = {WorkStatus.SUBMITTED: "submitted", WorkStatus.SOFT_INVALIDATED: "soft_invalidated",
                 WorkStatus.HARD_INVALIDATED: "hard_invalidated", WorkStatus.CLAIMED: "claimed",
@@ -61,7 +64,8 @@ def pool_history(p: Protocol, pool: int) -> dict[str, Any]:
     judged: list[dict[str, Any]] = []
     ejected: list[dict[str, Any]] = []
     claims: list[dict[str, Any]] = []
-    for e in p.events().poll():
+    events = p.events().poll()
+    for e in events:
         a = e.args
         if e.name == "WorkSubmitted" and a["pool"] == pool:
             works.append(_work(p, e))
@@ -78,7 +82,55 @@ def pool_history(p: Protocol, pool: int) -> dict[str, Any]:
                            "count": a["count"], "block": e.block, "ts": times(e.block)})
     return {"pool": pool, "block": p.backend.block_number(), "now": p.backend.now(),
             "rewards": node_rewards(works), "works": works, "invalidations": judged,
-            "ejections": ejected, "claims": claims}
+            "ejections": ejected, "claims": claims,
+            "disputes": _disputes(p, events, mine, times)}
+
+
+def pool_disputes(p: Protocol, pool: int) -> list[dict[str, Any]]:
+    """Every verdict on the pool's work since the deployment, with its dispute (see
+    `_disputes`)."""
+    events = p.events().poll()
+    mine = {bytes(e.args["work_id"]) for e in events
+            if e.name == "WorkSubmitted" and e.args["pool"] == pool}
+    return _disputes(p, events, mine, _Times(p))
+
+
+def _disputes(p: Protocol, events: list[Event], mine: set[bytes],
+              times: _Times) -> list[dict[str, Any]]:
+    """One row per accusation of work in `mine`: who accused, hard or soft, when, until when it
+    can be disputed, whether it was challenged, the votes, and its outcome: `open` (not
+    settled yet; `due` once its period is over), `upheld` (with the amount slashed) or
+    `overturned` (with the bond that went to the provider). With a dispute period of 0 a
+    verdict is upheld in the transaction that makes it."""
+    rows: dict[bytes, dict[str, Any]] = {}
+    for e in events:
+        a = e.args
+        wid = bytes(a["work_id"]) if "work_id" in a else b""
+        if wid not in mine:
+            continue
+        if e.name == "WorkAccused":
+            rows[wid] = {"work_id": wid.hex(), "node": a["node"], "provider": a["provider"],
+                         "validator": a["validator"], "hard": a["hard"], "block": e.block,
+                         "ts": times(e.block), "until": a["until"], "challenged": False,
+                         "uphold": 0, "overturn": 0, "outcome": "open", "slashed": 0,
+                         "forfeited": 0, "settled_ts": None}
+            continue
+        row = rows.get(wid)
+        if row is None:
+            continue
+        if e.name == "VerdictChallenged":
+            row["challenged"], row["until"] = True, a["until"]
+        elif e.name == "VerdictVoted":
+            row["uphold" if a["uphold"] else "overturn"] += 1
+        elif e.name == "VerdictOverturned":
+            row.update(outcome="overturned", forfeited=a["forfeited"],
+                       settled_ts=times(e.block))
+        elif e.name == "WorkInvalidated":
+            row.update(outcome="upheld", slashed=a["slashed"], settled_ts=times(e.block))
+    now = max(p.backend.now(), int(time.time()))  # the next block's time, at least
+    for row in rows.values():
+        row["due"] = row["outcome"] == "open" and now >= row["until"]
+    return list(rows.values())
 
 
 def node_rewards(works: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
@@ -145,3 +197,13 @@ def provider_rewards(p: Protocol, pool: int, provider: str) -> dict[str, Any]:
     total = {k: sum(r[k] for r in per_node.values()) for k in ("earned", "claimable", "claimed")}
     return {"pool": pool, "provider": provider, "block": p.backend.block_number(),
             "rewards": total, "nodes": per_node, "works": works}
+
+
+def submission(p: Protocol, work_id: bytes) -> Event | None:
+    """The `WorkSubmitted` event of `work_id` (its file's sha256 is only there), read by the
+    indexed work id; None when the chain has none."""
+    for log in _logs(p, [_topic(p, "WorkSubmitted"), "0x" + work_id.hex()]):
+        e = p.decoder.decode(log)
+        if e is not None:
+            return e
+    return None

@@ -171,8 +171,12 @@ class LedgerReader:
         return out
 
     def awaiting_verdict(self) -> list[LedgerEntry]:
-        """Submissions on chain that no verdict has settled yet."""
-        return self._run(lambda: self._entries(FileStatus.SUBMITTED, 0))[0]
+        """Submissions on chain that no validator has judged yet. A submission a validator
+        judged invalid (its verdict posted, status still `submitted` while the accusation can
+        be disputed) is not awaited: its node is ejected at the accusation and the file is
+        trainable only if another validator's accept overturns it."""
+        rows = self._run(lambda: self._entries(FileStatus.SUBMITTED, 0))[0]
+        return [e for e in rows if not e.verdict]
 
     async def _feed(self) -> tuple[list[LedgerEntry], int]:
         out: list[LedgerEntry] = []

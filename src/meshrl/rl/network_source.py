@@ -19,7 +19,9 @@ mode (source.py), so the algorithm in loop.py is the same as with the local pipe
   until the batch holds `prompts_per_step` groups; it waits while there are too few.
   Before that it waits until every file of steps <= s - `judge_lag` submitted on chain has a
   verdict: the trainer never runs more than `judge_lag` steps ahead of the validators, so a
-  cheater is slashed and ejected within that many steps of its first dishonest file.
+  cheater is accused and ejected within that many steps of its first dishonest file (an
+  invalid verdict counts when it is posted: its slash follows the dispute period, which the
+  trainer does not wait for).
 - Flow, in every step's metrics (`flow()`): `validator_lag`, the files submitted on chain and
   not yet judged when the step began; `load_seconds`, the part of the step's wait spent
   downloading and reading its files (the rest is idle).

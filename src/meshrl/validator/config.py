@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -12,7 +13,47 @@ from meshrl.pool.rules import RulesPins
 from meshrl.protocol.config import ChainConfig
 from meshrl.validator.policy import RetryConfig
 
-__all__ = ["ValidatorConfig", "ValidatorKeysConfig"]
+__all__ = ["RogueConfig", "ShareConfig", "ValidatorConfig", "ValidatorKeysConfig"]
+
+
+class ShareConfig(Config):
+    """Which files this validator judges of its own accord: those whose work id (as a
+    big-endian integer) is `index` mod `of`. Files outside its share it judges only when
+    another validator accuses them (to vote on the verdict). Validators of a pool that agree
+    on `of` and take distinct indices cover every file once between them."""
+
+    index: int = Field(0, ge=0, description="this validator's share")
+    of: int = Field(1, ge=1, description="how many shares the files are split into")
+    audit: float = Field(0.0, ge=0, le=1, description="fraction of the other shares' files "
+                         "this validator judges too, drawn by a hash of its address and the "
+                         "work id (others cannot predict it): a validator that accepts bad "
+                         "files of its own share is caught at that rate")
+
+    @model_validator(mode="after")
+    def _in_range(self) -> ShareConfig:
+        if self.index >= self.of:
+            raise ValueError(f"share: index {self.index} not below of {self.of}")
+        return self
+
+    def mine(self, work_id: bytes) -> bool:
+        return int.from_bytes(work_id, "big") % self.of == self.index
+
+    def judges(self, work_id: bytes, me: str) -> bool:
+        """Whether this validator (address `me`) judges `work_id` of its own accord: its share,
+        or an audit of another's."""
+        if self.mine(work_id):
+            return True
+        draw = hashlib.sha256(work_id + bytes.fromhex(me.lower().removeprefix("0x"))).digest()
+        return int.from_bytes(draw[:8], "big") < self.audit * 2**64
+
+
+class RogueConfig(Config):
+    """A dishonest validator, for tests and demos of disputes only (validator/rogue.py): off
+    unless set. `accuse-honest` hard-invalidates the first `accusations` files of its share
+    that it judges valid (its votes on others' verdicts stay honest)."""
+
+    mode: Literal["none", "accuse-honest"] = Field("none", description="none: honest")
+    accusations: int = Field(2, ge=0, description="honest files to accuse")
 
 
 class ValidatorKeysConfig(Config):
@@ -53,6 +94,8 @@ class ValidatorConfig(Config):
                              "expects: each one set must equal the pool's published value or "
                              "the validator refuses to start (it always judges by the "
                              "published rules)")
+    share: ShareConfig = ShareConfig()
+    rogue: RogueConfig = RogueConfig()
     engine: EngineConfig = EngineConfig()
     retry: RetryConfig = RetryConfig()
     replay: dict[str, Any] = Field(default_factory=dict, description="ReplayConfig overrides "

@@ -10,10 +10,12 @@ Torch-free; `Clerk` is the chain side (blocking calls, run in a thread by the no
 
 from __future__ import annotations
 
+import time
 from enum import StrEnum
 
 from meshrl.log import get_logger, log_event
 from meshrl.protocol import (
+    SETTLE_GAS,
     DisputeOpen,
     NotAccused,
     Protocol,
@@ -99,12 +101,14 @@ class Clerk:
 
     def settle_due(self) -> int:
         """Settle every followed verdict whose dispute period is over; returns how many."""
-        now, done = self.chain.backend.now(), 0
+        # the next block is no older than the latest one, nor than the clock: an idle chain
+        # (no blocks for a while, as at the end of a run) still settles on time
+        now, done = max(self.chain.backend.now(), int(time.time())), 0
         for wid, until in sorted(self.to_settle.items(), key=lambda kv: kv[1]):
             if until > now:
                 continue
             try:
-                r = self.chain.settle(wid)
+                r = self.chain.settle(wid, SETTLE_GAS)
                 done += 1
                 log_event(log, "verdict settled", work_id=wid.hex(), tx=r.tx_hash,
                           overturned=any(e.name == "VerdictOverturned" for e in r.events))

@@ -4,14 +4,17 @@ At start the pool's published rules are read (`GET /rules`): they are the only r
 validator judges by. A validator whose `[rules]` pins any rule to another value refuses to run
 (one line naming the field, `EXIT_REFUSED`), and so does one that sees the published rules change
 while it runs (re-read every `rules_check_s`): an operator's typo never slashes an honest worker.
-Each loop: poll the chain from the persisted cursor and queue the pool's new submissions;
+Each loop: poll the chain from the persisted cursor and queue the pool's new submissions of
+this validator's share (`share`: work id mod `of`; validators of a pool split the files) and
+the `share.audit` fraction of the others';
 take the due jobs, download and parse their files, group them by policy version and verify each
 group with shared prefill batches; then act: a hard verdict calls `hard_invalidate` (slash,
 eject), a soft one `soft_invalidate`, an accepted file is reported to the orchestrator; every
 verdict goes to the orchestrator's ledger with its reason. Verdicts are answerable
 (`disputes.py`): the validator keeps a bond posted for `bond_verdicts` open verdicts, votes on
 another validator's open verdict by its own judgment of the file (uphold or overturn), also when
-the accusation comes after its own judgment, and settles the verdicts it made or voted on once
+the accusation comes after its own judgment or the file is outside its share (then judged
+next, ahead of its queue), and settles the verdicts it made or voted on once
 their dispute period is over. Failures of the validator itself
 (download, missing policy version, an exception in its own code) retry the job with backoff and
 end, at worst, in a soft invalidation.
@@ -28,12 +31,14 @@ from eth_account.signers.local import LocalAccount
 
 from meshrl.log import get_logger, log_event
 from meshrl.pool import Decision, PoolRules, check_rules, give_up, read_rules, require_same_rules
-from meshrl.protocol import ChainError, Deployment, Protocol
+from meshrl.protocol import ChainError, Deployment, Event, Protocol
+from meshrl.protocol.history import submission
 from meshrl.protocol.local import connect
 from meshrl.validator.config import ValidatorConfig
 from meshrl.validator.disputes import Clerk
 from meshrl.validator.judge import Judge, Unjudged
 from meshrl.validator.policy import backoff_delay
+from meshrl.validator.rogue import Rogue
 from meshrl.validator.state import Job, ValidatorState
 from meshrl.wire import (
     NoSuchSubmission,
@@ -55,6 +60,7 @@ class ValidatorNode:
         self.cfg, self.account = cfg, account
         self.stop = asyncio.Event()
         self.judged = 0
+        self.rogue = Rogue(cfg.rogue) if cfg.rogue.mode != "none" else None
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -128,12 +134,9 @@ class ValidatorNode:
             if e.name != "WorkSubmitted" or int(e.args["pool"]) != self.cfg.pool_id:
                 continue
             wid = bytes(e.args["work_id"])
-            info = await asyncio.to_thread(self.chain.work, wid)
-            # the submission's block hash picks the rows replayed on the model (pool/sampled.py)
-            block_hash = await asyncio.to_thread(self.chain.backend.block_hash, e.block)
-            jobs.append(Job(wid.hex(), bytes(e.args["file_sha256"]).hex(), e.args["node"],
-                            info.provider, self.cfg.pool_id, int(e.args["units"]), e.block,
-                            block_hash))
+            if not self.cfg.share.judges(wid, self.clerk.me):
+                continue  # another validator's share (judged here only if it accuses it)
+            jobs.append(await asyncio.to_thread(self._job, e))
         if jobs or events:
             self.state.enqueue(jobs, self.cursor.next_block)
         elif self.cursor.next_block != self.state.next_block:
@@ -141,12 +144,23 @@ class ValidatorNode:
         if jobs:
             log_event(log, "submissions queued", files=len(jobs), queue=len(self.state.queue))
 
+    def _job(self, e: Event) -> Job:
+        """The job of judging the submission of `WorkSubmitted` event `e` (blocking)."""
+        wid = bytes(e.args["work_id"])
+        info = self.chain.work(wid)
+        # the submission's block hash picks the rows replayed on the model (pool/sampled.py)
+        block_hash = self.chain.backend.block_hash(e.block)
+        return Job(wid.hex(), bytes(e.args["file_sha256"]).hex(), e.args["node"],
+                   info.provider, self.cfg.pool_id, int(e.args["units"]), e.block, block_hash)
+
     async def _judge(self, jobs: list[Job]) -> None:
         outcomes = await self.judge.judge(jobs)
         for job, out in zip(jobs, outcomes, strict=True):
             if isinstance(out, Unjudged):
                 await self._retry(job, out.error)
             else:
+                if self.rogue is not None and self.cfg.share.mine(bytes.fromhex(job.work_id)):
+                    out = self.rogue(out)
                 await self._act(job, out)
 
     async def _retry(self, job: Job, error: str) -> None:
@@ -174,11 +188,22 @@ class ValidatorNode:
                   reason=d.reason, checks=[c.value for c in d.checks], tx=tx, stats=d.stats)
 
     async def _accused(self, wid: bytes) -> None:
-        """Another validator accused work this validator judged already: vote by that
-        judgment (work not judged yet is voted on when it is)."""
+        """Another validator accused work: vote by this validator's own judgment. Judged
+        already: at once. Queued: judged next. Another validator's share (never queued
+        here): its submission is read from the chain and judged next, ahead of the queue, so
+        the vote comes within the dispute period."""
         kind = self.state.judged.get(wid.hex())
         if kind is not None:
             await asyncio.to_thread(self.clerk.act, wid, VerdictKind(kind))
+            return
+        if not any(j.work_id == wid.hex() for j in self.state.queue):
+            sub = await asyncio.to_thread(submission, self.chain, wid)
+            if sub is None or int(sub.args["pool"]) != self.cfg.pool_id:
+                return
+            job = await asyncio.to_thread(self._job, sub)
+            self.state.enqueue([job], self.state.next_block)
+        self.state.first(wid.hex())
+        log_event(log, "re-judging an accused file", work_id=wid.hex())
 
     async def _post_verdicts(self, orch: SignedClient) -> None:
         for v in list(self.state.outgoing):

@@ -67,6 +67,11 @@ class ValidatorState:
         self.next_block = next_block
         self.save()
 
+    def first(self, work_id: str) -> None:
+        """Move the queued job of `work_id` to the front (an accused file: its vote is due)."""
+        self.queue.sort(key=lambda j: j.work_id != work_id)
+        self.save()
+
     def record(self, job: Job, verdict: str, outgoing: dict[str, str] | None = None) -> None:
         """A judged job leaves the queue; its verdict for the orchestrator is queued with it."""
         self.queue = [j for j in self.queue if j.work_id != job.work_id]
