@@ -7,11 +7,12 @@ float32 worker). One JSON line per
 (hidden size, worker): chunks, small chunks, files, files rejected and the largest honest value
 / threshold of every test; per chunk-token class (1, 2-3, 4-7, 8-15, 16-31, 32 tokens) the
 largest statistics; then the thresholds fitted on it (`calibrate_thresholds`) beside the
-defaults; then one line per (hidden, cheat, cheating worker): files rejected of files (files of
-16 completions of 65-96 tokens) and the weakest file's largest statistic / threshold. Exit status 1 if an honest
+defaults; then one line per (hidden, cheat, cheating worker): files rejected of files
+(files of 16 completions of 65-96 tokens) and the weakest file's largest statistic /
+threshold. Exit status 1 if an honest
 file is rejected, an honest statistic exceeds 70% of its threshold, or a cheat file passes.
 
-    PYTHONPATH=src python benchmarks/bench_calibration.py              # ~11,000 chunks, ~10 min on 2 busy cores
+    PYTHONPATH=src python benchmarks/bench_calibration.py   # ~11,000 chunks
     PYTHONPATH=src python benchmarks/bench_calibration.py --prompts 32 --hidden 64  # quick
 """
 
@@ -27,8 +28,7 @@ from typing import Any
 import torch
 
 from meshrl.toploc import HEADROOM, Thresholds, calibrate_thresholds, threshold_ratios, verdict
-from meshrl.toploc.matrix import MATRIX_VALIDATORS, MATRIX_WORKERS, cheats, judge, prove, \
-    tiny_model
+from meshrl.toploc.matrix import MATRIX_VALIDATORS, MATRIX_WORKERS, cheats, judge, prove, tiny_model
 from meshrl.toploc.thresholds import is_small
 
 CLASSES = ((1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 32))

@@ -25,8 +25,13 @@ from typing import Any
 
 import torch
 
-from meshrl.inference import CPUEngine, EngineConfig, ReferenceBackend, ReferenceConfig
-from meshrl.inference import SamplingParams
+from meshrl.inference import (
+    CPUEngine,
+    EngineConfig,
+    ReferenceBackend,
+    ReferenceConfig,
+    SamplingParams,
+)
 from meshrl.toploc import perturb
 from meshrl.toploc.proofs import DEFAULT_CHUNK_SIZE, ChunkResult, build_proofs, verify_proofs
 

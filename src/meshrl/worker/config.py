@@ -24,6 +24,7 @@ __all__ = [
     "JoinConfig",
     "KeysConfig",
     "OnboardConfig",
+    "WorkerCompute",
     "WorkerConfig",
 ]
 
@@ -74,6 +75,20 @@ class CheatConfig(Config):
     temperature: float = Field(0.0, ge=0, description="forge-sampling: the temperature used")
     copy_from: str = Field("", description="copy: another worker's outbox directory")
     other_seed: int = Field(12345, description="other-model: init seed of the other model")
+
+
+class WorkerCompute(Config):
+    """Where and how a worker computes: backend, device and dtype (a network's per-worker
+    setting; the worker's own fields of the same names)."""
+
+    backend: Literal["engine", "reference"] = Field("engine", description="engine | reference")
+    device: DeviceName = Field("cpu", description="cpu, cuda or cuda:N")
+    dtype: ComputeDtype = Field("float32", description="float32 | bfloat16 | float16")
+
+    @model_validator(mode="after")
+    def _fits(self) -> WorkerCompute:
+        check_compute(self.backend, self.device, self.dtype)
+        return self
 
 
 class OnboardConfig(Config):
