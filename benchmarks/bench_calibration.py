@@ -1,18 +1,18 @@
 """Calibration of the "any-hardware" proof profile across every precision and engine (issue #26).
 
-Honest chunks: `meshrl.toploc.matrix` (CPU engine float32; reference backend float32, bfloat16,
-float16; sdpa / eager; batch 1-64; every final-chunk length 1..32; hidden sizes 64, 128, 256),
-each checked by two float32 validators and two in the worker's dtype (one of them for a
-float32 worker). One JSON line per
-(hidden size, worker): chunks, small chunks, files, files rejected and the largest honest value
-/ threshold of every test; per chunk-token class (1, 2-3, 4-7, 8-15, 16-31, 32 tokens) the
-largest statistics; then the thresholds fitted on it (`calibrate_thresholds`) beside the
-defaults; then one line per (hidden, cheat, cheating worker): files rejected of files
-(files of 16 completions of 65-96 tokens) and the weakest file's largest statistic /
-threshold. Exit status 1 if an honest
-file is rejected, an honest statistic exceeds 70% of its threshold, or a cheat file passes.
+Honest chunks: `meshrl.toploc.matrix` (CPU engine float32; reference backend float32,
+bfloat16, float16; sdpa / eager; batch 1-64; every final-chunk length 1..32; hidden sizes 64
+and 128), each checked by three float32 validators and three in the worker's dtype (batch 1-64,
+left / right padding, sdpa / eager): ~12,000 chunks. One JSON line per (hidden size, worker):
+chunks, small chunks, files, files rejected and the largest honest value / threshold of every
+test; per chunk-token class (1, 2-3, 4-7, 8-15, 16-31, 32 tokens; small or not) the largest
+statistics; then the thresholds fitted on it (`calibrate_thresholds`) beside the defaults; then
+one line per (hidden, cheat, cheating worker): files rejected of files (files of 16
+completions of 65-96 tokens) and the weakest file's largest statistic / threshold. Exit status
+1 if an honest file is rejected, an honest statistic exceeds 70% of its threshold, or a cheat
+file passes.
 
-    PYTHONPATH=src python benchmarks/bench_calibration.py   # ~11,000 chunks
+    PYTHONPATH=src python benchmarks/bench_calibration.py   # ~12,000 chunks
     PYTHONPATH=src python benchmarks/bench_calibration.py --prompts 32 --hidden 64  # quick
 """
 
@@ -50,7 +50,10 @@ def _emit(obj: dict[str, Any]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hidden", type=int, nargs="+", default=[64, 128, 256])
+    ap.add_argument("--hidden", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--cheat-hidden", type=int, nargs="+", default=[128, 256],
+                    help="hidden sizes of the cheat table (at 64, int8 weights in float32 "
+                    "move the hidden states less than honest bfloat16 compute does)")
     ap.add_argument("--prompts", type=int, default=112, help="completions per worker setup")
     ap.add_argument("--file-rows", type=int, default=16, help="completions per rollout file")
     ap.add_argument("--cheat-prompts", type=int, default=32)
@@ -73,8 +76,6 @@ def main() -> int:
             work = prove(model, w, prompts, lengths, seed=hidden)
             ros: list[list[Any]] = []
             for v in MATRIX_VALIDATORS:
-                if v.dtype == "worker" and w.dtype == "float32" and v.batch_size == 64:
-                    continue  # fp32 workers: that one is a float32 validator again
                 ros += judge(model, v, w.dtype, prompts, work)
             fs = _files(ros, args.file_rows)
             rejected = sum(not verdict(f, th).accepted for f in fs)
@@ -114,7 +115,7 @@ def main() -> int:
                        if k.startswith(("max_", "small_"))},
            "s": round(time.time() - t0, 1)})
     missed = 0
-    for hidden in args.hidden:
+    for hidden in args.cheat_hidden:
         model = tiny_model(hidden)
         prompts = _prompts(args.cheat_prompts, model.config.vocab_size, 1000 + hidden)
         cl = [2 * chunk_len + 1 + i % chunk_len for i in range(args.cheat_prompts)]

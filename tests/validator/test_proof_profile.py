@@ -90,7 +90,7 @@ def test_cpu_engine_profile_rejects_a_cheat_the_calibrated_one_cannot_pool(engin
     assert "rollout: exponent mismatch rate" in d.reason
     # since issue #22 the calibrated profile pools 8 chunks too, its thresholds x sqrt(16 / 8)
     d = verify_file(engine, tok, bad, claim(bad), small, small.task.build(), loose)
-    assert d.stats["pooled_limits"]["mant_err_mean"] == pytest.approx(0.78 * 2**0.5)
+    assert d.stats["pooled_limits"]["mant_err_mean"] == pytest.approx(0.92 * 2**0.5)
     demo_bad = cheat_file(engine, model, tok, DEMO, mode)
     d = verify_file(engine, tok, demo_bad, claim(demo_bad), DEMO, DEMO.task.build(), loose)
     assert not d.accepted and d.stats["chunks"] == 128

@@ -69,8 +69,10 @@ MATRIX_WORKERS = (
 MATRIX_VALIDATORS = (
     MatrixValidator("fp32-b16", "float32", 16),
     MatrixValidator("fp32-b64-left-eager", "float32", 64, pad_left=True, attn="eager"),
+    MatrixValidator("fp32-b1", "float32", 1),
     MatrixValidator("own-b4-left-eager", "worker", 4, pad_left=True, attn="eager"),
     MatrixValidator("own-b64-left", "worker", 64, pad_left=True),
+    MatrixValidator("own-b16-eager", "worker", 16, attn="eager"),
 )
 
 

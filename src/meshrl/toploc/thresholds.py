@@ -79,10 +79,10 @@ class Thresholds(Config):
         0.048, description="rollout: mismatches / compared entries over all chunks"
     )
     max_pooled_mant_err_mean: float | None = Field(
-        0.78, description="rollout: mean |mantissa difference| over all matched entries"
+        0.92, description="rollout: mean |mantissa difference| over all matched entries"
     )
     max_pooled_mant_inexact_rate: float | None = Field(
-        0.68, description="rollout: fraction of matched entries whose mantissa differs"
+        0.75, description="rollout: fraction of matched entries whose mantissa differs"
     )
     min_pooled_chunks: int = Field(
         1, ge=1, description="pooled tests apply to rollouts with at least this many chunks"
@@ -177,7 +177,7 @@ def rollout_stats(results: Sequence[ChunkResult], topk: int = DEFAULT_TOPK,
     return RolloutStats(
         chunks=len(good),
         exp_mismatch_rate=sum(r.exp_mismatches for r in good)
-        / max(1, sum(r.n_compared or topk for r in good)),
+        / sum(_committed(r, topk) for r in good),
         mant_err_mean=err_sum / matched if matched else math.inf,
         mant_inexact_rate=1.0 - exact / matched if matched else 1.0,
     )
@@ -197,9 +197,14 @@ _SMALL_TESTS = (
 )
 
 
-def _stat(r: ChunkResult, stat: str) -> float:
+def _committed(r: ChunkResult, topk: int) -> int:
+    """Entries a chunk's proof commits to: topk, or all values of a chunk with fewer."""
+    return min(topk, r.n_values) if r.n_values else topk
+
+
+def _stat(r: ChunkResult, stat: str, topk: int = DEFAULT_TOPK) -> float:
     if stat == "exp_mismatch_rate":
-        return r.exp_mismatches / r.n_compared if r.n_compared else math.inf
+        return r.exp_mismatches / _committed(r, topk)
     return getattr(r, stat)
 _POOLED_TESTS = (
     ("exponent mismatch rate", "exp_mismatch_rate", "max_pooled_exp_mismatch_rate"),
@@ -221,7 +226,7 @@ def verdict(results: Sequence[ChunkResult],
             continue
         small = is_small(r, th)
         for name, stat, limit in _SMALL_TESTS if small else _CHUNK_TESTS:
-            value, bound = _stat(r, stat), getattr(th, limit)
+            value, bound = _stat(r, stat, th.topk), getattr(th, limit)
             if not value <= bound:  # NaN fails too
                 kind = f"small chunk ({r.n_values} values)" if small else "chunk"
                 reasons.append(f"{kind} {i}: {name} {value:.4g} > {bound:.4g}")
@@ -269,7 +274,8 @@ def threshold_ratios(
         values = [getattr(c, stat) for c in full]
         out[f"chunk.{stat}"] = _ratio(values, getattr(th, limit))
     for _, stat, limit in _SMALL_TESTS if small else ():
-        out[f"small.{stat}"] = _ratio([_stat(c, stat) for c in small], getattr(th, limit))
+        out[f"small.{stat}"] = _ratio([_stat(c, stat, th.topk) for c in small],
+                                      getattr(th, limit))
     pooled = [rollout_stats(ro, th.topk, th.small_chunk_ratio) for ro in rollouts]
     pooled = [p for p in pooled if p.chunks >= max(1, th.min_pooled_chunks)]
     for _, stat, limit in _POOLED_TESTS:
@@ -368,7 +374,7 @@ def calibrate_thresholds(
             fitted = math.ceil(max(fitted, max(values) + 1))
         th[f"max_{stat}"] = min(fitted, getattr(paper, f"max_{stat}"))
     for stat in SMALL_STATS if small else ():
-        values = [_stat(c, stat) for c in small]
+        values = [_stat(c, stat, topk) for c in small]
         fitted = _fit(values, per_chunk, chunk_margin, headroom)
         if stat in ("mant_err_median", "sign_mismatches"):
             fitted = math.ceil(max(fitted, max(values) + 1))
