@@ -44,6 +44,13 @@ SIZES = {  # Qwen2-0.5B's shape (random weights), and a CPU smoke size
 }
 
 
+CHEATS = {"int8": lambda m: perturb.quantize_weights(m, 8),
+          "int4": lambda m: perturb.quantize_weights(m, 4),
+          "layer_mlp_x1.1": lambda m: perturb.scale_layer_mlp(m, 1.1),
+          "noise_0.01": lambda m: perturb.noise_weights(m, 0.01),
+          "other_model": None}  # another random model of the same shape
+
+
 def _emit(obj: dict[str, Any]) -> None:
     print(json.dumps(obj), flush=True)
 
@@ -130,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--file-rows", type=int, default=8)
     ap.add_argument("--speed-batch", type=int, default=16)
     ap.add_argument("--speed-tokens", type=int, default=64)
+    ap.add_argument("--cheats", nargs="+", default=list(CHEATS), choices=list(CHEATS),
+                    help="cheat modes to validate (all by default)")
     args = ap.parse_args(argv)
     t0 = time.time()
     info = check_device(args.device, args.dtype)  # one-line DeviceError when it is not there
@@ -150,15 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         r = judge(model, prompts, honest, 11, args.file_rows, th)
         bad += r["files_rejected"]
         _emit({"honest": name, **r, "s": round(time.time() - t0, 1)})
-    cheats = {"int8": lambda m: perturb.quantize_weights(m, 8),
-              "int4": lambda m: perturb.quantize_weights(m, 4),
-              "layer_mlp_x1.1": lambda m: perturb.scale_layer_mlp(m, 1.1),
-              "noise_0.01": lambda m: perturb.noise_weights(m, 0.01),
-              "other_model": lambda m: build(args.size, seed=12345)}
     long = [64 + 1 + i % 32 for i in range(args.prompts)]  # files of real length
     missed = 0
-    for name, change in cheats.items():
-        cheat = place(change(base), args.device, args.dtype)
+    for name in args.cheats:
+        change = CHEATS[name]
+        cheat = place(change(base) if name != "other_model" else build(args.size, seed=12345),
+                      args.device, args.dtype)
         rows = work(cheat, prompts, long, seed=13)
         del cheat
         r = judge(gpu, prompts, rows, 13, args.file_rows, th)
