@@ -18,7 +18,8 @@ COMPUTE = '[{ backend = "engine" }, { backend = "reference", dtype = "bfloat16" 
 CONFIG = nu.short_network(
     "mixed", steps=4, checkpoint_every=2, top="max_minutes = 25",
     workers='honest = 2\ndishonest = 1\ncheat = { mode = "forge-rewards", after_step = 1 }\n'
-            f"compute = {COMPUTE}")
+            f"compute = {COMPUTE}",
+).replace("[pool]\n", '[pool]\nproof_profile = "any-hardware"\n')  # network.toml: cpu-engine
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +34,8 @@ def net(tmp_path_factory) -> Iterator[Path]:
 
 def test_both_precisions_honest_and_the_cheater_slashed(net) -> None:
     info, chain, ledger = nu.info(net), nu.chain(net), nu.ledger(net)
+    assert not [e for e in nu.events(net) if e["event"] == "retired"
+                and e["role"] != "cheater-0"]  # a bf16 worker refused by the profile retires
     evs = chain.events().poll()
     invalidated = [e for e in evs if e.name == "WorkInvalidated"]
     for name in ("worker-0", "worker-1"):
