@@ -73,22 +73,22 @@ def test_small_rollouts_are_pooled_against_widened_thresholds():
     sqrt(16 / n) where the mean of n chunks spreads more."""
     th = Thresholds()
     assert (th.min_pooled_chunks, th.pooled_full_chunks) == (1, 16)
-    assert pooled_limits(th, 16)["max_pooled_mant_err_mean"] == pytest.approx(0.92)
-    assert pooled_limits(th, 64)["max_pooled_mant_err_mean"] == pytest.approx(0.92)
-    assert pooled_limits(th, 4)["max_pooled_mant_err_mean"] == pytest.approx(1.84)
+    assert pooled_limits(th, 16)["max_pooled_mant_err_mean"] == pytest.approx(0.78)
+    assert pooled_limits(th, 64)["max_pooled_mant_err_mean"] == pytest.approx(0.78)
+    assert pooled_limits(th, 4)["max_pooled_mant_err_mean"] == pytest.approx(1.56)
     assert pooled_limits(th, 13)["max_pooled_exp_mismatch_rate"] == pytest.approx(
         0.048 * math.sqrt(16 / 13))
     assert pooled_limits(th.model_copy(update={"min_pooled_chunks": 5}), 4) == dict.fromkeys(
         ["max_pooled_exp_mismatch_rate", "max_pooled_mant_err_mean",
          "max_pooled_mant_inexact_rate"])
-    # 13 chunks of mantissa error mean 1.1 (each far below the chunk test's 3.0): rejected now
-    # (1.1 > 0.92 x 1.109 = 1.021), at 4 chunks passed (< 1.84)
-    off = [_chunk(1, 1.1, 1.0, 128, 60)]
+    # 13 chunks of mantissa error mean 0.9 (each far below the chunk test's 3.0): rejected now
+    # (0.9 > 0.78 x 1.109 = 0.8653), at 4 chunks passed (< 1.56)
+    off = [_chunk(1, 0.9, 1.0, 128, 60)]
     v = verdict(off * 13, th)
-    assert not v.accepted and "rollout: mantissa error mean 1.1 > 1.021 (13 chunks)" in v.reasons
+    assert not v.accepted and "rollout: mantissa error mean 0.9 > 0.8653 (13 chunks)" in v.reasons
     assert verdict(off * 4, th).accepted
     r = threshold_ratios([off * 4, off * 16], th)
-    assert r["pooled.mant_err_mean"] == pytest.approx(1.1 / 0.92)  # each against its own size
+    assert r["pooled.mant_err_mean"] == pytest.approx(0.9 / 0.78)  # each against its own size
 
 
 def test_threshold_ratios_hand_checked():

@@ -179,5 +179,5 @@ def test_weight_cheats_in_small_files_are_pooled(model, tok, engine, change):
         assert d.stats["chunks"] == rows and _hard(d, Check.TOPLOC), d.reason
     rules = bench.make_rules(32, 13, 1, ignore_eos=True)
     loose = _judge(engine, tok, bench.make_file(worker, tok, rules, 0), rules, LOOSE)
-    assert loose.stats["pooled_limits"]["mant_err_mean"] == pytest.approx(0.92 * (16 / 13) ** 0.5)
+    assert loose.stats["pooled_limits"]["mant_err_mean"] == pytest.approx(0.78 * (16 / 13) ** 0.5)
     assert _hard(loose, Check.TOPLOC) == (change == "layer_mlp_x1.1"), loose.reason

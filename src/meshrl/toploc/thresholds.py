@@ -79,7 +79,7 @@ class Thresholds(Config):
         0.048, description="rollout: mismatches / compared entries over all chunks"
     )
     max_pooled_mant_err_mean: float | None = Field(
-        0.92, description="rollout: mean |mantissa difference| over all matched entries"
+        0.78, description="rollout: mean |mantissa difference| over all matched entries"
     )
     max_pooled_mant_inexact_rate: float | None = Field(
         0.75, description="rollout: fraction of matched entries whose mantissa differs"
