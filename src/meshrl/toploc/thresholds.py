@@ -64,6 +64,12 @@ class Thresholds(Config):
     sqrt(pooled_full_chunks / n) (`pooled_limits`). `paper()` keeps the paper's per-chunk
     thresholds and no pooled tests: loose enough for any GPU and kernel, blind to those changes.
 
+    Issue #26: small last chunks (fewer than small_chunk_ratio x topk values) are judged by the
+    `max_small_*` tests (the paper's caps: their honest fits reach them) and left out of the
+    pooled statistics; the pooled inexact rate is 0.75 (was 0.68), so honest bfloat16 and
+    float16 work checked in float32 stays within 70% of every threshold on every engine
+    (benchmarks/bench_calibration.py: 11,520 chunks, largest share 0.68).
+
     The replay tolerances (sampling margin, top_p slack, inexact-token rate, log-prob difference
     and bias) are the "any-hardware" profile's: the largest honest bfloat16 value measured by
     benchmarks/bench_honest_margin.py times 2.4-10 (docs/roles.md, "Tolerances").
