@@ -170,13 +170,18 @@ def test_bad_activations():
     res = verify_proofs(nan, proofs)
     assert res[1].reason and "NaN" in res[1].reason and res[0].reason is None
     assert not verdict(res).accepted
-    with pytest.raises(ProofError, match="fewer than topk"):
-        build_proofs(_acts(tokens=1, hidden=64))  # one chunk: 1 token x 64 values < 128
-    with pytest.raises(ProofError, match="fewer than topk"):  # last chunk: 1 token
-        build_proofs(_acts(tokens=33, hidden=64))
-    two = build_proofs(_acts(tokens=32, hidden=64)) * 2
-    short = verify_proofs(_acts(tokens=33, hidden=64), two)
-    assert short[1].reason and "fewer than topk" in short[1].reason
+    # a chunk of fewer values than topk (1 token x 64) commits to all of them, same proof size
+    small = _acts(tokens=33, hidden=64)
+    proofs64 = build_proofs(small)
+    assert [len(p) for p in proofs64] == [258, 258] and proofs64[1][2 + 2 * 64:] == bytes(128)
+    res64 = verify_proofs(small, proofs64)
+    assert [(r.exp_mismatches, r.n_matched, r.n_exact, r.n_values) for r in res64] == \
+        [(0, 128, 128, 2048), (0, 64, 64, 64)]
+    moved = small.clone()
+    moved[32] *= 2.0  # every value of the 1-token chunk one exponent up
+    assert verify_proofs(moved, proofs64)[1].exp_mismatches == 64
+    two = build_proofs(_acts(tokens=32, hidden=64)) * 2  # a full chunk's proof for the short one
+    assert verify_proofs(small, two)[1].exp_mismatches > 32
     for bad in (torch.zeros(0, 64), torch.zeros(10), torch.zeros(4, 64, dtype=torch.int64), "x"):
         with pytest.raises(ProofError):
             build_proofs(bad)

@@ -88,9 +88,13 @@ def test_cpu_engine_profile_rejects_a_cheat_the_calibrated_one_cannot_pool(engin
         assert d.kind is VerdictKind.HARD_INVALID and Check.TOPLOC in d.checks, d.reason
     assert d.stats["chunks"] == 8 and d.stats["pooled"]["exp_mismatch_rate"] > 0.005
     assert "rollout: exponent mismatch rate" in d.reason
-    # since issue #22 the calibrated profile pools 8 chunks too, its thresholds x sqrt(16 / 8)
+    # since issue #22 the calibrated profile pools short files too, its thresholds x
+    # sqrt(16 / n); since issue #26 n counts the chunks of at least 8 x topk values only (a
+    # completion that ended early leaves a small chunk, judged apart)
     d = verify_file(engine, tok, bad, claim(bad), small, small.task.build(), loose)
-    assert d.stats["pooled_limits"]["mant_err_mean"] == pytest.approx(0.78 * 2**0.5)
+    full = sum(len(c.completion_tokens) >= 8 for c in bad.completions)
+    assert 1 <= full <= 8
+    assert d.stats["pooled_limits"]["mant_err_mean"] == pytest.approx(0.78 * (16 / full) ** 0.5)
     demo_bad = cheat_file(engine, model, tok, DEMO, mode)
     d = verify_file(engine, tok, demo_bad, claim(demo_bad), DEMO, DEMO.task.build(), loose)
     assert not d.accepted and d.stats["chunks"] == 128

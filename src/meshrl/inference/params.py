@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from meshrl.config import Config
 
-__all__ = ["EngineConfig", "ReferenceConfig", "SamplingParams"]
+__all__ = ["ComputeDtype", "DeviceName", "EngineConfig", "ReferenceConfig", "SamplingParams",
+           "check_compute"]
+
+# Where and in what precision a model role computes (worker, validator): the fast CPU engine is
+# `cpu` + `float32` only; the reference backend runs on any of them (`meshrl.inference.device`).
+DeviceName = Annotated[str, StringConstraints(pattern=r"^(cpu|cuda(:[0-9]{1,2})?)$")]
+ComputeDtype = Literal["float32", "bfloat16", "float16"]
+
+
+def check_compute(backend: str, device: str, dtype: str) -> None:
+    """The CPU engine computes on the CPU in float32: anything else needs the reference
+    backend (a one-line ValueError, raised at config load)."""
+    if backend == "engine" and dtype != "float32":
+        raise ValueError(f"dtype: the engine computes in float32; {dtype} needs backend = "
+                         "\"reference\"")
+    if backend == "engine" and device != "cpu":
+        raise ValueError(f"device: the engine runs on the CPU; {device} needs backend = "
+                         "\"reference\" (no GPU fast path yet: benchmarks/README.md)")
 
 
 class SamplingParams(Config):

@@ -6,8 +6,11 @@ one decode loop outside the fast engine: tests check `CPUEngine` against it toke
 is the fallback backend, and TOPLOC validators recompute with its `score` (its batching and
 padding, `ReferenceConfig`, vary the float noise the way honest validators do).
 
-It runs the model as given, in the model's dtype (a bf16 model gives bf16 hidden states), and
-shares that model: `load_weights` writes into it.
+It runs the model as given, on the model's device and in its dtype (a bf16 model gives bf16
+hidden states; `meshrl.inference.device.place` puts a model on `cpu` / `cuda:N` in float32,
+bfloat16 or float16), and shares that model: `load_weights` writes into it. Inputs go to the
+model's device, the sampler draws there (its noise is the same on every device), and results
+(tokens, log-probs, hidden states, logits) come back on the CPU, so callers never see a device.
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ from meshrl.inference.sampling import sample_tokens
 __all__ = ["ReferenceBackend"]
 
 
-def _pad(seqs: Sequence[list[int]], left: bool, width: int = 0) -> tuple[torch.Tensor, ...]:
-    """ids, attention mask and position ids [B, W] of `seqs` padded to at least `width`."""
+def _pad(seqs: Sequence[list[int]], left: bool, width: int = 0,
+         device: torch.device | None = None) -> tuple[torch.Tensor, ...]:
+    """ids, attention mask and position ids [B, W] of `seqs` padded to at least `width`, on
+    `device`."""
     width = max(width, max(len(s) for s in seqs))
     ids = torch.zeros(len(seqs), width, dtype=torch.int64)
     mask = torch.zeros(len(seqs), width, dtype=torch.int64)
@@ -43,6 +48,7 @@ def _pad(seqs: Sequence[list[int]], left: bool, width: int = 0) -> tuple[torch.T
         cols = slice(width - len(s), width) if left else slice(0, len(s))
         ids[i, cols] = torch.tensor(s, dtype=torch.int64)
         mask[i, cols] = 1
+    ids, mask = ids.to(device or "cpu"), mask.to(device or "cpu")
     return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
@@ -59,6 +65,8 @@ class ReferenceBackend(InferenceBackend):
         self.eos_token_id: int | None = self.eos_token_ids[0] if self.eos_token_ids else None
         self.vocab = self.vocab_size = int(model.config.vocab_size)
         self.max_seq_len = int(model.config.max_position_embeddings)
+        first = next(iter(model.parameters()), None)
+        self.device = first.device if first is not None else torch.device("cpu")
 
     # ---- weights ---------------------------------------------------------------------------
     def load_weights(self, source: str | Path | dict[str, torch.Tensor], version: int) -> None:
@@ -76,7 +84,7 @@ class ReferenceBackend(InferenceBackend):
         embed = source.get("model.embed_tokens.weight")  # the HF name in Qwen2 / Llama
         if head is not None and embed is not None and not torch.equal(head, embed):
             raise WeightLoadError("lm_head.weight differs from the embedding it is tied to")
-        with torch.no_grad():
+        with torch.no_grad():  # load_state_dict copies into the model's device and dtype
             self.model.load_state_dict(source, strict=False)
         self.version = int(version)
 
@@ -102,7 +110,7 @@ class ReferenceBackend(InferenceBackend):
     ) -> list[Completion]:
         n, want_hidden = len(prompts), p.return_hidden_states
         budget = [min(p.max_new_tokens, self.max_seq_len - len(x)) for x in prompts]
-        ids, mask, pos = _pad(prompts, left=True)
+        ids, mask, pos = _pad(prompts, left=True, device=self.device)
         res = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
                          output_hidden_states=want_hidden, logits_to_keep=1)
         rows = [_Row(prompts[i], seq_ids[i], budget[i]) for i in range(n)]
@@ -111,14 +119,14 @@ class ReferenceBackend(InferenceBackend):
             logits = res.logits[:, -1].float()
             tok = sample_tokens(logits, p.seed, seq_ids, [j] * n, p.temperature, p.top_p)
             lps = (logits / temp).log_softmax(-1).gather(1, tok[:, None])[:, 0].tolist()
-            hidden = res.hidden_states[-1][:, -1] if want_hidden else None
+            hidden = res.hidden_states[-1][:, -1].cpu() if want_hidden else None
             for i, (r, t) in enumerate(zip(rows, tok.tolist(), strict=True)):
                 if r.reason is None:
                     r.add(t, lps[i], None if hidden is None else hidden[i])
                     r.reason = self._finished(r, p)
             if all(r.reason is not None for r in rows):
                 break
-            mask = torch.cat([mask, torch.ones(n, 1, dtype=mask.dtype)], dim=1)
+            mask = torch.cat([mask, mask.new_ones(n, 1)], dim=1)
             pos = pos[:, -1:] + 1
             res = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos,
                              cache=res.cache, use_cache=True, output_hidden_states=want_hidden)
@@ -154,7 +162,7 @@ class ReferenceBackend(InferenceBackend):
         for lo in range(0, len(prompts), step):
             ps, cs = prompts[lo : lo + step], comps[lo : lo + step]
             seqs = [p + c for p, c in zip(ps, cs, strict=True)]
-            ids, mask, pos = _pad(seqs, left, self.cfg.score_pad_to)
+            ids, mask, pos = _pad(seqs, left, self.cfg.score_pad_to, self.device)
             res = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
                              output_hidden_states=return_hidden_states)
             for i, (p, c) in enumerate(zip(ps, cs, strict=True)):
@@ -162,10 +170,12 @@ class ReferenceBackend(InferenceBackend):
                 start = (ids.shape[1] - len(seqs[i]) if left else 0) + len(p) - 1
                 cols = slice(start, start + len(c))
                 logits = res.logits[i, cols].float()
-                target = torch.tensor(c, dtype=torch.int64)[:, None]
-                lp = (logits / temp).log_softmax(-1).gather(1, target)[:, 0]
-                hidden = res.hidden_states[-1][i, cols].clone() if return_hidden_states else None
-                out.append(ScoreResult(lp, hidden, logits.clone() if return_logits else None))
+                target = torch.tensor(c, dtype=torch.int64, device=logits.device)[:, None]
+                lp = (logits / temp).log_softmax(-1).gather(1, target)[:, 0].cpu()
+                hidden = res.hidden_states[-1][i, cols].cpu().clone() \
+                    if return_hidden_states else None
+                out.append(ScoreResult(lp, hidden, logits.cpu().clone() if return_logits
+                                       else None))
         return out
 
 

@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from meshrl.config import Config
 from meshrl.pool import PROFILE_FIELD, PROMPT_FORMAT_FIELD, PromptFormat, ProofProfile, RulesSpec
 from meshrl.protocol.config import ProtocolParams
+from meshrl.worker.config import WorkerCompute
 
 __all__ = ["CheatSpec", "NetworkConfig", "PoolSpec", "ThreadsConfig", "ValidatorsSpec",
            "WorkersSpec"]
@@ -43,6 +44,11 @@ class WorkersSpec(Config):
     cheat: CheatSpec = CheatSpec()
     poll_interval: float = Field(0.25, gt=0, description="seconds between work-order polls")
     heartbeat_interval: float = Field(2.0, gt=0, description="seconds between heartbeats")
+    compute: list[WorkerCompute] = Field(
+        default_factory=list, description="per worker, in order (the honest ones, then the "
+        "dishonest): its backend, device and dtype, e.g. [{backend = \"engine\"}, "
+        "{backend = \"reference\", dtype = \"bfloat16\"}] for a mixed-precision pool; "
+        "workers past the list use the worker defaults (CPU engine, float32)")
 
 
 class ValidatorsSpec(Config):

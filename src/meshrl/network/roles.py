@@ -269,7 +269,9 @@ def _validator(lay: Layout, keys: DevKeys, pool_id: int, servers: list[str],
 def _worker(lay: Layout, name: str, index: int, dishonest: bool, pool_id: int) -> RoleSpec:
     cfg = lay.cfg
     cheat = cfg.workers.cheat.model_dump() if dishonest else {"mode": "none"}
-    path = write_toml(lay.config_path(name), {
+    per_worker = cfg.workers.compute  # index: the worker's place, honest ones first
+    compute = per_worker[index].model_dump() if index < len(per_worker) else {}
+    path = write_toml(lay.config_path(name), {**compute,
         "pool_id": pool_id, "orchestrator_url": lay.orchestrator_url,
         "discovery_url": lay.discovery_url, "work_dir": str(lay.root / "workers" / name),
         "poll_interval": cfg.workers.poll_interval,

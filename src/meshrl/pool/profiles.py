@@ -5,8 +5,10 @@ calibrated defaults of `meshrl.toploc.Thresholds` (docs/toploc.md), so this pack
 torch-free and the calibration stays in `toploc`.
 
 - "any-hardware": the calibrated `Thresholds()`, honest on any engine, kernel and precision the
-  calibration covered; replay tolerances wide enough for bfloat16 workers (sampling margin
-  0.01, top_p slack 0.04, log-probs 0.02 per token), pooled TOPLOC tests from 1 chunk on,
+  calibration covered (float32, bfloat16 and float16 compute, CPU engine and reference backend,
+  small last chunks judged apart: benchmarks/bench_calibration.py); replay tolerances wide
+  enough for bfloat16 workers (sampling margin 0.01, top_p slack 0.04, log-probs 0.02 per
+  token), pooled TOPLOC tests from 1 chunk on,
   widened by sqrt(16 / n) below 16 chunks.
 - "meshrl-cpu-engine": the same per-chunk tests, much tighter pooled tests from 1 chunk on and
   replay tolerances of 1e-4 (log-probs 1e-3). fp32 compute rounded to bf16 hidden states is
@@ -37,7 +39,7 @@ class ProfileSpec:
 
     name: str
     thresholds: dict[str, float | int] = field(default_factory=dict)
-    dtypes: tuple[str, ...] = ("float32", "bfloat16")  # worker compute it judges fairly
+    dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")  # compute it judges fairly
 
 
 PROFILES: dict[str, ProfileSpec] = {

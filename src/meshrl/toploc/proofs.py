@@ -20,6 +20,9 @@ Departures, all on purpose and none visible on the wire:
   ignores the sign), and the verdict bounds them.
 - Bad input never crashes and never passes: `verify_proofs` returns a `ChunkResult` with a
   `reason` for a malformed proof, a missing or extra proof, a short chunk or non-finite values.
+- A chunk with fewer values than `topk` (a 1-token last chunk at hidden size 64) commits to
+  all of its n values: the polynomial through those n points, its coefficients above degree
+  n - 1 zero, so the proof keeps its 2 + 2 * topk bytes (the reference refuses such a chunk).
 - Everything is vectorised over chunks (see `gf.py`) and runs on one thread (`proof_threads`).
 """
 
@@ -74,6 +77,8 @@ class ChunkResult:
     the reference's statistics, value for value.
     sign_mismatches: exponent-matched entries whose sign differs (not in the reference).
     reason: why the chunk could not be checked at all (malformed proof, ...); None otherwise.
+    n_values: values in the chunk (tokens x hidden; 0: not recorded); a chunk with few values
+    per committed entry is judged by the small-chunk thresholds (`meshrl.toploc.thresholds`).
     """
 
     exp_mismatches: int
@@ -83,6 +88,12 @@ class ChunkResult:
     n_exact: int = 0
     reason: str | None = None
     sign_mismatches: int = 0
+    n_values: int = 0
+
+    @property
+    def n_compared(self) -> int:
+        """Committed entries compared (matched + exponent mismatches)."""
+        return self.n_matched + max(self.exp_mismatches, 0)
 
 
 def to_bf16_bits(activations: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -129,7 +140,7 @@ def _select(flat: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
     `chunk.abs().topk(k)`, so ties at the k-th magnitude resolve to the same indices (the tie
     rule of docs/toploc.md; bytes pinned against the reference's vectors by the tests).
     """
-    idx = (flat & 0x7FFF).topk(topk, dim=-1).indices
+    idx = (flat & 0x7FFF).topk(min(topk, flat.shape[-1]), dim=-1).indices
     return idx, flat.gather(-1, idx).to(torch.int64) & 0xFFFF
 
 
@@ -157,7 +168,9 @@ def find_moduli(idx: torch.Tensor) -> torch.Tensor:
     return moduli
 
 
-def _encode(moduli: torch.Tensor, coeffs: torch.Tensor) -> list[bytes]:
+def _encode(moduli: torch.Tensor, coeffs: torch.Tensor, topk: int) -> list[bytes]:
+    if coeffs.shape[-1] < topk:  # a chunk of fewer values: higher coefficients are zero
+        coeffs = torch.nn.functional.pad(coeffs, (0, topk - coeffs.shape[-1]))
     rows = torch.cat([moduli.unsqueeze(-1), coeffs], dim=-1).numpy().astype(">u2")
     return [row.tobytes() for row in rows]
 
@@ -193,8 +206,8 @@ def build_proofs(
 ) -> list[bytes]:
     """One proof (2 + 2 * topk bytes) per chunk of activations [tokens, H] (see `chunk_lengths`).
 
-    Raises ProofError on anything that cannot be committed to honestly: no tokens, non-finite
-    values, or a chunk with fewer than `topk` values.
+    Raises ProofError on anything that cannot be committed to honestly: no tokens or
+    non-finite values. A chunk of fewer than `topk` values commits to all of them.
     """
     _check_inputs(chunk_size, topk)
     bits = to_bf16_bits(activations)
@@ -203,14 +216,12 @@ def build_proofs(
     proofs: list[bytes] = []
     with proof_threads():
         for flat in _chunk_bits(bits, chunk_size):
-            if flat.shape[-1] < topk:
-                raise ProofError(f"a chunk has {flat.shape[-1]} values, fewer than topk={topk}")
             idx, vals = _select(flat, topk)
             if _nonfinite(vals).any():  # NaN / inf outrank every finite |value|: no full scan
                 raise ProofError("activations contain NaN or inf")
             moduli = find_moduli(idx)
             coeffs = gf.interpolate(idx % moduli.unsqueeze(-1), vals)
-            proofs.extend(_encode(moduli, coeffs))
+            proofs.extend(_encode(moduli, coeffs, topk))
     return proofs
 
 
@@ -261,26 +272,30 @@ def _failed(reason: str) -> ChunkResult:
                        reason=reason)
 
 
-def _compare(own: torch.Tensor, claimed: torch.Tensor) -> list[ChunkResult]:
+def _compare(own: torch.Tensor, claimed: torch.Tensor, valid: torch.Tensor,
+             n_values: list[int]) -> list[ChunkResult]:
     """Per-row statistics of claimed vs recomputed bf16 bit patterns, both [C, k], as the
     reference computes them: exponent bits compared, |mantissa difference| over the entries
-    whose exponents agree, mean and upper median (the element at n // 2 when sorted)."""
-    mismatch = ((own ^ claimed) & _EXP_MASK) != 0
-    sign = (((own ^ claimed) & 0x8000) != 0) & ~mismatch
+    whose exponents agree, mean and upper median (the element at n // 2 when sorted).
+    `valid` [C, k] marks the committed entries (all but the padding of a chunk of fewer than
+    k values); `n_values` is each chunk's value count."""
+    mismatch = (((own ^ claimed) & _EXP_MASK) != 0) & valid
+    matched = ~mismatch & valid
+    sign = (((own ^ claimed) & 0x8000) != 0) & matched
     err = ((own & 0x7F) - (claimed & 0x7F)).abs()
-    n = (~mismatch).sum(-1)
-    exact = ((err == 0) & ~mismatch).sum(-1)
-    total = err.masked_fill(mismatch, 0).sum(-1)
-    ranked = err.masked_fill(mismatch, 1 << 8).sort(-1).values  # mismatches sort last
+    n = matched.sum(-1)
+    exact = ((err == 0) & matched).sum(-1)
+    total = err.masked_fill(~matched, 0).sum(-1)
+    ranked = err.masked_fill(~matched, 1 << 8).sort(-1).values  # mismatches sort last
     median = ranked.gather(-1, (n // 2).clamp(max=own.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
     out = []
     rows = zip(mismatch.sum(-1).tolist(), total.tolist(), median.tolist(), n.tolist(),
-               exact.tolist(), sign.sum(-1).tolist(), strict=True)
-    for m, t, med, c, z, sg in rows:
+               exact.tolist(), sign.sum(-1).tolist(), n_values, strict=True)
+    for m, t, med, c, z, sg, nv in rows:
         if c == 0:
-            out.append(ChunkResult(m, math.inf, math.inf, 0, 0, sign_mismatches=sg))
+            out.append(ChunkResult(m, math.inf, math.inf, 0, 0, sign_mismatches=sg, n_values=nv))
         else:
-            out.append(ChunkResult(m, t / c, float(med), c, z, sign_mismatches=sg))
+            out.append(ChunkResult(m, t / c, float(med), c, z, sign_mismatches=sg, n_values=nv))
     return out
 
 
@@ -308,30 +323,32 @@ def verify_proofs(
         results[i] = _failed(f"chunk {i} has no proof: {len(proofs)} proofs for {n_chunks} chunks")
     moduli, coeffs, reasons = _decode_all(list(proofs[:n_chunks]), topk)
     with proof_threads():
-        chunk_ids, own, claimed = _recompute_claims(bits, chunk_size, topk, moduli, coeffs,
-                                                    reasons, results)
+        chunk_ids, own, claimed, valid, sizes = _recompute_claims(
+            bits, chunk_size, topk, moduli, coeffs, reasons, results)
         if chunk_ids:  # one comparison for every checkable chunk
-            for i, res in zip(chunk_ids, _compare(own, claimed), strict=True):
+            for i, res in zip(chunk_ids, _compare(own, claimed, valid, sizes), strict=True):
                 results[i] = res
     return results  # type: ignore[return-value]
 
 
 def _recompute_claims(bits, chunk_size, topk, moduli, coeffs, reasons, results):
     """Own top-k of every chunk that has a well-formed proof, and the proof's values there:
-    (chunk ids, own bit patterns [n, k], claimed bit patterns [n, k]); other chunks get their
-    failure written into `results`."""
+    (chunk ids, own bit patterns [n, k], claimed bit patterns [n, k], committed-entry mask
+    [n, k], values per chunk); other chunks get their failure written into `results`. A chunk
+    of fewer than k values is padded (index 0, masked out)."""
     n_proofs = len(reasons)
-    start, chunk_ids, picked, values = 0, [], [], []
+    start, chunk_ids, picked, values, masks, sizes = 0, [], [], [], [], []
     for flat in _chunk_bits(bits, chunk_size):
         ids = list(range(start, min(start + flat.shape[0], n_proofs)))
         start += flat.shape[0]
         if not ids:
             continue
-        if flat.shape[-1] < topk:
-            for i in ids:
-                results[i] = _failed(f"chunk {i} has {flat.shape[-1]} values, fewer than topk")
-            continue
         idx, own = _select(flat[: len(ids)], topk)
+        mask = torch.ones(idx.shape[0], topk, dtype=torch.bool)
+        if idx.shape[-1] < topk:
+            mask[:, idx.shape[-1]:] = False
+            pad = (0, topk - idx.shape[-1])
+            idx, own = torch.nn.functional.pad(idx, pad), torch.nn.functional.pad(own, pad)
         bad_values = _nonfinite(own).any(-1).tolist()
         good = []
         for row, i in enumerate(ids):
@@ -345,8 +362,10 @@ def _recompute_claims(bits, chunk_size, topk, moduli, coeffs, reasons, results):
         chunk_ids += [ids[row] for row in good]
         picked.append(idx[rows])
         values.append(own[rows])
+        masks.append(mask[rows])
+        sizes += [flat.shape[-1]] * len(good)
     if not chunk_ids:
-        return chunk_ids, None, None
+        return chunk_ids, None, None, None, sizes
     xs = torch.cat(picked) % torch.from_numpy(moduli[chunk_ids]).unsqueeze(-1)
     claimed = gf.evaluate(torch.from_numpy(coeffs[chunk_ids]), xs)
-    return chunk_ids, torch.cat(values), claimed
+    return chunk_ids, torch.cat(values), claimed, torch.cat(masks), sizes

@@ -33,6 +33,7 @@ __all__ = [
     "RolloutStats",
     "Thresholds",
     "calibrate_thresholds",
+    "is_small",
     "pooled_limits",
     "rollout_stats",
     "tail_threshold",
@@ -43,6 +44,8 @@ __all__ = [
 # per-chunk statistics and pooled (rollout) statistics, each with a `max_...` threshold below
 CHUNK_STATS = ("exp_mismatches", "mant_err_mean", "mant_err_median", "sign_mismatches")
 POOLED_STATS = ("exp_mismatch_rate", "mant_err_mean", "mant_inexact_rate")
+# statistics of a small chunk (fewer than small_chunk_ratio x topk values), each `max_small_...`
+SMALL_STATS = ("exp_mismatch_rate", "mant_err_mean", "mant_err_median", "sign_mismatches")
 HEADROOM = 0.7  # calibrated thresholds keep every honest statistic at most this share of them
 
 
@@ -60,6 +63,12 @@ class Thresholds(Config):
     mean). Shorter rollouts are pooled too, against thresholds widened by
     sqrt(pooled_full_chunks / n) (`pooled_limits`). `paper()` keeps the paper's per-chunk
     thresholds and no pooled tests: loose enough for any GPU and kernel, blind to those changes.
+
+    Issue #26: small last chunks (fewer than small_chunk_ratio x topk values) are judged by the
+    `max_small_*` tests (the paper's caps: their honest fits reach them) and left out of the
+    pooled statistics; the pooled inexact rate is 0.75 (was 0.68), so honest bfloat16 and
+    float16 work checked in float32 stays within 70% of every threshold on every engine
+    (benchmarks/bench_calibration.py: 11,520 chunks, largest share 0.68).
 
     The replay tolerances (sampling margin, top_p slack, inexact-token rate, log-prob difference
     and bias) are the "any-hardware" profile's: the largest honest bfloat16 value measured by
@@ -79,7 +88,7 @@ class Thresholds(Config):
         0.78, description="rollout: mean |mantissa difference| over all matched entries"
     )
     max_pooled_mant_inexact_rate: float | None = Field(
-        0.68, description="rollout: fraction of matched entries whose mantissa differs"
+        0.75, description="rollout: fraction of matched entries whose mantissa differs"
     )
     min_pooled_chunks: int = Field(
         1, ge=1, description="pooled tests apply to rollouts with at least this many chunks"
@@ -89,6 +98,20 @@ class Thresholds(Config):
         "rollout of n fewer gets each widened by sqrt(pooled_full_chunks / n)"
     )
     topk: int = Field(DEFAULT_TOPK, description="entries committed per chunk")
+    # Small chunks: a short last chunk (1 token at hidden size 128 is 128 values) commits to a
+    # large share of its values, near-zero ones included, whose bf16 / fp16 rounding noise is
+    # large relative to them. Such a chunk is judged only by the small-chunk tests below,
+    # calibrated on small chunks, and left out of the pooled statistics.
+    small_chunk_ratio: float = Field(
+        8.0, ge=0, description="a chunk of fewer than this x topk values is small (0: none)")
+    max_small_exp_mismatch_rate: float = Field(
+        0.3, ge=0, description="small chunk: exponent mismatches / committed entries")
+    max_small_mant_err_mean: float = Field(
+        10.0, ge=0, description="small chunk: mean |mantissa difference|")
+    max_small_mant_err_median: float = Field(
+        8.0, ge=0, description="small chunk: median |mantissa difference|")
+    max_small_sign_mismatches: int = Field(
+        4, ge=0, description="small chunk: sign flips among exponent-matched entries")
     # Replay tolerances beside the proof: the validator's replay (`meshrl.validator.replay`)
     # applies them. They live here so that a proof profile names every limit of honest noise.
     max_sampling_margin: float = Field(
@@ -140,10 +163,18 @@ class ProofVerdict:
     stats: RolloutStats | None = None
 
 
-def rollout_stats(results: Sequence[ChunkResult], topk: int = DEFAULT_TOPK) -> RolloutStats:
+def is_small(result: ChunkResult, th: Thresholds) -> bool:
+    """Whether `result` is a small chunk: fewer than th.small_chunk_ratio x topk values."""
+    return 0 < result.n_values < th.small_chunk_ratio * th.topk
+
+
+def rollout_stats(results: Sequence[ChunkResult], topk: int = DEFAULT_TOPK,
+                  small_chunk_ratio: float = 0.0) -> RolloutStats:
     """Pool the chunks of a rollout: mismatch rate, matched-entry mantissa error mean and the
-    fraction of matched entries whose mantissa is not exact (chunks with a `reason` skipped)."""
-    good = [r for r in results if r.reason is None]
+    fraction of matched entries whose mantissa is not exact (chunks with a `reason` skipped,
+    and small chunks: fewer than small_chunk_ratio x topk values)."""
+    good = [r for r in results if r.reason is None
+            and not 0 < r.n_values < small_chunk_ratio * topk]
     if not good:
         return RolloutStats(0, math.nan, math.nan, math.nan)
     matched = sum(r.n_matched for r in good)
@@ -151,7 +182,8 @@ def rollout_stats(results: Sequence[ChunkResult], topk: int = DEFAULT_TOPK) -> R
     exact = sum(r.n_exact for r in good)
     return RolloutStats(
         chunks=len(good),
-        exp_mismatch_rate=sum(r.exp_mismatches for r in good) / (topk * len(good)),
+        exp_mismatch_rate=sum(r.exp_mismatches for r in good)
+        / sum(_committed(r, topk) for r in good),
         mant_err_mean=err_sum / matched if matched else math.inf,
         mant_inexact_rate=1.0 - exact / matched if matched else 1.0,
     )
@@ -163,6 +195,23 @@ _CHUNK_TESTS = (
     ("mantissa error median", "mant_err_median", "max_mant_err_median"),
     ("sign mismatches", "sign_mismatches", "max_sign_mismatches"),
 )
+_SMALL_TESTS = (
+    ("exponent mismatch rate", "exp_mismatch_rate", "max_small_exp_mismatch_rate"),
+    ("mantissa error mean", "mant_err_mean", "max_small_mant_err_mean"),
+    ("mantissa error median", "mant_err_median", "max_small_mant_err_median"),
+    ("sign mismatches", "sign_mismatches", "max_small_sign_mismatches"),
+)
+
+
+def _committed(r: ChunkResult, topk: int) -> int:
+    """Entries a chunk's proof commits to: topk, or all values of a chunk with fewer."""
+    return min(topk, r.n_values) if r.n_values else topk
+
+
+def _stat(r: ChunkResult, stat: str, topk: int = DEFAULT_TOPK) -> float:
+    if stat == "exp_mismatch_rate":
+        return r.exp_mismatches / _committed(r, topk)
+    return getattr(r, stat)
 _POOLED_TESTS = (
     ("exponent mismatch rate", "exp_mismatch_rate", "max_pooled_exp_mismatch_rate"),
     ("mantissa error mean", "mant_err_mean", "max_pooled_mant_err_mean"),
@@ -181,11 +230,13 @@ def verdict(results: Sequence[ChunkResult],
         if r.reason is not None:
             reasons.append(r.reason)
             continue
-        for name, stat, limit in _CHUNK_TESTS:
-            value, bound = getattr(r, stat), getattr(th, limit)
+        small = is_small(r, th)
+        for name, stat, limit in _SMALL_TESTS if small else _CHUNK_TESTS:
+            value, bound = _stat(r, stat, th.topk), getattr(th, limit)
             if not value <= bound:  # NaN fails too
-                reasons.append(f"chunk {i}: {name} {value:.4g} > {bound:.4g}")
-    stats = rollout_stats(results, th.topk)
+                kind = f"small chunk ({r.n_values} values)" if small else "chunk"
+                reasons.append(f"{kind} {i}: {name} {value:.4g} > {bound:.4g}")
+    stats = rollout_stats(results, th.topk, th.small_chunk_ratio)
     if not reasons:
         for name, stat, limit in _POOLED_TESTS:
             value, bound = getattr(stats, stat), pooled_limits(th, stats.chunks)[limit]
@@ -222,11 +273,16 @@ def threshold_ratios(
     the rollouts long enough for them): how close honest work comes to rejection."""
     th = thresholds
     chunks = [c for ro in rollouts for c in ro if c.reason is None]
+    small = [c for c in chunks if is_small(c, th)]
+    full = [c for c in chunks if not is_small(c, th)]
     out = {}
     for _, stat, limit in _CHUNK_TESTS:
-        values = [getattr(c, stat) for c in chunks]
+        values = [getattr(c, stat) for c in full]
         out[f"chunk.{stat}"] = _ratio(values, getattr(th, limit))
-    pooled = [rollout_stats(ro, th.topk) for ro in rollouts]
+    for _, stat, limit in _SMALL_TESTS if small else ():
+        out[f"small.{stat}"] = _ratio([_stat(c, stat, th.topk) for c in small],
+                                      getattr(th, limit))
+    pooled = [rollout_stats(ro, th.topk, th.small_chunk_ratio) for ro in rollouts]
     pooled = [p for p in pooled if p.chunks >= max(1, th.min_pooled_chunks)]
     for _, stat, limit in _POOLED_TESTS:
         if getattr(th, limit) is not None and pooled:  # each against the bound of its size
@@ -286,6 +342,7 @@ def calibrate_thresholds(
     chunk_margin: float = 3.0,
     pooled_margin: float = 2.0,
     headroom: float = HEADROOM,
+    small_chunk_ratio: float = 0.0,
 ) -> Thresholds:
     """Thresholds that reject an honest rollout with probability about `fpr`, and sit at least
     1 / headroom above every honest value seen.
@@ -299,8 +356,15 @@ def calibrate_thresholds(
     statistics average hundreds of entries, are tight, and carry the sensitive tests with
     `pooled_margin`. Per-chunk thresholds are capped at the paper's; the sign test keeps its
     default (honest work flips no sign: only an uncommitted index can, by chance).
+
+    With `small_chunk_ratio` > 0, small chunks (fewer than that x topk values) are fitted apart:
+    the small-chunk tests on them alone (capped at the paper's per-chunk values, as a rate for
+    the mismatches), the per-chunk and pooled tests on the other chunks.
     """
-    chunks = [r for ro in honest_rollouts for r in ro if r.reason is None]
+    base = Thresholds(small_chunk_ratio=small_chunk_ratio, topk=topk)
+    every = [r for ro in honest_rollouts for r in ro if r.reason is None]
+    chunks = [r for r in every if not is_small(r, base)]
+    small = [r for r in every if is_small(r, base)]
     if not chunks:
         raise ValueError("no honest chunks to calibrate on")
     if chunks_per_rollout is None:
@@ -315,7 +379,13 @@ def calibrate_thresholds(
         if stat != "mant_err_mean":  # integer-valued: the next integer, at least max + 1
             fitted = math.ceil(max(fitted, max(values) + 1))
         th[f"max_{stat}"] = min(fitted, getattr(paper, f"max_{stat}"))
-    pooled = [rollout_stats(ro, topk) for ro in honest_rollouts]
+    for stat in SMALL_STATS if small else ():
+        values = [_stat(c, stat, topk) for c in small]
+        fitted = _fit(values, per_chunk, chunk_margin, headroom)
+        if stat in ("mant_err_median", "sign_mismatches"):
+            fitted = math.ceil(max(fitted, max(values) + 1))
+        th[f"max_small_{stat}"] = min(fitted, getattr(paper, f"max_small_{stat}"))
+    pooled = [rollout_stats(ro, topk, small_chunk_ratio) for ro in honest_rollouts]
     pooled = [p for p in pooled if p.chunks >= min_pooled_chunks]
     for stat in POOLED_STATS:
         th[f"max_pooled_{stat}"] = (
@@ -324,4 +394,4 @@ def calibrate_thresholds(
         )
     # fitted on rollouts of min_pooled_chunks or more: they hold as fitted from that size on
     return Thresholds(**th, topk=topk, min_pooled_chunks=min_pooled_chunks,
-                      pooled_full_chunks=min_pooled_chunks)
+                      pooled_full_chunks=min_pooled_chunks, small_chunk_ratio=small_chunk_ratio)

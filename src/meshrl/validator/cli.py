@@ -13,12 +13,17 @@ def _validator(cfg: ValidatorConfig) -> int:
     import asyncio
 
     from meshrl.config import EXIT_REFUSED, CommandError
+    from meshrl.inference.device import DeviceError, check_device
     from meshrl.pool import PoolRulesError
     from meshrl.protocol.errors import ChainError
     from meshrl.protocol.local import connect
     from meshrl.validator.keys import ValidatorKeyError, load_validator_key
     from meshrl.validator.node import ValidatorNode
 
+    try:
+        check_device(cfg.device, cfg.dtype)  # before anything: a device it lacks is refused
+    except DeviceError as e:
+        raise CommandError(str(e), EXIT_REFUSED) from None
     try:
         account = load_validator_key(cfg.keys, connect(cfg.chain).chain_id)
         return asyncio.run(ValidatorNode(cfg, account).run())

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from meshrl.config import Config
-from meshrl.inference.params import EngineConfig
+from meshrl.inference.params import ComputeDtype, DeviceName, EngineConfig, check_compute
 from meshrl.pool.rules import RulesPins
 from meshrl.protocol.config import ChainConfig
 from meshrl.validator.policy import RetryConfig
@@ -75,6 +75,11 @@ class ValidatorKeysConfig(Config):
 class ValidatorConfig(Config):
     """`meshrl validator`: judge every file submitted to a pool; accept, or invalidate."""
 
+    @model_validator(mode="after")
+    def _compute(self) -> ValidatorConfig:
+        check_compute(self.backend, self.device, self.dtype)
+        return self
+
     pool_id: int = Field(1, ge=1, description="compute pool to validate")
     orchestrator_url: str = Field("http://127.0.0.1:8600", description="the pool's orchestrator")
     work_dir: str = Field("runs/validator", description="state (block cursor) and policies")
@@ -96,6 +101,13 @@ class ValidatorConfig(Config):
                              "published rules)")
     share: ShareConfig = ShareConfig()
     rogue: RogueConfig = RogueConfig()
+    backend: Literal["engine", "reference"] = Field(
+        "engine", description="recomputation backend: meshrl's CPU engine ([engine], cpu and "
+        "float32 only) or the naive Hugging Face loop on `device` in `dtype`")
+    device: DeviceName = Field("cpu", description="where the recomputation (one prefill per "
+                               "file, TOPLOC and the sampling replay) runs: cpu, cuda, cuda:N")
+    dtype: ComputeDtype = Field("float32", description="compute dtype of the recomputation: "
+                                "float32, bfloat16 or float16 (the engine: float32)")
     engine: EngineConfig = EngineConfig()
     retry: RetryConfig = RetryConfig()
     replay: dict[str, Any] = Field(default_factory=dict, description="ReplayConfig overrides "

@@ -52,7 +52,8 @@ class Judge:
         self.limits = file_limits(rules)  # what a file of this pool may hold, checked first
         self.replay = replay_config(cfg, rules)
         self.models = ModelCache(cfg.work_dir, cfg.model_dir, cfg.shardcast_servers, cfg.engine,
-                                 signer=rules.policy_signer)
+                                 signer=rules.policy_signer, backend=cfg.backend,
+                                 device=cfg.device, dtype=cfg.dtype)
 
     async def judge(self, jobs: list[Job]) -> list[Decision | Unjudged]:
         outs: list[Decision | Unjudged | None] = [None] * len(jobs)

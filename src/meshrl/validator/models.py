@@ -27,7 +27,8 @@ class VersionUnavailable(RuntimeError):
 class ModelCache:
     def __init__(self, work_dir: str | Path, model_dir: str, servers: list[str],
                  engine: EngineConfig, keep: int = 3, fetch_timeout: float = 30.0,
-                 signer: str | None = None, sync_timeout: float = 120.0) -> None:
+                 signer: str | None = None, sync_timeout: float = 120.0,
+                 backend: str = "engine", device: str = "cpu", dtype: str = "float32") -> None:
         if servers and signer is None:
             raise PoolRulesError("refusing to fetch policy versions: the pool's rules name no "
                                  "policy_signer, so no version can be authenticated")
@@ -36,6 +37,7 @@ class ModelCache:
         self.model_dir, self.servers, self.engine_cfg = model_dir, servers, engine
         self.keep, self.fetch_timeout = keep, fetch_timeout
         self.sync_timeout = sync_timeout  # the most one version's fetch may take in all
+        self.backend, self.device, self.dtype = backend, device, dtype
         self.engines: OrderedDict[int, Any] = OrderedDict()
         self.tokenizer: Any = None
         self.loads = 0
@@ -74,13 +76,17 @@ class ModelCache:
             raise VersionUnavailable(f"policy version {version}: {e}") from e
 
     def _load(self, path: Path, version: int) -> Any:
-        from meshrl.inference import engine_or_reference
+        from meshrl.inference import ReferenceBackend, engine_or_reference
+        from meshrl.inference.device import place
         from meshrl.model import load_model, load_tokenizer
 
         model = load_model(path)
         if self.tokenizer is None:
             self.tokenizer = load_tokenizer(path)
+        self.loads += 1
+        if self.backend == "reference":  # on `device` in `dtype` (checked: DeviceError)
+            return ReferenceBackend(place(model, self.device, self.dtype), self.tokenizer,
+                                    version=version)
         # the reference backend where the fast engine cannot run the model (reason logged)
         engine = engine_or_reference(model, self.tokenizer, self.engine_cfg, version=version)
-        self.loads += 1
         return engine

@@ -7,7 +7,13 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from meshrl.config import Config
-from meshrl.inference.params import EngineConfig, ReferenceConfig
+from meshrl.inference.params import (
+    ComputeDtype,
+    DeviceName,
+    EngineConfig,
+    ReferenceConfig,
+    check_compute,
+)
 from meshrl.pool.rules import RulesPins
 from meshrl.protocol.config import ChainConfig
 
@@ -18,6 +24,7 @@ __all__ = [
     "JoinConfig",
     "KeysConfig",
     "OnboardConfig",
+    "WorkerCompute",
     "WorkerConfig",
 ]
 
@@ -73,6 +80,20 @@ class CheatConfig(Config):
                            "the next one if it starts a group)")
 
 
+class WorkerCompute(Config):
+    """Where and how a worker computes: backend, device and dtype (a network's per-worker
+    setting; the worker's own fields of the same names)."""
+
+    backend: Literal["engine", "reference"] = Field("engine", description="engine | reference")
+    device: DeviceName = Field("cpu", description="cpu, cuda or cuda:N")
+    dtype: ComputeDtype = Field("float32", description="float32 | bfloat16 | float16")
+
+    @model_validator(mode="after")
+    def _fits(self) -> WorkerCompute:
+        check_compute(self.backend, self.device, self.dtype)
+        return self
+
+
 class OnboardConfig(Config):
     """On-chain onboarding amounts (token base units)."""
 
@@ -116,11 +137,16 @@ class WorkerConfig(Config):
         "(counter taken, file written, slot granted, uploaded, submitted on chain), logging "
         "the phase, so a test can kill -9 the worker inside each phase")
     backend: Literal["engine", "reference"] = Field(
-        "engine", description="inference backend: meshrl's CPU engine ([engine], float32) or "
-        "the naive Hugging Face loop ([reference], in `dtype`)")
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="compute dtype of the reference backend (the engine always "
-        "computes in float32); bfloat16 work is honest only in any-hardware pools")
+        "engine", description="inference backend: meshrl's CPU engine ([engine], cpu and "
+        "float32 only) or the naive Hugging Face loop ([reference], on `device` in `dtype`)")
+    device: DeviceName = Field(
+        "cpu", description="where the model runs: cpu, cuda or cuda:N (checked at start: a "
+        "device this machine lacks is refused); generation, proofs' hidden states and the "
+        "sampler all run there")
+    dtype: ComputeDtype = Field(
+        "float32", description="compute dtype: float32, bfloat16 or float16 (the engine "
+        "always computes in float32); bfloat16 / float16 work is honest only in "
+        "any-hardware pools")
     rules: RulesPins = Field(default_factory=RulesPins, description="rules this worker "
                              "expects: each one set must equal the pool's published value or "
                              "the worker refuses to start (it always generates by the "
@@ -135,9 +161,7 @@ class WorkerConfig(Config):
 
     @model_validator(mode="after")
     def _dtype(self) -> WorkerConfig:
-        if self.dtype != "float32" and self.backend == "engine":
-            raise ValueError("dtype: the engine computes in float32; bfloat16 needs backend = "
-                             "\"reference\"")
+        check_compute(self.backend, self.device, self.dtype)
         return self
 
 

@@ -1,7 +1,10 @@
 """What this machine has, and what it lacks for a pool: cores, memory, disk, software.
 
 The probe reads only the standard library and package metadata (no torch import), so a node can
-say what is missing before it loads anything heavy.
+say what is missing before it loads anything heavy; asked about a compute device too
+(`device=`), it checks that device with torch (`meshrl.inference.device.check_device`) and
+reports it, its memory and the dtype that runs there, or refuses it with a one-line
+`DeviceError` (`cuda` on a machine without one).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class HardwareInfo:
     python: str = ""
     torch: str | None = None
     packages: dict[str, str | None] = field(default_factory=dict)
+    compute: dict[str, Any] | None = None  # device, name, memory_gb, dtype (when asked)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,8 +60,15 @@ def _accelerators() -> list[str]:
     return sorted(p.name for p in Path("/dev").glob("nvidia[0-9]*"))
 
 
-def probe(work_dir: str | Path, packages: Sequence[str] = ()) -> HardwareInfo:
-    """This machine's resources; disk is counted under `work_dir` (or its nearest parent)."""
+def probe(work_dir: str | Path, packages: Sequence[str] = (), device: str | None = None,
+          dtype: str = "float32") -> HardwareInfo:
+    """This machine's resources; disk is counted under `work_dir` (or its nearest parent). With
+    `device`, also that compute device in `dtype` (`DeviceError` when it is not there)."""
+    compute = None
+    if device is not None:
+        from meshrl.inference.device import check_device
+
+        compute = check_device(device, dtype).to_dict()
     path = Path(work_dir).resolve()
     while not path.exists():
         path = path.parent
@@ -71,6 +82,7 @@ def probe(work_dir: str | Path, packages: Sequence[str] = ()) -> HardwareInfo:
         torch=_version("torch"),
         packages={p: _version(p) if importlib.util.find_spec(p.replace("-", "_")) else None
                   for p in packages},
+        compute=compute,
     )
 
 

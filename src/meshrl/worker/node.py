@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from meshrl.durable import atomic_write
+from meshrl.inference.device import DeviceError
 from meshrl.log import get_logger, log_event
 from meshrl.pool import Assignment, PoolRules, WorkOrder, require_same_rules
 from meshrl.protocol import Deployment, Protocol
@@ -77,7 +78,12 @@ class WorkerNode:
     # ---- life ----------------------------------------------------------------------------
     async def run(self) -> int:
         self._install_signals()
-        hw = probe(self.work_dir, self.cfg.hardware.python_packages)
+        try:
+            hw = probe(self.work_dir, self.cfg.hardware.python_packages, self.cfg.device,
+                       self.cfg.dtype)
+        except DeviceError as e:  # one line: this machine cannot compute where it was told
+            raise HardwareError(str(e)) from None
+        log_event(log, "compute device", backend=self.cfg.backend, **(hw.compute or {}))
         lacking = missing(hw, self.cfg.hardware)
         if lacking:
             raise HardwareError("this machine does not meet the pool's requirements: "

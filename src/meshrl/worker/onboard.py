@@ -60,6 +60,9 @@ def onboard_chain(chain: Protocol, keys: WorkerKeys, cfg: WorkerConfig) -> list[
 
 def announcement(cfg: WorkerConfig, keys: WorkerKeys, hw: HardwareInfo) -> NodeAnnouncement:
     accel = [Accelerator(name=a, memory_gb=0.0) for a in hw.accelerators]
+    compute = hw.compute or {}
+    if str(compute.get("device", "cpu")).startswith("cuda"):  # the GPU it computes on, sized
+        accel = [Accelerator(name=str(compute["name"]), memory_gb=float(compute["memory_gb"]))]
     software = {"python": hw.python, "torch": hw.torch or "none"}
     return NodeAnnouncement(provider=keys.provider.address, pool_id=cfg.pool_id,
                             hardware=Hardware(cores=hw.cpu_cores, memory_gb=hw.memory_gb,

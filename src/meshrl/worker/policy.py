@@ -30,11 +30,10 @@ log = get_logger("meshrl.worker")
 
 def _backend(cfg: WorkerConfig, model: Any, tokenizer: Any, version: int) -> InferenceBackend:
     if cfg.backend == "reference":
-        import torch
-
+        from meshrl.inference.device import place
         from meshrl.inference.reference import ReferenceBackend
 
-        return ReferenceBackend(model.to(getattr(torch, cfg.dtype)), tokenizer, cfg.reference,
+        return ReferenceBackend(place(model, cfg.device, cfg.dtype), tokenizer, cfg.reference,
                                 version)
     from meshrl.inference import engine_or_reference
 
