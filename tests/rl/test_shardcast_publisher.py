@@ -35,7 +35,7 @@ def test_each_published_version_is_signed_by_the_trainer(tmp_path):
     reader = _Reader()
     demand = iter([(0, 8), (5, 8)])
     pub = ShardcastPublisher(tmp_path / "origin", reader, model, tok, KEY,  # type: ignore[arg-type]
-                             lambda: next(demand))
+                             demand=lambda: next(demand))
     pub.publish(1, model.state_dict())
     pub.publish(1, model.state_dict())  # again after a crash: the published one is kept
     m = VersionStore(tmp_path / "origin", publisher=address_of(KEY)).manifest(1)

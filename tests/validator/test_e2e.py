@@ -85,7 +85,7 @@ DRIFTS: dict[str, Any] = {
     "group_size": 2, "prompts_per_file": 3, "files_per_step": 1, "async_level": 1,
     "seed": 12, "proof_profile": "any-hardware",
     "policy_signer": "0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A",
-    "replay": {"rows_fraction": 1.0},
+    "replay": {"rows_fraction": 1.0}, "prompt_format": "chat",
 }
 
 

@@ -12,14 +12,15 @@ from meshrl.inference.params import EngineConfig, ReferenceConfig
 __all__ = ["build_backend", "engine_or_reference", "engine_refusal"]
 
 
-def engine_refusal(config: Any) -> str | None:
-    """Why the fast engine cannot run a model of this HF config (None: it can)."""
+def engine_refusal(config: Any) -> EngineUnsupportedError | None:
+    """Why the fast engine cannot run a model of this HF config, as the typed refusal (its
+    one-line message says what); None: it can."""
     from meshrl.inference.transformer import ModelSpec
 
     try:
         ModelSpec.from_hf_config(config)
     except EngineUnsupportedError as e:
-        return str(e)
+        return e
     return None
 
 
