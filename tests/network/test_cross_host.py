@@ -232,7 +232,12 @@ def test_strangers_on_another_host_join_train_outlive_a_cut_leave_and_are_paid(
     cfg.write_text(nu.short_network(
         "xhost", steps=2000, checkpoint_every=10, workers="honest = 1\ndishonest = 0",
         top=f'public_host = "{addr}"\nmax_minutes = 30\ndashboard = false\nrelays = 1'
-    ).replace("{port}", str(port)) + f"[chain]\ninvalidation_window = {LOCK_S}\n"
+    ).replace("{port}", str(port)).replace(
+        # a step of this tiny pool takes under a second while a version takes seconds to
+        # cross the link: the window must cover fetch + generate + upload + judge, or a remote
+        # worker (as on any pool whose steps are faster than its broadcast) only chases versions
+        "[pool]\n", "[pool]\nasync_level = 24\n", 1,
+    ) + f"[chain]\ninvalidation_window = {LOCK_S}\n"
         f"lock_period = {LOCK_S}\nunbonding_delay = {LOCK_S}\n")
     up_log = tmp_path / "up.log"
     t_start = time.monotonic()
