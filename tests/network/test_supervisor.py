@@ -136,6 +136,13 @@ def test_role_configs_share_the_pool_rules(tmp_path: Path) -> None:
     assert published["policy_signer"] == trainer
     for relay in (r for r in roles if r.name.startswith("relay-")):
         assert relay.argv[relay.argv.index("--publisher") + 1] == trainer
+    # origin and relays hold every version a file may still be judged by (async lag + verdicts)
+    for server in (r for r in roles if r.name == "origin" or r.name.startswith("relay-")):
+        assert int(server.argv[server.argv.index("--keep") + 1]) >= published["async_level"] + 4
+    wide = Layout(cfg.model_copy(update={"pool": cfg.pool.model_copy(update={"async_level": 24})}))
+    origin = next(r for r in build_roles(wide, DevKeys(len(wide.workers())), 1)
+                  if r.name == "origin")
+    assert origin.argv[origin.argv.index("--keep") + 1] == "28"
     servers = read["orchestrator"]["work"]["shardcast_servers"]
     assert servers == read["validator"]["shardcast_servers"]
     assert servers[-1] == lay.origin_url and len(servers) == 3

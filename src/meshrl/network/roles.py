@@ -180,14 +180,18 @@ def build_roles(lay: Layout, keys: DevKeys, pool_id: int) -> list[RoleSpec]:
                  "trainer": keys.trainer().address},
         "rules": _rules(lay)}))
     origin = root / "shardcast" / "origin"
+    # every version a file may still be judged by stays held: a file lags its step by up to
+    # async_level versions and waits for its verdict up to the trainer's judge lag (2) more
+    keep = str(max(5, cfg.pool.async_level + 4))
     roles.append(RoleSpec("origin", _meshrl("shardcast", "origin", "--root", str(origin),
-                                            "--server.host", lay.host(3),
+                                            "--keep", keep, "--server.host", lay.host(3),
                                             "--server.port", str(lay.port(3))),
                           health=lay.origin_url + "/health"))
     for i, url in enumerate(lay.relay_urls()):
         roles.append(RoleSpec(f"relay-{i}", _meshrl(
             "shardcast", "relay", "--root", str(root / "shardcast" / f"relay-{i}"),
-            "--upstreams", f'["{lay.origin_url}"]', "--server.host", lay.host(4 + i),
+            "--keep", keep, "--upstreams", f'["{lay.origin_url}"]',
+            "--server.host", lay.host(4 + i),
             "--server.port", str(lay.port(4 + i)), "--publisher", keys.trainer().address),
             health=url + "/health"))
     roles.append(_trainer(lay, keys, origin))
