@@ -180,8 +180,10 @@ def test_honest_accepted_and_every_cheat_slashed(net: Net) -> None:
     wait_until(_accepted(net, accounts["turn"][1].address, 1), 240)
     wait_until(_hard(net, accounts["dip"][1].address), 240)
     wait_until(_accepted(net, accounts["dip"][1].address, 1), 240)
-    dipped = [e for e in _rows(net) if e.node.lower() == accounts["dip"][1].address.lower()
-              and e.status.value == "hard_invalidated"]
+    # the row turns hard_invalidated from the chain's event; its verdict text follows
+    dipped = wait_until(lambda: (rows := [
+        e for e in _rows(net) if e.node.lower() == accounts["dip"][1].address.lower()
+        and e.status.value == "hard_invalidated"]) and all(e.verdict for e in rows) and rows, 60)
     assert [(e.policy_version, e.counter) for e in dipped] == [(1, 1)]
     assert "prompts" in dipped[0].verdict, dipped[0].verdict
     slashed.remove("turn")
