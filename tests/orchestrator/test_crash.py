@@ -53,6 +53,19 @@ def _own_pool(pool: Pool, name: str, members: int) -> tuple[Service, str, list[A
     return Service("orchestrator", cfg, tmp), str(tmp), nodes, pool_id
 
 
+def _wait_members(pool: Pool, url: str, count: int) -> None:
+    """Block until the orchestrator at `url` has indexed `count` healthy members from the chain
+    (a request signed by a node it has not yet seen join is refused `not_in_pool`)."""
+    async def members() -> int:
+        async with SignedClient(url, pool.key("trainer")) as t:
+            got = await t.call("GET", "/nodes", response=PoolNodes)
+            return sum(n.state.value in ("healthy", "unhealthy") for n in got.nodes)
+    deadline = time.monotonic() + 15
+    while run(members()) < count:
+        assert time.monotonic() < deadline, "joined nodes did not show up"
+        time.sleep(0.2)
+
+
 def test_an_upload_cut_by_a_kill_is_delivered_once(pool: Pool) -> None:
     """kill -9 of the orchestrator in the middle of an upload: after the restart the same slot
     takes the file (it was left `uploading`), asking for a slot again says it is stored; a
@@ -60,6 +73,7 @@ def test_an_upload_cut_by_a_kill_is_delivered_once(pool: Pool) -> None:
     orch, tmp, [node], pool_id = _own_pool(pool, "cut", 1)
     audience = orchestrator_audience(pool.chain.fed.backend.chain_id, pool_id)
     url = orch.start()
+    _wait_members(pool, url, 1)
     k = hexkey(node)
     data = parquet_framed(os.urandom(1 << 20))
     sha = hashlib.sha256(data).hexdigest()
@@ -102,6 +116,7 @@ def test_an_upload_cut_by_a_kill_is_delivered_once(pool: Pool) -> None:
     try:
         slot = run(cut())
         assert orch.start() == url
+        _wait_members(pool, url, 1)
         first, second = run(finish(slot))
         assert first["status"] == second["status"] == "uploaded"
     finally:
@@ -118,15 +133,7 @@ def test_kill9_under_load_loses_nothing_acknowledged(pool: Pool) -> None:
     tmp, fed = Path(tmp_s), pool.chain.fed
     url = orch.start()
     keys = [hexkey(n) for n in nodes]
-
-    async def members() -> int:
-        async with SignedClient(url, pool.key("trainer")) as t:
-            got = await t.call("GET", "/nodes", response=PoolNodes)
-            return sum(n.state.value == "healthy" for n in got.nodes)
-    deadline = time.monotonic() + 15
-    while run(members()) < 4:
-        assert time.monotonic() < deadline, "joined nodes did not show up"
-        time.sleep(0.2)
+    _wait_members(pool, url, 4)
     beats = Heartbeater(url, keys, every=0.3)
     acked: dict[str, int] = {}
 
