@@ -45,7 +45,7 @@ def test_evaluate_pass_at_k_matches_samples_scored_by_hand(tmp_path, one_torch_t
                             for p, a in zip(prompts, answers, strict=True)))
     tasks = TasksConfig.model_validate({"mix": [{"type": "dataset", "path": str(data),
                                                  "heldout_fraction": 0.0}]}).build()
-    problems = [tasks.tasks["dataset"]._problem(i) for i in range(n)]
+    problems = [tasks.tasks["dataset"].problem_at(i) for i in range(n)]
     cfg = dict(max_new_tokens=1, pass_k=[1, 2, 4], pass_samples=s, pass_temperature=1.0,
                pass_seed=3)
     got = evaluate(gen, TOK, problems, tasks, EvalConfig(batch_size=64, **cfg))

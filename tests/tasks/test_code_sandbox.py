@@ -43,7 +43,7 @@ def task() -> code_module.CodeTask:
 
 def sum_problem(task: code_module.CodeTask):  # the first row is "print the sum"
     assert "sum" in task.rows[0][0]
-    return task._problem(0)
+    return task.problem_at(0)
 
 
 def fenced(src: str) -> str:

@@ -52,7 +52,7 @@ def test_verifiers(paths) -> None:
     exact = DatasetConfig(path=paths["jsonl"]).build()
     numeric = DatasetConfig(path=paths["jsonl"], verifier="numeric").build()
     mv = DatasetConfig(path=paths["jsonl"], verifier="math-verify").build()
-    p = exact._problem(7)
+    p = exact.problem_at(7)
     assert p.answer == "14"
     assert exact.score(p, " 14\n") == 1.0 and exact.score(p, "14.0") == 0.0
     assert numeric.score(p, "so the sum is 14.0") == 1.0

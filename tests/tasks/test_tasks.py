@@ -1,3 +1,4 @@
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -89,6 +90,33 @@ def test_math_task_bad_files(tmp_path: Path) -> None:
     bad.write_text("{not json\n")
     with pytest.raises(ValueError, match=r"bad\.jsonl:1: invalid JSON"):
         MathConfig(path=str(bad)).build()
+
+
+def test_math_task_file_is_pinned_by_sha256(tmp_path: Path) -> None:
+    """A pinned math file builds; the same path with other bytes is refused with one line
+    naming the file and both digests (a validator never grades by another file than the
+    worker's); a pool's rules refuse a math task without the pin."""
+    from meshrl.pool import RulesSpec
+    from meshrl.tasks.dataset import DatasetError, data_digest
+
+    jl = tmp_path / "m.jsonl"
+    jl.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
+    pin = data_digest(jl)
+    assert pin == hashlib.sha256(jl.read_bytes()).hexdigest()
+    task = MathConfig(path=str(jl), sha256=pin).build()
+    assert task.score(task.sample(random.Random(0)), "\\boxed{2}") == 1.0
+    assert MathConfig(path=str(jl), sha256=pin.upper()).build().rows == task.rows
+    jl.write_text(json.dumps({"problem": "1+1?", "answer": "3"}) + "\n")
+    with pytest.raises(DatasetError) as e:
+        MathConfig(path=str(jl), sha256=pin).build()
+    assert str(e.value) == (f"dataset {jl}: sha256 {data_digest(jl)[:16]}... differs from the "
+                            f"pinned {pin[:16]}... (another file than the pool's)")
+    with pytest.raises(ValueError, match="sha256"):
+        MathConfig(path=str(jl), sha256="abc")  # not a digest: refused at load
+    with pytest.raises(ValueError, match=r"task\.mix\.0 \(math\) reads .*pins the data's "
+                       r"sha256"):
+        RulesSpec(task={"type": "math", "path": str(jl)})
+    assert RulesSpec(task={"type": "math", "path": str(jl), "sha256": data_digest(jl)})
 
 
 def test_tasks_are_built_once_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -42,6 +42,10 @@ class WorkersSpec(Config):
     honest: int = Field(3, ge=0, description="honest workers")
     dishonest: int = Field(1, ge=0, description="workers that turn dishonest")
     cheat: CheatSpec = CheatSpec()
+    forge_tasks: list[str] = Field(
+        default_factory=list, description="forge-rewards: per dishonest worker, in order, the "
+        "task of the mix whose rows it forges (worker.cheat.forge_task), e.g. one cheater per "
+        "task kind; cheaters past the list forge every row")
     poll_interval: float = Field(0.25, gt=0, description="seconds between work-order polls")
     heartbeat_interval: float = Field(2.0, gt=0, description="seconds between heartbeats")
     compute: list[WorkerCompute] = Field(

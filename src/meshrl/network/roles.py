@@ -273,6 +273,9 @@ def _validator(lay: Layout, keys: DevKeys, pool_id: int, servers: list[str],
 def _worker(lay: Layout, name: str, index: int, dishonest: bool, pool_id: int) -> RoleSpec:
     cfg = lay.cfg
     cheat = cfg.workers.cheat.model_dump() if dishonest else {"mode": "none"}
+    forge = cfg.workers.forge_tasks
+    if dishonest and index - cfg.workers.honest < len(forge):  # cheaters follow the honest
+        cheat["forge_task"] = forge[index - cfg.workers.honest]
     per_worker = cfg.workers.compute  # index: the worker's place, honest ones first
     compute = per_worker[index].model_dump() if index < len(per_worker) else {}
     path = write_toml(lay.config_path(name), {**compute,

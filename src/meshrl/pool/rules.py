@@ -45,7 +45,7 @@ def _pinned_data(task: TasksConfig) -> TasksConfig:
     contents encoded into prompts and sent back in rollout files."""
     for i, spec in enumerate(task.mix):
         path = getattr(spec, "path", None)
-        if spec.type in ("dataset", "code") and not str(path).startswith("meshrl:") \
+        if spec.type in ("dataset", "code", "math") and not str(path).startswith("meshrl:") \
                 and getattr(spec, "sha256", None) is None:
             raise ValueError(f"task.mix.{i} ({spec.type}) reads {path!r}: a pool's rule pins "
                              f"the data's sha256 (meshrl.tasks.dataset.data_digest)")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Problem", "Task"]
+__all__ = ["Problem", "RowsTask", "Task", "heldout_rows"]
 
 
 @dataclass(frozen=True)
@@ -37,3 +38,45 @@ class Task(ABC):
     @abstractmethod
     def score(self, problem: Problem, completion: str) -> float:
         """1.0 for a correct completion, 0.0 for a wrong one (partial credit where defined)."""
+
+
+def heldout_rows(n: int, fraction: float, salt: str) -> set[int]:
+    """Indices of the held-out rows: those whose hash of (salt, index) falls below `fraction`
+    (at least one row when `fraction` > 0 and at least one row is left to train on)."""
+    if fraction <= 0 or n < 2:
+        return set()
+
+    def u(i: int) -> float:
+        h = hashlib.sha256(f"meshrl/heldout|{salt}|{i}".encode()).digest()[:8]
+        return int.from_bytes(h, "big") / 2**64
+
+    held = {i for i in range(n) if u(i) < fraction}
+    if not held:
+        held = {min(range(n), key=u)}
+    if len(held) == n:
+        held.discard(max(held, key=u))
+    return held
+
+
+class RowsTask(Task):
+    """A task over a fixed list of rows, some held out for evaluation: a subclass calls
+    `split_rows` once it has its rows and turns an index into a problem (`problem_at`)."""
+
+    train: list[int]
+    heldout: list[int]
+
+    def split_rows(self, n: int, fraction: float) -> None:
+        """Training rows and held-out rows (the training rows again when none is held out)."""
+        held = heldout_rows(n, fraction, self.name)
+        self.train = [i for i in range(n) if i not in held]
+        self.heldout = sorted(held) or self.train
+
+    @abstractmethod
+    def problem_at(self, index: int) -> Problem:
+        """The problem of row `index`."""
+
+    def sample(self, rng: random.Random) -> Problem:
+        return self.problem_at(self.train[rng.randrange(len(self.train))])
+
+    def sample_heldout(self, rng: random.Random) -> Problem:
+        return self.problem_at(self.heldout[rng.randrange(len(self.heldout))])

@@ -17,7 +17,6 @@ near a limit where a slower machine would time it out.
 from __future__ import annotations
 
 import json
-import random
 import re
 from pathlib import Path
 from typing import Literal
@@ -25,8 +24,8 @@ from typing import Literal
 from pydantic import Field
 
 from meshrl.config import Config
-from meshrl.tasks.base import Problem, Task
-from meshrl.tasks.dataset import DatasetError, check_digest, heldout_rows, load_rows
+from meshrl.tasks.base import Problem, RowsTask
+from meshrl.tasks.dataset import DatasetError, check_digest, load_rows
 from meshrl.tasks.sandbox import SandboxConfig, check_sandbox, run_sandboxed
 
 __all__ = ["CODE_DATA", "CodeConfig", "CodeTask", "data_path", "extract_program"]
@@ -96,7 +95,7 @@ def _tests(path: str, i: int, row: dict) -> list[tuple[str, str]]:
     return out
 
 
-class CodeTask(Task):
+class CodeTask(RowsTask):
     """Programs graded by hidden tests in the sandbox (refuses to build without one)."""
 
     def __init__(self, cfg: CodeConfig) -> None:
@@ -109,22 +108,14 @@ class CodeTask(Task):
             raise DatasetError(f"code dataset {cfg.path}: no rows")
         self.rows = [(str(r.get("prompt")), _tests(cfg.path, i, r))
                      for i, r in enumerate(rows, 1)]
-        held = heldout_rows(len(self.rows), cfg.heldout_fraction, cfg.name)
-        self.train = [i for i in range(len(self.rows)) if i not in held]
-        self.heldout = sorted(held) or self.train
+        self.split_rows(len(self.rows), cfg.heldout_fraction)
         check_sandbox(cfg.sandbox)  # no sandbox here: refuse now, never run code without one
 
-    def _problem(self, index: int) -> Problem:
+    def problem_at(self, index: int) -> Problem:
         prompt, tests = self.rows[index]
         answer = json.dumps([{"input": i, "output": o} for i, o in tests])
         return Problem(self.name, self.cfg.template.format(prompt=prompt), answer,
                        {"index": index})
-
-    def sample(self, rng: random.Random) -> Problem:
-        return self._problem(self.train[rng.randrange(len(self.train))])
-
-    def sample_heldout(self, rng: random.Random) -> Problem:
-        return self._problem(self.heldout[rng.randrange(len(self.heldout))])
 
     def score(self, problem: Problem, completion: str) -> float:
         program = extract_program(completion)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import random
 import re
 from pathlib import Path
 from string import Formatter
@@ -21,7 +20,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from meshrl.config import Config
-from meshrl.tasks.base import Problem, Task
+from meshrl.tasks.base import Problem, RowsTask, heldout_rows
 
 __all__ = ["DatasetConfig", "DatasetError", "DatasetTask", "check_digest", "data_digest",
            "heldout_rows", "load_rows", "math_verify_score", "numeric_score"]
@@ -102,24 +101,6 @@ def _load_hf(path: Path, split: str) -> list[dict[str, Any]]:
     return ds.to_list()
 
 
-def heldout_rows(n: int, fraction: float, salt: str) -> set[int]:
-    """Indices of the held-out rows: those whose hash of (salt, index) falls below `fraction`
-    (at least one row when `fraction` > 0 and at least one row is left to train on)."""
-    if fraction <= 0 or n < 2:
-        return set()
-
-    def u(i: int) -> float:
-        h = hashlib.sha256(f"meshrl/heldout|{salt}|{i}".encode()).digest()[:8]
-        return int.from_bytes(h, "big") / 2**64
-
-    held = {i for i in range(n) if u(i) < fraction}
-    if not held:
-        held = {min(range(n), key=u)}
-    if len(held) == n:
-        held.discard(max(held, key=u))
-    return held
-
-
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|-?\.\d+")
 
 
@@ -192,7 +173,7 @@ def _template_fields(template: str) -> set[str]:
         raise DatasetError(f"dataset template {template!r}: {e}") from None
 
 
-class DatasetTask(Task):
+class DatasetTask(RowsTask):
     """Rows of a dataset on disk, split into training and held-out rows."""
 
     def __init__(self, cfg: DatasetConfig) -> None:
@@ -209,20 +190,12 @@ class DatasetTask(Task):
                 raise DatasetError(f"dataset {cfg.path}: row {i} has no field "
                                    f"{', '.join(map(repr, missing))} (it has {sorted(row)})")
         self.rows = rows
-        held = heldout_rows(len(rows), cfg.heldout_fraction, cfg.name)
-        self.train = [i for i in range(len(rows)) if i not in held]
-        self.heldout = sorted(held) or self.train
+        self.split_rows(len(rows), cfg.heldout_fraction)
 
-    def _problem(self, index: int) -> Problem:
+    def problem_at(self, index: int) -> Problem:
         row = self.rows[index]
         prompt = self.cfg.template.format(**row)
         return Problem(self.name, prompt, str(row[self.cfg.answer_field]), {"index": index})
-
-    def sample(self, rng: random.Random) -> Problem:
-        return self._problem(self.train[rng.randrange(len(self.train))])
-
-    def sample_heldout(self, rng: random.Random) -> Problem:
-        return self._problem(self.heldout[rng.randrange(len(self.heldout))])
 
     def score(self, problem: Problem, completion: str) -> float:
         if self.cfg.verifier == "exact":

@@ -19,14 +19,12 @@ import asyncio
 import concurrent.futures
 import inspect
 import itertools
-import random
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
 from meshrl.config import Config
-from meshrl.tasks.base import Problem, Task
-from meshrl.tasks.dataset import heldout_rows
+from meshrl.tasks.base import Problem, RowsTask
 
 __all__ = ["EnvironmentConfig", "EnvironmentTask", "VerifiersEnvError"]
 
@@ -102,7 +100,7 @@ def _refusal(env: str, task: Any) -> str | None:
     return None
 
 
-class EnvironmentTask(Task):
+class EnvironmentTask(RowsTask):
     """The tasks of an installed single-turn verifiers environment."""
 
     def __init__(self, cfg: EnvironmentConfig) -> None:
@@ -115,11 +113,9 @@ class EnvironmentTask(Task):
             why = _refusal(cfg.env, task)
             if why:
                 raise VerifiersEnvError(why)
-        held = heldout_rows(len(self.items), cfg.heldout_fraction, self.name)
-        self.train = [i for i in range(len(self.items)) if i not in held]
-        self.heldout = sorted(held) or self.train
+        self.split_rows(len(self.items), cfg.heldout_fraction)
 
-    def _problem(self, index: int) -> Problem:
+    def problem_at(self, index: int) -> Problem:
         data = self.items[index].data
         text = data.prompt_text
         if data.system_prompt:
@@ -127,12 +123,6 @@ class EnvironmentTask(Task):
         answer = getattr(data, "answer", "")
         return Problem(self.name, self.cfg.template.format(prompt=text), str(answer),
                        {"index": index})
-
-    def sample(self, rng: random.Random) -> Problem:
-        return self._problem(self.train[rng.randrange(len(self.train))])
-
-    def sample_heldout(self, rng: random.Random) -> Problem:
-        return self._problem(self.heldout[rng.randrange(len(self.heldout))])
 
     def score(self, problem: Problem, completion: str) -> float:
         import verifiers.v1 as vf

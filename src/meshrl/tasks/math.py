@@ -2,13 +2,15 @@
 
 Rows need a problem field (`problem` | `question` | `prompt`) and an answer field (`answer` |
 `solution`, the latter's last \\boxed{} is used). Nothing is downloaded: point `path` at a file.
+`sha256` pins the file (`meshrl.tasks.dataset.data_digest`): a file whose bytes hash to another
+digest is refused when the task is built, so a validator never grades by other data than the
+worker's (a pool's rules must pin it).
 """
 
 from __future__ import annotations
 
 import json
 import random
-import threading
 from pathlib import Path
 from typing import Literal
 
@@ -16,6 +18,7 @@ from pydantic import Field
 
 from meshrl.config import Config
 from meshrl.tasks.base import Problem, Task
+from meshrl.tasks.dataset import check_digest, math_verify_score
 
 __all__ = ["MathConfig", "MathTask", "load_math_rows"]
 
@@ -31,6 +34,9 @@ class MathConfig(Config):
         "{problem}\nPut the final answer in \\boxed{{}}.\n", description="prompt template"
     )
     timeout_s: float = Field(5.0, gt=0, description="math-verify parsing/verification timeout")
+    sha256: str | None = Field(None, pattern="^[0-9a-fA-F]{64}$", description="the file's "
+                               "digest (`meshrl.tasks.dataset.data_digest`): every role "
+                               "refuses another file (required in a pool's rules)")
 
     def build(self) -> MathTask:
         return MathTask(self)
@@ -70,6 +76,7 @@ class MathTask(Task):
 
     def __init__(self, cfg: MathConfig) -> None:
         self.cfg = cfg
+        check_digest(cfg.path, cfg.sha256)  # before reading: never grade by another file
         self.rows = load_math_rows(cfg.path)  # once, when the run builds its tasks
 
     def sample(self, rng: random.Random) -> Problem:
@@ -79,19 +86,4 @@ class MathTask(Task):
         return Problem(self.name, prompt, answer, {"index": index})
 
     def score(self, problem: Problem, completion: str) -> float:
-        from math_verify import parse, verify
-
-        answer = problem.answer
-        gold_text = answer if "$" in answer or "\\boxed" in answer else f"${answer}$"
-        # math-verify's timeout uses SIGALRM, which only works on the main thread; rollout
-        # threads grade without it (the inputs are bounded by max_new_tokens anyway).
-        on_main = threading.current_thread() is threading.main_thread()
-        timeout = max(1, int(self.cfg.timeout_s)) if on_main else None
-        try:
-            gold = parse(gold_text, parsing_timeout=timeout)
-            pred = parse(completion, parsing_timeout=timeout)
-            if not gold or not pred:
-                return 0.0
-            return 1.0 if verify(gold, pred, timeout_seconds=timeout) else 0.0
-        except Exception:  # math-verify raises on malformed LaTeX: a wrong answer, not a crash
-            return 0.0
+        return math_verify_score(problem.answer, completion, self.cfg.timeout_s)

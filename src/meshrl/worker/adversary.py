@@ -6,7 +6,8 @@ Each cheat is what a worker that wants rewards without the work (or with easier 
   scaled by `scale` (a subtly different model);
 - `cherry-pick`: answers easier problems (shortest answers drawn from other counters) in place
   of the assigned ones, still claiming the assigned counter;
-- `forge-rewards`: claims reward 1 for every wrong answer;
+- `forge-rewards`: claims reward 1 for every wrong answer (with `forge_task`, only on the rows
+  of that task of the mix, so a test can show a forgery on each task kind is caught);
 - `forge-sampling`: samples at another temperature (0: greedy) while claiming the pool's;
 - `truncate`: ends completions early with an EOS the sampler did not choose (fewer tokens);
 - `stale-policy`: keeps generating with the policy it had when the cheat began;
@@ -39,7 +40,7 @@ import torch
 
 from meshrl.inference import Completion, InferenceBackend, SamplingParams
 from meshrl.inference.backend import ScoreResult
-from meshrl.pool import Assignment, WorkOrder, work_units
+from meshrl.pool import Assignment, WorkOrder, prompt_of_row, work_units
 from meshrl.tasks import Problem, TaskSet
 from meshrl.wire.rollout_file import RolloutFile, read_rollout_file, rollout_file_bytes
 from meshrl.worker.config import CheatConfig
@@ -258,8 +259,11 @@ class ForgeRewards(Adversary):
                  provider: str) -> RolloutFile:
         rf = super().rollouts(engine, tokenizer, a, tasks, provider)
         if self.active(a.step):
-            for r in rf.completions:
-                r.reward = max(r.reward, 1.0)
+            names = [p.task for p in a.problems(tasks)] if self.cfg.forge_task else []
+            for i, r in enumerate(rf.completions):
+                if not names or names[prompt_of_row(i, a.rules.group_size)] == \
+                        self.cfg.forge_task:
+                    r.reward = max(r.reward, 1.0)
         return rf
 
 

@@ -76,6 +76,8 @@ class CheatConfig(Config):
     temperature: float = Field(0.0, ge=0, description="forge-sampling: the temperature used")
     copy_from: str = Field("", description="copy: another worker's outbox directory")
     other_seed: int = Field(12345, description="other-model: init seed of the other model")
+    forge_task: str = Field("", max_length=64, description="forge-rewards: forge only the "
+                            "rows of this task of the mix (its name; empty: every row)")
     forge_row: int = Field(1, ge=0, description="forge-one-row: the row forged (mod the rows; "
                            "the next one if it starts a group)")
 
