@@ -53,7 +53,9 @@ class Judge:
         self.replay = replay_config(cfg, rules)
         self.models = ModelCache(cfg.work_dir, cfg.model_dir, cfg.shardcast_servers, cfg.engine,
                                  signer=rules.policy_signer, backend=cfg.backend,
-                                 device=cfg.device, dtype=cfg.dtype)
+                                 device=cfg.device, dtype=cfg.dtype,
+                                 prompt_format=rules.prompt_format)
+        self.models.check_prompt_format()  # a chat pool on a policy without a template
 
     async def judge(self, jobs: list[Job]) -> list[Decision | Unjudged]:
         outs: list[Decision | Unjudged | None] = [None] * len(jobs)

@@ -5,6 +5,9 @@ shardcast servers (verified, atomic, its manifest signed by the rules' `policy_s
 servers but no signer the cache refuses to exist: `PoolRulesError`). A version that is not
 available yet raises
 `VersionUnavailable`: the validator's own problem, so the file is retried, never judged on it.
+The policy's tokenizer must follow the rules' `prompt_format`: a chat pool whose policy has no
+chat template is refused for good (`PoolRulesError`): at start when `model_dir` is local
+(`check_prompt_format`), else when the first version is loaded, before any file is judged.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from meshrl.inference.params import EngineConfig
-from meshrl.pool import PoolRulesError
+from meshrl.pool import PoolRulesError, PromptFormat, PromptFormatError, uses_chat
 
 __all__ = ["ModelCache", "VersionUnavailable"]
 
@@ -28,7 +31,8 @@ class ModelCache:
     def __init__(self, work_dir: str | Path, model_dir: str, servers: list[str],
                  engine: EngineConfig, keep: int = 3, fetch_timeout: float = 30.0,
                  signer: str | None = None, sync_timeout: float = 120.0,
-                 backend: str = "engine", device: str = "cpu", dtype: str = "float32") -> None:
+                 backend: str = "engine", device: str = "cpu", dtype: str = "float32",
+                 prompt_format: PromptFormat = "raw") -> None:
         if servers and signer is None:
             raise PoolRulesError("refusing to fetch policy versions: the pool's rules name no "
                                  "policy_signer, so no version can be authenticated")
@@ -40,7 +44,23 @@ class ModelCache:
         self.backend, self.device, self.dtype = backend, device, dtype
         self.engines: OrderedDict[int, Any] = OrderedDict()
         self.tokenizer: Any = None
+        self.prompt_format = prompt_format
         self.loads = 0
+
+    def check_prompt_format(self) -> None:
+        """At start: the local policy's tokenizer (`model_dir`) follows the rules'
+        `prompt_format`, or `PoolRulesError` (no prompt of this pool could be encoded)."""
+        if self.model_dir and self.tokenizer is None:
+            from meshrl.model import load_tokenizer
+
+            self._set_tokenizer(load_tokenizer(Path(self.model_dir)))
+
+    def _set_tokenizer(self, tokenizer: Any) -> None:
+        try:
+            uses_chat(tokenizer, self.prompt_format)
+        except PromptFormatError as e:
+            raise PoolRulesError(f"refusing to start: {e}") from e
+        self.tokenizer = tokenizer
 
     async def get(self, version: int) -> Any:
         if version in self.engines:
@@ -82,7 +102,7 @@ class ModelCache:
 
         model = load_model(path)
         if self.tokenizer is None:
-            self.tokenizer = load_tokenizer(path)
+            self._set_tokenizer(load_tokenizer(path))
         self.loads += 1
         if self.backend == "reference":  # on `device` in `dtype` (checked: DeviceError)
             return ReferenceBackend(place(model, self.device, self.dtype), self.tokenizer,
