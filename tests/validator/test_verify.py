@@ -5,6 +5,7 @@ by the "meshrl-cpu-engine" proof profile (every worker here runs the CPU engine)
 
 from __future__ import annotations
 
+import helpers
 import pytest
 from helpers import cheat_file, claim, honest_file, rules
 
@@ -91,3 +92,24 @@ def test_a_row_whose_identity_is_not_the_assignments_is_hard(engine, tok, field,
     setattr(b.completions[0], field, value)
     d = verify_file(engine, tok, b, claim(b), r, r.task.build(), ENGINE)
     assert d.kind is VerdictKind.HARD_INVALID and d.checks == (Check.SEQ_IDS,), d.reason
+
+
+def test_forging_one_tasks_rows_of_a_mix_is_caught_on_that_task(engine, model, tok):
+    """`forge_task`: a cheater forges the rewards of one task's rows of a mix only; the rows of
+    the other task keep their honest rewards, and the file is hard-invalidated on rewards."""
+    from meshrl.pool import prompt_of_row
+    from meshrl.tasks import TasksConfig
+
+    mix = TasksConfig.model_validate({"mix": [{"type": "arithmetic", "digits": 1},
+                                              {"type": "reverse"}]})
+    r = rules(max_new=8, prompts=6, group=2).model_copy(update={"task": mix})
+    tasks = [p.task for p in helpers.assignment(r).problems(r.task.build())]
+    assert set(tasks) == {"arithmetic", "reverse"}  # the file holds rows of both
+    honest = honest_file(engine, tok, r)
+    for forged in ("arithmetic", "reverse"):
+        b = cheat_file(engine, model, tok, r, "forge-rewards", forge_task=forged)
+        for i, (h, c) in enumerate(zip(honest.completions, b.completions, strict=True)):
+            want = 1.0 if tasks[prompt_of_row(i, 2)] == forged else h.reward
+            assert c.reward == max(h.reward, want), (forged, i)
+        d = verify_file(engine, tok, b, claim(b), r, r.task.build(), ENGINE)
+        assert d.kind is VerdictKind.HARD_INVALID and Check.REWARDS in d.checks, d.reason
