@@ -29,8 +29,7 @@ def test_a_picked_port_taken_by_another_node_is_picked_again() -> None:
 
 def test_a_port_the_caller_chose_is_never_changed() -> None:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
+        s.bind(("127.0.0.1", 0))  # bound, not listening: probes are refused at once
         port = s.getsockname()[1]
         node = AnvilNode(port=port)
         with pytest.raises(ChainError, match="Address already in use"):
