@@ -55,6 +55,11 @@ class Link:
         assert ready.wait(10)
         return self
 
+    @property
+    def ports(self) -> list[int]:
+        """The port each pair listens on, in order (a pair given port 0 gets a free one)."""
+        return [srv.sockets[0].getsockname()[1] for srv in self._servers]
+
     def _serve(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()

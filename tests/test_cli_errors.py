@@ -26,7 +26,9 @@ def _cases(tmp: Path) -> dict[tuple[str, ...], tuple[list[str], str]]:
     """command -> (bad arguments, a phrase the one-line error must contain)."""
     missing = str(tmp / "missing")
     a_file = tmp / "a_file"
-    chain = ["--chain.deployment", str(tmp / "nodeploy.json"), "--chain.rpc_url", DEAD_URL]
+    # a dead endpoint is given up on after 0.3 s, not the 5 s default (the error is the same)
+    chain = ["--chain.deployment", str(tmp / "nodeploy.json"), "--chain.rpc_url", DEAD_URL,
+             "--chain.ready_timeout_s", "0.3"]
     return {
         ("model", "init"): (["--preset", "nope", "--out", str(tmp / "m")], "nope"),
         ("train",): (["--model.path", missing, "--run.dir", str(tmp / "runs"),

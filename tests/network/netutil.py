@@ -85,7 +85,7 @@ def run_network(tmp: Path, config: str, name: str, port_offset: int = 0,
     root = tmp / name
     try:
         wait(lambda: any(e["event"] == "finished" for e in events(root)) or
-             proc.poll() is not None, timeout, "trainer did not finish", every=2.0)
+             proc.poll() is not None, timeout, "trainer did not finish", every=0.5)
         assert proc.poll() is None, (tmp / "up.log").read_text()[-3000:]
         yield root, proc
     finally:

@@ -60,7 +60,7 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
         info, chain = nu.info(root), nu.chain(root)
         # the last verdicts settle a dispute period (60 s, + 30 s when challenged) after them
         disputes = nu.wait(lambda: _settled(chain, info["pool_id"]), 300,
-                           "verdicts still open", every=3.0)
+                           "verdicts still open", every=1.0)
         facts = {"root": root, "info": info, "disputes": disputes,
                  "events": chain.events().poll(), "ledger": nu.ledger(root),
                  "claim": _claim_honest(root, info, chain, disputes)}

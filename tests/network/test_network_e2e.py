@@ -63,7 +63,7 @@ def net(tmp_path_factory) -> Iterator[tuple[Path, subprocess.Popen[bytes], Claim
         # verdicts are disputable: the last ones settle a dispute period after they were made
         chain, pool = nu.chain(root), nu.info(root)["pool_id"]
         nu.wait(lambda: all(d["outcome"] != "open" for d in pool_disputes(chain, pool)), 300,
-                "verdicts still open", every=3.0)
+                "verdicts still open", every=1.0)
         claim = _claim_after_the_lock(root)
         yield root, proc, claim
         _ctrl_c_stops_every_role(root, proc)

@@ -132,7 +132,7 @@ class Service:
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
 
-    def start(self, timeout: float = 30.0) -> str:
+    def start(self, timeout: float = 90.0) -> str:  # imports alone took >30 s at load 20
         self.ready.unlink(missing_ok=True)
         env = {**os.environ, "PYTHONPATH": str(SRC)}
         with self.log.open("ab") as log:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import socket
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -45,12 +44,20 @@ def _own_pool(pool: Pool, name: str, members: int) -> tuple[Service, str, list[A
         exp = fed.backend.now() + 600
         chain.fed.as_(n).join_pool(pool_id, n.address, 1, exp,
                                    mgr.sign_invite(pool_id, n.address, 1, exp))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cfg = orchestrator_config(chain, tmp, port=port, pool_id=pool_id, db=str(tmp / "orch.db"),
+    # port 0: the first start binds a free port (a port picked and released first could be
+    # taken before it binds); _start_pinned keeps it for the restart
+    cfg = orchestrator_config(chain, tmp, port=0, pool_id=pool_id, db=str(tmp / "orch.db"),
                               store={"root": str(tmp / "files")})
     return Service("orchestrator", cfg, tmp), str(tmp), nodes, pool_id
+
+
+def _start_pinned(orch: Service) -> str:
+    """Start `orch` and pin its config to the port it bound, so a restart serves the same URL."""
+    url = orch.start()
+    text = orch.config.read_text()
+    assert text.startswith("port = 0\n"), text[:40]
+    orch.config.write_text(f"port = {int(url.rsplit(':', 1)[1])}\n" + text[len("port = 0\n"):])
+    return url
 
 
 def _wait_members(pool: Pool, url: str, count: int) -> None:
@@ -72,7 +79,7 @@ def test_an_upload_cut_by_a_kill_is_delivered_once(pool: Pool) -> None:
     grant the worker lost is granted again (no 409 until expiry); each file is stored once."""
     orch, tmp, [node], pool_id = _own_pool(pool, "cut", 1)
     audience = orchestrator_audience(pool.chain.fed.backend.chain_id, pool_id)
-    url = orch.start()
+    url = _start_pinned(orch)
     _wait_members(pool, url, 1)
     k = hexkey(node)
     data = parquet_framed(os.urandom(1 << 20))
@@ -131,7 +138,7 @@ def test_an_upload_cut_by_a_kill_is_delivered_once(pool: Pool) -> None:
 def test_kill9_under_load_loses_nothing_acknowledged(pool: Pool) -> None:
     orch, tmp_s, nodes, pool_id = _own_pool(pool, "crash", 4)
     tmp, fed = Path(tmp_s), pool.chain.fed
-    url = orch.start()
+    url = _start_pinned(orch)
     keys = [hexkey(n) for n in nodes]
     _wait_members(pool, url, 4)
     beats = Heartbeater(url, keys, every=0.3)

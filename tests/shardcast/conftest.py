@@ -44,7 +44,7 @@ def spawn_service(args: list[str], log_path: Path) -> tuple[subprocess.Popen, st
     log = open(log_path, "w+b")  # noqa: SIM115 - closed with the process by the caller
     proc = subprocess.Popen([sys.executable, "-m", "meshrl.cli", "shardcast", *args],
                             stdout=subprocess.DEVNULL, stderr=log, env=env)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # a process start takes >20 s on a loaded 2-core machine
     while time.monotonic() < deadline:
         for line in log_path.read_text().splitlines():
             if '"shardcast server up"' in line:

@@ -167,6 +167,20 @@ def test_claims_of_shards_a_version_does_not_have_cost_only_the_claimant(
     assert (liar, RefusalReason.MALFORMED) in refusals(caplog)
 
 
+def _refused(log: Path) -> set[tuple[str, str]]:
+    """(server, reason) of each answer the relay logged refusing (a line half written is
+    skipped)."""
+    out = set()
+    for line in log.read_text().splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(e, dict) and e.get("msg") == "answer refused":
+            out.add((e["url"], e["reason"]))
+    return out
+
+
 def test_a_relay_keeps_mirroring_real_versions_beside_hostile_upstreams(
         tmp_path: Path, procs: list) -> None:
     """Upstreams advertising version 10**15, a manifest with a NUL in a name (signed by the
@@ -190,8 +204,16 @@ def test_a_relay_keeps_mirroring_real_versions_beside_hostile_upstreams(
                                  "--client.long_poll", "1"], log)
     procs.append(relay)
     srcs = [make_file(tmp_path / f"w{v}.bin", 3 * SHARD + v, 10 + v) for v in (1, 2)]
+    hostile_refusals = {(upstreams[0], "unsigned"), (upstreams[1], "malformed"),
+                        (upstreams[2], "malformed"), (upstreams[3], "too_large")}
+    # the relay refuses every hostile upstream before the first honest version (a wait on
+    # its log, not a fixed sleep)
+    deadline = time.monotonic() + 60
+    while not hostile_refusals <= _refused(log):
+        assert relay.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, (_refused(log), log.read_text()[-3000:])
+        time.sleep(0.05)
     for v, src in zip((1, 2), srcs, strict=True):
-        time.sleep(1.0)  # the relay has been refusing its hostile upstreams meanwhile
         publish(root, src, v)
         deadline = time.monotonic() + 30
         while v not in asyncio.run(get_json(f"{rurl}/versions"))["complete"]:
@@ -209,8 +231,7 @@ def test_a_relay_keeps_mirroring_real_versions_beside_hostile_upstreams(
     events = [json.loads(line) for line in log.read_text().splitlines()
               if line.startswith("{")]
     refused = {(e["url"], e["reason"]) for e in events if e["msg"] == "answer refused"}
-    assert {(upstreams[0], "unsigned"), (upstreams[1], "malformed"),
-            (upstreams[2], "malformed"), (upstreams[3], "too_large")} <= refused
+    assert hostile_refusals <= refused
     assert not any(url == ourl for url, _ in refused)
     assert "Traceback" not in log.read_text()
     health = asyncio.run(get_json(f"{rurl}/health"))

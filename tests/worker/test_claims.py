@@ -16,7 +16,7 @@ import pytest
 from eth_account import Account
 
 from meshrl.protocol import Protocol, ProtocolParams, RpcBackend, deploy
-from meshrl.protocol.anvil import AnvilNode, _free_port
+from meshrl.protocol.anvil import AnvilNode
 from meshrl.protocol.signing import sign_invite
 from meshrl.worker.claims import Claimer
 
@@ -118,8 +118,9 @@ def test_a_claimer_behind_a_cut_link_waits_it_out_and_claims(pool, anvil) -> Non
     p, pid, node = pool
     _submit(p, pid, node.address, 2)
     p.backend.advance_time(LOCK + 1)
-    port = _free_port()
-    link = Link([(("127.0.0.1", port), ("127.0.0.1", anvil[0].port))]).start()
+    # port 0: the link binds a free port itself (one picked and released could be taken)
+    link = Link([(("127.0.0.1", 0), ("127.0.0.1", anvil[0].port))]).start()
+    port = link.ports[0]
     try:
         far = Protocol(RpcBackend(f"http://127.0.0.1:{port}", timeout=1.0), p.deployment,
                        p.account)

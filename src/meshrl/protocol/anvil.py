@@ -10,8 +10,11 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import IO
+
+import psutil
 
 from meshrl.protocol.backend import RpcBackend
 from meshrl.protocol.errors import ChainError
@@ -30,6 +33,26 @@ def find_anvil(explicit: str | None = None) -> str | None:
         if candidate.is_file():
             return str(candidate)
     return shutil.which("anvil")
+
+
+_PORT_TRIES = 5
+
+
+def _answers(backend: RpcBackend) -> bool:
+    try:
+        backend.w3.eth.block_number  # noqa: B018 - a cheap liveness probe
+    except Exception:
+        return False
+    return True
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process `pid` is the one listening on 127.0.0.1:`port`."""
+    try:
+        conns = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in conns)
 
 
 def _free_port() -> int:
@@ -52,6 +75,7 @@ class AnvilNode:
         if found is None:
             raise ChainError("anvil not found: run `make setup` (npm install) or set its path")
         self.binary = found
+        self._picked = not port  # a port picked here may be taken before anvil binds it
         self.port = port or _free_port()
         self.chain_id = chain_id
         self.state_file = state_file
@@ -63,6 +87,18 @@ class AnvilNode:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 20.0) -> RpcBackend:
+        # a free port picked here can be bound by another process (another anvil on a busy
+        # machine) before anvil binds it: anvil then exits "Address already in use", and a
+        # picked port is picked again; a port the caller chose is never changed
+        for _ in range(_PORT_TRIES):
+            backend = self._start_once(timeout)
+            if backend is not None:
+                return backend
+            self.port = _free_port()
+        raise ChainError(f"anvil did not start: no free port in {_PORT_TRIES} tries")
+
+    def _start_once(self, timeout: float) -> RpcBackend | None:
+        """The node on `self.port`, or None when that port was taken."""
         cmd = [
             self.binary,
             "--host",
@@ -79,12 +115,22 @@ class AnvilNode:
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._stderr)
         backend = RpcBackend(self.url)
-        try:
-            backend.wait_ready(timeout)
-        except ChainError:
-            err = self._stop_and_read_stderr()
-            raise ChainError(f"anvil did not start: {err}") from None
-        return backend
+        probe = RpcBackend(self.url, timeout=2.0)  # a listener that never answers costs 2 s
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                err = self._stop_and_read_stderr()
+                if self._picked and "address already in use" in err.lower():
+                    return None
+                raise ChainError(f"anvil did not start: {err}")
+            # the answer must come from our process: on a taken port another node answers
+            # while ours is still starting or exiting
+            if _answers(probe) and _listens(self.proc.pid, self.port):
+                return backend
+            if time.monotonic() > deadline:
+                err = self._stop_and_read_stderr()
+                raise ChainError(f"anvil did not start: {err}")
+            time.sleep(0.05)
 
     def _stop_and_read_stderr(self) -> str:
         err = b""

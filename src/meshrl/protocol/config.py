@@ -84,6 +84,9 @@ class ChainConfig(Config):
     rpc_timeout_s: float = Field(30.0, gt=0, description="seconds one JSON-RPC request may "
                                  "take before it fails (a worker keeps it below the pool's "
                                  "ejection budget)")
+    ready_timeout_s: float = Field(5.0, gt=0, le=600, description="seconds a command waits "
+                                   "at start for the JSON-RPC endpoint to answer before it "
+                                   "gives up")
     chain_id: int = Field(0, description="refuse a node on another chain (84532: Base Sepolia)")
 
     _key = field_validator("private_key", mode="before")(hex_key)

@@ -40,7 +40,7 @@ def connect(cfg: ChainConfig) -> Backend:
         backend: Backend = EthTesterBackend()
     else:
         backend = RpcBackend(cfg.rpc_url, timeout=cfg.rpc_timeout_s)
-        backend.wait_ready(timeout=5.0)
+        backend.wait_ready(timeout=cfg.ready_timeout_s)
     if cfg.chain_id and backend.chain_id != cfg.chain_id:
         raise ChainError(f"{cfg.rpc_url} is chain {backend.chain_id}, expected {cfg.chain_id}")
     return backend
