@@ -38,7 +38,7 @@ from meshrl.inference import (
     ReferenceConfig,
 )
 from meshrl.inference.sampling import gumbel_noise
-from meshrl.model import CharTokenizer, build_model
+from meshrl.model import CharTokenizer, build_model, load_model, load_tokenizer
 from meshrl.pool import Assignment, PoolRules
 from meshrl.tasks import ArithmeticConfig, TasksConfig
 from meshrl.toploc.perturb import quantize_weights, scale_layer_mlp
@@ -196,6 +196,9 @@ def weight_cheats(model: Any, tok: Any, files: int) -> list[dict[str, Any]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="qwen2-tiny")
+    ap.add_argument("--checkpoint", default="", help="a trained policy's directory (a trainer "
+                    "checkpoint or a shardcast version's data/) instead of a random init: "
+                    "trained logits are sharper, and bf16 log-prob noise with them")
     ap.add_argument("--model-seed", type=int, default=3)
     ap.add_argument("--counters", type=int, default=6, help="files per shape and configuration")
     ap.add_argument("--workers", nargs="*", default=list(WORKERS))
@@ -203,14 +206,17 @@ def main() -> int:
     ap.add_argument("--no-exploits", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    tok = CharTokenizer()
-    model = build_model(args.preset, tok.vocab_size, seed=args.model_seed)
+    if args.checkpoint:
+        tok, model = load_tokenizer(args.checkpoint), load_model(args.checkpoint).float()
+    else:
+        tok = CharTokenizer()
+        model = build_model(args.preset, tok.vocab_size, seed=args.model_seed)
     t0 = time.perf_counter()
     lines = honest_configs(model, tok, args.counters, args.workers, print)
     files = sum(x["files"] for x in lines if x["profile"] == "any-hardware")
     bad = sum(x["files"] - x["accepted"] for x in lines)
-    worst = {p: max((v, k, x["worker"]) for x in lines if x["profile"] == p
-                    for k, v in x["margin"].items()) for p in PROFILES}
+    worst = {p: max(((v, k, x["worker"]) for x in lines if x["profile"] == p
+                     for k, v in x["margin"].items()), default=None) for p in PROFILES}
     print(json.dumps({"summary": True, "preset": args.preset, "honest_files": files,
                       "judgements": sum(x["files"] for x in lines), "invalidated": bad,
                       "worst_margin": worst, "s": round(time.perf_counter() - t0, 1)}))

@@ -49,7 +49,7 @@ def _hard(decision, check: Check) -> bool:
 
 def test_profile_tolerances_reach_the_replay():
     loose, tight = ReplayConfig(), ReplayConfig(thresholds=profile_thresholds(TIGHT))
-    assert (loose.sampling_tolerance, loose.logprob_atol) == (0.01, 0.02)
+    assert (loose.sampling_tolerance, loose.logprob_atol) == (0.5, 0.5)
     assert (tight.sampling_tolerance, tight.logprob_atol) == (1e-4, 1e-3)
     assert ReplayConfig(logprob_atol=0.1).logprob_atol == 0.1  # an explicit one stays
     assert inexact_token_limit(0, 0.005) == 1 and inexact_token_limit(2000, 0.005) == 20
@@ -128,11 +128,20 @@ def _shifted(rf, shift):
 def test_biased_logprobs_are_rejected_and_the_rest_is_bounded(engine, tok):
     rules = bench.make_rules(64, 4, 4)
     rf = bench.make_file(engine, tok, rules, 0)
-    for bias in (0.049, 0.015, 0.004):  # the issue's, then below the per-token tolerance
+    tokens = sum(len(r.logprobs) for r in rf.completions)
+    limit = 0.002 + 0.2 / tokens ** 0.5  # any-hardware's bias limit at this file's length
+    assert 0.004 < limit < 0.015, (tokens, limit)
+    for bias in (0.049, 0.015):  # the issue's, then below the per-token tolerance
         d = _judge(engine, tok, _shifted(rf, lambda i, b=bias: b), rules, LOOSE)
         assert _hard(d, Check.LOGPROBS), (bias, d.reason)
+        assert d.stats["logprob_bias_limit"] == pytest.approx(limit, rel=0.02)
+    # 0.004 on every token is inside bf16's honest mean noise at this length: any-hardware
+    # takes it (each ratio x1.004), the float32 profile never does
+    small = _shifted(rf, lambda i: 0.004)
+    assert _judge(engine, tok, small, rules, LOOSE).accepted
+    assert _hard(_judge(engine, tok, small, rules, TIGHT), Check.LOGPROBS)
     # an alternating +-0.015 keeps the mean honest: passes any-hardware (each ratio moves by
-    # at most exp(0.02) = x1.020), never the float32 profile (at most x1.001)
+    # at most exp(0.015) = x1.015 here; the per-token bound is 0.5), never the float32 profile
     wiggle = _shifted(rf, lambda i: 0.015 if i % 2 else -0.015)
     assert _judge(engine, tok, wiggle, rules, LOOSE).accepted
     assert _hard(_judge(engine, tok, wiggle, rules, TIGHT), Check.LOGPROBS)

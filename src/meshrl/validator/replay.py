@@ -50,9 +50,9 @@ class ReplayConfig(Config):
     thresholds: Thresholds = Field(default_factory=Thresholds, description="TOPLOC thresholds "
                                    "and replay tolerances (the validator sets its proof "
                                    "profile's)")
-    sampling_tolerance: float = Field(0.01, gt=0, description="score slack of the replay "
+    sampling_tolerance: float = Field(0.5, gt=0, description="score slack of the replay "
                                       "(default: thresholds.max_sampling_margin)")
-    logprob_atol: float = Field(0.02, gt=0, description="largest log-prob difference (nats; "
+    logprob_atol: float = Field(0.5, gt=0, description="largest log-prob difference (nats; "
                                 "default: thresholds.max_logprob_diff)")
     max_batch_rows: int = Field(256, ge=1, description="rows per prefill (several files share)")
 
@@ -265,7 +265,7 @@ def _logprobs(rows, cfg: ReplayConfig, findings: list[Finding], stats: ReplaySta
     stats.max_logprob_diff = float(diff.max())
     stats.logprob_bias = float(signed.mean())
     stats.logprob_bias_limit = (cfg.thresholds.max_logprob_bias
-                                + cfg.logprob_atol / math.sqrt(signed.numel()))
+                                + cfg.thresholds.logprob_bias_noise / math.sqrt(signed.numel()))
     if stats.max_logprob_diff > cfg.logprob_atol:
         findings.append(Finding(Check.LOGPROBS, HARD, f"claimed log-probs differ by up to "
                                 f"{stats.max_logprob_diff:.4g} > {cfg.logprob_atol}",
