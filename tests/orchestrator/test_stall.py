@@ -114,9 +114,10 @@ def test_a_step_loads_its_files_together_and_the_next_ones_while_it_trains(
     key = tmp_path / "trainer.key"
     key.write_text(pool.key("trainer"))
     cfg = NetworkSourceConfig(orchestrator_url=pool.orch.url, key_file=str(key), poll_s=0.02,
-                              judge_lag=None, ahead_files=0)
+                              judge_lag=None, ahead_files=0, load_threads=3)
     src = NetworkSource(cfg, RolloutConfig(group_size=2, prompts_per_step=64), 1, 0, tmp_path,
                         (None, None))
+    assert src._loads._max_workers == 3  # groups of files loading at once
     ppf = src.rules.prompts_per_file
     per_step = -(-64 // ppf)
     versions = [3] * per_step + [1] + [3] * (2 * per_step)  # one stale file of version 1
