@@ -239,7 +239,7 @@ class NetworkSource(RolloutSource):
     def close(self) -> None:
         # the ledger, not the trainer, holds what is in flight: files taken ahead and not
         # recorded are free again on the next start
-        self._loads.shutdown(wait=True, cancel_futures=True)
+        self._loads.shutdown(wait=False, cancel_futures=True)
 
     # ---- plumbing --------------------------------------------------------------------------
     def _prefetched(self, step: int,
