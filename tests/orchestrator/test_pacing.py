@@ -12,11 +12,23 @@ import os
 import time
 from pathlib import Path
 
+import aiohttp
+import pytest
+
 from meshrl.orchestrator.config import OrchestratorConfig
-from meshrl.orchestrator.pacing import Pacer
+from meshrl.orchestrator.pacing import DEMAND, Pacer
 from meshrl.orchestrator.state import PoolStep, State
 from meshrl.pool import WorkOrder
-from meshrl.wire import SignedClient
+from meshrl.wire import (
+    InvalidBody,
+    NotAReader,
+    ReplayedNonce,
+    SignedClient,
+    StepGoesBack,
+    TakenBeyondAccepted,
+    WrongSigner,
+    raise_for,
+)
 from meshrl.wire.models import (
     FileStatus,
     Heartbeat,
@@ -26,6 +38,7 @@ from meshrl.wire.models import (
     StepUpdate,
     UploadSlot,
 )
+from meshrl.wire.signing import sign_request
 
 from .conftest import parquet_framed
 from .parts import address, api_from_parts, key
@@ -156,3 +169,89 @@ def test_a_lease_expires(tmp_path: Path) -> None:
         assert pacer.status(105.5)["leases"] == 1
     finally:
         state.close()
+
+
+async def _raw(url: str, body: bytes, headers: dict[str, str]) -> None:
+    """One raw `POST /step`; a refusal raises its class, as the client does."""
+    async with aiohttp.ClientSession() as s, s.post(
+            url + "/step", data=body, headers={**headers, "content-type": "application/json"}
+    ) as r:
+        raise_for(r.status, await r.read())
+
+
+async def _audience(url: str) -> str:
+    async with aiohttp.ClientSession() as s, s.get(url + "/identity") as r:
+        return str((await r.json())["audience"])
+
+
+def test_a_step_update_not_the_trainers_own_changes_nothing(tmp_path: Path) -> None:
+    """The hostile side of pacing: a StepUpdate signed by a node (not a reader), the trainer's
+    own request sent again (its nonce), values out of range (negative, past the protocol's
+    bound, `taken_through` past the last acceptance number) are each refused with their typed
+    error, and neither the pool's step nor the demand nor what members are told moves."""
+    async def t() -> None:
+        async with api_from_parts(tmp_path, _cfg(), readers=(address("trainer"),)) as s:
+            for n in NODES:
+                s.state.upsert_node(address(n), address("p" + n), NodeState.HEALTHY,
+                                    time.time())
+                await _beat(s.url, n, 3)
+            sha = await _grant(s.url, "n1", 3, 0)
+            row = s.state.file(sha)
+            assert row is not None
+            s.state.set_file_status(row.seq, FileStatus.ACCEPTED)
+            accepted = s.state.file(sha)
+            assert accepted is not None and accepted.accepted_seq == 1
+            # the trainer's own word: step 4, taken nothing yet, 2 files ahead
+            body = StepUpdate(step=4, taken_through=0, ahead=2).model_dump_json().encode()
+            signed = sign_request(key("trainer"), "POST", "/step", body,
+                                  audience=await _audience(s.url)).as_dict()
+            await _raw(s.url, body, signed)
+
+            def seen() -> tuple[int, object, str]:
+                d = s.api.pacer.demand
+                return s.api.pool.step, d and (d.taken_through, d.ahead), s.state.get_meta(DEMAND)
+
+            before = seen()
+            assert before[:2] == (4, (0, 2))
+            wanted = [(await _want(s.url, n)).files_wanted for n in NODES]
+            # the accepted file is backlog (not taken): one place of two is left
+            assert wanted == [1, 0, 0]
+
+            # a node signs a move that would free every place and jump the pool ahead
+            forged = StepUpdate(step=9, taken_through=1, ahead=1 << 20)
+            async with SignedClient(s.url, key("n2")) as c:
+                with pytest.raises(NotAReader):
+                    await c.call("POST", "/step", forged, response=HeartbeatAck)
+            # the same bytes signed by the node but claiming the trainer's address
+            forged_raw = forged.model_dump_json().encode()
+            claimed = sign_request(key("n2"), "POST", "/step", forged_raw,
+                                   audience=await _audience(s.url),
+                                   address=address("trainer")).as_dict()
+            with pytest.raises(WrongSigner):
+                await _raw(s.url, forged_raw, claimed)
+            # the trainer's request replayed as it was: its nonce was used
+            with pytest.raises(ReplayedNonce):
+                await _raw(s.url, body, signed)
+            # the trainer's key but values out of range
+            async with SignedClient(s.url, key("trainer")) as c:
+                with pytest.raises(TakenBeyondAccepted) as beyond:
+                    await c.call("POST", "/step", StepUpdate(step=5, taken_through=2, ahead=2),
+                                 response=HeartbeatAck)
+                assert "last acceptance number is 1" in str(beyond.value)
+                for raw in ({"step": 5, "taken_through": -1, "ahead": 2},
+                            {"step": 5, "taken_through": 0, "ahead": (1 << 20) + 1},
+                            {"step": 5, "taken_through": 0, "ahead": -3},
+                            {"step": -1, "taken_through": 0, "ahead": 2},
+                            {"step": 5, "taken_through": "all", "ahead": 2}):
+                    with pytest.raises(InvalidBody):
+                        await c.call("POST", "/step", raw, response=HeartbeatAck)
+                with pytest.raises(StepGoesBack):
+                    await c.call("POST", "/step", StepUpdate(step=3, taken_through=1, ahead=9),
+                                 response=HeartbeatAck)
+            assert seen() == before
+            # members are told what they were told before
+            assert [(await _want(s.url, n)).files_wanted for n in NODES] == wanted
+            # and the trainer's next true word still moves it
+            await _step(s.url, 5, 1, 2)
+            assert seen()[:2] == (5, (1, 2))
+    asyncio.run(t())

@@ -185,6 +185,11 @@ async def _step_goes_back(s: Served, tmp: Path, client: Any) -> Any:
     return await client("trainer").call("POST", "/step", StepUpdate(step=1))
 
 
+async def _taken_beyond_accepted(s: Served, tmp: Path, client: Any) -> Any:
+    return await client("trainer").call("POST", "/step", StepUpdate(step=3, taken_through=1,
+                                                                    ahead=2))
+
+
 PARTS: dict[ErrorCode, PartsCase] = {
     E.NOT_IN_POOL: _not_in_pool, E.NOT_A_READER: _not_a_reader, E.NO_INVITE: _no_invite,
     E.FILE_TOO_LARGE: _file_too_large, E.TOO_MANY_WORK_UNITS: _too_many_units,
@@ -196,7 +201,7 @@ PARTS: dict[ErrorCode, PartsCase] = {
     E.NO_SUCH_FILE: _no_such_file, E.STEP_GOES_BACK: _step_goes_back,
     E.COUNTER_OUT_OF_RANGE: _counter_out_of_range, E.COUNTER_USED: _counter_used,
     E.FILE_ALREADY_UPLOADED: _file_already_uploaded, E.UPLOAD_IN_PROGRESS: _upload_in_progress,
-    E.NOT_A_ROLLOUT_FILE: _not_a_rollout_file,
+    E.NOT_A_ROLLOUT_FILE: _not_a_rollout_file, E.TAKEN_BEYOND_ACCEPTED: _taken_beyond_accepted,
 }
 
 

@@ -54,7 +54,7 @@ def test_trainer_says_what_a_step_awaits(pool: Pool, tmp_path, capsys) -> None:
     arrived = threading.Event()
     src.take = lambda: _entry(3) if arrived.is_set() else None  # nothing accepted for now
     threading.Timer(0.5, arrived.set).start()
-    got = src._next_entry(3, [FileGroups(_entry(3), excluded=2)], [])
+    (got,) = src._fresh(3, 1, [FileGroups(_entry(3), excluded=2)], [], wait=True)
     assert got.step == 3
     said = _lines(capsys.readouterr().err, "step waiting for accepted files")
     assert said and said[0]["step"] == 3 and said[0]["need"] == 64
@@ -87,9 +87,13 @@ def test_trainer_paces_the_pool_by_what_it_will_take(pool: Pool, tmp_path) -> No
     try:
         src.reader.set_step(3, src.taken_through, src.ahead)
         assert _health(pool.orch.url)["pacing"]["ahead"] == 8
-        src.taken_through = 10 ** 9  # it took files while the step waits: said at once
+        # it took files while the step waits: said at once (no further than the pool's last
+        # acceptance number, which the orchestrator refuses to pass)
+        taken = max((e.accepted_seq for e in src.reader.accepted()), default=0)
+        src.taken_through = taken
         src._restate_demand(3)
-        assert _health(pool.orch.url)["pacing"]["taken_through"] == 10 ** 9
+        assert src._said == (3, taken)
+        assert _health(pool.orch.url)["pacing"]["taken_through"] == taken
         deadline = time.monotonic() + 20
         while not [x for x in _lines(pool.orch.log.read_text(), "pool step waiting")
                    if "pacing" in x["why"]]:
@@ -98,3 +102,53 @@ def test_trainer_paces_the_pool_by_what_it_will_take(pool: Pool, tmp_path) -> No
     finally:
         src.reader.set_step(3)  # the module's other tests see an unpaced pool
     assert _health(pool.orch.url)["pacing"]["ahead"] is None
+
+
+def test_a_step_loads_its_files_together_and_the_next_ones_while_it_trains(
+        pool: Pool, tmp_path) -> None:
+    """The trainer's reading: the files a step needs that are accepted now load as one group
+    (at most the files it would take one by one: each holds <= prompts_per_file groups), a
+    stale one on the way is dropped and recorded, and when the batch is full the files fresh
+    for the next step start loading before it is asked for; every file is used once, in
+    acceptance order."""
+    key = tmp_path / "trainer.key"
+    key.write_text(pool.key("trainer"))
+    cfg = NetworkSourceConfig(orchestrator_url=pool.orch.url, key_file=str(key), poll_s=0.02,
+                              judge_lag=None, ahead_files=0, load_threads=3)
+    src = NetworkSource(cfg, RolloutConfig(group_size=2, prompts_per_step=64), 1, 0, tmp_path,
+                        (None, None))
+    assert src._loads._max_workers == 3  # groups of files loading at once
+    ppf = src.rules.prompts_per_file
+    per_step = -(-64 // ppf)
+    versions = [3] * per_step + [1] + [3] * (2 * per_step)  # one stale file of version 1
+    entries = [_entry(v).model_copy(update={"sha256": f"{i:064x}", "accepted_seq": i + 1})
+               for i, v in enumerate(versions)]
+    arrived = list(entries)
+    src.take = lambda: arrived.pop(0) if arrived else None
+    groups: list[list[str]] = []
+
+    def load(es: list[LedgerEntry]) -> list[FileGroups]:
+        groups.append([e.sha256 for e in es])
+        return [FileGroups(e, rewards=[[1.0, 0.0]] * ppf, task_rewards=[[1.0, 0.0]] * ppf)
+                for e in es]
+    src._load = load
+    first = src.get(3)
+    assert first.rewards.shape == (per_step * ppf, 2)
+    # one group of the files this step needed; then the next step's, taken before it asks
+    assert groups[0] == [e.sha256 for e in entries[:per_step]]
+    assert src._next_step == 4 and len(src._next) == per_step
+    src._next[0][1].result()  # loading in the background: wait for it
+    assert groups[1] == [e.sha256 for e in entries[per_step + 1:2 * per_step + 1]]
+    second = src.get(4)
+    assert second.rewards.shape == (per_step * ppf, 2)
+    lines = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    used = [f["sha256"] for r in lines for f in r["used"]]
+    assert used == [e.sha256 for e in entries[:per_step] + entries[per_step + 1:3 * per_step]
+                    ][:2 * per_step]
+    assert [d["reason"] for d in lines[1]["dropped"]] == ["stale"]
+    assert len(set(used)) == len(used)
+    # the files left are of version 3, stale at step 5 (async_level 1): dropped as the next
+    # step's prefetch takes them, and recorded with that step
+    assert src._next == [] and len(src._next_dropped) == per_step
+    assert src.dropped_stale == 1 + per_step
+    src.close()

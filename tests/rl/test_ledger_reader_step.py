@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,7 +15,8 @@ import pytest
 
 from meshrl.orchestrator.config import OrchestratorConfig
 from meshrl.rl.ledger_files import LedgerReader
-from meshrl.wire import NotAReader
+from meshrl.wire import NotAReader, TakenBeyondAccepted
+from meshrl.wire.models import FileStatus
 from orchestrator.parts import Served, address, api_from_parts, key  # tests/ is on sys.path
 
 
@@ -55,7 +57,17 @@ def test_set_step_restates_the_trainers_demand(tmp_path: Path) -> None:
     """The pacing demand reaches the orchestrator with the move, and a move without one stops
     pacing (work orders then want no particular number of files)."""
     with served(tmp_path) as s:
+        for i in range(3):  # three accepted files: the demand may name acceptance 3, no more
+            sha = f"{i:064x}"
+            s.state.grant_slot(f"slot{i}", address("n1"), address("p1"), sha, 10, 5, 5, 1, i,
+                               time.time() + 60)
+            row = s.state.file(sha)
+            assert row is not None
+            s.state.set_file_status(row.seq, FileStatus.ACCEPTED)
         reader = LedgerReader(s.url, key("trainer"))
+        with pytest.raises(TakenBeyondAccepted):
+            reader.set_step(5, taken_through=4, ahead=8)
+        assert s.api.pacer.demand is None
         assert reader.set_step(5, taken_through=3, ahead=8) == 5
         demand = s.api.pacer.demand
         assert demand is not None and (demand.taken_through, demand.ahead) == (3, 8)

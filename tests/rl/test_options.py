@@ -119,6 +119,8 @@ COVERED = {
                          "test_delta_broadcast_publishes_each_later_version_as_a_signed_rebuildable_delta",
     "network.ahead_files": "tests/orchestrator/test_stall.py::"
                            "test_trainer_paces_the_pool_by_what_it_will_take",
+    "network.load_threads": "tests/orchestrator/test_stall.py::"
+                            "test_a_step_loads_its_files_together_and_the_next_ones_while_it_trains",
 }
 
 

@@ -21,11 +21,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from meshrl.wire import RolloutFileError
-from meshrl.wire.isolated import IsolationLimits, read_rollout_file_isolated
+from meshrl.wire.isolated import (
+    IsolationLimits,
+    read_rollout_file_isolated,
+    read_rollout_files_isolated,
+)
 from meshrl.wire.rollout_file import (
     COLUMNS,
     METADATA_KEY,
     FileLimits,
+    RolloutFile,
     read_rollout_file,
     rollout_file_bytes,
 )
@@ -203,3 +208,26 @@ def test_the_isolated_reader_reads_honest_files_and_bounds_time_and_memory():
         read_rollout_file_isolated(data, isolation=IsolationLimits(seconds=0.0))
     with pytest.raises(RolloutFileError, match="> limit 100"):
         read_rollout_file_isolated(data, FileLimits(max_bytes=100))
+
+
+def test_files_read_together_cost_only_themselves():
+    """Several files in one child (`read_rollout_files_isolated`, the trainer's step): honest
+    files read, a malformed one is its refusal, and one that kills the shared child (byte
+    1790 of the footer flipped, a SIGABRT in pyarrow) sends every file to a child of its own,
+    so the honest ones beside it still read and only it is refused."""
+    rf = sample_rollout()
+    data = rollout_file_bytes(rf)
+    killer = bytearray(data)
+    killer[1790] ^= 0x01
+    with pytest.raises(RolloutFileError, match="reader died"):
+        read_rollout_file_isolated(bytes(killer))
+    got = read_rollout_files_isolated([data, data[:-40], data])
+    assert [type(g).__name__ for g in got] == ["RolloutFile", "RolloutFileError", "RolloutFile"]
+    assert got[0].header == rf.header and got[2].header == rf.header
+    got = read_rollout_files_isolated([data, bytes(killer), data[:-40], data])
+    assert isinstance(got[0], RolloutFile) and isinstance(got[3], RolloutFile)
+    assert isinstance(got[1], RolloutFileError) and "reader died" in str(got[1])
+    assert isinstance(got[2], RolloutFileError) and "reader died" not in str(got[2])
+    assert read_rollout_files_isolated([]) == []
+    (alone,) = read_rollout_files_isolated([data], FileLimits(max_bytes=100))
+    assert isinstance(alone, RolloutFileError) and "> limit 100" in str(alone)

@@ -298,6 +298,11 @@ class OrchestratorApi:
         new: StepUpdate = call.body
         if new.step < self.pool.step:
             raise WireError(ErrorCode.STEP_GOES_BACK, f"pool is at step {self.pool.step}")
+        # refused before anything moves: a demand past the ledger would free every place
+        last = self.state.last_accepted_seq()
+        if new.taken_through is not None and new.taken_through > last:
+            raise WireError(ErrorCode.TAKEN_BEYOND_ACCEPTED, f"taken_through "
+                            f"{new.taken_through}, the last acceptance number is {last}")
         self.pool.set(new.step)
         self.pacer.set_demand(new.taken_through, new.ahead)  # each move restates the demand
         return HeartbeatAck(state=NodeState.HEALTHY, interval_s=self.cfg.heartbeat.interval_s,
@@ -352,7 +357,7 @@ class OrchestratorApi:
                   refusals=(E.NOT_A_READER,)),
             Route("POST", "/step", self.step, body=StepUpdate, response=HeartbeatAck,
                   max_body=small, tags=trainer, summary="the trainer moves the pool to a step",
-                  refusals=(E.NOT_A_READER, E.STEP_GOES_BACK)),
+                  refusals=(E.NOT_A_READER, E.STEP_GOES_BACK, E.TAKEN_BEYOND_ACCEPTED)),
         ]
 
 

@@ -282,6 +282,12 @@ class State:
                                (FileStatus.ACCEPTED.value, after, limit))
         return [_file_row(r) for r in rows]
 
+    def last_accepted_seq(self) -> int:
+        """The highest acceptance number given so far (0: none); a row keeps its number
+        after a later invalidation."""
+        row = self.db.execute("SELECT COALESCE(MAX(accepted_seq), 0) FROM files").fetchone()
+        return int(row[0])
+
     def set_file_status(self, seq: int, status: FileStatus, db: sqlite3.Connection | None = None,
                         verdict: str | None = None, validator: str | None = None) -> None:
         """Move one row; its first acceptance gives it the next acceptance number (one

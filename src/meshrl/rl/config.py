@@ -179,6 +179,10 @@ class NetworkSourceConfig(Config):
                              "it has taken (-1: max(1, async_level) x the files of one batch, "
                              "so none is made for a version that will be stale; 0: no pacing, "
                              "every member makes its counters' worth)")
+    load_threads: int = Field(2, ge=1, le=32, description="groups of files loaded at once: "
+                              "the files a step needs that are accepted now are downloaded "
+                              "together and read in one isolated child, and the next step's "
+                              "first files load while this one trains")
 
 
 class DistributedConfig(Config):

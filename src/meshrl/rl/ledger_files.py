@@ -25,10 +25,13 @@ from meshrl.log import get_logger, log_event
 from meshrl.pool import Assignment, PoolRules, counter_refusal, file_limits, read_rules
 from meshrl.tasks import TaskSet
 from meshrl.wire import SignedClient, StepGoesBack, WireHTTPError
-from meshrl.wire.isolated import read_rollout_file_isolated
+from meshrl.wire.errors import RolloutFileError
+from meshrl.wire.isolated import read_rollout_files_isolated
 from meshrl.wire.models import FileStatus, LedgerEntry, LedgerPage
+from meshrl.wire.rollout_file import RolloutFile
 
-__all__ = ["FileGroups", "LedgerReader", "UnusableFile", "file_groups", "trainable"]
+__all__ = ["FileGroups", "LedgerReader", "UnusableFile", "file_groups", "files_groups",
+           "trainable"]
 
 log = get_logger("meshrl.rl.network")
 T = TypeVar("T")
@@ -67,11 +70,43 @@ def file_groups(entry: LedgerEntry, data: bytes, tokenizer: Any, rules: PoolRule
                 tasks: TaskSet, exclude: frozenset[str] = frozenset()) -> FileGroups:
     """Check an accepted file's bytes against its ledger entry and split it into groups, by the
     pool's rules (`tasks` is `rules.task.build()`, built once)."""
+    (out,) = files_groups([entry], [data], tokenizer, rules, tasks, exclude)
+    if isinstance(out, Exception):
+        raise out
+    return out
+
+
+def files_groups(entries: list[LedgerEntry], datas: list[bytes], tokenizer: Any,
+                 rules: PoolRules, tasks: TaskSet, exclude: frozenset[str] = frozenset(),
+                 ) -> list[FileGroups | UnusableFile | RolloutFileError]:
+    """`file_groups` of several files, each result the file's groups or why it is unusable;
+    their bytes are read in one isolated child (a child that dies falls back to one a file,
+    `read_rollout_files_isolated`), so a step's files cost one fork, not one each."""
+    out: list[FileGroups | UnusableFile | RolloutFileError] = []
+    hashed = [hashlib.sha256(d).hexdigest() == e.sha256 for e, d in zip(entries, datas,
+                                                                         strict=True)]
+    read = iter(read_rollout_files_isolated([d for d, ok in zip(datas, hashed, strict=True)
+                                             if ok], file_limits(rules)))
+    for entry, ok in zip(entries, hashed, strict=True):
+        if not ok:
+            out.append(UnusableFile(f"{entry.sha256[:12]}: downloaded bytes do not hash to "
+                                    "the ledger's"))
+            continue
+        rf = next(read)
+        if isinstance(rf, RolloutFileError):
+            out.append(rf)
+            continue
+        try:
+            out.append(_groups(entry, rf, tokenizer, rules, tasks, exclude))
+        except UnusableFile as e:
+            out.append(e)
+    return out
+
+
+def _groups(entry: LedgerEntry, rf: RolloutFile, tokenizer: Any, rules: PoolRules,
+            tasks: TaskSet, exclude: frozenset[str]) -> FileGroups:
     from meshrl.tasks import compute_reward
 
-    if hashlib.sha256(data).hexdigest() != entry.sha256:
-        raise UnusableFile(f"{entry.sha256[:12]}: downloaded bytes do not hash to the ledger's")
-    rf = read_rollout_file_isolated(data, file_limits(rules))  # a crash costs only a child
     h = rf.header
     if h.policy_version != entry.policy_version or h.node.lower() != entry.node.lower():
         raise UnusableFile(f"{entry.sha256[:12]}: header (node {h.node}, version "

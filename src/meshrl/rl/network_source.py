@@ -22,9 +22,15 @@ mode (source.py), so the algorithm in loop.py is the same as with the local pipe
   cheater is accused and ejected within that many steps of its first dishonest file (an
   invalid verdict counts when it is posted: its slash follows the dispute period, which the
   trainer does not wait for).
+- Reading overlaps waiting (`load_threads`): the files a step still needs that are accepted
+  now are downloaded together and read in one isolated child (`files_groups`), at most one
+  batch's worth (never more files than the step would take one by one, so the same files in the same
+  order); and when a step's batch is complete, the accepted files fresh for the next step are
+  taken and start loading while this one trains.
 - Flow, in every step's metrics (`flow()`): `validator_lag`, the files submitted on chain and
   not yet judged when the step began; `load_seconds`, the part of the step's wait spent
-  downloading and reading its files (the rest is idle).
+  waiting on downloads and reads (what overlapped with training or other waits is not counted;
+  the rest of the wait is idle).
 - Records: `rollouts.jsonl` in the run directory has one line per step with every file it
   used and every file it dropped. A file appears in the records at most once, so no accepted
   rollout is used twice; on resume from the checkpoint of step c the lines of steps >= c are cut
@@ -39,6 +45,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +58,7 @@ from meshrl.rl.ledger_files import (
     FileGroups,
     LedgerReader,
     UnusableFile,
-    file_groups,
+    files_groups,
     trainable,
 )
 from meshrl.rl.pipeline import is_fresh
@@ -64,6 +71,8 @@ from meshrl.wire.signing import address_of
 __all__ = ["NetworkSource", "ShardcastPublisher", "read_records"]
 
 log = get_logger("meshrl.rl.network")
+# a file being loaded: its entry, the load of its group of files, its place in that group
+Loading = tuple[LedgerEntry, "Future[list[FileGroups | ValueError]]", int]
 
 
 # bytes per shard of a published policy: small enough to pipeline through relays
@@ -156,7 +165,13 @@ class NetworkSource(RolloutSource):
         per_batch = -(-rollout.prompts_per_step // self.rules.prompts_per_file)
         self.ahead: int | None = (cfg.ahead_files if cfg.ahead_files >= 0
                                   else max(1, async_level) * per_batch) or None
+        self.per_batch = per_batch
         self.taken_through = 0  # acceptance number of the last accepted file taken
+        self._loads = ThreadPoolExecutor(cfg.load_threads, thread_name_prefix="load")
+        # taken for step `_next_step` while the step before it trained: (entry, its load)
+        self._next: list[Loading] = []
+        self._next_step = -1
+        self._next_dropped: list[dict[str, Any]] = []
         self._said = (-1, 0)  # (step, taken_through) last restated to the pool
         self._flow: dict[str, float] = {}
         one_member = self.rules.files_per_step * self.rules.prompts_per_file
@@ -191,21 +206,28 @@ class NetworkSource(RolloutSource):
             self._wait_judged(step - self.cfg.judge_lag)
         taken: list[FileGroups] = []
         dropped: list[dict[str, Any]] = []
-        while sum(f.groups for f in taken) < self.rollout.prompts_per_step:
-            entry = self._next_entry(step, taken, dropped)
-            if not is_fresh(step, entry.policy_version, self.async_level):
-                self.dropped_stale += 1
-                dropped.append(_ref(entry, "stale"))
-                continue
+        loading = self._prefetched(step, dropped)
+        while (need := self.rollout.prompts_per_step - sum(f.groups for f in taken)) > 0:
+            if not loading:  # a file holds at most prompts_per_file groups: all are needed
+                want = -(-need // self.rules.prompts_per_file)
+                loading = self._start(self._fresh(step, want, taken, dropped, wait=True))
+            entry, load, i = loading.pop(0)
             t_load = time.perf_counter()
             try:
-                taken.append(self._load(entry))
+                got = load.result()[i]
+                if isinstance(got, ValueError):
+                    raise got
+                taken.append(got)
             except (UnusableFile, ValueError) as e:
                 log_event(log, "file unusable", sha256=entry.sha256, reason=str(e))
                 dropped.append(_ref(entry, f"unusable: {e}"))
             finally:
                 self._flow["load_seconds"] += time.perf_counter() - t_load
         self._record(step, taken, dropped, time.perf_counter() - t0)
+        # what is accepted now for the next step loads while this one trains
+        self._next_step, self._next_dropped = step + 1, []
+        self._next = self._start(self._fresh(step + 1, self.per_batch, [],
+                                             self._next_dropped, wait=False))
         return _batch(step, taken, self.rollout.group_size, time.perf_counter() - t0)
 
     def flow(self) -> dict[str, float]:
@@ -215,19 +237,58 @@ class NetworkSource(RolloutSource):
         return []  # nothing in flight belongs to the trainer: the ledger keeps it
 
     def close(self) -> None:
-        pass  # nothing to stop: the ledger, not the trainer, holds what is in flight
+        # the ledger, not the trainer, holds what is in flight: files taken ahead and not
+        # recorded are free again on the next start
+        self._loads.shutdown(wait=False, cancel_futures=True)
 
     # ---- plumbing --------------------------------------------------------------------------
-    def _next_entry(self, step: int, taken: list[FileGroups],
-                    dropped: list[dict[str, Any]]) -> LedgerEntry:
+    def _prefetched(self, step: int,
+                    dropped: list[dict[str, Any]]) -> list[Loading]:
+        """The loads started for `step` while the step before trained (their drops go to this
+        step's record); any taken for another step are checked for freshness again here."""
+        loading, self._next = self._next, []
+        dropped.extend(self._next_dropped)
+        self._next_dropped = []
+        if self._next_step == step:
+            return loading
+        kept = []
+        for entry, load, i in loading:
+            if is_fresh(step, entry.policy_version, self.async_level):
+                kept.append((entry, load, i))
+            else:
+                self.dropped_stale += 1
+                dropped.append(_ref(entry, "stale"))
+        return kept
+
+    def _fresh(self, step: int, want: int, taken: list[FileGroups],
+               dropped: list[dict[str, Any]], wait: bool) -> list[LedgerEntry]:
+        """Up to `want` fresh files for `step`, in acceptance order (stale ones dropped and
+        counted on the way); with `wait`, at least one, polling the ledger until there is."""
+        out: list[LedgerEntry] = []
         t0 = last = time.monotonic()
-        while (entry := self.take()) is None:
-            self._restate_demand(step)
-            if time.monotonic() - last >= self.cfg.stall_log_s:
-                last = time.monotonic()
-                self._say_waiting(step, taken, dropped, last - t0)
-            time.sleep(self.cfg.poll_s)
-        return entry
+        while len(out) < want:
+            entry = self.take()
+            if entry is None:
+                if out or not wait:
+                    break
+                self._restate_demand(step)
+                if time.monotonic() - last >= self.cfg.stall_log_s:
+                    last = time.monotonic()
+                    self._say_waiting(step, taken, dropped, last - t0)
+                time.sleep(self.cfg.poll_s)
+            elif is_fresh(step, entry.policy_version, self.async_level):
+                out.append(entry)
+            else:
+                self.dropped_stale += 1
+                dropped.append(_ref(entry, "stale"))
+        return out
+
+    def _start(self, entries: list[LedgerEntry]) -> list[Loading]:
+        """One load of `entries` together: one download session, one isolated child."""
+        if not entries:
+            return []
+        load = self._loads.submit(self._load, entries)
+        return [(e, load, i) for i, e in enumerate(entries)]
 
     def _say_waiting(self, step: int, taken: list[FileGroups], dropped: list[dict[str, Any]],
                      waited: float) -> None:
@@ -295,9 +356,10 @@ class NetworkSource(RolloutSource):
                           f"{self.cfg.judge_lag}): is a validator running?")
             time.sleep(self.cfg.poll_s)
 
-    def _load(self, entry: LedgerEntry) -> FileGroups:
-        (data,) = self.reader.download([entry])
-        return file_groups(entry, data, self.tokenizer, self.rules, self.tasks, self.exclude)
+    def _load(self, entries: list[LedgerEntry]) -> list[FileGroups | ValueError]:
+        datas = self.reader.download(entries)
+        return list(files_groups(entries, datas, self.tokenizer, self.rules, self.tasks,
+                                 self.exclude))
 
     def _record(self, step: int, taken: list[FileGroups], dropped: list[dict[str, Any]],
                 wait: float) -> None:

@@ -70,6 +70,7 @@ _EXPORTS = {
     "StaleTimestamp": "errors",
     "StaleWork": "errors",
     "StepGoesBack": "errors",
+    "TakenBeyondAccepted": "errors",
     "TooManyNodesForIp": "errors",
     "TooManyWorkUnits": "errors",
     "WorkIdOfAnotherFile": "errors",

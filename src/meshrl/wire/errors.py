@@ -22,7 +22,8 @@ __all__ = [
     "NotAwaitingVerdict", "NotInPool", "NotOwnEntry", "NotPoolManager", "NotSubmittedYet",
     "ProviderMismatch", "RateLimited", "ReplayedNonce", "RequestTimeout", "RolloutFileError",
     "Sha256Mismatch", "SizeMismatch", "SlotAlreadyUsed", "SlotExpired", "SlotOfAnotherNode",
-    "StaleTimestamp", "StaleWork", "StepGoesBack", "TooManyNodesForIp", "TooManyWorkUnits",
+    "StaleTimestamp", "StaleWork", "StepGoesBack", "TakenBeyondAccepted", "TooManyNodesForIp",
+    "TooManyWorkUnits",
     "UploadInProgress", "WireError", "WireHTTPError", "WireUnavailable", "WorkIdOfAnotherFile",
     "WrongAudience", "WrongSigner", "refusal", "refusal_classes"
 ]
@@ -93,6 +94,7 @@ class ErrorCode(StrEnum):
     NOT_SUBMITTED_YET = "not_submitted_yet", 409, "not submitted yet"
     NOT_AWAITING_VERDICT = "not_awaiting_verdict", 409, "not awaiting a verdict"
     STEP_GOES_BACK = "step_goes_back", 409, "step goes back"
+    TAKEN_BEYOND_ACCEPTED = "taken_beyond_accepted", 422, "taken beyond the accepted files"
     # discovery
     NODE_NOT_ON_CHAIN = "node_not_on_chain", 403, "node not on chain"
     PROVIDER_MISMATCH = "provider_mismatch", 403, "provider mismatch"
@@ -362,6 +364,10 @@ class NotAwaitingVerdict(WireHTTPError, code=ErrorCode.NOT_AWAITING_VERDICT):
 
 class StepGoesBack(WireHTTPError, code=ErrorCode.STEP_GOES_BACK):
     """The pool's step only moves forward."""
+
+
+class TakenBeyondAccepted(WireHTTPError, code=ErrorCode.TAKEN_BEYOND_ACCEPTED):
+    """A demand's `taken_through` names an acceptance number no file has yet."""
 
 
 # discovery

@@ -9,6 +9,10 @@ reader (`multiprocessing` "forkserver": a few tens of milliseconds per file), wi
 deadline and an address-space cap. Whatever goes wrong there comes back as a
 `RolloutFileError` naming what happened (a signal, the deadline, the memory cap), so the caller
 judges the file instead of dying on it, and the next restart does not meet it again.
+
+`read_rollout_files_isolated` reads several files in one child (one fork, not one a file: the
+trainer reads a step's files together); if that child dies, stalls or hits its cap, each file
+is read again in a child of its own, so a hostile file costs only itself.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 from meshrl.wire.errors import RolloutFileError
 from meshrl.wire.rollout_file import FileLimits, RolloutFile, read_rollout_file
 
-__all__ = ["IsolationLimits", "read_rollout_file_isolated"]
+__all__ = ["IsolationLimits", "read_rollout_file_isolated", "read_rollout_files_isolated"]
 
 _CTX: Any = None
 
@@ -67,6 +71,62 @@ def _child(conn: Connection, data: bytes, limits: FileLimits, memory_bytes: int)
         conn.send(("refused", f"reading it needs more than {memory_bytes} bytes of memory"))
     finally:
         conn.close()
+
+
+def _child_many(conn: Connection, datas: list[bytes], limits: FileLimits,
+                memory_bytes: int) -> None:
+    cap = _vm_bytes() + memory_bytes
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    out: list[tuple[str, Any]] = []
+    try:
+        for data in datas:
+            try:
+                out.append(("ok", read_rollout_file(data, limits)))
+            except RolloutFileError as e:
+                out.append(("refused", str(e)))
+        conn.send(out)
+    finally:  # a MemoryError sends nothing: the parent reads each file alone
+        conn.close()
+
+
+def read_rollout_files_isolated(datas: list[bytes], limits: FileLimits | None = None,
+                                isolation: IsolationLimits | None = None,
+                                ) -> list[RolloutFile | RolloutFileError]:
+    """`read_rollout_file` of each of `datas` in one child process (the deadline is
+    `isolation.seconds` per file); each result is the file or its refusal. When the shared
+    child does not answer (a crash, the deadline, the cap), every file is read again alone
+    by `read_rollout_file_isolated`, so one hostile file cannot cost the others."""
+    limits, isolation = limits or FileLimits(), isolation or IsolationLimits()
+    if len(datas) <= 1:
+        return [_one(d, limits, isolation) for d in datas]
+    ctx = _context()
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child_many, args=(child, datas, limits, isolation.memory_bytes),
+                       daemon=True)
+    proc.start()
+    child.close()
+    got: list[tuple[str, Any]] | None = None
+    try:
+        if parent.poll(isolation.seconds * len(datas)):
+            with contextlib.suppress(EOFError, OSError):
+                got = parent.recv()
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5)
+        parent.close()
+    if got is None or len(got) != len(datas):
+        return [_one(d, limits, isolation) for d in datas]
+    return [value if kind == "ok" else RolloutFileError(value) for kind, value in got]
+
+
+def _one(data: bytes, limits: FileLimits, isolation: IsolationLimits,
+         ) -> RolloutFile | RolloutFileError:
+    try:
+        return read_rollout_file_isolated(data, limits, isolation)
+    except RolloutFileError as e:
+        return e
 
 
 def read_rollout_file_isolated(data: bytes, limits: FileLimits | None = None,
