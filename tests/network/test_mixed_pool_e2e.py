@@ -1,0 +1,95 @@
+"""A mixed-precision pool through `meshrl network up` (issue #26): one worker on the float32 CPU
+engine, one on the bfloat16 reference backend (`[[workers.compute]]`), a cheater forging its
+rewards, proof profile `any-hardware`. After a warm start (sharper logits than a random policy:
+bf16 log-prob noise grows with them), the honest workers of both precisions have files
+accepted and none invalidated, the trainer uses only accepted files, and the cheater is
+hard-invalidated and slashed."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import netutil as nu
+import pytest
+
+from meshrl.rl.network_source import read_records
+
+pytestmark = [pytest.mark.slow, pytest.mark.anvil, pytest.mark.timeout(1500)]
+
+TOKEN = 10**18
+STEPS = 6
+
+CONFIG = f"""
+name = "mixed"
+base_port = {{port}}
+after_training = "serve"
+relays = 0
+max_minutes = 20
+[validators]
+count = 1
+[workers]
+honest = 2
+dishonest = 1
+cheat = {{ mode = "forge-rewards", after_step = -1 }}
+[[workers.compute]]
+backend = "engine"
+dtype = "float32"
+[[workers.compute]]
+backend = "reference"
+dtype = "bfloat16"
+[pool]
+proof_profile = "any-hardware"
+prompts_per_file = 4
+dead_after = 60
+[train]
+steps = {STEPS}
+stop_at_accuracy = 2.0
+[train.sft]
+max_steps = 60
+[train.rollout]
+prompts_per_step = 8
+[train.eval]
+num_problems = 8
+every = 100
+[train.run]
+checkpoint_every = 100
+plot = false
+"""
+
+
+def test_float32_and_bfloat16_workers_are_both_paid_and_the_cheater_slashed(tmp_path) -> None:
+    t0 = time.monotonic()
+    run = nu.run_network(tmp_path, CONFIG, "mixed", timeout=1200)
+    root, _ = next(run)
+    try:
+        finished_s = time.monotonic() - t0
+        info, chain = nu.info(root), nu.chain(root)
+        records = read_records(root / "trainer" / "rollouts.jsonl")
+        assert [r["step"] for r in records] == list(range(STEPS)), records[-3:]
+        ledger = nu.ledger(root)
+        counts = {}
+        for name in ("worker-0", "worker-1"):  # fp32 CPU engine, bf16 reference backend
+            node = info["workers"][name]["node"].lower()
+            mine = [e for e in ledger.values() if e.node.lower() == node]
+            bad = [(e.status.value, e.verdict) for e in mine
+                   if e.status.value.endswith("invalidated")]
+            assert not bad, (name, bad)
+            counts[name] = sum(e.status.value == "accepted" for e in mine)
+            assert counts[name] > 0, (name, [e.status for e in mine])
+        used = [f["sha256"] for r in records for f in r["used"]]
+        assert used and {ledger[s].status.value for s in used} == {"accepted"}
+        cheat = info["workers"]["cheater-0"]
+
+        def slashed() -> int:
+            node = cheat["node"].lower()
+            return sum(e.args["slashed"] for e in chain.events().poll()
+                       if e.name == "WorkInvalidated" and e.args["hard"]
+                       and e.args["node"].lower() == node)
+
+        total = nu.wait(slashed, 300, "the cheater was not hard-invalidated", every=3.0)
+        assert total >= 50 * TOKEN
+        print(json.dumps({"test": "mixed_pool_e2e", "trainer_finished_s": round(finished_s, 1),
+                          "accepted": counts, "cheater_slashed": total / TOKEN}))
+    finally:
+        run.close()
