@@ -21,6 +21,7 @@ import contextlib
 import multiprocessing as mp
 import resource
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -100,22 +101,11 @@ def read_rollout_files_isolated(datas: list[bytes], limits: FileLimits | None = 
     limits, isolation = limits or FileLimits(), isolation or IsolationLimits()
     if len(datas) <= 1:
         return [_one(d, limits, isolation) for d in datas]
-    ctx = _context()
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child_many, args=(child, datas, limits, isolation.memory_bytes),
-                       daemon=True)
-    proc.start()
-    child.close()
     got: list[tuple[str, Any]] | None = None
-    try:
+    with _reader(_child_many, datas, limits, isolation.memory_bytes) as (parent, _):
         if parent.poll(isolation.seconds * len(datas)):
             with contextlib.suppress(EOFError, OSError):
                 got = parent.recv()
-    finally:
-        if proc.is_alive():
-            proc.kill()
-        proc.join(5)
-        parent.close()
     if got is None or len(got) != len(datas):
         return [_one(d, limits, isolation) for d in datas]
     return [value if kind == "ok" else RolloutFileError(value) for kind, value in got]
@@ -136,13 +126,7 @@ def read_rollout_file_isolated(data: bytes, limits: FileLimits | None = None,
     limits, isolation = limits or FileLimits(), isolation or IsolationLimits()
     if len(data) > limits.max_bytes:  # no need to ship it to a child to refuse it
         raise RolloutFileError(f"file of {len(data)} bytes > limit {limits.max_bytes}")
-    ctx = _context()
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, data, limits, isolation.memory_bytes),
-                       daemon=True)
-    proc.start()
-    child.close()
-    try:
+    with _reader(_child, data, limits, isolation.memory_bytes) as (parent, proc):
         if not parent.poll(isolation.seconds):
             raise RolloutFileError(f"reading the file took longer than {isolation.seconds:g} s")
         try:
@@ -151,14 +135,27 @@ def read_rollout_file_isolated(data: bytes, limits: FileLimits | None = None,
             proc.join(5)
             raise RolloutFileError(f"the reader died reading the file ({_death(proc)})") \
                 from None
+    if kind == "ok":
+        return value  # type: ignore[no-any-return]
+    raise RolloutFileError(value)
+
+
+@contextlib.contextmanager
+def _reader(target: Any, *args: Any) -> Iterator[tuple[Any, Any]]:
+    """A child process running `target(conn, *args)`; yields (the parent's end of its pipe, the
+    process), and kills, reaps and closes both however the block ends."""
+    ctx = _context()
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=target, args=(child, *args), daemon=True)
+    proc.start()
+    child.close()
+    try:
+        yield parent, proc
     finally:
         if proc.is_alive():
             proc.kill()
         proc.join(5)
         parent.close()
-    if kind == "ok":
-        return value  # type: ignore[no-any-return]
-    raise RolloutFileError(value)
 
 
 def _death(proc: Any) -> str:
