@@ -41,7 +41,7 @@ from meshrl.wire.models import (
 from meshrl.wire.signing import sign_request
 
 from .conftest import parquet_framed
-from .parts import address, api_from_parts, key
+from .parts import Served, address, api_from_parts, key
 
 NODES = ("n1", "n2", "n3")
 FILES_PER_STEP = 2
@@ -81,13 +81,17 @@ async def _step(url: str, step: int, taken: int | None, ahead: int | None) -> No
                      response=HeartbeatAck)
 
 
+async def _members_beating(s: Served) -> None:
+    """Every node of NODES healthy in the served pool's state, each heartbeating at step 3."""
+    for n in NODES:
+        s.state.upsert_node(address(n), address("p" + n), NodeState.HEALTHY, time.time())
+        await _beat(s.url, n, 3)
+
+
 def test_work_orders_want_what_the_trainer_will_take(tmp_path: Path) -> None:
     async def t() -> None:
         async with api_from_parts(tmp_path, _cfg(), readers=(address("trainer"),)) as s:
-            for n in NODES:
-                s.state.upsert_node(address(n), address("p" + n), NodeState.HEALTHY,
-                                    time.time())
-                await _beat(s.url, n, 3)
+            await _members_beating(s)
             # no demand said: not paced
             assert (await _want(s.url, "n1")).files_wanted is None
             await _step(s.url, 3, 0, 2)
@@ -191,10 +195,7 @@ def test_a_step_update_not_the_trainers_own_changes_nothing(tmp_path: Path) -> N
     error, and neither the pool's step nor the demand nor what members are told moves."""
     async def t() -> None:
         async with api_from_parts(tmp_path, _cfg(), readers=(address("trainer"),)) as s:
-            for n in NODES:
-                s.state.upsert_node(address(n), address("p" + n), NodeState.HEALTHY,
-                                    time.time())
-                await _beat(s.url, n, 3)
+            await _members_beating(s)
             sha = await _grant(s.url, "n1", 3, 0)
             row = s.state.file(sha)
             assert row is not None
