@@ -38,10 +38,13 @@ def events(root: Path) -> list[dict[str, Any]]:
 
 
 def short_network(name: str, *, steps: int, checkpoint_every: int, workers: str,
-                  top: str = "") -> str:
-    """The shortened network of the end-to-end tests (TOML over configs/network.toml): 30 SFT
-    steps, then `steps` RL steps of 8 prompts in files of 4, serving on after training. `top`
-    adds top-level keys, `workers` is the body of [workers]; `{port}` is left to `run_network`."""
+                  top: str = "", pool: str = "", train: str = "", sft_steps: int = 30,
+                  eval_problems: int = 32) -> str:
+    """The shortened network of the end-to-end tests (TOML over configs/network.toml):
+    `sft_steps` SFT steps, then `steps` RL steps of 8 prompts in files of 4, serving on after
+    training. `top` adds top-level keys (and tables before [workers]), `workers` is the body of
+    [workers], `pool` and `train` add keys to [pool] and [train]; `{port}` is left to
+    `run_network`."""
     return f"""
 name = "{name}"
 base_port = {{port}}
@@ -52,15 +55,17 @@ after_training = "serve"
 [pool]
 prompts_per_file = 4
 dead_after = 60
+{pool}
 [train]
 steps = {steps}
 stop_at_accuracy = 2.0
+{train}
 [train.sft]
-max_steps = 30
+max_steps = {sft_steps}
 [train.rollout]
 prompts_per_step = 8
 [train.eval]
-num_problems = 32
+num_problems = {eval_problems}
 every = 100
 [train.run]
 checkpoint_every = {checkpoint_every}

@@ -20,42 +20,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.anvil, pytest.mark.timeout(1500)]
 TOKEN = 10**18
 STEPS = 6
 
-CONFIG = f"""
-name = "mixed"
-base_port = {{port}}
-after_training = "serve"
-relays = 0
-max_minutes = 20
-[validators]
-count = 1
-[workers]
-honest = 2
-dishonest = 1
-cheat = {{ mode = "forge-rewards", after_step = -1 }}
-[[workers.compute]]
-backend = "engine"
-dtype = "float32"
-[[workers.compute]]
-backend = "reference"
-dtype = "bfloat16"
-[pool]
-proof_profile = "any-hardware"
-prompts_per_file = 4
-dead_after = 60
-[train]
-steps = {STEPS}
-stop_at_accuracy = 2.0
-[train.sft]
-max_steps = 60
-[train.rollout]
-prompts_per_step = 8
-[train.eval]
-num_problems = 8
-every = 100
-[train.run]
-checkpoint_every = 100
-plot = false
-"""
+CONFIG = nu.short_network(
+    "mixed", steps=STEPS, checkpoint_every=100, sft_steps=60, eval_problems=8,
+    top="relays = 0\nmax_minutes = 20\n[validators]\ncount = 1",
+    workers='honest = 2\ndishonest = 1\ncheat = { mode = "forge-rewards", after_step = -1 }\n'
+            '[[workers.compute]]\nbackend = "engine"\ndtype = "float32"\n'
+            '[[workers.compute]]\nbackend = "reference"\ndtype = "bfloat16"',
+    pool='proof_profile = "any-hardware"')
 
 
 def test_float32_and_bfloat16_workers_are_both_paid_and_the_cheater_slashed(tmp_path) -> None:

@@ -48,38 +48,13 @@ def _config(qa: Path) -> str:
         f'verifier = "numeric", sha256 = "{data_digest(qa)}" }}, '
         '{ type = "code" }]')
     forge = ", ".join(f'"{t}"' for t in TASKS)
-    return f"""
-name = "mix"
-base_port = {{port}}
-after_training = "serve"
-relays = 0
-max_minutes = 18
-[validators]
-count = 1
-[workers]
-honest = 1
-dishonest = 3
-cheat = {{ mode = "forge-rewards", after_step = -1 }}
-forge_tasks = [{forge}]
-[pool]
-task = {{ mix = {mix} }}
-prompts_per_file = 4
-dead_after = 60
-[train]
-steps = {STEPS}
-stop_at_accuracy = 2.0
-filter_groups = false
-[train.sft]
-max_steps = 0
-[train.rollout]
-prompts_per_step = 8
-[train.eval]
-num_problems = 8
-every = 100
-[train.run]
-checkpoint_every = 100
-plot = false
-"""
+    return nu.short_network(
+        "mix", steps=STEPS, checkpoint_every=100, sft_steps=0, eval_problems=8,
+        top="relays = 0\nmax_minutes = 18\n[validators]\ncount = 1",
+        workers=f'honest = 1\ndishonest = 3\n'
+                f'cheat = {{ mode = "forge-rewards", after_step = -1 }}\n'
+                f'forge_tasks = [{forge}]',
+        pool=f"task = {{ mix = {mix} }}", train="filter_groups = false")
 
 
 def test_a_task_mix_runs_through_the_network_and_each_forgery_is_slashed(tmp_path) -> None:
