@@ -73,9 +73,16 @@ def net(tmp_path_factory) -> Iterator[tuple[Path, subprocess.Popen[bytes], Claim
 
 def _claim_after_the_lock(root: Path) -> Claim:
     info, chain = nu.info(root), nu.chain(root)
-    w = next(w for w in info["workers"].values() if not w["dishonest"])
-    works = [bytes(e.args["work_id"]) for e in _chain_events(chain) if e.name == "WorkSubmitted"
-             and e.args["node"].lower() == w["node"].lower()]
+    evs = _chain_events(chain)
+    honest = {n: w for n, w in info["workers"].items() if not w["dishonest"]}
+    submitted = {n: [bytes(e.args["work_id"]) for e in evs if e.name == "WorkSubmitted"
+                     and e.args["node"].lower() == w["node"].lower()] for n, w in honest.items()}
+    # the claimant is the honest node with the most work: pacing hands the pool's few files to
+    # whichever member asks first, so on a loaded machine one honest member may have none
+    name = max(submitted, key=lambda n: len(submitted[n]))
+    assert submitted[name], "no honest worker submitted any work:\n" + "\n".join(
+        f"--- {n}.log\n{_tail(root / 'logs' / f'{n}.log')}" for n in honest)
+    w, works = honest[name], submitted[name]
     newest_locked = bool(works) and not chain.claimable(works[-1])
     chain.backend.advance_time(600 + 1)
     ready = [wid for wid in works if chain.claimable(wid)]
@@ -86,6 +93,11 @@ def _claim_after_the_lock(root: Path) -> Claim:
         me.claim(ready[i:i + 64])
     return Claim(w["provider"], works, newest_locked, ready, owed, before,
                  chain.balance(w["provider"]))
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.is_file() \
+        else "(no log)"
 
 
 def _chain_events(chain: Protocol) -> list[Any]:
