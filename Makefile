@@ -32,7 +32,7 @@ demo-local: setup
 
 test: setup
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/pytest -q -m "not crosshost" tests
+	$(BIN)/pytest -q -m "not crosshost" --durations=25 tests
 
 # a pool and a joining worker in two network namespaces over a shaped link (root only; minutes)
 test-crosshost: setup
