@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def save_checkpoint(
     checkpoints_dir: str | Path, step: int, model: Any, tokenizer: Any, state: dict[str, Any],
-    keep: int = 2,
+    keep: int = 2, save_weights: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Atomically write `step_<step>` (model + trainer state); keep the newest `keep` ones."""
+    """Atomically write `step_<step>` (model + trainer state); keep the newest `keep` ones.
+    `save_weights(directory)` writes the weights instead of `model/` of `model` (LoRA:
+    rl/lora.py)."""
     from meshrl.model import save_model
 
     root = Path(checkpoints_dir)
@@ -51,7 +54,10 @@ def save_checkpoint(
     final = root / f"step_{step}"
     tmp = Path(tempfile.mkdtemp(prefix=f".step_{step}.", dir=root))
     try:
-        save_model(model, tokenizer, tmp / "model")
+        if save_weights is not None:
+            save_weights(tmp)
+        else:
+            save_model(model, tokenizer, tmp / "model")
         torch.save({**state, "step": step}, tmp / TRAINER_STATE)
         if final.exists():
             shutil.rmtree(final)

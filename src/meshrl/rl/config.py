@@ -18,6 +18,7 @@ __all__ = [
     "DistributedConfig",
     "EvalCommandConfig",
     "EvalConfig",
+    "LoraConfig",
     "LossConfig",
     "ModelConfig",
     "NetworkSourceConfig",
@@ -169,11 +170,12 @@ class NetworkSourceConfig(Config):
     stall_log_s: float = Field(15.0, gt=0, description="while a step waits (for accepted "
                                "files or for verdicts), log what it has and what it awaits "
                                "this often: no silent stall")
-    broadcast: Literal["full", "delta"] = Field(
+    broadcast: Literal["full", "delta", "adapter"] = Field(
         "full", description="how each version after the first is published: full (the "
-        "checkpoint) or delta (a lossless delta against the newest published version beside "
+        "checkpoint), delta (a lossless delta against the newest published version beside "
         "the full checkpoint: a worker or validator holding that version fetches the delta "
-        "alone, any other the full part; docs/shardcast.md)")
+        "alone, any other the full part) or adapter (lora.enabled: the first version is the "
+        "base, every later one its LoRA adapter alone; docs/shardcast.md)")
     ahead_files: int = Field(-1, ge=-1, le=1 << 20, description="pacing: files the trainer "
                              "asks the pool to keep generated, judged or waiting beyond those "
                              "it has taken (-1: max(1, async_level) x the files of one batch, "
@@ -209,6 +211,26 @@ class DistributedConfig(Config):
     )
 
 
+class LoraConfig(Config):
+    """LoRA RL (rl/lora.py): after the supervised warm-start the policy is frozen as the base
+    (`<run>/base`) and only low-rank adapters on `target_modules` are trained (peft). With
+    `network.broadcast = "adapter"` each version after the base goes out as its adapter alone
+    and every worker and validator merges it onto the base by one fixed rule
+    (shardcast/adapter.py), so all compute with the weights the trainer states."""
+
+    enabled: bool = Field(False, description="train LoRA adapters on the frozen warm-started "
+                          "policy instead of every weight")
+    rank: int = Field(8, ge=1, le=1024, description="adapter rank r")
+    alpha: float = Field(16.0, gt=0, allow_inf_nan=False,
+                         description="scale numerator: the update is (alpha / r) * B A")
+    rslora: bool = Field(False, description="scale by alpha / sqrt(r) instead (rank-stabilized)")
+    target_modules: tuple[str, ...] = Field(
+        ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        min_length=1, description="names of the linear layers that get adapters")
+    dropout: float = Field(0.0, ge=0, le=0, description="adapter dropout: 0 only (the "
+                           "trainer's forward is then the published function)")
+
+
 class ModelConfig(Config):
     preset: str = Field("qwen2-tiny", description="model preset to start from")
     path: str | None = Field(None, description="start from this model directory instead")
@@ -229,8 +251,15 @@ class RLConfig(Config):
     trainer: TrainerConfig = TrainerConfig()
     loss: LossConfig = LossConfig()
     eval: EvalConfig = EvalConfig()
+    lora: LoraConfig = LoraConfig()
     network: NetworkSourceConfig = NetworkSourceConfig()
     dist: DistributedConfig = DistributedConfig()
+
+    @model_validator(mode="after")
+    def _adapter_needs_lora(self) -> RLConfig:
+        if self.network.broadcast == "adapter" and not self.lora.enabled:
+            raise ValueError("network.broadcast = 'adapter' needs lora.enabled = true")
+        return self
 
 
 class EvalCommandConfig(Config):

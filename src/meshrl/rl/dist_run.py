@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from meshrl.config import CommandError
 from meshrl.rl.config import RLConfig
 from meshrl.rl.distributed import FSDPTrainer, World, init_world, rank_share, shard_policy
 from meshrl.rl.loop import RLRun, group_rows
@@ -37,6 +38,10 @@ __all__ = ["DistributedRun", "RankPublisher", "RankSource", "gather_full", "trai
 
 def train_distributed(cfg: RLConfig, env: Mapping[str, str]) -> dict[str, Any]:
     """Join torchrun's process group, run, leave it (also on errors)."""
+    if cfg.lora.enabled:  # FSDP2 sharding of a peft-wrapped policy is not built yet
+        raise CommandError("lora.enabled under torchrun is not supported yet: train LoRA "
+                           "adapters in one process (they are a few MB), or full weights "
+                           "with FSDP")
     world = init_world(cfg.dist, env)
     try:
         result = DistributedRun(cfg, world).run()

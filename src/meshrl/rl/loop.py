@@ -78,6 +78,7 @@ class RLRun:
         )
         self.pack_cost = PackCost.for_model(self.model)
         self.trainer = self._build_trainer()
+        self.lora: Any = None  # LoraPolicy once attached (lora.enabled: after the warm start)
         self.step = 0
         self.elapsed_before = 0.0  # wall time of earlier sessions of this run
         self.t0 = time.perf_counter()
@@ -87,7 +88,7 @@ class RLRun:
     # ----------------------------------------------------------------------------- the algorithm
     def run(self) -> dict[str, Any]:
         carried = self._resume_or_warm_start()
-        source, publisher = self._start_rollouts(carried, self.model.state_dict())
+        source, publisher = self._start_rollouts(carried, self.policy_weights())
         bar = self._progress_bar()
         try:
             while self.step < self.cfg.steps and not self._reached_target():
@@ -99,7 +100,7 @@ class RLRun:
                 stats = self.train_on(batch, advantages, keep)
                 stats["train_seconds"] = time.perf_counter() - t_train
                 self.step += 1
-                publisher.publish(self.step, self.model.state_dict())
+                publisher.publish(self.step, self.policy_weights())
                 self._log_step(batch, stats, keep, wait, time.perf_counter() - t_step, source)
                 if self.step % self.cfg.eval.every == 0 or self.step == self.cfg.steps:
                     self.evaluate("rl")
@@ -158,10 +159,21 @@ class RLRun:
                           "elapsed": self.elapsed(), **result})
         return self.accuracy
 
+    def policy_weights(self) -> Weights:
+        """The weights the policy computes with, as a plain model's state dict (LoRA: merged
+        by the published rule, rl/lora.py)."""
+        return self.lora.effective_state() if self.lora else self.model.state_dict()
+
     def checkpoint(self, source: RolloutSource) -> Path:
         state = self.checkpoint_state(source)
+        save_weights = None
+        if self.lora:  # model/: the effective weights (any reader); adapter/: for resume
+            def save_weights(directory: Path) -> None:
+                self.lora.save_effective(directory / "model")  # the base's tokenizer too
+                self.lora.save_adapter(directory / "adapter")
         return save_checkpoint(self.dir / "checkpoints", self.step, self.model, self.tokenizer,
-                               state, keep=self.cfg.run.keep_checkpoints)
+                               state, keep=self.cfg.run.keep_checkpoints,
+                               save_weights=save_weights)
 
     def checkpoint_state(self, source: RolloutSource) -> dict[str, Any]:
         """Everything of a checkpoint but the weights (and, sharded, the optimizer)."""
@@ -216,11 +228,13 @@ class RLRun:
                             prompt_format=self.cfg.rollout.prompt_format)
         self.metrics.log({"kind": "warm_start", **result, "elapsed": self.elapsed()})
         self._keep_reference(fresh=True)
+        self._attach_lora(fresh=True)
         self.evaluate("rl")
 
     def _resume(self, ckpt: Path) -> list[RolloutBatch]:
         """Restore weights, optimizer, schedule, RNG, clocks and the batches in flight."""
         self._keep_reference(fresh=False)
+        self._attach_lora(fresh=False)
         state = load_trainer_state(ckpt)
         self._restore_weights(ckpt, state)
         self.trainer.load_state_dict(state["trainer"])
@@ -235,10 +249,35 @@ class RLRun:
         from meshrl.model import load_model
         from meshrl.rl.dcp_checkpoint import has_sharded_state, load_sharded_state
 
-        if has_sharded_state(ckpt):  # written under torchrun: any world size resumes it
+        if self.lora:
+            self.lora.load_adapter(ckpt / "adapter")
+        elif has_sharded_state(ckpt):  # written under torchrun: any world size resumes it
             load_sharded_state(ckpt, self.model, self.trainer.optimizer)
         else:
             self.model.load_state_dict(load_model(ckpt / "model").state_dict())
+
+    def _attach_lora(self, fresh: bool) -> None:
+        """lora.enabled: the policy as it is now becomes the frozen base (`<run>/base`, saved
+        once; a resumed run loads it back) and only adapters are trained from here on."""
+        if not self.cfg.lora.enabled:
+            return
+        from meshrl.model import load_model, save_model
+        from meshrl.rl.lora import LoraPolicy
+
+        base = self.dir / "base"
+        if fresh:
+            save_model(self.host_model, self.tokenizer, base)
+        elif not (base / "config.json").is_file():
+            raise CommandError(f"{base}: no LoRA base to resume lora.enabled with (the run "
+                               "started without LoRA; start a new run to train adapters)")
+        else:
+            self.model.load_state_dict(load_model(base).state_dict())
+        for p in self.model.parameters():
+            p.grad = None  # the warm start's: the base is frozen from here on
+        self.lora = LoraPolicy(self.model, base, self.cfg.lora, self.cfg.run.seed)
+        self.model = self.host_model = self.lora.model
+        self.eval_backend = ReferenceBackend(self.model, self.tokenizer)
+        self.trainer = self._build_trainer()  # the optimizer over the adapters alone
 
     def _keep_reference(self, fresh: bool) -> None:
         """The KL term's frozen reference: the warm-started policy, kept in `<run>/reference`
@@ -266,7 +305,7 @@ class RLRun:
 
             source = NetworkSource(cfg.network, cfg.rollout, cfg.async_level, self.step,
                                    self.dir, (self.model, self.tokenizer), self.exclude,
-                                   cfg.tasks)
+                                   cfg.tasks, lora=self.lora)
             publisher = source.publisher()
             publisher.publish(self.step, weights)
             return source, publisher
@@ -276,14 +315,15 @@ class RLRun:
     def _rollout_pipeline(self, carried: list[RolloutBatch]) -> RolloutPipeline:
         """The local pipeline, not started: a generator with its own copy of the policy."""
         cfg = self.cfg
+        # the generator's own plain copy of the policy (LoRA: the effective weights)
+        own = self.lora.plain_model() if self.lora else copy.deepcopy(self.host_model)
         if cfg.rollout.subprocess:
             from meshrl.rl.subprocess_backend import SubprocessBackend
 
-            backend = SubprocessBackend(cfg.rollout.backend, copy.deepcopy(self.host_model),
-                                        self.tokenizer, self.async_threads)
+            backend = SubprocessBackend(cfg.rollout.backend, own, self.tokenizer,
+                                        self.async_threads)
         else:
-            backend = build_backend(cfg.rollout.backend, copy.deepcopy(self.host_model),
-                                    self.tokenizer)
+            backend = build_backend(cfg.rollout.backend, own, self.tokenizer)
 
         def make_batch(gen: Any, index: int, version: int) -> RolloutBatch:
             return generate_batch(gen, self.tokenizer, cfg.rollout, self.tasks, cfg.run.seed,

@@ -93,10 +93,16 @@ class ShardcastPublisher(PolicyPublisher):
 
     def __init__(self, origin_root: str | Path, reader: LedgerReader, model: Any,
                  tokenizer: Any, key: str, broadcast: str = "full",
-                 demand: Callable[[], tuple[int, int | None]] = lambda: (0, None)) -> None:
+                 demand: Callable[[], tuple[int, int | None]] = lambda: (0, None),
+                 lora: Any = None) -> None:
         self.origin_root, self.reader = Path(origin_root), reader
         self.model, self.tokenizer, self.key = model, tokenizer, key
-        self.broadcast = broadcast  # "delta": against the newest version published before
+        # "delta": against the newest version published before; "adapter": LoRA adapters on
+        # the base version (the first one published)
+        self.broadcast = broadcast
+        if broadcast == "adapter" and lora is None:
+            raise ValueError("network.broadcast = 'adapter' needs lora.enabled")
+        self.lora = lora  # LoraPolicy: what leaves is its effective weights (rl/lora.py)
         self.demand = demand  # (taken through, ahead) restated with every move
 
     def publish(self, version: int, weights: Weights) -> None:
@@ -110,7 +116,22 @@ class ShardcastPublisher(PolicyPublisher):
             tmp = Path(tempfile.mkdtemp(prefix=f".publish-{version}-",
                                         dir=store.root.parent))
             try:
-                save_model(self.model, self.tokenizer, tmp / "model")
+                base = self._adapter_base(store) if self.broadcast == "adapter" else None
+                if base is not None and base < version:
+                    m = self._publish_adapter(store, tmp, version, base)
+                    log_event(log, "version stored", version=version, payload=m.payload,
+                              base=m.base, bytes=m.total_size, fetch_bytes=m.fetch_size)
+                    return self._move(version, t0)
+                if self.broadcast == "adapter" and version > 0:  # say why it is not one
+                    log_event(log, "adapter broadcast needs the base version in the origin "
+                              "store; publishing the full checkpoint", level=logging.WARNING,
+                              version=version)
+                if self.broadcast == "adapter" and version == 0:
+                    shutil.copytree(self.lora.base_dir, tmp / "model")  # the base itself
+                elif self.lora is not None:
+                    self.lora.save_effective(tmp / "model")
+                else:
+                    save_model(self.model, self.tokenizer, tmp / "model")
                 older = [v for v in store.complete if v < version]
                 if self.broadcast == "delta" and older:
                     m = store.publish_delta(tmp / "model", version, max(older), SHARD_SIZE,
@@ -123,6 +144,30 @@ class ShardcastPublisher(PolicyPublisher):
                 shutil.rmtree(tmp, ignore_errors=True)
         else:  # published before a crash: workers may already hold it, keep theirs
             log_event(log, "version already published", version=version)
+        self._move(version, t0)
+
+    def _adapter_base(self, store: Any) -> int | None:
+        """The version in `store` that is this run's LoRA base (a full version whose weights
+        file is the base's), or None."""
+        from meshrl.shardcast.adapter import ADAPTER_WEIGHTS
+        from meshrl.shardcast.manifest import sha256_file
+
+        files = {p.name: sha256_file(p) for p in sorted(self.lora.base_dir.glob("*.safetensors"))
+                 if p.name != ADAPTER_WEIGHTS}
+        for v, m in sorted(store.complete.items()):
+            if m.payload == "full" and {f.name: f.sha256 for f in m.files
+                                        if f.name in files} == files:
+                return v
+        return None
+
+    def _publish_adapter(self, store: Any, tmp: Path, version: int, base: int) -> Any:
+        digest = self.lora.save_version(tmp / "adapter")
+        m = store.publish_adapter(tmp / "adapter", version, base, SHARD_SIZE, key=self.key)
+        log_event(log, "adapter published", version=version, base=base,
+                  effective_sha256=digest)
+        return m
+
+    def _move(self, version: int, t0: float) -> None:
         pool_step = self.reader.set_step(version, *self.demand())
         log_event(log, "published", version=version, pool_step=pool_step,
                   seconds=round(time.perf_counter() - t0, 3))
@@ -135,12 +180,13 @@ class NetworkSource(RolloutSource):
     def __init__(self, cfg: NetworkSourceConfig, rollout: RolloutConfig, async_level: int,
                  start_step: int, run_dir: Path, policy: tuple[Any, Any],
                  exclude: frozenset[str] = frozenset(),
-                 tasks: TasksConfig | None = None) -> None:
+                 tasks: TasksConfig | None = None, lora: Any = None) -> None:
         if not cfg.key_file:
             raise ValueError("network.key_file: the trainer needs its key to read the ledger")
         key = Path(cfg.key_file).read_text().strip()
         self.cfg, self.rollout, self.async_level = cfg, rollout, async_level
         self.model, self.tokenizer = policy
+        self.lora = lora
         self.exclude = exclude
         self.reader = LedgerReader(cfg.orchestrator_url, key)
         # files are read by the pool's published rules; the trainer's own shape (and the task
@@ -194,7 +240,7 @@ class NetworkSource(RolloutSource):
         """The publisher of this pool: it moves the pool through this source's reader."""
         return ShardcastPublisher(self.cfg.origin_root, self.reader, self.model, self.tokenizer,
                                   self.key, self.cfg.broadcast,
-                                  lambda: (self.taken_through, self.ahead))
+                                  lambda: (self.taken_through, self.ahead), self.lora)
 
     # ---- RolloutSource -----------------------------------------------------------------------
     def get(self, step: int) -> RolloutBatch:

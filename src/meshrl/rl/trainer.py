@@ -59,8 +59,12 @@ class Trainer:
         self.cfg = cfg
         self.loss_cfg = loss_cfg
         self.temperature = temperature
+        # the trainable parameters only (LoRA: the adapters); a frozen one's stale gradient
+        # (left by a full-weight warm start) must not count in the clipped norm
+        self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+            self.params, lr=cfg.lr,
+            betas=cfg.betas, weight_decay=cfg.weight_decay,
             fused=True,  # one kernel over all parameters: ~4x faster than the per-tensor loop
         )
         if cfg.decay != "constant" and total_steps is None:
@@ -139,7 +143,7 @@ class Trainer:
             for k, v in self.forward_backward(micro, adv, weight).items():
                 totals[k] = totals.get(k, 0.0) + v * weight
         totals = self.sum_over_ranks(totals)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
         totals["lr"] = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()

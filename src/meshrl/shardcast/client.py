@@ -28,6 +28,7 @@ from typing import Any
 import aiohttp
 
 from meshrl.log import get_logger, log_event
+from meshrl.shardcast.adapter import AdapterError, materialize
 from meshrl.shardcast.config import ClientConfig
 from meshrl.shardcast.delta import DeltaError, reconstruct
 from meshrl.shardcast.errors import (
@@ -66,6 +67,7 @@ class FetchResult:
     servers: dict[str, dict[str, Any]]
     payload: str = "full"  # what was fetched: full, delta (reconstructed on the base), adapter
     fetched_bytes: int = 0  # bytes downloaded
+    base: int | None = None  # the version a delta or adapter version was taken against
 
 
 class ShardcastClient(ServerTracker):
@@ -285,15 +287,19 @@ class ShardcastClient(ServerTracker):
         m = await self.find_manifest(version)
         out = Path(out)
         payload, fetched = m.payload, m.total_size
-        if m.payload != "delta":
-            await self._download(m, out, list(range(len(m.files))), m.kind == "file")
-        else:
+        if m.payload == "delta":
             payload, fetched = await self._fetch_delta(m, out, held)
+        elif m.payload == "adapter":
+            fetched = await self._fetch_adapter(m, out, held if held is not None else out.parent)
+        else:
+            await self._download(m, out, list(range(len(m.files))), m.kind == "file")
         dt = time.monotonic() - t0
         size = m.part_size(FULL_DIR) if m.payload == "delta" else m.total_size
         log_event(log, "fetched", version=m.version, out=str(out), bytes=size, payload=payload,
                   fetched_bytes=fetched, seconds=round(dt, 3))
-        return FetchResult(m.version, out, size, dt, self.pool.stats(), payload, fetched)
+        if m.payload == "adapter":
+            size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+        return FetchResult(m.version, out, size, dt, self.pool.stats(), payload, fetched, m.base)
 
     async def _fetch_delta(self, m: Manifest, out: Path, held: Path | None
                            ) -> tuple[str, int]:
@@ -326,6 +332,48 @@ class ShardcastClient(ServerTracker):
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return "full", m.part_size(FULL_DIR)
+
+    async def _fetch_adapter(self, m: Manifest, out: Path, held: Path) -> int:
+        """An adapter version into `out` as a full model directory (adapter.py): the adapter's
+        files merged onto its base version, held under `held/v<base>` or fetched there first.
+        The merged weights must hash to what the version states; a held base that does not
+        give them is fetched again once. Returns the bytes fetched. `AdapterError` (one log
+        line, `adapter unusable`) when nothing gives them: `out` is then left as it was."""
+        base = held / f"v{m.base}"
+        fetched = m.total_size
+        scratch = out.parent / f".{out.name}.adapter-{uuid.uuid4().hex[:8]}"
+        try:
+            await self._download(m, scratch, list(range(len(m.files))), False)
+            for attempt in (1, 2):
+                if attempt == 2 or not (base / "config.json").is_file():
+                    fetched += await self._fetch_base(m, base)
+                rebuilt = out.parent / f".{out.name}.merged-{uuid.uuid4().hex[:8]}"
+                try:
+                    await asyncio.to_thread(materialize, scratch, base, rebuilt)
+                    place_output(rebuilt, out)
+                    return fetched
+                except AdapterError as e:
+                    log_event(log, "adapter unusable", level=logging.WARNING, version=m.version,
+                              base=m.base, attempt=attempt, why=str(e)[:300])
+                    if attempt == 2:
+                        raise
+                finally:
+                    shutil.rmtree(rebuilt, ignore_errors=True)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        raise AssertionError("unreachable")
+
+    async def _fetch_base(self, m: Manifest, base: Path) -> int:
+        """The full version an adapter version `m` applies to, into `base` (the digest the
+        adapter's signed manifest names, no other)."""
+        bm = await self.find_manifest(m.base)
+        if bm.digest != m.base_digest or bm.payload != "full":
+            raise AdapterError(f"shardcast: version {m.base} served is not the base adapter "
+                               f"version {m.version} names")
+        log_event(log, "fetching adapter base", version=m.version, base=m.base,
+                  bytes=bm.total_size)
+        await self._download(bm, base, list(range(len(bm.files))), False)
+        return bm.total_size
 
     async def _download(self, m: Manifest, out: Path, only: list[int], single: bool) -> None:
         """The files `only` of `m` into `out` (the file itself when `single`), verified, via a
@@ -368,9 +416,10 @@ class ShardcastClient(ServerTracker):
         failed fetch (no server has it, a full disk, every server gone mid-transfer, more than
         `sync_timeout` s) is reported (`version sync failed`, `sync_failures`) and retried
         after a backoff, the versions held untouched; only `PublisherRequired` (nothing could
-        ever be believed) ends it."""
+        ever be believed) ends it. The base of a kept adapter version is kept too."""
         out_dir, stop = Path(out_dir), stop or asyncio.Event()
         failures = 0
+        bases: dict[int, int] = {}  # version held -> the version it needs (an adapter's base)
         while not stop.is_set():
             v = None
             try:
@@ -398,8 +447,13 @@ class ShardcastClient(ServerTracker):
             ret = on_version(res)
             if asyncio.iscoroutine(ret):
                 await ret
+            if res.base is not None and res.payload == "adapter":
+                bases[res.version] = res.base
             held = sorted((int(p.name[1:]), p) for p in out_dir.glob("v*") if p.name[1:].isdigit())
-            for _, old in held[:-keep]:
+            needed = {bases[v] for v, _ in held[-keep:] if v in bases}
+            for v, old in held[:-keep]:
+                if v in needed:  # the base of a kept adapter version: its next one needs it too
+                    continue
                 shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
 
 

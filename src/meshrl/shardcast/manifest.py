@@ -32,6 +32,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from meshrl.shardcast.adapter import ADAPTER_FILES
 from meshrl.shardcast.errors import ShardcastError
 
 __all__ = [
@@ -113,7 +114,8 @@ class Manifest(_Frozen):
                              "client holding the base fetches only delta/); adapter: LoRA "
                              "adapter files for the pool's base model")
     base: int | None = Field(None, ge=0, le=MAX_VERSION,
-                             description="the version a delta is taken against")
+                             description="the version a delta is taken against, or an "
+                             "adapter applies to (a full version)")
     base_digest: str | None = Field(None, pattern=_SHA256,
                                     description="the digest of the base version's manifest")
     shard_size: int = Field(gt=0, le=MAX_SHARD_SIZE)
@@ -204,15 +206,22 @@ class Manifest(_Frozen):
         self._check_payload(names)
 
     def _check_payload(self, names: set[str]) -> None:
-        """A delta names its base and holds one delta per full file, nothing else."""
-        if self.payload != "delta":
+        """A delta names its base and holds one delta per full file, nothing else; an adapter
+        names its base and holds the adapter's files, nothing else."""
+        if self.payload == "full":
             if self.base is not None or self.base_digest is not None:
                 raise ManifestError(f"shardcast: a {self.payload!r} version has no base")
             return
         if self.base is None or self.base_digest is None or self.base >= self.version:
-            raise ManifestError("shardcast: a delta needs an older base version and its digest")
+            raise ManifestError(f"shardcast: a {self.payload} version needs an older base "
+                                "version and its digest")
         if self.kind != "dir":
-            raise ManifestError("shardcast: a delta version is a directory")
+            raise ManifestError(f"shardcast: a {self.payload} version is a directory")
+        if self.payload == "adapter":
+            if names != set(ADAPTER_FILES):
+                raise ManifestError("shardcast: an adapter version holds "
+                                    f"{', '.join(ADAPTER_FILES)}, nothing else")
+            return
         full = {n[len(FULL_DIR) + 1:] for n in names if n.startswith(FULL_DIR + "/")}
         deltas = {f"{DELTA_DIR}/{n}{DELTA_SUFFIX}" for n in full}
         if not full or names != deltas | {f"{FULL_DIR}/{n}" for n in full}:

@@ -52,13 +52,18 @@ class Origin:
     async def publish(
         self, src: str | Path, version: int, shard_size: int = 50_000_000, link: bool = False,
         piece_size: int = PIECE_SIZE, delta_from: int | None = None,
+        adapter_of: int | None = None,
     ) -> Manifest:
         """Publish `src` as `version` (hashing and copying happen in a thread); with
-        `delta_from`, as a delta against that version (a full one if it is not held)."""
+        `delta_from`, as a delta against that version (a full one if it is not held); with
+        `adapter_of`, the adapter directory `src` for that full version (adapter.py)."""
         if self.key is None:
             raise StoreError("shardcast: an origin publishes only with the publisher's key")
         t0 = time.monotonic()
-        if delta_from is None:
+        if adapter_of is not None:
+            m = await asyncio.to_thread(self.store.publish_adapter, src, version, adapter_of,
+                                        shard_size, piece_size, self.key)
+        elif delta_from is None:
             m = await asyncio.to_thread(self.store.publish, src, version, shard_size, link,
                                         piece_size, self.key)
         else:
@@ -115,12 +120,26 @@ class Relay:
                 c = self.cfg.client
                 await asyncio.sleep(min(c.poll_interval * 2**failures, max(c.max_backoff, 5.0)))
 
+    async def _mirror_base(self, m: Manifest) -> None:
+        """The full version adapter version `m` applies to, mirrored first: a client that
+        holds no base fetches it from the relay it fetches the adapter from."""
+        base = await self.client.get_manifest(m.base)
+        if base.digest != m.base_digest or base.payload != "full":
+            raise StoreError(f"shardcast: upstream version {m.base} is not the base adapter "
+                             f"version {m.version} names")
+        if base.version not in self.store.partial:
+            await self.mirror(base)
+        again = await self.client.get_manifest(m.version)  # the servers' state is per version
+        if again.digest != m.digest:
+            raise StoreError(f"shardcast: upstream version {m.version} changed while its base "
+                             "was mirrored")
+
     async def mirror(self, version: int | Manifest) -> None:
         """Mirror `version` (or the version of an authenticated manifest), pipelined."""
         t0 = time.time()
         m = version if isinstance(version, Manifest) else await self.client.get_manifest(version)
         version = m.version
-        partial = self.store.begin_partial(m)
+        partial = self.store.begin_partial(m)  # first: pruning keeps its base from now on
         self.server.notify()
         log_event(log, "mirroring", version=version, shards=len(m.shards))
 
@@ -130,6 +149,8 @@ class Relay:
             self.server.notify()
 
         try:
+            if m.payload == "adapter" and m.base not in self.store.complete:
+                await self._mirror_base(m)
             await self.client.fetch_shards(m, partial.writer.write_at, on_shard)
             await asyncio.to_thread(partial.writer.close, self.store.fsync)
             self.store.commit_partial(version)

@@ -286,6 +286,18 @@ class VersionStore:
         finally:
             shutil.rmtree(stage, ignore_errors=True)
 
+    def publish_adapter(
+        self, src: str | Path, version: int, base: int, shard_size: int,
+        piece_size: int = PIECE_SIZE, key: str | bytes | None = None,
+    ) -> Manifest:
+        """Publish the adapter directory `src` (shardcast/adapter.py's three files) as an
+        adapter version for complete full version `base`, which is then kept while it is."""
+        base_m = self.complete.get(base)
+        if base_m is None or base_m.payload != "full":
+            raise StoreError(f"shardcast: adapter version {version} needs full version {base} "
+                             f"in {self.root}")
+        return self.publish(src, version, shard_size, False, piece_size, key, "adapter", base_m)
+
     # ---- relay: pipelined mirror --------------------------------------------------------
     def begin_partial(self, manifest: Manifest) -> Partial:
         v = manifest.version
@@ -319,8 +331,13 @@ class VersionStore:
 
     # ---- pruning ------------------------------------------------------------------------
     def prune(self) -> bool:
-        """Keep the newest `keep` complete versions; hide older ones, delete them when unread."""
-        old = sorted(self.complete)[: max(0, len(self.complete) - self.keep)]
+        """Keep the newest `keep` complete versions, and the base of every adapter version
+        kept (no client could use the adapter without it); hide older ones, delete them when
+        unread."""
+        newest = sorted(self.complete)[max(0, len(self.complete) - self.keep):]
+        kept = [self.complete[v] for v in newest] + [p.manifest for p in self.partial.values()]
+        bases = {m.base for m in kept if m.payload == "adapter"}
+        old = [v for v in sorted(self.complete) if v not in newest and v not in bases]
         for v in old:
             del self.complete[v]
             self.retiring.add(v)
