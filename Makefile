@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo demo-local test test-crosshost lint bench clean node
+.PHONY: setup demo demo-local demo-lora demo-local-lora test test-crosshost lint bench clean node
 
 setup: $(STAMP) node
 
@@ -29,6 +29,13 @@ demo: setup
 # the trainer alone, generating its own rollouts on this machine
 demo-local: setup
 	$(BIN)/meshrl train configs/arithmetic.toml
+
+# the same two with LoRA adapters on the frozen warm-started policy (adapter-only broadcast)
+demo-lora: setup
+	$(BIN)/meshrl network up configs/network.toml configs/network_lora.toml
+
+demo-local-lora: setup
+	$(BIN)/meshrl train configs/arithmetic.toml configs/lora.toml
 
 test: setup
 	$(BIN)/ruff check src tests benchmarks

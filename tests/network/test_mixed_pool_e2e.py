@@ -3,7 +3,9 @@ engine, one on the bfloat16 reference backend (`[[workers.compute]]`), a cheater
 rewards, proof profile `any-hardware`. After a warm start (sharper logits than a random policy:
 bf16 log-prob noise grows with them), the honest workers of both precisions have files
 accepted and none invalidated, the trainer uses only accepted files, and the cheater is
-hard-invalidated and slashed."""
+hard-invalidated and slashed. The trainer trains LoRA adapters (issue #28) and broadcasts each
+version after the base as its adapter alone: every worker and the validator merge each one to
+exactly the weights the trainer stated (the report's `adapter_weights_match`)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ CONFIG = nu.short_network(
     workers='honest = 2\ndishonest = 1\ncheat = { mode = "forge-rewards", after_step = -1 }\n'
             '[[workers.compute]]\nbackend = "engine"\ndtype = "float32"\n'
             '[[workers.compute]]\nbackend = "reference"\ndtype = "bfloat16"',
-    pool='proof_profile = "any-hardware"')
+    pool='proof_profile = "any-hardware"',
+    train='lora = { enabled = true, rank = 4 }\nnetwork = { broadcast = "adapter" }')
 
 
 def test_float32_and_bfloat16_workers_are_both_paid_and_the_cheater_slashed(tmp_path) -> None:
@@ -58,6 +61,15 @@ def test_float32_and_bfloat16_workers_are_both_paid_and_the_cheater_slashed(tmp_
                        if e.name == "WorkInvalidated" and e.args["hard"]
                        and e.args["node"].lower() == node)
 
+        from meshrl.network.report import _adapter_weights  # the report's check reads these
+
+        weights = _adapter_weights(root)
+        assert len(weights) >= STEPS - 1 and all("trainer" in w for w in weights.values())
+        roles = {r for w in weights.values() for r in w} - {"trainer"}
+        assert {"worker-0", "worker-1", "validator"} <= roles, weights
+        mismatched = [(v, r) for v, w in weights.items() for r, h in w.items()
+                      if r != "trainer" and h != w["trainer"]]
+        assert not mismatched, mismatched
         total = nu.wait(slashed, 300, "the cheater was not hard-invalidated", every=3.0)
         assert total >= 50 * TOKEN
         print(json.dumps({"test": "mixed_pool_e2e", "trainer_finished_s": round(finished_s, 1),

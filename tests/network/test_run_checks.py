@@ -45,7 +45,9 @@ def _facts() -> RunFacts:
                     cheat_after=1, async_level=2, evals=[
                         {"step": 2, "elapsed": 40.0, "accuracy": 0.5},
                         {"step": 3, "elapsed": 60.0, "accuracy": 0.85}],
-                    accuracy_goal=True, verdicts=verdicts)
+                    accuracy_goal=True, verdicts=verdicts,
+                    weights={v: {"trainer": f"{v:064x}", "worker-0": f"{v:064x}",
+                                 "validator": f"{v:064x}"} for v in (1, 2)})
 
 
 def _by_name(f: RunFacts) -> dict[str, dict[str, Any]]:
@@ -156,7 +158,7 @@ def test_report_rows_and_markdown() -> None:
                     "versions": [], "faults": [], "invalidations": [],
                     "restarts": [{"event": "retired", "role": "cheater-0", "rc": 3},
                                  {"event": "recovered", "role": "worker-0"}]})
-    assert "- checks: 7 of 7 hold" in md
+    assert "- checks: 8 of 8 hold" in md
     assert "| cheater-0 | retired | 3 |  |" in md and "| worker-0 | recovered" not in md
     assert "- **PASS** `no_accepted_file_lost`: 6 accepted, 5 taken, 0 lost, 1 still waiting" in md
     assert "| cheater-0 | True | accepted 1, hard_invalidated 2 | 1 | 1 | 30 | 0.000 |" in md
@@ -219,3 +221,12 @@ def test_report_dispute_section() -> None:
            "validator bond moved to providers" in lines
     assert "| validator-1 | True | 1 | 1 | 0 | 1 | 0 | 10.000 | 310.000 |" in lines
     assert _dispute_lines({"counts": None})[-1] == "the chain did not answer"
+
+
+def test_adapter_weights_must_be_the_trainers_at_every_role() -> None:
+    f = _facts()
+    assert _by_name(f)["adapter_weights_match"]["numbers"]["merges"] == 4
+    f.weights[2]["worker-0"] = "f" * 64  # one role merged other weights
+    assert _fails(f, "adapter_weights_match")["mismatched"] == [[2, "worker-0"]]
+    f.weights = {}  # no adapter broadcast: nothing to compare
+    assert _by_name(f)["adapter_weights_match"]["status"] == "n/a"

@@ -117,6 +117,18 @@ COVERED = {
     "network.stall_log_s": "tests/orchestrator/test_stall.py::test_trainer_says_what_a_step_awaits",
     "network.broadcast": "tests/rl/test_shardcast_publisher.py::"
                          "test_delta_broadcast_publishes_each_later_version_as_a_signed_rebuildable_delta",
+    "lora.enabled": "tests/rl/test_resume.py::"
+                    "test_lora_run_resumed_matches_uninterrupted_and_trains_only_adapters",
+    "lora.rank": "tests/rl/test_lora.py::"
+                 "test_alpha_rank_and_rslora_set_the_scale_of_the_effective_weights",
+    "lora.alpha": "tests/rl/test_lora.py::"
+                  "test_alpha_rank_and_rslora_set_the_scale_of_the_effective_weights",
+    "lora.rslora": "tests/rl/test_lora.py::"
+                   "test_alpha_rank_and_rslora_set_the_scale_of_the_effective_weights",
+    "lora.target_modules": "tests/rl/test_lora.py::"
+                           "test_target_modules_choose_the_layers_that_get_adapters",
+    "lora.dropout": "tests/rl/test_lora.py::"
+                    "test_dropout_other_than_zero_and_adapter_broadcast_without_lora_are_refused",
     "network.ahead_files": "tests/orchestrator/test_stall.py::"
                            "test_trainer_paces_the_pool_by_what_it_will_take",
     "network.load_threads": "tests/orchestrator/test_stall.py::"

@@ -49,6 +49,9 @@ class RunFacts:
     accuracy_goal: bool  # the run means to reach TARGET (its trainer stops at accuracy)
     verdicts: list[dict[str, Any]] = field(default_factory=list)  # validator "verdict" lines
     disputes: bool = False  # verdicts can be disputed (the chain's dispute period is positive)
+    # adapter versions: version -> {"trainer": the effective sha256 it stated, role: the
+    # sha256 of the weights that role merged} (report.py, from the role logs)
+    weights: dict[int, dict[str, str]] = field(default_factory=dict)
 
     def used(self) -> list[dict[str, Any]]:
         return [f for r in self.records for f in r["used"]]
@@ -237,6 +240,23 @@ def dispute_counts(ds: list[dict[str, Any]]) -> dict[str, Any]:
             "bond_moved": sum(d["forfeited"] for d in ds)}
 
 
+def adapter_weights_match(f: RunFacts) -> Check:
+    """Every adapter version a worker or validator merged gave the weights the trainer stated
+    (n/a when no version went out as an adapter)."""
+    if not f.weights:
+        return Check("adapter_weights_match", "n/a", "no adapter versions were published")
+    stated = {v: w["trainer"] for v, w in f.weights.items() if "trainer" in w}
+    merged = [(v, role, h) for v, w in f.weights.items() for role, h in w.items()
+              if role != "trainer"]
+    wrong = sorted({(v, role) for v, role, h in merged if stated.get(v) != h})
+    ok = bool(merged) and not wrong
+    return Check("adapter_weights_match", _verdict(ok),
+                 f"{len(merged)} merges of {len(stated)} adapter versions by "
+                 f"{len({r for _, r, _ in merged})} roles, {len(wrong)} not the trainer's "
+                 "weights", {"versions": len(stated), "merges": len(merged),
+                             "mismatched": [list(x) for x in wrong[:10]]})
+
+
 def reached_target(f: RunFacts) -> Check:
     hit = next((m for m in f.evals if m["accuracy"] >= TARGET), None)
     last = f.evals[-1]["accuracy"] if f.evals else None
@@ -260,7 +280,8 @@ def run_checks(f: RunFacts, ledger_read: bool = True) -> list[Check]:
         return [no_file_taken_twice(f), *down, *_dispute_checks(f), reached_target(f)]
     out = [trained_files_accepted(f), no_file_taken_twice(f), no_accepted_file_lost(f),
            honest_nodes_kept(f), no_work_judged_twice(f), *_dispute_checks(f)]
-    return [*out, *(cheater_caught(f, n) for n in cheaters), reached_target(f)]
+    return [*out, *(cheater_caught(f, n) for n in cheaters), adapter_weights_match(f),
+            reached_target(f)]
 
 
 def _dispute_checks(f: RunFacts) -> list[Check]:

@@ -93,6 +93,21 @@ def _accuracy_goal(cfg: NetworkConfig) -> bool:
     return goal is not None and 0.8 <= goal <= 1.0
 
 
+def _adapter_weights(root: Path) -> dict[int, dict[str, str]]:
+    """Per adapter version, the trainer's stated weights hash and each role's merged one."""
+    out: dict[int, dict[str, str]] = defaultdict(dict)
+    for r in _lines(root / "logs" / "trainer.log"):
+        if r.get("msg") == "adapter published":
+            out[int(r["version"])]["trainer"] = r["effective_sha256"]
+    for log in sorted((root / "logs").glob("*.log")):
+        if log.stem == "trainer":
+            continue
+        for r in _lines(log):
+            if r.get("msg") == "fetched" and r.get("payload") == "adapter":
+                out[int(r["version"])].setdefault(log.stem, r.get("effective_sha256", ""))
+    return dict(out)
+
+
 def _broadcast(root: Path, workers: list[str]) -> list[dict[str, Any]]:
     trainer = _lines(root / "logs" / "trainer.log")
     published = {r["version"]: r["ts"] for r in trainer if r.get("msg") == "published"}
@@ -185,7 +200,8 @@ def build_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
                      cheat_after=cfg.workers.cheat.after_step,
                      async_level=cfg.pool.async_level, evals=evals,
                      accuracy_goal=_accuracy_goal(cfg), verdicts=verdicts,
-                     disputes=cfg.chain.dispute_period > 0)
+                     disputes=cfg.chain.dispute_period > 0,
+                     weights=_adapter_weights(root))
     events = _lines(root / "events.jsonl")
     return {
         "outcome": _lines_json(root / "outcome.json"),

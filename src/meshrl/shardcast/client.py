@@ -286,17 +286,19 @@ class ShardcastClient(ServerTracker):
         log_event(log, "fetch start", version=version, out=str(out), servers=len(self.pool.servers))
         m = await self.find_manifest(version)
         out = Path(out)
-        payload, fetched = m.payload, m.total_size
+        payload, fetched, effective = m.payload, m.total_size, None
         if m.payload == "delta":
             payload, fetched = await self._fetch_delta(m, out, held)
         elif m.payload == "adapter":
-            fetched = await self._fetch_adapter(m, out, held if held is not None else out.parent)
+            fetched, effective = await self._fetch_adapter(
+                m, out, held if held is not None else out.parent)
         else:
             await self._download(m, out, list(range(len(m.files))), m.kind == "file")
         dt = time.monotonic() - t0
         size = m.part_size(FULL_DIR) if m.payload == "delta" else m.total_size
+        extra = {"effective_sha256": effective} if effective else {}  # what an adapter gave
         log_event(log, "fetched", version=m.version, out=str(out), bytes=size, payload=payload,
-                  fetched_bytes=fetched, seconds=round(dt, 3))
+                  fetched_bytes=fetched, seconds=round(dt, 3), **extra)
         if m.payload == "adapter":
             size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
         return FetchResult(m.version, out, size, dt, self.pool.stats(), payload, fetched, m.base)
@@ -333,12 +335,13 @@ class ShardcastClient(ServerTracker):
             shutil.rmtree(scratch, ignore_errors=True)
         return "full", m.part_size(FULL_DIR)
 
-    async def _fetch_adapter(self, m: Manifest, out: Path, held: Path) -> int:
+    async def _fetch_adapter(self, m: Manifest, out: Path, held: Path) -> tuple[int, str]:
         """An adapter version into `out` as a full model directory (adapter.py): the adapter's
         files merged onto its base version, held under `held/v<base>` or fetched there first.
         The merged weights must hash to what the version states; a held base that does not
         give them is fetched again once. Returns the bytes fetched. `AdapterError` (one log
-        line, `adapter unusable`) when nothing gives them: `out` is then left as it was."""
+        line, `adapter unusable`) when nothing gives them: `out` is then left as it was.
+        Returns (bytes fetched, the merged weights' sha256)."""
         base = held / f"v{m.base}"
         fetched = m.total_size
         scratch = out.parent / f".{out.name}.adapter-{uuid.uuid4().hex[:8]}"
@@ -349,9 +352,9 @@ class ShardcastClient(ServerTracker):
                     fetched += await self._fetch_base(m, base)
                 rebuilt = out.parent / f".{out.name}.merged-{uuid.uuid4().hex[:8]}"
                 try:
-                    await asyncio.to_thread(materialize, scratch, base, rebuilt)
+                    digest = await asyncio.to_thread(materialize, scratch, base, rebuilt)
                     place_output(rebuilt, out)
-                    return fetched
+                    return fetched, digest
                 except AdapterError as e:
                     log_event(log, "adapter unusable", level=logging.WARNING, version=m.version,
                               base=m.base, attempt=attempt, why=str(e)[:300])
