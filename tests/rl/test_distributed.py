@@ -241,3 +241,46 @@ def test_in_process_train_under_torchrun_is_a_clear_error(tiny_cfg, monkeypatch)
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(RuntimeError, match="train_distributed"):
         train(tiny_cfg(steps=1))
+
+
+@pytest.mark.slow
+def test_lora_under_fsdp_matches_one_process_and_resumes_across_world_sizes(tiny_args,
+                                                                            tiny_cfg, tmp_path):
+    """LoRA adapters on a policy sharded by FSDP2 (frozen base and adapters in the same
+    units): 2 ranks step as one process does (1e-5), a sharded LoRA checkpoint resumes in one
+    process, and its model/ holds the effective weights."""
+    from meshrl.rl.dcp_checkpoint import has_sharded_state
+    from meshrl.rl.loop import train
+
+    common = {"async_level": 1, "run.checkpoint_every": 2, "sft.max_steps": 15,
+              "sft.batch_size": 16, "sft.eval_every": 100, "tasks.length_target.enabled": True,
+              "tasks.length_target.targets": "[1,2,3]", "tasks.length_target.alpha": 0.1,
+              "lora.enabled": True, "lora.rank": 4, "trainer.lr": 1e-2}
+    cli = ["-m", "meshrl.cli", "train"]
+    _torchrun(cli + tiny_args(steps=4, **common, **{"run.name": "two"}))
+    _torchrun(cli + tiny_args(steps=2, **common, **{"run.name": "cut"}))
+    runs = tmp_path / "runs"
+    ckpt = runs / "cut" / "checkpoints" / "step_2"
+    assert has_sharded_state(ckpt) and (ckpt / "adapter" / "adapter_model.safetensors").is_file()
+    train(tiny_cfg(steps=4, **common, **{"run.name": "cut"}))  # resumed in one process
+    train(tiny_cfg(steps=4, **common, **{"run.name": "one"}))
+
+    two, cut, one = (_step_records(runs / n) for n in ("two", "cut", "one"))
+    assert all(r["kept_groups"] > 0 and "loss" in r for r in one)
+    for other in (two, cut):
+        assert [(r["reward"], r["version"]) for r in other] == [
+            (r["reward"], r["version"]) for r in one]
+        for a, b in zip(other, one, strict=True):
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
+    from meshrl.model import load_model
+    from meshrl.shardcast.adapter import materialize, read_weights, weights_sha256
+
+    q = "model.layers.0.self_attn.q_proj.weight"
+    final = runs / "two" / "checkpoints" / "step_4"
+    assert not torch.equal(load_model(final / "model").state_dict()[q],
+                           load_model(runs / "two" / "base").state_dict()[q])
+    from meshrl.shardcast.adapter import write_effective
+
+    write_effective(final / "adapter", weights_sha256(
+        read_weights(final / "model")["model.safetensors"]))
+    materialize(final / "adapter", runs / "two" / "base", tmp_path / "rebuilt")  # same weights

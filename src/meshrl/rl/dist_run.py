@@ -38,10 +38,6 @@ __all__ = ["DistributedRun", "RankPublisher", "RankSource", "gather_full", "trai
 
 def train_distributed(cfg: RLConfig, env: Mapping[str, str]) -> dict[str, Any]:
     """Join torchrun's process group, run, leave it (also on errors)."""
-    if cfg.lora.enabled:  # FSDP2 sharding of a peft-wrapped policy is not built yet
-        raise CommandError("lora.enabled under torchrun is not supported yet: train LoRA "
-                           "adapters in one process (they are a few MB), or full weights "
-                           "with FSDP")
     world = init_world(cfg.dist, env)
     try:
         result = DistributedRun(cfg, world).run()
@@ -101,7 +97,7 @@ class RankPublisher(PolicyPublisher):
     (`keep`: for evaluation and checkpoints) and hands to its publisher."""
 
     def __init__(self, world: World, publisher: PolicyPublisher | None,
-                 keep: Callable[[Weights], None]) -> None:
+                 keep: Callable[[Weights], Weights]) -> None:
         if world.is_main != (publisher is not None):
             raise ValueError("rank 0, and only rank 0, owns the policy publisher")
         self.world, self.publisher, self.keep = world, publisher, keep
@@ -109,8 +105,7 @@ class RankPublisher(PolicyPublisher):
     def publish(self, version: int, weights: Weights) -> None:
         full = gather_full(self.world, weights)
         if self.publisher is not None:
-            self.keep(full)
-            self.publisher.publish(version, full)
+            self.publisher.publish(version, self.keep(full))
 
 
 class DistributedRun(RLRun):
@@ -126,6 +121,42 @@ class DistributedRun(RLRun):
     # --------------------------------------------------------------------------- who does what
     def _is_main(self) -> bool:
         return self.world.is_main
+
+    def policy_weights(self) -> Weights:
+        """This rank's shards (gathered on rank 0 by the publisher: a collective)."""
+        return self.model.state_dict()
+
+    def _attach_lora(self, fresh: bool) -> None:
+        """LoRA under torchrun: called by rank 0's warm start (fresh: nothing yet, every rank
+        attaches in `_resume_or_warm_start` once the base is saved) or by every rank on resume."""
+        if fresh or not self.cfg.lora.enabled:
+            return
+        self._attach_lora_everywhere(fresh=False)
+
+    def _attach_lora_everywhere(self, fresh: bool) -> None:
+        """Every rank: the policy becomes `<run>/base` with adapters (the same on every rank:
+        their init is seeded), sharded anew; rank 0 also keeps an unsharded copy of it for
+        evaluation, the effective weights and checkpoints (rl/lora.py)."""
+        from meshrl.model import load_model, save_model
+        from meshrl.rl.lora import LoraPolicy
+
+        base = self.dir / "base"
+        if fresh and self.world.is_main:
+            save_model(self.host_model, self.tokenizer, base)
+        self.world.broadcast(None)  # the base is on the shared run directory for every rank
+        if not (base / "config.json").is_file():
+            raise CommandError(f"{base}: no LoRA base to resume lora.enabled with (the run "
+                               "started without LoRA; start a new run to train adapters)")
+        seed = self.cfg.run.seed
+        self.model = LoraPolicy(load_model(base), base, self.cfg.lora, seed).model
+        self.trainer = self._build_trainer()  # shards the adapted policy; adapters' optimizer
+        if self.world.is_main:
+            from meshrl.inference import ReferenceBackend
+
+            self.lora = LoraPolicy(load_model(base), base, self.cfg.lora, seed)
+            self.host_model = self.lora.model
+            self.eval_backend = ReferenceBackend(self.host_model, self.tokenizer)
+            self._host_serial = self._latest_serial = 0
 
     def _host_model(self) -> Any:
         # other ranks never evaluate or save: their eval backend is built but never used
@@ -173,6 +204,8 @@ class DistributedRun(RLRun):
             self._broadcast_host(optimizer_state=None)
             if not self.world.is_main:
                 self._keep_reference(fresh=False)  # rank 0 saved it before the broadcast
+            if self.cfg.lora.enabled:
+                self._attach_lora_everywhere(fresh=True)
             return []
         return self._resume(Path(ckpt))
 
@@ -186,7 +219,10 @@ class DistributedRun(RLRun):
         if self.world.is_main:
             from meshrl.model import load_model
 
-            self.host_model.load_state_dict(load_model(ckpt / "model").state_dict())
+            if self.lora:
+                self.lora.load_adapter(ckpt / "adapter")
+            else:
+                self.host_model.load_state_dict(load_model(ckpt / "model").state_dict())
         self._broadcast_host(optimizer_state)
 
     def _broadcast_host(self, optimizer_state: dict[str, Any] | None) -> None:
@@ -206,7 +242,8 @@ class DistributedRun(RLRun):
             return
         optim_sd: dict[str, Any] = {}
         if self.world.is_main:
-            plain = torch.optim.AdamW(self.host_model.parameters())
+            plain = torch.optim.AdamW(  # positions as the trainer's: trainable ones only
+                [p for p in self.host_model.parameters() if p.requires_grad])
             plain.load_state_dict(optimizer_state)  # keyed by position; FQN-keyed below
             optim_sd = get_optimizer_state_dict(self.host_model, plain)
         set_optimizer_state_dict(self.model, self.trainer.optimizer, optim_sd, options=options)
@@ -219,8 +256,7 @@ class DistributedRun(RLRun):
         full = gather_full(self.world, weights)
         source = publisher = None
         if self.world.is_main:
-            self.set_latest(full)
-            source, publisher = super()._start_rollouts(carried, full)
+            source, publisher = super()._start_rollouts(carried, self.set_latest(full))
         return RankSource(self.world, source), RankPublisher(self.world, publisher,
                                                               self.set_latest)
 
@@ -232,7 +268,11 @@ class DistributedRun(RLRun):
             state = self.checkpoint_state(source)
             state["trainer"] = {"scheduler": self.trainer.scheduler.state_dict()}
             self._sync_host()
-            save_model(self.host_model, self.tokenizer, directory / "model")
+            if self.lora:  # model/: the effective weights; adapter/: peft's layout
+                self.lora.save_effective(directory / "model")
+                self.lora.save_adapter(directory / "adapter")
+            else:
+                save_model(self.host_model, self.tokenizer, directory / "model")
             write_trainer_state(directory, state, self.step)
 
         return save_distributed_checkpoint(
@@ -240,9 +280,15 @@ class DistributedRun(RLRun):
             write_main, keep=self.cfg.run.keep_checkpoints,
         )
 
-    def set_latest(self, weights: Weights) -> None:
+    def set_latest(self, weights: Weights) -> Weights:
+        """Keep the newest gathered weights (rank 0); returns what the publisher sends: them,
+        or with LoRA the effective weights they stand for."""
         self.latest_weights = weights
         self._latest_serial += 1
+        if not self.lora:
+            return weights
+        self._sync_host()
+        return self.lora.effective_state()
 
     def _sync_host(self) -> None:
         """Load the newest published weights into rank 0's plain copy (once per version)."""

@@ -249,10 +249,10 @@ class RLRun:
         from meshrl.model import load_model
         from meshrl.rl.dcp_checkpoint import has_sharded_state, load_sharded_state
 
-        if self.lora:
-            self.lora.load_adapter(ckpt / "adapter")
-        elif has_sharded_state(ckpt):  # written under torchrun: any world size resumes it
+        if has_sharded_state(ckpt):  # written under torchrun: any world size resumes it
             load_sharded_state(ckpt, self.model, self.trainer.optimizer)
+        elif self.lora:
+            self.lora.load_adapter(ckpt / "adapter")
         else:
             self.model.load_state_dict(load_model(ckpt / "model").state_dict())
 
