@@ -75,7 +75,7 @@ def test_target_modules_choose_the_layers_that_get_adapters(tmp_path):
 def test_dropout_other_than_zero_and_adapter_broadcast_without_lora_are_refused():
     with pytest.raises(Exception, match="less than or equal to 0"):
         LoraConfig(dropout=0.1)
-    with pytest.raises(Exception, match="needs lora.enabled"):
+    with pytest.raises(Exception, match=r"needs lora\.enabled"):
         load_config(RLConfig, [], ["--network.broadcast", "adapter"])
     assert load_config(RLConfig, [], ["--network.broadcast", "adapter",
                                       "--lora.enabled", "true"]).lora.enabled
