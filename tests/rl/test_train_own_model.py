@@ -34,3 +34,26 @@ def test_train_on_a_qwen3_directory_with_chat_prompts(tmp_path, capsys) -> None:
     model, tok = load_model(saved[-1]), load_tokenizer(saved[-1])
     assert model.config.model_type == "qwen3"
     assert tok.has_chat_template and tok.eos_token_ids == load_tokenizer(src).eos_token_ids
+    # `meshrl eval` prompts the way the run was trained: through the chat template
+    from meshrl.pool import encode_prompt
+    from meshrl.rl.config import EvalCommandConfig
+    from meshrl.rl.evaluate import evaluate_checkpoint
+
+    assert len(encode_prompt(tok, "1+1=", "chat")) > len(encode_prompt(tok, "1+1=", "raw")) + 4
+    base = {"checkpoint": str(run), "threads": 1, "eval": {"num_problems": 4}}
+    chat = evaluate_checkpoint(EvalCommandConfig(**base, prompt_format="chat"))
+    assert chat["n"] == 4
+    # and the option is honoured: a policy without a chat template cannot be asked for one
+    import pytest
+
+    from meshrl.model import CharTokenizer, build_model, save_model
+    from meshrl.pool import PromptFormatError
+
+    tok0 = CharTokenizer()
+    save_model(build_model("qwen2-tiny", tok0.vocab_size), tok0, tmp_path / "plain")
+    plain = {**base, "checkpoint": str(tmp_path / "plain")}
+    assert evaluate_checkpoint(EvalCommandConfig(**plain))["n"] == 4
+    with pytest.raises(PromptFormatError):
+        evaluate_checkpoint(EvalCommandConfig(**plain, prompt_format="chat"))
+    assert main(["eval", "--checkpoint", str(run), "--prompt_format", "chat",
+                 "--eval.num_problems", "4", "--threads", "1"]) == 0

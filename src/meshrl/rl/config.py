@@ -267,5 +267,7 @@ class EvalCommandConfig(Config):
 
     checkpoint: str = Field("runs/arithmetic", description="model dir, checkpoint dir or run dir")
     threads: int = Field(2, ge=1, description="torch threads")
+    prompt_format: PromptFormat = Field("raw", description=PROMPT_FORMAT_FIELD + " (as the run "
+                                        "was trained: its rollout.prompt_format)")
     tasks: TasksConfig = TasksConfig()
     eval: EvalConfig = EvalConfig()

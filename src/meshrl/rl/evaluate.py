@@ -122,5 +122,6 @@ def evaluate_checkpoint(cfg: EvalCommandConfig) -> dict[str, Any]:
     tokenizer = load_tokenizer(model_dir)
     backend = ReferenceBackend(load_model(model_dir), tokenizer)
     tasks = cfg.tasks.build()
-    result = evaluate(backend, tokenizer, heldout_problems(tasks, cfg.eval), tasks, cfg.eval)
+    result = evaluate(backend, tokenizer, heldout_problems(tasks, cfg.eval), tasks, cfg.eval,
+                      cfg.prompt_format)
     return {"model": str(model_dir), **result}

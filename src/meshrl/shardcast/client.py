@@ -296,11 +296,11 @@ class ShardcastClient(ServerTracker):
             await self._download(m, out, list(range(len(m.files))), m.kind == "file")
         dt = time.monotonic() - t0
         size = m.part_size(FULL_DIR) if m.payload == "delta" else m.total_size
+        if m.payload == "adapter":  # the merged model directory placed at `out`
+            size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
         extra = {"effective_sha256": effective} if effective else {}  # what an adapter gave
         log_event(log, "fetched", version=m.version, out=str(out), bytes=size, payload=payload,
                   fetched_bytes=fetched, seconds=round(dt, 3), **extra)
-        if m.payload == "adapter":
-            size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
         return FetchResult(m.version, out, size, dt, self.pool.stats(), payload, fetched, m.base)
 
     async def _fetch_delta(self, m: Manifest, out: Path, held: Path | None
