@@ -12,8 +12,8 @@ TOKEN = 10**18
 
 
 def _row(seq: int, node: str, step: int, status: str = "accepted", *, acc: int = 0,
-         granted: bool = True, version: int | None = None) -> dict[str, Any]:
-    return {"seq": seq, "sha256": f"{seq:064x}", "node": node, "step": step,
+         granted: bool = True, version: int | None = None, counter: int = 0) -> dict[str, Any]:
+    return {"seq": seq, "sha256": f"{seq:064x}", "node": node, "step": step, "counter": counter,
             "policy_version": step if version is None else version, "work_units": 10,
             "status": status, "verdict": "accept" if status == "accepted" else "",
             "granted": granted, "uploaded": granted, "accepted_seq": acc,
@@ -107,7 +107,26 @@ def test_the_cheater_check_needs_timely_slash_ejection_and_nothing_trained() -> 
     assert _fails(trained, name)["dishonest_trained_on"] == 1
     never = _facts()
     never.cheat_after = 5
-    assert "made no file" in _by_name(never)[name]["summary"]
+    assert "made no dishonest file" in _by_name(never)[name]["summary"]
+
+
+def test_a_cheater_that_names_its_forged_files_is_judged_on_those_only() -> None:
+    """forge_tasks: a cheater forging one task's rows makes honest files too (no row of its
+    task, or all of them right); its log names the forged ones, and only those count."""
+    name = "cheater-0"
+    f = _facts()  # its step-3 file (counter 1) forged nothing: accepted and trained on
+    honest_file = _row(8, C, 3, acc=7, counter=1)
+    f.ledger.append(honest_file)
+    f.records[3]["used"].append(_ref(honest_file))
+    assert _fails(f, f"cheater_caught[{name}]")["dishonest_trained_on"] == 1  # step rule
+    f.forged = {name: {(2, 0)}}  # its log: the step-2 file (hard-invalidated) was forged
+    got = _by_name(f)[f"cheater_caught[{name}]"]
+    assert got["ok"], got
+    assert (got["numbers"]["dishonest_files"], got["numbers"]["dishonest_trained_on"]) == (1, 0)
+    f.forged = {name: {(2, 0), (3, 1)}}  # had the trained file been forged, it fails
+    assert _fails(f, f"cheater_caught[{name}]")["dishonest_trained_on"] == 1
+    f.forged = {name: set()}  # a log that says it forged nothing: nothing to catch
+    assert "made no dishonest file" in _by_name(f)[f"cheater_caught[{name}]"]["summary"]
 
 
 def test_a_copy_row_is_never_trainable_and_no_goal_means_n_a() -> None:

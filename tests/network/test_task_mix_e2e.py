@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import time
 from pathlib import Path
 
@@ -71,7 +72,7 @@ def test_a_task_mix_runs_through_the_network_and_each_forgery_is_slashed(tmp_pat
     assert tuple(mix.names) == TASKS
     t0 = time.monotonic()
     run = nu.run_network(tmp_path, _config(qa), "mix", timeout=1000)
-    root, _ = next(run)
+    root, proc = next(run)
     try:
         finished_s = time.monotonic() - t0
         info, chain = nu.info(root), nu.chain(root)
@@ -110,6 +111,15 @@ def test_a_task_mix_runs_through_the_network_and_each_forgery_is_slashed(tmp_pat
             slashed = sum(slashes[node])
             assert slashed >= 50 * TOKEN, (task, slashed)
             assert _stake(chain, w["provider"]) == 100 * TOKEN - slashed, task
+        # the report judges each cheater on the files its log says it forged: those hold a
+        # row of its task, and none of them was trained on
+        proc.send_signal(signal.SIGINT)  # the report is written while the roles still answer
+        assert proc.wait(400) == 0
+        checks = {c["name"]: c for c in json.loads((root / "report.json").read_text())["checks"]}
+        for j, task in enumerate(TASKS):
+            n = checks[f"cheater_caught[cheater-{j}]"]["numbers"]
+            assert n["dishonest_files"] >= 1 and n["dishonest_trained_on"] == 0, (task, n)
+            assert n["dishonest_hard_invalidated"] >= 1, (task, n)
         print(json.dumps({"test": "task_mix_e2e", "trainer_finished_s": round(finished_s, 1),
                           "all_caught_s": round(time.monotonic() - t0, 1)}))
     finally:

@@ -94,9 +94,12 @@ def test_a_row_whose_identity_is_not_the_assignments_is_hard(engine, tok, field,
     assert d.kind is VerdictKind.HARD_INVALID and d.checks == (Check.SEQ_IDS,), d.reason
 
 
-def test_forging_one_tasks_rows_of_a_mix_is_caught_on_that_task(engine, model, tok):
+def test_forging_one_tasks_rows_of_a_mix_is_caught_on_that_task(engine, model, tok, caplog):
     """`forge_task`: a cheater forges the rewards of one task's rows of a mix only; the rows of
-    the other task keep their honest rewards, and the file is hard-invalidated on rewards."""
+    the other task keep their honest rewards, and the file is hard-invalidated on rewards. The
+    cheater's log counts the rows it forged (the run's report tells its forged files by it)."""
+    import logging
+
     from meshrl.pool import prompt_of_row
     from meshrl.tasks import TasksConfig
 
@@ -107,9 +110,16 @@ def test_forging_one_tasks_rows_of_a_mix_is_caught_on_that_task(engine, model, t
     assert set(tasks) == {"arithmetic", "reverse"}  # the file holds rows of both
     honest = honest_file(engine, tok, r)
     for forged in ("arithmetic", "reverse"):
-        b = cheat_file(engine, model, tok, r, "forge-rewards", forge_task=forged)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="meshrl.worker"):
+            b = cheat_file(engine, model, tok, r, "forge-rewards", forge_task=forged)
         for i, (h, c) in enumerate(zip(honest.completions, b.completions, strict=True)):
             want = 1.0 if tasks[prompt_of_row(i, 2)] == forged else h.reward
             assert c.reward == max(h.reward, want), (forged, i)
+        changed = sum(h.reward != c.reward
+                      for h, c in zip(honest.completions, b.completions, strict=True))
+        said = [rec.fields for rec in caplog.records if rec.getMessage() == "rewards forged"]
+        assert changed > 0 and said == [{"t": said[0]["t"], "step": b.header.step,
+                                         "counter": 0, "rows": changed}], said
         d = verify_file(engine, tok, b, claim(b), r, r.task.build(), ENGINE)
         assert d.kind is VerdictKind.HARD_INVALID and Check.REWARDS in d.checks, d.reason

@@ -52,6 +52,10 @@ class RunFacts:
     # adapter versions: version -> {"trainer": the effective sha256 it stated, role: the
     # sha256 of the weights that role merged} (report.py, from the role logs)
     weights: dict[int, dict[str, str]] = field(default_factory=dict)
+    # per dishonest worker whose log says which files it forged ("rewards forged" lines), the
+    # (step, counter) of those files; a cheater absent here cheats in every file after
+    # cheat_after
+    forged: dict[str, set[tuple[int, int]]] = field(default_factory=dict)
 
     def used(self) -> list[dict[str, Any]]:
         return [f for r in self.records for f in r["used"]]
@@ -174,12 +178,17 @@ def cheater_caught(f: RunFacts, name: str) -> Check:
     """The dishonest worker `name`: its files of pool steps after `cheat_after` are its
     dishonest ones; the first hard invalidation of its work must be mined before the trainer
     took the batch of (its first dishonest step + 2), it must be slashed and ejected, and none
-    of its dishonest files may be trained on."""
+    of its dishonest files may be trained on. A cheater whose log names the files it forged
+    (`forged`) is judged on those: its other files are honest work."""
     check = f"cheater_caught[{name}]"
     node = f.workers[name]["node"].lower()
-    bad = [e for e in f.node_rows(node) if e["step"] > f.cheat_after]
+    forged = f.forged.get(name)
+    if forged is None:
+        bad = [e for e in f.node_rows(node) if e["step"] > f.cheat_after]
+    else:
+        bad = [e for e in f.node_rows(node) if (e["step"], e["counter"]) in forged]
     if not bad:
-        return Check(check, "fail", f"{name} made no file after step {f.cheat_after}")
+        return Check(check, "fail", f"{name} made no dishonest file after step {f.cheat_after}")
     if f.chain is None:
         return Check(check, "fail", "the chain did not answer")
     first = min(e["step"] for e in bad)
@@ -191,7 +200,8 @@ def cheater_caught(f: RunFacts, name: str) -> Check:
     accused = sorted((d for d in _hard_accusations(f, node) if d["outcome"] != "overturned"),
                      key=lambda d: d["block"]) or hard
     ejected = [x for x in f.chain["ejections"] if x["node"].lower() == node]
-    trained = [u for u in f.used() if u["node"].lower() == node and u["step"] > f.cheat_after]
+    dishonest = {e["sha256"] for e in bad}
+    trained = [u for u in f.used() if u["node"].lower() == node and u["sha256"] in dishonest]
     slashed = sum(i["slashed"] for i in hard)
     # the trainer step whose batch was not yet taken when the first accusation was mined
     caught_at = None if not accused else 1 + max(

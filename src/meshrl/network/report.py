@@ -108,6 +108,20 @@ def _adapter_weights(root: Path) -> dict[int, dict[str, str]]:
     return dict(out)
 
 
+def _forged(root: Path, workers: dict[str, dict[str, Any]]) -> dict[str, set[tuple[int, int]]]:
+    """Per dishonest worker whose log states what it forged, the (step, counter) of each of
+    its files with a forged row."""
+    out: dict[str, set[tuple[int, int]]] = {}
+    for name, w in workers.items():
+        if not w["dishonest"]:
+            continue
+        lines = _lines(root / "logs" / f"{name}.log")
+        said = [r for r in lines if r.get("msg") == "rewards forged"]
+        if said:
+            out[name] = {(int(r["step"]), int(r["counter"])) for r in said if r["rows"] > 0}
+    return out
+
+
 def _broadcast(root: Path, workers: list[str]) -> list[dict[str, Any]]:
     trainer = _lines(root / "logs" / "trainer.log")
     published = {r["version"]: r["ts"] for r in trainer if r.get("msg") == "published"}
@@ -201,7 +215,7 @@ def build_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
                      async_level=cfg.pool.async_level, evals=evals,
                      accuracy_goal=_accuracy_goal(cfg), verdicts=verdicts,
                      disputes=cfg.chain.dispute_period > 0,
-                     weights=_adapter_weights(root))
+                     weights=_adapter_weights(root), forged=_forged(root, info["workers"]))
     events = _lines(root / "events.jsonl")
     return {
         "outcome": _lines_json(root / "outcome.json"),

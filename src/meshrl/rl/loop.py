@@ -151,8 +151,10 @@ class RLRun:
         )
 
     def evaluate(self, phase: str, step: int | None = None) -> float:
+        # The warm start stops on greedy accuracy; pass@k (k samples a problem) is for RL.
+        cfg = self.cfg.eval.model_copy(update={"pass_k": []}) if phase == "sft" else self.cfg.eval
         result = evaluate(self.eval_backend, self.tokenizer, self.heldout, self.tasks,
-                          self.cfg.eval, self.cfg.rollout.prompt_format)
+                          cfg, self.cfg.rollout.prompt_format)
         self.accuracy = result["accuracy"]
         step = self.step if step is None else step
         self.metrics.log({"kind": "eval", "phase": phase, "step": step,

@@ -40,6 +40,7 @@ import torch
 
 from meshrl.inference import Completion, InferenceBackend, SamplingParams
 from meshrl.inference.backend import ScoreResult
+from meshrl.log import get_logger, log_event
 from meshrl.pool import Assignment, WorkOrder, prompt_of_row, work_units
 from meshrl.tasks import Problem, TaskSet
 from meshrl.wire.rollout_file import RolloutFile, read_rollout_file, rollout_file_bytes
@@ -49,6 +50,8 @@ from meshrl.worker.outbox import Outbox, OutboxEntry
 from meshrl.worker.parts import MadeFile, MakeFile, Parts
 
 __all__ = ["CHEATS", "COPIED", "WEIGHT_CHEATS", "Adversary", "CheatingBackend", "worker_parts"]
+
+log = get_logger("meshrl.worker")
 
 COPIED = -1  # the counter of a copied file's outbox entry: it has none of its own
 
@@ -260,10 +263,14 @@ class ForgeRewards(Adversary):
         rf = super().rollouts(engine, tokenizer, a, tasks, provider)
         if self.active(a.step):
             names = [p.task for p in a.problems(tasks)] if self.cfg.forge_task else []
+            forged = 0
             for i, r in enumerate(rf.completions):
-                if not names or names[prompt_of_row(i, a.rules.group_size)] == \
-                        self.cfg.forge_task:
-                    r.reward = max(r.reward, 1.0)
+                if (not names or names[prompt_of_row(i, a.rules.group_size)] ==
+                        self.cfg.forge_task) and r.reward < 1.0:
+                    r.reward, forged = 1.0, forged + 1
+            # the run's report tells this cheater's dishonest files from its honest ones by
+            # this line: with forge_task (or all rows right), a file may forge nothing
+            log_event(log, "rewards forged", step=a.step, counter=a.counter, rows=forged)
         return rf
 
 
