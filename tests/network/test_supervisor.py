@@ -184,3 +184,28 @@ def test_fault_plan_kills_and_measures_recovery(tmp_path: Path) -> None:
     ev = [(e["event"], e["role"]) for e in _events(tmp_path)]
     assert ("killed", "web") in ev and ("recovered", "web") in ev
     assert ("recovered", "sleeper") in ev
+
+
+def test_cpu_seconds_per_role_count_every_process_and_reaped_children(tmp_path: Path) -> None:
+    """cpu.json: a role that burns ~0.6 CPU s in a child it waits for, then dies and is
+    restarted, is counted for both of its processes; a sleeping role is near zero."""
+    from meshrl.network.report import _cpu
+
+    burn = ("import subprocess,sys,time; subprocess.run([sys.executable,'-c',"
+            "'import time\\nt=time.process_time()\\nwhile time.process_time()-t<0.6: pass']); "
+            "time.sleep(0.3); sys.exit(4)")
+    sup = Supervisor(tmp_path, backoff_s=0.05, max_fast_deaths=50)
+    sup.start(RoleSpec("worker-0", _py(burn)))
+    sup.start(RoleSpec("relay-0", _py("import time; time.sleep(60)")))
+    _until(lambda: sup.poll() is not None and len(sup.cpu.get("worker-0", {})) >= 2
+           and max(sup.cpu["worker-0"].values()) >= 0.6, timeout=60)
+    sup.write_cpu(tmp_path / "cpu.json")
+    sup.stop_all(timeout=5)
+    raw = json.loads((tmp_path / "cpu.json").read_text())
+    assert raw["roles"]["worker-0"] >= 0.6, raw  # the first process whole, and the next
+    assert len(sup.cpu["worker-0"]) >= 2
+    assert raw["roles"]["relay-0"] < 0.5 and raw["cores"] >= 1 and raw["wall_s"] > 0
+    got = _cpu(tmp_path)
+    assert got is not None and set(got["kinds"]) == {"workers", "relays", "supervisor"}
+    assert got["kinds"]["workers"]["cpu_s"] == round(raw["roles"]["worker-0"], 1)
+    assert 0 < got["used_share"] <= 1.0

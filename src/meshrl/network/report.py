@@ -200,6 +200,30 @@ def _flow(metrics: list[dict[str, Any]], records: list[dict[str, Any]],
     }
 
 
+def _role_kind(name: str) -> str:
+    """worker-0 -> workers, cheater-1 -> cheaters, relay-0 -> relays, trainer -> trainer."""
+    head, sep, tail = name.rpartition("-")
+    return f"{head}s" if sep and tail.isdigit() else name
+
+
+def _cpu(root: Path) -> dict[str, Any] | None:
+    """Where the machine's CPU went (`cpu.json`, the supervisor's reading of each role's
+    process): CPU seconds per kind of role, and each kind's share of all the cores over the
+    run (the rest: idle, or processes not of this network)."""
+    raw = _lines_json(root / "cpu.json")
+    if not raw:
+        return None
+    kinds: dict[str, float] = defaultdict(float)
+    for name, seconds in raw["roles"].items():
+        kinds[_role_kind(name)] += seconds
+    capacity = raw["wall_s"] * raw["cores"]
+    rows = sorted(kinds.items(), key=lambda kv: -kv[1])
+    return {"wall_s": raw["wall_s"], "cores": raw["cores"],
+            "used_share": round(sum(kinds.values()) / capacity, 3) if capacity else None,
+            "kinds": {k: {"cpu_s": round(v, 1), "share": round(v / capacity, 3) if capacity
+                          else None} for k, v in rows}}
+
+
 def build_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
     info = json.loads((root / "network.json").read_text())
     metrics = _lines(root / "trainer" / "metrics.jsonl")
@@ -232,6 +256,7 @@ def build_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
         "faults": _lines_json(root / "faults.json") or [],
         "invalidations": [v for v in verdicts if v.get("verdict") != "accept"],
         "flow": _flow(metrics, records, ledger),
+        "cpu": _cpu(root),
         "disputes": _dispute_section(chain, info),
     }
 
@@ -353,6 +378,7 @@ def _markdown(rep: dict[str, Any]) -> str:
                    f"{_tokens(n['rewards_claimable'])} | {_tokens(n['rewards_claimed'])} | "
                    f"{_tokens(n['stake'])} | {_tokens(n['stake_slashed'])} |")
     out += _flow_markdown(rep.get("flow") or {})
+    out += _cpu_markdown(rep.get("cpu"))
     out += ["", "## Policy versions (seconds from publish to load, slowest worker)", "",
             "| version | kind | bytes | bytes with the base | workers | by delta | max s |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -376,6 +402,15 @@ def _markdown(rep: dict[str, Any]) -> str:
 
 def _share(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _cpu_markdown(c: dict[str, Any] | None) -> list[str]:
+    if not c:
+        return []
+    out = ["", f"## CPU by role ({c['cores']} cores x {c['wall_s']} s; this network used "
+           f"{_share(c['used_share'])})", "", "| role | CPU s | share of the machine |",
+           "| --- | ---: | ---: |"]
+    return out + [f"| {k} | {v['cpu_s']} | {_share(v['share'])} |" for k, v in c["kinds"].items()]
 
 
 def _flow_markdown(f: dict[str, Any]) -> list[str]:

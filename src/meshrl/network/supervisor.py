@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import time
@@ -22,7 +23,7 @@ from meshrl.config import EXIT_REFUSED
 from meshrl.log import get_logger, log_event
 from meshrl.network.roles import RoleSpec
 
-__all__ = ["Proc", "RoleFailed", "Supervisor", "healthy"]
+__all__ = ["Proc", "RoleFailed", "Supervisor", "healthy", "process_cpu_seconds"]
 
 log = get_logger("meshrl.network")
 FAST_DEATH_S = 10.0
@@ -52,6 +53,8 @@ class Supervisor:
         self.procs: dict[str, Proc] = {}
         self.stopping = False
         self._events: IO[str] = (root / "events.jsonl").open("a")
+        self.cpu: dict[str, dict[int, float]] = {}  # role -> pid -> CPU seconds last read
+        self.t0, self.cpu0 = time.monotonic(), _own_cpu_seconds()
 
     # ---- starting --------------------------------------------------------------------------
     def start(self, spec: RoleSpec, ready_timeout: float = 120.0) -> Proc:
@@ -91,6 +94,7 @@ class Supervisor:
         for p in self.procs.values():
             if p.done or p.popen is None:
                 continue
+            self._read_cpu(p)  # before poll() reaps an exited process
             rc = p.popen.poll()
             if rc is None and p.due == 0.0:
                 if now - p.started > FAST_DEATH_S:
@@ -111,6 +115,30 @@ class Supervisor:
                 p.restarts += 1
                 self._spawn(p)
         return finished
+
+    def _read_cpu(self, p: Proc) -> None:
+        assert p.popen is not None
+        seconds = process_cpu_seconds(p.popen.pid)
+        if seconds is not None:
+            self.cpu.setdefault(p.spec.name, {})[p.popen.pid] = seconds
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system, the role's reaped children included) per role, every
+        process it ran summed; read each supervision round, so a process's last half second
+        before it died is missing."""
+        for p in self.procs.values():
+            if p.popen is not None and p.popen.poll() is None:
+                self._read_cpu(p)
+        return {name: round(sum(per.values()), 2) for name, per in self.cpu.items()}
+
+    def write_cpu(self, path: Path) -> None:
+        """`cpu.json`: CPU seconds per role and of this supervisor, over the wall seconds since
+        it started, on this machine's cores (the report's "where the CPU went")."""
+        path.write_text(json.dumps({
+            "wall_s": round(time.monotonic() - self.t0, 1), "cores": os.cpu_count() or 1,
+            "roles": {**self.cpu_seconds(),
+                      "supervisor": round(_own_cpu_seconds() - self.cpu0, 2)},
+        }, indent=1))
 
     def _schedule_restart(self, p: Proc, rc: int | None, now: float) -> None:
         alive = now - p.started
@@ -153,6 +181,21 @@ class Supervisor:
             self._events.write(json.dumps(record) + "\n")
             self._events.flush()
         log_event(log, what, role=role, **fields)
+
+
+def _own_cpu_seconds() -> float:
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    return me.ru_utime + me.ru_stime
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """utime + stime + cutime + cstime of `pid` from /proc (None: gone, or no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; comm may hold spaces
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def healthy(spec: RoleSpec) -> bool:

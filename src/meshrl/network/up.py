@@ -88,6 +88,7 @@ def network_up(cfg: NetworkConfig) -> int:
         if faults is not None:
             faults.write(lay.root / "faults.json")
         _write_outcome(lay, outcome, time.monotonic() - t0)
+        sup.write_cpu(lay.root / "cpu.json")
         _report(cfg, lay)  # while the orchestrator and the chain still answer
         sup.stop_all()
         status.header({"stopped": f"{outcome}; report {lay.root / 'report.md'}"})
