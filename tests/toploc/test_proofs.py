@@ -206,3 +206,54 @@ def test_numpy_input_matches_torch():
     acts = _acts().float()
     assert build_proofs(acts.numpy()) == build_proofs(acts)
     assert isinstance(build_proofs(np.asarray(acts.numpy(), dtype=np.float64))[0], bytes)
+
+
+def test_proofs_of_many_completions_together_are_the_proofs_of_each_alone():
+    """build_proofs_many (the worker's path: a file's rows at once) gives every completion the
+    bytes build_proofs gives it alone: short and long completions, chunk sizes below topk
+    (hidden 64: a 1-token chunk has 64 values), many ties (values on a coarse grid), and more
+    chunks than one interpolation block."""
+    from meshrl.toploc import build_proofs_many
+
+    g = torch.Generator().manual_seed(3)
+    for hidden in (64, 128):
+        acts = [torch.randn(n, hidden, generator=g).to(torch.bfloat16) for n in
+                [1, 2, 5, 31, 32, 33, 64, 70, 1, 8]]
+        acts.append((torch.randn(40, hidden, generator=g) * 4).round() / 4)  # ties at top-k
+        together = build_proofs_many(acts)
+        assert together == [build_proofs(a) for a in acts]
+        assert [len(p) for p in together] == [len(chunk_lengths(a.shape[0], 32)) for a in acts]
+    many = [torch.randn(8, 64, generator=g) for _ in range(600)]  # 600 chunks > one block
+    assert build_proofs_many(many) == [build_proofs(a) for a in many]
+    with pytest.raises(ProofError, match="no activations"):
+        build_proofs_many([_acts(), torch.zeros(0, 64)])
+    bad = _acts().float()
+    bad[3, 5] = float("nan")
+    with pytest.raises(ProofError, match="NaN or inf"):
+        build_proofs_many([_acts(), bad])
+
+
+def test_verifying_many_completions_together_gives_each_ones_results():
+    """verify_proofs_many (the validator's path) returns, per completion, what verify_proofs
+    returns for it alone: honest rows, a row recomputed with other activations, a tampered
+    proof, a missing and an extra proof, a malformed one and bad activations among them."""
+    from meshrl.toploc import build_proofs_many, verify_proofs_many
+
+    g = torch.Generator().manual_seed(4)
+    acts = [torch.randn(n, 64, generator=g).to(torch.bfloat16) for n in (1, 5, 32, 40, 70, 3)]
+    proofs = build_proofs_many(acts)
+    items = [(a.float(), p) for a, p in zip(acts, proofs, strict=True)]
+    items[1] = (torch.randn(5, 64, generator=g), proofs[1])  # another model's activations
+    flipped = bytearray(proofs[3][1])
+    flipped[7] ^= 0x40
+    items[3] = (acts[3], [proofs[3][0], bytes(flipped)])
+    items[4] = (acts[4], proofs[4][:2])  # a chunk without a proof
+    items[0] = (acts[0], proofs[0] + proofs[5])  # a proof without a chunk
+    items.append((acts[2], ["not base64!"]))
+    items.append((torch.zeros(3), proofs[5]))  # activations of the wrong shape
+    many = verify_proofs_many(items)
+    assert many == [verify_proofs(a, p) for a, p in items]
+    assert [len(r) for r in many] == [2, 1, 1, 2, 3, 1, 1, 1]
+    assert many[2][0].exp_mismatches == 0 and many[2][0].reason is None
+    assert many[1][0].exp_mismatches > 0 and many[4][2].reason and many[0][1].reason
+    assert verify_proofs_many([]) == []

@@ -17,8 +17,9 @@ from meshrl.lazy import lazy_getattr
 
 _EXPORTS = {
     "proofs": ["DEFAULT_CHUNK_SIZE", "DEFAULT_TOPK", "ChunkResult", "ProofError", "build_proofs",
-               "chunk_lengths", "find_moduli", "proof_from_base64", "proof_threads",
-               "proof_to_base64", "to_bf16_bits", "verify_proofs"],
+               "build_proofs_many", "chunk_lengths", "find_moduli", "proof_from_base64",
+               "proof_threads", "proof_to_base64", "to_bf16_bits", "verify_proofs",
+               "verify_proofs_many"],
     "thresholds": ["HEADROOM", "ProofVerdict", "RolloutStats", "Thresholds",
                    "calibrate_thresholds", "pooled_limits", "rollout_stats", "tail_threshold",
                    "threshold_ratios", "verdict"],
@@ -39,6 +40,7 @@ __all__ = [
     "RolloutStats",
     "Thresholds",
     "build_proofs",
+    "build_proofs_many",
     "calibrate_thresholds",
     "chunk_lengths",
     "find_moduli",
@@ -53,6 +55,7 @@ __all__ = [
     "to_bf16_bits",
     "verdict",
     "verify_proofs",
+    "verify_proofs_many",
 ]
 
 
@@ -72,6 +75,7 @@ if TYPE_CHECKING:
         ChunkResult,
         ProofError,
         build_proofs,
+        build_proofs_many,
         chunk_lengths,
         find_moduli,
         proof_from_base64,
@@ -79,6 +83,7 @@ if TYPE_CHECKING:
         proof_to_base64,
         to_bf16_bits,
         verify_proofs,
+        verify_proofs_many,
     )
     from meshrl.toploc.thresholds import (
         HEADROOM,

@@ -21,7 +21,7 @@ from meshrl.config import Config
 from meshrl.inference import InferenceBackend
 from meshrl.inference.sampling import gumbel_noise, token_margins
 from meshrl.pool import Check, Finding, Severity, profile
-from meshrl.toploc import Thresholds, pooled_limits, verdict, verify_proofs
+from meshrl.toploc import Thresholds, pooled_limits, verdict, verify_proofs_many
 from meshrl.toploc.proofs import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK
 from meshrl.validator.checks import check_termination
 
@@ -281,11 +281,10 @@ def _logprobs(rows, cfg: ReplayConfig, findings: list[Finding], stats: ReplaySta
 
 def _toploc(rows, scored, cfg: ReplayConfig, findings: list[Finding],
             stats: ReplayStats) -> None:
-    chunks = []
-    for r, s in zip(rows, scored, strict=True):
-        if not r.token_ids:
-            continue
-        chunks += verify_proofs(s.hidden_states, list(r.proofs), cfg.chunk_size, cfg.topk)
+    checked = [(s.hidden_states, list(r.proofs)) for r, s in zip(rows, scored, strict=True)
+               if r.token_ids]
+    chunks = [c for per_row in verify_proofs_many(checked, cfg.chunk_size, cfg.topk)
+              for c in per_row]  # every replayed row's chunks evaluated together
     good = [c for c in chunks if c.reason is None]
     stats.chunks = len(chunks)
     if good:

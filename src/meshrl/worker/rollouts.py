@@ -3,7 +3,8 @@ and proven.
 
 The rules a validator replays are `meshrl.pool.assignment` (which problems, prompt encoding,
 rows, seeds, work units; docs/roles.md); this module applies them with the loaded policy and
-adds the proofs: `meshrl.toploc.build_proofs(final hidden states of the completion)`.
+adds the proofs: `meshrl.toploc.build_proofs(final hidden states of the completion)`, made
+for all rows of the file together (`build_proofs_many`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from meshrl.inference import InferenceBackend, SamplingParams
 from meshrl.pool import Assignment, prompt_of_row
 from meshrl.pool import work_units as count_units
 from meshrl.tasks import TaskSet, compute_reward
-from meshrl.toploc import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK, build_proofs
+from meshrl.toploc import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK, build_proofs_many
 from meshrl.wire.rollout_file import Completion as Row
 from meshrl.wire.rollout_file import RolloutFile, RolloutHeader
 
@@ -45,6 +46,7 @@ def generate_rollouts(engine: InferenceBackend, tokenizer: Any, a: Assignment, t
                            f"assignment is for version {a.policy_version}")
     g = a.rules.group_size
     rows = []
+    proofs = build_proofs_many([c.hidden_states for c in comps])  # all rows' chunks at once
     for r, c in enumerate(comps):
         reward = compute_reward(problems[prompt_of_row(r, g)], tokenizer.decode(c.token_ids),
                                 len(c.token_ids), tasks)
@@ -52,7 +54,7 @@ def generate_rollouts(engine: InferenceBackend, tokenizer: Any, a: Assignment, t
                         seq_id=c.seq_id, prompt_tokens=c.prompt_ids,
                         completion_tokens=c.token_ids, logprobs=c.logprobs,
                         reward=reward.total, finish_reason=c.finish_reason,
-                        toploc_proofs=build_proofs(c.hidden_states)))
+                        toploc_proofs=proofs[r]))
     header = RolloutHeader(
         node=a.node, provider=provider, pool_id=a.rules.pool_id, step=a.step,
         policy_version=a.policy_version, rules_sha256=a.rules.digest(),
