@@ -58,6 +58,12 @@ class Backend:
     name = "base"
 
     def __init__(self, w3: Web3, receipt_timeout: float = 120.0):
+        # web3's validation middleware asks the node for its chain id before every eth_call
+        # and gas estimate: a second round trip per view call (4.6 -> 1.6 ms of CPU an
+        # eth_call against anvil without it). Its one check, a transaction's chainId against
+        # the node's, is the node's own for the raw transactions signed here (EIP-155).
+        if "validation" in w3.middleware_onion:
+            w3.middleware_onion.remove("validation")
         self.w3 = w3
         self.receipt_timeout = receipt_timeout
         # preflight: estimate gas (and so catch reverts) before sending. Without it every tx
