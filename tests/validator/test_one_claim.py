@@ -12,13 +12,13 @@ import pytest
 from helpers import assignment, claim, honest_file, roundtrip, rules
 
 from meshrl.inference import CPUEngine, EngineConfig
-from meshrl.pool import Check, Finding, Severity, VerdictKind
+from meshrl.pool import Check, Finding, Severity, VerdictKind, file_limits
 from meshrl.validator.judge import Judge, Unjudged
 from meshrl.validator.models import VersionUnavailable
 from meshrl.validator.replay import ReplayConfig, profile_thresholds
 from meshrl.validator.state import Job
 from meshrl.validator.verify import verify_file
-from meshrl.wire.rollout_file import RolloutFile
+from meshrl.wire.rollout_file import RolloutFile, rollout_file_bytes
 
 ENGINE = ReplayConfig(thresholds=profile_thresholds("meshrl-cpu-engine"))
 
@@ -84,12 +84,14 @@ class _NoModels:
 
 def _judge_without_models(r, files: list[RolloutFile], prior: list | None = None) -> list:
     j = Judge.__new__(Judge)
-    j.rules, j.tasks, j.models = r, r.task.build(), _NoModels()
+    j.rules, j.tasks, j.models, j.limits = r, r.task.build(), _NoModels(), file_limits(r)
 
-    async def fetched(job: Job):
-        i = int(job.sha256[:2], 16)
-        return files[i], (prior or [[]] * len(files))[i]
-    j._fetch = fetched  # type: ignore[method-assign]
+    async def downloaded(job: Job) -> bytes:  # the file's bytes (parsed in the reader child)
+        return rollout_file_bytes(files[int(job.sha256[:2], 16)])
+
+    async def examined(job: Job, rf: RolloutFile):  # the slot and ledger checks' findings
+        return rf, (prior or [[]] * len(files))[int(job.sha256[:2], 16)]
+    j._download, j._examine = downloaded, examined  # type: ignore[method-assign]
     jobs = [Job(work_id=f"{i:064x}", sha256=f"{i:02x}" + "0" * 62, node=f.header.node,
                 provider=f.header.provider, pool=1, units=f.header.work_units, block=1)
             for i, f in enumerate(files)]

@@ -21,7 +21,7 @@ from meshrl.validator.replay import ReplayConfig, profile_thresholds
 from meshrl.validator.state import Job
 from meshrl.validator.verify import ChainClaim, model_free_findings, verify_files
 from meshrl.wire import RolloutFileError, SignedClient, WireHTTPError
-from meshrl.wire.isolated import read_rollout_file_isolated
+from meshrl.wire.isolated import read_rollout_files_isolated
 from meshrl.wire.models import LedgerEntry, LedgerPage
 from meshrl.wire.rollout_file import RolloutFile
 
@@ -60,8 +60,24 @@ class Judge:
     async def judge(self, jobs: list[Job]) -> list[Decision | Unjudged]:
         outs: list[Decision | Unjudged | None] = [None] * len(jobs)
         files: dict[int, tuple[RolloutFile, list[Finding]]] = {}
+        datas: dict[int, bytes] = {}
         for i, job in enumerate(jobs):
-            res = await self._fetch(job)
+            got = await self._download(job)
+            if isinstance(got, bytes):
+                datas[i] = got
+            else:
+                outs[i] = got
+        # every file of the batch parsed in one isolated child (one fork, not one a file; a
+        # file that kills the child is read again alone, so it costs only itself)
+        parsed = await asyncio.to_thread(read_rollout_files_isolated, list(datas.values()),
+                                         self.limits)
+        for i, rf in zip(datas, parsed, strict=True):
+            if isinstance(rf, RolloutFileError):
+                # hard: these bytes are the ones the worker signed on chain (sha256 checked),
+                # and an honest worker's writer never makes a file its reader refuses
+                outs[i] = decide([Finding(Check.SCHEMA, Severity.HARD, str(rf))])
+                continue
+            res = await self._examine(jobs[i], rf)
             if isinstance(res, tuple):
                 files[i] = res
             else:
@@ -100,7 +116,7 @@ class Judge:
         hard = [f for f in found if f.severity is Severity.HARD]
         return decide(hard) if hard else Unjudged(why)
 
-    async def _fetch(self, job: Job) -> tuple[RolloutFile, list[Finding]] | Decision | Unjudged:
+    async def _download(self, job: Job) -> bytes | Unjudged:
         try:
             data = await self.orch.get_bytes(f"/files/{job.sha256}")
         except (WireHTTPError, OSError, TimeoutError) as e:
@@ -108,12 +124,11 @@ class Judge:
         bad = check_sha256(data, job.sha256)
         if bad is not None:  # a broken transfer or store: ours to retry
             return Unjudged(bad.text())
-        try:  # in a child process: a file that crashes or stalls the reader costs only it
-            rf = read_rollout_file_isolated(data, self.limits)
-        except RolloutFileError as e:
-            # hard: these bytes are the ones the worker signed on chain (sha256 checked above),
-            # and an honest worker's writer never makes a file its reader refuses
-            return decide([Finding(Check.SCHEMA, Severity.HARD, str(e))])
+        return data
+
+    async def _examine(self, job: Job, rf: RolloutFile,
+                       ) -> tuple[RolloutFile, list[Finding]] | Decision:
+        """The checks of a parsed file against its submission and ledger row (node, slot)."""
         h = rf.header
         if h.node.lower() != job.node.lower():
             f = check_node(h.node, h.provider, job.node, job.provider)

@@ -103,12 +103,11 @@ class PolicyHolder:
             raise PoolRulesError(f"refusing to start: {e}") from e
 
     def load(self, model_dir: Path, version: int) -> None:
-        """Hot-load a new version (generation in another thread keeps its consistent weights)."""
-        from meshrl.model import load_model
-
-        state = load_model(model_dir).state_dict()
+        """Hot-load a new version (generation in another thread keeps its consistent weights).
+        The backend reads the directory itself: the CPU engine its safetensors files directly
+        (building a transformers model to take its state dict cost ~10% of a worker's CPU)."""
         with self.lock:
-            self.engine.load_weights(state, version)
+            self.engine.load_weights(model_dir, version)
             self.version = version  # published only once the weights are in: readers trust it
         log_event(log, "policy loaded", version=version)
 
