@@ -206,6 +206,9 @@ def test_cpu_seconds_per_role_count_every_process_and_reaped_children(tmp_path: 
     assert len(sup.cpu["worker-0"]) >= 2
     assert raw["roles"]["relay-0"] < 0.5 and raw["cores"] >= 1 and raw["wall_s"] > 0
     got = _cpu(tmp_path)
-    assert got is not None and set(got["kinds"]) == {"workers", "relays", "supervisor"}
-    assert got["kinds"]["workers"]["cpu_s"] == round(raw["roles"]["worker-0"], 1)
+    assert got is not None and set(got["kinds"]) == {"worker", "relay", "supervisor"}
+    assert got["kinds"]["worker"]["cpu_s"] == round(raw["roles"]["worker-0"], 1)
+    from meshrl.network.report import _role_kind
+    assert [_role_kind(n) for n in ("validator", "validator-1", "cheater-0", "trainer")] == [
+        "validator", "validator", "cheater", "trainer"]
     assert 0 < got["used_share"] <= 1.0

@@ -201,9 +201,10 @@ def _flow(metrics: list[dict[str, Any]], records: list[dict[str, Any]],
 
 
 def _role_kind(name: str) -> str:
-    """worker-0 -> workers, cheater-1 -> cheaters, relay-0 -> relays, trainer -> trainer."""
+    """worker-0 -> worker, validator-1 -> validator (as is the first one, "validator"),
+    trainer -> trainer."""
     head, sep, tail = name.rpartition("-")
-    return f"{head}s" if sep and tail.isdigit() else name
+    return head if sep and tail.isdigit() else name
 
 
 def _cpu(root: Path) -> dict[str, Any] | None:
@@ -214,14 +215,17 @@ def _cpu(root: Path) -> dict[str, Any] | None:
     if not raw:
         return None
     kinds: dict[str, float] = defaultdict(float)
+    count: Counter[str] = Counter()
     for name, seconds in raw["roles"].items():
         kinds[_role_kind(name)] += seconds
+        count[_role_kind(name)] += 1
     capacity = raw["wall_s"] * raw["cores"]
     rows = sorted(kinds.items(), key=lambda kv: -kv[1])
     return {"wall_s": raw["wall_s"], "cores": raw["cores"],
             "used_share": round(sum(kinds.values()) / capacity, 3) if capacity else None,
-            "kinds": {k: {"cpu_s": round(v, 1), "share": round(v / capacity, 3) if capacity
-                          else None} for k, v in rows}}
+            "kinds": {k: {"roles": count[k], "cpu_s": round(v, 1),
+                          "share": round(v / capacity, 3) if capacity else None}
+                      for k, v in rows}}
 
 
 def build_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
@@ -408,9 +412,10 @@ def _cpu_markdown(c: dict[str, Any] | None) -> list[str]:
     if not c:
         return []
     out = ["", f"## CPU by role ({c['cores']} cores x {c['wall_s']} s; this network used "
-           f"{_share(c['used_share'])})", "", "| role | CPU s | share of the machine |",
-           "| --- | ---: | ---: |"]
-    return out + [f"| {k} | {v['cpu_s']} | {_share(v['share'])} |" for k, v in c["kinds"].items()]
+           f"{_share(c['used_share'])})", "", "| role | processes | CPU s | share of the machine |",
+           "| --- | ---: | ---: | ---: |"]
+    return out + [f"| {k} | {v['roles']} | {v['cpu_s']} | {_share(v['share'])} |"
+                  for k, v in c["kinds"].items()]
 
 
 def _flow_markdown(f: dict[str, Any]) -> list[str]:
