@@ -119,6 +119,20 @@ def test_batches_are_filtered_call_by_call_and_bounded(rpc_filter, anvil_backend
     assert status == 400
 
 
+def test_many_view_calls_through_the_filter_respect_its_batch_bound(rpc_filter, world) -> None:
+    """`call_many` (the books, a worker's claims) through a filter that takes batches of at
+    most 5: a batch it refuses (HTTP 400) is read one call at a time, same answers. Before,
+    a worker behind the filter with over 100 items could never claim (the cross-host test)."""
+    if world.backend.name != "rpc":
+        pytest.skip("the filter fronts anvil")
+    via = RpcBackend(rpc_filter.url)
+    token = via.w3.eth.contract(address=world.fed.token.address, abi=world.fed.token.abi)
+    people = [world.p1.address, world.p2.address, world.stranger.address] * 4
+    want = [world.fed.token.functions.balanceOf(a).call() for a in people]
+    assert via.call_many([token.functions.balanceOf(a) for a in people], chunk=5) == want
+    assert via.call_many([token.functions.balanceOf(a) for a in people]) == want  # 12 > 5
+
+
 def test_rpc_filter_command_serves_on_the_given_address(anvil_backend, tmp_path) -> None:
     ready, port = tmp_path / "ready", _free_port()
     proc = subprocess.Popen(

@@ -141,9 +141,12 @@ class Backend:
         params = {"from": sender} if sender else None
         return self._call_guarded(lambda: fn.call(params, block_identifier=block))
 
-    def call_many(self, fns: list[Any], chunk: int = 500) -> list[Any]:
+    def call_many(self, fns: list[Any], chunk: int = 100) -> list[Any]:
         """Many view calls at the latest block: one JSON-RPC batch per `chunk` calls where the
-        node takes batches (one round trip instead of one per call), else one by one."""
+        node takes batches (one round trip instead of one per call), else one by one. 100 is
+        the public RPC filter's bound (`chain rpc-filter`, `max_batch`) and a common one of
+        hosted nodes; a batch the node refuses anyway (an HTTP 400, a JSON-RPC error) is sent
+        again one call at a time, where a real failure raises as it would have."""
         out: list[Any] = []
         for i in range(0, len(fns), chunk):
             part = fns[i:i + chunk]
@@ -152,7 +155,7 @@ class Backend:
                     for fn in part:
                         batch.add(fn)
                     got = batch.execute()
-            except (NotImplementedError, AttributeError, TypeError, ValueError):
+            except Exception:  # no batches here, or not this many: one by one
                 got = [self.call(fn) for fn in part]
             out.extend(got)
         return out
