@@ -1,6 +1,6 @@
 """Policy models: HF causal LMs built from named presets or loaded from local directories."""
 
-from meshrl.model.checkpoint import load_model, save_model
+from meshrl.model.checkpoint import load_model, read_weights, save_model
 from meshrl.model.families import FAMILIES, UnsupportedModelError, check_model_config
 from meshrl.model.presets import PRESETS, build_model, preset_config
 from meshrl.model.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, load_tokenizer
@@ -17,5 +17,6 @@ __all__ = [
     "load_model",
     "load_tokenizer",
     "preset_config",
+    "read_weights",
     "save_model",
 ]

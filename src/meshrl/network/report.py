@@ -217,8 +217,9 @@ def _cpu(root: Path) -> dict[str, Any] | None:
     kinds: dict[str, float] = defaultdict(float)
     count: Counter[str] = Counter()
     for name, seconds in raw["roles"].items():
-        kinds[_role_kind(name)] += seconds
-        count[_role_kind(name)] += 1
+        kind = _role_kind(name)
+        kinds[kind] += seconds
+        count[kind] += 1
     capacity = raw["wall_s"] * raw["cores"]
     rows = sorted(kinds.items(), key=lambda kv: -kv[1])
     return {"wall_s": raw["wall_s"], "cores": raw["cores"],

@@ -104,10 +104,12 @@ class PolicyHolder:
 
     def load(self, model_dir: Path, version: int) -> None:
         """Hot-load a new version (generation in another thread keeps its consistent weights).
-        The backend reads the directory itself: the CPU engine its safetensors files directly
-        (building a transformers model to take its state dict cost ~10% of a worker's CPU)."""
+        The files are read outside the lock, so generation waits only for the swap."""
+        from meshrl.model import read_weights
+
+        state = read_weights(model_dir)
         with self.lock:
-            self.engine.load_weights(model_dir, version)
+            self.engine.load_weights(state, version)
             self.version = version  # published only once the weights are in: readers trust it
         log_event(log, "policy loaded", version=version)
 
