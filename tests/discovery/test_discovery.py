@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from meshrl.discovery.config import DiscoveryConfig
-from meshrl.discovery.service import Discovery
+from meshrl.discovery.service import ChainStatus, Discovery
 from meshrl.wire import ErrorCode, NotAnnounced, SignedClient, WireHTTPError, refusal_classes
 from meshrl.wire.models import NodeEntry, NodeList, NodeStatus
 from orchestrator.net import Chain, Service, announcement, hexkey, run, start_chain, wait_for
@@ -202,3 +202,52 @@ async def syncs(d: Disc) -> int:
 
 async def _at_least(get, n: int) -> bool:  # type: ignore[no-untyped-def]
     return (await get) >= n
+
+
+def test_a_sync_reads_every_node_in_batches_and_agrees_with_one_by_one(chain: Chain,
+                                                                        tmp_path: Path) -> None:
+    """A sync pass costs two batched requests to the node however many nodes are announced
+    (it was two or three view calls per node, every `sync_s`), and gives each entry the
+    status that reading its node alone gives: nodes gone from the chain are dropped."""
+    import asyncio
+    import time
+
+    from eth_account import Account
+    from web3.middleware import Web3Middleware
+
+    d = Discovery(DiscoveryConfig(db=str(tmp_path / "d.db")), chain.fed)
+    on_chain = [chain.accounts[f"n{i}"].address for i in range(1, 6)]
+    gone = [Account.create().address for _ in range(25)]
+    for address in on_chain + gone:
+        d.registry.put(NodeEntry(address=address, info=announcement(chain, "p1"),
+                                 status=NodeStatus.PENDING, updated_at=time.time()))
+    alone = {a: d._status(a, chain.pool, None) for a in on_chain
+             if chain.fed.node(a).provider != "0x" + "00" * 20}
+    sent: list[str] = []
+
+    class Counting(Web3Middleware):
+        def wrap_make_request(self, make_request):  # type: ignore[no-untyped-def]
+            def middleware(method, params):  # type: ignore[no-untyped-def]
+                sent.append(method)
+                return make_request(method, params)
+            return middleware
+
+        def wrap_make_batch_request(self, make_batch_request):  # type: ignore[no-untyped-def]
+            def middleware(requests):  # type: ignore[no-untyped-def]
+                sent.append(f"batch of {len(requests)}")
+                return make_batch_request(requests)
+            return middleware
+
+    onion = chain.fed.backend.w3.middleware_onion
+    onion.inject(Counting, "counting", layer=0)
+    try:
+        changed = asyncio.run(d.sync())
+    finally:
+        onion.remove("counting")
+        d._chain.shutdown()
+    free = sum(s.chain_pool == 0 for s in alone.values())  # their blacklist is read too
+    assert sent == ["batch of 30"] + ([f"batch of {free}"] if free else []), sent
+    assert changed >= len(gone)
+    got = {e.address: ChainStatus(e.status, e.chain_pool) for e in d.registry.all()}
+    d.registry.close()
+    assert got == alone and alone

@@ -120,3 +120,37 @@ def test_a_model_the_engine_cannot_run_is_worked_and_judged_on_the_reference(
     dec = verify_file(validator, cache.tokenizer, f, claim(f), r, r.task.build())
     assert dec.kind is VerdictKind.ACCEPT, dec.reason
     shutil.rmtree(d)
+
+
+def test_versions_of_one_model_share_an_engine_and_score_as_if_built_alone(
+        tmp_path, monkeypatch) -> None:
+    """The validator's cache builds a transformers model once: a later version of the same
+    config is the held engine with the new weights (`CPUEngine.with_weights`), and scores
+    exactly as an engine built from that version's directory; the older version's engine is
+    unchanged, and a version whose config differs is built from its own directory."""
+    policy = tmp_path / "validator" / "policy"
+    for version, seed in ((0, 1), (1, 2), (2, 3)):
+        save_family("qwen3-tied", policy / f"v{version}", seed=seed)
+    cfg = json.loads((policy / "v2" / "config.json").read_text())
+    cfg["rms_norm_eps"] = 1e-2  # same shapes, another model
+    (policy / "v2" / "config.json").write_text(json.dumps(cfg))
+    cache = ModelCache(tmp_path / "validator", "", [], EngineConfig())
+    built: list[str] = []
+    import meshrl.model as model_pkg
+
+    def counting(path, *a, **kw):  # type: ignore[no-untyped-def]
+        built.append(str(path))
+        return load_model(path, *a, **kw)
+
+    monkeypatch.setattr(model_pkg, "load_model", counting)
+    engines = [asyncio.run(cache.get(v)) for v in (0, 1, 2)]
+    assert built == [str(policy / "v0"), str(policy / "v2")] and cache.loads == 3
+    prompts, comps = [[5, 6, 7, 8], [9, 10]], [[11, 12, 13], [14, 15, 16, 17]]
+    for v, engine in enumerate(engines):
+        alone = CPUEngine.from_pretrained(policy / f"v{v}")
+        for got, want in zip(engine.score(prompts, comps), alone.score(prompts, comps),
+                             strict=True):
+            assert torch.equal(got.logprobs, want.logprobs)
+            assert torch.equal(got.hidden_states, want.hidden_states)
+    assert not torch.equal(engines[0].score(prompts, comps)[0].logprobs,
+                           engines[1].score(prompts, comps)[0].logprobs)

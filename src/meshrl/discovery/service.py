@@ -28,6 +28,7 @@ from meshrl.discovery.config import DiscoveryConfig
 from meshrl.discovery.state import Registry
 from meshrl.log import get_logger, log_event
 from meshrl.protocol.chain import Protocol
+from meshrl.protocol.records import NodeInfo
 from meshrl.wire.errors import ErrorCode, WireError
 from meshrl.wire.guard import RequestGuard
 from meshrl.wire.models import Health, NodeAnnouncement, NodeEntry, NodeList, NodeStatus
@@ -127,25 +128,45 @@ class Discovery:
     # chain sync
     def _status(self, address: str, pool_id: int, old: NodeEntry | None) -> ChainStatus:
         """One node's status (blocking: runs on the chain thread)."""
-        chain_pool = self.protocol.node(address).pool
-        if chain_pool != 0:
-            return ChainStatus(NodeStatus.IN_POOL, chain_pool)
-        if self.protocol.is_blacklisted(pool_id, address):
-            return ChainStatus(NodeStatus.BLACKLISTED)
-        if old is not None and old.status in (NodeStatus.IN_POOL, NodeStatus.EJECTED):
-            return ChainStatus(NodeStatus.EJECTED)
-        return ChainStatus(NodeStatus.PENDING)
+        return self._statuses([(address, pool_id, old)], [self.protocol.node(address)])[0]
 
-    def _sync_one(self, entry: NodeEntry) -> ChainStatus | None:
-        if self.protocol.node(entry.address).provider == ZERO:
-            return None
-        return self._status(entry.address, entry.info.pool_id, entry)
+    def _statuses(self, nodes: list[tuple[str, int, NodeEntry | None]],
+                  infos: list[NodeInfo]) -> list[ChainStatus]:
+        """The status of each (address, pool wanted, old entry) from its on-chain `infos`; the
+        blacklist is read, in one batch, only for nodes in no pool."""
+        free = [i for i, info in enumerate(infos) if info.pool == 0]
+        black = dict(zip(free, self.protocol.blacklisted_many(
+            [(nodes[i][1], nodes[i][0]) for i in free]), strict=True))
+        out = []
+        for i, ((_, _, old), info) in enumerate(zip(nodes, infos, strict=True)):
+            if info.pool != 0:
+                out.append(ChainStatus(NodeStatus.IN_POOL, info.pool))
+            elif black[i]:
+                out.append(ChainStatus(NodeStatus.BLACKLISTED))
+            elif old is not None and old.status in (NodeStatus.IN_POOL, NodeStatus.EJECTED):
+                out.append(ChainStatus(NodeStatus.EJECTED))
+            else:
+                out.append(ChainStatus(NodeStatus.PENDING))
+        return out
+
+    def _sync_read(self, entries: list[NodeEntry]) -> list[ChainStatus | None]:
+        """Every entry's status (None: gone from the chain) in one or two batched reads,
+        not two or three calls per node (blocking: runs on the chain thread)."""
+        infos = self.protocol.nodes([e.address for e in entries])
+        on = [i for i, info in enumerate(infos) if info.provider != ZERO]
+        seen = self._statuses([(entries[i].address, entries[i].info.pool_id, entries[i])
+                               for i in on], [infos[i] for i in on])
+        out: list[ChainStatus | None] = [None] * len(entries)
+        for i, status in zip(on, seen, strict=True):
+            out[i] = status
+        return out
 
     async def sync(self) -> int:
         """One pass over the registry; returns how many entries changed or disappeared."""
         changed = 0
-        for entry in self.registry.all():
-            seen: ChainStatus | None = await self._run(self._sync_one, entry)
+        entries = self.registry.all()
+        statuses = await self._run(self._sync_read, entries) if entries else []
+        for entry, seen in zip(entries, statuses, strict=True):
             if seen is None:
                 self.registry.delete(entry.address)
                 log_event(log, "node gone from chain", node=entry.address)

@@ -9,6 +9,7 @@ and its KV cache are compacted in place so finished rows stop costing compute.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -138,6 +139,13 @@ class CPUEngine(InferenceBackend):
         state = _read_checkpoint(Path(source), self.spec) if isinstance(source, str | Path) \
             else source
         self._set_weights(state, version)
+
+    def with_weights(self, state: dict[str, torch.Tensor], version: int) -> CPUEngine:
+        """Another engine of the same model and settings at policy `version`, this one
+        unchanged: a validator holds several versions without building a model for each."""
+        other = copy.copy(self)
+        other._set_weights(state, version)
+        return other
 
     def _set_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         with torch.no_grad():

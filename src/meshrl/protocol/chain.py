@@ -310,6 +310,11 @@ class Protocol:
     def node(self, node: str) -> NodeInfo:
         return NodeInfo(*self._view(self.contract.functions.node_info(node)))
 
+    def nodes(self, nodes: list[str]) -> list[NodeInfo]:
+        """`node` of each, in batched reads (`Backend.call_many`)."""
+        f = self.contract.functions
+        return [NodeInfo(*r) for r in self.backend.call_many([f.node_info(n) for n in nodes])]
+
     def node_generation(self, node: str) -> int:
         """The generation ownership proofs and invites for `node` must name now."""
         return self._view(self.contract.functions.node_generation(node))
@@ -392,6 +397,11 @@ class Protocol:
     def is_blacklisted(self, pool: int, node: str) -> bool:
         return self._view(self.contract.functions.blacklisted(pool, node))
 
+    def blacklisted_many(self, pairs: list[tuple[int, str]]) -> list[bool]:
+        """`is_blacklisted` of each (pool, node), in batched reads."""
+        f = self.contract.functions
+        return [bool(b) for b in self.backend.call_many([f.blacklisted(p, n) for p, n in pairs])]
+
     # work and rewards: items are keyed by work id = keccak256(abi_encode(node, file sha256))
     @staticmethod
     def work_id(node: str, file_sha256: bytes) -> bytes:
@@ -448,6 +458,11 @@ class Protocol:
 
     def work(self, work_id: bytes) -> WorkInfo:
         return WorkInfo(*self._view(self.contract.functions.work_info(work_id)))
+
+    def works(self, work_ids: list[bytes]) -> list[WorkInfo]:
+        """`work` of each, in batched reads (`Backend.call_many`)."""
+        f = self.contract.functions
+        return [WorkInfo(*r) for r in self.backend.call_many([f.work_info(w) for w in work_ids])]
 
     def claimable(self, work_id: bytes) -> bool:
         return self._view(self.contract.functions.claimable(work_id))

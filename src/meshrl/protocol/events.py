@@ -23,6 +23,7 @@ class Event:
     block: int
     tx_hash: str
     log_index: int
+    block_hash: str = ""  # 0x-hex, as the log names it ("" where a node leaves it out)
 
 
 class EventDecoder:
@@ -50,6 +51,7 @@ class EventDecoder:
             int(log["blockNumber"]),
             "0x" + bytes(log["transactionHash"]).hex(),
             int(log["logIndex"]),
+            "0x" + bytes(log["blockHash"]).hex() if log.get("blockHash") else "",
         )
 
     def decode_receipt(self, receipt: Any) -> list[Event]:

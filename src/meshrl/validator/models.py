@@ -43,6 +43,7 @@ class ModelCache:
         self.sync_timeout = sync_timeout  # the most one version's fetch may take in all
         self.backend, self.device, self.dtype = backend, device, dtype
         self.engines: OrderedDict[int, Any] = OrderedDict()
+        self.configs: dict[int, dict[str, Any]] = {}  # each engine's config.json, parsed
         self.tokenizer: Any = None
         self.prompt_format = prompt_format
         self.loads = 0
@@ -70,7 +71,7 @@ class ModelCache:
         engine = await asyncio.to_thread(self._load, path, version)
         self.engines[version] = engine
         while len(self.engines) > self.keep:
-            self.engines.popitem(last=False)
+            self.configs.pop(self.engines.popitem(last=False)[0], None)
         return engine
 
     async def _locate(self, version: int) -> Path:
@@ -98,8 +99,18 @@ class ModelCache:
     def _load(self, path: Path, version: int) -> Any:
         from meshrl.inference import ReferenceBackend, engine_or_reference
         from meshrl.inference.device import place
-        from meshrl.model import load_model, load_tokenizer
+        from meshrl.inference.engine import CPUEngine
+        from meshrl.model import load_model, load_tokenizer, read_weights
+        from meshrl.model.families import read_model_config
 
+        config = read_model_config(path)
+        sibling = next((e for v, e in reversed(self.engines.items())
+                        if isinstance(e, CPUEngine) and self.configs.get(v) == config), None)
+        if sibling is not None:  # same model, new weights: no transformers model built
+            self.loads += 1
+            engine = sibling.with_weights(read_weights(path), version)
+            self.configs[version] = config
+            return engine
         model = load_model(path)
         if self.tokenizer is None:
             self._set_tokenizer(load_tokenizer(path))
@@ -109,4 +120,5 @@ class ModelCache:
                                     version=version)
         # the reference backend where the fast engine cannot run the model (reason logged)
         engine = engine_or_reference(model, self.tokenizer, self.engine_cfg, version=version)
+        self.configs[version] = config
         return engine

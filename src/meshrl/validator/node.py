@@ -127,16 +127,15 @@ class ValidatorNode:
 
     async def _poll(self) -> None:
         events = await asyncio.to_thread(self.cursor.poll)
-        jobs = []
+        mine = []
         for e in events:
             if e.name == "WorkAccused" and e.args["validator"].lower() != self.clerk.me:
                 await self._accused(bytes(e.args["work_id"]))
             if e.name != "WorkSubmitted" or int(e.args["pool"]) != self.cfg.pool_id:
                 continue
-            wid = bytes(e.args["work_id"])
-            if not self.cfg.share.judges(wid, self.clerk.me):
-                continue  # another validator's share (judged here only if it accuses it)
-            jobs.append(await asyncio.to_thread(self._job, e))
+            if self.cfg.share.judges(bytes(e.args["work_id"]), self.clerk.me):
+                mine.append(e)  # else another validator's share (judged here if accused)
+        jobs = await asyncio.to_thread(self._jobs, mine) if mine else []
         if jobs or events:
             self.state.enqueue(jobs, self.cursor.next_block)
         elif self.cursor.next_block != self.state.next_block:
@@ -144,14 +143,16 @@ class ValidatorNode:
         if jobs:
             log_event(log, "submissions queued", files=len(jobs), queue=len(self.state.queue))
 
-    def _job(self, e: Event) -> Job:
-        """The job of judging the submission of `WorkSubmitted` event `e` (blocking)."""
-        wid = bytes(e.args["work_id"])
-        info = self.chain.work(wid)
-        # the submission's block hash picks the rows replayed on the model (pool/sampled.py)
-        block_hash = self.chain.backend.block_hash(e.block)
-        return Job(wid.hex(), bytes(e.args["file_sha256"]).hex(), e.args["node"],
-                   info.provider, self.cfg.pool_id, int(e.args["units"]), e.block, block_hash)
+    def _jobs(self, events: list[Event]) -> list[Job]:
+        """The jobs of judging the submissions of `WorkSubmitted` events (blocking): their
+        work items read in batches, not one call each."""
+        infos = self.chain.works([bytes(e.args["work_id"]) for e in events])
+        # the submission's block hash picks the rows replayed on the model (pool/sampled.py);
+        # the log names it, else it is read from the block
+        return [Job(bytes(e.args["work_id"]).hex(), bytes(e.args["file_sha256"]).hex(),
+                    e.args["node"], info.provider, self.cfg.pool_id, int(e.args["units"]),
+                    e.block, e.block_hash or self.chain.backend.block_hash(e.block))
+                for e, info in zip(events, infos, strict=True)]
 
     async def _judge(self, jobs: list[Job]) -> None:
         outcomes = await self.judge.judge(jobs)
@@ -200,8 +201,8 @@ class ValidatorNode:
             sub = await asyncio.to_thread(submission, self.chain, wid)
             if sub is None or int(sub.args["pool"]) != self.cfg.pool_id:
                 return
-            job = await asyncio.to_thread(self._job, sub)
-            self.state.enqueue([job], self.state.next_block)
+            jobs = await asyncio.to_thread(self._jobs, [sub])
+            self.state.enqueue(jobs, self.state.next_block)
         self.state.first(wid.hex())
         log_event(log, "re-judging an accused file", work_id=wid.hex())
 
