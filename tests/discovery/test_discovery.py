@@ -213,7 +213,8 @@ def test_a_sync_reads_every_node_in_batches_and_agrees_with_one_by_one(chain: Ch
     import time
 
     from eth_account import Account
-    from web3.middleware import Web3Middleware
+
+    from rpc_requests import sent_requests
 
     d = Discovery(DiscoveryConfig(db=str(tmp_path / "d.db")), chain.fed)
     on_chain = [chain.accounts[f"n{i}"].address for i in range(1, 6)]
@@ -221,29 +222,20 @@ def test_a_sync_reads_every_node_in_batches_and_agrees_with_one_by_one(chain: Ch
     for address in on_chain + gone:
         d.registry.put(NodeEntry(address=address, info=announcement(chain, "p1"),
                                  status=NodeStatus.PENDING, updated_at=time.time()))
-    alone = {a: d._status(a, chain.pool, None) for a in on_chain
-             if chain.fed.node(a).provider != "0x" + "00" * 20}
-    sent: list[str] = []
 
-    class Counting(Web3Middleware):
-        def wrap_make_request(self, make_request):  # type: ignore[no-untyped-def]
-            def middleware(method, params):  # type: ignore[no-untyped-def]
-                sent.append(method)
-                return make_request(method, params)
-            return middleware
+    def one_by_one(a: str) -> ChainStatus:  # the entries were pending: never "ejected"
+        pool = chain.fed.node(a).pool
+        if pool:
+            return ChainStatus(NodeStatus.IN_POOL, pool)
+        if chain.fed.is_blacklisted(chain.pool, a):
+            return ChainStatus(NodeStatus.BLACKLISTED)
+        return ChainStatus(NodeStatus.PENDING)
 
-        def wrap_make_batch_request(self, make_batch_request):  # type: ignore[no-untyped-def]
-            def middleware(requests):  # type: ignore[no-untyped-def]
-                sent.append(f"batch of {len(requests)}")
-                return make_batch_request(requests)
-            return middleware
-
-    onion = chain.fed.backend.w3.middleware_onion
-    onion.inject(Counting, "counting", layer=0)
+    alone = {a: one_by_one(a) for a in on_chain if chain.fed.node(a).provider != "0x" + "00" * 20}
     try:
-        changed = asyncio.run(d.sync())
+        with sent_requests(chain.fed.backend.w3) as sent:
+            changed = asyncio.run(d.sync())
     finally:
-        onion.remove("counting")
         d._chain.shutdown()
     free = sum(s.chain_pool == 0 for s in alone.values())  # their blacklist is read too
     assert sent == ["batch of 30"] + ([f"batch of {free}"] if free else []), sent

@@ -70,26 +70,13 @@ def test_reverting_view_call_maps_to_txreverted(world: World) -> None:
 def test_a_view_call_is_one_request_to_the_node(world: World) -> None:
     """No chain-id round trip before each eth_call (web3's validation middleware asked the node
     every time: 4.6 against 1.6 ms of CPU an eth_call on anvil); a transaction still sends."""
-    from web3.middleware import Web3Middleware
+    from rpc_requests import sent_requests
 
-    sent: list[str] = []
-
-    class Counting(Web3Middleware):
-        def wrap_make_request(self, make_request):  # type: ignore[no-untyped-def]
-            def middleware(method, params):  # type: ignore[no-untyped-def]
-                sent.append(method)
-                return make_request(method, params)
-            return middleware
-
-    onion = world.backend.w3.middleware_onion
-    onion.inject(Counting, "counting", layer=0)  # outermost: sees every request, nested too
-    try:
+    with sent_requests(world.backend.w3) as sent:
         assert world.fed.provider(world.p1.address).stake > 0
         assert sent == ["eth_call"], sent
         world.p1.transfer(world.p2.address, 1)  # signed here for the deployment's chain
         assert "eth_sendRawTransaction" in sent and "eth_chainId" not in sent[1:], sent
-    finally:
-        onion.remove("counting")
 
 
 def test_event_cursor_is_incremental(world: World) -> None:

@@ -86,7 +86,8 @@ class Discovery:
         ip = call.request.remote or ""
         self._check_ip(ip, call.address)  # early, to spare the chain a refused node's lookups
         old = self.registry.get(call.address)
-        seen: ChainStatus = await self._run(self._status, call.address, info.pool_id, old)
+        seen: ChainStatus = (await self._run(self._statuses, [(call.address, info.pool_id, old)],
+                                             [node]))[0]
         entry = NodeEntry(address=call.address, info=info, status=seen.status,
                           chain_pool=seen.chain_pool, ip=ip, updated_at=time.time())
         # again, with no await between the count and the write: concurrent announcements
@@ -126,14 +127,11 @@ class Discovery:
         return manager
 
     # chain sync
-    def _status(self, address: str, pool_id: int, old: NodeEntry | None) -> ChainStatus:
-        """One node's status (blocking: runs on the chain thread)."""
-        return self._statuses([(address, pool_id, old)], [self.protocol.node(address)])[0]
-
     def _statuses(self, nodes: list[tuple[str, int, NodeEntry | None]],
                   infos: list[NodeInfo]) -> list[ChainStatus]:
         """The status of each (address, pool wanted, old entry) from its on-chain `infos`; the
-        blacklist is read, in one batch, only for nodes in no pool."""
+        blacklist is read, in one batch, only for nodes in no pool (blocking: runs on the
+        chain thread)."""
         free = [i for i, info in enumerate(infos) if info.pool == 0]
         black = dict(zip(free, self.protocol.blacklisted_many(
             [(nodes[i][1], nodes[i][0]) for i in free]), strict=True))

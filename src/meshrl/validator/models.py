@@ -107,18 +107,17 @@ class ModelCache:
         sibling = next((e for v, e in reversed(self.engines.items())
                         if isinstance(e, CPUEngine) and self.configs.get(v) == config), None)
         if sibling is not None:  # same model, new weights: no transformers model built
-            self.loads += 1
             engine = sibling.with_weights(read_weights(path), version)
-            self.configs[version] = config
-            return engine
-        model = load_model(path)
-        if self.tokenizer is None:
-            self._set_tokenizer(load_tokenizer(path))
+        else:
+            model = load_model(path)
+            if self.tokenizer is None:
+                self._set_tokenizer(load_tokenizer(path))
+            if self.backend == "reference":  # on `device` in `dtype` (checked: DeviceError)
+                engine = ReferenceBackend(place(model, self.device, self.dtype), self.tokenizer,
+                                          version=version)
+            else:  # the reference backend where the engine cannot run the model (reason logged)
+                engine = engine_or_reference(model, self.tokenizer, self.engine_cfg,
+                                             version=version)
         self.loads += 1
-        if self.backend == "reference":  # on `device` in `dtype` (checked: DeviceError)
-            return ReferenceBackend(place(model, self.device, self.dtype), self.tokenizer,
-                                    version=version)
-        # the reference backend where the fast engine cannot run the model (reason logged)
-        engine = engine_or_reference(model, self.tokenizer, self.engine_cfg, version=version)
         self.configs[version] = config
         return engine
