@@ -157,6 +157,42 @@ def test_work_orders_want_what_the_trainer_will_take(tmp_path: Path) -> None:
         state.close()
 
 
+def test_the_demand_is_shared_by_the_nodes_asking_for_work(tmp_path: Path) -> None:
+    """The first node to ask after a move does not make the whole step: a node holding
+    ceil(ahead / n) of the backlog waits while n nodes that asked can make a file; a node that
+    heartbeats but never asks for work is not counted, so it holds nobody back."""
+    cfg = _cfg().model_copy(update={"rules": _cfg().rules.model_copy(
+        update={"files_per_step": 8})})
+
+    async def t() -> None:
+        async with api_from_parts(tmp_path, cfg, readers=(address("trainer"),)) as s:
+            await _members_beating(s)  # n3 heartbeats too, and never asks for work
+            await _step(s.url, 3, 0, 4)
+            assert (await _want(s.url, "n1")).files_wanted == 1
+            first = await _grant(s.url, "n1", 3, 0)
+            # alone in asking: its share is the whole demand
+            assert (await _want(s.url, "n1")).files_wanted == 1
+            second = await _grant(s.url, "n1", 3, 1)
+            assert (await _want(s.url, "n2")).files_wanted == 1
+            # two nodes ask: n1 holds 2 of 4, its share; the rest is n2's
+            held = await _want(s.url, "n1")
+            assert held.files_wanted == 0 and "holds its share" in held.waiting, held.waiting
+            await _grant(s.url, "n2", 3, 0)
+            assert (await _want(s.url, "n2")).files_wanted == 1
+            await _grant(s.url, "n2", 3, 1)
+            assert "demand is met" in (await _want(s.url, "n1")).waiting
+            # the trainer takes n1's two files: n1's share is free again
+            for sha in (first, second):
+                row = s.state.file(sha)
+                assert row is not None
+                s.state.set_file_status(row.seq, FileStatus.ACCEPTED)
+            taken = s.state.file(second)
+            assert taken is not None
+            await _step(s.url, 3, taken.accepted_seq, 4)
+            assert (await _want(s.url, "n1")).files_wanted == 1
+    asyncio.run(t())
+
+
 def test_a_lease_expires(tmp_path: Path) -> None:
     """A node that leased a file and went quiet gives its place back after `lease_s`."""
     state = State(tmp_path / "orch.db")
@@ -214,9 +250,12 @@ def test_a_step_update_not_the_trainers_own_changes_nothing(tmp_path: Path) -> N
 
             before = seen()
             assert before[:2] == (4, (0, 2))
+            for n in NODES:  # every member asks once: all three share the demand
+                await _want(s.url, n)
             wanted = [(await _want(s.url, n)).files_wanted for n in NODES]
-            # the accepted file is backlog (not taken): one place of two is left
-            assert wanted == [1, 0, 0]
+            # the accepted file is backlog (not taken) and n1's share of the 2 ahead: the one
+            # place left is another member's
+            assert wanted == [0, 1, 0]
 
             # a node signs a move that would free every place and jump the pool ahead
             forged = StepUpdate(step=9, taken_through=1, ahead=1 << 20)

@@ -34,14 +34,15 @@ class HostileService:
     """`tests/wire/hostile_service.py` as its own process."""
 
     def __init__(self, tmp: Path, audience: str = "meshrl/31337/test/hostile",
-                 name: str = "svc", **guard: Any) -> None:
+                 name: str = "svc", port: int = 0, **guard: Any) -> None:
         self.tmp, self.audience = tmp, audience
         self.db = tmp / f"{name}.db"
         self.ready = tmp / f"{name}.ready"
         self.log = tmp / f"{name}.log"
         self.config = tmp / f"{name}.json"
         self.config.write_text(json.dumps({"db": str(self.db), "ready_file": str(self.ready),
-                                           "audience": audience, "guard": guard}))
+                                           "audience": audience, "guard": guard,
+                                           "port": port}))
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
 

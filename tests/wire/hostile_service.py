@@ -90,7 +90,7 @@ def main(path: str) -> None:
 
     async def serve() -> None:
         app = build_app("hostile", routes, guard)
-        runner, url = await listen(app, "127.0.0.1", 0)
+        runner, url = await listen(app, "127.0.0.1", int(cfg.get("port", 0)))
         write_ready_file(cfg["ready_file"], url)
         try:
             await asyncio.Event().wait()

@@ -140,6 +140,37 @@ def test_a_request_signed_for_one_service_is_refused_by_another(tmp_path: Path) 
         b.stop()
 
 
+def test_a_client_relearns_the_audience_when_another_service_takes_its_url(
+        tmp_path: Path) -> None:
+    """Clients share what a URL's service named; when another service answers at that URL (a
+    pool's orchestrator restarted on a reused port), the refused request is signed again for
+    the audience read anew from /identity, never for the one the refusal's text names."""
+    a = HostileService(tmp_path, audience="meshrl/31337/orchestrator/1", name="a").start()
+    url, port = a.url, a.port
+    b = None
+    try:
+        async def learn() -> None:
+            async with SignedClient(url, HONEST_KEY) as c:
+                await c.call("POST", "/heartbeat", Heartbeat())
+                assert await c.audience() == "meshrl/31337/orchestrator/1"
+        run(learn())
+        a.stop()
+        b = HostileService(tmp_path, audience="meshrl/31337/orchestrator/2", name="b",
+                           port=port).start()
+        assert b.url == url
+
+        async def again() -> None:
+            async with SignedClient(url, HONEST_KEY) as c:  # a new client, the shared memory
+                await c.call("POST", "/heartbeat", Heartbeat())
+                assert await c.audience() == "meshrl/31337/orchestrator/2"
+                assert await c.get_bytes("/stored")  # every kind of request relearns
+        run(again())
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()
+
+
 # --- 3. one bad value poisons nothing ---------------------------------------------------------
 
 EXAMPLES: dict[str, tuple[str, dict[str, Any]]] = {

@@ -14,7 +14,12 @@ work order wants one file when the backlog plus the leases of other nodes is bel
 want is a lease held by the node until its next work order or `lease_s`, so members asking at
 once do not all make the last file wanted. A node that cannot make a file now holds no lease:
 one whose last heartbeat names a policy version the pool no longer takes, or that used its
-`files_per_step` counters of that version (the want goes to the others). An invalidated or
+`files_per_step` counters of that version (the want goes to the others). The demand is
+shared: a node holding ceil(ahead / n) files of the backlog waits, n being the nodes that asked
+for work within `lease_s` and can make a file, so the first node to ask after each move does
+not make the whole step (a fast asker took every file of a step, and a late joiner none); a
+node that heartbeats but never asks is not counted, so it cannot hold others back. An
+invalidated or
 expired file leaves the backlog, so its place is made again. Without a demand (a trainer that
 never said, or `ahead` None) the pool is not paced.
 
@@ -51,6 +56,7 @@ class Pacer:
         raw = state.get_meta(DEMAND)
         self.demand: Demand | None = Demand(**json.loads(raw)) if raw else None
         self.leases: dict[str, float] = {}  # node (lower case) -> lease expiry (monotonic)
+        self.asked: dict[str, float] = {}  # node as it asked -> when it last asked (monotonic)
 
     def set_demand(self, taken_through: int | None, ahead: int | None) -> None:
         """The trainer's latest word (`ahead` None: stop pacing). `taken_through` never goes
@@ -76,15 +82,35 @@ class Pacer:
             return None, ""
         key = node.lower()
         self.leases = {n: t for n, t in self.leases.items() if t > now and n != key}
+        self.asked = {n: t for n, t in self.asked.items() if t > now - self.lease_s}
+        self.asked[node] = now
         cannot = self._cannot(node)
         if cannot:
             return 0, cannot
         backlog, leased = self.backlog(), len(self.leases)
         if backlog + leased < self.demand.ahead:
+            unfair = self._over_share(node)
+            if unfair:
+                return 0, unfair
             self.leases[key] = now + self.lease_s
             return 1, ""
         return 0, (f"the trainer's demand is met: {backlog} files in flight or waiting and "
                    f"{leased} being made, it wants {self.demand.ahead} ahead")
+
+    def _over_share(self, node: str) -> str:
+        """Why `node` leaves the next file to others ("" if it may make it): it holds its
+        share of the demand while another node that can make a file holds less."""
+        assert self.demand is not None
+        able = self.state.able_nodes(list(self.asked), self.pool.versions(),
+                                     self.files_per_step)
+        if able <= 1:
+            return ""
+        share = -(-self.demand.ahead // able)
+        own = self.state.backlog(self.demand.taken_through, min(self.pool.versions()), node)
+        if own < share:
+            return ""
+        return (f"this node holds its share of the demand: {own} of {self.demand.ahead} files "
+                f"ahead, shared by {able} nodes that can make one")
 
     def _cannot(self, node: str) -> str:
         """Why `node` cannot make a file now ("" if it can), by its last heartbeat."""

@@ -397,18 +397,36 @@ class State:
     def set_work_id(self, seq: int, work_id: str) -> None:
         self.db.execute("UPDATE files SET work_id = ? WHERE seq = ?", (work_id, seq))
 
-    def backlog(self, taken_through: int, min_version: int) -> int:
+    def backlog(self, taken_through: int, min_version: int, node: str | None = None) -> int:
         """Granted files of policy versions >= `min_version` that the trainer has not taken:
         granted (slot unexpired) or uploaded by a live node (a dead node's never reach the
         chain until it is back), submitted (every submission is judged), or accepted after
-        acceptance number `taken_through` (the pacing's count, docs/services.md)."""
+        acceptance number `taken_through` (the pacing's count, docs/services.md); of `node`
+        alone when it is given."""
         live = (NodeState.HEALTHY.value, NodeState.UNHEALTHY.value)
         row = self.db.execute(
             "SELECT COUNT(*) FROM files WHERE granted = 1 AND policy_version >= ? AND "
             "((status IN (?, ?) AND node IN (SELECT address FROM nodes WHERE state IN (?, ?))) "
-            "OR status = ? OR (status = ? AND accepted_seq > ?))",
+            "OR status = ? OR (status = ? AND accepted_seq > ?))"
+            + ("" if node is None else " AND node = ?"),
             (min_version, FileStatus.GRANTED.value, FileStatus.UPLOADED.value, *live,
-             FileStatus.SUBMITTED.value, FileStatus.ACCEPTED.value, taken_through)).fetchone()
+             FileStatus.SUBMITTED.value, FileStatus.ACCEPTED.value, taken_through,
+             *(() if node is None else (node,)))).fetchone()
+        return int(row[0])
+
+    def able_nodes(self, among: list[str], versions: list[int], files_per_step: int) -> int:
+        """The nodes of `among` (addresses) that can make a file now: healthy, their last
+        heartbeat names a version in `versions`, and they have counters of it left."""
+        if not among:
+            return 0
+        marks = ",".join("?" * len(among))
+        row = self.db.execute(
+            f"SELECT COUNT(*) FROM nodes n WHERE n.address IN ({marks}) AND n.state = ? AND "
+            "n.policy_version BETWEEN ? AND ? AND (SELECT COUNT(*) FROM files f WHERE "
+            "f.granted = 1 AND f.node = n.address AND f.step = n.policy_version AND "
+            "f.counter >= 0) < ?",
+            (*among, NodeState.HEALTHY.value, min(versions), max(versions),
+             files_per_step)).fetchone()
         return int(row[0])
 
     def granted_count(self, node: str, step: int) -> int:

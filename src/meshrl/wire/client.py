@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
@@ -121,6 +121,18 @@ class SignedClient:
         return sign_request(self._key, method, path, body, body_sha256=body_sha256,
                             address=self.address, audience=await self.audience()).as_dict()
 
+    async def _relearning(self, send: Callable[[], Awaitable[bytes]]) -> bytes:
+        """`send()`; when a learned audience is refused (another service now answers at this
+        URL, e.g. a restarted one on a reused port), learn it again and send once more. A
+        refusal is unsigned text from the service, so the audience is read from /identity
+        again, never from the refusal's detail."""
+        try:
+            return await send()
+        except WrongAudience:
+            if self._audience is not None:  # the caller named it: its mistake, not ours
+                raise
+            return await send()
+
     def _answer(self, status: int, data: bytes) -> None:
         try:
             raise_for(status, data)
@@ -152,15 +164,19 @@ class SignedClient:
         else:
             raw = json.dumps(body).encode()
         path_qs = path + ("?" + urlencode(query) if query else "")
-        headers = await self._sign(method, path_qs, raw)
-        if raw:
-            headers["content-type"] = "application/json"
         url = URL(self.base_url + path_qs, encoded=True)
-        async with _reachable(self.base_url), self.session.request(
-            method, url, data=raw, headers=headers
-        ) as resp:
-            data = await resp.read()
-            self._answer(resp.status, data)
+
+        async def send() -> bytes:
+            headers = await self._sign(method, path_qs, raw)
+            if raw:
+                headers["content-type"] = "application/json"
+            async with _reachable(self.base_url), self.session.request(
+                method, url, data=raw, headers=headers
+            ) as resp:
+                answer = await resp.read()
+                self._answer(resp.status, answer)
+            return answer
+        data = await self._relearning(send)
         parsed = json.loads(data) if data else None
         return response.model_validate(parsed) if response is not None else parsed
 
@@ -170,26 +186,32 @@ class SignedClient:
         """Stream `file` as the body, signed over its declared `sha256` (lower hex)."""
         file = Path(file)
         size = file.stat().st_size
-        headers = await self._sign(method, path, body_sha256=sha256)
-        headers["content-type"] = "application/octet-stream"
-        headers["content-length"] = str(size)
         url = URL(self.base_url + path, encoded=True)
-        async with _reachable(self.base_url), self.session.request(
-            method, url, data=_chunks(file, chunk_size), headers=headers
-        ) as resp:
-            data = await resp.read()
-            self._answer(resp.status, data)
+
+        async def send() -> bytes:
+            headers = await self._sign(method, path, body_sha256=sha256)
+            headers["content-type"] = "application/octet-stream"
+            headers["content-length"] = str(size)
+            async with _reachable(self.base_url), self.session.request(
+                method, url, data=_chunks(file, chunk_size), headers=headers
+            ) as resp:
+                answer = await resp.read()
+                self._answer(resp.status, answer)
+            return answer
+        data = await self._relearning(send)
         return json.loads(data) if data else None
 
     async def get_bytes(self, path: str) -> bytes:
         """A signed GET whose answer is raw bytes (a file download)."""
-        headers = await self._sign("GET", path)
-        async with _reachable(self.base_url), self.session.get(
-            URL(self.base_url + path, encoded=True), headers=headers
-        ) as resp:
-            data = await resp.read()
-            self._answer(resp.status, data)
-        return data
+        async def send() -> bytes:
+            headers = await self._sign("GET", path)
+            async with _reachable(self.base_url), self.session.get(
+                URL(self.base_url + path, encoded=True), headers=headers
+            ) as resp:
+                answer = await resp.read()
+                self._answer(resp.status, answer)
+            return answer
+        return await self._relearning(send)
 
 
 @asynccontextmanager
