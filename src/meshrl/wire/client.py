@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
@@ -121,17 +121,31 @@ class SignedClient:
         return sign_request(self._key, method, path, body, body_sha256=body_sha256,
                             address=self.address, audience=await self.audience()).as_dict()
 
-    async def _relearning(self, send: Callable[[], Awaitable[bytes]]) -> bytes:
-        """`send()`; when a learned audience is refused (another service now answers at this
-        URL, e.g. a restarted one on a reused port), learn it again and send once more. A
-        refusal is unsigned text from the service, so the audience is read from /identity
-        again, never from the refusal's detail."""
+    async def _send(self, method: str, path: str, *, body: bytes | None = None,
+                    body_sha256: str | None = None, headers: Mapping[str, str] | None = None,
+                    stream: Callable[[], AsyncIterator[bytes]] | None = None) -> bytes:
+        """One signed request (`body`, or the bytes `stream()` yields, signed over
+        `body_sha256`); the answer's bytes, or its refusal raised. When a learned audience is
+        refused (another service now answers at this URL, e.g. a restarted one on a reused
+        port), it is read from /identity again and the request sent once more: a refusal is
+        unsigned text, so its detail is never believed."""
+        url = URL(self.base_url + path, encoded=True)
+
+        async def once() -> bytes:
+            signed = await self._sign(method, path, body or b"", body_sha256)
+            data = body if stream is None else stream()  # a stream is read anew each time
+            async with _reachable(self.base_url), self.session.request(
+                method, url, data=data, headers={**signed, **(headers or {})}
+            ) as resp:
+                answer = await resp.read()
+                self._answer(resp.status, answer)
+            return answer
         try:
-            return await send()
+            return await once()
         except WrongAudience:
             if self._audience is not None:  # the caller named it: its mistake, not ours
                 raise
-            return await send()
+            return await once()
 
     def _answer(self, status: int, data: bytes) -> None:
         try:
@@ -164,19 +178,8 @@ class SignedClient:
         else:
             raw = json.dumps(body).encode()
         path_qs = path + ("?" + urlencode(query) if query else "")
-        url = URL(self.base_url + path_qs, encoded=True)
-
-        async def send() -> bytes:
-            headers = await self._sign(method, path_qs, raw)
-            if raw:
-                headers["content-type"] = "application/json"
-            async with _reachable(self.base_url), self.session.request(
-                method, url, data=raw, headers=headers
-            ) as resp:
-                answer = await resp.read()
-                self._answer(resp.status, answer)
-            return answer
-        data = await self._relearning(send)
+        data = await self._send(method, path_qs, body=raw, headers=(
+            {"content-type": "application/json"} if raw else None))
         parsed = json.loads(data) if data else None
         return response.model_validate(parsed) if response is not None else parsed
 
@@ -186,32 +189,14 @@ class SignedClient:
         """Stream `file` as the body, signed over its declared `sha256` (lower hex)."""
         file = Path(file)
         size = file.stat().st_size
-        url = URL(self.base_url + path, encoded=True)
-
-        async def send() -> bytes:
-            headers = await self._sign(method, path, body_sha256=sha256)
-            headers["content-type"] = "application/octet-stream"
-            headers["content-length"] = str(size)
-            async with _reachable(self.base_url), self.session.request(
-                method, url, data=_chunks(file, chunk_size), headers=headers
-            ) as resp:
-                answer = await resp.read()
-                self._answer(resp.status, answer)
-            return answer
-        data = await self._relearning(send)
+        data = await self._send(
+            method, path, body_sha256=sha256, stream=lambda: _chunks(file, chunk_size),
+            headers={"content-type": "application/octet-stream", "content-length": str(size)})
         return json.loads(data) if data else None
 
     async def get_bytes(self, path: str) -> bytes:
         """A signed GET whose answer is raw bytes (a file download)."""
-        async def send() -> bytes:
-            headers = await self._sign("GET", path)
-            async with _reachable(self.base_url), self.session.get(
-                URL(self.base_url + path, encoded=True), headers=headers
-            ) as resp:
-                answer = await resp.read()
-                self._answer(resp.status, answer)
-            return answer
-        return await self._relearning(send)
+        return await self._send("GET", path)
 
 
 @asynccontextmanager
