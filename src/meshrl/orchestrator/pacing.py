@@ -89,7 +89,7 @@ class Pacer:
             return 0, cannot
         backlog, leased = self.backlog(), len(self.leases)
         if backlog + leased < self.demand.ahead:
-            unfair = self._over_share(node)
+            unfair = self._over_share(node, self.demand)
             if unfair:
                 return 0, unfair
             self.leases[key] = now + self.lease_s
@@ -97,19 +97,18 @@ class Pacer:
         return 0, (f"the trainer's demand is met: {backlog} files in flight or waiting and "
                    f"{leased} being made, it wants {self.demand.ahead} ahead")
 
-    def _over_share(self, node: str) -> str:
+    def _over_share(self, node: str, demand: Demand) -> str:
         """Why `node` leaves the next file to others ("" if it may make it): it holds its
-        share of the demand while another node that can make a file holds less."""
-        assert self.demand is not None
+        share of `demand` among the nodes that asked and can make a file."""
         able = self.state.able_nodes(list(self.asked), self.pool.versions(),
                                      self.files_per_step)
         if able <= 1:
             return ""
-        share = -(-self.demand.ahead // able)
-        own = self.state.backlog(self.demand.taken_through, min(self.pool.versions()), node)
+        share = -(-demand.ahead // able)
+        own = self.state.backlog(demand.taken_through, min(self.pool.versions()), node)
         if own < share:
             return ""
-        return (f"this node holds its share of the demand: {own} of {self.demand.ahead} files "
+        return (f"this node holds its share of the demand: {own} of {demand.ahead} files "
                 f"ahead, shared by {able} nodes that can make one")
 
     def _cannot(self, node: str) -> str:
