@@ -231,7 +231,10 @@ def test_health_metrics_and_openapi(pool: Pool) -> None:
                                  "/verdicts", "/ledger", "/files/{sha256}", "/invite", "/step"}
     ledger = doc["paths"]["/ledger"]["get"]
     assert {p["name"] for p in ledger["parameters"]} == {"step", "status", "sha256", "work_id",
-                                                         "after", "accepted_after", "limit"}
+                                                         "after", "accepted_after", "limit",
+                                                         "wait"}
+    work = doc["paths"]["/work"]["get"]
+    assert {p["name"] for p in work["parameters"]} == {"version", "wait"}
     assert "LedgerEntry" in doc["components"]["schemas"]
     verdicts = doc["paths"]["/verdicts"]["post"]["responses"]
     assert {"not_submitted_yet", "not_awaiting_verdict"} <= set(

@@ -21,6 +21,7 @@ from meshrl.orchestrator.state import PoolStep, State
 from meshrl.pool import WorkOrder
 from meshrl.wire import (
     InvalidBody,
+    InvalidQuery,
     NotAReader,
     ReplayedNonce,
     SignedClient,
@@ -33,6 +34,7 @@ from meshrl.wire.models import (
     FileStatus,
     Heartbeat,
     HeartbeatAck,
+    LedgerPage,
     NodeState,
     SlotRequest,
     StepUpdate,
@@ -243,6 +245,8 @@ def test_a_step_update_not_the_trainers_own_changes_nothing(tmp_path: Path) -> N
             signed = sign_request(key("trainer"), "POST", "/step", body,
                                   audience=await _audience(s.url)).as_dict()
             await _raw(s.url, body, signed)
+            for n in NODES:  # the members load version 4 (3 is the oldest the pool takes now)
+                await _beat(s.url, n, 4)
 
             def seen() -> tuple[int, object, str]:
                 d = s.api.pacer.demand
@@ -294,4 +298,146 @@ def test_a_step_update_not_the_trainers_own_changes_nothing(tmp_path: Path) -> N
             # and the trainer's next true word still moves it
             await _step(s.url, 5, 1, 2)
             assert seen()[:2] == (5, (1, 2))
+    asyncio.run(t())
+
+
+async def _held_want(url: str, node: str, wait: float, version: int | None = None
+                     ) -> tuple[WorkOrder, float]:
+    """`GET /work?wait=` and how long its answer took."""
+    query: dict[str, float | int] = {"wait": wait}
+    if version is not None:
+        query["version"] = version
+    async with SignedClient(url, key(node)) as c:
+        t0 = time.monotonic()
+        order = await c.call("GET", "/work", response=WorkOrder, query=query)
+        return order, time.monotonic() - t0
+
+
+def test_a_held_work_order_is_answered_when_the_trainer_wants_more(tmp_path: Path) -> None:
+    """`wait=S`: while the demand is met the request is held, and answered as soon as the
+    trainer's next word wants a file (not at the next poll); with nothing new it is answered
+    after S with no file. A node that must fetch a newer version is told at once."""
+    async def t() -> None:
+        async with api_from_parts(tmp_path, _cfg(), readers=(address("trainer"),)) as s:
+            await _members_beating(s)
+            await _step(s.url, 3, 0, 1)
+            assert (await _want(s.url, "n1")).files_wanted == 1
+            await _grant(s.url, "n1", 3, 0)
+            # nothing new: held for the whole wait, then no file
+            order, took = await _held_want(s.url, "n2", 0.6)
+            assert order.files_wanted == 0 and "demand is met" in order.waiting
+            assert 0.55 <= took < 3.0, took
+            # held, then the trainer moves and wants two more: answered at once
+            held = asyncio.create_task(_held_want(s.url, "n2", 10.0))
+            await asyncio.sleep(0.5)
+            assert not held.done()
+            await _step(s.url, 3, 0, 3)
+            order, took = await held
+            assert order.files_wanted == 1 and order.step == 3
+            assert 0.5 <= took < 1.5, took
+            # a node whose version the pool no longer takes waits for nothing: told at once,
+            # and the version its work order names is the one the pool judges it by
+            order, took = await _held_want(s.url, "n3", 10.0, version=1)
+            assert order.files_wanted == 0 and "fetch a newer one" in order.waiting
+            assert took < 2.0, took
+            node = s.state.node(address("n3"))
+            assert node is not None and node.policy_version == 1
+            order, _ = await _held_want(s.url, "n3", 10.0, version=3)
+            assert order.files_wanted == 1
+            # the oldest version the pool takes (2, at step 3 with async_level 1) makes files
+            # only the step being filled could use: told at once to fetch a newer one
+            order, took = await _held_want(s.url, "n3", 10.0, version=2)
+            assert order.files_wanted == 0 and "oldest the pool takes" in order.waiting
+            assert took < 2.0, took
+            # a wait beyond the bound, or not a finite number, is refused as the query it is
+            async with SignedClient(s.url, key("n1")) as c:
+                for bad in ({"wait": 31}, {"wait": "nan"}, {"wait": -1}, {"version": -2}):
+                    with pytest.raises(InvalidQuery):
+                        await c.call("GET", "/work", response=WorkOrder, query=bad)
+    asyncio.run(t())
+
+
+def test_a_held_ledger_read_is_answered_at_the_next_acceptance(tmp_path: Path) -> None:
+    """The trainer's `GET /ledger?accepted_after=N&wait=S` returns when a file is accepted,
+    not at its next poll; the orchestrator caps the hold at `work.max_hold_s`."""
+    cfg = _cfg().model_copy(update={"work": _cfg().work.model_copy(update={"max_hold_s": 1.0})})
+
+    async def read(url: str, wait: float) -> tuple[LedgerPage, float]:
+        async with SignedClient(url, key("trainer")) as c:
+            t0 = time.monotonic()
+            page = await c.call("GET", "/ledger", response=LedgerPage,
+                                query={"accepted_after": 0, "wait": wait})
+            return page, time.monotonic() - t0
+
+    async def t() -> None:
+        async with api_from_parts(tmp_path, cfg, readers=(address("trainer"),)) as s:
+            await _members_beating(s)
+            sha = await _grant(s.url, "n1", 3, 0)
+            page, took = await read(s.url, 20.0)  # capped at 1 s
+            assert page.entries == [] and 0.95 <= took < 3.0, took
+            held = asyncio.create_task(read(s.url, 20.0))
+            await asyncio.sleep(0.3)
+            row = s.state.file(sha)
+            assert row is not None
+            s.state.set_file_status(row.seq, FileStatus.ACCEPTED)
+            page, took = await held
+            assert [e.sha256 for e in page.entries] == [sha] and took < 0.9, took
+    asyncio.run(t())
+
+
+def test_a_waiting_trainer_takes_a_file_at_its_acceptance_not_its_next_poll(
+        tmp_path: Path) -> None:
+    """`network.hold_s`: a step short of files reads the accepted feed held by the orchestrator,
+    so a file accepted meanwhile is taken at once; polling every `poll_s` (5 s here) would
+    have taken it seconds later. With `hold_s = 0` it is the poll that finds it."""
+    from meshrl.rl.config import NetworkSourceConfig, RolloutConfig
+    from meshrl.rl.network_source import NetworkSource
+
+    key_file = tmp_path / "trainer.key"
+    key_file.write_text(key("trainer"))
+
+    async def upload(url: str, node: str, counter: int) -> str:
+        data = parquet_framed(os.urandom(64))
+        sha = hashlib.sha256(data).hexdigest()
+        path = tmp_path / f"{sha}.parquet"
+        path.write_bytes(data)
+        async with SignedClient(url, key(node)) as c:
+            slot = await c.call("POST", "/uploads", SlotRequest(
+                sha256=sha, size=len(data), step=3, policy_version=3, work_units=10,
+                counter=counter), response=UploadSlot)
+            await c.upload("PUT", slot.url, path, sha)
+        return sha
+
+    async def taken_after_acceptance(s: Served, hold_s: float, counter: int) -> float:
+        cfg = NetworkSourceConfig(orchestrator_url=s.url, key_file=str(key_file), poll_s=5.0,
+                                  hold_s=hold_s)
+        src = await asyncio.to_thread(
+            NetworkSource, cfg, RolloutConfig(group_size=2, prompts_per_step=16), 1, 3,
+            tmp_path / f"run{counter}", (None, None))
+        src.reader.after = s.state.last_accepted_seq()
+        src.ahead = None  # no demand said: the wait is the read's alone
+        sha = await upload(s.url, "n1", counter)
+        waiting = asyncio.create_task(asyncio.to_thread(src._fresh, 3, 1, [], [], True))
+        await asyncio.sleep(1.0)  # the step is waiting now (its first, unheld read was empty)
+        assert not waiting.done()
+        row = s.state.file(sha)
+        assert row is not None
+        t0 = time.monotonic()
+        s.state.set_file_status(row.seq, FileStatus.ACCEPTED)
+        (got,) = await waiting
+        assert got.sha256 == sha
+        src.close()
+        return time.monotonic() - t0
+
+    async def t() -> None:
+        (tmp_path / "run0").mkdir()
+        (tmp_path / "run1").mkdir()
+        cfg = _cfg().model_copy(update={"rules": _cfg().rules.model_copy(
+            update={"group_size": 2})})
+        async with api_from_parts(tmp_path, cfg, readers=(address("trainer"),)) as s:
+            await _members_beating(s)
+            held = await taken_after_acceptance(s, 3.0, 0)
+            polled = await taken_after_acceptance(s, 0.0, 1)
+            assert held < 0.8, held
+            assert polled > 2.0, polled
     asyncio.run(t())

@@ -52,7 +52,7 @@ def test_trainer_says_what_a_step_awaits(pool: Pool, tmp_path, capsys) -> None:
     src = NetworkSource(cfg, RolloutConfig(group_size=2, prompts_per_step=64), 1, 0, tmp_path,
                         (None, None))
     arrived = threading.Event()
-    src.take = lambda: _entry(3) if arrived.is_set() else None  # nothing accepted for now
+    src.take = lambda wait_s=0.0: _entry(3) if arrived.is_set() else None  # none accepted yet
     threading.Timer(0.5, arrived.set).start()
     (got,) = src._fresh(3, 1, [FileGroups(_entry(3), excluded=2)], [], wait=True)
     assert got.step == 3
@@ -124,7 +124,7 @@ def test_a_step_loads_its_files_together_and_the_next_ones_while_it_trains(
     entries = [_entry(v).model_copy(update={"sha256": f"{i:064x}", "accepted_seq": i + 1})
                for i, v in enumerate(versions)]
     arrived = list(entries)
-    src.take = lambda: arrived.pop(0) if arrived else None
+    src.take = lambda wait_s=0.0: arrived.pop(0) if arrived else None
     groups: list[list[str]] = []
 
     def load(es: list[LedgerEntry]) -> list[FileGroups]:

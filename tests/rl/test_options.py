@@ -113,6 +113,8 @@ COVERED = {
     "network.key_file": NET + "test_trainer_records_against_the_ledger",
     "network.origin_root": NET + "test_trainer_records_against_the_ledger",
     "network.poll_s": NET + "test_trainer_records_against_the_ledger",
+    "network.hold_s": "tests/orchestrator/test_pacing.py::"
+                      "test_a_waiting_trainer_takes_a_file_at_its_acceptance_not_its_next_poll",
     "network.judge_lag": NET + "test_cheater_slashed_ejected_within_two_steps_never_trained_on",
     "network.stall_log_s": "tests/orchestrator/test_stall.py::test_trainer_says_what_a_step_awaits",
     "network.broadcast": "tests/rl/test_shardcast_publisher.py::"

@@ -49,3 +49,38 @@ def test_a_paced_worker_makes_only_what_the_pool_wants(tmp_path: Path) -> None:
     waits = [node._idle_wait(_order(0)) for _ in range(4)]
     assert waits == [0.25, 0.5, 1.0, 1.0]
     assert node._idle_wait(_order(1)) == 0.25 and node._idle_wait(_order(0)) == 0.25
+
+
+def test_an_idle_worker_asks_again_as_soon_as_a_new_version_is_loaded(tmp_path: Path) -> None:
+    """A work order answered at once with no file (this node must fetch a newer version, or
+    the pool does not hold orders) is waited out by `_idle`: up to the idle wait, but ended by
+    the next hot-load of the policy, or by stop."""
+    import time
+
+    tok = CharTokenizer()
+    save_model(build_model("qwen2-tiny", tok.vocab_size, seed=0), tok, tmp_path / "model")
+    cfg = WorkerConfig(work_dir=str(tmp_path / "work"), poll_interval=0.25)
+    node = WorkerNode(cfg, WorkerKeys(dev_account(1), dev_account(2)))
+    node.policy = PolicyHolder(cfg, tmp_path / "model", 2)
+
+    async def idle_until(wake: str | None) -> float:
+        node.stop.clear()
+        node.policy.loaded.clear()
+        t0 = time.monotonic()
+
+        async def later() -> None:
+            await asyncio.sleep(0.2)
+            if wake == "loaded":
+                node.policy.loaded.set()
+            elif wake == "stop":
+                node.stop.set()
+        waker = asyncio.create_task(later())
+        await node._idle(3.0 if wake else 0.4)
+        await waker
+        return time.monotonic() - t0
+
+    async def cases() -> list[float]:  # one event loop: the node's events belong to it
+        return [await idle_until(wake) for wake in ("loaded", "stop", None)]
+
+    loaded, stopped, timed_out = asyncio.run(cases())
+    assert 0.15 <= loaded < 1.0 and 0.15 <= stopped < 1.0 and 0.35 <= timed_out < 1.5

@@ -183,9 +183,13 @@ def build_roles(lay: Layout, keys: DevKeys, pool_id: int) -> list[RoleSpec]:
     # every version a file may still be judged by stays held: a file lags its step by up to
     # async_level versions and waits for its verdict up to the trainer's judge lag (2) more
     keep = str(max(5, cfg.pool.async_level + 4))
+    # the trainer writes each version into the origin's store from its own process: the
+    # origin finds it by re-scanning, every 50 ms (a scan of a few names; at the default
+    # 0.5 s a version waited 0.24 s there, median, before any relay or worker could see it)
     roles.append(RoleSpec("origin", _meshrl("shardcast", "origin", "--root", str(origin),
                                             "--keep", keep, "--server.host", lay.host(3),
-                                            "--server.port", str(lay.port(3))),
+                                            "--server.port", str(lay.port(3)),
+                                            "--server.scan_interval", "0.05"),
                           health=lay.origin_url + "/health"))
     for i, url in enumerate(lay.relay_urls()):
         roles.append(RoleSpec(f"relay-{i}", _meshrl(

@@ -27,6 +27,7 @@ from aiohttp import web
 from meshrl.orchestrator.books import NodeMoney
 from meshrl.orchestrator.chainview import ChainView
 from meshrl.orchestrator.config import OrchestratorConfig
+from meshrl.orchestrator.hold import hold
 from meshrl.orchestrator.join import JoinDesk, read_chain_facts
 from meshrl.orchestrator.metrics import OrchestratorMetrics
 from meshrl.orchestrator.pacing import Pacer
@@ -38,7 +39,7 @@ from meshrl.orchestrator.store import (
     check_slot_id,
     parquet_framed,
 )
-from meshrl.pool import JoinManifest, PoolRules, WorkOrder, counter_refusal
+from meshrl.pool import JoinManifest, PoolRules, WorkOrder, WorkQuery, counter_refusal
 from meshrl.wire.errors import ErrorCode, WireError
 from meshrl.wire.guard import RequestGuard
 from meshrl.wire.models import (
@@ -148,8 +149,20 @@ class OrchestratorApi:
 
     async def work(self, call: Call) -> WorkOrder:
         node = self.member(call)
-        w = self.cfg.work
-        wanted, waiting = self.pacer.want(node, time.monotonic())
+        w, q = self.cfg.work, call.query
+        if q is not None and q.version is not None:
+            self.state.set_policy_version(node, q.version)
+
+        def look() -> tuple[int | None, str]:
+            return self.pacer.want(node, time.monotonic())
+
+        def ready(want: tuple[int | None, str]) -> bool:
+            # held only while the demand is what is missing: a node that must fetch a newer
+            # version first is told at once
+            return want[0] != 0 or bool(self.pacer.cannot(node))
+
+        wait = 0.0 if q is None else min(q.wait, w.max_hold_s)
+        wanted, waiting = await hold(self.state.alarm, look, ready, wait)
         return WorkOrder(rules=self.published, step=self.pool.step,
                          policy_versions=self.pool.versions(),
                          shardcast_servers=w.shardcast_servers, max_file_bytes=w.max_file_bytes,
@@ -187,6 +200,7 @@ class OrchestratorApi:
                                       req.policy_version, req.work_units, req.counter, expires)
         if grant is not Grant.GRANTED:
             raise WireError(_GRANT_REFUSALS[grant], f"step {req.step}, counter {req.counter}")
+        self.pacer.granted(node)
         target = self.store.upload_target(slot_id, req.sha256, req.size, "")
         return UploadSlot(slot_id=slot_id, method=target.method, url=target.url,
                           signed=target.signed, expires_at=expires, sha256=req.sha256,
@@ -269,11 +283,16 @@ class OrchestratorApi:
     async def ledger(self, call: Call) -> LedgerPage:
         await self.reader(call)
         q: LedgerQuery = call.query
+
+        def look() -> list[FileRow]:
+            if q.accepted_after is not None:
+                return self.state.accepted(q.accepted_after, q.limit)
+            return self.state.files(q.step, q.status, q.after, q.limit, q.sha256, q.work_id)
+
+        rows = await hold(self.state.alarm, look, bool, min(q.wait, self.cfg.work.max_hold_s))
         if q.accepted_after is not None:
-            rows = self.state.accepted(q.accepted_after, q.limit)
             last = rows[-1].accepted_seq if rows else q.accepted_after
         else:
-            rows = self.state.files(q.step, q.status, q.after, q.limit, q.sha256, q.work_id)
             last = rows[-1].seq if rows else q.after
         return LedgerPage(entries=[_entry(r) for r in rows], next_after=last)
 
@@ -326,8 +345,10 @@ class OrchestratorApi:
             Route("POST", "/heartbeat", self.heartbeat, body=Heartbeat, response=HeartbeatAck,
                   max_body=small, tags=node, summary="a node's heartbeat and state",
                   refusals=(E.NOT_IN_POOL,)),
-            Route("GET", "/work", self.work, response=WorkOrder, max_body=none, tags=node,
-                  summary="the current work order", refusals=(E.NOT_IN_POOL,)),
+            Route("GET", "/work", self.work, query=WorkQuery, response=WorkOrder,
+                  max_body=none, tags=node, summary="the current work order; with `wait`, "
+                  "held while the pool wants no file from the node (up to work.max_hold_s)",
+                  refusals=(E.NOT_IN_POOL,)),
             Route("POST", "/uploads", self.grant, body=SlotRequest, response=UploadSlot,
                   max_body=small, tags=node, summary="grant a single-use, expiring upload slot",
                   refusals=(E.NOT_IN_POOL, E.FILE_TOO_LARGE, E.TOO_MANY_WORK_UNITS,
@@ -350,7 +371,8 @@ class OrchestratorApi:
             Route("GET", "/ledger", self.ledger, query=LedgerQuery, response=LedgerPage,
                   max_body=none, tags=trainer + validator,
                   summary="submissions by step, status, file or work id; accepted_after: the "
-                  "accepted ones in acceptance order (what the trainer may use)",
+                  "accepted ones in acceptance order (what the trainer may use); with `wait`, "
+                  "an empty answer is held until there is an entry (up to work.max_hold_s)",
                   refusals=(E.NOT_A_READER,)),
             Route("GET", "/nodes", self.nodes, response=PoolNodes, max_body=none, tags=trainer,
                   summary="the pool's nodes and their last heartbeats",

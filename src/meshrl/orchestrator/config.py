@@ -71,6 +71,9 @@ class WorkConfig(Config):
     lease_s: float = Field(30.0, gt=0, description="pacing: how long a work order's want of "
                            "one file holds that file's place for its node (until its next work "
                            "order at the latest)")
+    max_hold_s: float = Field(5.0, ge=0, le=30, description="the longest a `wait=` request "
+                              "(`GET /work`, `GET /ledger`) is held for an answer that is not "
+                              "empty (0: every request is answered at once)")
 
 
 class JoinConfig(Config):

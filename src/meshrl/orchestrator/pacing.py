@@ -11,9 +11,12 @@ every granted file of a fresh version (>= step - async_level) the trainer has no
 granted or uploaded by a live node, submitted, or accepted after `taken_through`
 (`State.backlog`). A node's
 work order wants one file when the backlog plus the leases of other nodes is below `ahead`; that
-want is a lease held by the node until its next work order or `lease_s`, so members asking at
-once do not all make the last file wanted. A node that cannot make a file now holds no lease:
-one whose last heartbeat names a policy version the pool no longer takes, or that used its
+want is a lease held by the node until its file is granted a slot (it is in the backlog then),
+its next work order or `lease_s`, so members asking at once do not all make the last file
+wanted. A node that cannot make a file now holds no lease:
+one whose last word (its work order's `version`, else its heartbeat) names a policy version
+the pool no longer takes or the oldest it still takes (a file of it would be usable only by the
+step being filled now, and mostly arrive too late for it), or that used its
 `files_per_step` counters of that version (the want goes to the others). The demand is
 shared: a node holding ceil(ahead / n) files of the backlog waits, n being the nodes that asked
 for work within `lease_s` and can make a file, so the first node to ask after each move does
@@ -22,6 +25,11 @@ node that heartbeats but never asks is not counted, so it cannot hold others bac
 invalidated or
 expired file leaves the backlog, so its place is made again. Without a demand (a trainer that
 never said, or `ahead` None) the pool is not paced.
+
+A work order asked with `wait` is held while the pool wants no file from a node that could
+make one (hold.py): it is answered when the trainer's next word, a grant, an invalidation or a
+lease running out makes a place, so an idle node learns of the demand at once, not at its next
+poll.
 
 The demand lives in the state's meta table: a restarted orchestrator keeps pacing.
 """
@@ -69,6 +77,13 @@ class Pacer:
         self.demand = Demand(max(before, taken_through or 0), ahead)
         self.state.set_meta(DEMAND, json.dumps(self.demand.__dict__))
 
+    def granted(self, node: str) -> None:
+        """`node`'s file was granted a slot: it is in the backlog now, so the lease that held
+        its place is given back (counted twice until the node's next work order, it kept
+        others waiting while the file was uploaded and submitted)."""
+        self.leases.pop(node.lower(), None)
+        self.state.alarm.ring()
+
     def backlog(self) -> int:
         """Fresh files the trainer has not taken (0 without a demand)."""
         if self.demand is None:
@@ -84,7 +99,7 @@ class Pacer:
         self.leases = {n: t for n, t in self.leases.items() if t > now and n != key}
         self.asked = {n: t for n, t in self.asked.items() if t > now - self.lease_s}
         self.asked[node] = now
-        cannot = self._cannot(node)
+        cannot = self.cannot(node)
         if cannot:
             return 0, cannot
         backlog, leased = self.backlog(), len(self.leases)
@@ -111,13 +126,20 @@ class Pacer:
         return (f"this node holds its share of the demand: {own} of {demand.ahead} files "
                 f"ahead, shared by {able} nodes that can make one")
 
-    def _cannot(self, node: str) -> str:
+    def cannot(self, node: str) -> str:
         """Why `node` cannot make a file now ("" if it can), by its last heartbeat."""
         row = self.state.node(node)
         version = -1 if row is None else row.policy_version
-        if version not in self.pool.versions():
+        versions = self.pool.versions()
+        if version not in versions:
             return (f"this node's policy version {version} is not one the pool takes "
-                    f"({self.pool.versions()}): fetch a newer one")
+                    f"({versions}): fetch a newer one")
+        if len(versions) > 1 and version == min(versions):
+            # usable only by the step the trainer is filling now, which a file made from here
+            # (generated, uploaded, submitted, judged) mostly misses: it would be dropped stale
+            return (f"this node's policy version {version} is the oldest the pool takes "
+                    f"({versions}): its file would be usable only by the step being filled "
+                    "now; fetch a newer one")
         if self.state.granted_count(node, version) >= self.files_per_step:
             return (f"this node made its {self.files_per_step} files of version {version}: "
                     "the next version's counters are its next work")

@@ -18,6 +18,7 @@ from enum import Enum, IntEnum
 from pathlib import Path
 from typing import Any
 
+from meshrl.orchestrator.hold import Alarm
 from meshrl.wire.models import FileStatus, NodeState
 
 __all__ = ["POOL_STEP", "FileRow", "Grant", "InviteRow", "NodeRow", "PoolStep", "SlotRow",
@@ -138,10 +139,14 @@ class Grant(Enum):
 
 
 class State:
-    """One SQLite connection used from the event loop's thread (each call is short)."""
+    """One SQLite connection used from the event loop's thread (each call is short).
+
+    `alarm` is rung after each committed change a held request may wait for (hold.py): a
+    transaction, a file's status, a meta value (the trainer's demand), a node's version."""
 
     def __init__(self, path: str | Path, durable: bool = False) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.alarm = Alarm()
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
@@ -185,6 +190,7 @@ class State:
             self.db.execute("ROLLBACK")
             raise
         self.db.execute("COMMIT")
+        self.alarm.ring()
 
     # meta
     def get_meta(self, key: str, default: str = "") -> str:
@@ -194,6 +200,8 @@ class State:
     def set_meta(self, key: str, value: str, db: sqlite3.Connection | None = None) -> None:
         (db or self.db).execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE "
                                 "SET value = excluded.value", (key, value))
+        if db is None:  # inside a transaction the commit rings
+            self.alarm.ring()
 
     # nodes
     def node(self, address: str) -> NodeRow | None:
@@ -223,6 +231,14 @@ class State:
             "tokens_per_s = ?, files_pending = ?, heartbeats = heartbeats + 1 WHERE address = ?",
             (now, NodeState.HEALTHY.value, policy_version, step, tokens_per_s, files_pending,
              address))
+        self.alarm.ring()
+
+    def set_policy_version(self, address: str, policy_version: int) -> None:
+        """The version a node says it holds now (with its work order: fresher than its last
+        heartbeat's, which pacing would otherwise judge it by)."""
+        self.db.execute("UPDATE nodes SET policy_version = ? WHERE address = ?",
+                        (policy_version, address))
+        self.alarm.ring()
 
     def grace(self, now: float) -> int:
         """After a restart: every live node's miss clock starts again (downtime is ours)."""
@@ -298,6 +314,8 @@ class State:
             "WHEN ? AND accepted_seq = 0 THEN (SELECT COALESCE(MAX(accepted_seq), 0) + 1 "
             "FROM files) ELSE accepted_seq END WHERE seq = ?",
             (status.value, verdict, validator, time.time(), status is FileStatus.ACCEPTED, seq))
+        if db is None:  # inside a transaction the commit rings
+            self.alarm.ring()
 
     def grant_slot(self, slot_id: str, node: str, provider: str, sha256: str, size: int,
                    step: int, policy_version: int, work_units: int, counter: int,

@@ -25,7 +25,7 @@ from meshrl.pool.client import (
     require_same_rules,
 )
 from meshrl.pool.limits import file_limits
-from meshrl.pool.messages import JoinManifest, WorkOrder
+from meshrl.pool.messages import JoinManifest, WorkOrder, WorkQuery
 from meshrl.pool.profiles import (
     PROFILE_FIELD,
     PROFILES,
@@ -81,6 +81,7 @@ __all__ = [
     "Severity",
     "VerdictKind",
     "WorkOrder",
+    "WorkQuery",
     "catch_probability",
     "changed_rules",
     "check_rules",

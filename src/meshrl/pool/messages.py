@@ -5,9 +5,19 @@ from __future__ import annotations
 from pydantic import Field
 
 from meshrl.pool.rules import PoolRules
-from meshrl.wire.models import Model
+from meshrl.wire.models import I64, MAX_HOLD_S, Model
 
-__all__ = ["JoinManifest", "WorkOrder"]
+__all__ = ["JoinManifest", "WorkOrder", "WorkQuery"]
+
+
+class WorkQuery(Model):
+    """`GET /work?version=V&wait=S`: the policy version the node holds now (fresher than its
+    last heartbeat's), and how long the orchestrator may hold the request while the pool
+    wants no file from it (hold.py; 0: answer at once)."""
+
+    version: int | None = Field(None, ge=-1, le=I64, description="the policy version held")
+    wait: float = Field(0.0, ge=0, le=MAX_HOLD_S, allow_inf_nan=False,
+                        description="seconds the answer may wait for a file to be wanted")
 
 
 class WorkOrder(Model):

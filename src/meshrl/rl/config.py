@@ -164,6 +164,9 @@ class NetworkSourceConfig(Config):
     origin_root: str = Field("runs/shardcast/origin", description="the shardcast origin's store "
                              "(a running `meshrl shardcast origin` serves it)")
     poll_s: float = Field(0.5, gt=0, description="seconds between ledger reads while waiting")
+    hold_s: float = Field(2.0, ge=0, le=30, description="how long the orchestrator may hold a "
+                          "ledger read while a step waits for accepted files (it answers at "
+                          "the next acceptance; 0: poll every poll_s)")
     judge_lag: int | None = Field(2, ge=1, description="step s waits until every file of steps "
                                   "<= s - judge_lag submitted on chain has its verdict, so a "
                                   "cheat is slashed within that many steps (None: no wait)")

@@ -199,10 +199,11 @@ class LedgerReader:
             return rules
         return self._run(go)
 
-    def accepted(self) -> list[LedgerEntry]:
+    def accepted(self, wait_s: float = 0.0) -> list[LedgerEntry]:
         """Entries accepted since the last call's, in acceptance order (every row, a node's
-        submission of a file it was not granted included: the caller decides what it uses)."""
-        out, self.after = self._run(self._feed)
+        submission of a file it was not granted included: the caller decides what it uses).
+        With `wait_s`, the orchestrator holds the read up to that long until there is one."""
+        out, self.after = self._run(lambda: self._feed(wait_s))
         return out
 
     def awaiting_verdict(self) -> list[LedgerEntry]:
@@ -213,28 +214,28 @@ class LedgerReader:
         rows = self._run(lambda: self._entries(FileStatus.SUBMITTED, 0))[0]
         return [e for e in rows if not e.verdict]
 
-    async def _feed(self) -> tuple[list[LedgerEntry], int]:
-        out: list[LedgerEntry] = []
-        after = self.after
-        async with SignedClient(self.url, self.key) as c:
-            while True:
-                query = {"accepted_after": after, "limit": self.page}
-                page = await c.call("GET", "/ledger", response=LedgerPage, query=query)
-                out.extend(page.entries)
-                if not page.entries:
-                    return out, after
-                after = page.next_after
+    async def _feed(self, wait_s: float = 0.0) -> tuple[list[LedgerEntry], int]:
+        return await self._pages({"accepted_after": self.after}, wait_s)
 
     async def _entries(self, status: FileStatus, after: int) -> tuple[list[LedgerEntry], int]:
+        return await self._pages({"status": status.value, "after": after})
+
+    async def _pages(self, query: dict[str, Any], wait_s: float = 0.0
+                     ) -> tuple[list[LedgerEntry], int]:
+        """Every entry of `query` from its cursor on (`accepted_after` or `after`), page by page
+        until a page is not full; the first read held up to `wait_s` for an entry."""
         out: list[LedgerEntry] = []
+        cursor = "accepted_after" if "accepted_after" in query else "after"
         async with SignedClient(self.url, self.key) as c:
             while True:
-                query = {"status": status.value, "after": after, "limit": self.page}
-                page = await c.call("GET", "/ledger", response=LedgerPage, query=query)
+                q = {**query, "limit": self.page}
+                if wait_s > 0 and not out:
+                    q["wait"] = wait_s
+                page = await c.call("GET", "/ledger", response=LedgerPage, query=q)
                 out.extend(page.entries)
-                if not page.entries:
-                    return out, after
-                after = page.next_after
+                query[cursor] = page.next_after
+                if len(page.entries) < self.page:
+                    return out, page.next_after
 
     def download(self, entries: list[LedgerEntry]) -> list[bytes]:
         async def go() -> list[bytes]:

@@ -312,8 +312,10 @@ class NetworkSource(RolloutSource):
         counted on the way); with `wait`, at least one, polling the ledger until there is."""
         out: list[LedgerEntry] = []
         t0 = last = time.monotonic()
+        held = 0.0  # how long the orchestrator may hold the next read for an accepted file
         while len(out) < want:
-            entry = self.take()
+            asked = time.monotonic()
+            entry = self.take(held)
             if entry is None:
                 if out or not wait:
                     break
@@ -321,7 +323,11 @@ class NetworkSource(RolloutSource):
                 if time.monotonic() - last >= self.cfg.stall_log_s:
                     last = time.monotonic()
                     self._say_waiting(step, taken, dropped, last - t0)
-                time.sleep(self.cfg.poll_s)
+                # reads start at most every poll_s (a held one has waited its part already);
+                # the first empty read is followed at once by a held one
+                pause = self.cfg.poll_s if held or not self.cfg.hold_s else 0.0
+                time.sleep(max(0.0, pause - (time.monotonic() - asked)))
+                held = self.cfg.hold_s
             elif is_fresh(step, entry.policy_version, self.async_level):
                 out.append(entry)
             else:
@@ -369,11 +375,12 @@ class NetworkSource(RolloutSource):
         """Files submitted on chain and not yet judged (those the pool stored: version >= 0)."""
         return sum(e.policy_version >= 0 for e in self.reader.awaiting_verdict())
 
-    def take(self) -> LedgerEntry | None:
+    def take(self, wait_s: float = 0.0) -> LedgerEntry | None:
         """The next trainable accepted file in acceptance order, never one taken before (the
-        ledger is read when the queue is empty); None when there is none now."""
+        ledger is read when the queue is empty, held up to `wait_s` for an acceptance); None
+        when there is none now."""
         if not self.queue:
-            self.queue.extend(e for e in self.reader.accepted() if trainable(e))
+            self.queue.extend(e for e in self.reader.accepted(wait_s) if trainable(e))
         while self.queue:
             entry = self.queue.pop(0)
             self.taken_through = max(self.taken_through, entry.accepted_seq)

@@ -47,6 +47,7 @@ ADDRESS = r"^0x[0-9a-fA-F]{40}$"
 
 # Bounds of every number a peer sends: what SQLite stores and JSON serves back unchanged
 I64 = (1 << 63) - 1
+MAX_HOLD_S = 30.0  # s: the longest `wait` a held request may ask for (orchestrator/hold.py)
 MAX_GB = 1 << 30  # memory sizes (GB): far above any machine, far below overflow
 MAX_RATE = 1e12  # tokens per second
 
@@ -279,6 +280,8 @@ class LedgerQuery(Model):
                                        "acceptance order, after this `accepted_seq` (the "
                                        "trainer's feed; `next_after` is then an `accepted_seq`)")
     limit: int = Field(500, ge=1, le=5000)
+    wait: float = Field(0.0, ge=0, le=MAX_HOLD_S, allow_inf_nan=False, description="seconds "
+                        "the answer may wait for a first entry (0: answer at once)")
 
 
 class LedgerPage(Model):

@@ -114,6 +114,9 @@ class WorkerConfig(Config):
     model_dir: str = Field("", description="initial policy (version 0) if shardcast has none")
     max_files: int = Field(0, ge=0, description="stop after submitting this many files (0: run)")
     poll_interval: float = Field(1.0, gt=0, description="seconds between work-order polls")
+    work_wait_s: float = Field(5.0, ge=0, le=30, description="how long the orchestrator may "
+                               "hold a work order while the pool wants no file (it answers as "
+                               "soon as one is wanted; 0: poll every poll_interval)")
     http_timeout_s: float = Field(20.0, gt=0, description="seconds one request to a pool "
                                   "service may take (below the pool's ejection budget: "
                                   "dead_after x heartbeat interval)")

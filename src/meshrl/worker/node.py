@@ -172,12 +172,18 @@ class WorkerNode:
 
     # ---- one file ------------------------------------------------------------------------
     async def work_once(self, orch: SignedClient, courier: Courier) -> None:
-        self.order = order = await self._work_order(orch)
+        if self.policy is not None:
+            self.policy.loaded.clear()  # a version loaded from now on ends the idle wait
+        asked = time.monotonic()
+        self.order = order = await self._work_order(orch, self.cfg.work_wait_s)
         made = await self.make_file(order)
         if made is None:
             if len(self.outbox):  # a delivery postponed (link down): retried while idle too
                 await self._deliver(courier)
-            await self._sleep(self._idle_wait(order))
+            # an order the pool held has waited already; one answered at once (this node must
+            # load a newer version first, or the pool does not hold) is waited for here, until
+            # the next version is loaded at the latest
+            await self._idle(self._idle_wait(order) - (time.monotonic() - asked))
             return
         self._paced_s = 0.0
         entry, data = made
@@ -278,10 +284,16 @@ class WorkerNode:
         atomic_write(path, json.dumps(counters).encode())
         return counter
 
-    async def _work_order(self, orch: SignedClient) -> WorkOrder:
+    async def _work_order(self, orch: SignedClient, wait: float = 0.0) -> WorkOrder:
+        """The pool's work order, saying which version this node holds; with `wait` the pool
+        may hold it up to that long while it wants no file from this node."""
         while True:
+            # held below the request's own timeout, so a held answer is never a timeout
+            query: dict[str, Any] = {"wait": min(wait, self.cfg.http_timeout_s / 2)}
+            if self.policy is not None:
+                query["version"] = self.policy.version
             try:
-                order = await orch.call("GET", "/work", response=WorkOrder)
+                order = await orch.call("GET", "/work", response=WorkOrder, query=query)
                 require_same_rules(self.rules, order.rules)  # a change stops this worker
                 self.pool_step = order.step
                 return order
@@ -328,3 +340,16 @@ class WorkerNode:
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stop.wait(), seconds)
+
+    async def _idle(self, seconds: float) -> None:
+        """Sleep up to `seconds`, ended early by `stop` or a newly loaded policy version."""
+        if seconds <= 0:
+            return
+        wakers = [asyncio.ensure_future(self.stop.wait())]
+        if self.policy is not None:
+            wakers.append(asyncio.ensure_future(self.policy.loaded.wait()))
+        try:
+            await asyncio.wait(wakers, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in wakers:
+                w.cancel()

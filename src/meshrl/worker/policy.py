@@ -71,6 +71,7 @@ class PolicyHolder:
         self.version = version
         self.lock = threading.Lock()
         self.signer: str | None = None  # the policy signer of the pool's rules
+        self.loaded = asyncio.Event()  # set on each hot-load: an idle node asks for work again
         self.sync: Any = None  # the follower's client: sync_failures, sync_error
 
     @classmethod
@@ -130,6 +131,7 @@ class PolicyHolder:
 
         async def on_version(res: Any) -> None:
             await asyncio.to_thread(self.load, res.path, res.version)
+            self.loaded.set()
 
         cfg = ClientConfig(sync_timeout=self.cfg.policy_sync_timeout_s)
         async with ShardcastClient(servers, cfg, publisher=self.signer) as sc:
