@@ -205,10 +205,16 @@ def test_a_lease_expires(tmp_path: Path) -> None:
             state.heartbeat(address(n), time.time(), 3, 3, 1.0, 0)
         pacer = Pacer(state, pool, lease_s=5.0, files_per_step=FILES_PER_STEP)
         pacer.set_demand(0, 1)
-        assert pacer.want(address("n1"), now=100.0)[0] == 1
-        assert pacer.want(address("n2"), now=104.0)[0] == 0
-        assert pacer.want(address("n2"), now=105.5)[0] == 1
+        assert pacer.want(address("n1"), now=100.0).files == 1
+        assert pacer.want(address("n2"), now=104.0).files == 0
+        assert pacer.want(address("n2"), now=105.5).files == 1
         assert pacer.status(105.5)["leases"] == 1
+        # a wait for demand cannot help a node on a version the pool does not take: it is
+        # told to fetch, and a held work order answers at once
+        state.heartbeat(address("n1"), time.time(), 1, 3, 1.0, 0)
+        stale = pacer.want(address("n1"), now=106.0)
+        assert stale.files == 0 and stale.must_fetch and "fetch a newer" in stale.why
+        assert not pacer.want(address("n2"), now=106.0).must_fetch
     finally:
         state.close()
 

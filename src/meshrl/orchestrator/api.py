@@ -30,7 +30,7 @@ from meshrl.orchestrator.config import OrchestratorConfig
 from meshrl.orchestrator.hold import hold
 from meshrl.orchestrator.join import JoinDesk, read_chain_facts
 from meshrl.orchestrator.metrics import OrchestratorMetrics
-from meshrl.orchestrator.pacing import Pacer
+from meshrl.orchestrator.pacing import Pacer, Want
 from meshrl.orchestrator.state import FileRow, Grant, PoolStep, SlotUse, State
 from meshrl.orchestrator.store import (
     FileStore,
@@ -153,16 +153,16 @@ class OrchestratorApi:
         if q is not None and q.version is not None:
             self.state.set_policy_version(node, q.version)
 
-        def look() -> tuple[int | None, str]:
+        def look() -> Want:
             return self.pacer.want(node, time.monotonic())
 
-        def ready(want: tuple[int | None, str]) -> bool:
+        def ready(want: Want) -> bool:
             # held only while the demand is what is missing: a node that must fetch a newer
             # version first is told at once
-            return want[0] != 0 or bool(self.pacer.cannot(node))
+            return want.files != 0 or want.must_fetch
 
         wait = 0.0 if q is None else min(q.wait, w.max_hold_s)
-        wanted, waiting = await hold(self.state.alarm, look, ready, wait)
+        wanted, waiting, _ = await hold(self.state.alarm, look, ready, wait)
         return WorkOrder(rules=self.published, step=self.pool.step,
                          policy_versions=self.pool.versions(),
                          shardcast_servers=w.shardcast_servers, max_file_bytes=w.max_file_bytes,

@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from meshrl.orchestrator.state import PoolStep, State
 
-__all__ = ["Demand", "Pacer"]
+__all__ = ["Demand", "Pacer", "Want"]
 
 DEMAND = "trainer_demand"  # meta key
 
@@ -52,6 +53,15 @@ class Demand:
 
     taken_through: int
     ahead: int
+
+
+class Want(NamedTuple):
+    """A work order's answer: `files` to make now (None without a demand), why none, and
+    whether the node itself must fetch a newer version first (no wait for demand helps)."""
+
+    files: int | None
+    why: str
+    must_fetch: bool = False
 
 
 class Pacer:
@@ -90,27 +100,28 @@ class Pacer:
             return 0
         return self.state.backlog(self.demand.taken_through, min(self.pool.versions()))
 
-    def want(self, node: str, now: float) -> tuple[int | None, str]:
-        """(files `node` should make now, why none): None without a demand; 1 with a lease
-        for it, or 0 and the reason the pool has enough."""
+    def want(self, node: str, now: float) -> Want:
+        """What `node` should make now: no count without a demand; 1 with a lease for it, or
+        0 and the reason (`must_fetch` when the node's own version is what stands in the way,
+        not the pool having enough)."""
         if self.demand is None:
-            return None, ""
+            return Want(None, "")
         key = node.lower()
         self.leases = {n: t for n, t in self.leases.items() if t > now and n != key}
         self.asked = {n: t for n, t in self.asked.items() if t > now - self.lease_s}
         self.asked[node] = now
         cannot = self.cannot(node)
         if cannot:
-            return 0, cannot
+            return Want(0, cannot, must_fetch=True)
         backlog, leased = self.backlog(), len(self.leases)
         if backlog + leased < self.demand.ahead:
             unfair = self._over_share(node, self.demand)
             if unfair:
-                return 0, unfair
+                return Want(0, unfair)
             self.leases[key] = now + self.lease_s
-            return 1, ""
-        return 0, (f"the trainer's demand is met: {backlog} files in flight or waiting and "
-                   f"{leased} being made, it wants {self.demand.ahead} ahead")
+            return Want(1, "")
+        return Want(0, f"the trainer's demand is met: {backlog} files in flight or waiting "
+                       f"and {leased} being made, it wants {self.demand.ahead} ahead")
 
     def _over_share(self, node: str, demand: Demand) -> str:
         """Why `node` leaves the next file to others ("" if it may make it): it holds its
@@ -127,7 +138,8 @@ class Pacer:
                 f"ahead, shared by {able} nodes that can make one")
 
     def cannot(self, node: str) -> str:
-        """Why `node` cannot make a file now ("" if it can), by its last heartbeat."""
+        """Why `node` cannot make a file now ("" if it can), by the policy version it last
+        named (in a work order or a heartbeat)."""
         row = self.state.node(node)
         version = -1 if row is None else row.policy_version
         versions = self.pool.versions()
