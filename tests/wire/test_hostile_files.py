@@ -10,6 +10,7 @@ loaded), so one bomb's allocations cannot hide behind another's.
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -231,3 +232,34 @@ def test_files_read_together_cost_only_themselves():
     assert read_rollout_files_isolated([]) == []
     (alone,) = read_rollout_files_isolated([data], FileLimits(max_bytes=100))
     assert isinstance(alone, RolloutFileError) and "> limit 100" in str(alone)
+
+
+def test_the_callers_main_module_is_imported_once_not_once_a_child(tmp_path):
+    """Each isolated child runs the caller's `-m` main module again (`multiprocessing`'s
+    spawn preparation). Its imports are preloaded in the fork server, so a module it imports
+    (here one that leaves a mark when imported) is imported once there, not once per read, and
+    reads still return the file."""
+    rf = sample_rollout()
+    (tmp_path / "f.parquet").write_bytes(rollout_file_bytes(rf))
+    marks = tmp_path / "marks"
+    (tmp_path / "heavy_dep.py").write_text(
+        f"import os\nwith open({str(marks)!r}, 'a') as f:\n    f.write(f'{{os.getpid()}}\\n')\n")
+    (tmp_path / "mainmod.py").write_text(textwrap.dedent(f"""
+        import heavy_dep  # noqa: F401
+        from meshrl.wire.isolated import _main_module, read_rollout_files_isolated
+
+        if __name__ == "__main__":
+            assert _main_module() == ["mainmod"], _main_module()
+            data = open({str(tmp_path / "f.parquet")!r}, "rb").read()
+            for _ in range(3):
+                got = read_rollout_files_isolated([data, data])
+                assert all(g.header.node == {rf.header.node!r} for g in got), got
+            print("ok")
+    """))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    done = subprocess.run([sys.executable, "-m", "mainmod"], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    pids = marks.read_text().split()
+    # the caller's own import and the fork server's preload: never one per child
+    assert len(pids) == 2 and len(set(pids)) == 2, pids
