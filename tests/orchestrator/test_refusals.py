@@ -25,6 +25,7 @@ from meshrl.wire.models import (
     StepUpdate,
     UploadSlot,
     Verdict,
+    VerdictAck,
 )
 
 from .conftest import Pool, next_counter, parquet_framed
@@ -319,3 +320,39 @@ def test_every_code_the_handlers_declare_has_a_case(tmp_path: Path) -> None:
         async with api_from_parts(tmp_path) as s:
             return {c for r in s.api.routes() for c in r.refusals}
     assert asyncio.run(t()) == set(PARTS) | set(POOL)
+
+
+def test_a_verdicts_reason_after_the_chains_invalidation_is_recorded_once(
+        pool: Pool, tmp_path: Path) -> None:
+    """A validator follows the chain itself and may invalidate work before this ledger has
+    seen the submission, so its reason can only be posted after the chain's event moved the
+    row. That reason is recorded (the status stays the chain's), but only when it comes from
+    the validator the chain names, says what the chain did, and the row has none yet."""
+    async def t() -> None:
+        sha, wid = await _submitted(pool, "n2", "p1", tmp_path, "late-reason")
+        await asyncio.to_thread(pool.chain.client("val").soft_invalidate, bytes.fromhex(wid))
+        async with SignedClient(pool.orch.url, pool.key("val")) as v, \
+                SignedClient(pool.orch.url, pool.key("trainer")) as trainer:
+            async def row() -> Any:
+                page = await trainer.call("GET", "/ledger", query={"work_id": wid},
+                                          response=LedgerPage)
+                return page.entries[0]
+
+            async def moved_on() -> bool:
+                return (await row()).status == FileStatus.SOFT_INVALIDATED
+            await wait_for(moved_on)
+            assert not (await row()).verdict
+            await expect(E.NOT_AWAITING_VERDICT, v.call("POST", "/verdicts", Verdict(
+                sha256=sha, verdict="hard_invalid", reason="not what the chain did",
+                work_id=wid)))
+            ack = await v.call("POST", "/verdicts", Verdict(
+                sha256=sha, verdict="soft_invalid", reason="rewards: 1 of 8 rows differ",
+                work_id=wid), response=VerdictAck)
+            assert ack.status == FileStatus.SOFT_INVALIDATED
+            got = await row()
+            assert (got.status, got.verdict) == (FileStatus.SOFT_INVALIDATED,
+                                                 "soft_invalid: rewards: 1 of 8 rows differ")
+            await expect(E.NOT_AWAITING_VERDICT, v.call("POST", "/verdicts", Verdict(
+                sha256=sha, verdict="soft_invalid", reason="a second text", work_id=wid)))
+            assert (await row()).verdict == got.verdict
+    run(t())

@@ -264,6 +264,13 @@ class OrchestratorApi:
                             f"work {v.work_id} is {row.sha256}")
         if row.status in _BEFORE_SUBMISSION:  # the chain's event is on its way: ask again
             raise WireError(ErrorCode.NOT_SUBMITTED_YET, f"file is {row.status.value}")
+        if _late_reason(row, v, call.address):
+            # the chain's event came before the verdict's text (the validator follows the
+            # chain itself and may be ahead of this ledger): its reason is recorded, the status
+            # (the chain's word) stays
+            self.state.set_file_status(row.seq, row.status,
+                                       verdict=f"{v.verdict.value}: {v.reason}")
+            return VerdictAck(sha256=v.sha256, status=row.status, work_id=row.work_id)
         if row.status not in (FileStatus.SUBMITTED, FileStatus.ACCEPTED):
             raise WireError(ErrorCode.NOT_AWAITING_VERDICT, f"file is {row.status.value}")
         if v.verdict is VerdictKind.ACCEPT:
@@ -381,6 +388,18 @@ class OrchestratorApi:
                   max_body=small, tags=trainer, summary="the trainer moves the pool to a step",
                   refusals=(E.NOT_A_READER, E.STEP_GOES_BACK, E.TAKEN_BEYOND_ACCEPTED)),
         ]
+
+
+_INVALIDATED = {FileStatus.HARD_INVALIDATED: VerdictKind.HARD_INVALID,
+                FileStatus.SOFT_INVALIDATED: VerdictKind.SOFT_INVALID}
+
+
+def _late_reason(row: FileRow, v: Verdict, validator: str) -> bool:
+    """A verdict's text that may still be recorded on a row the chain already invalidated: the
+    row has none yet, it comes from the validator the chain names, and it says what the chain
+    did. Anything else about an invalidated row is refused (`NOT_AWAITING_VERDICT`)."""
+    return (not row.verdict and _INVALIDATED.get(row.status) is v.verdict
+            and bool(row.validator) and row.validator.lower() == validator.lower())
 
 
 def _entry(r: FileRow) -> LedgerEntry:
