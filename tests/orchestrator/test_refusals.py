@@ -283,16 +283,28 @@ async def _work_id_of_another_file(pool: Pool, tmp: Path) -> Any:
                                                          work_id=wid))
 
 
-async def _not_awaiting_verdict(pool: Pool, tmp: Path) -> Any:
-    sha, wid = await _submitted(pool, "n2", "p1", tmp, "invalidated")
+async def _ledger_entry(pool: Pool, wid: str) -> Any:
+    async with SignedClient(pool.orch.url, pool.key("trainer")) as trainer:
+        page = await trainer.call("GET", "/ledger", query={"work_id": wid},
+                                  response=LedgerPage)
+        return page.entries[0]
+
+
+async def _soft_invalidated(pool: Pool, tmp: Path, name: str) -> tuple[str, str]:
+    """A file of n2 submitted, soft-invalidated on chain by `val` with no verdict posted, once
+    the ledger has followed the chain; its sha256 and work id."""
+    sha, wid = await _submitted(pool, "n2", "p1", tmp, name)
     await asyncio.to_thread(pool.chain.client("val").soft_invalidate, bytes.fromhex(wid))
-    async with SignedClient(pool.orch.url, pool.key("val")) as v, \
-            SignedClient(pool.orch.url, pool.key("trainer")) as trainer:
-        async def moved_on() -> bool:
-            page = await trainer.call("GET", "/ledger", query={"work_id": wid},
-                                      response=LedgerPage)
-            return page.entries[0].status == FileStatus.SOFT_INVALIDATED
-        await wait_for(moved_on)
+
+    async def moved_on() -> bool:
+        return (await _ledger_entry(pool, wid)).status == FileStatus.SOFT_INVALIDATED
+    await wait_for(moved_on)
+    return sha, wid
+
+
+async def _not_awaiting_verdict(pool: Pool, tmp: Path) -> Any:
+    sha, wid = await _soft_invalidated(pool, tmp, "invalidated")
+    async with SignedClient(pool.orch.url, pool.key("val")) as v:
         return await v.call("POST", "/verdicts", Verdict(sha256=sha, verdict="accept",
                                                          work_id=wid))
 
@@ -329,19 +341,9 @@ def test_a_verdicts_reason_after_the_chains_invalidation_is_recorded_once(
     row. That reason is recorded (the status stays the chain's), but only when it comes from
     the validator the chain names, says what the chain did, and the row has none yet."""
     async def t() -> None:
-        sha, wid = await _submitted(pool, "n2", "p1", tmp_path, "late-reason")
-        await asyncio.to_thread(pool.chain.client("val").soft_invalidate, bytes.fromhex(wid))
-        async with SignedClient(pool.orch.url, pool.key("val")) as v, \
-                SignedClient(pool.orch.url, pool.key("trainer")) as trainer:
-            async def row() -> Any:
-                page = await trainer.call("GET", "/ledger", query={"work_id": wid},
-                                          response=LedgerPage)
-                return page.entries[0]
-
-            async def moved_on() -> bool:
-                return (await row()).status == FileStatus.SOFT_INVALIDATED
-            await wait_for(moved_on)
-            assert not (await row()).verdict
+        sha, wid = await _soft_invalidated(pool, tmp_path, "late-reason")
+        async with SignedClient(pool.orch.url, pool.key("val")) as v:
+            assert not (await _ledger_entry(pool, wid)).verdict
             await expect(E.NOT_AWAITING_VERDICT, v.call("POST", "/verdicts", Verdict(
                 sha256=sha, verdict="hard_invalid", reason="not what the chain did",
                 work_id=wid)))
@@ -349,10 +351,10 @@ def test_a_verdicts_reason_after_the_chains_invalidation_is_recorded_once(
                 sha256=sha, verdict="soft_invalid", reason="rewards: 1 of 8 rows differ",
                 work_id=wid), response=VerdictAck)
             assert ack.status == FileStatus.SOFT_INVALIDATED
-            got = await row()
+            got = await _ledger_entry(pool, wid)
             assert (got.status, got.verdict) == (FileStatus.SOFT_INVALIDATED,
                                                  "soft_invalid: rewards: 1 of 8 rows differ")
             await expect(E.NOT_AWAITING_VERDICT, v.call("POST", "/verdicts", Verdict(
                 sha256=sha, verdict="soft_invalid", reason="a second text", work_id=wid)))
-            assert (await row()).verdict == got.verdict
+            assert (await _ledger_entry(pool, wid)).verdict == got.verdict
     run(t())
