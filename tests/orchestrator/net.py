@@ -222,3 +222,19 @@ class Heartbeater:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(10)
+
+
+async def candidate_listings(discovery_url: str) -> int:
+    """How many candidate lists (`GET /pools/{pool_id}/nodes`) discovery has served: the
+    orchestrator asks for one per onboarding pass."""
+    async with aiohttp.ClientSession() as s, s.get(discovery_url + "/metrics") as r:
+        text = await r.text()
+    for line in text.splitlines():
+        if (line.startswith("meshrl_http_requests_total{") and 'status="200"' in line
+                and 'route="/pools/{pool_id}/nodes"' in line):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+async def at_least(count: Awaitable[int], n: int) -> bool:
+    return (await count) >= n

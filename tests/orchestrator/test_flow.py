@@ -37,7 +37,7 @@ from meshrl.wire.models import (
 from wire.helpers import sample_rollout  # the wire tests' sample file (tests/ is on sys.path)
 
 from .conftest import Pool, next_counter
-from .net import onboard, run, wait_for
+from .net import at_least, candidate_listings, onboard, run, wait_for
 
 pytestmark = pytest.mark.anvil
 
@@ -256,8 +256,9 @@ def test_candidates_that_do_not_qualify_get_no_invite(pool: Pool) -> None:
             await d.call("PUT", "/nodes", announcement(pool.chain, "p1", cores=2))
             # a whole onboarding pass has considered it: the orchestrator asked discovery for
             # the pool's candidates twice since (it asks again only after a pass is done)
-            seen = await candidate_listings(pool)
-            await wait_for(lambda: _at_least(candidate_listings(pool), seen + 2), timeout=15)
+            seen = await candidate_listings(pool.disc.url)
+            await wait_for(lambda: at_least(candidate_listings(pool.disc.url), seen + 2),
+                           timeout=15)
             try:
                 await o.call("GET", "/invite")
                 raise AssertionError("an under-provisioned node was invited")
@@ -266,18 +267,3 @@ def test_candidates_that_do_not_qualify_get_no_invite(pool: Pool) -> None:
             await d.call("PUT", "/nodes", announcement(pool.chain, "p1", cores=8))
             await wait_for(lambda: o.call("GET", "/invite"), timeout=15)
     run(t())
-
-
-async def candidate_listings(pool: Pool) -> int:
-    """How many candidate lists (`GET /pools/{pool_id}/nodes`) discovery has served."""
-    async with aiohttp.ClientSession() as s, s.get(pool.disc.url + "/metrics") as r:
-        text = await r.text()
-    for line in text.splitlines():
-        if (line.startswith("meshrl_http_requests_total{") and 'status="200"' in line
-                and 'route="/pools/{pool_id}/nodes"' in line):
-            return int(float(line.rsplit(" ", 1)[1]))
-    return 0
-
-
-async def _at_least(get, n: int) -> bool:  # type: ignore[no-untyped-def]
-    return (await get) >= n

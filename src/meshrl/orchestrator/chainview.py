@@ -74,7 +74,8 @@ class ChainView:
 
     def eligibility(self, node: str, provider: str) -> Eligibility:
         """Chain checks of a candidate: added by `provider`, provider staked, not in a pool,
-        not blacklisted here (blocking; call through `run`)."""
+        not blacklisted here, no open fraud verdict against the provider (blocking; call
+        through `run`)."""
         p = self.protocol
         info = p.node(node)
         if info.provider == ZERO:
@@ -88,6 +89,12 @@ class ChainView:
             return Eligibility("provider stake too low")
         if p.is_blacklisted(self.pool_id, node):
             return Eligibility("node blacklisted")
+        # A hard verdict ejects its node at once but is final (and blacklists it) only after
+        # its dispute period: invited again meanwhile, the node, or a fresh one of the same
+        # provider, would go on cheating, be accused and ejected again, each round costing
+        # transactions, files and re-judging.
+        if p.open_verdicts(info.provider):
+            return Eligibility("provider under an open fraud verdict")
         return Eligibility()
 
     def make_invite(self, node: str, ttl_s: int) -> SignedInvite:

@@ -277,6 +277,11 @@ class Protocol:
     def required_stake(self, who: str | None = None) -> int:
         return self._view(self.contract.functions.required_stake(who or self.address))
 
+    def open_verdicts(self, provider: str | None = None) -> int:
+        """Hard verdicts against `provider`'s work still disputable (neither settled nor
+        overturned yet)."""
+        return self._view(self.contract.functions.open_verdicts(provider or self.address))
+
     def totals(self) -> dict[str, int]:
         f = self.contract.functions
         return {
