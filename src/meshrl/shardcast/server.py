@@ -69,6 +69,7 @@ class ShardServer:
         self.pipelined: Counter[int] = Counter()  # shards served while the version was partial
         self.info: dict[str, Any] = {}  # extra fields for /health (a relay's mirror timings)
         self._changed = asyncio.Event()
+        self._closing = False  # set by `stop`: a held long poll answers at once
         self._runner: web.AppRunner | None = None
         self._scanner: asyncio.Task[None] | None = None
         self.url = ""
@@ -85,7 +86,10 @@ class ShardServer:
         return app
 
     async def start(self) -> str:
-        self._runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True)
+        # a stop waits at most SHUTDOWN_S for requests in flight (a shard being served); held
+        # long polls are answered at once (`stop`), so no peer can hold the stop for 60 s
+        self._runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True,
+                                     shutdown_timeout=SHUTDOWN_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port, reuse_address=True)
         await site.start()
@@ -97,6 +101,10 @@ class ShardServer:
         return self.url
 
     async def stop(self) -> None:
+        """Stop serving: held long polls are answered now (with what is held), then the
+        listener closes; a request still in flight gets `SHUTDOWN_S`."""
+        self._closing = True
+        self.notify()
         if self._scanner:
             self._scanner.cancel()
         if self._runner:
@@ -137,7 +145,7 @@ class ShardServer:
         deadline = time.monotonic() + wait
         while (self.store.latest() is None or self.store.latest() <= after) and (
             left := deadline - time.monotonic()
-        ) > 0:
+        ) > 0 and not self._closing:
             with contextlib.suppress(TimeoutError):  # the scan loop or a mirror notifies
                 await asyncio.wait_for(self._changed.wait(), left)
         return web.json_response(self._listing())
@@ -163,7 +171,7 @@ class ShardServer:
                 return web.json_response({"complete": True, "have": None, "role": self.role})
             have = self.store.partial[v].have
             left = deadline - time.monotonic()
-            if len(have) > known or left <= 0:
+            if len(have) > known or left <= 0 or self._closing:
                 return web.json_response({"complete": False, "have": sorted(have),
                                           "role": self.role})
             with contextlib.suppress(TimeoutError):
@@ -311,6 +319,7 @@ def _step(cfg: ServerConfig) -> int:
 
 
 MAX_WAIT = 60.0  # s: the longest a long-poll is held, whatever it asks for
+SHUTDOWN_S = 3.0  # s: what a stop leaves a request in flight (a shard being served)
 
 
 def _long_poll_args(request: web.Request, name: str) -> tuple[int, float]:
