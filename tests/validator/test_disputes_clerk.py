@@ -11,6 +11,7 @@ from meshrl.validator.disputes import Action, Clerk, next_action
 from meshrl.wire.models import VerdictKind
 from protocol.helpers import BOND, PARAMS, TOKEN
 from protocol.test_disputes import DISPUTE, VB, Court, _court
+from rpc_requests import sent_requests
 
 A, S, H = VerdictKind.ACCEPT, VerdictKind.SOFT_INVALID, VerdictKind.HARD_INVALID
 
@@ -60,3 +61,85 @@ def test_honest_clerk_overturns_a_rogue_and_upholds_a_true_verdict(court: Court)
         assert fed.balance(court.judge.address) == 10_000 * TOKEN - 12 * VB
     finally:
         w.backend.revert(snap)
+
+
+def test_settling_with_nothing_followed_reads_nothing(court: Court) -> None:
+    """`settle_due` runs every loop of the validator: with no verdict followed it sends no
+    request (it read the latest block each time); with one followed it reads the chain's time."""
+    w = court.w
+    snap = w.backend.snapshot()
+    try:
+        clerk = Clerk(court.judge)
+        with sent_requests(w.backend.w3) as sent:
+            assert clerk.settle_due() == 0
+        assert sent == []
+        bad = court.submit(w.p2, w.n3.address, "fraud", 5)
+        assert clerk.act(bad, H) and bad in clerk.to_settle
+        with sent_requests(w.backend.w3) as sent:
+            assert clerk.settle_due() == 0  # not yet due
+        assert sent == ["eth_getBlockByNumber"]
+    finally:
+        w.backend.revert(snap)
+
+
+def test_an_accepted_unaccused_file_asks_the_chain_nothing_and_an_accusation_is_still_voted(
+        court: Court, tmp_path) -> None:
+    """The validator's loop on an in-process chain: accepting a file it queued from its
+    submission event, seen accused by no one, sends no request (a view call per accepted file
+    before); a file accused before its verdict, or after it, still gets the overturn vote."""
+    import asyncio
+
+    from meshrl.pool import Decision
+    from meshrl.validator.config import ValidatorConfig
+    from meshrl.validator.node import ValidatorNode
+    from meshrl.validator.state import ValidatorState
+
+    w = court.w
+    snap = w.backend.snapshot()
+    try:
+        node = ValidatorNode(ValidatorConfig(pool_id=w.pool), w.fed.account)  # key: unused here
+        node.chain, node.clerk = court.judge, Clerk(court.judge)
+        node.clerk.ensure_bond(3)
+        start = w.backend.block_number() + 1
+        node.cursor, node.state = court.judge.events(start), ValidatorState.load(
+            tmp_path / "state.json", start)
+        posted: list[dict[str, str]] = []
+
+        async def post(v: dict[str, str]) -> bool:  # the orchestrator is not under test here
+            posted.append(v)
+            return True
+        node._post = post  # type: ignore[method-assign]
+        rogue, ok = Clerk(court.rogue), Decision(A, "all checks passed")
+
+        def job(wid: bytes):  # the queued job of `wid`
+            return next(j for j in node.state.queue if j.work_id == wid.hex())
+
+        async def go() -> tuple[bytes, bytes]:
+            quiet = court.submit(w.p1, w.n1.address, "quiet", 5)
+            early = court.submit(w.p1, w.n1.address, "accused-first", 5)
+            late = court.submit(w.p1, w.n1.address, "accused-later", 5)
+            await node._poll()
+            assert node.unaccused == {quiet.hex(), early.hex(), late.hex()}
+            with sent_requests(w.backend.w3) as sent:
+                await node._act(job(quiet), ok)
+            assert sent == []  # nothing on chain to do, and nothing asked
+            assert rogue.act(early, H)  # accused before this validator's verdict
+            await node._poll()
+            assert early.hex() not in node.unaccused
+            with sent_requests(w.backend.w3) as sent:
+                await node._act(job(early), ok)
+            assert "eth_sendRawTransaction" in sent  # the overturn vote
+            await node._act(job(late), ok)  # accepted unasked ...
+            assert rogue.act(late, H)  # ... then accused: the vote comes with the event
+            await node._poll()
+            return early, late
+        early_late = asyncio.run(go())
+        fed = w.fed
+        assert [fed.dispute(x).overturn for x in early_late] == [1, 1]
+        assert len(posted) == 3 and {v["verdict"] for v in posted} == {"accept"}
+        w.backend.advance_time(DISPUTE)
+        assert node.clerk.settle_due() == 2  # both overturned: the files stand
+        assert all(fed.work(x).status == WorkStatus.SUBMITTED for x in early_late)
+    finally:
+        w.backend.revert(snap)
+

@@ -100,7 +100,11 @@ class Clerk:
         return r.tx_hash
 
     def settle_due(self) -> int:
-        """Settle every followed verdict whose dispute period is over; returns how many."""
+        """Settle every followed verdict whose dispute period is over; returns how many.
+        Following none, it reads nothing: it runs every loop of the validator (four a second
+        when idle), and a read of the chain's time each was a validator's third-largest cost."""
+        if not self.to_settle:
+            return 0
         # the next block is no older than the latest one, nor than the clock: an idle chain
         # (no blocks for a while, as at the end of a run) still settles on time
         now, done = max(self.chain.backend.now(), int(time.time())), 0

@@ -60,6 +60,11 @@ class ValidatorNode:
         self.cfg, self.account = cfg, account
         self.stop = asyncio.Event()
         self.judged = 0
+        # work queued from its `WorkSubmitted` event by this process and seen accused by no
+        # one since: an accepting verdict on it has nothing to do on chain, so the chain is not
+        # asked (a view call per accepted file). An accusation arriving later is voted on when
+        # its event is seen (`_accused`); after a restart every job is asked about as before.
+        self.unaccused: set[str] = set()
         self.rogue = Rogue(cfg.rogue) if cfg.rogue.mode != "none" else None
 
     async def run(self) -> int:
@@ -127,15 +132,19 @@ class ValidatorNode:
 
     async def _poll(self) -> None:
         events = await asyncio.to_thread(self.cursor.poll)
-        mine = []
+        mine, accused = [], set()
         for e in events:
-            if e.name == "WorkAccused" and e.args["validator"].lower() != self.clerk.me:
-                await self._accused(bytes(e.args["work_id"]))
+            if e.name == "WorkAccused":
+                accused.add(bytes(e.args["work_id"]).hex())
+                self.unaccused.discard(bytes(e.args["work_id"]).hex())
+                if e.args["validator"].lower() != self.clerk.me:
+                    await self._accused(bytes(e.args["work_id"]))
             if e.name != "WorkSubmitted" or int(e.args["pool"]) != self.cfg.pool_id:
                 continue
             if self.cfg.share.judges(bytes(e.args["work_id"]), self.clerk.me):
                 mine.append(e)  # else another validator's share (judged here if accused)
         jobs = await asyncio.to_thread(self._jobs, mine) if mine else []
+        self.unaccused.update(j.work_id for j in jobs if j.work_id not in accused)
         if jobs or events:
             self.state.enqueue(jobs, self.cursor.next_block)
         elif self.cursor.next_block != self.state.next_block:
@@ -182,7 +191,10 @@ class ValidatorNode:
                                           "verdict": d.kind.value, "reason": d.reason[:500]}
         if verdict is not None and await self._post(verdict):
             verdict = None
-        tx = await asyncio.to_thread(self.clerk.act, bytes.fromhex(job.work_id), d.kind)
+        tx = ""
+        if d.kind is not VerdictKind.ACCEPT or job.work_id not in self.unaccused:
+            tx = await asyncio.to_thread(self.clerk.act, bytes.fromhex(job.work_id), d.kind)
+        self.unaccused.discard(job.work_id)
         self.state.record(job, d.kind.value, verdict)  # a verdict not posted is kept for later
         self.judged += 1
         log_event(log, "verdict", sha256=job.sha256, node=job.node, verdict=d.kind.value,
