@@ -57,7 +57,9 @@ async def deliver(outbox: Outbox, entry: OutboxEntry, courier: Courier, pool_ste
                   async_level: int, pause: Pause = _no_pause) -> Outcome:
     """Finish one outbox entry from whatever phase a previous run left it in."""
     if entry.phase != "submitted":
-        if await courier.submitted(entry):  # sent before a crash, not yet recorded
+        # sent before a crash, not yet recorded? (a file this process put and never sent
+        # cannot be on chain: not asked)
+        if entry.sha256 not in outbox.unsent and await courier.submitted(entry):
             outbox.mark(entry, "submitted")
         elif is_stale(entry.policy_version, pool_step, async_level):
             outbox.drop(entry, f"policy version {entry.policy_version} < step {pool_step} - "
@@ -72,6 +74,7 @@ async def deliver(outbox: Outbox, entry: OutboxEntry, courier: Courier, pool_ste
         outbox.mark(entry, "uploaded")
         await pause("uploaded", entry)
     if entry.phase == "uploaded":
+        outbox.sending(entry)
         try:
             tx = await courier.submit(entry)
         except DuplicateSubmission:

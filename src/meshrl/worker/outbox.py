@@ -9,6 +9,8 @@ A file goes through three phases, each recorded on disk before the next starts:
               the file is already there (a crash between sending the transaction and recording
               it), and a "duplicate" revert also counts as submitted, so a file is never
               submitted twice; its record then moves to `sent.jsonl` and the bytes to `sent/`.
+              A file put by this process whose submission it never sent (`unsent`) is not
+              asked about: nothing but this process could have submitted it.
 A file whose policy version is older than the pool's step allows (`step - async_level`) is no
 use to the trainer: it is moved to `dropped/` with the reason, never submitted.
 """
@@ -62,6 +64,9 @@ class Outbox:
         (self.root / "sent").mkdir(exist_ok=True)
         for tmp in self.root.glob(".*.tmp"):  # a write a crash interrupted: never renamed
             tmp.unlink(missing_ok=True)
+        # files put by this process whose submission it has not sent (`sending` removes one)
+        self.unsent: set[str] = set()
+        self._sent: dict[str, dict] | None = None  # sent.jsonl, read once, then kept up to date
 
     def data_path(self, sha256: str) -> Path:
         return self.root / f"{sha256}.parquet"
@@ -74,7 +79,12 @@ class Outbox:
         entry.created = entry.created or time.time()
         atomic_write(self.data_path(entry.sha256), data)
         self._save(entry)
+        self.unsent.add(entry.sha256)
         return entry
+
+    def sending(self, entry: OutboxEntry) -> None:
+        """Its submission is about to be sent: from now on it may be on chain unrecorded."""
+        self.unsent.discard(entry.sha256)
 
     def _save(self, entry: OutboxEntry) -> None:
         atomic_write(self._record_path(entry.sha256), json.dumps(asdict(entry)).encode())
@@ -116,6 +126,9 @@ class Outbox:
         """A submitted file leaves the outbox: its record is appended to `sent.jsonl` and its
         bytes kept in `sent/` (the newest `keep_sent`, evidence in a dispute)."""
         self._append("sent.jsonl", asdict(entry))
+        if self._sent is not None:
+            self._sent[entry.sha256] = asdict(entry)
+        self.unsent.discard(entry.sha256)
         data = self.data_path(entry.sha256)
         if data.is_file():
             os.replace(data, self.root / "sent" / data.name)
@@ -129,10 +142,15 @@ class Outbox:
         self._append("dropped.jsonl", {**asdict(entry), "reason": reason})
         shutil.move(self.data_path(entry.sha256), self.root / "dropped" / f"{entry.sha256}.parquet")
         self._record_path(entry.sha256).unlink(missing_ok=True)
+        self.unsent.discard(entry.sha256)
 
     def sent(self) -> list[dict]:
-        """Submitted files, once each (a crash inside `finish` may have logged one twice)."""
-        return list({r["sha256"]: r for r in self._read("sent.jsonl")}.values())
+        """Submitted files, once each (a crash inside `finish` may have logged one twice).
+        Read from disk once per process (it grows with every file; the worker asks before
+        each file), then kept in memory."""
+        if self._sent is None:
+            self._sent = {r["sha256"]: r for r in self._read("sent.jsonl")}
+        return list(self._sent.values())
 
     def dropped(self) -> list[dict]:
         return self._read("dropped.jsonl")
