@@ -98,12 +98,18 @@ class Relay:
         return url
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self.client.close()
+        """Stop serving (held polls answered at once), then the follower. The follower is
+        cancelled until it ends: a cancellation that meets a request's own timeout can come
+        out as that timeout, which the follower takes for a failed poll and polls again."""
         await self.server.stop()
+        task = self._task
+        while task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.5)
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                task.exception()  # retrieved: a task that failed is not reported at exit
+        await self.client.close()
 
     async def _follow(self) -> None:
         after = self.store.latest() if self.store.latest() is not None else -1
