@@ -135,8 +135,9 @@ class ValidatorNode:
         mine, accused = [], set()
         for e in events:
             if e.name == "WorkAccused":
-                accused.add(bytes(e.args["work_id"]).hex())
-                self.unaccused.discard(bytes(e.args["work_id"]).hex())
+                wid = bytes(e.args["work_id"]).hex()
+                accused.add(wid)
+                self.unaccused.discard(wid)
                 if e.args["validator"].lower() != self.clerk.me:
                     await self._accused(bytes(e.args["work_id"]))
             if e.name != "WorkSubmitted" or int(e.args["pool"]) != self.cfg.pool_id:

@@ -125,9 +125,10 @@ class Outbox:
     def finish(self, entry: OutboxEntry) -> None:
         """A submitted file leaves the outbox: its record is appended to `sent.jsonl` and its
         bytes kept in `sent/` (the newest `keep_sent`, evidence in a dispute)."""
-        self._append("sent.jsonl", asdict(entry))
+        record = asdict(entry)
+        self._append("sent.jsonl", record)
         if self._sent is not None:
-            self._sent[entry.sha256] = asdict(entry)
+            self._sent[entry.sha256] = record
         self.unsent.discard(entry.sha256)
         data = self.data_path(entry.sha256)
         if data.is_file():
