@@ -70,3 +70,35 @@ def test_heldout_problems_come_from_the_heldout_split(tmp_path) -> None:
     task = tasks.tasks["dataset"]
     held = heldout_problems(tasks, EvalConfig(num_problems=5))
     assert len(held) == 5 and {p.meta["index"] for p in held} <= set(task.heldout)
+
+
+class _Asked:
+    """A real backend that also keeps the prompts it was asked to generate from."""
+
+    def __init__(self, backend) -> None:
+        self.backend, self.prompts = backend, []
+
+    def generate(self, prompts, params, seq_ids=None):
+        self.prompts.extend(prompts)
+        return self.backend.generate(prompts, params, seq_ids=seq_ids)
+
+
+def test_pass_at_k_encodes_prompts_by_the_prompt_format(tmp_path, one_torch_thread) -> None:
+    """Greedy accuracy and pass@k see the same prompts: with `chat`, the chat template's, not
+    the raw text's (a chat-trained policy read 0.9 greedy and 0.0 pass@1 when they differed)."""
+    from hf_families import save_family
+    from meshrl.model import load_model, load_tokenizer
+
+    d = save_family("qwen3-tied", tmp_path / "m")
+    tok = load_tokenizer(d)
+    gen = _Asked(build_backend("engine", load_model(d), tok))
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"question": f"what is {i}?", "answer": str(i)}) + "\n"
+                            for i in range(3)))
+    tasks = TasksConfig.model_validate({"mix": [{"type": "dataset", "path": str(data),
+                                                 "heldout_fraction": 0.0}]}).build()
+    problems = [tasks.tasks["dataset"].problem_at(i) for i in range(3)]
+    evaluate(gen, tok, problems, tasks, EvalConfig(max_new_tokens=2, pass_k=[1, 2]), "chat")
+    chat = [encode_prompt(tok, p.prompt, "chat") for p in problems]
+    assert chat != [encode_prompt(tok, p.prompt, "raw") for p in problems]
+    assert gen.prompts == chat + [c for c in chat for _ in range(2)]

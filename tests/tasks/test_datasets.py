@@ -115,3 +115,27 @@ def test_two_datasets_in_one_mix_need_distinct_names(paths) -> None:
     assert {p.task for p in ps} == {"a", "b"}
     p = next(p for p in ps if p.task == "b")
     assert compute_reward(p, f"it is {p.answer}", 3, tasks).task == 1.0
+
+
+def test_a_shipped_dataset_is_named_meshrl_colon_name(tmp_path) -> None:
+    """`meshrl:NAME` (the form a pool's rules take without a digest) resolves to the file
+    shipped in meshrl/tasks/data, for a dataset task as for a code task."""
+    from meshrl.pool import PoolRules
+    from meshrl.tasks.data.make_small_sums import rows
+
+    cfg = TasksConfig.model_validate({"mix": [{
+        "type": "dataset", "name": "sums", "path": "meshrl:small_sums.jsonl",
+        "template": "{question} Answer with just the number.", "verifier": "numeric",
+        "heldout_fraction": 0.2}]})
+    t = cfg.build().tasks["sums"]
+    assert t.rows == rows()  # the generator is seeded: the shipped file is what it writes
+    assert len(t.rows) == 2500 and len({r["question"] for r in t.rows}) == 2500
+    held = {t.rows[i]["question"] for i in t.heldout}
+    assert 400 <= len(held) <= 600 and held.isdisjoint(t.rows[i]["question"] for i in t.train)
+    p = t.problem_at(0)
+    assert p.prompt == "What is 32 + 23? Answer with just the number." and p.answer == "55"
+    assert t.score(p, "32 + 23 = 55") == 1.0 and t.score(p, "55 is not 56") == 0.0
+    assert PoolRules(pool_id=1, task=cfg).task == cfg  # shipped: no digest to pin
+    for bad in ("meshrl:", "meshrl:../x.jsonl", "meshrl:.hidden"):
+        with pytest.raises(DatasetError, match="a shipped file is meshrl:NAME"):
+            DatasetConfig(path=bad).build()

@@ -65,14 +65,15 @@ def evaluate(
     n = max(1, len(problems))
     out = {"accuracy": correct / n, "mean_tokens": tokens / n, "n": float(len(problems))}
     if cfg.pass_k:
-        out.update(_pass_k(backend, tokenizer, problems, tasks, cfg))
+        out.update(_pass_k(backend, tokenizer, problems, tasks, cfg, prompt_format))
     return out
 
 
 def _pass_k(backend: InferenceBackend, tokenizer: Any, problems: list[Any], tasks: TaskSet,
-            cfg: EvalConfig) -> dict[str, float]:
+            cfg: EvalConfig, prompt_format: PromptFormat) -> dict[str, float]:
     """pass@k for each k of `cfg.pass_k` from `cfg.samples()` sampled completions a problem
-    (a completion is correct when its verifier score is 1.0)."""
+    (a completion is correct when its verifier score is 1.0), prompts encoded as the greedy
+    accuracy's are."""
     from meshrl.tasks import compute_reward
 
     s = cfg.samples()
@@ -82,7 +83,8 @@ def _pass_k(backend: InferenceBackend, tokenizer: Any, problems: list[Any], task
     per_batch = max(1, cfg.batch_size // s)
     for start in range(0, len(problems), per_batch):
         chunk = problems[start : start + per_batch]
-        prompts = [encode_prompt(tokenizer, p.prompt) for p in chunk for _ in range(s)]
+        prompts = [encode_prompt(tokenizer, p.prompt, prompt_format)
+                   for p in chunk for _ in range(s)]
         outs = backend.generate(prompts, params, seq_ids=[start * s + i
                                                           for i in range(len(prompts))])
         for j, p in enumerate(chunk):

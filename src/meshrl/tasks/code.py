@@ -18,33 +18,21 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
 from meshrl.config import Config
 from meshrl.tasks.base import Problem, RowsTask
-from meshrl.tasks.dataset import DatasetError, check_digest, load_rows
+from meshrl.tasks.dataset import DatasetError, check_digest, data_path, load_rows
 from meshrl.tasks.sandbox import SandboxConfig, check_sandbox, run_sandboxed
 
 __all__ = ["CODE_DATA", "CodeConfig", "CodeTask", "data_path", "extract_program"]
 
 CODE_DATA = "meshrl:code_small.jsonl"  # shipped data: the same name on every machine
-_SHIPPED = Path(__file__).parent / "data"
 
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 _MAX_TESTS = 64
-
-
-def data_path(path: str) -> Path:
-    """A data path as written in a rule: `meshrl:NAME` names a shipped file."""
-    if path.startswith("meshrl:"):
-        name = path.removeprefix("meshrl:")
-        if not name or "/" in name or name.startswith("."):
-            raise DatasetError(f"code dataset {path!r}: a shipped file is meshrl:NAME")
-        return _SHIPPED / name
-    return Path(path)
 
 
 def extract_program(completion: str) -> str:

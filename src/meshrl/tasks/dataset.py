@@ -23,13 +23,26 @@ from meshrl.config import Config
 from meshrl.tasks.base import Problem, RowsTask, heldout_rows
 
 __all__ = ["DatasetConfig", "DatasetError", "DatasetTask", "check_digest", "data_digest",
-           "heldout_rows", "load_rows", "math_verify_score", "numeric_score"]
+           "data_path", "heldout_rows", "load_rows", "math_verify_score", "numeric_score"]
 
 Verifier = Literal["exact", "numeric", "math-verify"]
+SHIPPED = Path(__file__).parent / "data"  # `meshrl:NAME`: the same file on every machine
 
 
 class DatasetError(ValueError):
     """A dataset that cannot serve as a task (missing file, missing field, no rows)."""
+
+
+def data_path(path: str | Path) -> Path:
+    """A data path as written in a rule: `meshrl:NAME` names a file shipped in
+    meshrl/tasks/data, anything else is a local path."""
+    path = str(path)
+    if path.startswith("meshrl:"):
+        name = path.removeprefix("meshrl:")
+        if not name or "/" in name or name.startswith("."):
+            raise DatasetError(f"dataset {path!r}: a shipped file is meshrl:NAME")
+        return SHIPPED / name
+    return Path(path)
 
 
 def load_rows(path: str | Path, split: str = "train") -> list[dict[str, Any]]:
@@ -149,7 +162,8 @@ class DatasetConfig(Config):
                       "the mix (distinct per task)")
     weight: float = Field(1.0, gt=0, description="mixing weight among tasks")
     path: str = Field(..., description="a local .jsonl or .parquet file or a datasets "
-                      "save_to_disk directory")
+                      "save_to_disk directory; `meshrl:NAME` is a file shipped in "
+                      "meshrl/tasks/data")
     split: str = Field("train", description="split of a saved DatasetDict")
     template: str = Field("{question}", description="prompt: str.format over the row's fields")
     answer_field: str = Field("answer", description="the row field holding the answer")
@@ -179,8 +193,9 @@ class DatasetTask(RowsTask):
     def __init__(self, cfg: DatasetConfig) -> None:
         self.cfg = cfg
         self.name = cfg.name
-        check_digest(cfg.path, cfg.sha256)
-        rows = load_rows(cfg.path, cfg.split)
+        path = data_path(cfg.path)
+        check_digest(path, cfg.sha256)
+        rows = load_rows(path, cfg.split)
         if not rows:
             raise DatasetError(f"dataset {cfg.path}: no rows")
         need = {cfg.answer_field} | _template_fields(cfg.template)

@@ -18,7 +18,7 @@ from pydantic import Field
 
 from meshrl.config import Config
 from meshrl.tasks.base import Problem, Task
-from meshrl.tasks.dataset import check_digest, math_verify_score
+from meshrl.tasks.dataset import check_digest, data_path, math_verify_score
 
 __all__ = ["MathConfig", "MathTask", "load_math_rows"]
 
@@ -76,8 +76,9 @@ class MathTask(Task):
 
     def __init__(self, cfg: MathConfig) -> None:
         self.cfg = cfg
-        check_digest(cfg.path, cfg.sha256)  # before reading: never grade by another file
-        self.rows = load_math_rows(cfg.path)  # once, when the run builds its tasks
+        path = data_path(cfg.path)
+        check_digest(path, cfg.sha256)  # before reading: never grade by another file
+        self.rows = load_math_rows(path)  # once, when the run builds its tasks
 
     def sample(self, rng: random.Random) -> Problem:
         index = rng.randrange(len(self.rows))
