@@ -89,3 +89,51 @@ def test_the_event_loop_keeps_beating_while_a_row_hangs(tmp_path):
     ("0.5", "\\boxed{\\frac{1}{", 0.0), ("5x", "$\\boxed{5x}$", 1.0), ("2", "", 0.0)])
 def test_scores_are_math_verifys(answer, completion, score):
     assert math_verify_score(answer, completion, 5.0) == score
+
+
+def test_a_child_killed_from_outside_costs_no_row_its_score():
+    """A child that dies before its deadline (the OOM killer, an operator) is replaced and the
+    row asked again: it must not score as an unscorable 0."""
+    import signal
+
+    s = KillableScorer()
+    try:
+        assert s.math_verify("3", "\\boxed{3}", DEADLINE).score == 1.0
+        pid = s.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        out = s.math_verify("3", "\\boxed{3}", DEADLINE)
+        assert out.score == 1.0 and not out.timed_out and s.pid not in (None, pid)
+        assert s.kills == 0
+    finally:
+        s.close()
+
+
+def test_a_hung_child_dies_with_its_parent(tmp_path):
+    """A role killed while a row hangs leaves no sympy running (PR_SET_PDEATHSIG)."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys\n"
+        "from meshrl.tasks.killable import KillableScorer\n"
+        "s = KillableScorer()\n"
+        "s.math_verify('1', '\\\\boxed{1}', 60.0)\n"
+        "print(s.pid, flush=True)\n"
+        f"s.math_verify('1', {HANG!r}, 600.0)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        time.sleep(0.5)  # the child is inside the hanging row now
+        assert not _gone(child)
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    t0 = time.monotonic()
+    while not _gone(child) and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    assert _gone(child)

@@ -42,6 +42,7 @@ _CHILD = "from meshrl.tasks.killable import _child_main; _child_main()"
 START_TIMEOUT_S = 120.0  # importing math-verify / sympy on a loaded machine; not a row's time
 MEMORY_BYTES = 2 << 30  # what one row may add to the child's address space
 _MAX_LINE = 1 << 20  # an answer line is a few bytes; more is a broken child
+_DIED = b"\0died"  # _readline's mark of a child whose output ended (never a JSON line)
 
 
 class VerifierUnavailable(RuntimeError):
@@ -76,35 +77,50 @@ class KillableScorer:
 
     def math_verify(self, answer: str, completion: str, timeout_s: float) -> ScoreOutcome:
         """math-verify's score of `completion` against `answer`, or 0 (timed out) when the
-        child has not answered `timeout_s` seconds after it was asked."""
+        child has not answered `timeout_s` seconds after it was asked. A child that dies
+        before its deadline (killed from outside, a crash) is replaced and the row asked once
+        more, so only a row that kills two children in a row scores 0 for it."""
         with self._lock:
-            self._ensure()
-            assert self._proc is not None and self._proc.stdin is not None
-            t0 = time.monotonic()
-            msg = json.dumps({"a": answer, "c": completion, "t": timeout_s}).encode() + b"\n"
-            try:
-                self._proc.stdin.write(msg)
-                self._proc.stdin.flush()
-            except OSError as e:  # the child died between rows
-                self._stop()
-                raise VerifierUnavailable(f"the scoring child is gone: {e}") from None
-            line = self._readline(t0 + timeout_s)
-            took = time.monotonic() - t0
-            if line is None:
-                pid = self.pid
-                self._stop()
-                self.kills += 1
-                log_event(log, "verifier deadline: scoring child killed, row scores 0",
-                          seconds=round(took, 3), timeout_s=timeout_s, pid=pid,
-                          answer_chars=len(answer), completion_chars=len(completion),
+            for attempt in (1, 2):
+                out = self._ask(answer, completion, timeout_s)
+                if out is not None:
+                    return out
+                log_event(log, "scoring child died before its deadline", attempt=attempt,
                           level=logging.WARNING)
-                return ScoreOutcome(0.0, True, took)
-            try:
-                score = float(json.loads(line)["s"])
-            except (ValueError, KeyError, TypeError):
-                self._stop()
-                raise VerifierUnavailable("the scoring child answered nonsense") from None
-            return ScoreOutcome(score, False, took)
+            return ScoreOutcome(0.0, True, 0.0)
+
+    def _ask(self, answer: str, completion: str, timeout_s: float) -> ScoreOutcome | None:
+        """One row on the current child; None when the child died before answering."""
+        self._ensure()
+        assert self._proc is not None and self._proc.stdin is not None
+        t0 = time.monotonic()
+        msg = json.dumps({"a": answer, "c": completion, "t": timeout_s}).encode() + b"\n"
+        try:
+            self._proc.stdin.write(msg)
+            self._proc.stdin.flush()
+        except OSError:  # the child died between rows
+            self._stop()
+            return None
+        line = self._readline(t0 + timeout_s)
+        took = time.monotonic() - t0
+        if line is _DIED:
+            self._stop()
+            return None
+        if line is None:
+            pid = self.pid
+            self._stop()
+            self.kills += 1
+            log_event(log, "verifier deadline: scoring child killed, row scores 0",
+                      seconds=round(took, 3), timeout_s=timeout_s, pid=pid,
+                      answer_chars=len(answer), completion_chars=len(completion),
+                      level=logging.WARNING)
+            return ScoreOutcome(0.0, True, took)
+        try:
+            score = float(json.loads(line)["s"])
+        except (ValueError, KeyError, TypeError):
+            self._stop()
+            raise VerifierUnavailable("the scoring child answered nonsense") from None
+        return ScoreOutcome(score, False, took)
 
     def close(self) -> None:
         with self._lock:
@@ -119,7 +135,8 @@ class KillableScorer:
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": _pythonpath()})
+                stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": _pythonpath(),
+                                              "MESHRL_SCORER_PARENT": str(os.getpid())})
         except OSError as e:
             raise VerifierUnavailable(f"cannot start the scoring child: {e}") from None
         self._owner, self._buf = os.getpid(), b""
@@ -129,7 +146,8 @@ class KillableScorer:
             raise VerifierUnavailable("the scoring child did not start")
 
     def _readline(self, deadline: float) -> bytes | None:
-        """The child's next line, or None when `deadline` passes (or the child dies)."""
+        """The child's next line, None when `deadline` passes, `_DIED` when the child's
+        output ends first (it died: killed from outside, a crash, a broken stream)."""
         assert self._proc is not None and self._proc.stdout is not None
         fd = self._proc.stdout.fileno()
         with selectors.DefaultSelector() as sel:
@@ -140,7 +158,7 @@ class KillableScorer:
                     return None
                 chunk = os.read(fd, 65536)
                 if not chunk or len(self._buf) > _MAX_LINE:
-                    return None  # EOF: the child died (its memory cap, a crash)
+                    return _DIED
                 self._buf += chunk
         line, _, self._buf = self._buf.partition(b"\n")
         return line
@@ -199,10 +217,25 @@ def _score_in_process(answer: str, completion: str, timeout_s: float) -> float:
         return 0.0
 
 
+def _die_with_parent() -> None:
+    """SIGKILL this child when its parent dies (Linux `prctl(PR_SET_PDEATHSIG)`): a parent
+    killed while a row hangs must not leave sympy running. (Also fired by the exit of the
+    parent's thread that started it: the parent then asks the row again, `math_verify`.)"""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    if os.getppid() != int(os.environ.get("MESHRL_SCORER_PARENT", os.getppid())):
+        os._exit(0)  # the parent died before the signal was armed
+
+
 def _child_main() -> None:
     """The child: imports math-verify, caps its address space, says "ready", then answers one
     JSON line per request line until its stdin closes."""
     import math_verify  # noqa: F401  (before "ready": importing is not a row's time)
+
+    _die_with_parent()
 
     with contextlib.suppress(ValueError, OSError, StopIteration), \
             open("/proc/self/status") as f:
