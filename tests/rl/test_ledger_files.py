@@ -85,3 +85,33 @@ def test_the_header_cannot_steer_the_trainer(worker_file) -> None:
     entry = entry.model_copy(update={"sha256": hashlib.sha256(data).hexdigest()})
     fg = file_groups(entry, data, tok, RULES, BUILT)
     assert [p["prompt"] for p in fg.problems] == [p.prompt for p in a.problems(BUILT)]
+
+
+def _with_logprob(rf, entry, value: float):
+    from meshrl.wire.rollout_file import read_rollout_file
+
+    forged = read_rollout_file(rollout_file_bytes(rf))
+    forged.completions[5].logprobs[0] = value
+    data = rollout_file_bytes(forged)
+    return data, entry.model_copy(update={"sha256": hashlib.sha256(data).hexdigest()})
+
+
+def test_a_logprob_below_the_honest_floor_is_refused(worker_file) -> None:
+    """Issue #41: one row's -100 (on a row the validator did not replay) made the ratio
+    exp(new + 100) and the next step NaN everywhere; the trainer refuses such a file whatever
+    the validator said. The floor is the sampler's: -GUMBEL_SPAN - log V."""
+    import math
+
+    from meshrl.pool import GUMBEL_SPAN
+
+    tok, _, rf, _, entry = worker_file
+    floor = -GUMBEL_SPAN - math.log(tok.vocab_size)
+    for bad in (-100.0, floor - 0.01, 0.01):
+        data, e = _with_logprob(rf, entry, bad)
+        with pytest.raises(UnusableFile, match="no honest sampler"):
+            file_groups(e, data, tok, RULES, BUILT)
+    data, e = _with_logprob(rf, entry, floor + 0.01)  # the least an honest sampler reports
+    assert file_groups(e, data, tok, RULES, BUILT).logprobs[5][0] == pytest.approx(floor + 0.01)
+    # the policy's logits may be wider than the tokenizer's vocabulary: its floor is lower
+    data, e = _with_logprob(rf, entry, floor - 0.01)
+    assert file_groups(e, data, tok, RULES, BUILT, vocab_size=tok.vocab_size * 2).groups == 3

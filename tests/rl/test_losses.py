@@ -199,3 +199,50 @@ def test_shape_errors_are_clear() -> None:
     with pytest.raises(ValueError, match="advantages"):
         policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3), torch.ones(2, 3),
                     LossConfig())
+
+
+def _poisoned() -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence of two tokens; the first's behaviour log-prob is a forged -100 (issue #41),
+    the second's is honest (log-ratio 0.5)."""
+    return torch.tensor([[-1.0, -2.0]], requires_grad=True), torch.tensor([[-100.0, -2.5]])
+
+
+@pytest.mark.parametrize("kind", ["grpo", "dapo", "dr_grpo", "gspo", "cispo"])
+@pytest.mark.parametrize("adv", [1.0, -1.0])
+def test_a_forged_behaviour_logprob_keeps_loss_and_gradient_finite(kind: str, adv: float):
+    new, old = _poisoned()
+    for cfg in (LossConfig(type=kind), LossConfig(type=kind, tis_cap=2.0)):
+        prox = new.detach() if cfg.tis_cap else None
+        loss, m = policy_loss(new, old, torch.tensor([adv]), torch.ones(1, 2), cfg,
+                              proximal_logprobs=prox)
+        (g,) = torch.autograd.grad(loss, new)
+        assert math.isfinite(loss.item()) and torch.isfinite(g).all(), (kind, cfg.tis_cap)
+        assert math.isfinite(m["ratio_mean"])
+
+
+def test_the_clamped_ratio_hand_computed() -> None:
+    from meshrl.rl.losses import LOG_RATIO_LIMIT
+
+    assert LOG_RATIO_LIMIT == 20.0
+    # grpo, A = -1: token 0's log-ratio 99 is clamped to 20, its ratio e^20 bounded by delta
+    # = 4 (zero gradient); token 1: ratio e^0.5 unclipped; per-sequence mean of the two
+    new, old = _poisoned()
+    loss, m = policy_loss(new, old, torch.tensor([-1.0]), torch.ones(1, 2), LossConfig())
+    assert loss.item() == pytest.approx((4 + math.exp(0.5)) / 2, rel=1e-6)
+    (g,) = torch.autograd.grad(loss, new)
+    assert g[0].tolist() == pytest.approx([0.0, math.exp(0.5) / 2], rel=1e-6)
+    assert m["ratio_mean"] == pytest.approx((math.exp(20) + math.exp(0.5)) / 2, rel=1e-6)
+    # dapo (plain PPO on the negative side): the ratio itself, capped at e^20
+    new, old = _poisoned()
+    loss, _ = policy_loss(new, old, torch.tensor([-1.0]), torch.ones(1, 2),
+                          LossConfig(type="dapo"))
+    assert loss.item() == pytest.approx((math.exp(20) + math.exp(0.5)) / 2, rel=1e-6)
+    (g,) = torch.autograd.grad(loss, new)
+    assert g[0].tolist() == pytest.approx([0.0, math.exp(0.5) / 2], rel=1e-6)
+    # gspo: the sequence ratio exp(mean(20, 0.5)) = e^10.25, unclipped for A = -1
+    new, old = _poisoned()
+    loss, _ = policy_loss(new, old, torch.tensor([-1.0]), torch.ones(1, 2),
+                          LossConfig(type="gspo"))
+    assert loss.item() == pytest.approx(math.exp(10.25), rel=1e-5)
+    (g,) = torch.autograd.grad(loss, new)
+    assert g[0].tolist() == pytest.approx([0.0, math.exp(10.25) / 2], rel=1e-5)

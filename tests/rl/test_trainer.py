@@ -241,3 +241,40 @@ def test_trainer_matches_engine_rollouts_and_an_eager_per_row_reference():
     for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         assert torch.allclose(p.grad, q.grad, atol=1e-5, rtol=1e-3), name
     assert max(p.grad.abs().max() for p in model.parameters()) > 1e-3
+
+
+@pytest.mark.parametrize("where", ["behaviour_logprob", "advantage"])
+def test_a_non_finite_step_leaves_the_weights_bit_equal(caplog, where):
+    """Issue #41: one NaN gradient reached AdamW and every weight became NaN; a step whose
+    loss or gradient norm is not finite is skipped, logged and counted. A NaN behaviour
+    log-prob makes the loss NaN (its gradient stays finite); a NaN advantage makes the
+    gradient NaN too."""
+    model, batch, adv = _train_batch()
+    t = Trainer(model, TrainerConfig(lr=1e-2, warmup_steps=0), LossConfig())
+    t.train_step(batch, adv)  # a real step first: AdamW holds moments the skip must not touch
+    before = copy.deepcopy(model.state_dict())
+    moments = copy.deepcopy(t.optimizer.state_dict())
+    poisoned, bad_adv = dict(batch), adv.clone()
+    if where == "advantage":
+        bad_adv[0] = float("nan")
+    else:
+        poisoned["inference_logprobs"] = batch["inference_logprobs"].clone()
+        poisoned["inference_logprobs"][0, batch["loss_mask"][0].nonzero()[0, 0]] = math.nan
+    with caplog.at_level("WARNING"):
+        stats = t.train_step(poisoned, bad_adv)
+    assert stats["update_skipped"] == 1.0 and not math.isfinite(stats["loss"])
+    assert (stats["nonfinite_grads"] > 0) == (where == "advantage")
+    assert math.isfinite(stats["grad_norm"]) == (where != "advantage")
+    assert "update skipped" in caplog.text
+    for name, w in model.state_dict().items():
+        assert torch.equal(w, before[name]), name
+    after = t.optimizer.state_dict()
+    assert after["state"].keys() == moments["state"].keys()
+    for k, st in moments["state"].items():
+        for field, v in st.items():
+            assert torch.equal(after["state"][k][field], v), (k, field)
+    # the next finite batch trains as before
+    stats = t.train_step(batch, adv)
+    assert stats["update_skipped"] == 0.0 and math.isfinite(stats["grad_norm"])
+    assert any(not torch.equal(w, before[n]) for n, w in model.state_dict().items())
+    assert all(torch.isfinite(w).all() for w in model.state_dict().values())

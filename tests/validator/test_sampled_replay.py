@@ -107,3 +107,27 @@ def test_a_queued_job_keeps_its_block_hash_across_a_restart(tmp_path):
                   10)
     again = ValidatorState.load(tmp_path / "state.json", 0)
     assert [j.block_hash for j in again.queue] == [_block(8), None]
+
+
+@pytest.mark.parametrize("value", [-100.0, 0.01])
+def test_a_logprob_no_sampler_gives_is_caught_on_a_row_that_is_not_replayed(engine, tok,
+                                                                            value):
+    """Issue #41: -100 on an unreplayed row passed (only finiteness was checked) and turned the
+    trainer's importance ratio into inf; the honest floor (pool/logprob_floor.py) catches it on
+    every row, whichever rows the block picks."""
+    r = rules(max_new=16)
+    rf = honest_file(engine, tok, r)
+    rf.completions[1].logprobs[0] = value
+    for block in _blocks(rf, 1, False, r.replay)[:2]:
+        d = verify_file(engine, tok, *_submitted(rf, block), r, r.task.build(), ENGINE)
+        assert d.kind is VerdictKind.HARD_INVALID and d.checks == (Check.LOGPROBS,), d.reason
+        assert 1 not in d.stats.get("replayed_rows", [])
+
+
+def test_honest_logprobs_sit_inside_the_floor(engine, tok):
+    from meshrl.pool import logprob_floor
+
+    r = rules(max_new=16)
+    rf = honest_file(engine, tok, r)
+    lps = [x for c in rf.completions for x in c.logprobs]
+    assert min(lps) >= logprob_floor(engine.vocab_size, 1.0) and max(lps) <= 0.0

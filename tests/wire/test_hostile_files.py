@@ -46,6 +46,7 @@ from .hostile import (
     nested_header,
     proof_bomb,
     string_bomb,
+    write_parquet,
 )
 
 # every bomb below is refused in under this much time and Arrow memory (measured: well under)
@@ -172,6 +173,25 @@ def test_a_column_of_the_wrong_type_is_refused():
     pq.write_table(table, sink)
     with pytest.raises(RolloutFileError, match="wrong columns or types"):
         read_rollout_file(sink.getvalue().to_pybytes())
+
+
+@pytest.mark.parametrize(("column", "typ"), [
+    ("prompt_id", pa.binary()), ("finish_reason", pa.binary()),
+    ("toploc_proofs", pa.list_(pa.string()))])
+def test_a_string_column_of_another_stored_type_is_not_coerced(column, typ):
+    """Issue #41: a prompt_id stored as binary (no UTF-8 annotation) was silently cast to a
+    string. (large_string is the same Parquet type as string, read back as one: not a cast.)"""
+    rf = sample_rollout()
+    cols = columns(rf)
+    if column == "toploc_proofs" and pa.types.is_string(typ.value_type):
+        cols[column] = [[p.hex() for p in row] for row in cols[column]]
+    elif column != "toploc_proofs" and pa.types.is_binary(typ):
+        cols[column] = [v.encode() for v in cols[column]]
+    schema = COLUMNS.set(COLUMNS.get_field_index(column), pa.field(column, typ, nullable=False))
+    table = pa.Table.from_pydict(cols, schema=schema.with_metadata({METADATA_KEY:
+                                                                    header_bytes(rf)}))
+    with pytest.raises(RolloutFileError, match="wrong columns or types"):
+        read_rollout_file(write_parquet(cols, b"", table=table))
 
 
 def test_flipped_footer_bytes_never_escape_the_isolated_reader():

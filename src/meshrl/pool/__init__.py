@@ -4,8 +4,9 @@
 seed, proof profile, prompt format, sampled replay), `RulesPins` and `rules_drift`;
 `assignment`: which problems a (node, step, counter, policy version) gets, prompt encoding,
 rows; `profiles`: proof profiles; `sampled`: which rows of a file a validator replays on the
-model; `verdicts`: findings, decisions and verdict kinds; `messages`: the work order; `client`:
-the one reader of `GET /rules`. Every role that generates or judges takes its rules from here.
+model; `logprob_floor`: the range of a log-prob an honest sampler can claim; `verdicts`:
+findings, decisions and verdict kinds; `messages`: the work order; `client`: the one reader
+of `GET /rules`. Every role that generates or judges takes its rules from here.
 """
 
 from meshrl.pool.assignment import (
@@ -25,6 +26,7 @@ from meshrl.pool.client import (
     require_same_rules,
 )
 from meshrl.pool.limits import file_limits
+from meshrl.pool.logprob_floor import GUMBEL_SPAN, LOGPROB_SLACK, bad_logprob_rows, logprob_floor
 from meshrl.pool.messages import JoinManifest, WorkOrder, WorkQuery
 from meshrl.pool.profiles import (
     PROFILE_FIELD,
@@ -58,6 +60,8 @@ from meshrl.pool.verdicts import Check, Decision, Finding, Severity, VerdictKind
 
 __all__ = [
     "FULL_REPLAY",
+    "GUMBEL_SPAN",
+    "LOGPROB_SLACK",
     "PROFILES",
     "PROFILE_FIELD",
     "PROMPT_FORMAT_FIELD",
@@ -82,6 +86,7 @@ __all__ = [
     "VerdictKind",
     "WorkOrder",
     "WorkQuery",
+    "bad_logprob_rows",
     "catch_probability",
     "changed_rules",
     "check_rules",
@@ -90,6 +95,7 @@ __all__ = [
     "encode_prompt",
     "file_limits",
     "give_up",
+    "logprob_floor",
     "profile",
     "prompt_of_row",
     "read_rules",

@@ -22,7 +22,16 @@ from typing import Any, TypeVar
 import aiohttp
 
 from meshrl.log import get_logger, log_event
-from meshrl.pool import Assignment, PoolRules, counter_refusal, file_limits, read_rules
+from meshrl.pool import (
+    LOGPROB_SLACK,
+    Assignment,
+    PoolRules,
+    bad_logprob_rows,
+    counter_refusal,
+    file_limits,
+    logprob_floor,
+    read_rules,
+)
 from meshrl.tasks import TaskSet
 from meshrl.wire import SignedClient, StepGoesBack, WireHTTPError
 from meshrl.wire.errors import RolloutFileError
@@ -67,10 +76,12 @@ def trainable(e: LedgerEntry) -> bool:
 
 
 def file_groups(entry: LedgerEntry, data: bytes, tokenizer: Any, rules: PoolRules,
-                tasks: TaskSet, exclude: frozenset[str] = frozenset()) -> FileGroups:
+                tasks: TaskSet, exclude: frozenset[str] = frozenset(),
+                vocab_size: int | None = None) -> FileGroups:
     """Check an accepted file's bytes against its ledger entry and split it into groups, by the
-    pool's rules (`tasks` is `rules.task.build()`, built once)."""
-    (out,) = files_groups([entry], [data], tokenizer, rules, tasks, exclude)
+    pool's rules (`tasks` is `rules.task.build()`, built once). `vocab_size`: the policy's
+    logits width, which bounds an honest log-prob (default: the tokenizer's vocabulary)."""
+    (out,) = files_groups([entry], [data], tokenizer, rules, tasks, exclude, vocab_size)
     if isinstance(out, Exception):
         raise out
     return out
@@ -78,6 +89,7 @@ def file_groups(entry: LedgerEntry, data: bytes, tokenizer: Any, rules: PoolRule
 
 def files_groups(entries: list[LedgerEntry], datas: list[bytes], tokenizer: Any,
                  rules: PoolRules, tasks: TaskSet, exclude: frozenset[str] = frozenset(),
+                 vocab_size: int | None = None,
                  ) -> list[FileGroups | UnusableFile | RolloutFileError]:
     """`file_groups` of several files, each result the file's groups or why it is unusable;
     their bytes are read in one isolated child (a child that dies falls back to one a file,
@@ -97,14 +109,15 @@ def files_groups(entries: list[LedgerEntry], datas: list[bytes], tokenizer: Any,
             out.append(rf)
             continue
         try:
-            out.append(_groups(entry, rf, tokenizer, rules, tasks, exclude))
+            out.append(_groups(entry, rf, tokenizer, rules, tasks, exclude,
+                               vocab_size or tokenizer.vocab_size))
         except UnusableFile as e:
             out.append(e)
     return out
 
 
 def _groups(entry: LedgerEntry, rf: RolloutFile, tokenizer: Any, rules: PoolRules,
-            tasks: TaskSet, exclude: frozenset[str]) -> FileGroups:
+            tasks: TaskSet, exclude: frozenset[str], vocab_size: int) -> FileGroups:
     from meshrl.tasks import compute_reward
 
     h = rf.header
@@ -118,7 +131,7 @@ def _groups(entry: LedgerEntry, rf: RolloutFile, tokenizer: Any, rules: PoolRule
                            f"counters, the pool's files have {rules.rows_per_file()} rows "
                            f"({rules.prompts_per_file} prompts x {g}) of one counter")
     counter = counters.pop()
-    bad = _unusable_rows(rf, entry, counter, tokenizer, rules)
+    bad = _unusable_rows(rf, entry, counter, tokenizer, rules, vocab_size)
     if bad:
         raise UnusableFile(f"{entry.sha256[:12]}: {bad}")
     a = Assignment(rules, h.node, h.step, counter, h.policy_version)
@@ -149,12 +162,14 @@ def _groups(entry: LedgerEntry, rf: RolloutFile, tokenizer: Any, rules: PoolRule
 
 
 def _unusable_rows(rf: Any, entry: LedgerEntry, counter: int, tokenizer: Any,
-                   rules: PoolRules) -> str:
+                   rules: PoolRules, vocab_size: int) -> str:
     """Why the file's rows cannot be trained on ("" if they can): a counter the pool's rules
-    (or the grant) do not allow, a token id outside the vocabulary, a reward or log-prob that
-    is not a finite number. Checked before any row is decoded or trained on, so such a file is
-    a typed refusal, never a crash or a NaN in a batch. (The header's other fields are
-    ignored: problems come from the rules.)"""
+    (or the grant) do not allow, a token id outside the vocabulary, a reward that is not a
+    finite number, a log-prob outside what an honest sampler reports (`logprob_floor`: the
+    validator replays only some rows, and a -100 on another one is an importance ratio of
+    e^100). Checked before any row is decoded or trained on, so such a file is a typed
+    refusal, never a crash or a NaN in a batch. (The header's other fields are ignored:
+    problems come from the rules.)"""
     bad_counter = counter_refusal(rules, counter)
     if bad_counter is not None or (entry.counter >= 0 and counter != entry.counter):
         return bad_counter or f"counter {counter}, granted {entry.counter}"
@@ -162,8 +177,15 @@ def _unusable_rows(rf: Any, entry: LedgerEntry, counter: int, tokenizer: Any,
     for r in rf.completions:
         if any(not 0 <= t < vocab for t in (*r.prompt_tokens, *r.completion_tokens)):
             return f"a token id outside the vocabulary (size {vocab})"
-        if not all(math.isfinite(x) for x in (r.reward, *r.logprobs)):
-            return "a reward or log-prob that is not a finite number"
+        if not math.isfinite(r.reward):
+            return "a reward that is not a finite number"
+    floor = logprob_floor(vocab_size, rules.sampling.temperature)
+    bad = bad_logprob_rows(((r.logprobs, len(r.completion_tokens)) for r in rf.completions),
+                           floor)
+    if bad:
+        return (f"{len(bad)} rows hold log-probs no honest sampler reports (outside "
+                f"[{floor:.4g}, {LOGPROB_SLACK}], not finite or not one per token), first row "
+                f"{bad[0]}")
     return ""
 
 

@@ -28,6 +28,13 @@ Which policy the ratio is taken against depends on `tis_cap`:
 
 Optional terms: entropy bonus (-coef * mean entropy) and KL to a frozen reference policy (k3
 estimator, +coef * KL).
+
+Every importance ratio is exp of a log-ratio clamped to [-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT]
+first (`safe_ratio`): the behaviour log-probs come from a worker's file, and a value no sampler
+gives (say -100, on a row the validator did not replay) made exp overflow to inf, whose product
+with a clip's zero gradient is NaN. Clamped, the loss and its gradient stay finite for any
+finite input; the clips (eps, delta, tis_cap) bind long before e^20, so honest values are
+unchanged (only the unbounded side of dapo / dr_grpo's PPO ratio is capped there).
 """
 
 from __future__ import annotations
@@ -36,7 +43,14 @@ import torch
 
 from meshrl.rl.config import LossConfig
 
-__all__ = ["LossConfig", "masked_mean", "policy_loss"]
+__all__ = ["LOG_RATIO_LIMIT", "LossConfig", "masked_mean", "policy_loss", "safe_ratio"]
+
+LOG_RATIO_LIMIT = 20.0  # e^20 ~ 4.9e8: finite in float32 / bf16, far past every clip
+
+
+def safe_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
+    """exp(log_ratio) with the log-ratio clamped to +-LOG_RATIO_LIMIT (module docstring)."""
+    return torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -70,7 +84,7 @@ def policy_loss(
     mask = mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype)[:, None]
     anchor = behaviour_logprobs if cfg.tis_cap is None else proximal_logprobs
-    log_ratio = logprobs - anchor.detach()
+    log_ratio = (logprobs - anchor.detach()).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     ratio = torch.exp(log_ratio)
     metrics: dict[str, float] = {}
 
@@ -91,7 +105,7 @@ def policy_loss(
         is_clipped = (-clipped * adv) > (-unclipped * adv)
 
     if cfg.tis_cap is not None:
-        raw = torch.exp(proximal_logprobs - behaviour_logprobs).detach()
+        raw = safe_ratio(proximal_logprobs - behaviour_logprobs).detach()
         tis = raw.clamp(max=cfg.tis_cap)
         capped = (raw > cfg.tis_cap).to(mask.dtype)
         metrics["tis_capped_fraction"] = masked_mean(capped, mask).item()

@@ -412,7 +412,7 @@ class NetworkSource(RolloutSource):
     def _load(self, entries: list[LedgerEntry]) -> list[FileGroups | ValueError]:
         datas = self.reader.download(entries)
         return list(files_groups(entries, datas, self.tokenizer, self.rules, self.tasks,
-                                 self.exclude))
+                                 self.exclude, int(self.model.config.vocab_size)))
 
     def _record(self, step: int, taken: list[FileGroups], dropped: list[dict[str, Any]],
                 wait: float) -> None:

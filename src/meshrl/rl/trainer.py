@@ -17,21 +17,29 @@ the TIS-weighted policy gradient.)
 With `loss.kl_coef > 0` a frozen reference policy (the warm-started one, set by the run) scores
 every micro-batch without gradients and the k3 KL to it joins the loss.
 
+A step whose loss or gradient norm is not finite changes nothing: its update is skipped (the
+weights and AdamW's moments stay bit-equal), logged with the count of non-finite gradient
+elements, and recorded as `update_skipped` in the step's metrics (docs/trainer.md).
+
 Batches come in the shared-prompt layout of `packing.py`: a group's prompt is computed once for
 all its completions, which about halves the work of a step on short-answer tasks.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 import torch
 
+from meshrl.log import get_logger, log_event
 from meshrl.rl.config import TrainerConfig
 from meshrl.rl.packing import packed_logprobs, slice_groups
 
 __all__ = ["Trainer", "TrainerConfig", "lr_factor"]
+
+log = get_logger("meshrl.rl.trainer")
 
 
 def lr_factor(cfg: TrainerConfig, step: int, total_steps: int) -> float:
@@ -81,7 +89,7 @@ class Trainer:
         self, micro: dict[str, torch.Tensor], advantages: torch.Tensor, weight: float
     ) -> dict[str, float]:
         """Loss on one micro-batch, backpropagated scaled by `weight` (its share of the batch)."""
-        from meshrl.rl.losses import policy_loss
+        from meshrl.rl.losses import LOG_RATIO_LIMIT, policy_loss
 
         logprobs, entropy = self.logprobs(micro)
         mask = micro["loss_mask"]
@@ -96,7 +104,7 @@ class Trainer:
         (loss * weight).backward()
         with torch.no_grad():
             m = mask.float()
-            diff = (logprobs.detach() - inference) * m
+            diff = (logprobs.detach() - inference).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT) * m
             metrics["mismatch_kl"] = float((diff.exp() - 1 - diff).sum() / m.sum().clamp(min=1))
         return {"loss": float(loss.detach()), **{k: float(v) for k, v in metrics.items()}}
 
@@ -145,11 +153,32 @@ class Trainer:
         totals = self.sum_over_ranks(totals)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
         totals["lr"] = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
+        # the norm and loss are the whole batch's (every rank's), so all ranks decide alike
+        finite = math.isfinite(totals.get("loss", 0.0)) and math.isfinite(float(grad_norm))
+        totals["update_skipped"] = 0.0 if finite else 1.0
+        if finite:
+            self.optimizer.step()
+        else:
+            totals["nonfinite_grads"] = float(self._skip_update(totals, float(grad_norm)))
+        self.scheduler.step()  # the schedule follows the run's steps, skipped or not
         self.model.eval()
         totals["grad_norm"] = float(grad_norm)
         return totals
+
+    def _skip_update(self, totals: dict[str, float], grad_norm: float) -> int:
+        """Drop this step's gradients without touching the weights or the optimizer's state
+        (a NaN that reached AdamW would reach every weight through clipping and the moments);
+        returns how many gradient elements (this rank's) were not finite."""
+        bad = 0
+        for p in self.params:
+            if p.grad is not None:
+                g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad  # FSDP shard
+                bad += int((~torch.isfinite(g)).sum())
+        log_event(log, "update skipped: non-finite loss or gradient norm",
+                  loss=totals.get("loss"), grad_norm=grad_norm, nonfinite_grads=bad,
+                  params=len(self.params), level=logging.WARNING)
+        self.optimizer.zero_grad(set_to_none=True)
+        return bad
 
     def sum_over_ranks(self, totals: dict[str, float]) -> dict[str, float]:
         """Batch metrics from this process's weighted sums (one process: they are the batch's)."""

@@ -137,23 +137,13 @@ def numeric_score(answer: str, completion: str, rel_tol: float = 1e-6) -> float:
 
 
 def math_verify_score(answer: str, completion: str, timeout_s: float) -> float:
-    """1.0 when math-verify finds `completion`'s answer equivalent to `answer`."""
-    import threading
+    """1.0 when math-verify finds `completion`'s answer equivalent to `answer`; 0 when it
+    cannot tell within `timeout_s` (the pool rule: an unscorable answer scores 0). Runs in a
+    child process that is killed at the deadline (`meshrl.tasks.killable`): sympy can hold
+    the GIL for minutes on one answer."""
+    from meshrl.tasks.killable import math_verify_outcome
 
-    from math_verify import parse, verify
-
-    gold_text = answer if "$" in answer or "\\boxed" in answer else f"${answer}$"
-    # math-verify's timeout uses SIGALRM, which works on the main thread only
-    on_main = threading.current_thread() is threading.main_thread()
-    timeout = max(1, int(timeout_s)) if on_main else None
-    try:
-        gold = parse(gold_text, parsing_timeout=timeout)
-        pred = parse(completion, parsing_timeout=timeout)
-        if not gold or not pred:
-            return 0.0
-        return 1.0 if verify(gold, pred, timeout_seconds=timeout) else 0.0
-    except Exception:  # malformed LaTeX is a wrong answer, not a crash
-        return 0.0
+    return math_verify_outcome(answer, completion, timeout_s).score
 
 
 class DatasetConfig(Config):
@@ -170,7 +160,8 @@ class DatasetConfig(Config):
     verifier: Verifier = Field("exact", description="exact | numeric | math-verify")
     heldout_fraction: float = Field(0.1, ge=0, lt=1, description="rows kept for evaluation "
                                     "only (chosen by a hash of the row index)")
-    timeout_s: float = Field(5.0, gt=0, description="math-verify timeout (main thread only)")
+    timeout_s: float = Field(5.0, gt=0, le=600, description="math-verify deadline per answer "
+                             "(killed past it; an answer it cannot score in time scores 0)")
     sha256: str | None = Field(None, pattern="^[0-9a-fA-F]{64}$", description="the data's "
                                "digest (`meshrl.tasks.dataset.data_digest`): set in a pool's "
                                "rules, every role refuses other data")

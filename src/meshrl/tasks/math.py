@@ -33,7 +33,8 @@ class MathConfig(Config):
     template: str = Field(
         "{problem}\nPut the final answer in \\boxed{{}}.\n", description="prompt template"
     )
-    timeout_s: float = Field(5.0, gt=0, description="math-verify parsing/verification timeout")
+    timeout_s: float = Field(5.0, gt=0, le=600, description="math-verify deadline per answer "
+                             "(killed past it; an answer it cannot score in time scores 0)")
     sha256: str | None = Field(None, pattern="^[0-9a-fA-F]{64}$", description="the file's "
                                "digest (`meshrl.tasks.dataset.data_digest`): every role "
                                "refuses another file (required in a pool's rules)")

@@ -11,7 +11,6 @@ sha256); every check that needs no model covers every row.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -19,14 +18,17 @@ from typing import Any
 from meshrl.inference import InferenceBackend, InvalidRequestError
 from meshrl.inference.backend import check_score_request, eos_token_ids
 from meshrl.pool import (
+    LOGPROB_SLACK,
     Assignment,
     Check,
     Decision,
     Finding,
     PoolRules,
     Severity,
+    bad_logprob_rows,
     counter_refusal,
     decide,
+    logprob_floor,
     replayed_rows,
 )
 from meshrl.tasks import TaskSet, compute_reward
@@ -98,9 +100,10 @@ def _counter(rf: RolloutFile) -> int | Finding:
 
 
 def model_free_findings(rf: RolloutFile, claim: ChainClaim, rules: PoolRules, tasks: TaskSet,
-                        tokenizer: Any) -> list[Finding]:
+                        tokenizer: Any, vocab_size: int | None = None) -> list[Finding]:
     """Every check that needs no model: node, units, rules, assignment, version window,
-    rewards (`tokenizer` None: those that need no tokenizer either)."""
+    rewards, the log-probs' honest range (`tokenizer` None: those that need no tokenizer
+    either). `vocab_size`: the policy's logits width (default the tokenizer's vocabulary)."""
     h, rows = rf.header, rf.completions
     counter = _counter(rf)
     if isinstance(counter, Finding):
@@ -125,13 +128,15 @@ def model_free_findings(rf: RolloutFile, claim: ChainClaim, rules: PoolRules, ta
                                      len(r.completion_tokens), tasks).total
                       for i, r in enumerate(rows)]
         out.append(check_rewards([r.reward for r in rows], recomputed))
-    # log-probs no sampler gives, on every row (the replay compares the replayed rows' values)
-    bad_lp = [i for i, r in enumerate(rows) if len(r.logprobs) != len(r.completion_tokens)
-              or not all(math.isfinite(x) for x in r.logprobs)]
+    # log-probs no sampler gives, on every row (the replay compares the replayed rows' values):
+    # an unreplayed row's value still reaches the trainer's importance ratio
+    floor = logprob_floor(vocab_size or tokenizer.vocab_size, rules.sampling.temperature)
+    bad_lp = bad_logprob_rows(((r.logprobs, len(r.completion_tokens)) for r in rows), floor)
     if bad_lp:
         out.append(Finding(Check.LOGPROBS, Severity.HARD, f"{len(bad_lp)} rows hold log-probs "
-                           "that are not finite or not one per token, first row "
-                           f"{bad_lp[0]}", {"bad_rows": len(bad_lp)}))
+                           f"outside the honest sampler's [{floor:.4g}, {LOGPROB_SLACK}] (or "
+                           f"not finite, or not one per token), first row {bad_lp[0]}",
+                           {"bad_rows": len(bad_lp), "floor": floor}))
     # every row's identity is the assignment's: no field of a file goes unchecked
     g = rules.group_size
     bad_seq = [i for i, r in enumerate(rows) if r.seq_id != i or r.sample_index != i % g
@@ -184,7 +189,8 @@ def verify_files(backend: InferenceBackend, tokenizer: Any,
     found = []
     for i, (f, c) in enumerate(items):
         bad = unscorable(backend, f, rules)  # first: decoding such a row could fail too
-        mine = [bad] if bad else model_free_findings(f, c, rules, tasks, tokenizer)
+        mine = [bad] if bad else model_free_findings(f, c, rules, tasks, tokenizer,
+                                                     backend.vocab_size)
         found.append([*(prior[i] if prior else []), *mine])
     todo = [i for i, fs in enumerate(found) if not any(x.check in _NOT_ITS_WORK for x in fs)]
     max_len = getattr(backend, "max_seq_len", None)

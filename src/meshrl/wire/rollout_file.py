@@ -246,9 +246,14 @@ def _expand(table: pa.Table, header: RolloutHeader, limits: FileLimits) -> pa.Ta
     every string valid UTF-8; list lengths per row bounded."""
     for name, limit in _value_bytes(header, limits).items():
         col = table.column(name)
+        want = COLUMNS.field(name).type
+        want_values = want.value_type if pa.types.is_list(want) else want
         for chunk in col.chunks:
             values = chunk.values if pa.types.is_list(chunk.type) else chunk
-            if not pa.types.is_dictionary(values.type):
+            # the stored type itself, never one the cast below would coerce (binary or
+            # large_string read as a string: issue #41)
+            if (not pa.types.is_dictionary(values.type) or values.type.value_type != want_values
+                    or pa.types.is_list(chunk.type) != pa.types.is_list(want)):
                 raise RolloutFileError(f"wrong columns or types: column {name!r} is "
                                        f"{chunk.type}")
             longest = pc.max(pc.binary_length(values.dictionary)).as_py() or 0

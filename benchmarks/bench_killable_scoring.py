@@ -1,0 +1,78 @@
+"""math-verify scoring in the killable child (tasks/killable.py) vs in the caller's process.
+
+Scores the same rows both ways in one process: honest-looking completions (a \\boxed{} answer
+after some text, right and wrong, fractions and expressions), then one hostile answer that holds
+the GIL in sympy (`\\boxed{9^{9^{9^{9}}}}`), which only the child can bound. One JSON line per
+path with rows/s and the mean / max milliseconds of a row; then `ratio` = child seconds per row
+/ in-process seconds per row (the price of killability); then the hostile row's seconds to
+its 0 at a `--deadline` (in-process: not run, it never ends).
+
+    PYTHONPATH=src python benchmarks/bench_killable_scoring.py [--rows 200] [--deadline 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+from meshrl.tasks.killable import KillableScorer, _score_in_process
+
+_ANSWERS = ["1/2", "5x", "42", "\\frac{3}{4}", "x^2+1", "0.25", "7", "\\sqrt{2}"]
+
+
+def _rows(n: int) -> list[tuple[str, str]]:
+    rng = random.Random(0)
+    out = []
+    for _ in range(n):
+        gold = rng.choice(_ANSWERS)
+        said = gold if rng.random() < 0.5 else rng.choice(_ANSWERS)
+        out.append((gold, "Let me think step by step. " * rng.randint(1, 20)
+                    + f"So the answer is $\\boxed{{{said}}}$."))
+    return out
+
+
+def _line(path: str, times: list[float]) -> dict[str, object]:
+    return {"path": path, "rows": len(times), "rows_per_s": round(len(times) / sum(times), 1),
+            "mean_ms": round(1e3 * sum(times) / len(times), 3),
+            "max_ms": round(1e3 * max(times), 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=200)
+    ap.add_argument("--deadline", type=float, default=2.0)
+    args = ap.parse_args()
+    rows = _rows(args.rows)
+    s = KillableScorer()
+    try:
+        s.math_verify("1", "\\boxed{1}", 60.0)  # start the child (imports) before timing
+        for a, c in rows[:10]:  # warm both paths' caches alike
+            _score_in_process(a, c, 5.0)
+            s.math_verify(a, c, 5.0)
+        local, child, same = [], [], 0
+        for a, c in rows:
+            t0 = time.perf_counter()
+            x = _score_in_process(a, c, 5.0)
+            t1 = time.perf_counter()
+            y = s.math_verify(a, c, 5.0).score
+            t2 = time.perf_counter()
+            local.append(t1 - t0)
+            child.append(t2 - t1)
+            same += x == y
+        print(json.dumps(_line("in_process", local)))
+        print(json.dumps(_line("killable_child", child)))
+        print(json.dumps({"ratio": round(sum(child) / sum(local), 3), "same_scores": same,
+                          "rows": len(rows)}))
+        t0 = time.perf_counter()
+        out = s.math_verify("1", "\\boxed{9^{9^{9^{9}}}}", args.deadline)
+        print(json.dumps({"hostile_row_s": round(time.perf_counter() - t0, 3),
+                          "deadline_s": args.deadline, "score": out.score,
+                          "timed_out": out.timed_out, "in_process": "never ends"}))
+    finally:
+        s.close()
+
+
+if __name__ == "__main__":
+    main()
