@@ -91,15 +91,23 @@ def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     same mask from a row's candidates, the tokens of probability >= a threshold (first
     max p / 2^8, then max p / 2^16, then (1 - top_p) / 2V, whose tokens hold at least
     top_p + (1 - top_p) / 2 of the mass), wherever that provably gives the same set, and sorts
-    the other rows whole: sorting 49,152 probabilities per row cost more than the model's
+    the other rows whole (and rows of over 2,048 candidates, which sort faster so): sorting 49,152 probabilities per row cost more than the model's
     decode step on SmolLM2 (docs/inference.md).
     """
     if top_p >= 1.0:
         return torch.ones_like(logits, dtype=torch.bool)
     probs = torch.softmax(logits.float(), dim=-1)
-    flat = probs.reshape(-1, probs.shape[-1])
+    mask, todo = _nucleus_by_candidates(probs.reshape(-1, probs.shape[-1]), top_p)
+    if todo.numel():
+        mask[todo] = _nucleus_by_sort(probs.reshape(-1, probs.shape[-1])[todo], top_p)
+    return mask.view(probs.shape)
+
+
+def _nucleus_by_candidates(flat: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The nucleus mask [R, V] of the rows of probabilities `flat` that their candidates settle,
+    and the indices of the rows they do not (left False in the mask)."""
     mask = torch.zeros_like(flat, dtype=torch.bool)
-    todo = torch.arange(flat.shape[0])
+    todo, rest = torch.arange(flat.shape[0]), []
     for level in range(3):
         if not todo.numel():
             break
@@ -107,13 +115,21 @@ def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
         top = sub.max(-1, keepdim=True).values
         threshold = top * 2.0**-8 if level == 0 else top * 2.0**-16 if level == 1 else \
             torch.full_like(top, (1.0 - top_p) / (2 * flat.shape[1]))
-        done, last = _nucleus_from_top(_sorted_candidates(sub, sub >= threshold), top_p)
+        cand = sub >= threshold
+        # a flat row (thousands of candidates) sorts faster whole; later levels only add more
+        small = cand.sum(-1) <= _MAX_CANDIDATES
+        if not small.all():
+            rest.append(todo[~small])
+            todo, sub, cand, threshold = todo[small], sub[small], cand[small], threshold[small]
+        done, last = _nucleus_from_top(_sorted_candidates(sub, cand), top_p)
         done &= threshold[:, 0] > 0
         mask[todo[done]] = sub[done] >= last[done, None]
         todo = todo[~done]
-    if todo.numel():
-        mask[todo] = _nucleus_by_sort(flat[todo], top_p)
-    return mask.view(probs.shape)
+    return mask, torch.cat([todo, *rest]).sort().values
+
+
+# rows with more candidates than this go to the full sort
+_MAX_CANDIDATES = 2048
 
 
 def _sorted_candidates(probs: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
