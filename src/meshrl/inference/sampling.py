@@ -91,8 +91,9 @@ def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     same mask from a row's candidates, the tokens of probability >= a threshold (first
     max p / 2^8, then max p / 2^16, then (1 - top_p) / 2V, whose tokens hold at least
     top_p + (1 - top_p) / 2 of the mass), wherever that provably gives the same set, and sorts
-    the other rows whole (and rows of over 2,048 candidates, which sort faster so): sorting 49,152 probabilities per row cost more than the model's
-    decode step on SmolLM2 (docs/inference.md).
+    the other rows whole (and rows of over 2,048 candidates, which sort faster so): sorting
+    49,152 probabilities per row cost more than the model's decode step on SmolLM2
+    (docs/inference.md).
     """
     if top_p >= 1.0:
         return torch.ones_like(logits, dtype=torch.bool)
