@@ -90,17 +90,24 @@ def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     The definition is a full descending sort of each row (`_nucleus_by_sort`). This computes the
     same mask from a row's candidates, the tokens of probability >= a threshold (first
     max p / 2^8, then max p / 2^16, then (1 - top_p) / 2V, whose tokens hold at least
-    top_p + (1 - top_p) / 2 of the mass), wherever that provably gives the same set, and sorts
-    the other rows whole (and rows of over 2,048 candidates, which sort faster so): sorting
+    top_p + (1 - top_p) / 2 of the mass), wherever that provably gives the same set; rows of
+    over 2,048 candidates sort the last level's candidates one row at a time, and a row none of
+    this settles (ties across the cut, NaN) is sorted whole, as defined: sorting
     49,152 probabilities per row cost more than the model's decode step on SmolLM2
     (docs/inference.md).
     """
     if top_p >= 1.0:
         return torch.ones_like(logits, dtype=torch.bool)
     probs = torch.softmax(logits.float(), dim=-1)
-    mask, todo = _nucleus_by_candidates(probs.reshape(-1, probs.shape[-1]), top_p)
-    if todo.numel():
-        mask[todo] = _nucleus_by_sort(probs.reshape(-1, probs.shape[-1])[todo], top_p)
+    flat = probs.reshape(-1, probs.shape[-1])
+    mask, todo = _nucleus_by_candidates(flat, top_p)
+    for r in todo.tolist():  # flat rows: sort the candidates of the last level, values only
+        row = flat[r]
+        threshold = (1.0 - top_p) / (2 * flat.shape[1])
+        vals = row[row >= threshold].sort(descending=True).values
+        done, last = _nucleus_from_top(torch.cat([vals, vals.new_zeros(1)])[None], top_p)
+        mask[r] = row >= last[0] if threshold > 0 and bool(done[0]) else \
+            _nucleus_by_sort(row[None], top_p)[0]
     return mask.view(probs.shape)
 
 
@@ -117,7 +124,7 @@ def _nucleus_by_candidates(flat: torch.Tensor, top_p: float) -> tuple[torch.Tens
         threshold = top * 2.0**-8 if level == 0 else top * 2.0**-16 if level == 1 else \
             torch.full_like(top, (1.0 - top_p) / (2 * flat.shape[1]))
         cand = sub >= threshold
-        # a flat row (thousands of candidates) sorts faster whole; later levels only add more
+        # a flat row (thousands of candidates) sorts faster alone; later levels only add more
         small = cand.sum(-1) <= _MAX_CANDIDATES
         if not small.all():
             rest.append(todo[~small])
@@ -129,7 +136,7 @@ def _nucleus_by_candidates(flat: torch.Tensor, top_p: float) -> tuple[torch.Tens
     return mask, torch.cat([todo, *rest]).sort().values
 
 
-# rows with more candidates than this go to the full sort
+# rows with more candidates than this are sorted one at a time (top_p_mask)
 _MAX_CANDIDATES = 2048
 
 
