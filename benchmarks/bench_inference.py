@@ -1,7 +1,9 @@
 """meshrl's CPU engine vs `transformers` `generate` on the same model, batch and lengths.
 
 For each (preset, batch, mode) both generate `--new-tokens` tokens after the same left-padded
-random prompts, alternating runs; the best of `--repeats` runs of each counts. Throughput counts
+random prompts, alternating runs (with `--model-dir`: that Hugging Face model, e.g. SmolLM2, and
+chat-template prompts asking for a sum, difference or product of random numbers, instead of the
+presets); the best of `--repeats` runs of each counts. Throughput counts
 generated tokens up to and including EOS (HF keeps computing finished rows; the engine drops
 them). Prints one JSON object per line with `speedup` = engine tokens/s / generate tokens/s,
 the peak RSS growth during each run, and the fraction of this CPU's measured fp32 matmul
@@ -10,6 +12,7 @@ throughput that the engine reaches (model FLOPs of prefill + decode / wall time)
     python benchmarks/bench_inference.py [--presets qwen2-tiny,qwen2-25m] [--batches 32,128]
         [--new-tokens 128] [--modes greedy,sample] [--repeats 2] [--threads 0]
         [--decode-kernels auto|native|torch] [--onednn-weights auto|on|off]
+        [--model-dir /work/smollm2-hf] [--top-p 1.0]
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch
 
 from meshrl.inference import CPUEngine, EngineConfig, SamplingParams
-from meshrl.model import CharTokenizer, build_model
+from meshrl.model import CharTokenizer, build_model, load_model, load_tokenizer
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -116,17 +119,33 @@ def run_hf(model, tok, prompts, params: SamplingParams) -> list[list[int]]:
     return out[:, width:].tolist()
 
 
-def bench(preset: str, batch: int, mode: str, args, peak: float) -> dict:
-    tok = CharTokenizer()
-    model = build_model(preset, tok.vocab_size, seed=0)
+def chat_prompts(tok, batch: int, g: torch.Generator) -> list[list[int]]:
+    """Arithmetic questions through the model's chat template (SmolLM2: 45-50 tokens)."""
+    nums = torch.randint(2, 1000, (batch, 2), generator=g).tolist()
+    ops = torch.randint(0, 3, (batch,), generator=g).tolist()
+    return [tok.encode(tok.chat_prompt(f"What is {a} {'+-*'[o]} {b}? Answer with the number."))
+            for (a, b), o in zip(nums, ops, strict=True)]
+
+
+def bench(preset: str, batch: int, mode: str, args, peak: float, loaded=None) -> dict:
+    if loaded is None:
+        tok = CharTokenizer()
+        model = build_model(preset, tok.vocab_size, seed=0)
+    else:
+        model, tok = loaded
     engine = CPUEngine(model, tok, EngineConfig(max_batch_size=batch,
                                                 decode_kernels=args.decode_kernels,
                                                 onednn_weights=args.onednn_weights))
     g = torch.Generator().manual_seed(batch)
-    lens = torch.randint(args.prompt_min, args.prompt_max + 1, (batch,), generator=g).tolist()
-    prompts = [torch.randint(4, tok.vocab_size, (n,), generator=g).tolist() for n in lens]
+    if loaded is None:
+        lens = torch.randint(args.prompt_min, args.prompt_max + 1, (batch,), generator=g).tolist()
+        prompts = [torch.randint(4, tok.vocab_size, (n,), generator=g).tolist() for n in lens]
+    else:
+        prompts = chat_prompts(tok, batch, g)
+        lens = [len(p) for p in prompts]
     params = SamplingParams(max_new_tokens=args.new_tokens, seed=1,
-                            temperature=0.0 if mode == "greedy" else 1.0)
+                            temperature=0.0 if mode == "greedy" else 1.0,
+                            top_p=1.0 if mode == "greedy" else args.top_p)
     warm = params.model_copy(update={"max_new_tokens": 4})
     engine.generate(prompts, warm)
     run_hf(model, tok, prompts, warm)
@@ -152,7 +171,8 @@ def bench(preset: str, batch: int, mode: str, args, peak: float) -> dict:
         "batch": batch, "mode": mode, "new_tokens": args.new_tokens,
         "decode_kernels": "torch" if engine.kernels is None else "native",
         "onednn_weights": engine.packed is not None,
-        "prompt_len": [args.prompt_min, args.prompt_max], "threads": torch.get_num_threads(),
+        "top_p": params.top_p, "prompt_len": [min(lens), max(lens)],
+        "threads": torch.get_num_threads(),
         "engine_tokens_per_s": round(n_e / t_e, 1), "hf_generate_tokens_per_s": round(n_h / t_h, 1),
         "speedup": round((n_e / t_e) / (n_h / t_h), 3),
         "engine_tokens": n_e, "hf_tokens": n_h,
@@ -180,14 +200,22 @@ def main() -> None:
                     help="the engine's decode step (EngineConfig.decode_kernels)")
     ap.add_argument("--onednn-weights", default="auto", choices=["auto", "on", "off"],
                     help="native decode matmuls on oneDNN-reordered weights (EngineConfig)")
+    ap.add_argument("--model-dir", default=None,
+                    help="a HF model directory (e.g. SmolLM2) with chat-template prompts, "
+                         "instead of the presets")
+    ap.add_argument("--top-p", type=float, default=1.0, help="top_p of the sampled mode")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     peak = matmul_gflops()
+    loaded = None
+    if args.model_dir:
+        loaded = (load_model(args.model_dir), load_tokenizer(args.model_dir))
+        args.presets = Path(args.model_dir).name
     for preset in args.presets.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             for mode in args.modes.split(","):
-                print(json.dumps(bench(preset, batch, mode, args, peak)), flush=True)
+                print(json.dumps(bench(preset, batch, mode, args, peak, loaded)), flush=True)
 
 
 if __name__ == "__main__":

@@ -280,4 +280,28 @@ void meshrl_attend(const float* qkv, const float* rope, const int64_t* pos, cons
   });
 }
 
+// The replayable sampler's u for one decode step (sampling.py, docs/sampling.md): for row r and
+// vocabulary id v, u = (m(key_r ^ vocab_hash[v]) + 0.5) / 2^32 with key_r = m(base[r] ^ position).
+// Pure 32-bit integer arithmetic and two exact double operations (h < 2^32 needs 32 of the 53
+// mantissa bits, the division is by a power of two), so every value equals torch's bit for bit.
+static inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  x ^= x >> 16;
+  return x;
+}
+
+void meshrl_gumbel_u(const int64_t* base, int64_t position, const int64_t* vocab_hash, double* u,
+                     int rows, int vocab) {
+  for (int r = 0; r < rows; ++r) {
+    const uint32_t key = mix32((uint32_t)base[r] ^ (uint32_t)position);
+    double* ur = u + (int64_t)r * vocab;
+#pragma omp simd
+    for (int v = 0; v < vocab; ++v)
+      ur[v] = ((double)mix32(key ^ (uint32_t)vocab_hash[v]) + 0.5) / 4294967296.0;
+  }
+}
+
 }  // extern "C"

@@ -207,7 +207,7 @@ class CPUEngine(InferenceBackend):
         temp = p.temperature if p.temperature > 0 else 1.0
         # same tokens as sample_tokens(logits, seed, seq_ids, j, ...), with per-row work hoisted
         sampler = None if p.temperature == 0 else BatchSampler(
-            p.seed, seq_ids, self.spec.vocab, p.temperature, p.top_p)
+            p.seed, seq_ids, self.spec.vocab, p.temperature, p.top_p, native=self.kernels)
         for j in range(steps):
             logits = h @ w.lm_head
             tok = logits.argmax(-1) if sampler is None else sampler.sample(logits, j)

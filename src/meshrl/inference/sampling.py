@@ -21,7 +21,12 @@ that crosses p included); the rest are masked to -inf before the argmax. Tempera
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from meshrl.inference.native import NativeKernels
 
 __all__ = [
     "BatchSampler",
@@ -80,10 +85,103 @@ def gumbel_noise(
 
 
 def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Boolean mask [N, V] of the tokens inside the top-p nucleus of softmax(logits)."""
+    """Boolean mask [N, V] of the tokens inside the top-p nucleus of softmax(logits).
+
+    The definition is a full descending sort of each row (`_nucleus_by_sort`). This computes the
+    same mask from a row's candidates, the tokens of probability >= a threshold (first
+    max p / 2^8, then max p / 2^16, then (1 - top_p) / 2V, whose tokens hold at least
+    top_p + (1 - top_p) / 2 of the mass), wherever that provably gives the same set; rows of
+    over 2,048 candidates sort the last level's candidates one row at a time, and a row none of
+    this settles (ties across the cut, NaN) is sorted whole, as defined: sorting
+    49,152 probabilities per row cost more than the model's decode step on SmolLM2
+    (docs/inference.md).
+    """
     if top_p >= 1.0:
         return torch.ones_like(logits, dtype=torch.bool)
     probs = torch.softmax(logits.float(), dim=-1)
+    flat = probs.reshape(-1, probs.shape[-1])
+    mask, todo = _nucleus_by_candidates(flat, top_p)
+    for r in todo.tolist():  # flat rows: sort the candidates of the last level, values only
+        row = flat[r]
+        threshold = (1.0 - top_p) / (2 * flat.shape[1])
+        vals = row[row >= threshold].sort(descending=True).values
+        done, last = _nucleus_from_top(torch.cat([vals, vals.new_zeros(1)])[None], top_p)
+        mask[r] = row >= last[0] if threshold > 0 and bool(done[0]) else \
+            _nucleus_by_sort(row[None], top_p)[0]
+    return mask.view(probs.shape)
+
+
+def _nucleus_by_candidates(flat: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The nucleus mask [R, V] of the rows of probabilities `flat` that their candidates settle,
+    and the indices of the rows they do not (left False in the mask)."""
+    mask = torch.zeros_like(flat, dtype=torch.bool)
+    todo, rest = torch.arange(flat.shape[0]), []
+    for level in range(3):
+        if not todo.numel():
+            break
+        sub = flat[todo]
+        top = sub.max(-1, keepdim=True).values
+        threshold = top * 2.0**-8 if level == 0 else top * 2.0**-16 if level == 1 else \
+            torch.full_like(top, (1.0 - top_p) / (2 * flat.shape[1]))
+        cand = sub >= threshold
+        # a flat row (thousands of candidates) sorts faster alone; later levels only add more
+        small = cand.sum(-1) <= _MAX_CANDIDATES
+        if not small.all():
+            rest.append(todo[~small])
+            todo, sub, cand, threshold = todo[small], sub[small], cand[small], threshold[small]
+        done, last = _nucleus_from_top(_sorted_candidates(sub, cand), top_p)
+        done &= threshold[:, 0] > 0
+        mask[todo[done]] = sub[done] >= last[done, None]
+        todo = todo[~done]
+    return mask, torch.cat([todo, *rest]).sort().values
+
+
+# rows with more candidates than this are sorted one at a time (top_p_mask)
+_MAX_CANDIDATES = 2048
+
+
+def _sorted_candidates(probs: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+    """[R, c + 1]: each row's candidate probabilities in descending order, then zeros (c = the
+    most candidates of a row; the extra column keeps a zero after every row's last)."""
+    rows = cand.nonzero()[:, 0]
+    vals = probs[cand]
+    order = vals.sort(descending=True, stable=True).indices
+    order = order[rows[order].sort(stable=True).indices]  # by row, descending within a row
+    counts = cand.sum(-1)
+    starts = counts.cumsum(0) - counts
+    col = torch.arange(rows.numel()) - starts[rows]
+    out = probs.new_zeros(probs.shape[0], int(counts.max()) + 1 if rows.numel() else 1)
+    out[rows, col] = vals[order]
+    return out
+
+
+def _nucleus_from_top(vals: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """From each row's largest probabilities (sorted, zero-padded: [R, k]): which rows' nuclei
+    they settle, and the smallest kept probability of those rows.
+
+    The sorted values, their cumsum and so the kept positions are those of the full sort (a sort
+    orders equal values differently, but the value sequence is the same; the padding comes after
+    the row's candidates and every non-candidate is below them). A row is settled when the
+    kept positions are a prefix [0, n) with n < k, the value at n - 1 is strictly above the value
+    at n (so "p >= that value" names exactly those n tokens, whatever order ties take), and the
+    candidates hold top_p + 2^-20 of the mass: every later token's mass_before is then at least
+    that minus float32 rounding (< 2^-22), so it is dropped too.
+    """
+    k = vals.shape[1]
+    csum = vals.cumsum(-1)
+    keep = (csum - vals) < top_p
+    keep[:, 0] = True
+    n = keep.sum(-1)
+    prefix = (keep == (torch.arange(k)[None, :] < n[:, None])).all(-1)
+    last = vals.gather(1, (n - 1)[:, None])[:, 0]
+    after = vals.gather(1, n.clamp(max=k - 1)[:, None])[:, 0]
+    done = (prefix & (n < k) & (last > after) & (csum[:, -1] >= top_p + 2.0**-20)
+            & vals.isfinite().all(-1))
+    return done, last
+
+
+def _nucleus_by_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The nucleus by definition: sort each row, keep while the mass before a token is < top_p."""
     sorted_p, order = probs.sort(dim=-1, descending=True)
     mass_before = sorted_p.cumsum(-1) - sorted_p
     keep_sorted = mass_before < top_p
@@ -131,7 +229,9 @@ class BatchSampler:
 
     The per-sequence part of the key, m(s ^ m(seq_id)), is computed once instead of at every
     step, which removes most of the small-tensor work from a decode step (tested for equality
-    with `gumbel_noise` / `sample_tokens`).
+    with `gumbel_noise` / `sample_tokens`). With `native` (the engine's kernels) the hashes and
+    u come from one native pass (`NativeKernels.gumbel_u`, exact integer arithmetic) instead of
+    ~15 int64 [N, V] tensor ops; the two logs stay torch's, on the same values.
     """
 
     def __init__(
@@ -142,6 +242,7 @@ class BatchSampler:
         temperature: float,
         top_p: float = 1.0,
         device: torch.device | str = "cpu",
+        native: NativeKernels | None = None,
     ) -> None:
         if temperature <= 0:
             raise ValueError(f"BatchSampler needs temperature > 0, got {temperature}")
@@ -153,6 +254,7 @@ class BatchSampler:
         self.base = _mix32(s ^ _mix32(seq))
         self.vocab = _vocab_hash(vocab_size, device)
         self.temperature, self.top_p = temperature, top_p
+        self.native = native if device.type == "cpu" else None
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only these sequences (after finished rows leave the batch)."""
@@ -160,17 +262,20 @@ class BatchSampler:
 
     def noise(self, position: int) -> torch.Tensor:
         """gumbel_noise(seed, seq_ids, [position] * N, vocab_size), bit for bit."""
-        key = _mix32(self.base ^ (position & _M32))
-        h = _mix32(key[:, None] ^ self.vocab[None, :])
-        u = (h.to(torch.float64) + 0.5) / 4294967296.0
-        return -torch.log(-torch.log(u))
+        if self.native is not None:
+            u = self.native.gumbel_u(self.base, position, self.vocab)
+        else:
+            key = _mix32(self.base ^ (position & _M32))
+            h = _mix32(key[:, None] ^ self.vocab[None, :])
+            u = (h.to(torch.float64) + 0.5) / 4294967296.0
+        return u.log_().neg_().log_().neg_()  # -log(-log(u)), in place: the same kernels
 
     def sample(self, logits: torch.Tensor, position: int) -> torch.Tensor:
         """sample_tokens(logits, seed, seq_ids, [position] * N, temperature, top_p)."""
         scaled = logits.double() / self.temperature
-        scores = scaled + self.noise(position)
+        scores = self.noise(position).add_(scaled)  # scaled + noise (the same sum)
         if self.top_p < 1.0:
-            scores = scores.masked_fill(~top_p_mask(scaled, self.top_p), float("-inf"))
+            scores.masked_fill_(~top_p_mask(scaled, self.top_p), float("-inf"))
         return scores.argmax(dim=-1)
 
 

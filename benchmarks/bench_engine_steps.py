@@ -1,0 +1,83 @@
+"""Where a CPUEngine run on a HF model goes: prefill, then per decode step the layers, the LM head,
+the sampler (with and without top-p), log-softmax and a greedy argmax. One JSON line.
+
+    python benchmarks/bench_engine_steps.py --model-dir /work/smollm2-hf [--batch 32]
+        [--steps 16] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+
+from bench_inference import chat_prompts
+from meshrl.inference import CPUEngine, EngineConfig
+from meshrl.inference.engine import _left_pad, _real_slots
+from meshrl.inference.native import NativeWorkspace, decode_step_native
+from meshrl.inference.sampling import BatchSampler
+from meshrl.inference.transformer import KVCache, forward
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    b, steps = args.batch, args.steps
+    eng = CPUEngine.from_pretrained(args.model_dir, EngineConfig(max_batch_size=b,
+                                                                 decode_kernels="native"))
+    w, packed = eng.weights, eng.packed
+    prompts = chat_prompts(eng.tokenizer, b, torch.Generator().manual_seed(b))
+    lens = torch.tensor([len(p) for p in prompts])
+    width = int(lens.max())
+    ids, pos, allowed, pad = _left_pad(prompts)
+    acc = dict.fromkeys(["layers", "lm_head", "sample", "sample_top_p_0.9", "log_softmax",
+                         "greedy_argmax"], 0.0)
+    with torch.inference_mode():
+        cache = KVCache(eng.spec, b, width + steps)
+        t = time.perf_counter()
+        h = forward(w, ids, pos, allowed, cache, _real_slots(pad, width))[lens.cumsum(0) - 1]
+        prefill = time.perf_counter() - t
+        ws = NativeWorkspace.allocate(w, b)
+        plain = BatchSampler(1, list(range(b)), eng.spec.vocab, 1.0, 1.0, native=eng.kernels)
+        nucleus = BatchSampler(1, list(range(b)), eng.spec.vocab, 1.0, 0.9, native=eng.kernels)
+        p, start = pos[:, -1].clone() + 1, pad.clone()
+        for j in range(steps):
+            marks = [time.perf_counter()]
+            logits = h @ w.lm_head
+            marks.append(time.perf_counter())
+            tok = plain.sample(logits, j)
+            marks.append(time.perf_counter())
+            nucleus.sample(logits, j)
+            marks.append(time.perf_counter())
+            logits.log_softmax(-1).gather(1, tok[:, None])
+            marks.append(time.perf_counter())
+            logits.argmax(-1)
+            marks.append(time.perf_counter())
+            h = decode_step_native(eng.kernels, w, tok, p, cache, width + j, start, ws,
+                                   packed=packed)
+            marks.append(time.perf_counter())
+            p += 1
+            for name, a, z in zip(["lm_head", "sample", "sample_top_p_0.9", "log_softmax",
+                                   "greedy_argmax", "layers"], marks[:-1], marks[1:], strict=True):
+                acc[name] += z - a
+    out = {"bench": "engine_steps", "model": Path(args.model_dir).name, "batch": b,
+           "prompt_tokens": int(lens.sum()), "prefill_s": round(prefill, 3),
+           "threads": torch.get_num_threads()}
+    out.update({f"{k}_ms_per_step": round(v / steps * 1000, 1) for k, v in acc.items()})
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
