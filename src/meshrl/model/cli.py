@@ -51,7 +51,7 @@ def _import(cfg: ModelImportConfig) -> int:
     from meshrl.model.gguf_import import GGUFError, import_gguf, package_gguf
 
     if bool(cfg.path) == bool(cfg.package):
-        raise CommandError("give a GGUF file (FILE or --path) or --package, not both", 2)
+        raise CommandError("give one GGUF: a file (FILE or --path) or --package NAME", 2)
     try:
         path = package_gguf(cfg.package) if cfg.package else cfg.path
         out = import_gguf(path, cfg.out, cfg.dtype)
@@ -71,4 +71,4 @@ def register(subparsers: Any) -> None:
     add_config_command(sub, "init", ModelInitConfig, _init, "build a preset model and save it")
     add_config_command(sub, "import", ModelImportConfig, _import,
                        "import a GGUF model (llama / qwen2 / qwen3) as a HF directory",
-                       positional="path")
+                       positional="path", positional_optional=True)

@@ -99,6 +99,16 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
     return GGUFHeader(arch, str(name), n_tensors, stop_ids)
 
 
+# what transformers' GGUF loader raises on a file it cannot map (a tensor or key it does not
+# know, a tokenizer type it cannot build): a refusal, not a crash
+_LOADER_ERRORS = (ValueError, KeyError, NotImplementedError)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
 class _Tokenizer:
     """What `save_model` needs of a tokenizer: `save(directory)`."""
 
@@ -114,27 +124,37 @@ def import_gguf(path: str | Path, out: str | Path, dtype: ImportDType = "float32
     `save_model`): config.json, model.safetensors in `dtype`, tokenizer.json,
     tokenizer_config.json, chat_template.jinja (when the file has one) and
     generation_config.json with every stop token the file names."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    from meshrl.model.checkpoint import save_model
-
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be 'float32' or 'bfloat16', not {dtype!r}")
     path = Path(path)
     t0 = time.perf_counter()
-    header = read_gguf_header(path)
+    header = read_gguf_header(path)  # a refusal comes before torch is even imported
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from meshrl.model.checkpoint import save_model
+
     log_event(_log, "gguf import", file=str(path), architecture=header.architecture,
               name=header.name, tensors=header.tensors, dtype=dtype)
     hf_logging.disable_progress_bar()
     where = dict(pretrained_model_name_or_path=str(path.parent), gguf_file=path.name,
                  local_files_only=True)
-    tok = AutoTokenizer.from_pretrained(**where)
-    model = AutoModelForCausalLM.from_pretrained(**where, dtype=getattr(torch, dtype)).eval()
-    config = model.config
-    # transformers maps some llama files to another type (e.g. "mistral" in the name)
+    try:
+        config = AutoConfig.from_pretrained(**where)
+    except _LOADER_ERRORS as e:
+        raise GGUFError(f"{path}: transformers cannot read this GGUF's config ({_one_line(e)})"
+                        ) from e
+    # transformers maps some llama files to another type (general.name "mistral"): checked
+    # before any tensor is read, like a config.json
     check_model_config(config.to_dict(), f"{path} (as read by transformers)")
+    try:
+        tok = AutoTokenizer.from_pretrained(**where)
+        model = AutoModelForCausalLM.from_pretrained(**where, config=config,
+                                                     dtype=getattr(torch, dtype)).eval()
+    except _LOADER_ERRORS as e:
+        raise GGUFError(f"{path}: transformers cannot read this GGUF ({_one_line(e)})") from e
+    config = model.config  # from_pretrained keeps a copy of the one it was given
     # a model loaded from GGUF refuses `save_pretrained` while it still names its quantizer;
     # the weights are dequantized already, so the directory is a plain HF checkpoint
     model.hf_quantizer = None
