@@ -4,8 +4,9 @@ the imported directory.
 
 One JSON object per line:
 - `phase: import`, per dtype (float32, bfloat16), each in a fresh child process: wall seconds
-  of the whole import, of the header read alone (`header_s`, the gguf reader), the child's
-  peak RSS, the directory's size on disk;
+  of the whole import, the child's CPU seconds (its interpreter start and imports included:
+  the figure that holds on a shared machine), wall seconds of the header read alone
+  (`header_s`, the gguf reader), the child's peak RSS, the directory's size on disk;
 - `phase: greedy`: greedy completions of a few chat prompts by the engine and the reference
   backend on the float32 directory: whether every token agrees (`equal`), tokens/s of each and
   `speedup` = engine / reference, and the engine's first completion as text.
@@ -38,8 +39,9 @@ from meshrl.model.gguf_import import import_gguf, read_gguf_header
 t = time.perf_counter(); read_gguf_header(sys.argv[1]); header = time.perf_counter() - t
 t = time.perf_counter(); import_gguf(sys.argv[1], sys.argv[2], sys.argv[3])
 wall = time.perf_counter() - t
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"wall_s": round(wall, 2), "header_s": round(header, 2), "peak_rss": rss}))
+use = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"wall_s": round(wall, 2), "cpu_s": round(use.ru_utime + use.ru_stime, 2),
+                  "header_s": round(header, 2), "peak_rss": use.ru_maxrss * 1024}))
 """
 
 
