@@ -93,7 +93,11 @@ def main() -> None:
     from meshrl.model.gguf_import import package_gguf
 
     torch.set_num_threads(args.threads)
-    gguf = Path(args.gguf) if args.gguf else package_gguf(args.package)
+    try:
+        gguf = Path(args.gguf) if args.gguf else package_gguf(args.package)
+    except FileNotFoundError as e:  # `make bench` on a machine without make setup-smollm2
+        print(json.dumps({"phase": "skipped", "reason": str(e)}))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.out or tmp)
         print(json.dumps({"phase": "file", "gguf": str(gguf),
