@@ -84,7 +84,7 @@ def _gguf_tensors(model) -> dict[str, np.ndarray]:
 
 
 def write_gguf(path: Path, model, tok, arch: str = "llama", quant: str = "F32",
-               name: str = "tiny llama") -> Path:
+               name: str = "tiny llama", tokenizer_model: str = "gpt2") -> Path:
     """The GGUF llama.cpp's converter writes for `model` and its byte-level BPE `tok`."""
     c = model.config
     w = gguf.GGUFWriter(str(path), arch)
@@ -105,7 +105,7 @@ def write_gguf(path: Path, model, tok, arch: str = "llama", quant: str = "F32",
         assert vocab[added["id"]][0] == added["content"]
     specials = {a["id"] for a in spec["added_tokens"] if a["special"]}
     merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
-    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_model(tokenizer_model)
     w.add_tokenizer_pre("default")
     w.add_token_list([t for t, _ in vocab])
     w.add_token_types([gguf.TokenType.CONTROL if i in specials else gguf.TokenType.NORMAL
@@ -239,6 +239,15 @@ def test_llama_file_transformers_reads_as_mistral_is_refused(source, tmp_path) -
     with pytest.raises(UnsupportedModelError, match="unsupported architecture model_type "
                        "'mistral' \\(supported: llama, qwen2, qwen3\\)"):
         import_gguf(bad, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_what_transformers_cannot_read_is_a_one_line_refusal(source, tmp_path) -> None:
+    bad = write_gguf(tmp_path / "t.gguf", source[1], source[0], tokenizer_model="bert")
+    with pytest.raises(GGUFError) as e:
+        import_gguf(bad, tmp_path / "out")
+    assert str(e.value).startswith(f"{bad}: transformers cannot read this GGUF (ValueError: ")
+    assert "'bert'" in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "out").exists()
 
 

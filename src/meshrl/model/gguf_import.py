@@ -104,9 +104,9 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
 _LOADER_ERRORS = (ValueError, KeyError, NotImplementedError)
 
 
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    """The loader's error, its type named, on one bounded line (shown, never parsed)."""
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:limit]}"
 
 
 class _Tokenizer:
