@@ -84,7 +84,8 @@ def _gguf_tensors(model) -> dict[str, np.ndarray]:
 
 
 def write_gguf(path: Path, model, tok, arch: str = "llama", quant: str = "F32",
-               name: str = "tiny llama", tokenizer_model: str = "gpt2") -> Path:
+               name: str = "tiny llama", tokenizer_model: str = "gpt2",
+               eot: int | None = None) -> Path:
     """The GGUF llama.cpp's converter writes for `model` and its byte-level BPE `tok`."""
     c = model.config
     w = gguf.GGUFWriter(str(path), arch)
@@ -114,7 +115,7 @@ def write_gguf(path: Path, model, tok, arch: str = "llama", quant: str = "F32",
     w.add_bos_token_id(tok.convert_tokens_to_ids("<|im_start|>"))
     w.add_eos_token_id(tok.convert_tokens_to_ids("<|im_end|>"))
     w.add_pad_token_id(tok.convert_tokens_to_ids("<|endoftext|>"))
-    w.add_eot_token_id(tok.convert_tokens_to_ids("<|endoftext|>"))
+    w.add_eot_token_id(tok.convert_tokens_to_ids("<|endoftext|>") if eot is None else eot)
     w.add_add_bos_token(False)
     w.add_chat_template(CHATML)
     qtype = gguf.GGMLQuantizationType[quant]
@@ -248,6 +249,11 @@ def test_what_transformers_cannot_read_is_a_one_line_refusal(source, tmp_path) -
         import_gguf(bad, tmp_path / "out")
     assert str(e.value).startswith(f"{bad}: transformers cannot read this GGUF (ValueError: ")
     assert "'bert'" in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "out").exists()
+    far = write_gguf(tmp_path / "f.gguf", source[1], source[0], eot=10**6)
+    with pytest.raises(GGUFError, match=r"stop token ids \[1000000\] outside its vocabulary of "
+                       rf"{len(source[0])}$"):
+        import_gguf(far, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 

@@ -180,6 +180,9 @@ def _set_stop_tokens(model: Any, tok: Any, stop_ids: tuple[int, ...]) -> None:
     ids = list(dict.fromkeys([*eos, *stop_ids]))
     if not ids:
         raise GGUFError("GGUF tokenizer has no EOS token; RL completions need one to end")
+    bad = [t for t in ids if not 0 <= t < len(tok)]
+    if bad:
+        raise GGUFError(f"GGUF stop token ids {bad} outside its vocabulary of {len(tok)}")
     gen = model.generation_config
     gen.eos_token_id = ids[0] if len(ids) == 1 else ids
     gen.bos_token_id = tok.bos_token_id
