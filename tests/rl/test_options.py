@@ -119,6 +119,7 @@ COVERED = {
     "network.stall_log_s": "tests/orchestrator/test_stall.py::test_trainer_says_what_a_step_awaits",
     "network.broadcast": "tests/rl/test_shardcast_publisher.py::"
                          "test_delta_broadcast_publishes_each_later_version_as_a_signed_rebuildable_delta",
+    "network.publish_dtype": HERE + "test_bf16_publishing_hands_the_rollouts_the_rounded_weights",
     "lora.enabled": "tests/rl/test_resume.py::"
                     "test_lora_run_resumed_matches_uninterrupted_and_trains_only_adapters",
     "lora.rank": "tests/rl/test_lora.py::"
@@ -387,3 +388,20 @@ def test_zero_steps_with_a_decaying_schedule(tiny_cfg):
     """`--steps 0` (warm-start only) is valid with any schedule: nothing to decay over."""
     summary = train(tiny_cfg(steps=0, **{"trainer.decay": "cosine"}))
     assert summary["steps"] == 0
+
+
+def test_bf16_publishing_hands_the_rollouts_the_rounded_weights(tiny_cfg):
+    """The trainer's own rollouts compute with the weights a worker would load: the float32
+    master rounded to bfloat16 and upcast; float32 publishing hands the master itself."""
+    plain = RLRun(tiny_cfg())
+    assert all(torch.equal(v, plain.model.state_dict()[k])
+               for k, v in plain.policy_weights().items())
+    run = RLRun(tiny_cfg(**{"network.publish_dtype": "bfloat16"}))
+    master = run.model.state_dict()
+    got = run.policy_weights()
+    assert got.keys() == master.keys()
+    for k, v in got.items():
+        assert v.dtype == torch.float32 and torch.equal(v, master[k].to(torch.bfloat16).float())
+    assert any(not torch.equal(v, master[k]) for k, v in got.items())
+    with pytest.raises(ValueError, match="publish_dtype"):
+        tiny_cfg(**{"network.publish_dtype": "bfloat16", "lora.enabled": True})

@@ -73,3 +73,42 @@ def test_delta_broadcast_publishes_each_later_version_as_a_signed_rebuildable_de
     for i in m2.part(FULL_DIR):
         f = m2.files[i]
         assert sha256_file(rebuilt / f.name.removeprefix("full/")) == f.sha256
+
+
+def test_bf16_publishing_stores_rounded_weights_and_sparse_deltas(tmp_path):
+    """network.publish_dtype = "bfloat16": every version's checkpoint holds the float32 master
+    weights rounded to bfloat16, the master untouched; a version one small AdamW step later
+    goes out as a sparse value delta of under a tenth of the checkpoint."""
+    import torch
+    from safetensors import safe_open
+
+    from meshrl.shardcast.delta import reconstruct
+    from meshrl.shardcast.manifest import DELTA_DIR, FULL_DIR, sha256_file
+    from meshrl.shardcast.sparse import MAGIC
+
+    tok = CharTokenizer()
+    model = build_model("qwen2-tiny", tok.vocab_size, seed=1)
+    pub = ShardcastPublisher(tmp_path / "origin", _Reader(), model, tok, KEY,  # type: ignore[arg-type]
+                             broadcast="delta", dtype="bfloat16")
+    pub.publish(1, model.state_dict())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, betas=(0.9, 0.99))
+    ids = torch.randint(0, tok.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    master = {k: v.clone() for k, v in model.state_dict().items()}
+    assert {v.dtype for v in master.values()} == {torch.float32}
+    pub.publish(2, model.state_dict())
+    store = VersionStore(tmp_path / "origin", publisher=address_of(KEY))
+    m2 = store.manifest(2)
+    assert m2 is not None and (m2.payload, m2.base) == ("delta", 1)
+    assert m2.part_size(DELTA_DIR) < 0.10 * m2.part_size(FULL_DIR)
+    data = store.version_dir(2) / "data"
+    assert (data / DELTA_DIR / "model.safetensors.xorz").read_bytes()[:10] == MAGIC
+    with safe_open(str(data / FULL_DIR / "model.safetensors"), "pt") as f:
+        for k in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+            assert torch.equal(f.get_tensor(k), master[k].to(torch.bfloat16)), k
+    assert all(torch.equal(v, master[k]) for k, v in model.state_dict().items())
+    reconstruct(m2, data, store.version_dir(1) / "data", tmp_path / "rebuilt")
+    for i in m2.part(FULL_DIR):
+        f = m2.files[i]
+        assert sha256_file(tmp_path / "rebuilt" / f.name.removeprefix("full/")) == f.sha256

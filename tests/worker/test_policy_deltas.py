@@ -49,13 +49,17 @@ def _weights_hash(state: dict[str, torch.Tensor]) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("dtype, lr", [("float32", 3e-4), ("bfloat16", 1e-6)])
 def test_worker_and_validator_compute_with_the_trainers_weights_for_every_delta(tmp_path,
-                                                                                caplog):
+                                                                                caplog, dtype,
+                                                                                lr):
+    """bfloat16: the trainer's weights are its float32 master rounded (what it publishes and
+    its own rollouts use), the deltas sparse value deltas."""
     tok = CharTokenizer()
     model = build_model("qwen2-tiny", tok.vocab_size, seed=1)
     pub = ShardcastPublisher(tmp_path / "origin", _Step(), model, tok, KEY,  # type: ignore[arg-type]
-                             broadcast="delta")
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+                             broadcast="delta", dtype=dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
     trainer_hash: dict[int, str] = {}
 
     def train_and_publish(version: int) -> None:
@@ -67,7 +71,10 @@ def test_worker_and_validator_compute_with_the_trainers_weights_for_every_delta(
             opt.zero_grad()
             model.eval()
         pub.publish(version, model.state_dict())
-        trainer_hash[version] = _weights_hash(model.state_dict())
+        state = model.state_dict()
+        if dtype == "bfloat16":
+            state = {k: v.to(torch.bfloat16).float() for k, v in state.items()}
+        trainer_hash[version] = _weights_hash(state)
 
     async def scenario() -> None:
         origin = Origin(OriginConfig(root=str(tmp_path / "origin"),
@@ -109,6 +116,12 @@ def test_worker_and_validator_compute_with_the_trainers_weights_for_every_delta(
         asyncio.run(asyncio.wait_for(scenario(), 240))
     fetched = sorted((r.fields["version"], r.fields["payload"]) for r in caplog.records
                      if r.getMessage() == "fetched")
+    if dtype == "bfloat16":  # the sparse codec made them
+        from meshrl.shardcast.sparse import MAGIC
+
+        for v in (2, 3):
+            delta = tmp_path / "origin" / f"v{v}" / "data" / "delta" / "model.safetensors.xorz"
+            assert delta.read_bytes()[:10] == MAGIC
     # versions 2 and 3 arrived as deltas at both the worker and the validator
     assert fetched == [(1, "full"), (1, "full"), (2, "delta"), (2, "delta"), (3, "delta"),
                        (3, "delta")]

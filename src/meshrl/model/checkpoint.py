@@ -12,11 +12,13 @@ from typing import Any
 from meshrl.durable import fsync_tree, replace
 from meshrl.model.families import check_model_config, read_model_config
 
-__all__ = ["load_model", "read_weights", "save_model"]
+__all__ = ["cast_state", "load_model", "read_weights", "save_model"]
 
 
-def save_model(model: Any, tokenizer: Any, directory: str | Path) -> Path:
-    """Write `model` (safetensors) and `tokenizer` to `directory`, replacing it atomically.
+def save_model(model: Any, tokenizer: Any, directory: str | Path, dtype: Any = None) -> Path:
+    """Write `model` (safetensors) and `tokenizer` to `directory`, replacing it atomically;
+    with `dtype` (e.g. torch.bfloat16) its floating-point tensors are stored rounded to it
+    (`Tensor.to`: round to nearest even), the model itself untouched.
 
     `directory` is a symlink to a hidden sibling `.<name>.v-<random>` holding the files. A new
     version is written completely (and fsynced) into a fresh sibling, then one rename swaps the
@@ -28,7 +30,8 @@ def save_model(model: Any, tokenizer: Any, directory: str | Path) -> Path:
     _recover(directory)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.v-", dir=directory.parent))
     try:
-        model.save_pretrained(str(tmp), safe_serialization=True)
+        state = None if dtype is None else cast_state(model.state_dict(), dtype)
+        model.save_pretrained(str(tmp), safe_serialization=True, state_dict=state)
         if tokenizer is not None:
             tokenizer.save(tmp)
         fsync_tree(tmp)
@@ -42,6 +45,22 @@ def save_model(model: Any, tokenizer: Any, directory: str | Path) -> Path:
         raise
     _sweep(directory)
     return directory
+
+
+def cast_state(state: dict[str, Any], dtype: Any) -> dict[str, Any]:
+    """`state` with its floating-point tensors cast to `dtype`; tensors that shared storage
+    (tied embeddings) still share one cast tensor, so save_pretrained drops the tied copy."""
+    cast: dict[tuple[int, Any, Any, Any], Any] = {}
+    out: dict[str, Any] = {}
+    for k, v in state.items():
+        if not v.is_floating_point():
+            out[k] = v
+            continue
+        key = (v.data_ptr(), v.dtype, tuple(v.shape), tuple(v.stride()))
+        if key not in cast:
+            cast[key] = v.detach().to(dtype)
+        out[k] = cast[key]
+    return out
 
 
 def read_weights(directory: str | Path) -> dict[str, Any]:

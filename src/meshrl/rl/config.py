@@ -179,6 +179,12 @@ class NetworkSourceConfig(Config):
         "the full checkpoint: a worker or validator holding that version fetches the delta "
         "alone, any other the full part) or adapter (lora.enabled: the first version is the "
         "base, every later one its LoRA adapter alone; docs/shardcast.md)")
+    publish_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="the precision of each published version: float32, or "
+        "bfloat16 (the trainer keeps float32 master weights; each version's checkpoint holds "
+        "them rounded to nearest even, every role computes with exactly those values upcast, "
+        "the trainer's own rollouts too, and a delta version is a sparse value delta: "
+        "docs/trainer.md)")
     ahead_files: int = Field(-1, ge=-1, le=1 << 20, description="pacing: files the trainer "
                              "asks the pool to keep generated, judged or waiting beyond those "
                              "it has taken (-1: max(1, async_level) x the files of one batch, "
@@ -275,6 +281,9 @@ class RLConfig(Config):
     def _adapter_needs_lora(self) -> RLConfig:
         if self.network.broadcast == "adapter" and not self.lora.enabled:
             raise ValueError("network.broadcast = 'adapter' needs lora.enabled = true")
+        if self.network.publish_dtype != "float32" and self.lora.enabled:
+            raise ValueError("network.publish_dtype = 'bfloat16' is not available with "
+                             "lora.enabled (adapters merge onto the base in float32)")
         return self
 
 

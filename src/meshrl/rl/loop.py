@@ -163,8 +163,14 @@ class RLRun:
 
     def policy_weights(self) -> Weights:
         """The weights the policy computes with, as a plain model's state dict (LoRA: merged
-        by the published rule, rl/lora.py)."""
-        return self.lora.effective_state() if self.lora else self.model.state_dict()
+        by the published rule, rl/lora.py); with network.publish_dtype = "bfloat16" the
+        float32 master weights rounded to bfloat16 and upcast (exact), the values a worker
+        loads from the published checkpoint, so this process's own rollouts match theirs."""
+        state = self.lora.effective_state() if self.lora else self.model.state_dict()
+        if self.cfg.network.publish_dtype == "float32":
+            return state
+        return {k: v.detach().to(torch.bfloat16).to(v.dtype) if v.is_floating_point() else v
+                for k, v in state.items()}
 
     def checkpoint(self, source: RolloutSource) -> Path:
         state = self.checkpoint_state(source)

@@ -94,7 +94,7 @@ class ShardcastPublisher(PolicyPublisher):
     def __init__(self, origin_root: str | Path, reader: LedgerReader, model: Any,
                  tokenizer: Any, key: str, broadcast: str = "full",
                  demand: Callable[[], tuple[int, int | None]] = lambda: (0, None),
-                 lora: Any = None) -> None:
+                 lora: Any = None, dtype: str = "float32") -> None:
         self.origin_root, self.reader = Path(origin_root), reader
         self.model, self.tokenizer, self.key = model, tokenizer, key
         # "delta": against the newest version published before; "adapter": LoRA adapters on
@@ -104,6 +104,7 @@ class ShardcastPublisher(PolicyPublisher):
             raise ValueError("network.broadcast = 'adapter' needs lora.enabled")
         self.lora = lora  # LoraPolicy: what leaves is its effective weights (rl/lora.py)
         self.demand = demand  # (taken through, ahead) restated with every move
+        self.dtype = dtype  # network.publish_dtype: the checkpoint's float precision
 
     def publish(self, version: int, weights: Weights) -> None:
         """Publish `model`, whose weights are `weights`, as `version`; move the pool."""
@@ -131,7 +132,8 @@ class ShardcastPublisher(PolicyPublisher):
                 elif self.lora is not None:
                     self.lora.save_effective(tmp / "model")
                 else:
-                    save_model(self.model, self.tokenizer, tmp / "model")
+                    save_model(self.model, self.tokenizer, tmp / "model",
+                               dtype=None if self.dtype == "float32" else torch.bfloat16)
                 older = [v for v in store.complete if v < version]
                 if self.broadcast == "delta" and older:
                     m = store.publish_delta(tmp / "model", version, max(older), SHARD_SIZE,
@@ -240,7 +242,8 @@ class NetworkSource(RolloutSource):
         """The publisher of this pool: it moves the pool through this source's reader."""
         return ShardcastPublisher(self.cfg.origin_root, self.reader, self.model, self.tokenizer,
                                   self.key, self.cfg.broadcast,
-                                  lambda: (self.taken_through, self.ahead), self.lora)
+                                  lambda: (self.taken_through, self.ahead), self.lora,
+                                  self.cfg.publish_dtype)
 
     # ---- RolloutSource -----------------------------------------------------------------------
     def get(self, step: int) -> RolloutBatch:

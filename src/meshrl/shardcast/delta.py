@@ -13,10 +13,14 @@ into a higher mantissa bit flips every bit below it (on the 25M preset, one Adam
 lr 6e-5: 58% of the bytes with XOR, 44% with the zigzag difference). Nothing depends on the
 file being safetensors: the delta is bit-exact for any pair of files.
 
-A delta file (`.xorz`) is a fixed 144-byte header, then the zstd frame:
+A delta file (`.xorz`) is a fixed 144-byte header (`deltahead.py`), then the zstd frame:
 
     b"MRLDELTA1\\n" + u64 target_size + u64 base_size + 32-byte base sha256 + 32-byte target
     sha256 + 54 reserved zero bytes
+
+Two bfloat16 safetensors files with one header take the sparse value codec of `sparse.py`
+instead (magic `MRLBF16V1\\n`, same header): `encode_delta` picks it, `decode_delta` reads the
+magic.
 
 `apply_delta` treats every byte as hostile: the header must be exact, the base on disk must be
 the one the delta was made from (`BaseMismatch`: the caller falls back to the full file), the
@@ -31,40 +35,33 @@ import hashlib
 import io
 import os
 import shutil
-import struct
 from pathlib import Path
 
 import numpy as np
 import zstandard
 
-from meshrl.shardcast.errors import ShardcastError
+from meshrl.shardcast import sparse
+from meshrl.shardcast.deltahead import HEADER_SIZE, check_header, pack_header
+from meshrl.shardcast.errors import BaseMismatch, DeltaError, DeltaFault
 from meshrl.shardcast.manifest import DELTA_DIR, DELTA_SUFFIX, FULL_DIR, Manifest, list_files
 
 __all__ = [
     "DELTA_SUFFIX",
     "BaseMismatch",
     "DeltaError",
+    "DeltaFault",
     "apply_delta",
     "decode_delta",
     "encode_delta",
+    "encode_words",
     "make_delta",
     "make_delta_dir",
     "reconstruct",
 ]
 
 MAGIC = b"MRLDELTA1\n"
-_HEAD = struct.Struct("<10sQQ32s32s54x")  # 144 bytes
-HEADER_SIZE = _HEAD.size
 _WORD = 4  # float32: 4 byte planes
 LEVEL = 3  # zstd level: fast on both ends; higher levels gain little on mantissa noise
-
-
-class DeltaError(ShardcastError, ValueError):
-    """A delta that is malformed, oversized, or does not reconstruct its target."""
-
-
-class BaseMismatch(DeltaError):
-    """The base held here is not the one the delta was made from: fetch the full version."""
 
 
 def _pad(data: bytes | memoryview, size: int) -> np.ndarray:
@@ -93,13 +90,25 @@ def _undiff(planes: np.ndarray, base: np.ndarray) -> np.ndarray:
 
 def encode_delta(target: bytes | memoryview, base: bytes | memoryview,
                  level: int = LEVEL) -> bytes:
-    """The delta that turns `base` into `target` (header + zstd frame)."""
+    """The delta that turns `base` into `target` (header + zstd frame): the sparse value
+    codec of `sparse.py` for two bfloat16 safetensors files with one header, else the
+    file-level word difference. A sparse delta over a tenth of the target (many values
+    changed: a large step) is compared with the file-level one and the smaller kept: the
+    word difference of a value moved by one unit costs fewer bits than the new value."""
+    d = sparse.encode(target, base, level)
+    if d is not None and len(d) <= len(target) // 10:
+        return d
+    w = encode_words(target, base, level)
+    return d if d is not None and len(d) <= len(w) else w
+
+
+def encode_words(target: bytes | memoryview, base: bytes | memoryview,
+                 level: int = LEVEL) -> bytes:
+    """The file-level delta (module docstring), for any pair of files."""
     size = len(target)
     planes = _diff_planes(_pad(target, size), _pad(base, size))
     body = zstandard.ZstdCompressor(level=level, threads=0).compress(planes.tobytes())
-    head = _HEAD.pack(MAGIC, size, len(base), hashlib.sha256(base).digest(),
-                      hashlib.sha256(target).digest())
-    return head + body
+    return pack_header(MAGIC, target, base) + body
 
 
 def decode_delta(delta: bytes | memoryview, base: bytes | memoryview, target_size: int,
@@ -107,26 +116,24 @@ def decode_delta(delta: bytes | memoryview, base: bytes | memoryview, target_siz
     """`target` from `delta` and `base`, checked against the size and sha256 a signed manifest
     states (`target_size`, `target_sha256`): DeltaError for a bad delta, BaseMismatch when
     `base` is not the delta's base."""
-    if len(delta) < HEADER_SIZE:
-        raise DeltaError("shardcast: delta shorter than its header")
-    magic, size, base_size, base_sha, target_sha = _HEAD.unpack_from(delta)
-    if magic != MAGIC:
-        raise DeltaError("shardcast: not a meshrl delta (bad magic)")
-    if size != target_size or target_sha.hex() != target_sha256:
-        raise DeltaError("shardcast: delta is for another target than the manifest's")
-    if base_size != len(base) or hashlib.sha256(base).digest() != base_sha:
-        raise BaseMismatch("shardcast: the base held is not the delta's base")
-    words = -(-size // _WORD) * _WORD
+    magic = check_header(delta, (MAGIC, sparse.MAGIC), base, target_size, target_sha256)
+    if magic == sparse.MAGIC:
+        return sparse.decode(delta, base, target_sha256)
+    words = -(-target_size // _WORD) * _WORD
     try:  # bounded: never more than one byte past the target's size is inflated
         with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(delta[HEADER_SIZE:])) as r:
             planes = r.read(words + 1)
     except zstandard.ZstdError as e:
-        raise DeltaError(f"shardcast: delta does not decompress: {e}") from None
+        raise DeltaError(DeltaFault.UNDECODABLE,
+                         f"shardcast: delta does not decompress: {e}") from None
     if len(planes) != words:
-        raise DeltaError(f"shardcast: delta decompresses to {len(planes)} bytes, not {words}")
-    out = _undiff(np.frombuffer(planes, dtype=np.uint8), _pad(base, size))[:size].tobytes()
+        raise DeltaError(DeltaFault.OVERSIZED if len(planes) > words else DeltaFault.TRUNCATED,
+                         f"shardcast: delta decompresses to {len(planes)} bytes, not {words}")
+    flat = np.frombuffer(planes, dtype=np.uint8)
+    out = _undiff(flat, _pad(base, target_size))[:target_size].tobytes()
     if hashlib.sha256(out).hexdigest() != target_sha256:
-        raise DeltaError("shardcast: reconstructed bytes do not match the manifest's sha256")
+        raise DeltaError(DeltaFault.HASH_MISMATCH,
+                         "shardcast: reconstructed bytes do not match the manifest's sha256")
     return out
 
 

@@ -12,6 +12,9 @@ from enum import StrEnum
 
 __all__ = [
     "BadServerUrl",
+    "BaseMismatch",
+    "DeltaError",
+    "DeltaFault",
     "ManifestRefused",
     "OutputWriteError",
     "PublisherRequired",
@@ -71,3 +74,33 @@ class UntrustedAnswer(ShardcastError):
 
 class ManifestRefused(UntrustedAnswer):
     """A manifest that is not the publisher's for the version asked for."""
+
+
+class DeltaFault(StrEnum):
+    """Why a delta file did not rebuild its target (each a refusal: the client fetches the
+    full part)."""
+
+    MALFORMED = "malformed"  # not a delta header, or a sparse delta on a base it cannot fit
+    WRONG_TARGET = "wrong_target"  # made for another target than the signed manifest's
+    WRONG_BASE = "wrong_base"  # the base held is not the one the delta was made from
+    UNDECODABLE = "undecodable"  # the zstd frame does not decompress
+    TRUNCATED = "truncated"  # fewer bytes than its own counts say
+    OVERSIZED = "oversized"  # more bytes than its counts (or the target size) allow
+    BAD_COUNTS = "bad_counts"  # a count over its tensor's size, or one its bitmap belies
+    BAD_POSITIONS = "bad_positions"  # positions not strictly increasing or out of range
+    HASH_MISMATCH = "hash_mismatch"  # rebuilt bytes that miss the manifest's sha256
+
+
+class DeltaError(ShardcastError, ValueError):
+    """A delta that is malformed, oversized, or does not reconstruct its target (`reason`)."""
+
+    def __init__(self, reason: DeltaFault, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class BaseMismatch(DeltaError):
+    """The base held is not the one the delta was made from: fetch the full version."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(DeltaFault.WRONG_BASE, message)

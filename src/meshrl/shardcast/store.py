@@ -43,6 +43,7 @@ from meshrl.shardcast.manifest import (
     ManifestError,
     Payload,
     build_manifest,
+    list_files,
     sha256_file,
 )
 from meshrl.shardcast.signing import sign_manifest, verify_manifest
@@ -271,7 +272,8 @@ class VersionStore:
         piece_size: int = PIECE_SIZE, key: str | bytes | None = None,
     ) -> Manifest:
         """Publish model directory `src` as a delta version against complete version `base`
-        (full/ and delta/ parts, docs/shardcast.md); a full version if `base` is not held."""
+        (full/ and delta/ parts, docs/shardcast.md); a full version if `base` is not held or
+        the delta part would not be smaller than the checkpoint (no client would gain)."""
         base_dir, base_m = self.full_dir(base), self.complete.get(base)
         if base_dir is None or base_m is None:
             return self.publish(src, version, shard_size, True, piece_size, key)
@@ -280,7 +282,9 @@ class VersionStore:
         stage = Path(tempfile.mkdtemp(prefix=f".delta-{version}-", dir=self.root))
         try:
             with self.reading(base):
-                make_delta_dir(Path(src), base_dir, stage)
+                delta = make_delta_dir(Path(src), base_dir, stage)
+            if delta >= sum(p.stat().st_size for p in list_files(Path(src))):
+                return self.publish(src, version, shard_size, True, piece_size, key)
             return self.publish(stage, version, shard_size, True, piece_size, key, "delta",
                                 base_m)
         finally:
