@@ -270,8 +270,10 @@ def test_lora_under_fsdp_matches_one_process_and_resumes_across_world_sizes(tiny
     for other in (two, cut):
         assert [(r["reward"], r["version"]) for r in other] == [
             (r["reward"], r["version"]) for r in one]
+        # the loss is a near-cancelling mean of O(1) terms (here ~6e-3): float32 reduction order
+        # across ranks (and the CPU's kernels; CI's differ) moves it by ~2e-7 absolute at lr 1e-2
         for a, b in zip(other, one, strict=True):
-            assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6)
     from meshrl.model import load_model
     from meshrl.shardcast.adapter import materialize, read_weights, weights_sha256
 

@@ -51,6 +51,8 @@ COVERED = {
     "run.wandb_project": HERE + "test_wandb_without_wandb_is_a_clear_error",
     "model.preset": HERE + "test_seed_model_and_threads",
     "model.path": HERE + "test_seed_model_and_threads",
+    "model.source": "tests/model/test_gguf_import.py::test_train_starts_from_a_gguf_source",
+    "model.cache": "tests/model/test_gguf_import.py::test_train_starts_from_a_gguf_source",
     "tasks.mix": HERE + "test_rollout_options",
     "tasks.length_target.enabled": "tests/tasks/test_tasks.py::test_length_target_reward",
     "tasks.length_target.targets": "tests/tasks/test_tasks.py::test_length_target_reward",
