@@ -1,6 +1,9 @@
 """`meshrl network up`: start a whole pool on loopback and supervise it until the trainer
 finishes (or Ctrl-C, or `max_minutes`).
 
+Keys first, before anything starts (`network/keys.py`): dev keys for a loopback demo, the
+run's own for a pool opened to other hosts, which refuses any key of anvil's public mnemonic.
+
 Order: anvil (its state dumped to `chain/anvil-state.json` every 2 s and on exit, so a second
 `up` resumes the same chain), `meshrl chain devnet` (skipped when the chain already has the
 contracts), discovery, orchestrator, the shardcast origin and relays, the trainer, the
