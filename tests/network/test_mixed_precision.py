@@ -10,7 +10,6 @@ import pytest
 
 from meshrl.config import ConfigError, load_config
 from meshrl.network.config import NetworkConfig
-from meshrl.network.keys import DevKeys
 from meshrl.network.roles import Layout, build_roles
 from meshrl.worker.config import WorkerConfig
 
@@ -26,7 +25,7 @@ def test_each_worker_computes_as_its_compute_entry_says(tmp_path) -> None:
                   '[[workers.compute]]\nbackend = "engine"\n'
                   '[[workers.compute]]\nbackend = "reference"\ndtype = "bfloat16"\n')
     lay = Layout(load_config(NetworkConfig, [str(path)], []))
-    build_roles(lay, DevKeys(len(lay.workers())), 1)
+    build_roles(lay, lay.keys(), 1)
     got = {}
     for name, _, _ in lay.workers():
         raw = tomllib.loads(lay.config_path(name).read_text())

@@ -44,7 +44,8 @@ def _toml(path: Path) -> dict:
 def test_validators_split_the_files_and_are_all_given_the_role(tmp_path) -> None:
     cfg = NetworkConfig.model_validate({"dir": str(tmp_path), "dashboard": False,
                                         "validators": {"count": 3, "rogue": 1}})
-    lay, keys = Layout(cfg), DevKeys(4)
+    lay = Layout(cfg)
+    keys = lay.keys()  # a loopback pool: anvil's dev accounts, as before
     devnet = _toml(Path(devnet_argv(lay, keys)[-1]))
     roles = {r.name: r for r in build_roles(lay, keys, 1)}
     names = ["validator", "validator-1", "validator-2"]
@@ -59,6 +60,6 @@ def test_validators_split_the_files_and_are_all_given_the_role(tmp_path) -> None
     for j, name in enumerate(names):
         v = _toml(Path(roles[name].argv[-1]))
         assert v["share"] == {"index": j, "of": 3, "audit": 0.1}
-        assert v["keys"]["dev_index"] == keys.validator_dev_index(j)
+        assert v["keys"]["dev_index"] == DevKeys(4).validator_dev_index(j)
         assert v["rogue"]["mode"] == ("accuse-honest" if j == 2 else "none")
         assert v["bond_verdicts"] == 32 and v["work_dir"].endswith(name)

@@ -1,5 +1,6 @@
 """`public_host`: the pool's public roles listen and are advertised on it, the chain behind a
-filter; anvil and the dashboard stay on loopback; keys travel in 0600 files, never argv."""
+filter; anvil and the dashboard stay on loopback; keys travel in 0600 files, never argv (and are
+the run's own: tests/network/test_pool_keys.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import pytest
 
 from meshrl.config import ConfigError, load_config
 from meshrl.network.config import NetworkConfig
-from meshrl.network.keys import DevKeys
 from meshrl.network.roles import Layout, anvil_role, build_roles
 
 
@@ -24,7 +24,7 @@ def _toml(lay: Layout, role: str) -> dict:
 
 def test_public_roles_bind_and_advertise_the_public_host(tmp_path) -> None:
     lay = _layout(tmp_path, "--public_host", "127.0.0.2", "--anvil", "/bin/true")
-    keys = DevKeys(len(lay.workers()))
+    keys = lay.keys()
     roles = {r.name: r for r in build_roles(lay, keys, 1)}
     assert roles["rpc-filter"].argv[-6:] == ["--upstream", "http://127.0.0.1:20000", "--host",
                                              "127.0.0.2", "--port", "20014"]
@@ -57,7 +57,7 @@ def test_public_roles_bind_and_advertise_the_public_host(tmp_path) -> None:
 
 def test_loopback_pool_has_no_filter(tmp_path) -> None:
     lay = _layout(tmp_path, "--anvil", "/bin/true")
-    roles = {r.name for r in build_roles(lay, DevKeys(len(lay.workers())), 1)}
+    roles = {r.name for r in build_roles(lay, lay.keys(), 1)}
     assert "rpc-filter" not in roles and lay.public_rpc_url == lay.rpc_url
     assert _toml(lay, "orchestrator")["host"] == "127.0.0.1"
 

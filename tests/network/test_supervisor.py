@@ -117,7 +117,7 @@ def test_role_configs_share_the_pool_rules(tmp_path: Path) -> None:
     cfg = load_config(NetworkConfig, [str(CONFIGS / "network.toml")],
                       ["--dir", str(tmp_path)])
     lay = Layout(cfg)
-    roles = build_roles(lay, DevKeys(len(lay.workers())), pool_id=1)
+    roles = build_roles(lay, lay.keys(), pool_id=1)
     names = [r.name for r in roles]
     assert names == ["discovery", "orchestrator", "origin", "relay-0", "relay-1", "trainer",
                      "validator", "validator-1", "worker-0", "worker-1", "worker-2",
@@ -132,7 +132,7 @@ def test_role_configs_share_the_pool_rules(tmp_path: Path) -> None:
     assert set(published) == set(RULE_FIELDS)
     assert published["proof_profile"] == "meshrl-cpu-engine"  # the demo's: every worker is ours
     # the trainer signs every policy version; relays, workers and the validator believe only it
-    trainer = DevKeys(len(lay.workers())).trainer().address
+    trainer = lay.keys().trainer().address
     assert published["policy_signer"] == trainer
     for relay in (r for r in roles if r.name.startswith("relay-")):
         assert relay.argv[relay.argv.index("--publisher") + 1] == trainer
@@ -140,7 +140,7 @@ def test_role_configs_share_the_pool_rules(tmp_path: Path) -> None:
     for server in (r for r in roles if r.name == "origin" or r.name.startswith("relay-")):
         assert int(server.argv[server.argv.index("--keep") + 1]) >= published["async_level"] + 4
     wide = Layout(cfg.model_copy(update={"pool": cfg.pool.model_copy(update={"async_level": 24})}))
-    origin = next(r for r in build_roles(wide, DevKeys(len(wide.workers())), 1)
+    origin = next(r for r in build_roles(wide, wide.keys(), 1)
                   if r.name == "origin")
     assert origin.argv[origin.argv.index("--keep") + 1] == "28"
     servers = read["orchestrator"]["work"]["shardcast_servers"]

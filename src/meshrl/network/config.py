@@ -19,8 +19,8 @@ from meshrl.pool import PROFILE_FIELD, PROMPT_FORMAT_FIELD, PromptFormat, ProofP
 from meshrl.protocol.config import ProtocolParams
 from meshrl.worker.config import WorkerCompute
 
-__all__ = ["CheatSpec", "NetworkConfig", "PoolSpec", "ThreadsConfig", "ValidatorsSpec",
-           "WorkersSpec"]
+__all__ = ["CheatSpec", "KeysSpec", "NetworkConfig", "PoolSpec", "ThreadsConfig",
+           "ValidatorsSpec", "WorkersSpec"]
 
 TOKEN = 10**18
 
@@ -31,6 +31,23 @@ class ThreadsConfig(Config):
     trainer: int = Field(1, ge=1, description="the trainer's torch threads")
     validator: int = Field(1, ge=1, description="the validator's engine threads")
     worker: int = Field(1, ge=1, description="each worker's engine threads")
+
+
+class KeysSpec(Config):
+    """Where the roles' keys come from (meshrl/network/keys.py). A pool opened to other hosts
+    (`public_host`) refuses to start on a key of anvil's public test mnemonic."""
+
+    source: Literal["auto", "dev", "generate"] = Field(
+        "auto", description="dev: derive every role's key from anvil's public test mnemonic "
+        "(loopback demos only); generate: read each role's key from keys.dir, generating the "
+        "missing ones there (mode 0600); auto: generate for a pool opened to other hosts, when "
+        "keys.dir is set or when the run already has generated keys, else dev")
+    dir: str = Field("", description="the keys' directory (empty: <dir>/<name>/keys): "
+                     "federator.key, manager.key, trainer.key (one hex key each, mode 0600), "
+                     "<validator>.json and <worker>-provider.json / <worker>-node.json (eth "
+                     "keystores); your own keys go here, the missing ones are generated")
+    password_file: str = Field("", description="the keystores' password file (empty: "
+                               "<keys dir>/password, generated with the keys)")
 
 
 class CheatSpec(Config):
@@ -165,6 +182,7 @@ class NetworkConfig(Config):
                           "the validator and trainer look for new work: each poll is latency "
                           "on every step's path from a worker to the trainer")
     threads: ThreadsConfig = ThreadsConfig()
+    keys: KeysSpec = KeysSpec()
     workers: WorkersSpec = WorkersSpec()
     validators: ValidatorsSpec = ValidatorsSpec()
     pool: PoolSpec = PoolSpec()

@@ -13,10 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eth_account.signers.local import LocalAccount
-
 from meshrl.network.config import NetworkConfig
-from meshrl.network.keys import DevKeys, write_key_file
+from meshrl.network.keys import PoolKeys, select_keys
 from meshrl.network.toml import write_toml
 
 __all__ = ["Layout", "RoleSpec", "build_roles", "find_anvil", "validator_name", "validator_names"]
@@ -117,15 +115,14 @@ class Layout:
         out = [(f"worker-{i}", i, False) for i in range(w.honest)]
         return out + [(f"cheater-{j}", w.honest + j, True) for j in range(w.dishonest)]
 
+    def keys(self) -> PoolKeys:
+        """Every role's key (`select_keys`): dev keys for a loopback demo, the run's own
+        otherwise; a pool opened to other hosts refuses well-known keys."""
+        return select_keys(self.cfg, self.root, [name for name, _, _ in self.workers()])
+
 
 def _meshrl(*args: str) -> list[str]:
     return [sys.executable, "-m", "meshrl.cli", *args]
-
-
-def key_file(lay: Layout, name: str, account: LocalAccount) -> Path:
-    """`keys/<name>.key`, mode 0600: a role reads its key from a file, never from argv or a
-    config file anyone may read."""
-    return write_key_file(account, lay.root / "keys" / f"{name}.key")
 
 
 def _chain(lay: Layout, key: Path | None = None) -> dict[str, Any]:
@@ -133,21 +130,21 @@ def _chain(lay: Layout, key: Path | None = None) -> dict[str, Any]:
     return {**out, "key_file": str(key)} if key else out
 
 
-def _rules(lay: Layout) -> dict[str, Any]:
+def _rules(lay: Layout, keys: PoolKeys) -> dict[str, Any]:
     """The pool's rules; the policy signer is the trainer (it signs every version it
     publishes, workers and validators believe no other)."""
-    signer = DevKeys(len(lay.workers())).trainer().address
+    signer = keys.trainer().address
     return {**lay.cfg.pool.rules().model_dump(mode="json"), "policy_signer": signer}
 
 
-def devnet_argv(lay: Layout, keys: DevKeys) -> list[str]:
+def devnet_argv(lay: Layout, keys: PoolKeys) -> list[str]:
     """`meshrl chain devnet`: contracts, gas, stake tokens, validator role, the pool."""
     cfg = lay.cfg
     n = len(lay.workers())
     providers = [keys.provider(i).address for i in range(n)]
     nodes = [keys.node(i).address for i in range(n)]
     path = write_toml(lay.config_path("devnet"), {
-        "chain": _chain(lay, key_file(lay, "federator", keys.federator())),
+        "chain": _chain(lay, keys.key_file("federator")),
         "params": cfg.chain.model_dump(mode="json"),
         "manager": keys.manager().address,
         "validators": [keys.validator(j).address for j in range(cfg.validators.count)],
@@ -156,7 +153,7 @@ def devnet_argv(lay: Layout, keys: DevKeys) -> list[str]:
     return _meshrl("chain", "devnet", str(path))
 
 
-def build_roles(lay: Layout, keys: DevKeys, pool_id: int) -> list[RoleSpec]:
+def build_roles(lay: Layout, keys: PoolKeys, pool_id: int) -> list[RoleSpec]:
     """Every supervised role, in start order (anvil is started before the chain set-up)."""
     cfg, root = lay.cfg, lay.root
     servers = [*lay.relay_urls(), lay.origin_url]
@@ -170,7 +167,7 @@ def build_roles(lay: Layout, keys: DevKeys, pool_id: int) -> list[RoleSpec]:
         "host": lay.host(2), "port": lay.port(2), "pool_id": pool_id,
         "db": str(root / "orchestrator" / "state.db"),
         "readers": [keys.trainer().address], "chain_poll_s": cfg.poll_s,
-        "chain": _chain(lay, key_file(lay, "manager", keys.manager())),
+        "chain": _chain(lay, keys.key_file("manager")),
         "guard": {"rate_per_minute": 6000, "rate_burst": 300},
         "store": {"root": str(root / "orchestrator" / "files")},
         "heartbeat": {"interval_s": cfg.pool.heartbeat_s, "dead_after": cfg.pool.dead_after},
@@ -178,7 +175,7 @@ def build_roles(lay: Layout, keys: DevKeys, pool_id: int) -> list[RoleSpec]:
         "work": {"shardcast_servers": servers, "slot_ttl_s": 120.0},
         "join": {"rpc_url": lay.public_rpc_url, "discovery_url": lay.discovery_url,
                  "trainer": keys.trainer().address},
-        "rules": _rules(lay)}))
+        "rules": _rules(lay, keys)}))
     origin = root / "shardcast" / "origin"
     # every version a file may still be judged by stays held: a file lags its step by up to
     # async_level versions and waits for its verdict up to the trainer's judge lag (2) more
@@ -200,7 +197,7 @@ def build_roles(lay: Layout, keys: DevKeys, pool_id: int) -> list[RoleSpec]:
             health=url + "/health"))
     roles.append(_trainer(lay, keys, origin))
     roles += [_validator(lay, keys, pool_id, servers, j) for j in range(cfg.validators.count)]
-    roles += [_worker(lay, name, i, bad, pool_id) for name, i, bad in lay.workers()]
+    roles += [_worker(lay, keys, name, i, bad, pool_id) for name, i, bad in lay.workers()]
     if cfg.dashboard:
         roles.append(RoleSpec("dashboard", _meshrl(
             "dashboard", "--run", str(root), "--port", str(lay.port(DASHBOARD))),
@@ -229,9 +226,9 @@ def _service(lay: Layout, role: str, offset: int, cfg: dict[str, Any]) -> RoleSp
     return RoleSpec(role, _meshrl(role, str(path)), health=lay.url(offset) + "/health")
 
 
-def _trainer(lay: Layout, keys: DevKeys, origin: Path) -> RoleSpec:
+def _trainer(lay: Layout, keys: PoolKeys, origin: Path) -> RoleSpec:
     cfg, p = lay.cfg, lay.cfg.pool
-    trainer_key = key_file(lay, "trainer", keys.trainer())
+    trainer_key = keys.key_file("trainer")
     net = {"async_level": p.async_level, "tasks": p.task,
            "run": {"dir": str(lay.root), "name": "trainer", "threads": cfg.threads.trainer,
                    "progress": False},
@@ -253,7 +250,7 @@ def validator_names(cfg: NetworkConfig) -> list[str]:
     return [validator_name(j) for j in range(cfg.validators.count)]
 
 
-def _validator(lay: Layout, keys: DevKeys, pool_id: int, servers: list[str],
+def _validator(lay: Layout, keys: PoolKeys, pool_id: int, servers: list[str],
                j: int) -> RoleSpec:
     """Validator j of n: judges its share of the files (work id mod n == j) and re-judges
     every file another validator accused; the last `validators.rogue` ones are rogue."""
@@ -263,8 +260,8 @@ def _validator(lay: Layout, keys: DevKeys, pool_id: int, servers: list[str],
     path = write_toml(lay.config_path(name), {
         "pool_id": pool_id, "orchestrator_url": lay.orchestrator_url,
         "work_dir": str(lay.root / name), "poll_interval": cfg.poll_s,
-        "keys": {"dev_index": keys.validator_dev_index(j)}, "chain": _chain(lay),
-        "shardcast_servers": servers, "rules": _rules(lay),
+        "keys": keys.validator_keys(j), "chain": _chain(lay),
+        "shardcast_servers": servers, "rules": _rules(lay, keys),
         "engine": {"num_threads": cfg.threads.validator},
         "share": {"index": j, "of": v.count, "audit": v.audit if v.count > 1 else 0.0},
         "bond_verdicts": v.bond_verdicts,
@@ -274,7 +271,8 @@ def _validator(lay: Layout, keys: DevKeys, pool_id: int, servers: list[str],
     return RoleSpec(name, _meshrl("validator", str(path)), threads=cfg.threads.validator)
 
 
-def _worker(lay: Layout, name: str, index: int, dishonest: bool, pool_id: int) -> RoleSpec:
+def _worker(lay: Layout, keys: PoolKeys, name: str, index: int, dishonest: bool,
+            pool_id: int) -> RoleSpec:
     cfg = lay.cfg
     cheat = cfg.workers.cheat.model_dump() if dishonest else {"mode": "none"}
     forge = cfg.workers.forge_tasks
@@ -287,7 +285,7 @@ def _worker(lay: Layout, name: str, index: int, dishonest: bool, pool_id: int) -
         "discovery_url": lay.discovery_url, "work_dir": str(lay.root / "workers" / name),
         "poll_interval": cfg.workers.poll_interval,
         "heartbeat_interval": cfg.workers.heartbeat_interval,
-        "keys": {"dev_index": index}, "chain": _chain(lay), "rules": _rules(lay),
+        "keys": keys.worker_keys(index), "chain": _chain(lay), "rules": _rules(lay, keys),
         "engine": {"num_threads": cfg.threads.worker}, "cheat": cheat})
     return RoleSpec(name, _meshrl("worker", str(path)), threads=cfg.threads.worker)
 

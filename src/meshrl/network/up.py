@@ -1,6 +1,9 @@
 """`meshrl network up`: start a whole pool on loopback and supervise it until the trainer
 finishes (or Ctrl-C, or `max_minutes`).
 
+Keys first, before anything starts (`network/keys.py`): dev keys for a loopback demo, the
+run's own for a pool opened to other hosts, which refuses any key of anvil's public mnemonic.
+
 Order: anvil (its state dumped to `chain/anvil-state.json` every 2 s and on exit, so a second
 `up` resumes the same chain), `meshrl chain devnet` (skipped when the chain already has the
 contracts), discovery, orchestrator, the shardcast origin and relays, the trainer, the
@@ -23,7 +26,7 @@ from typing import Any
 from meshrl.log import get_logger, log_event
 from meshrl.network.config import NetworkConfig
 from meshrl.network.faults import Faults
-from meshrl.network.keys import DevKeys
+from meshrl.network.keys import PoolKeys
 from meshrl.network.report import write_report
 from meshrl.network.roles import Layout, anvil_role, build_roles, devnet_argv, validator_name
 from meshrl.network.status import UpStatus
@@ -37,7 +40,8 @@ log = get_logger("meshrl.network")
 def network_up(cfg: NetworkConfig) -> int:
     lay = Layout(cfg)
     lay.root.mkdir(parents=True, exist_ok=True)
-    keys = DevKeys(len(lay.workers()))
+    # before anything starts: a pool opened to other hosts refuses well-known keys
+    keys = lay.keys()
     sup = Supervisor(lay.root, cfg.restart_backoff_s, cfg.max_fast_deaths)
     interrupted: list[int] = []
 
@@ -107,7 +111,7 @@ def _report(cfg: NetworkConfig, lay: Layout) -> None:
         log_event(log, "report failed", error=f"{type(e).__name__}: {e}")
 
 
-def _devnet(lay: Layout, keys: DevKeys) -> int:
+def _devnet(lay: Layout, keys: PoolKeys) -> int:
     with (lay.root / "logs" / "devnet.log").open("ab") as out:
         res = subprocess.run(devnet_argv(lay, keys), stdout=subprocess.PIPE, stderr=out,
                              check=False)
@@ -118,7 +122,7 @@ def _devnet(lay: Layout, keys: DevKeys) -> int:
     return int(info["pool_id"])
 
 
-def _write_network_file(lay: Layout, keys: DevKeys, pool: int, roles: list[str]) -> None:
+def _write_network_file(lay: Layout, keys: PoolKeys, pool: int, roles: list[str]) -> None:
     """`network.json`: where everything is, for the dashboard, tests and people."""
     workers = {name: {"provider": keys.provider(i).address, "node": keys.node(i).address,
                       "dishonest": bad} for name, i, bad in lay.workers()}
@@ -134,7 +138,8 @@ def _write_network_file(lay: Layout, keys: DevKeys, pool: int, roles: list[str])
                 "rogue": j >= lay.cfg.validators.count - lay.cfg.validators.rogue}
                 for j in range(lay.cfg.validators.count)},
             "manager": keys.manager().address, "trainer": keys.trainer().address,
-            "trainer_key_file": str(lay.root / "keys" / "trainer.key"),
+            "federator": keys.federator().address, "keys": keys.source,
+            "trainer_key_file": str(keys.key_file("trainer")),
             "trainer_dir": str(lay.root / "trainer")}
     (lay.root / "network.json").write_text(json.dumps(info, indent=1))
 

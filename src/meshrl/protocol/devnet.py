@@ -3,8 +3,9 @@
 Deploys the contracts with the federator key (unless the deployment file already names
 contracts that exist on this chain: a resumed network), gives every listed address gas, mints
 stake tokens to the providers, grants the validator role, and creates and starts one pool with
-the given manager. Prints `{"pool_id", "deployment", "deployed"}` as one JSON line. Local chains
-only: gas comes from `anvil_setBalance`.
+the given manager; a federator with little gas (a network's generated key; anvil's account 0
+has plenty) is given some first. Prints `{"pool_id", "deployment", "deployed"}` as one JSON
+line. Local chains only: gas comes from `anvil_setBalance`.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def setup_devnet(cfg: DevnetConfig) -> dict[str, object]:
             return {**json.loads(done.read_text()), "deployed": False}
     for a in {*cfg.fund, cfg.manager, *cfg.validators, *cfg.providers} - {""}:
         backend.fund(a, 10**21)
+    if backend.w3.eth.get_balance(fed.address) < 10**20:  # a generated federator: gas to deploy
+        backend.fund(fed.address, 10**21)
     dep = deploy(backend, fed, cfg.params)
     path.parent.mkdir(parents=True, exist_ok=True)
     dep.save(path)
