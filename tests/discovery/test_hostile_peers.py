@@ -120,7 +120,8 @@ def test_two_registries_refuse_each_others_requests(chain: Chain, tmp_path: Path
 
         async def t() -> None:
             aud_e, aud_w = await identity(e_url), await identity(w_url)
-            assert aud_e == f"meshrl/{chain.fed.backend.chain_id}/discovery/east" != aud_w
+            assert aud_e.startswith(f"meshrl/{chain.fed.backend.chain_id}/discovery/east/")
+            assert aud_e != aud_w
             body = body_of(chain)
             for_east = sign_request(hexkey(chain.accounts["n1"]), "PUT", "/nodes", body,
                                     audience=aud_e).as_dict()
@@ -141,6 +142,53 @@ def test_two_registries_refuse_each_others_requests(chain: Chain, tmp_path: Path
     finally:
         east.stop()
         west.stop()
+
+
+def test_two_registries_of_the_same_default_name_refuse_each_others_requests(
+        chain: Chain, tmp_path: Path) -> None:
+    """Two discovery processes on one chain, both left at the default name: a node's
+    announcement and a manager's listing signed for one are refused by the other (each
+    audience ends in its registry's own instance id, kept in its database), never stored or
+    answered there; each still serves its own signers."""
+    (tmp_path / "x").mkdir()
+    (tmp_path / "y").mkdir()
+    one, two = discovery(chain, tmp_path / "x"), discovery(chain, tmp_path / "y")
+    try:
+        one_url, two_url = one.start(), two.start()
+
+        async def t() -> None:
+            aud_1, aud_2 = await identity(one_url), await identity(two_url)
+            default = f"meshrl/{chain.fed.backend.chain_id}/discovery/discovery"  # + /{id}
+            assert aud_1.startswith(default) and aud_2.startswith(default)
+            body = body_of(chain)
+            for_one = sign_request(hexkey(chain.accounts["n1"]), "PUT", "/nodes", body,
+                                   audience=aud_1).as_dict()
+            assert (await send(one_url, "PUT", "/nodes", body, for_one))[0] == 200
+            status, ans = await send(two_url, "PUT", "/nodes", body, for_one)  # replayed
+            assert (status, ans.get("code")) == (401, "wrong_audience"), (status, ans)
+            assert (await health(two_url))["nodes"] == 0 and aud_1 != aud_2
+            mgr = hexkey(chain.accounts["mgr"])
+            path = f"/pools/{chain.pool}/nodes"
+            listing = sign_request(mgr, "GET", path, audience=aud_1).as_dict()
+            status, ans = await send(two_url, "GET", path, b"", listing)
+            assert (status, ans["code"]) == (401, "wrong_audience")
+            async with SignedClient(two_url, hexkey(chain.accounts["n2"])) as c:  # the control
+                await c.call("PUT", "/nodes", announcement(chain, "p1"), response=NodeEntry)
+            async with SignedClient(two_url, mgr) as c:
+                nodes = await c.call("GET", path, response=NodeList)
+            assert [n.address for n in nodes.nodes] == [chain.accounts["n2"].address]
+        run(t())
+        # the id is the registry's: a restart on the same database keeps its audience
+        from meshrl.discovery.state import Registry
+
+        reg = Registry(tmp_path / "x" / "discovery" / "disc.db")
+        try:
+            assert run(identity(one_url)).endswith("/" + reg.instance_id())
+        finally:
+            reg.close()
+    finally:
+        one.stop()
+        two.stop()
 
 
 POISON = [("hardware.memory_gb", "1e999"), ("hardware.memory_gb", "NaN"),

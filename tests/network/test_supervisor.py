@@ -136,6 +136,9 @@ def test_role_configs_share_the_pool_rules(tmp_path: Path) -> None:
     assert published["policy_signer"] == trainer
     for relay in (r for r in roles if r.name.startswith("relay-")):
         assert relay.argv[relay.argv.index("--publisher") + 1] == trainer
+    # ... for this pool's run alone (the id workers and validators take from the rules)
+    for server in (r for r in roles if r.name == "origin" or r.name.startswith("relay-")):
+        assert server.argv[server.argv.index("--run") + 1] == "pool-1"
     # origin and relays hold every version a file may still be judged by (async lag + verdicts)
     for server in (r for r in roles if r.name == "origin" or r.name.startswith("relay-")):
         assert int(server.argv[server.argv.index("--keep") + 1]) >= published["async_level"] + 4

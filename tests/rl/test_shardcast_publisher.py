@@ -13,6 +13,7 @@ from meshrl.shardcast.store import VersionStore
 from meshrl.wire.signing import address_of
 
 KEY = "0x" + "7e" * 32
+RUN = "pool-1"  # the pool's run id, named in every manifest the trainer signs
 
 
 class _Reader:
@@ -35,15 +36,15 @@ def test_each_published_version_is_signed_by_the_trainer(tmp_path):
     reader = _Reader()
     demand = iter([(0, 8), (5, 8)])
     pub = ShardcastPublisher(tmp_path / "origin", reader, model, tok, KEY,  # type: ignore[arg-type]
-                             demand=lambda: next(demand))
+                             run=RUN, demand=lambda: next(demand))
     pub.publish(1, model.state_dict())
     pub.publish(1, model.state_dict())  # again after a crash: the published one is kept
-    m = VersionStore(tmp_path / "origin", publisher=address_of(KEY)).manifest(1)
-    assert m is not None and reader.steps == [1, 1]
+    m = VersionStore(tmp_path / "origin", publisher=address_of(KEY), run=RUN).manifest(1)
+    assert m is not None and reader.steps == [1, 1] and m.run == RUN
     assert reader.demands == [(0, 8), (5, 8)]  # each move restates what the trainer takes
-    verify_manifest(m, address_of(KEY), 1)
+    verify_manifest(m, address_of(KEY), 1, run=RUN)
     with pytest.raises(ManifestRefused) as e:
-        verify_manifest(m, address_of("0x" + "66" * 32), 1)
+        verify_manifest(m, address_of("0x" + "66" * 32), 1, run=RUN)
     assert e.value.reason == RefusalReason.WRONG_SIGNER
 
 
@@ -56,17 +57,17 @@ def test_delta_broadcast_publishes_each_later_version_as_a_signed_rebuildable_de
     tok = CharTokenizer()
     model = build_model("qwen2-tiny", tok.vocab_size, seed=1)
     pub = ShardcastPublisher(tmp_path / "origin", _Reader(), model, tok, KEY,  # type: ignore[arg-type]
-                             broadcast="delta")
+                             run=RUN, broadcast="delta")
     pub.publish(1, model.state_dict())
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1e-4 * torch.sign(torch.randn_like(p)))
     pub.publish(2, model.state_dict())
-    store = VersionStore(tmp_path / "origin", publisher=address_of(KEY))
+    store = VersionStore(tmp_path / "origin", publisher=address_of(KEY), run=RUN)
     m1, m2 = store.manifest(1), store.manifest(2)
     assert m1 is not None and m2 is not None
     assert (m1.payload, m2.payload, m2.base, m2.base_digest) == ("full", "delta", 1, m1.digest)
-    verify_manifest(m2, address_of(KEY), 2)
+    verify_manifest(m2, address_of(KEY), 2, run=RUN)
     assert m2.fetch_size < 0.8 * m2.part_size(FULL_DIR)
     rebuilt = tmp_path / "rebuilt"
     reconstruct(m2, store.version_dir(2) / "data", store.version_dir(1) / "data", rebuilt)
@@ -89,7 +90,7 @@ def test_bf16_publishing_stores_rounded_weights_and_sparse_deltas(tmp_path):
     tok = CharTokenizer()
     model = build_model("qwen2-tiny", tok.vocab_size, seed=1)
     pub = ShardcastPublisher(tmp_path / "origin", _Reader(), model, tok, KEY,  # type: ignore[arg-type]
-                             broadcast="delta", dtype="bfloat16")
+                             run=RUN, broadcast="delta", dtype="bfloat16")
     pub.publish(1, model.state_dict())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, betas=(0.9, 0.99))
     ids = torch.randint(0, tok.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
@@ -98,7 +99,7 @@ def test_bf16_publishing_stores_rounded_weights_and_sparse_deltas(tmp_path):
     master = {k: v.clone() for k, v in model.state_dict().items()}
     assert {v.dtype for v in master.values()} == {torch.float32}
     pub.publish(2, model.state_dict())
-    store = VersionStore(tmp_path / "origin", publisher=address_of(KEY))
+    store = VersionStore(tmp_path / "origin", publisher=address_of(KEY), run=RUN)
     m2 = store.manifest(2)
     assert m2 is not None and (m2.payload, m2.base) == ("delta", 1)
     assert m2.part_size(DELTA_DIR) < 0.10 * m2.part_size(FULL_DIR)

@@ -58,6 +58,7 @@ def spawn_service(args: list[str], log_path: Path) -> tuple[subprocess.Popen, st
 
 # the publisher (the trainer) of every test version: its key signs, its address is believed
 KEY = "0x" + "5c" * 32
+RUN = "pool-1"  # the run every test version names (a pool's run id)
 PUBLISHER = "0x" + "0" * 40  # replaced below by the key's address
 
 
@@ -71,17 +72,19 @@ def _key_file() -> str:
 
 
 def signed_origin(cfg, key: str = KEY):
-    """An origin that signs what it publishes with the test publisher's key."""
+    """An origin of the test run (unless `cfg` names another) that signs what it publishes
+    with the test publisher's key."""
     from meshrl.shardcast import Origin
 
-    return Origin(cfg, key=key)
+    return Origin(cfg if cfg.run else cfg.model_copy(update={"run": RUN}), key=key)
 
 
 def signed_client(urls, cfg=None, **kw):
-    """A client that believes only the test publisher."""
+    """A client of the test run that believes only the test publisher."""
     from meshrl.shardcast import ShardcastClient
 
-    return ShardcastClient(urls, cfg, publisher=kw.pop("publisher", PUBLISHER), **kw)
+    return ShardcastClient(urls, cfg, publisher=kw.pop("publisher", PUBLISHER),
+                           run=kw.pop("run", RUN), **kw)
 
 
 def _address() -> str:
@@ -95,7 +98,7 @@ KEY_FILE = _key_file()
 
 
 def relay_cfg(**kw):
-    """A relay's config that believes only the test publisher."""
+    """A relay's config of the test run that believes only the test publisher."""
     from meshrl.shardcast import RelayConfig
 
-    return RelayConfig(publisher=PUBLISHER, **kw)
+    return RelayConfig(publisher=PUBLISHER, **{"run": RUN, **kw})

@@ -24,7 +24,7 @@ from meshrl.shardcast.adapter import (
 from meshrl.shardcast.manifest import Manifest, ManifestError
 from meshrl.shardcast.store import StoreError, VersionStore
 
-from .conftest import KEY, SHARD, relay_cfg, run, signed_client, signed_origin
+from .conftest import KEY, RUN, SHARD, relay_cfg, run, signed_client, signed_origin
 
 FAST = ClientConfig(poll_interval=0.05, backoff=0.01, wait_timeout=10, fsync=False)
 Q, V = "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.v_proj.weight"
@@ -161,7 +161,7 @@ def test_an_adapter_that_does_not_fit_its_base_is_refused(tmp_path, pairs, why):
 
 def test_an_adapter_version_names_a_full_base_and_keeps_it_from_pruning(tmp_path):
     base = _base(tmp_path / "base")
-    store = VersionStore(tmp_path / "o", keep=2)
+    store = VersionStore(tmp_path / "o", run=RUN, keep=2)
     m0 = store.publish(base, 0, SHARD, key=KEY)
     with pytest.raises(StoreError, match="needs full version 7"):
         store.publish_adapter(_adapter(tmp_path / "a1", base), 1, 7, SHARD, key=KEY)

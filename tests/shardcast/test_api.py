@@ -5,7 +5,7 @@ import types
 import meshrl.shardcast as sc
 from meshrl.cli import main as cli
 
-from .conftest import KEY_FILE, SRC_ROOT, make_file
+from .conftest import KEY_FILE, RUN, SRC_ROOT, make_file
 
 
 def test_public_surface_is_exactly_all():
@@ -28,7 +28,7 @@ def test_cli_rejects_unknown_keys_and_missing_source(tmp_path, capsys):
     assert "did you mean 'server.urls'" in capsys.readouterr().err
     assert cli(["shardcast", "publish", "--root", str(tmp_path)]) == 2
     src = make_file(tmp_path / "w.bin", 100, 1)
-    args = ["shardcast", "publish", "--key_file", KEY_FILE,
+    args = ["shardcast", "publish", "--key_file", KEY_FILE, "--run", RUN,
             "--src", str(src), "--root", str(tmp_path / "o")]
     assert cli([*args, "--shard_size", "10"]) == 0
     assert cli([*args, "--version", "0"]) == 1  # version 0 exists already

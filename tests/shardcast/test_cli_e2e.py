@@ -11,7 +11,7 @@ import urllib.request
 
 from meshrl.cli import main as cli
 
-from .conftest import KEY_FILE, PUBLISHER, SRC_ROOT, make_file, spawn_service
+from .conftest import KEY_FILE, PUBLISHER, RUN, SRC_ROOT, make_file, spawn_service
 
 
 def test_origin_relay_and_follower_processes(tmp_path):
@@ -23,20 +23,20 @@ def test_origin_relay_and_follower_processes(tmp_path):
         origin, ourl = spawn_service(["origin", "--root", str(tmp_path / "o"), "--server.port", "0",
                                       "--server.scan_interval", "0.05"], tmp_path / "o.log")
         procs.append(origin)
-        relay, rurl = spawn_service(["relay", "--publisher", PUBLISHER,
+        relay, rurl = spawn_service(["relay", "--publisher", PUBLISHER, "--run", RUN,
                                      "--root", str(tmp_path / "r"), "--upstreams",
                                      f'["{ourl}"]', "--server.port", "0"], tmp_path / "r.log")
         procs.append(relay)
         follower = subprocess.Popen(
             [sys.executable, "-m", "meshrl.cli", "shardcast", "fetch", "--publisher", PUBLISHER,
-             "--server.urls",
+             "--run", RUN, "--server.urls",
              json.dumps([ourl, rurl]), "--out", str(tmp_path / "w"), "--follow", "--keep", "1"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             env={**os.environ, "PYTHONPATH": str(SRC_ROOT)})
         procs.append(follower)
         watchdog = threading.Timer(40, follower.kill)  # a hung follower fails the test, fast
         watchdog.start()
-        publish = ["shardcast", "publish", "--key_file", KEY_FILE,
+        publish = ["shardcast", "publish", "--key_file", KEY_FILE, "--run", RUN,
                    "--src", str(ck), "--root", str(tmp_path / "o"),
                    "--shard_size", "65536"]
         seen = []
@@ -67,7 +67,7 @@ def test_origin_and_relay_stop_cleanly_on_ctrl_c(tmp_path):
     """`serve_forever`: Ctrl-C stops the service (port closed) and the command exits with 0."""
     origin, ourl = spawn_service(["origin", "--root", str(tmp_path / "o"), "--server.port", "0"],
                                  tmp_path / "o.log")
-    relay, rurl = spawn_service(["relay", "--publisher", PUBLISHER,
+    relay, rurl = spawn_service(["relay", "--publisher", PUBLISHER, "--run", RUN,
                                  "--root", str(tmp_path / "r"), "--upstreams",
                                  f'["{ourl}"]', "--server.port", "0"], tmp_path / "r.log")
     try:
@@ -93,7 +93,7 @@ def test_a_held_long_poll_does_not_hold_the_stop(tmp_path):
     and within the full suite a relay once failed to exit in 60 s."""
     origin, ourl = spawn_service(["origin", "--root", str(tmp_path / "o"), "--server.port", "0"],
                                  tmp_path / "o.log")
-    relay, rurl = spawn_service(["relay", "--publisher", PUBLISHER,
+    relay, rurl = spawn_service(["relay", "--publisher", PUBLISHER, "--run", RUN,
                                  "--root", str(tmp_path / "r"), "--upstreams",
                                  f'["{ourl}"]', "--server.port", "0"], tmp_path / "r.log")
     answers: list[tuple[int, dict]] = []

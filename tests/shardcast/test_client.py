@@ -20,6 +20,7 @@ from meshrl.shardcast.manifest import shard_sha256
 
 from .conftest import (
     PUBLISHER,
+    RUN,
     SHARD,
     SRC_ROOT,
     make_file,
@@ -182,7 +183,7 @@ def test_file_too_large_keeps_previous_version_intact(tmp_path):
         await origin.publish(small, 1, SHARD)
         await origin.publish(big, 2, SHARD)
         cmd = [sys.executable, "-m", "meshrl.cli", "shardcast", "fetch", "--publisher", PUBLISHER,
-               "--server.urls",
+               "--run", RUN, "--server.urls",
                f'["{url}"]', "--out", str(out), "--client.fsync", "false"]
         env = {**os.environ, "PYTHONPATH": str(SRC_ROOT)}
         results = []
@@ -276,3 +277,43 @@ def test_a_pruned_version_is_given_up_while_another_server_is_unreachable(tmp_pa
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
     waited = _seconds_to_give_up_a_pruned_version(tmp_path, [dead], connect_timeout=1.0)
     assert waited < 20  # not the 60 s wait_timeout
+
+
+def test_the_latest_never_goes_back_when_a_server_withholds_the_newest(tmp_path):
+    """Two real servers: the honest origin holds versions 1 and 2, the other withholds 2 and
+    serves 1 as its latest. A client that has taken version 2 as the latest, left with the
+    withholding server alone, is not rolled back to 1 (no version within its wait, nothing
+    written); once a server holds 2 again it gets 2. Versions asked for by number still come."""
+    v1, v2 = (make_file(tmp_path / f"w{v}.bin", 2 * SHARD + v, v) for v in (1, 2))
+    cfg = ClientConfig(poll_interval=0.05, backoff=0.01, wait_timeout=1.5, fsync=False,
+                       long_poll=0.5)
+
+    async def main():
+        honest, h_url = await _origin(tmp_path)
+        port = int(h_url.rsplit(":", 1)[1])
+        await honest.publish(v1, 1, SHARD)
+        await honest.publish(v2, 2, SHARD)
+        stale = signed_origin(OriginConfig(root=str(tmp_path / "stale"), server=ServerConfig()))
+        s_url = await stale.start()
+        try:
+            async with signed_client([h_url, s_url], cfg) as c:
+                first = await c.fetch(tmp_path / "first.bin")  # the stale one holds nothing yet
+                await stale.publish(v1, 1, SHARD)  # it serves 1 as its latest, withholding 2
+                await honest.stop()  # the honest server is out of reach for a while
+                with pytest.raises(VersionNotFoundError, match="version 2 was seen"):
+                    await c.fetch(tmp_path / "rolled.bin")
+                assert not (tmp_path / "rolled.bin").exists()
+                older = await c.fetch(tmp_path / "old.bin", 1)  # by number: not a rollback
+                honest = signed_origin(OriginConfig(root=str(tmp_path / "o"),
+                                                    server=ServerConfig(port=port)))
+                await honest.start()  # back, on the same address, with both versions
+                again = await c.fetch(tmp_path / "again.bin")
+            return first, older, again
+        finally:
+            await stale.stop()
+            await honest.stop()
+
+    first, older, again = run(main())
+    assert (first.version, older.version, again.version) == (2, 1, 2)
+    assert (tmp_path / "again.bin").read_bytes() == v2.read_bytes()
+    assert (tmp_path / "old.bin").read_bytes() == v1.read_bytes()

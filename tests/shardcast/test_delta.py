@@ -20,7 +20,7 @@ from meshrl.shardcast.delta import (
 )
 from meshrl.shardcast.manifest import DELTA_DIR, FULL_DIR, Manifest, ManifestError, sha256_file
 
-from .conftest import SHARD, relay_cfg, run, signed_client, signed_origin
+from .conftest import RUN, SHARD, relay_cfg, run, signed_client, signed_origin
 
 FAST = ClientConfig(poll_interval=0.05, backoff=0.01, wait_timeout=10, fsync=False)
 
@@ -151,7 +151,7 @@ def test_a_delta_signed_but_broken_by_its_publisher_yields_the_full_weights(tmp_
     from .conftest import KEY
 
     v1, v2 = _model_dir(tmp_path / "m1", 0), _model_dir(tmp_path / "m2", 0, 1e-4)
-    store = VersionStore(tmp_path / "o")
+    store = VersionStore(tmp_path / "o", run=RUN)
     m1 = store.publish(v1, 1, SHARD, key=KEY)
     stage = tmp_path / "stage"
     make_delta_dir(v2, v1, stage)
@@ -197,7 +197,7 @@ def test_follow_reports_relays_killed_mid_transfer_and_keeps_the_version_held(tm
     out, procs = tmp_path / "follower", []
 
     def relay(name: str, port: int = 0, mbps: int = 4):  # 4 Mbit/s: slower than sync_timeout
-        p, url = spawn_service(["relay", "--publisher", PUBLISHER, "--root",
+        p, url = spawn_service(["relay", "--publisher", PUBLISHER, "--run", RUN, "--root",
                                 str(tmp_path / name), "--upstreams", json.dumps([ourl]),
                                 "--server.port", str(port), "--server.max_upload_mbps", str(mbps),
                                 "--client.poll_interval", "0.05"], tmp_path / f"{name}.log")

@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 
 from meshrl.cli import main as cli
-from meshrl.shardcast import ClientConfig, RefusalReason, sign_manifest
+from meshrl.shardcast import ClientConfig, RefusalReason, VersionNotFoundError, sign_manifest
 from meshrl.shardcast.manifest import FileEntry, Manifest, build_manifest
 
 from .conftest import (
     KEY,
     KEY_FILE,
     PUBLISHER,
+    RUN,
     SHARD,
     SRC_ROOT,
     get_json,
@@ -61,18 +62,20 @@ def hostile(procs: list, tmp_path: Path, name: str, routes: dict) -> str:
     return p.stdout.readline().strip()
 
 
-def origin(procs: list, tmp_path: Path) -> tuple[Path, str]:
-    """An honest origin process (its store is published into by `meshrl shardcast publish`)."""
-    root = tmp_path / "origin"
-    p, url = spawn_service(["origin", "--root", str(root), "--server.port", "0",
-                            "--server.scan_interval", "0.05"], tmp_path / "origin.log")
+def origin(procs: list, tmp_path: Path, name: str = "origin", run: str = RUN
+           ) -> tuple[Path, str]:
+    """An honest origin process of `run` (its store is published into by `meshrl shardcast
+    publish`)."""
+    root = tmp_path / name
+    p, url = spawn_service(["origin", "--root", str(root), "--server.port", "0", "--run", run,
+                            "--server.scan_interval", "0.05"], tmp_path / f"{name}.log")
     procs.append(p)
     return root, url
 
 
-def publish(root: Path, src: Path, version: int) -> None:
-    assert cli(["shardcast", "publish", "--key_file", KEY_FILE, "--src", str(src), "--root",
-                str(root), "--version", str(version), "--shard_size", str(SHARD)]) == 0
+def publish(root: Path, src: Path, version: int, run: str = RUN) -> None:
+    assert cli(["shardcast", "publish", "--key_file", KEY_FILE, "--run", run, "--src", str(src),
+                "--root", str(root), "--version", str(version), "--shard_size", str(SHARD)]) == 0
 
 
 def listing(*versions: int) -> dict:
@@ -88,7 +91,8 @@ def version_routes(m: Manifest, manifest_body: str | None = None) -> dict:
 
 def forged_manifest(tmp_path: Path, version: int, size: int) -> Manifest:
     """A self-consistent manifest of bytes the publisher never published."""
-    return build_manifest(make_file(tmp_path / "forged" / "w.bin", size, 99), version, SHARD)
+    return build_manifest(make_file(tmp_path / "forged" / "w.bin", size, 99), version, SHARD,
+                          run=RUN)
 
 
 def nul_named(m: Manifest) -> str:
@@ -104,7 +108,8 @@ def refusals(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
             if r.getMessage() == "answer refused"]
 
 
-FORGERIES = ["unsigned", "wrong_signer", "bad_signature", "wrong_version", "nul_name"]
+FORGERIES = ["unsigned", "wrong_signer", "bad_signature", "wrong_version", "wrong_run",
+             "nul_name"]
 
 
 @pytest.mark.parametrize("forgery", FORGERIES)
@@ -128,6 +133,9 @@ def test_a_client_takes_a_version_only_from_servers_the_publisher_backs(
         # the publisher's real, signed manifest of version 1, replayed as version 2
         "wrong_version": ((root / "v1" / "manifest.json").read_text(),
                           RefusalReason.WRONG_VERSION),
+        # the publisher's own signature, on a version of another run (pool) it trains
+        "wrong_run": (sign_manifest(m.model_copy(update={"run": "pool-2"}), KEY).to_json()
+                      .decode(), RefusalReason.WRONG_RUN),
         "nul_name": (nul_named(m), RefusalReason.MALFORMED),
     }[forgery]
     furl = hostile(procs, tmp_path, "forger", version_routes(m, body))
@@ -142,6 +150,49 @@ def test_a_client_takes_a_version_only_from_servers_the_publisher_backs(
     assert res.servers[ourl]["refusals"] == 0
     assert (furl, reason) in refusals(caplog)
     assert all(url == furl for url, _ in refusals(caplog))
+
+
+def test_another_runs_version_signed_by_the_same_key_is_refused_by_clients_and_relays(
+        tmp_path: Path, procs: list, caplog: pytest.LogCaptureFixture) -> None:
+    """One trainer key signs the versions of two runs (pools 1 and 2), each served by its own
+    origin process. Run 2's origin, first in URL order, serves its real, signed version 1 to
+    run 1's client and relay process: both refuse it (`wrong_run`) and take run 1's version 1
+    from run 1's origin; given run 2's origin alone, the client finds no version of its run."""
+    caplog.set_level(logging.INFO, "meshrl.shardcast")
+    root_a, url_a = origin(procs, tmp_path, "origin-a")
+    root_b, url_b = origin(procs, tmp_path, "origin-b", run="pool-2")
+    src_a, src_b = (make_file(tmp_path / f"{n}.bin", 3 * SHARD + 5, seed) for n, seed in
+                    (("a", 1), ("b", 2)))
+    publish(root_a, src_a, 1)
+    publish(root_b, src_b, 1, run="pool-2")
+    log = tmp_path / "relay.log"
+    relay, rurl = spawn_service(["relay", "--publisher", PUBLISHER, "--run", RUN, "--root",
+                                 str(tmp_path / "relay"), "--upstreams",
+                                 json.dumps([url_b, url_a]), "--server.port", "0",
+                                 "--client.poll_interval", "0.05", "--client.long_poll", "1"],
+                                log)
+    procs.append(relay)
+
+    async def main():
+        async with signed_client([url_b, url_a], FAST, seed=0) as c:
+            direct = await c.fetch(tmp_path / "direct.bin", 1)
+        async with signed_client([rurl], FAST) as c:
+            await c.fetch(tmp_path / "mirrored.bin", 1)
+        alone = FAST.model_copy(update={"wait_timeout": 1.0})
+        async with signed_client([url_b], alone) as c:
+            with pytest.raises(VersionNotFoundError):
+                await c.fetch(tmp_path / "other.bin")
+        return direct
+
+    direct = run(main(), timeout=90)
+    assert (tmp_path / "direct.bin").read_bytes() == src_a.read_bytes()
+    assert (tmp_path / "mirrored.bin").read_bytes() == src_a.read_bytes()
+    assert not (tmp_path / "other.bin").exists()
+    assert direct.servers[url_b]["bytes"] == 0 and direct.servers[url_b]["refusals"] >= 1
+    assert (url_b, RefusalReason.WRONG_RUN) in refusals(caplog)
+    assert all(url == url_b for url, _ in refusals(caplog))
+    assert (url_b, "wrong_run") in _refused(log) and relay.poll() is None
+    assert not any(url == url_a for url, _ in _refused(log))
 
 
 def test_claims_of_shards_a_version_does_not_have_cost_only_the_claimant(
@@ -198,7 +249,7 @@ def test_a_relay_keeps_mirroring_real_versions_beside_hostile_upstreams(
         ourl,
     ]
     log = tmp_path / "relay.log"
-    relay, rurl = spawn_service(["relay", "--publisher", PUBLISHER, "--root",
+    relay, rurl = spawn_service(["relay", "--publisher", PUBLISHER, "--run", RUN, "--root",
                                  str(tmp_path / "relay"), "--upstreams", json.dumps(upstreams),
                                  "--server.port", "0", "--client.poll_interval", "0.05",
                                  "--client.long_poll", "1"], log)
@@ -246,7 +297,7 @@ def test_fetch_cli_refuses_a_hostile_server_in_one_line_and_fetches_beside_it(
     nul = forged_manifest(tmp_path, 1, SHARD)
     evil = hostile(procs, tmp_path, "nul", version_routes(nul, nul_named(nul)))
     fetch = [sys.executable, "-m", "meshrl.cli", "shardcast", "fetch", "--publisher", PUBLISHER,
-             "--out", str(tmp_path / "out.bin"), "--client.wait_timeout", "1",
+             "--run", RUN, "--out", str(tmp_path / "out.bin"), "--client.wait_timeout", "1",
              "--client.poll_interval", "0.05", "--client.fsync", "false"]
     alone = subprocess.run([*fetch, "--server.urls", json.dumps([evil])], env=ENV,
                            capture_output=True, text=True, timeout=60)
@@ -292,7 +343,8 @@ def test_a_server_list_that_is_not_one_is_a_typed_refusal(tmp_path: Path, capsys
         with pytest.raises(BadServerUrl):
             signed_client([bad])
     assert issubclass(BadServerUrl, ShardcastError)
-    assert cli(["shardcast", "fetch", "--publisher", PUBLISHER, "--out", str(tmp_path / "x"),
+    assert cli(["shardcast", "fetch", "--publisher", PUBLISHER, "--run", RUN,
+                "--out", str(tmp_path / "x"),
                 "--server.urls", '["http://127.0.0.1:99999"]']) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "meshrl shardcast fetch: shardcast: not a server URL: 'http://127.0.0.1:99999'")

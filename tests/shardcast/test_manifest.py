@@ -123,7 +123,7 @@ def test_manifest_errors_are_shardcast_errors_and_the_size_is_bounded():
 def test_the_digest_is_of_the_manifest_without_its_signature(tmp_path):
     from meshrl.shardcast import sign_manifest
 
-    m = build_manifest(make_file(tmp_path / "f", 3000, 4), 1, 1024)
+    m = build_manifest(make_file(tmp_path / "f", 3000, 4), 1, 1024, run="pool-1")
     signed = sign_manifest(m, "0x" + "5c" * 32)
     assert signed.signature and signed.digest == m.digest and signed.to_json() != m.to_json()
     assert Manifest.from_json(signed.to_json()) == signed

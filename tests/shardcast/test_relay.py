@@ -13,6 +13,7 @@ from meshrl.shardcast.manifest import shard_sha256
 
 from .conftest import (
     PUBLISHER,
+    RUN,
     SHARD,
     get_json,
     make_file,
@@ -86,7 +87,7 @@ def test_relay_killed_mid_transfer_client_finishes_from_the_others(tmp_path):
         ourl = await origin.start()
         await origin.publish(src, 1, SHARD)
         relay, rurl = await asyncio.to_thread(spawn_service, [
-            "relay", "--publisher", PUBLISHER, "--root", str(tmp_path / "r"),
+            "relay", "--publisher", PUBLISHER, "--run", RUN, "--root", str(tmp_path / "r"),
             "--upstreams", f'["{ourl}"]',
             "--server.port", "0", "--server.max_upload_mbps", str(rate / 125_000),
             "--client.poll_interval", "0.05"], log)

@@ -5,7 +5,7 @@ import aiohttp
 
 from meshrl.shardcast import Origin, OriginConfig, ServerConfig
 
-from .conftest import KEY_FILE, SHARD, get_json, make_file, run, signed_origin
+from .conftest import KEY_FILE, RUN, SHARD, get_json, make_file, run, signed_origin
 
 
 def _origin(tmp_path, **server) -> Origin:
@@ -91,7 +91,7 @@ def test_version_published_by_another_process_is_picked_up(tmp_path):
         poll = asyncio.create_task(get_json(f"{url}/versions?after=-1&wait=20"))
         await asyncio.sleep(0.1)
         rc = await asyncio.to_thread(cli, ["shardcast", "publish", "--key_file", KEY_FILE,
-                                           "--src", str(src),
+                                           "--run", RUN, "--src", str(src),
                                           "--root", str(tmp_path / "o"), "--shard_size", "256"])
         listing = await poll
         await origin.stop()

@@ -1,5 +1,6 @@
-"""The publisher's signature on a manifest (EIP-191 over version + digest): any Ethereum wallet
-makes it, any change to what the manifest commits to unmakes it, and each failure has a reason."""
+"""The publisher's signature on a manifest (EIP-191 over run + version + digest): any Ethereum
+wallet makes it, any change to what the manifest commits to unmakes it, and each failure has a
+reason."""
 
 from __future__ import annotations
 
@@ -13,45 +14,46 @@ from meshrl.shardcast import (
     ManifestRefused,
     PublisherRequired,
     RefusalReason,
+    RunRequired,
     UntrustedAnswer,
     sign_manifest,
     verify_manifest,
 )
 from meshrl.shardcast.answers import Have, Listing, parse
 from meshrl.shardcast.manifest import Manifest, build_manifest
-from meshrl.shardcast.signing import check_publisher, manifest_message
+from meshrl.shardcast.signing import check_publisher, check_run, manifest_message
 from meshrl.shardcast.store import VersionStore
 
-from .conftest import KEY, PUBLISHER, make_file
+from .conftest import KEY, PUBLISHER, RUN, make_file
 
 
 @pytest.fixture
 def manifest(tmp_path) -> Manifest:
     make_file(tmp_path / "ck" / "model.safetensors", 5000, 1)
     make_file(tmp_path / "ck" / "config.json", 30, 2)
-    return build_manifest(tmp_path / "ck", 4, 1024, piece_size=512)
+    return build_manifest(tmp_path / "ck", 4, 1024, piece_size=512, run=RUN)
 
 
 def _reason(m: Manifest, version: int | None = None) -> RefusalReason:
     with pytest.raises(ManifestRefused) as e:
-        verify_manifest(m, PUBLISHER, version, "http://x")
+        verify_manifest(m, PUBLISHER, version, "http://x", run=RUN)
     assert e.value.url == "http://x"
     return e.value.reason
 
 
 def test_a_signed_manifest_verifies_and_is_an_ordinary_personal_sign(manifest):
     signed = sign_manifest(manifest, KEY)
-    verify_manifest(signed, PUBLISHER, 4)
-    verify_manifest(Manifest.from_json(signed.to_json()), PUBLISHER, 4)  # through the wire
-    text = manifest_message(4, manifest.digest)
-    assert text == f"meshrl-shardcast-manifest-v1\n4\n{manifest.digest}".encode()
+    verify_manifest(signed, PUBLISHER, 4, run=RUN)
+    verify_manifest(Manifest.from_json(signed.to_json()), PUBLISHER, 4, run=RUN)  # the wire
+    text = manifest_message(RUN, 4, manifest.digest)
+    assert text == f"meshrl-shardcast-manifest-v2\n{RUN}\n4\n{manifest.digest}".encode()
     # any wallet can check it: it is EIP-191 personal_sign of that text
     assert Account.recover_message(encode_defunct(primitive=text),
                                    signature=bytes.fromhex(signed.signature[2:])) == PUBLISHER
 
 
 @pytest.mark.parametrize("change", [
-    {"version": 5}, {"created": 1.0}, {"shard_size": 2048},
+    {"version": 5}, {"run": "pool-2"}, {"created": 1.0}, {"shard_size": 2048},
     {"files__1__name": "other.safetensors"}, {"files__0__sha256": "0" * 64},
 ])
 def test_any_change_to_what_it_commits_to_is_another_signer(manifest, change):
@@ -74,7 +76,21 @@ def test_each_refusal_has_its_reason(manifest):
     assert _reason(manifest.model_copy(update={"signature": high_s})) == (
         RefusalReason.BAD_SIGNATURE)
     assert _reason(sign_manifest(manifest, KEY), version=5) == RefusalReason.WRONG_VERSION
+    other_run = sign_manifest(manifest.model_copy(update={"run": "pool-2"}), KEY)
+    assert _reason(other_run) == RefusalReason.WRONG_RUN  # the publisher's, another run's
     assert issubclass(ManifestRefused, UntrustedAnswer)
+
+
+def test_a_run_must_be_named_to_sign_or_to_believe(manifest):
+    with pytest.raises(RunRequired):
+        sign_manifest(manifest.model_copy(update={"run": ""}), KEY)
+    for unset in (None, ""):
+        with pytest.raises(RunRequired):
+            check_run(unset)
+    for bad in ("pool 1", "pool-1\n", "x" * 129, "pöol"):
+        with pytest.raises(ValueError, match="not a run id"):
+            check_run(bad)
+    assert issubclass(RunRequired, PublisherRequired)  # followers stop on it, as without one
 
 
 def test_the_publisher_must_be_set_and_checksummed():
@@ -114,9 +130,13 @@ def test_listings_and_have_answers_that_are_valid_parse():
 
 def test_a_store_with_a_publisher_takes_only_its_manifests_from_disk(tmp_path):
     src = make_file(tmp_path / "w.bin", 3000, 1)
-    writer = VersionStore(tmp_path / "r")
+    writer = VersionStore(tmp_path / "r", run=RUN)
     writer.publish(src, 1, 1024, key=KEY)
     writer.publish(src, 2, 1024, key="0x" + "66" * 32)
     writer.publish(src, 3, 1024)  # unsigned
-    assert VersionStore(tmp_path / "r").complete.keys() == {1, 2, 3}
-    assert VersionStore(tmp_path / "r", publisher=PUBLISHER).complete.keys() == {1}
+    assert VersionStore(tmp_path / "r", run=RUN).complete.keys() == {1, 2, 3}
+    assert VersionStore(tmp_path / "r", run=RUN, publisher=PUBLISHER).complete.keys() == {1}
+    VersionStore(tmp_path / "r", run="pool-2").publish(src, 4, 1024, key=KEY)
+    # another run's version in the directory, signed by the same publisher: never taken
+    assert VersionStore(tmp_path / "r", run=RUN, publisher=PUBLISHER).complete.keys() == {1}
+    assert VersionStore(tmp_path / "r", run=RUN).complete.keys() == {1, 2, 3}

@@ -32,7 +32,7 @@ from meshrl.shardcast.manifest import DELTA_DIR, FULL_DIR, sha256_file
 from meshrl.shardcast.sparse import MAGIC, bf16_layout
 from meshrl.shardcast.store import VersionStore
 
-from .conftest import KEY, SHARD, run, signed_client, signed_origin
+from .conftest import KEY, RUN, SHARD, run, signed_client, signed_origin
 
 FAST = ClientConfig(poll_interval=0.05, backoff=0.01, wait_timeout=10, fsync=False)
 WEIGHTS = "model.safetensors"
@@ -136,7 +136,7 @@ def test_the_delta_directory_rebuilds_every_file(versions, tmp_path):
     old, new = versions[0], versions[1]
     size = make_delta_dir(new, old, tmp_path / "stage")
     assert size == sum(p.stat().st_size for p in (tmp_path / "stage" / DELTA_DIR).iterdir())
-    store = VersionStore(tmp_path / "o")
+    store = VersionStore(tmp_path / "o", run=RUN)
     store.publish(old, 1, SHARD, key=KEY)
     m = store.publish_delta(new, 2, 1, SHARD, key=KEY)
     assert m.payload == "delta"
@@ -248,7 +248,7 @@ def test_the_publisher_picks_the_full_version_when_the_delta_is_not_smaller(tmp_
     w = np.frombuffer((tmp_path / "v2" / WEIGHTS).read_bytes()[-40_000:], np.uint16).copy()
     w[rng.choice(len(w), 20, replace=False)] += 1
     (tmp_path / "v3" / WEIGHTS).write_bytes(_st({"w": w}))
-    store = VersionStore(tmp_path / "o")
+    store = VersionStore(tmp_path / "o", run=RUN)
     store.publish(tmp_path / "v1", 1, SHARD, key=KEY)
     m2 = store.publish_delta(tmp_path / "v2", 2, 1, SHARD, key=KEY)  # every value changed
     assert (m2.payload, m2.base) == ("full", None)

@@ -44,8 +44,8 @@ def test_follow_hot_loads_new_versions_and_validator_fetches_them(tmp_path):
             for s in (1, 2)]
 
     async def scenario() -> None:
-        origin = Origin(OriginConfig(root=str(tmp_path / "origin"), server=ServerConfig()),
-                        key=TRAINER_KEY)
+        origin = Origin(OriginConfig(root=str(tmp_path / "origin"), server=ServerConfig(),
+                                     run=RULES.policy_run()), key=TRAINER_KEY)
         url = await origin.start()
         try:
             await origin.publish(dirs[0], 1, shard_size=1 << 20)
@@ -73,7 +73,8 @@ def test_follow_hot_loads_new_versions_and_validator_fetches_them(tmp_path):
             await asyncio.gather(follow, return_exceptions=True)
 
             cache = ModelCache(tmp_path / "v", "", [url], EngineConfig(num_threads=1),
-                               fetch_timeout=2.0, signer=RULES.policy_signer)
+                               fetch_timeout=2.0, signer=RULES.policy_signer,
+                               run=RULES.policy_run())
             engine = await cache.get(2)
             assert engine is await cache.get(2) and cache.loads == 1
             with pytest.raises(VersionUnavailable, match="policy version 7"):
@@ -99,16 +100,20 @@ def test_a_pool_naming_no_policy_signer_is_refused_by_worker_and_validator(tmp_p
     ModelCache(tmp_path / "v", "m", [], EngineConfig(num_threads=1))  # a local model: no fetch
 
 
-def test_worker_and_validator_refuse_a_version_not_signed_by_the_policy_signer(tmp_path):
-    """An origin serving a version signed by another key (a relay's forgery) is never believed:
-    the worker keeps waiting for the signer's version (it never loads the forgery), the
-    validator's cache finds no such version."""
+@pytest.mark.parametrize(("key", "run"), [("0x" + "66" * 32, "pool-1"), (TRAINER_KEY, "pool-2")],
+                         ids=["another_signer", "another_pool"])
+def test_worker_and_validator_refuse_a_version_not_signed_by_the_policy_signer(
+        tmp_path: Path, key: str, run: str) -> None:
+    """An origin serving a version signed by another key (a relay's forgery), or by the policy
+    signer for another pool (its run), is never believed: the worker keeps waiting for the
+    signer's version of its pool (it never loads the other), the validator's cache finds no such
+    version."""
     tok = CharTokenizer()
     model = save_model(build_model("qwen2-tiny", tok.vocab_size, seed=1), tok, tmp_path / "m")
 
     async def scenario() -> str:
-        forger = Origin(OriginConfig(root=str(tmp_path / "forged"), server=ServerConfig()),
-                        key="0x" + "66" * 32)
+        forger = Origin(OriginConfig(root=str(tmp_path / "forged"), server=ServerConfig(),
+                                     run=run), key=key)
         url = await forger.start()
         try:
             await forger.publish(model, 1, shard_size=1 << 20)
@@ -118,7 +123,8 @@ def test_worker_and_validator_refuse_a_version_not_signed_by_the_policy_signer(t
                 await asyncio.wait_for(PolicyHolder.start(cfg, order), 3)
             assert not (tmp_path / "w" / "policy" / "v1").exists()
             cache = ModelCache(tmp_path / "v", "", [url], EngineConfig(num_threads=1),
-                               fetch_timeout=1.0, signer=RULES.policy_signer)
+                               fetch_timeout=1.0, signer=RULES.policy_signer,
+                               run=RULES.policy_run())
             with pytest.raises(VersionUnavailable) as validator_err:
                 await cache.get(1)
             return str(validator_err.value)

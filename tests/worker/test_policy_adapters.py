@@ -56,7 +56,7 @@ def test_worker_and_validator_compute_with_the_trainers_weights_for_every_adapte
     save_model(model, tok, tmp_path / "base")
     lora = LoraPolicy(model, tmp_path / "base", LoraConfig(enabled=True, rank=4, alpha=8.0))
     pub = ShardcastPublisher(tmp_path / "origin", _Step(), lora.model, tok, KEY,  # type: ignore[arg-type]
-                             broadcast="adapter", lora=lora)
+                             run=RULES.policy_run(), broadcast="adapter", lora=lora)
     opt = torch.optim.AdamW([p for p in lora.model.parameters() if p.requires_grad], lr=1e-2)
     trainer_hash: dict[int, str] = {}
 
@@ -73,7 +73,8 @@ def test_worker_and_validator_compute_with_the_trainers_weights_for_every_adapte
 
     async def scenario() -> None:
         origin = Origin(OriginConfig(root=str(tmp_path / "origin"),
-                                     server=ServerConfig(scan_interval=0.05)), key=KEY)
+                                     server=ServerConfig(scan_interval=0.05),
+                                     run=RULES.policy_run()), key=KEY)
         url = await origin.start()
         try:
             train_and_publish(0)
@@ -87,7 +88,8 @@ def test_worker_and_validator_compute_with_the_trainers_weights_for_every_adapte
             stop = asyncio.Event()
             follow = asyncio.create_task(holder.follow([url], stop))
             cache = ModelCache(tmp_path / "v", "", [url], EngineConfig(num_threads=1),
-                               fetch_timeout=20.0, signer=RULES.policy_signer)
+                               fetch_timeout=20.0, signer=RULES.policy_signer,
+                               run=RULES.policy_run())
             policy = tmp_path / "w" / "policy"
             for v in (1, 2, 3, 4):
                 if v > 1:

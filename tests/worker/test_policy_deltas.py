@@ -58,7 +58,7 @@ def test_worker_and_validator_compute_with_the_trainers_weights_for_every_delta(
     tok = CharTokenizer()
     model = build_model("qwen2-tiny", tok.vocab_size, seed=1)
     pub = ShardcastPublisher(tmp_path / "origin", _Step(), model, tok, KEY,  # type: ignore[arg-type]
-                             broadcast="delta", dtype=dtype)
+                             run=RULES.policy_run(), broadcast="delta", dtype=dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     trainer_hash: dict[int, str] = {}
 
@@ -78,7 +78,8 @@ def test_worker_and_validator_compute_with_the_trainers_weights_for_every_delta(
 
     async def scenario() -> None:
         origin = Origin(OriginConfig(root=str(tmp_path / "origin"),
-                                     server=ServerConfig(scan_interval=0.05)), key=KEY)
+                                     server=ServerConfig(scan_interval=0.05),
+                                     run=RULES.policy_run()), key=KEY)
         url = await origin.start()
         try:
             train_and_publish(1)
@@ -91,7 +92,8 @@ def test_worker_and_validator_compute_with_the_trainers_weights_for_every_delta(
             stop = asyncio.Event()
             follow = asyncio.create_task(holder.follow([url], stop))
             cache = ModelCache(tmp_path / "v", "", [url], EngineConfig(num_threads=1),
-                               fetch_timeout=20.0, signer=RULES.policy_signer)
+                               fetch_timeout=20.0, signer=RULES.policy_signer,
+                               run=RULES.policy_run())
             policy = tmp_path / "w" / "policy"
             for v in (1, 2, 3):
                 if v > 1:

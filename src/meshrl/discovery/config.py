@@ -14,7 +14,12 @@ __all__ = ["DiscoveryConfig"]
 class DiscoveryConfig(Config):
     name: str = Field("discovery", pattern=r"^[0-9A-Za-z._-]{1,64}$",
                       description="this service's name: requests are signed for "
-                      "meshrl/{chain id}/discovery/{name} (tell two registries apart)")
+                      "meshrl/{chain id}/discovery/{name}/{instance}")
+    instance: str = Field("", pattern=r"^([0-9A-Za-z._-]{1,24})?$",
+                          description="this registry's instance id, the last part of its "
+                          "audience: a request signed for one registry is refused by every "
+                          "other, even one of the same name ('': a random id made with its "
+                          "database and kept in it)")
     host: str = Field("127.0.0.1", description="listen address")
     port: int = Field(8500, ge=0, lt=65536, description="listen port (0: any free port)")
     db: str = Field("runs/discovery/nodes.db", description="SQLite registry (WAL)")

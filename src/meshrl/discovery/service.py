@@ -10,6 +10,11 @@ the nodes that want its pool, and a loop keeps every entry's status in step with
 Status from the chain: `in_pool` while the node is in a pool; `ejected` once it left a pool
 (ejected or left) until it joins again; `blacklisted` when the pool it wants blacklisted it;
 otherwise `pending`. Entries of nodes no longer on chain (removed by their provider) disappear.
+
+Every signed request is bound to this registry: its audience is
+`meshrl/{chain id}/discovery/{name}/{instance}`, the instance id kept in the registry's database
+(beside the nonces it has seen), so one signed for another registry, even one of the same name,
+is refused (`wrong_audience`), and fresh (the guard's timestamp window, each nonce once).
 """
 
 from __future__ import annotations
@@ -56,8 +61,12 @@ class Discovery:
         self.cfg, self.protocol = cfg, protocol
         self.registry = Registry(cfg.db)
         # seen nonces live in the registry's database: a restart does not reopen replays; a
-        # request signed for another registry (or chain) is refused
-        self.audience = discovery_audience(protocol.backend.chain_id, cfg.name)
+        # request signed for another registry (or chain) is refused. The audience ends in the
+        # registry's instance id: two registries that share a name (the default one) keep two
+        # nonce stores, so one's signed request would replay at the other within its window
+        self.instance = cfg.instance or self.registry.instance_id()
+        self.audience = discovery_audience(protocol.backend.chain_id,
+                                           f"{cfg.name}/{self.instance}")
         self.guard = RequestGuard(cfg.guard, nonces=SqliteNonceStore(self.registry.db),
                                   audience=self.audience)
         self._chain = ThreadPoolExecutor(1, thread_name_prefix="chain")

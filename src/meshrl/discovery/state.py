@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,6 +22,7 @@ CREATE TABLE IF NOT EXISTS nodes (
 );
 CREATE INDEX IF NOT EXISTS nodes_pool ON nodes (pool_id);
 CREATE INDEX IF NOT EXISTS nodes_ip ON nodes (ip);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
@@ -52,6 +54,13 @@ class Registry:
 
     def close(self) -> None:
         self.db.close()
+
+    def instance_id(self) -> str:
+        """This registry's random id, made once with its database (16 hex digits): the one
+        audience its seen nonces are kept for, so no other registry shares it."""
+        self.db.execute("INSERT OR IGNORE INTO meta VALUES ('instance', ?)",
+                        (secrets.token_hex(8),))
+        return str(self.db.execute("SELECT value FROM meta WHERE key = 'instance'").fetchone()[0])
 
     def get(self, address: str) -> NodeEntry | None:
         row = self.db.execute("SELECT * FROM nodes WHERE address = ?", (address,)).fetchone()

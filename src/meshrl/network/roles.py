@@ -16,6 +16,7 @@ from typing import Any
 from meshrl.network.config import NetworkConfig
 from meshrl.network.keys import PoolKeys, select_keys
 from meshrl.network.toml import write_toml
+from meshrl.pool.rules import policy_run
 
 __all__ = ["Layout", "RoleSpec", "build_roles", "find_anvil", "validator_name", "validator_names"]
 
@@ -184,6 +185,7 @@ def build_roles(lay: Layout, keys: PoolKeys, pool_id: int) -> list[RoleSpec]:
     # origin finds it by re-scanning, every 50 ms (a scan of a few names; at the default
     # 0.5 s a version waited 0.24 s there, median, before any relay or worker could see it)
     roles.append(RoleSpec("origin", _meshrl("shardcast", "origin", "--root", str(origin),
+                                            "--run", policy_run(pool_id),
                                             "--keep", keep, "--server.host", lay.host(3),
                                             "--server.port", str(lay.port(3)),
                                             "--server.scan_interval", "0.05"),
@@ -193,7 +195,8 @@ def build_roles(lay: Layout, keys: PoolKeys, pool_id: int) -> list[RoleSpec]:
             "shardcast", "relay", "--root", str(root / "shardcast" / f"relay-{i}"),
             "--keep", keep, "--upstreams", f'["{lay.origin_url}"]',
             "--server.host", lay.host(4 + i),
-            "--server.port", str(lay.port(4 + i)), "--publisher", keys.trainer().address),
+            "--server.port", str(lay.port(4 + i)), "--publisher", keys.trainer().address,
+            "--run", policy_run(pool_id)),
             health=url + "/health"))
     roles.append(_trainer(lay, keys, origin))
     roles += [_validator(lay, keys, pool_id, servers, j) for j in range(cfg.validators.count)]

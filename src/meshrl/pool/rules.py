@@ -21,7 +21,8 @@ from meshrl.pool.sampled import FULL_REPLAY, ReplayRule
 from meshrl.tasks import TasksConfig
 
 __all__ = ["PROMPT_FORMAT_FIELD", "RULE_FIELDS", "PoolRules", "PromptFormat", "RulesPins",
-           "RulesSpec", "SamplingSpec", "rules_diff", "rules_drift", "tasks_config"]
+           "RulesSpec", "SamplingSpec", "policy_run", "rules_diff", "rules_drift",
+           "tasks_config"]
 
 
 class _Rule(BaseModel):
@@ -123,6 +124,13 @@ def _canonical(model: BaseModel) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 
+def policy_run(pool_id: int) -> str:
+    """The run id every policy version's shardcast manifest of pool `pool_id` names, inside the
+    trainer's signature: a version the same key signed for another pool is refused by every
+    relay, worker and validator of this one (docs/shardcast.md)."""
+    return f"pool-{int(pool_id)}"
+
+
 class PoolRules(RulesSpec):
     """The published rules of one pool (`GET /rules`, and the `rules` of every work order)."""
 
@@ -132,6 +140,10 @@ class PoolRules(RulesSpec):
         """sha256 (hex) of the rules' canonical JSON: what a rollout file's header names as the
         rules it was generated under."""
         return hashlib.sha256(_canonical(self)).hexdigest()
+
+    def policy_run(self) -> str:
+        """The run id every policy version's shardcast manifest of this pool names."""
+        return policy_run(self.pool_id)
 
 
 RULE_FIELDS: tuple[str, ...] = tuple(RulesSpec.model_fields)

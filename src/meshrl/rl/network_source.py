@@ -94,7 +94,7 @@ class ShardcastPublisher(PolicyPublisher):
     def __init__(self, origin_root: str | Path, reader: LedgerReader, model: Any,
                  tokenizer: Any, key: str, broadcast: str = "full",
                  demand: Callable[[], tuple[int, int | None]] = lambda: (0, None),
-                 lora: Any = None, dtype: str = "float32") -> None:
+                 lora: Any = None, dtype: str = "float32", *, run: str) -> None:
         self.origin_root, self.reader = Path(origin_root), reader
         self.model, self.tokenizer, self.key = model, tokenizer, key
         # "delta": against the newest version published before; "adapter": LoRA adapters on
@@ -105,6 +105,7 @@ class ShardcastPublisher(PolicyPublisher):
         self.lora = lora  # LoraPolicy: what leaves is its effective weights (rl/lora.py)
         self.demand = demand  # (taken through, ahead) restated with every move
         self.dtype = dtype  # network.publish_dtype: the checkpoint's float precision
+        self.run = run  # the pool's run id, named in every manifest it signs
 
     def publish(self, version: int, weights: Weights) -> None:
         """Publish `model`, whose weights are `weights`, as `version`; move the pool."""
@@ -112,7 +113,7 @@ class ShardcastPublisher(PolicyPublisher):
         from meshrl.shardcast.store import VersionStore
 
         t0 = time.perf_counter()
-        store = VersionStore(self.origin_root, keep=1 << 30)  # the origin prunes
+        store = VersionStore(self.origin_root, keep=1 << 30, run=self.run)  # the origin prunes
         if store.manifest(version) is None:
             tmp = Path(tempfile.mkdtemp(prefix=f".publish-{version}-",
                                         dir=store.root.parent))
@@ -243,7 +244,7 @@ class NetworkSource(RolloutSource):
         return ShardcastPublisher(self.cfg.origin_root, self.reader, self.model, self.tokenizer,
                                   self.key, self.cfg.broadcast,
                                   lambda: (self.taken_through, self.ahead), self.lora,
-                                  self.cfg.publish_dtype)
+                                  self.cfg.publish_dtype, run=self.rules.policy_run())
 
     # ---- RolloutSource -----------------------------------------------------------------------
     def get(self, step: int) -> RolloutBatch:

@@ -1,9 +1,10 @@
 """Shardcast: broadcast checkpoints through an HTTP relay tree (origin → relays → workers).
 
-    origin = Origin(OriginConfig(root="store"), key=trainer_key)   # signs every manifest
+    origin = Origin(OriginConfig(root="store", run="pool-1"), key=trainer_key)  # signs each
     origin_url = await origin.start()
     await origin.publish("model_dir", version=step)
-    async with ShardcastClient([origin_url, relay_url], publisher=trainer_address) as c:
+    async with ShardcastClient([origin_url, relay_url], publisher=trainer_address,
+                               run="pool-1") as c:      # the pool's run id (signed in each)
         await c.fetch("weights", version=step)       # or c.follow(out_dir, callback)
 """
 
@@ -22,6 +23,7 @@ from meshrl.shardcast.errors import (
     OutputWriteError,
     PublisherRequired,
     RefusalReason,
+    RunRequired,
     ShardcastError,
     ShardUnavailableError,
     UntrustedAnswer,
@@ -49,6 +51,7 @@ __all__ = [
     "RefusalReason",
     "Relay",
     "RelayConfig",
+    "RunRequired",
     "ServerConfig",
     "ServersConfig",
     "ShardEntry",

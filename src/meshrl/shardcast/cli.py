@@ -27,13 +27,17 @@ def _publish(cfg: PublishConfig) -> int:
         print("meshrl shardcast publish: --key_file is required (no relay or client believes "
               "an unsigned manifest)", file=sys.stderr)
         return 2
+    if not cfg.run:
+        print("meshrl shardcast publish: --run is required (the run id every signed manifest "
+              "names, e.g. pool-1)", file=sys.stderr)
+        return 2
     try:
         key = load_key(cfg.key_file)
     except (OSError, ValueError) as e:
         print(f"meshrl shardcast publish: cannot read the key {cfg.key_file}: {e}",
               file=sys.stderr)
         return 1
-    store = VersionStore(cfg.root, keep=1 << 30)  # the running origin prunes (it knows readers)
+    store = VersionStore(cfg.root, keep=1 << 30, run=cfg.run)  # the running origin prunes
     latest = store.latest()
     version = cfg.version if cfg.version >= 0 else (-1 if latest is None else latest) + 1
     try:
@@ -80,8 +84,8 @@ def _fetch(cfg: FetchConfig) -> int:
                           "seconds": round(res.seconds, 3)}), flush=True)
 
     async def run() -> None:
-        async with ShardcastClient(cfg.server.urls, cfg.client,
-                                   publisher=cfg.publisher or None) as client:
+        async with ShardcastClient(cfg.server.urls, cfg.client, publisher=cfg.publisher or None,
+                                   run=cfg.run or None) as client:
             if cfg.follow:
                 await client.follow(cfg.out, report, keep=cfg.keep)
             else:

@@ -39,7 +39,7 @@ from meshrl.shardcast.errors import (
 )
 from meshrl.shardcast.manifest import DELTA_DIR, FULL_DIR, Manifest
 from meshrl.shardcast.pool import ServerPool, ServerState
-from meshrl.shardcast.signing import check_publisher
+from meshrl.shardcast.signing import check_publisher, check_run
 from meshrl.shardcast.store import ShardWriter, file_paths, place_output, verify_files
 from meshrl.shardcast.tracker import ServerTracker
 from meshrl.shardcast.transport import (
@@ -74,9 +74,10 @@ class ShardcastClient(ServerTracker):
     """Fetches versions from `urls`.
 
     `publisher` is the checksummed address whose signature a manifest must carry (None: every
-    manifest is refused with `PublisherRequired`). `session` (aiohttp) carries the small JSON
-    requests; `transport` moves shard bytes (default: RawHttpTransport for http:// servers,
-    see `transport.py`). Both can be injected.
+    manifest is refused with `PublisherRequired`), `run` the run id it must name (the pool's
+    `pool-<id>`; None: every manifest is refused with `RunRequired`). `session` (aiohttp)
+    carries the small JSON requests; `transport` moves shard bytes (default: RawHttpTransport
+    for http:// servers, see `transport.py`). Both can be injected.
     """
 
     def __init__(
@@ -88,10 +89,12 @@ class ShardcastClient(ServerTracker):
         transport: ShardTransport | None = None,
         relay_token: str | None = None,
         publisher: str | None = None,
+        run: str | None = None,
     ) -> None:
         cfg = cfg or ClientConfig()
         super().__init__(ServerPool(urls, cfg.failure_decay, seed, cfg.origin_weight), cfg,
-                         session, publisher and check_publisher(publisher))
+                         session, publisher and check_publisher(publisher),
+                         run and check_run(run))
         self._progress = 0.0  # of the version being fetched (sent: servers favour the behind)
         self.sync_failures = 0  # follow: versions that did not arrive within sync_timeout
         self.sync_error: str | None = None  # why the last one did not (None once one arrives)

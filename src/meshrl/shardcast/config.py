@@ -29,6 +29,11 @@ def _publisher(v: str) -> str:
     return v
 
 
+RUN = r"^[0-9A-Za-z._:/@+-]{0,128}$"  # manifest.RUN_PATTERN ('' here: not set)
+RUN_HELP = ("the run id every manifest must name (the pool's `pool-<id>`): a version of another "
+            "run, though signed by the same publisher, is refused")
+
+
 class ServerConfig(Config):
     host: str = Field("127.0.0.1", description="bind address")
     port: int = Field(0, ge=0, le=65535, description="bind port (0: any free port)")
@@ -110,11 +115,16 @@ class PublishConfig(Config):
     link: bool = Field(False, description="hard-link files into the store instead of copying")
     key_file: str = Field("", description="file holding the publisher's private key (hex): "
                           "the manifest is signed with it (the pool's policy_signer)")
+    run: str = Field("", pattern=RUN, description="the run id the signed manifest names (the "
+                     "pool's `pool-<id>`); required")
 
 
 class OriginConfig(Config):
     root: str = Field("runs/shardcast/origin", description="store directory")
     keep: int = Field(5, ge=1, description="versions kept; older ones are deleted once unread")
+    run: str = Field("", pattern=RUN, description="the run id of the versions served (the "
+                     "pool's `pool-<id>`): a version of another run in the store is never "
+                     "served ('': any)")
     server: ServerConfig = ServerConfig(port=8470, serve_clients="spare")
 
 
@@ -128,6 +138,7 @@ class RelayConfig(Config):
     token: str = Field("", description="sent upstream in X-Shardcast-Relay (their relay_token)")
     publisher: str = Field("", description="checksummed address whose signature every mirrored "
                            "manifest must carry (the pool's policy_signer); required")
+    run: str = Field("", pattern=RUN, description=RUN_HELP + "; required")
 
     _publisher = field_validator("publisher")(_publisher)
 
@@ -141,5 +152,6 @@ class FetchConfig(Config):
     keep: int = Field(2, ge=1, description="with follow: local versions kept")
     publisher: str = Field("", description="checksummed address whose signature the manifest "
                            "must carry (the pool's policy_signer); required")
+    run: str = Field("", pattern=RUN, description=RUN_HELP + "; required")
 
     _publisher = field_validator("publisher")(_publisher)

@@ -19,6 +19,7 @@ __all__ = [
     "OutputWriteError",
     "PublisherRequired",
     "RefusalReason",
+    "RunRequired",
     "ShardUnavailableError",
     "ShardcastError",
     "UntrustedAnswer",
@@ -51,6 +52,11 @@ class PublisherRequired(ShardcastError):
     believed."""
 
 
+class RunRequired(PublisherRequired):
+    """No run id is configured: a manifest of another run signed by the same publisher could
+    not be told apart, so none is believed."""
+
+
 class RefusalReason(StrEnum):
     """Why one server's answer was not believed."""
 
@@ -60,6 +66,7 @@ class RefusalReason(StrEnum):
     BAD_SIGNATURE = "bad_signature"  # a signature that recovers no key
     WRONG_SIGNER = "wrong_signer"  # signed, but not by the publisher
     WRONG_VERSION = "wrong_version"  # a manifest of another version than asked for
+    WRONG_RUN = "wrong_run"  # the publisher's, but of another run (pool) than this one's
     UNBACKED_VERSION = "unbacked_version"  # listed a version it served no signed manifest of
 
 

@@ -15,8 +15,10 @@ twice (its piece, and the whole file for tools outside shardcast such as `sha256
 optional `verify_files` pass).
 
 A manifest comes from untrusted servers, so it is bounded (bytes, files, shards, names, sizes,
-numbers) and carries the publisher's EIP-191 `signature` of (version, digest) (`signing.py`);
-the digest (the version's identity) is the sha256 of the canonical JSON without the signature.
+numbers) and carries the publisher's EIP-191 `signature` of (run, version, digest)
+(`signing.py`); the digest (the version's identity) is the sha256 of the canonical JSON without
+the signature. `run` names the run (a pool: `pool-<id>`) the version belongs to: a trainer key
+that signs for several runs cannot have one run's version taken for another's.
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ __all__ = [
     "HASH_CHUNK",
     "MANIFEST_NAME",
     "MAX_MANIFEST_BYTES",
+    "MAX_RUN_BYTES",
     "MAX_VERSION",
     "PIECE_SIZE",
+    "RUN_PATTERN",
     "FileEntry",
     "Manifest",
     "ManifestError",
@@ -57,7 +61,7 @@ __all__ = [
 MANIFEST_NAME = "manifest.json"
 HASH_CHUNK = 1 << 20  # stream files in 1 MiB reads
 PIECE_SIZE = 1 << 20  # default bytes per verified piece
-FORMAT = 4  # 3: signed by the publisher; 4: says its payload (full, delta, adapter)
+FORMAT = 5  # 3: signed by the publisher; 4: says its payload; 5: names its run
 FULL_DIR, DELTA_DIR = "full", "delta"  # the two parts of a delta version
 DELTA_SUFFIX = ".xorz"  # delta/<name>.xorz reconstructs full/<name> (delta.py)
 _HEX = 64  # hex characters of one sha256 digest
@@ -73,6 +77,9 @@ MAX_SHARD_SIZE = 1 << 40
 MAX_FILE_SIZE = 1 << 48
 MAX_NAME_BYTES = 4096  # PATH_MAX
 MAX_PART_BYTES = 255  # NAME_MAX
+MAX_RUN_BYTES = 128
+# a run id: one line of plain ASCII (it is a line of the signed text), '' only before signing
+RUN_PATTERN = rf"^[0-9A-Za-z._:/@+-]{{0,{MAX_RUN_BYTES}}}$"  # pydantic's (Rust) `$`: text end
 
 
 class ManifestError(ShardcastError, ValueError):
@@ -107,6 +114,9 @@ Payload = Literal["full", "delta", "adapter"]
 
 class Manifest(_Frozen):
     format: int = FORMAT
+    run: str = Field("", pattern=RUN_PATTERN, description="the run (e.g. `pool-<id>`) the "
+                     "version belongs to: signed with it, refused by every relay and client "
+                     "of another run")
     version: int = Field(ge=0, le=MAX_VERSION, description="the trainer's step number")
     kind: Literal["file", "dir"]
     payload: Payload = Field("full", description="full: the files themselves; delta: "
@@ -125,7 +135,7 @@ class Manifest(_Frozen):
     shards: tuple[ShardEntry, ...] = Field(max_length=MAX_SHARDS)
     created: float = Field(0.0, allow_inf_nan=False)
     signature: str = Field("", pattern=r"^(0x[0-9a-f]{130})?$", description="the publisher's "
-                           "EIP-191 signature of (version, digest); '' before signing")
+                           "EIP-191 signature of (run, version, digest); '' before signing")
 
     def piece_count(self, shard: ShardEntry) -> int:
         return -(-shard.size // self.piece_size)
@@ -359,8 +369,9 @@ def build_manifest(
     piece_size: int = PIECE_SIZE,
     payload: Payload = "full",
     base: Manifest | None = None,
+    run: str = "",
 ) -> Manifest:
-    """Hash `path` (a file, or a directory of files) into a manifest for `version`.
+    """Hash `path` (a file, or a directory of files) into a manifest for `version` of `run`.
 
     With `copy_to` (a directory), each file is also copied to `copy_to/<name>` in the same pass,
     or hard-linked there with `link` (no copy; the source must then never be modified in place,
@@ -388,7 +399,7 @@ def build_manifest(
         for offset, size, digest, pieces in parts:
             shards.append(ShardEntry(index=len(shards), file=fi, offset=offset, size=size,
                                      sha256=digest, pieces=pieces))
-    m = Manifest(version=version, kind=kind, shard_size=shard_size, piece_size=piece_size,
+    m = Manifest(run=run, version=version, kind=kind, shard_size=shard_size, piece_size=piece_size,
                  files=tuple(files), shards=tuple(shards), created=created, payload=payload,
                  base=base.version if base is not None else None,
                  base_digest=base.digest if base is not None else None)

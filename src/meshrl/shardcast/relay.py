@@ -7,8 +7,9 @@ soon as that shard is verified and written, long before the whole version has ar
 relay falls behind it mirrors only the newest version.
 
 A relay believes its upstreams no more than a client does: it mirrors only manifests signed by
-its `publisher`, and no answer of an upstream can end its follow task (a failure is logged and
-retried after a backoff; the other upstreams keep it current).
+its `publisher` for its `run` (never another run's, though signed by the same key), and no
+answer of an upstream can end its follow task (a failure is logged and retried after a
+backoff; the other upstreams keep it current).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from meshrl.shardcast.client import ShardcastClient
 from meshrl.shardcast.config import OriginConfig, RelayConfig
 from meshrl.shardcast.manifest import PIECE_SIZE, Manifest
 from meshrl.shardcast.server import ShardServer
-from meshrl.shardcast.signing import check_publisher
+from meshrl.shardcast.signing import check_publisher, check_run
 from meshrl.shardcast.store import StoreError, VersionStore
 
 __all__ = ["Origin", "Relay"]
@@ -35,12 +36,12 @@ log = get_logger("meshrl.shardcast.relay")
 
 
 class Origin:
-    """The root of the tree: publishes versions (signed with `key`, the publisher's private
-    key) and serves them."""
+    """The root of the tree: publishes versions of run `cfg.run` (signed with `key`, the
+    publisher's private key) and serves them (none of another run found in its store)."""
 
     def __init__(self, cfg: OriginConfig, key: str | bytes | None = None) -> None:
         self.cfg, self.key = cfg, key
-        self.store = VersionStore(cfg.root, cfg.keep)
+        self.store = VersionStore(cfg.root, cfg.keep, run=cfg.run or None)
         self.server = ShardServer(self.store, cfg.server, role="origin")
 
     async def start(self) -> str:
@@ -82,12 +83,13 @@ class Relay:
 
     def __init__(self, cfg: RelayConfig, session: aiohttp.ClientSession | None = None) -> None:
         self.cfg = cfg
-        # what it mirrored before a restart is served again only if signed
-        self.store = VersionStore(cfg.root, cfg.keep, publisher=cfg.publisher or None)
         publisher = check_publisher(cfg.publisher)  # PublisherRequired: it could believe nothing
+        run = check_run(cfg.run)  # RunRequired: it would mirror another run's versions
+        # what it mirrored before a restart is served again only if signed for this run
+        self.store = VersionStore(cfg.root, cfg.keep, publisher=publisher, run=run)
         self.server = ShardServer(self.store, cfg.server, role="relay")
         self.client = ShardcastClient(cfg.upstreams, cfg.client, session, relay_token=cfg.token,
-                                      publisher=publisher)
+                                      publisher=publisher, run=run)
         self.mirrored: dict[str, dict[str, float]] = {}
         self.server.info["mirrored"] = self.mirrored
         self._task: asyncio.Task[None] | None = None

@@ -3,10 +3,13 @@
 Relays and clients never believe a server about what a version is: a manifest counts only if it
 carries the publisher's EIP-191 (`personal_sign`) signature of the text
 
-    meshrl-shardcast-manifest-v1\\n{version}\\n{manifest digest}
+    meshrl-shardcast-manifest-v2\\n{run}\\n{version}\\n{manifest digest}
 
 where the digest is the sha256 of the manifest's canonical JSON without its signature, so it
-commits to the version, every file and every shard and piece hash. Any Ethereum wallet can sign
+commits to the run, the version, every file and every shard and piece hash. The run (a pool's
+`pool-<id>`, `PoolRules.policy_run`) binds the version to one run: a trainer key that signs the
+versions of two runs cannot have run B's v1 taken for run A's (`WRONG_RUN`), and a relay or
+client without a run believes nothing (`RunRequired`). Any Ethereum wallet can sign
 it (the tests check eth-account's `recover_message` agrees); the pool's rules name the signer
 (`policy_signer`). Signing and recovery run in C (coincurve, as `meshrl.wire.signing`):
 importing eth-account alone costs ~0.8 s, more than publishing a small policy.
@@ -14,18 +17,20 @@ importing eth-account alone costs ~0.8 s, more than publishing a small policy.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import coincurve
 from eth_utils import is_checksum_address, keccak
 
-from meshrl.shardcast.errors import ManifestRefused, PublisherRequired, RefusalReason
-from meshrl.shardcast.manifest import Manifest
+from meshrl.shardcast.errors import ManifestRefused, PublisherRequired, RefusalReason, RunRequired
+from meshrl.shardcast.manifest import MAX_RUN_BYTES, Manifest
 from meshrl.wire.signing import address_of, recover_signer
 
 __all__ = [
     "PREFIX",
     "check_publisher",
+    "check_run",
     "load_key",
     "manifest_message",
     "sign_manifest",
@@ -33,12 +38,25 @@ __all__ = [
     "verify_manifest",
 ]
 
-PREFIX = "meshrl-shardcast-manifest-v1"
+PREFIX = "meshrl-shardcast-manifest-v2"
+_RUN = re.compile(rf"[0-9A-Za-z._:/@+-]{{1,{MAX_RUN_BYTES}}}", re.ASCII)  # manifest's RUN_PATTERN
 
 
-def manifest_message(version: int, digest: str) -> bytes:
+def manifest_message(run: str, version: int, digest: str) -> bytes:
     """The text a manifest's signature covers."""
-    return f"{PREFIX}\n{version}\n{digest}".encode()
+    return f"{PREFIX}\n{run}\n{version}\n{digest}".encode()
+
+
+def check_run(run: str | None) -> str:
+    """`run` if it is a run id; RunRequired if unset, ValueError if malformed."""
+    if not run:
+        raise RunRequired("shardcast: no run id is configured: a version of another run "
+                          "signed by the same publisher could not be told apart (set the run, "
+                          "e.g. pool-<id>)")
+    if not _RUN.fullmatch(run):
+        raise ValueError(f"shardcast: run {run[:140]!r} is not a run id "
+                         "([0-9A-Za-z._:/@+-], at most 128)")
+    return run
 
 
 def check_publisher(address: str | None) -> str:
@@ -69,24 +87,30 @@ def sign_message(message: bytes, private_key: str | bytes) -> bytes:
 
 
 def sign_manifest(m: Manifest, private_key: str | bytes) -> Manifest:
-    """`m` with the signature of `private_key`."""
-    sig = sign_message(manifest_message(m.version, m.digest), private_key)
+    """`m` with the signature of `private_key`; RunRequired for a manifest that names no run
+    (no relay or client would believe it)."""
+    check_run(m.run)
+    sig = sign_message(manifest_message(m.run, m.version, m.digest), private_key)
     return m.model_copy(update={"signature": "0x" + sig.hex()})
 
 
 def verify_manifest(m: Manifest, publisher: str, version: int | None = None,
-                    url: str = "") -> None:
-    """Raise ManifestRefused unless `m` is signed by `publisher` (and is `version`)."""
+                    url: str = "", *, run: str) -> None:
+    """Raise ManifestRefused unless `m` is signed by `publisher`, of `run` (and is
+    `version`)."""
     if version is not None and m.version != version:
         raise ManifestRefused(url, RefusalReason.WRONG_VERSION,
                               f"asked for version {version}, got {m.version}")
     if not m.signature:
         raise ManifestRefused(url, RefusalReason.UNSIGNED, f"version {m.version}")
     try:
-        signer = recover_signer(manifest_message(m.version, m.digest),
+        signer = recover_signer(manifest_message(m.run, m.version, m.digest),
                                 bytes.fromhex(m.signature[2:]))
     except ValueError as e:
         raise ManifestRefused(url, RefusalReason.BAD_SIGNATURE, str(e)) from None
     if signer != publisher:
         raise ManifestRefused(url, RefusalReason.WRONG_SIGNER,
                               f"version {m.version} signed by {signer}, not {publisher}")
+    if m.run != run:  # the publisher's indeed, for another run: never this run's version
+        raise ManifestRefused(url, RefusalReason.WRONG_RUN,
+                              f"version {m.version} of run {m.run!r}, not {run!r}")

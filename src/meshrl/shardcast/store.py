@@ -13,8 +13,10 @@ A version becomes visible only by the rename of a finished directory, so a reade
 half-written version. Pruning keeps the newest `keep` versions; a version with open readers is
 hidden at once but deleted only when its last reader is done.
 
-With `publisher` set (a relay), only manifests signed by it are ever taken from disk; `publish`
-signs each manifest with the publisher's `key` (an origin store written by the trainer).
+A store holds the versions of one `run` (a pool's `pool-<id>`): `publish` names it in every
+manifest it signs with the publisher's `key` (an origin store written by the trainer), and a
+manifest of another run found on disk is never advertised. With `publisher` set (a relay), only
+manifests signed by it for `run` are ever taken from disk.
 
 `fsync` is off by default: a store is a cache of data that every consumer verifies shard by
 shard, so bytes lost in a crash are detected (and refetched), never used.
@@ -46,7 +48,7 @@ from meshrl.shardcast.manifest import (
     list_files,
     sha256_file,
 )
-from meshrl.shardcast.signing import sign_manifest, verify_manifest
+from meshrl.shardcast.signing import check_run, sign_manifest, verify_manifest
 
 __all__ = [
     "ShardWriter",
@@ -130,10 +132,13 @@ class VersionStore:
     """Complete versions (from disk), partial mirrors (in memory + disk), readers and pruning."""
 
     def __init__(self, root: str | Path, keep: int = 5, fsync: bool = False,
-                 publisher: str | None = None) -> None:
+                 publisher: str | None = None, run: str | None = None) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.keep, self.fsync, self.publisher = keep, fsync, publisher
+        self.run = run and check_run(run)
+        if publisher is not None:  # a relay's store: it would believe another run's versions
+            check_run(run)
         self.complete: dict[int, Manifest] = {}
         self.partial: dict[int, Partial] = {}
         self.readers: dict[int, int] = {}
@@ -166,7 +171,9 @@ class VersionStore:
             try:
                 m = Manifest.from_json((Path(entry.path) / MANIFEST_NAME).read_bytes())
                 if self.publisher is not None:
-                    verify_manifest(m, self.publisher, v)
+                    verify_manifest(m, self.publisher, v, run=check_run(self.run))
+                elif self.run is not None and m.run != self.run:
+                    continue  # another run's version left in this directory
             except (OSError, ManifestError, ManifestRefused):
                 continue  # not ours, damaged, or not the publisher's: never advertised
             found[v] = m
@@ -243,15 +250,18 @@ class VersionStore:
         piece_size: int = PIECE_SIZE, key: str | bytes | None = None,
         payload: Payload = "full", base: Manifest | None = None,
     ) -> Manifest:
-        """Copy (or hard-link) + hash `src` into a hidden directory, sign its manifest with the
-        publisher's `key`, then rename it into place. Without a key the manifest is unsigned:
-        no relay or client believes it (tests of exactly that only)."""
+        """Copy (or hard-link) + hash `src` into a hidden directory, sign its manifest (naming
+        the store's run) with the publisher's `key`, then rename it into place. Without a key
+        the manifest is unsigned: no relay or client believes it (tests of exactly that only);
+        with a key but no run, RunRequired (no relay or client would believe it either)."""
+        if key is not None:
+            check_run(self.run)
         if self.version_dir(version).exists() or version in self.partial:
             raise StoreError(f"shardcast: version {version} already exists in {self.root}")
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=self.root))
         try:
             m = build_manifest(src, version, shard_size, time.time(), tmp / "data", link,
-                               piece_size, payload, base)
+                               piece_size, payload, base, self.run or "")
             if key is not None:
                 m = sign_manifest(m, key)
             (tmp / MANIFEST_NAME).write_bytes(m.to_json())

@@ -5,12 +5,17 @@ server), takes its manifest and watches each server's `have` while shards downlo
 shard workers always know which server can serve what (and which are origins, which relays).
 
 No server is believed about what a version is. Every answer is bounded and validated
-(`answers.py`); a manifest counts only with the publisher's signature for the version asked for
-(`signing.py`), and among the authenticated ones the first server in URL order is taken
-(servers with another manifest are never used). A server whose answer is refused, or that
+(`answers.py`); a manifest counts only with the publisher's signature for this run and the
+version asked for (`signing.py`), and among the authenticated ones the first server in URL order
+is taken (servers with another manifest are never used). A server whose answer is refused, or that
 lists a version it then serves no signed manifest of, gets a strike: its listings are ignored
 for `poll_interval * 2**strikes` s (at most `MAX_DISTRUST`), so one that advertises version
 10**15 costs a request now and then, never the honest servers' versions.
+
+"The latest" only moves forward: once a tracker has authenticated version N, a request for the
+latest version never takes one older than N from any server (one that withholds N and lists
+N-1 is not believed about what is newest: the tracker waits for a server that holds N or newer).
+Versions asked for by number (an old one to judge, an adapter's base) are not affected.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from meshrl.shardcast.errors import RefusalReason, UntrustedAnswer, VersionNotFo
 from meshrl.shardcast.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestError
 from meshrl.shardcast.pool import ServerPool, ServerState
 from meshrl.shardcast.receiver import TransferError
-from meshrl.shardcast.signing import check_publisher, verify_manifest
+from meshrl.shardcast.signing import check_publisher, check_run, verify_manifest
 
 __all__ = ["MAX_DISTRUST", "ServerTracker"]
 
@@ -52,9 +57,11 @@ Said = Manifest | UntrustedAnswer | TransferError | None
 class ServerTracker:
     def __init__(self, pool: ServerPool, cfg: ClientConfig,
                  session: aiohttp.ClientSession | None = None,
-                 publisher: str | None = None) -> None:
+                 publisher: str | None = None, run: str | None = None) -> None:
         self.cfg, self.pool = cfg, pool
-        self.publisher = publisher
+        self.publisher, self.run = publisher, run
+        # the newest version authenticated so far (-1: none): "the latest" never goes below it
+        self.newest = -1
         self._session, self._own_session = session, session is None
         self._avail = asyncio.Event()  # set when a server's availability changed
         # per version: servers that answered 404 for it or moved past it without holding it,
@@ -124,8 +131,13 @@ class ServerTracker:
 
     async def find_manifest(self, version: int | None = None, after: int = -1) -> Manifest:
         """The authenticated manifest of `version` once some server holds it, else of the
-        newest version > `after` some server holds and can back with a signed manifest."""
+        newest version > `after` some server holds and can back with a signed manifest, and
+        never one older than the newest this tracker authenticated before (no rollback)."""
         deadline = time.monotonic() + self.cfg.wait_timeout
+        if version is None and self.newest - 1 > after:
+            log_event(log, "latest: only versions at least as new as one seen", after=after,
+                      newest_seen=self.newest)
+            after = self.newest - 1
         floor = version - 1 if version is not None else after
         while True:
             wait = max(0.0, min(deadline - time.monotonic(), self.cfg.long_poll))
@@ -156,6 +168,8 @@ class ServerTracker:
                 raise VersionNotFoundError(f"shardcast: version {version} no longer held anywhere")
             if time.monotonic() >= deadline:
                 what = f"version {version}" if version is not None else f"a version > {after}"
+                if version is None and self.newest > after:
+                    what += f" (version {self.newest} was seen: no server holds it now)"
                 raise VersionNotFoundError(f"shardcast: {what} did not appear in time")
             await asyncio.sleep(self.cfg.poll_interval)
 
@@ -185,6 +199,7 @@ class ServerTracker:
                          ) -> dict[str, Said]:
         """What every server says of `version`'s manifest (`known`: servers just asked)."""
         check_publisher(self.publisher)
+        check_run(self.run)
         known = known or {}
         servers = [s for s in self.pool.servers.values() if s.url not in known]
         for s in servers:
@@ -200,6 +215,7 @@ class ServerTracker:
 
     async def _server_manifest(self, s: ServerState, version: int) -> Said:
         publisher = check_publisher(self.publisher)  # PublisherRequired: nothing is believed
+        run = check_run(self.run)  # RunRequired: another run's versions would be believed
         url = f"{s.url}/v/{version}/manifest"
         try:
             body = await self._get(url, MAX_MANIFEST_BYTES, self.cfg.stall_timeout)
@@ -207,7 +223,7 @@ class ServerTracker:
                 m = Manifest.from_json(body)
             except ManifestError as e:
                 raise UntrustedAnswer(s.url, RefusalReason.MALFORMED, str(e)) from None
-            verify_manifest(m, publisher, version, s.url)
+            verify_manifest(m, publisher, version, s.url, run=run)
         except UntrustedAnswer as e:
             self._strike(s, e)
             return e
@@ -216,6 +232,7 @@ class ServerTracker:
         except (aiohttp.ClientError, TimeoutError):
             return None
         s.manifest_digest, s.strikes = m.digest, 0  # it backs what it lists
+        self.newest = max(self.newest, m.version)
         await self._refresh_have(s, m)
         return m
 

@@ -54,7 +54,7 @@ class Judge:
         self.models = ModelCache(cfg.work_dir, cfg.model_dir, cfg.shardcast_servers, cfg.engine,
                                  signer=rules.policy_signer, backend=cfg.backend,
                                  device=cfg.device, dtype=cfg.dtype,
-                                 prompt_format=rules.prompt_format)
+                                 prompt_format=rules.prompt_format, run=rules.policy_run())
         self.models.check_prompt_format()  # a chat pool on a policy without a template
 
     async def judge(self, jobs: list[Job]) -> list[Decision | Unjudged]:

@@ -32,11 +32,11 @@ class ModelCache:
                  engine: EngineConfig, keep: int = 3, fetch_timeout: float = 30.0,
                  signer: str | None = None, sync_timeout: float = 120.0,
                  backend: str = "engine", device: str = "cpu", dtype: str = "float32",
-                 prompt_format: PromptFormat = "raw") -> None:
+                 prompt_format: PromptFormat = "raw", run: str | None = None) -> None:
         if servers and signer is None:
             raise PoolRulesError("refusing to fetch policy versions: the pool's rules name no "
                                  "policy_signer, so no version can be authenticated")
-        self.signer = signer
+        self.signer, self.run = signer, run  # run: the id the pool's manifests name
         self.root = Path(work_dir) / "policy"
         self.model_dir, self.servers, self.engine_cfg = model_dir, servers, engine
         self.keep, self.fetch_timeout = keep, fetch_timeout
@@ -86,7 +86,8 @@ class ModelCache:
 
         cfg = ClientConfig(wait_timeout=self.fetch_timeout)
         try:  # bounded as a whole: relays gone mid-transfer never hang the validator
-            async with ShardcastClient(self.servers, cfg, publisher=self.signer) as sc:
+            async with ShardcastClient(self.servers, cfg, publisher=self.signer,
+                                       run=self.run) as sc:
                 # a delta against a version held here is fetched as the delta alone
                 fetch = sc.fetch(local, version, held=self.root)
                 return (await asyncio.wait_for(fetch, self.sync_timeout)).path

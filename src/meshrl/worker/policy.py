@@ -71,6 +71,7 @@ class PolicyHolder:
         self.version = version
         self.lock = threading.Lock()
         self.signer: str | None = None  # the policy signer of the pool's rules
+        self.run: str | None = None  # the run id its manifests name (the pool's rules)
         self.loaded = asyncio.Event()  # set on each hot-load: an idle node asks for work again
         self.sync: Any = None  # the follower's client: sync_failures, sync_error
 
@@ -87,11 +88,12 @@ class PolicyHolder:
 
         signer = policy_signer(order)
         out = Path(cfg.work_dir) / "policy"
-        async with ShardcastClient(order.shardcast_servers, publisher=signer) as sc:
+        async with ShardcastClient(order.shardcast_servers, publisher=signer,
+                                   run=order.rules.policy_run()) as sc:
             res = await sc.fetch(out / f"v{max(order.policy_versions)}",
                                  max(order.policy_versions))
         holder = await asyncio.to_thread(cls, cfg, res.path, res.version, parts)
-        holder.signer = signer
+        holder.signer, holder.run = signer, order.rules.policy_run()
         holder.check_prompt_format(order)
         return holder
 
@@ -134,7 +136,7 @@ class PolicyHolder:
             self.loaded.set()
 
         cfg = ClientConfig(sync_timeout=self.cfg.policy_sync_timeout_s)
-        async with ShardcastClient(servers, cfg, publisher=self.signer) as sc:
+        async with ShardcastClient(servers, cfg, publisher=self.signer, run=self.run) as sc:
             self.sync = sc  # a delta against the version held is fetched as the delta alone
             await sc.follow(Path(self.cfg.work_dir) / "policy", on_version, after=self.version,
                             stop=stop)
