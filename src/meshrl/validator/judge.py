@@ -62,8 +62,10 @@ class Judge:
         if why is not None:  # it would slash honest work (issue #41): never judge with it
             raise PoolRulesError(why)
         self.tasks = rules.task.build()  # once: a math task reads its data file here
-        self.limits = file_limits(rules)  # what a file of this pool may hold, checked first
         self.replay = replay_config(cfg, rules)
+        # what a file of this pool may hold, checked first; its proofs those it is verified by
+        self.limits = file_limits(rules, toploc_chunk_size=self.replay.chunk_size,
+                                  toploc_topk=self.replay.topk)
         self.models = ModelCache(cfg.work_dir, cfg.model_dir, cfg.shardcast_servers, cfg.engine,
                                  signer=rules.policy_signer, backend=cfg.backend,
                                  device=cfg.device, dtype=cfg.dtype,

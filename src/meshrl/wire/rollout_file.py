@@ -37,6 +37,8 @@ __all__ = [
     "COLUMNS",
     "FINISH_REASONS",
     "METADATA_KEY",
+    "PROOF_CHUNK_SIZE",
+    "PROOF_TOPK",
     "SCHEMA_VERSION",
     "Completion",
     "FileLimits",
@@ -49,6 +51,10 @@ __all__ = [
 
 SCHEMA_VERSION = 2  # 2: the header names its rules by digest, not as free-form dicts
 METADATA_KEY = b"meshrl.rollout"
+# the TOPLOC parameters every worker writes and every validator verifies with
+# (`meshrl.toploc.proofs.DEFAULT_CHUNK_SIZE` / `DEFAULT_TOPK`)
+PROOF_CHUNK_SIZE = 32
+PROOF_TOPK = 128
 FINISH_REASONS = ("eos", "stop", "length")
 
 COLUMNS = pa.schema([
@@ -80,8 +86,8 @@ class RolloutHeader(BaseModel):
                               "published rules the file was generated under "
                               "(`meshrl.pool.PoolRules.digest`)")
     sampling_seed: int = Field(ge=0, lt=2**64)
-    toploc_chunk_size: int = Field(32, ge=1)
-    toploc_topk: int = Field(128, ge=1)
+    toploc_chunk_size: int = Field(PROOF_CHUNK_SIZE, ge=1)
+    toploc_topk: int = Field(PROOF_TOPK, ge=1)
     work_units: int = Field(ge=1)
 
     @property
@@ -143,6 +149,13 @@ class FileLimits:
     max_json_depth: int = 16
     max_string_bytes: int = 256  # prompt_id, finish_reason
     max_row_groups: int = 64
+    # the header's TOPLOC parameters size the proof column (2 + 2 x topk bytes a proof, one
+    # proof per chunk_size tokens): a header naming a huge top-k or a chunk of one token made
+    # a small file of compressible proofs cost +513 MB (issue #41). None: any chunk size and
+    # a top-k of at most `max_toploc_topk`; set (`meshrl.pool.file_limits`): exactly that.
+    toploc_chunk_size: int | None = None
+    toploc_topk: int | None = None
+    max_toploc_topk: int = 1024
 
     def max_leaf_values(self, column: str, rows: int, chunk_size: int) -> int:
         """Most leaf values column `column` may hold in a file of `rows` rows."""
@@ -309,10 +322,24 @@ def _header(metadata: dict[bytes, bytes], limits: FileLimits) -> RolloutHeader:
         got = data.get("schema_version") if isinstance(data, dict) else None
         raise RolloutFileError(f"schema version {got!r}, this reader reads {SCHEMA_VERSION}")
     try:
-        return RolloutHeader.model_validate(data)
+        header = RolloutHeader.model_validate(data)
     except ValidationError as e:
         raise RolloutFileError(f"bad header: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}") \
             from None
+    _check_proof_params(header, limits)
+    return header
+
+
+def _check_proof_params(header: RolloutHeader, limits: FileLimits) -> None:
+    """The header's TOPLOC parameters, which size the proof column, before any column is read."""
+    for name, want in (("toploc_chunk_size", limits.toploc_chunk_size),
+                       ("toploc_topk", limits.toploc_topk)):
+        got = getattr(header, name)
+        if want is not None and got != want:
+            raise RolloutFileError(f"header's {name} {got}: this pool's proofs use {want}")
+    if header.toploc_topk > limits.max_toploc_topk:
+        raise RolloutFileError(f"header's toploc_topk {header.toploc_topk} > limit "
+                               f"{limits.max_toploc_topk}")
 
 
 def _check(rf: RolloutFile) -> None:
