@@ -391,3 +391,19 @@ def test_a_batch_read_in_one_child_costs_one_files_memory_not_the_batchs(tmp_pat
     first = next(it)
     assert isinstance(first, RolloutFile) and len(first.completions) == 128
     assert [type(x).__name__ for x in it] == ["RolloutFileError", "RolloutFile"]
+
+
+@pytest.mark.parametrize("row_group_size", [1, 3, 64])
+def test_any_row_group_layout_of_an_honest_file_reads(row_group_size):
+    """Issue #41 (low): an honest file written one row group per row (128 > 64 row groups) was
+    refused, and a refused file is slashed; a file of several row groups (43) could not be
+    read at all (Arrow reads no dictionary list column of several row groups in one call). Any
+    layout of the pool's rows is a legal file: it reads back as the same file."""
+    rf = _pool_file()
+    data = write_parquet(columns(rf), header_bytes(rf), row_group_size=row_group_size)
+    back = read_rollout_file(data, _pool_limits())
+    assert rollout_file_bytes(back) == rollout_file_bytes(rf)
+    # the count is still bounded (the pool's limits: one row group a row at most)
+    assert _pool_limits().max_row_groups == 128
+    with pytest.raises(RolloutFileError, match="row groups > limit 1"):
+        read_rollout_file(data, FileLimits(max_rows=128, max_row_groups=1))

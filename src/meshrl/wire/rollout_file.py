@@ -171,7 +171,8 @@ class FileLimits:
 # columns read dictionary-encoded, so their values' lengths are checked before expansion
 _DICTIONARY = {"prompt_id": "prompt_id", "finish_reason": "finish_reason",
                "toploc_proofs": "toploc_proofs.list.element"}
-_PAGE_SLACK = 1 << 16  # Parquet's own bytes (page headers, levels) per column chunk
+_PAGE_SLACK = 1 << 16  # Parquet's own bytes (page headers, levels) of a column
+_CHUNK_SLACK = 1 << 12  # and of each more column chunk (an honest 1-row chunk: under 1 kB)
 # what a malformed file makes the Parquet reader raise (never a crash of the reading process)
 _UNREADABLE = (pa.ArrowException, OSError, ValueError, KeyError, IndexError, TypeError,
                UnicodeDecodeError, OverflowError)
@@ -195,7 +196,11 @@ def read_rollout_file(source: str | Path | bytes,
         # dictionaries, bounded before they are expanded
         reader = pq.ParquetFile(src, metadata=footer.metadata,
                                 read_dictionary=list(_DICTIONARY.values()))
-        table = _expand(reader.read(), header, limits)
+        # one row group at a time: Arrow cannot read a dictionary-read list column of several
+        # row groups in one call, and any row-group layout is a legal file (issue #41: an
+        # honest file of one row group per row was refused, hence slashed)
+        groups = [reader.read_row_group(i) for i in range(reader.num_row_groups)]
+        table = _expand(pa.concat_tables(groups) if groups else reader.read(), header, limits)
     except _UNREADABLE as e:
         if isinstance(e, RolloutFileError):
             raise
@@ -247,7 +252,7 @@ def _check_declared(reader: pq.ParquetFile, header: RolloutHeader, limits: FileL
         most = limits.max_leaf_values(name, rows, header.toploc_chunk_size)
         if values > most:
             raise RolloutFileError(f"column {name!r} declares {values} values > limit {most}")
-        budget = most * (widths.get(name, 8) + 4) + _PAGE_SLACK * max(1, len(chunks))
+        budget = most * (widths.get(name, 8) + 4) + _PAGE_SLACK + _CHUNK_SLACK * len(chunks)
         declared = sum(c.total_uncompressed_size for c in chunks)
         if declared > budget:
             raise RolloutFileError(f"column {name!r} declares {declared} uncompressed bytes > "
