@@ -46,6 +46,7 @@ from .helpers import sample_rollout
 from .hostile import (
     columns,
     deep_header,
+    footer_understates,
     header_bytes,
     invalid_utf8,
     million_rows,
@@ -407,3 +408,25 @@ def test_any_row_group_layout_of_an_honest_file_reads(row_group_size):
     assert _pool_limits().max_row_groups == 128
     with pytest.raises(RolloutFileError, match="row groups > limit 1"):
         read_rollout_file(data, FileLimits(max_rows=128, max_row_groups=1))
+
+
+def test_a_footer_that_understates_a_column_is_refused_before_its_pages_are_read(tmp_path):
+    """Issue #41: the footer's sizes were checked, but Arrow allocates what the page headers
+    say. A footer declaring 1,000 bytes for a finish_reason column whose dictionary page holds
+    one 64 MiB value cost 374 MB peak RSS before the value's length was refused; every page
+    header is now read against the footer first. (Honest files of any layout still read:
+    `test_any_row_group_layout_of_an_honest_file_reads`.)"""
+    data = string_bomb(sample_rollout(n_prompts=2, group=2))  # one value of 64 MiB
+    lie = footer_understates(data, COLUMNS.get_field_index("finish_reason"))
+    declared = pq.ParquetFile(pa.BufferReader(lie)).metadata.row_group(0).column(8)
+    assert declared.total_uncompressed_size == 1000 and len(lie) < 16 << 10
+    out = _refused(tmp_path, lie, "column 'finish_reason' of row group 0: its pages "
+                   "decompress to 67108")
+    assert out["rss_kb"] < 150_000, out
+    # a footer understating the values its pages hold
+    rf = sample_rollout()
+    honest = rollout_file_bytes(rf)
+    j = COLUMNS.get_field_index("prompt_tokens")
+    assert read_rollout_file(honest).header == rf.header
+    with pytest.raises(RolloutFileError, match="'prompt_tokens' of row group 0: its pages"):
+        read_rollout_file(footer_understates(honest, j, claim=10))

@@ -19,6 +19,7 @@ repeated huge values is refused without allocating them; strings must be valid U
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -192,6 +193,7 @@ def read_rollout_file(source: str | Path | bytes,
                                 thrift_container_size_limit=1 << 16, schema_depth_limit=8)
         header = _header(footer.metadata.metadata or {}, limits)
         _check_declared(footer, header, limits)
+        _check_pages(footer.metadata, source, size)
         # the columns are ours (checked above): read the string and proof values as
         # dictionaries, bounded before they are expanded
         reader = pq.ParquetFile(src, metadata=footer.metadata,
@@ -257,6 +259,153 @@ def _check_declared(reader: pq.ParquetFile, header: RolloutHeader, limits: FileL
         if declared > budget:
             raise RolloutFileError(f"column {name!r} declares {declared} uncompressed bytes > "
                                    f"limit {budget}")
+
+
+_MAX_PAGE_HEADER = 1 << 16  # bytes of one page header (statistics of a 256-byte string fit)
+_MAX_PAGES = 1 << 16  # in a file beyond three a column chunk (honest: one or two a chunk)
+
+
+class _Compact:
+    """Just enough of Thrift's compact protocol to read Parquet page headers: fields are
+    skipped by type, nothing is allocated by a length the data declares."""
+
+    def __init__(self, buf: memoryview) -> None:
+        self.buf, self.at = buf, 0
+
+    def byte(self) -> int:
+        if self.at >= len(self.buf):
+            raise RolloutFileError("a page header runs past its column chunk")
+        self.at += 1
+        return int(self.buf[self.at - 1])
+
+    def varint(self) -> int:
+        out = shift = 0
+        for _ in range(10):
+            b = self.byte()
+            out |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return out
+            shift += 7
+        raise RolloutFileError("a page header holds a malformed integer")
+
+    def int(self) -> int:
+        n = self.varint()
+        return (n >> 1) ^ -(n & 1)
+
+    def skip(self, kind: int, depth: int = 0) -> None:
+        if depth > 8:
+            raise RolloutFileError("a page header nests too deep")
+        if kind in (1, 2):  # booleans: in the field header
+            return
+        if kind == 3:
+            self.byte()
+        elif kind in (4, 5, 6):
+            self.varint()
+        elif kind == 7:
+            self.at += 8
+        elif kind == 8:
+            n = self.varint()  # read before `at` is: the length's own bytes come first
+            self.at += n
+        elif kind in (9, 10):
+            head = self.byte()
+            n = head >> 4 if head >> 4 != 15 else self.varint()
+            for _ in range(n):
+                self.skip(3 if head & 0x0F in (1, 2) else head & 0x0F, depth + 1)  # a bool: a byte
+        elif kind == 11:
+            n = self.varint()
+            types = self.byte() if n else 0
+            for _ in range(n):
+                self.skip(types >> 4, depth + 1)
+                self.skip(types & 0x0F, depth + 1)
+        elif kind == 12:
+            self.struct(depth + 1)
+        else:
+            raise RolloutFileError(f"a page header holds an unknown Thrift type {kind}")
+        if self.at > len(self.buf):
+            raise RolloutFileError("a page header runs past its column chunk")
+
+    def struct(self, depth: int = 0, want: frozenset[int] = frozenset(),
+               ) -> dict[int, int | dict[int, int]]:
+        """The integer fields `want` of a struct (their nested structs' field 1, the values
+        count), every other field skipped."""
+        out: dict[int, int | dict[int, int]] = {}
+        last = 0
+        while True:
+            head = self.byte()
+            if head == 0:
+                return out
+            last = last + (head >> 4) if head >> 4 else self.int()
+            kind = head & 0x0F
+            if last in want and kind in (5, 6):
+                out[last] = self.int()
+            elif last in want and kind == 12:
+                out[last] = {k: v for k, v in self.struct(depth + 1, frozenset({1})).items()
+                             if isinstance(v, int)}
+            else:
+                self.skip(kind, depth)
+
+
+# PageHeader: 2 uncompressed_page_size, 3 compressed_page_size, 5 data page, 7 dictionary
+# page, 8 data page v2 (each of the last three: field 1 = num_values)
+_PAGE_FIELDS = frozenset({2, 3, 5, 7, 8})
+
+
+def _check_pages(md: pq.FileMetaData, source: str | Path | bytes, size: int) -> None:
+    """Every page header of every column chunk against the footer (already bounded): the
+    bytes a page decompresses to and the values it decodes are what Arrow allocates, and
+    they come from the page headers, not the footer. A footer that understated a column
+    (declared 1,000 bytes, a dictionary page of 64 MiB) cost 374 MB before the value was
+    refused (issue #41): here it is refused before any page is decompressed."""
+    pages = 0
+    with contextlib.ExitStack() as stack:
+        f = stack.enter_context(open(source, "rb")) if not isinstance(source, bytes) else None
+        for g in range(md.num_row_groups):
+            group = md.row_group(g)
+            for j in range(len(COLUMNS)):
+                chunk = group.column(j)
+                start = chunk.data_page_offset
+                if chunk.has_dictionary_page and chunk.dictionary_page_offset:
+                    start = min(start, chunk.dictionary_page_offset)
+                length = chunk.total_compressed_size
+                if start < 4 or length < 0 or start + length > size - 8:
+                    raise RolloutFileError(f"column {COLUMNS.names[j]!r} of row group {g}: "
+                                           "its pages lie outside the file")
+                if f is None:
+                    raw = memoryview(source)[start:start + length]  # type: ignore[index]
+                else:
+                    f.seek(start)
+                    raw = memoryview(f.read(length))
+                pages += _check_chunk_pages(raw, chunk, f"column {COLUMNS.names[j]!r} of row "
+                                            f"group {g}")
+                if pages > _MAX_PAGES + 3 * len(COLUMNS) * md.num_row_groups:
+                    raise RolloutFileError(f"more than {pages - 1} pages")
+
+
+def _check_chunk_pages(raw: memoryview, chunk: pq.ColumnChunkMetaData, where: str) -> int:
+    """The pages of one column chunk: their decompressed bytes within the chunk's declared
+    uncompressed size, their values within its declared values. Returns the page count."""
+    at = pages = uncompressed = values = 0
+    while at < len(raw):
+        reader = _Compact(raw[at:at + _MAX_PAGE_HEADER])
+        fields = reader.struct(want=_PAGE_FIELDS)
+        body, inner = fields.get(3), fields.get(2)
+        if not isinstance(body, int) or not isinstance(inner, int) or body < 0 or inner < 0:
+            raise RolloutFileError(f"{where}: a page header without its sizes")
+        uncompressed += inner  # (the footer's count adds the headers: a writer's choice)
+        for kind in (5, 8):
+            sub = fields.get(kind)
+            values += sub.get(1, 0) if isinstance(sub, dict) else 0
+        at += reader.at + body
+        pages += 1
+    if at != len(raw):
+        raise RolloutFileError(f"{where}: its pages run past the column chunk")
+    if uncompressed > chunk.total_uncompressed_size:
+        raise RolloutFileError(f"{where}: its pages decompress to {uncompressed} bytes, the "
+                               f"footer declares {chunk.total_uncompressed_size}")
+    if values > chunk.num_values:
+        raise RolloutFileError(f"{where}: its pages hold {values} values, the footer declares "
+                               f"{chunk.num_values}")
+    return pages
 
 
 def _expand(table: pa.Table, header: RolloutHeader, limits: FileLimits) -> pa.Table:
