@@ -186,8 +186,8 @@ def test_a_column_of_the_wrong_type_is_refused():
 
 
 @pytest.mark.parametrize(("column", "typ"), [
-    ("prompt_id", pa.binary()), ("finish_reason", pa.binary()),
-    ("toploc_proofs", pa.list_(pa.string()))])
+    ("prompt_id", pa.binary()), ("prompt_id", pa.large_binary()), ("prompt_id", pa.int64()),
+    ("finish_reason", pa.binary()), ("toploc_proofs", pa.list_(pa.string()))])
 def test_a_string_column_of_another_stored_type_is_not_coerced(column, typ):
     """Issue #41: a prompt_id stored as binary (no UTF-8 annotation) was silently cast to a
     string. (large_string is the same Parquet type as string, read back as one: not a cast.)"""
@@ -195,8 +195,11 @@ def test_a_string_column_of_another_stored_type_is_not_coerced(column, typ):
     cols = columns(rf)
     if column == "toploc_proofs" and pa.types.is_string(typ.value_type):
         cols[column] = [[p.hex() for p in row] for row in cols[column]]
-    elif column != "toploc_proofs" and pa.types.is_binary(typ):
+    elif column != "toploc_proofs" and (pa.types.is_binary(typ)
+                                        or pa.types.is_large_binary(typ)):
         cols[column] = [v.encode() for v in cols[column]]
+    elif pa.types.is_integer(typ):  # a prompt_id a cast would turn into "0", "1", ...
+        cols[column] = list(range(len(cols[column])))
     schema = COLUMNS.set(COLUMNS.get_field_index(column), pa.field(column, typ, nullable=False))
     table = pa.Table.from_pydict(cols, schema=schema.with_metadata({METADATA_KEY:
                                                                     header_bytes(rf)}))
