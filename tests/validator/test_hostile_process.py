@@ -62,7 +62,7 @@ from meshrl.wire.models import (
     SlotRequest,
     UploadSlot,
 )
-from meshrl.wire.rollout_file import RolloutFile, rollout_file_bytes
+from meshrl.wire.rollout_file import COLUMNS, RolloutFile, rollout_file_bytes
 from meshrl.worker.rollouts import generate_rollouts
 from network import (
     PARAMS,
@@ -82,6 +82,7 @@ from network import (
 from wire.hostile import (  # the wire tests' builders (tests/ is on sys.path)
     columns,
     deep_header,
+    footer_understates,
     header_bytes,
     invalid_utf8,
     million_rows,
@@ -184,6 +185,15 @@ def _empty_completion(cols: dict[str, list]) -> None:
     cols["completion_tokens"][0], cols["logprobs"][0], cols["toploc_proofs"][0] = [], [], []
 
 
+def _topk_bomb(rf: RolloutFile) -> bytes:
+    """A header naming top-k 131,072 and one-token chunks, its proofs that wide (issue #41)."""
+    h = rf.header.model_copy(update={"toploc_topk": 1 << 17, "toploc_chunk_size": 1})
+    cols = columns(rf)
+    cols["toploc_proofs"] = [[bytes([i % 256]) + b"\0" * (h.proof_bytes - 1)
+                              for i in range(len(t))] for t in cols["completion_tokens"]]
+    return write_parquet(cols, h.model_dump_json().encode())
+
+
 def _double_dip(rf: RolloutFile, rules: PoolRules) -> bytes:
     """The version-0 generation claimed as version (and step) 1, with the seed and prompt ids
     that claim would have (a careful cheater, as `adversary.DoubleDip`): the claimed version's
@@ -205,6 +215,9 @@ KINDS: dict[str, Hostile] = {
     "invalid-utf8": Hostile(lambda rf, r: invalid_utf8(rf), "schema"),
     "string-bomb-256MiB": Hostile(lambda rf, r: string_bomb(rf), "schema"),
     "proof-bomb": Hostile(lambda rf, r: proof_bomb(rf), "schema"),
+    "header-top-k-proof-bomb": Hostile(lambda rf, r: _topk_bomb(rf), "schema"),
+    "footer-understates-a-column": Hostile(lambda rf, r: footer_understates(
+        string_bomb(rf), COLUMNS.get_field_index("finish_reason")), "schema"),
     "million-rows": Hostile(lambda rf, r: million_rows(rf), "schema"),
     "random-framed-as-parquet": Hostile(lambda rf, r: random_framed(), "schema"),
     "completion-past-max-new-tokens": Hostile(_rows_changed(_long_completion), "schema"),

@@ -3,7 +3,20 @@
 import hashlib
 import random
 
-from meshrl.pool import Check, Finding, PoolRules, Severity, VerdictKind, decide, give_up
+import pyarrow as pa
+import pyarrow.parquet as pq
+from helpers import claim, honest_file, rules
+
+from meshrl.pool import (
+    Check,
+    Finding,
+    PoolRules,
+    Severity,
+    VerdictKind,
+    decide,
+    file_limits,
+    give_up,
+)
 from meshrl.validator.checks import (
     check_header_rules,
     check_node,
@@ -18,6 +31,9 @@ from meshrl.validator.checks import (
 )
 from meshrl.validator.policy import RetryConfig, backoff_delay
 from meshrl.validator.state import Job, ValidatorState
+from meshrl.validator.verify import verify_file
+from meshrl.wire.rollout_file import read_rollout_file
+from wire.hostile import columns, header_bytes, write_parquet
 
 A, B = "0x" + "1" * 40, "0x" + "2" * 40
 
@@ -132,3 +148,15 @@ def test_state_resumes_and_never_requeues_judged(tmp_path):
     assert again.next_block == 10 and [j.work_id for j in again.queue] == ["bb"]
     again.enqueue([Job("aa", "a1", A, B, 1, 10, 8), Job("bb", "b1", A, B, 1, 10, 9)], 12)
     assert [j.work_id for j in again.queue] == ["bb"] and again.judged == {"aa": "accept"}
+
+
+def test_an_honest_file_of_one_row_group_a_row_is_judged_not_refused(engine, tok):
+    """Issue #41 (low): the same honest file, written one row group per row, was refused by the
+    reader (a schema finding, hence a slash); it is read by the pool's limits and accepted."""
+    r = rules(max_new=8, prompts=4, group=4)  # 16 rows: 16 row groups
+    rf = honest_file(engine, tok, r)
+    data = write_parquet(columns(rf), header_bytes(rf), row_group_size=1)
+    assert pq.ParquetFile(pa.BufferReader(data)).metadata.num_row_groups == 16
+    back = read_rollout_file(data, file_limits(r))
+    d = verify_file(engine, tok, back, claim(back), r, r.task.build())
+    assert d.accepted, d.reason

@@ -18,8 +18,9 @@ import pyarrow.parquet as pq
 
 from meshrl.wire.rollout_file import COLUMNS, METADATA_KEY, RolloutFile
 
-__all__ = ["columns", "deep_header", "header_bytes", "invalid_utf8", "million_rows",
-           "nested_header", "proof_bomb", "random_framed", "string_bomb", "write_parquet"]
+__all__ = ["columns", "deep_header", "footer_understates", "header_bytes", "invalid_utf8",
+           "million_rows", "nested_header", "proof_bomb", "random_framed", "string_bomb",
+           "write_parquet"]
 
 
 def columns(rf: RolloutFile) -> dict[str, list]:
@@ -100,3 +101,29 @@ def random_framed(size: int = 64 << 10, seed: int = 0) -> bytes:
     the orchestrator's cheap framing check lets through to the validator's reader."""
     body = random.Random(seed).randbytes(size - 12)
     return b"PAR1" + body + struct.pack("<I", size // 4) + b"PAR1"
+
+
+def _varint(n: int, length: int = 0) -> bytes:
+    """`n` as a Thrift varint, padded to `length` bytes with empty continuation bytes (a
+    non-canonical encoding every compact-protocol reader accepts)."""
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n >> 7 else 0))
+        n >>= 7
+        if not n:
+            break
+    while len(out) < length:
+        out[-1] |= 0x80
+        out.append(0)
+    return bytes(out)
+
+
+def footer_understates(data: bytes, column: int, claim: int = 1000) -> bytes:
+    """`data` with the footer's `total_uncompressed_size` of column `column` (row group 0)
+    rewritten to `claim`, in place (same length), its pages unchanged: a footer that lies."""
+    real = pq.ParquetFile(pa.BufferReader(data)).metadata.row_group(0).column(column)
+    old = _varint(real.total_uncompressed_size << 1)  # zigzag of a positive i64
+    start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    at = data.index(old, start)
+    assert data.count(old, start) == 1, "the declared size is not unique in the footer"
+    return data[:at] + _varint(claim << 1, len(old)) + data[at + len(old):]

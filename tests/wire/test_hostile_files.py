@@ -16,20 +16,26 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from meshrl.pool import PoolRules, file_limits
+from meshrl.toploc.proofs import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK
 from meshrl.wire import RolloutFileError
 from meshrl.wire.isolated import (
     IsolationLimits,
+    iter_rollout_files_isolated,
     read_rollout_file_isolated,
     read_rollout_files_isolated,
 )
 from meshrl.wire.rollout_file import (
     COLUMNS,
     METADATA_KEY,
+    PROOF_CHUNK_SIZE,
+    PROOF_TOPK,
     FileLimits,
     RolloutFile,
     read_rollout_file,
@@ -40,6 +46,7 @@ from .helpers import sample_rollout
 from .hostile import (
     columns,
     deep_header,
+    footer_understates,
     header_bytes,
     invalid_utf8,
     million_rows,
@@ -54,17 +61,20 @@ MAX_SECONDS = 2.0
 MAX_ARROW_BYTES = 16 << 20
 
 
-def _read_in_child(path: Path, recursion_limit: int = 0) -> dict:
-    """Read `path` in a fresh interpreter; its outcome, seconds and peak memory as a dict."""
+def _read_in_child(path: Path, recursion_limit: int = 0, limits: FileLimits | None = None,
+                   ) -> dict:
+    """Read `path` in a fresh interpreter (by `limits`, default `FileLimits()`); its outcome,
+    seconds and peak memory as a dict."""
     code = textwrap.dedent(f"""
         import json, sys, time
         if {recursion_limit}:
             sys.setrecursionlimit({recursion_limit})  # as py-evm does on import
         import pyarrow as pa
         from meshrl.wire import RolloutFileError, read_rollout_file
+        from meshrl.wire.rollout_file import FileLimits
         t0 = time.perf_counter()
         try:
-            read_rollout_file({str(path)!r})
+            read_rollout_file({str(path)!r}, {limits or FileLimits()!r})
             out = {{"error": None}}
         except RolloutFileError as e:
             out = {{"error": str(e)}}
@@ -81,7 +91,7 @@ def _read_in_child(path: Path, recursion_limit: int = 0) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _refused(tmp_path: Path, data: bytes, match: str, **child: int) -> dict:
+def _refused(tmp_path: Path, data: bytes, match: str, **child: Any) -> dict:
     path = tmp_path / "bomb.parquet"
     path.write_bytes(data)
     out = _read_in_child(path, **child)
@@ -176,8 +186,8 @@ def test_a_column_of_the_wrong_type_is_refused():
 
 
 @pytest.mark.parametrize(("column", "typ"), [
-    ("prompt_id", pa.binary()), ("finish_reason", pa.binary()),
-    ("toploc_proofs", pa.list_(pa.string()))])
+    ("prompt_id", pa.binary()), ("prompt_id", pa.large_binary()), ("prompt_id", pa.int64()),
+    ("finish_reason", pa.binary()), ("toploc_proofs", pa.list_(pa.string()))])
 def test_a_string_column_of_another_stored_type_is_not_coerced(column, typ):
     """Issue #41: a prompt_id stored as binary (no UTF-8 annotation) was silently cast to a
     string. (large_string is the same Parquet type as string, read back as one: not a cast.)"""
@@ -185,8 +195,11 @@ def test_a_string_column_of_another_stored_type_is_not_coerced(column, typ):
     cols = columns(rf)
     if column == "toploc_proofs" and pa.types.is_string(typ.value_type):
         cols[column] = [[p.hex() for p in row] for row in cols[column]]
-    elif column != "toploc_proofs" and pa.types.is_binary(typ):
+    elif column != "toploc_proofs" and (pa.types.is_binary(typ)
+                                        or pa.types.is_large_binary(typ)):
         cols[column] = [v.encode() for v in cols[column]]
+    elif pa.types.is_integer(typ):  # a prompt_id a cast would turn into "0", "1", ...
+        cols[column] = list(range(len(cols[column])))
     schema = COLUMNS.set(COLUMNS.get_field_index(column), pa.field(column, typ, nullable=False))
     table = pa.Table.from_pydict(cols, schema=schema.with_metadata({METADATA_KEY:
                                                                     header_bytes(rf)}))
@@ -283,3 +296,140 @@ def test_the_callers_main_module_is_imported_once_not_once_a_child(tmp_path):
     pids = marks.read_text().split()
     # the caller's own import and the fork server's preload: never one per child
     assert len(pids) == 2 and len(set(pids)) == 2, pids
+
+
+def _pool_limits() -> FileLimits:
+    """The limits a validator of a 16 x 8-row pool of 8-token completions reads files by."""
+    return file_limits(PoolRules(pool_id=1, prompts_per_file=16, group_size=8,
+                                 sampling={"max_new_tokens": 8}))
+
+
+def _pool_file() -> RolloutFile:
+    """An honest-shaped file of that pool: one 258-byte proof a row (chunk 32, top-k 128)."""
+    rf = sample_rollout(n_prompts=16, group=8, tokens=8, topk=PROOF_TOPK)
+    rf.header = rf.header.model_copy(update={"toploc_chunk_size": PROOF_CHUNK_SIZE})
+    for c in rf.completions:
+        c.toploc_proofs = c.toploc_proofs[:1]
+    return rf
+
+
+def test_a_header_top_k_proof_bomb_is_refused_from_the_header(tmp_path):
+    """Issue #41: a header naming top-k 131,072 and chunks of one token made the proof column's
+    bounds 256 KiB a proof, 8 a row: a 12 kB file of compressible proofs cost the reader +520
+    MB (630 MB peak RSS) and was read. The pool's limits name the proofs' chunk size and top-k
+    (those a validator verifies with): any other header is refused before a column is read."""
+    limits = _pool_limits()
+    assert (limits.toploc_chunk_size, limits.toploc_topk) == (DEFAULT_CHUNK_SIZE, DEFAULT_TOPK)
+    rf = _pool_file()
+    assert read_rollout_file(rollout_file_bytes(rf), limits).header == rf.header
+    h = rf.header.model_copy(update={"toploc_topk": 1 << 17, "toploc_chunk_size": 1})
+    cols = columns(rf)
+    cols["toploc_proofs"] = [[bytes([i]) + b"\0" * (h.proof_bytes - 1) for i in range(8)]
+                             for _ in cols["toploc_proofs"]]
+    data = write_parquet(cols, h.model_dump_json().encode())
+    assert len(data) < 64 << 10
+    out = _refused(tmp_path, data, "header's toploc_chunk_size 1: this pool's proofs use 32",
+                   limits=limits)
+    assert out["rss_kb"] < 250_000, out
+    # the same top-k with the pool's chunk size; and any reader bounds the top-k
+    h = h.model_copy(update={"toploc_chunk_size": PROOF_CHUNK_SIZE})
+    bomb = write_parquet(cols, h.model_dump_json().encode())
+    _refused(tmp_path, bomb, "header's toploc_topk 131072: this pool's proofs use 128",
+             limits=limits)
+    _refused(tmp_path, bomb, "header's toploc_topk 131072 > limit 1024")
+
+
+_BATCH_CHILD = """
+import json, os, resource, sys
+from multiprocessing import Pipe
+from meshrl.wire.isolated import _child_many
+from meshrl.wire.rollout_file import FileLimits
+data = open(sys.argv[1], "rb").read()
+n = int(sys.argv[2])
+parent, child = Pipe(duplex=False)
+pid = os.fork()
+if pid == 0:
+    parent.close()
+    _child_many(child, [data] * n, FileLimits(), 4 << 30)
+    os._exit(0)
+child.close()
+got = 0
+while True:  # whatever the child sends, as it sends it (one message, or one a file)
+    try:
+        msg = parent.recv()
+    except EOFError:
+        break
+    got += len(msg) if isinstance(msg, list) else 1
+os.waitpid(pid, 0)
+print(json.dumps({"files": got,
+                  "child_rss_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))
+"""
+
+
+def _batch_child_rss(path: Path, n: int) -> int:
+    done = subprocess.run([sys.executable, "-c", _BATCH_CHILD, str(path), str(n)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["files"] == n, out
+    return int(out["child_rss_kb"])
+
+
+def test_a_batch_read_in_one_child_costs_one_files_memory_not_the_batchs(tmp_path):
+    """Issue #41: the shared child of `read_rollout_files_isolated` held every parsed file of
+    a batch and sent them at once (8 files: 8x one file's memory under one cap). It sends each
+    file as it is read and keeps none, so its peak (ru_maxrss of the reading child, measured
+    +66 MB for one file of 128 rows of 16,000-token prompts, about that for 8) grows by less
+    than two files' worth for a batch of 8; the caller gets them one at a time
+    (`iter_rollout_files_isolated`)."""
+    rf = _pool_file()
+    for c in rf.completions:
+        c.prompt_tokens = [5] * 16_000
+    path = tmp_path / "big.parquet"
+    path.write_bytes(rollout_file_bytes(rf))
+    base, one, eight = (_batch_child_rss(path, n) for n in (0, 1, 8))
+    per_file = one - base
+    assert per_file > 30_000, (base, one, eight)  # the file does cost memory to hold
+    assert eight - one < per_file, (base, one, eight)
+    it = iter_rollout_files_isolated([path.read_bytes(), b"PAR1", path.read_bytes()])
+    first = next(it)
+    assert isinstance(first, RolloutFile) and len(first.completions) == 128
+    assert [type(x).__name__ for x in it] == ["RolloutFileError", "RolloutFile"]
+
+
+@pytest.mark.parametrize("row_group_size", [1, 3, 64])
+def test_any_row_group_layout_of_an_honest_file_reads(row_group_size):
+    """Issue #41 (low): an honest file written one row group per row (128 > 64 row groups) was
+    refused, and a refused file is slashed; a file of several row groups (43) could not be
+    read at all (Arrow reads no dictionary list column of several row groups in one call). Any
+    layout of the pool's rows is a legal file: it reads back as the same file."""
+    rf = _pool_file()
+    data = write_parquet(columns(rf), header_bytes(rf), row_group_size=row_group_size)
+    back = read_rollout_file(data, _pool_limits())
+    assert rollout_file_bytes(back) == rollout_file_bytes(rf)
+    # the count is still bounded (the pool's limits: one row group a row at most)
+    assert _pool_limits().max_row_groups == 128
+    with pytest.raises(RolloutFileError, match="row groups > limit 1"):
+        read_rollout_file(data, FileLimits(max_rows=128, max_row_groups=1))
+
+
+def test_a_footer_that_understates_a_column_is_refused_before_its_pages_are_read(tmp_path):
+    """Issue #41: the footer's sizes were checked, but Arrow allocates what the page headers
+    say. A footer declaring 1,000 bytes for a finish_reason column whose dictionary page holds
+    one 64 MiB value cost 374 MB peak RSS before the value's length was refused; every page
+    header is now read against the footer first. (Honest files of any layout still read:
+    `test_any_row_group_layout_of_an_honest_file_reads`.)"""
+    data = string_bomb(sample_rollout(n_prompts=2, group=2))  # one value of 64 MiB
+    lie = footer_understates(data, COLUMNS.get_field_index("finish_reason"))
+    declared = pq.ParquetFile(pa.BufferReader(lie)).metadata.row_group(0).column(8)
+    assert declared.total_uncompressed_size == 1000 and len(lie) < 16 << 10
+    out = _refused(tmp_path, lie, "column 'finish_reason' of row group 0: its pages "
+                   "decompress to 67108")
+    assert out["rss_kb"] < 150_000, out
+    # a footer understating the values its pages hold
+    rf = sample_rollout()
+    honest = rollout_file_bytes(rf)
+    j = COLUMNS.get_field_index("prompt_tokens")
+    assert read_rollout_file(honest).header == rf.header
+    with pytest.raises(RolloutFileError, match="'prompt_tokens' of row group 0: its pages"):
+        read_rollout_file(footer_understates(honest, j, claim=10))

@@ -70,15 +70,19 @@ def profile(name: str) -> ProfileSpec:
     return PROFILES[name]
 
 
-def unmet_profile(name: str, dtype: str, backend: str) -> str | None:
-    """Why a worker computing in `dtype` (with `backend`) would be judged unfairly by profile
-    `name`, or None when it can work under it. "meshrl-cpu-engine" needs float32 compute: honest
-    bfloat16 files fail its pooled tests (pooled exponent mismatch rate 0.012-0.024 > 0.005,
-    tests/worker/test_worker_profile.py)."""
+def unmet_profile(name: str, dtype: str, backend: str, role: str = "worker") -> str | None:
+    """Why a `role` computing in `dtype` (with `backend`) cannot work under profile `name`, or
+    None when it can. "meshrl-cpu-engine" needs float32 compute: honest bfloat16 files fail its
+    pooled tests (pooled exponent mismatch rate 0.012-0.024 > 0.005,
+    tests/worker/test_worker_profile.py), and a validator recomputing in bfloat16 or float16
+    fails honest float32 files the same way (issue #41: 80 of 80 files with bfloat16, 60 of 80
+    with float16), so the rule binds the worker and the validator alike."""
     spec = profile(name)
     if dtype in spec.dtypes:
         return None
+    harm = ("its honest files would be slashed" if role == "worker" else
+            "it would slash honest float32 work")
     return (f"the pool's proof profile {name!r} holds only for {' or '.join(spec.dtypes)} "
-            f"compute, and this worker computes in {dtype} (backend {backend!r}): its honest "
-            f"files would be slashed; set dtype = \"float32\", or work for a pool with proof "
-            f"profile 'any-hardware'")
+            f"compute, and this {role} computes in {dtype} (backend {backend!r}): {harm}; set "
+            f"dtype = \"float32\", or {'work' if role == 'worker' else 'judge'} for a pool "
+            f"with proof profile 'any-hardware'")

@@ -35,7 +35,7 @@ from meshrl.pool import (
 from meshrl.tasks import TaskSet
 from meshrl.wire import SignedClient, StepGoesBack, WireHTTPError
 from meshrl.wire.errors import RolloutFileError
-from meshrl.wire.isolated import read_rollout_files_isolated
+from meshrl.wire.isolated import iter_rollout_files_isolated
 from meshrl.wire.models import FileStatus, LedgerEntry, LedgerPage
 from meshrl.wire.rollout_file import RolloutFile
 
@@ -93,12 +93,13 @@ def files_groups(entries: list[LedgerEntry], datas: list[bytes], tokenizer: Any,
                  ) -> list[FileGroups | UnusableFile | RolloutFileError]:
     """`file_groups` of several files, each result the file's groups or why it is unusable;
     their bytes are read in one isolated child (a child that dies falls back to one a file,
-    `read_rollout_files_isolated`), so a step's files cost one fork, not one each."""
+    `iter_rollout_files_isolated`), so a step's files cost one fork, not one each."""
     out: list[FileGroups | UnusableFile | RolloutFileError] = []
     hashed = [hashlib.sha256(d).hexdigest() == e.sha256 for e, d in zip(entries, datas,
                                                                          strict=True)]
-    read = iter(read_rollout_files_isolated([d for d, ok in zip(datas, hashed, strict=True)
-                                             if ok], file_limits(rules)))
+    # one parsed file at a time: each becomes its groups before the next is received
+    read = iter_rollout_files_isolated([d for d, ok in zip(datas, hashed, strict=True) if ok],
+                                       file_limits(rules))
     for entry, ok in zip(entries, hashed, strict=True):
         if not ok:
             out.append(UnusableFile(f"{entry.sha256[:12]}: downloaded bytes do not hash to "

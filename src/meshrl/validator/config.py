@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from meshrl.config import Config
 from meshrl.inference.params import ComputeDtype, DeviceName, EngineConfig, check_compute
+from meshrl.pool.profiles import unmet_profile
 from meshrl.pool.rules import RulesPins
 from meshrl.protocol.config import ChainConfig
 from meshrl.validator.policy import RetryConfig
@@ -78,6 +79,13 @@ class ValidatorConfig(Config):
     @model_validator(mode="after")
     def _compute(self) -> ValidatorConfig:
         check_compute(self.backend, self.device, self.dtype)
+        # a pinned proof profile its own compute cannot honour: refused at load (the published
+        # one is checked at start, `ValidatorNode._rules`), as a worker's is (issue #41)
+        pinned = self.rules.proof_profile
+        why = None if pinned is None else unmet_profile(pinned, self.dtype, self.backend,
+                                                         "validator")
+        if why is not None:
+            raise ValueError(why)
         return self
 
     pool_id: int = Field(1, ge=1, description="compute pool to validate")

@@ -13,7 +13,17 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from meshrl.log import get_logger
-from meshrl.pool import Check, Decision, Finding, PoolRules, Severity, decide, file_limits
+from meshrl.pool import (
+    Check,
+    Decision,
+    Finding,
+    PoolRules,
+    PoolRulesError,
+    Severity,
+    decide,
+    file_limits,
+    unmet_profile,
+)
 from meshrl.validator.checks import check_node, check_sha256, check_slot_claim
 from meshrl.validator.config import ValidatorConfig
 from meshrl.validator.models import ModelCache, VersionUnavailable
@@ -48,9 +58,14 @@ def replay_config(cfg: ValidatorConfig, rules: PoolRules) -> ReplayConfig:
 class Judge:
     def __init__(self, cfg: ValidatorConfig, rules: PoolRules, orch: SignedClient) -> None:
         self.cfg, self.rules, self.orch = cfg, rules, orch
+        why = unmet_profile(rules.proof_profile, cfg.dtype, cfg.backend, "validator")
+        if why is not None:  # it would slash honest work (issue #41): never judge with it
+            raise PoolRulesError(why)
         self.tasks = rules.task.build()  # once: a math task reads its data file here
-        self.limits = file_limits(rules)  # what a file of this pool may hold, checked first
         self.replay = replay_config(cfg, rules)
+        # what a file of this pool may hold, checked first; its proofs those it is verified by
+        self.limits = file_limits(rules, toploc_chunk_size=self.replay.chunk_size,
+                                  toploc_topk=self.replay.topk)
         self.models = ModelCache(cfg.work_dir, cfg.model_dir, cfg.shardcast_servers, cfg.engine,
                                  signer=rules.policy_signer, backend=cfg.backend,
                                  device=cfg.device, dtype=cfg.dtype,

@@ -30,7 +30,16 @@ import time
 from eth_account.signers.local import LocalAccount
 
 from meshrl.log import get_logger, log_event
-from meshrl.pool import Decision, PoolRules, check_rules, give_up, read_rules, require_same_rules
+from meshrl.pool import (
+    Decision,
+    PoolRules,
+    PoolRulesError,
+    check_rules,
+    give_up,
+    read_rules,
+    require_same_rules,
+    unmet_profile,
+)
 from meshrl.protocol import ChainError, Deployment, Event, Protocol
 from meshrl.protocol.history import submission
 from meshrl.protocol.local import connect
@@ -107,11 +116,17 @@ class ValidatorNode:
 
     async def _rules(self, orch: SignedClient) -> PoolRules | None:
         """The published rules, refused (`PoolRulesError`) when this validator's config pins
-        another value of any of them: workers stake on the published ones."""
+        another value of any of them (workers stake on the published ones), or when its
+        compute dtype cannot honour their proof profile."""
         rules = await read_rules(orch, self.stop, self.cfg.poll_interval)
         if rules is None:
             return None
         check_rules(rules, self.cfg.pool_id, self.cfg.rules, "validator")
+        # recomputing in a dtype the published profile does not hold for would slash honest
+        # work (issue #41): refused for good, as a worker is (`worker/profile.py`)
+        why = unmet_profile(rules.proof_profile, self.cfg.dtype, self.cfg.backend, "validator")
+        if why is not None:
+            raise PoolRulesError(why)
         log_event(log, "pool rules", pool=rules.pool_id, proof_profile=rules.proof_profile,
                   thresholds_overridden="thresholds" in self.cfg.replay)
         self.rules, self.rules_read = rules, time.monotonic()

@@ -30,6 +30,7 @@ from meshrl.pool import (
     decide,
     logprob_floor,
     replayed_rows,
+    unmet_profile,
 )
 from meshrl.tasks import TaskSet, compute_reward
 from meshrl.validator.checks import (
@@ -45,8 +46,8 @@ from meshrl.validator.checks import (
 from meshrl.validator.replay import ReplayConfig, ReplayRow, ReplaySpec, replay_files
 from meshrl.wire.rollout_file import RolloutFile
 
-__all__ = ["ChainClaim", "model_free_findings", "replay_subset", "unscorable", "verify_file",
-           "verify_files"]
+__all__ = ["ChainClaim", "compute_dtype", "model_free_findings", "replay_subset", "unscorable",
+           "verify_file", "verify_files"]
 
 # findings after which a file's seed and prompts mean nothing: no replay
 _NOT_ITS_WORK = (Check.TOKENS, Check.PROMPTS, Check.NODE, Check.SAMPLING_SEED, Check.RULES,
@@ -64,6 +65,14 @@ class ChainClaim:
     provider: str
     units: int
     block_hash: str | None = None
+
+
+def compute_dtype(backend: InferenceBackend) -> str:
+    """The dtype `backend` recomputes in: its model's parameters' (the reference backend), else
+    float32 (the CPU engine computes in nothing else)."""
+    params = getattr(getattr(backend, "model", None), "parameters", None)
+    first = next(iter(params()), None) if callable(params) else None
+    return str(first.dtype).removeprefix("torch.") if first is not None else "float32"
 
 
 def replay_subset(rf: RolloutFile, claim: ChainClaim, rules: PoolRules) -> list[int]:
@@ -184,8 +193,15 @@ def verify_files(backend: InferenceBackend, tokenizer: Any,
                  tasks: TaskSet, cfg: ReplayConfig | None = None,
                  prior: Sequence[list[Finding]] | None = None) -> list[Decision]:
     """Decisions on several files of one policy version; their replays share prefill batches.
-    `prior[i]`: findings already made about file i (e.g. its slot claim)."""
+    `prior[i]`: findings already made about file i (e.g. its slot claim).
+
+    A backend whose compute dtype the rules' proof profile does not hold for (bfloat16 under
+    "meshrl-cpu-engine") abstains from the replay: its tolerances would fail honest float32
+    work (issue #41). The checks that need no model still decide; a file they pass is a soft
+    `validator_error`, never a slash. (`meshrl validator` refuses to start in that case.)"""
     cfg = cfg or ReplayConfig()
+    dtype = compute_dtype(backend)
+    unmet = unmet_profile(rules.proof_profile, dtype, type(backend).__name__, "validator")
     found = []
     for i, (f, c) in enumerate(items):
         bad = unscorable(backend, f, rules)  # first: decoding such a row could fail too
@@ -193,6 +209,11 @@ def verify_files(backend: InferenceBackend, tokenizer: Any,
                                                      backend.vocab_size)
         found.append([*(prior[i] if prior else []), *mine])
     todo = [i for i, fs in enumerate(found) if not any(x.check in _NOT_ITS_WORK for x in fs)]
+    if unmet is not None:
+        for i in todo:
+            found[i].append(Finding(Check.VALIDATOR_ERROR, Severity.SOFT,
+                                    f"abstained from the replay: {unmet}", {"dtype": dtype}))
+        todo = []
     max_len = getattr(backend, "max_seq_len", None)
     specs = {i: _spec(items[i][0], rules, tokenizer, max_len) for i in todo}
     subsets = {i: replay_subset(*items[i], rules) for i in todo}

@@ -10,9 +10,13 @@ deadline and an address-space cap. Whatever goes wrong there comes back as a
 `RolloutFileError` naming what happened (a signal, the deadline, the memory cap), so the caller
 judges the file instead of dying on it, and the next restart does not meet it again.
 
-`read_rollout_files_isolated` reads several files in one child (one fork, not one a file: the
-trainer reads a step's files together); if that child dies, stalls or hits its cap, each file
-is read again in a child of its own, so a hostile file costs only itself.
+`iter_rollout_files_isolated` reads several files in one child (one fork, not one a file: the
+trainer reads a step's files together) and hands them back one at a time: the child sends each
+file as soon as it is read and keeps none (it used to hold a whole batch and send it at once:
+8 files' worth of memory in the child and the pipe, issue #41), and its memory cap bounds one
+file's read. If that child dies, stalls or hits its cap, each file it did not answer for is
+read again in a child of its own, so a hostile file costs only itself.
+`read_rollout_files_isolated` is the same as a list.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from typing import Any
 from meshrl.wire.errors import RolloutFileError
 from meshrl.wire.rollout_file import FileLimits, RolloutFile, read_rollout_file
 
-__all__ = ["IsolationLimits", "read_rollout_file_isolated", "read_rollout_files_isolated"]
+__all__ = ["IsolationLimits", "iter_rollout_files_isolated", "read_rollout_file_isolated",
+           "read_rollout_files_isolated"]
 
 _CTX: Any = None
 
@@ -90,36 +95,47 @@ def _child_many(conn: Connection, datas: list[bytes], limits: FileLimits,
     cap = _vm_bytes() + memory_bytes
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    out: list[tuple[str, Any]] = []
     try:
-        for data in datas:
+        for data in datas:  # one file at a time, sent and dropped before the next is read
             try:
-                out.append(("ok", read_rollout_file(data, limits)))
+                out: tuple[str, Any] = ("ok", read_rollout_file(data, limits))
             except RolloutFileError as e:
-                out.append(("refused", str(e)))
-        conn.send(out)
-    finally:  # a MemoryError sends nothing: the parent reads each file alone
+                out = ("refused", str(e))
+            conn.send(out)
+            del out
+    finally:  # a MemoryError sends nothing more: the parent reads the rest alone
         conn.close()
+
+
+def iter_rollout_files_isolated(datas: list[bytes], limits: FileLimits | None = None,
+                                isolation: IsolationLimits | None = None,
+                                ) -> Iterator[RolloutFile | RolloutFileError]:
+    """`read_rollout_file` of each of `datas` in one child process, yielded in order as each is
+    read (the deadline is `isolation.seconds` per file); each result is the file or its
+    refusal. When the shared child stops answering (a crash, the deadline, the cap), every file
+    it did not answer for is read again alone by `read_rollout_file_isolated`, so one hostile
+    file cannot cost the others."""
+    limits, isolation = limits or FileLimits(), isolation or IsolationLimits()
+    if len(datas) <= 1:
+        yield from (_one(d, limits, isolation) for d in datas)
+        return
+    done = 0
+    with _reader(_child_many, datas, limits, isolation.memory_bytes) as (parent, _):
+        while done < len(datas) and parent.poll(isolation.seconds):
+            try:
+                kind, value = parent.recv()
+            except (EOFError, OSError):
+                break
+            yield value if kind == "ok" else RolloutFileError(value)
+            done += 1
+    yield from (_one(d, limits, isolation) for d in datas[done:])
 
 
 def read_rollout_files_isolated(datas: list[bytes], limits: FileLimits | None = None,
                                 isolation: IsolationLimits | None = None,
                                 ) -> list[RolloutFile | RolloutFileError]:
-    """`read_rollout_file` of each of `datas` in one child process (the deadline is
-    `isolation.seconds` per file); each result is the file or its refusal. When the shared
-    child does not answer (a crash, the deadline, the cap), every file is read again alone
-    by `read_rollout_file_isolated`, so one hostile file cannot cost the others."""
-    limits, isolation = limits or FileLimits(), isolation or IsolationLimits()
-    if len(datas) <= 1:
-        return [_one(d, limits, isolation) for d in datas]
-    got: list[tuple[str, Any]] | None = None
-    with _reader(_child_many, datas, limits, isolation.memory_bytes) as (parent, _):
-        if parent.poll(isolation.seconds * len(datas)):
-            with contextlib.suppress(EOFError, OSError):
-                got = parent.recv()
-    if got is None or len(got) != len(datas):
-        return [_one(d, limits, isolation) for d in datas]
-    return [value if kind == "ok" else RolloutFileError(value) for kind, value in got]
+    """`iter_rollout_files_isolated` as a list."""
+    return list(iter_rollout_files_isolated(datas, limits, isolation))
 
 
 def _one(data: bytes, limits: FileLimits, isolation: IsolationLimits,

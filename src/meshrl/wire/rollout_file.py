@@ -19,6 +19,7 @@ repeated huge values is refused without allocating them; strings must be valid U
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -37,6 +38,8 @@ __all__ = [
     "COLUMNS",
     "FINISH_REASONS",
     "METADATA_KEY",
+    "PROOF_CHUNK_SIZE",
+    "PROOF_TOPK",
     "SCHEMA_VERSION",
     "Completion",
     "FileLimits",
@@ -49,6 +52,10 @@ __all__ = [
 
 SCHEMA_VERSION = 2  # 2: the header names its rules by digest, not as free-form dicts
 METADATA_KEY = b"meshrl.rollout"
+# the TOPLOC parameters every worker writes and every validator verifies with
+# (`meshrl.toploc.proofs.DEFAULT_CHUNK_SIZE` / `DEFAULT_TOPK`)
+PROOF_CHUNK_SIZE = 32
+PROOF_TOPK = 128
 FINISH_REASONS = ("eos", "stop", "length")
 
 COLUMNS = pa.schema([
@@ -80,8 +87,8 @@ class RolloutHeader(BaseModel):
                               "published rules the file was generated under "
                               "(`meshrl.pool.PoolRules.digest`)")
     sampling_seed: int = Field(ge=0, lt=2**64)
-    toploc_chunk_size: int = Field(32, ge=1)
-    toploc_topk: int = Field(128, ge=1)
+    toploc_chunk_size: int = Field(PROOF_CHUNK_SIZE, ge=1)
+    toploc_topk: int = Field(PROOF_TOPK, ge=1)
     work_units: int = Field(ge=1)
 
     @property
@@ -143,6 +150,13 @@ class FileLimits:
     max_json_depth: int = 16
     max_string_bytes: int = 256  # prompt_id, finish_reason
     max_row_groups: int = 64
+    # the header's TOPLOC parameters size the proof column (2 + 2 x topk bytes a proof, one
+    # proof per chunk_size tokens): a header naming a huge top-k or a chunk of one token made
+    # a small file of compressible proofs cost +513 MB (issue #41). None: any chunk size and
+    # a top-k of at most `max_toploc_topk`; set (`meshrl.pool.file_limits`): exactly that.
+    toploc_chunk_size: int | None = None
+    toploc_topk: int | None = None
+    max_toploc_topk: int = 1024
 
     def max_leaf_values(self, column: str, rows: int, chunk_size: int) -> int:
         """Most leaf values column `column` may hold in a file of `rows` rows."""
@@ -158,7 +172,8 @@ class FileLimits:
 # columns read dictionary-encoded, so their values' lengths are checked before expansion
 _DICTIONARY = {"prompt_id": "prompt_id", "finish_reason": "finish_reason",
                "toploc_proofs": "toploc_proofs.list.element"}
-_PAGE_SLACK = 1 << 16  # Parquet's own bytes (page headers, levels) per column chunk
+_PAGE_SLACK = 1 << 16  # Parquet's own bytes (page headers, levels) of a column
+_CHUNK_SLACK = 1 << 12  # and of each more column chunk (an honest 1-row chunk: under 1 kB)
 # what a malformed file makes the Parquet reader raise (never a crash of the reading process)
 _UNREADABLE = (pa.ArrowException, OSError, ValueError, KeyError, IndexError, TypeError,
                UnicodeDecodeError, OverflowError)
@@ -178,11 +193,16 @@ def read_rollout_file(source: str | Path | bytes,
                                 thrift_container_size_limit=1 << 16, schema_depth_limit=8)
         header = _header(footer.metadata.metadata or {}, limits)
         _check_declared(footer, header, limits)
+        _check_pages(footer.metadata, source, size)
         # the columns are ours (checked above): read the string and proof values as
         # dictionaries, bounded before they are expanded
         reader = pq.ParquetFile(src, metadata=footer.metadata,
                                 read_dictionary=list(_DICTIONARY.values()))
-        table = _expand(reader.read(), header, limits)
+        # one row group at a time: Arrow cannot read a dictionary-read list column of several
+        # row groups in one call, and any row-group layout is a legal file (issue #41: an
+        # honest file of one row group per row was refused, hence slashed)
+        groups = [reader.read_row_group(i) for i in range(reader.num_row_groups)]
+        table = _expand(pa.concat_tables(groups) if groups else reader.read(), header, limits)
     except _UNREADABLE as e:
         if isinstance(e, RolloutFileError):
             raise
@@ -234,11 +254,158 @@ def _check_declared(reader: pq.ParquetFile, header: RolloutHeader, limits: FileL
         most = limits.max_leaf_values(name, rows, header.toploc_chunk_size)
         if values > most:
             raise RolloutFileError(f"column {name!r} declares {values} values > limit {most}")
-        budget = most * (widths.get(name, 8) + 4) + _PAGE_SLACK * max(1, len(chunks))
+        budget = most * (widths.get(name, 8) + 4) + _PAGE_SLACK + _CHUNK_SLACK * len(chunks)
         declared = sum(c.total_uncompressed_size for c in chunks)
         if declared > budget:
             raise RolloutFileError(f"column {name!r} declares {declared} uncompressed bytes > "
                                    f"limit {budget}")
+
+
+_MAX_PAGE_HEADER = 1 << 16  # bytes of one page header (statistics of a 256-byte string fit)
+_MAX_PAGES = 1 << 16  # in a file beyond three a column chunk (honest: one or two a chunk)
+
+
+class _Compact:
+    """Just enough of Thrift's compact protocol to read Parquet page headers: fields are
+    skipped by type, nothing is allocated by a length the data declares."""
+
+    def __init__(self, buf: memoryview) -> None:
+        self.buf, self.at = buf, 0
+
+    def byte(self) -> int:
+        if self.at >= len(self.buf):
+            raise RolloutFileError("a page header runs past its column chunk")
+        self.at += 1
+        return int(self.buf[self.at - 1])
+
+    def varint(self) -> int:
+        out = shift = 0
+        for _ in range(10):
+            b = self.byte()
+            out |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return out
+            shift += 7
+        raise RolloutFileError("a page header holds a malformed integer")
+
+    def int(self) -> int:
+        n = self.varint()
+        return (n >> 1) ^ -(n & 1)
+
+    def skip(self, kind: int, depth: int = 0) -> None:
+        if depth > 8:
+            raise RolloutFileError("a page header nests too deep")
+        if kind in (1, 2):  # booleans: in the field header
+            return
+        if kind == 3:
+            self.byte()
+        elif kind in (4, 5, 6):
+            self.varint()
+        elif kind == 7:
+            self.at += 8
+        elif kind == 8:
+            n = self.varint()  # read before `at` is: the length's own bytes come first
+            self.at += n
+        elif kind in (9, 10):
+            head = self.byte()
+            n = head >> 4 if head >> 4 != 15 else self.varint()
+            for _ in range(n):
+                self.skip(3 if head & 0x0F in (1, 2) else head & 0x0F, depth + 1)  # a bool: a byte
+        elif kind == 11:
+            n = self.varint()
+            types = self.byte() if n else 0
+            for _ in range(n):
+                self.skip(types >> 4, depth + 1)
+                self.skip(types & 0x0F, depth + 1)
+        elif kind == 12:
+            self.struct(depth + 1)
+        else:
+            raise RolloutFileError(f"a page header holds an unknown Thrift type {kind}")
+        if self.at > len(self.buf):
+            raise RolloutFileError("a page header runs past its column chunk")
+
+    def struct(self, depth: int = 0, want: frozenset[int] = frozenset(),
+               ) -> dict[int, int | dict[int, int]]:
+        """The integer fields `want` of a struct (their nested structs' field 1, the values
+        count), every other field skipped."""
+        out: dict[int, int | dict[int, int]] = {}
+        last = 0
+        while True:
+            head = self.byte()
+            if head == 0:
+                return out
+            last = last + (head >> 4) if head >> 4 else self.int()
+            kind = head & 0x0F
+            if last in want and kind in (5, 6):
+                out[last] = self.int()
+            elif last in want and kind == 12:
+                out[last] = {k: v for k, v in self.struct(depth + 1, frozenset({1})).items()
+                             if isinstance(v, int)}
+            else:
+                self.skip(kind, depth)
+
+
+# PageHeader: 2 uncompressed_page_size, 3 compressed_page_size, 5 data page, 7 dictionary
+# page, 8 data page v2 (each of the last three: field 1 = num_values)
+_PAGE_FIELDS = frozenset({2, 3, 5, 7, 8})
+
+
+def _check_pages(md: pq.FileMetaData, source: str | Path | bytes, size: int) -> None:
+    """Every page header of every column chunk against the footer (already bounded): the
+    bytes a page decompresses to and the values it decodes are what Arrow allocates, and
+    they come from the page headers, not the footer. A footer that understated a column
+    (declared 1,000 bytes, a dictionary page of 64 MiB) cost 374 MB before the value was
+    refused (issue #41): here it is refused before any page is decompressed."""
+    pages = 0
+    with contextlib.ExitStack() as stack:
+        f = stack.enter_context(open(source, "rb")) if not isinstance(source, bytes) else None
+        for g in range(md.num_row_groups):
+            group = md.row_group(g)
+            for j in range(len(COLUMNS)):
+                chunk = group.column(j)
+                start = chunk.data_page_offset
+                if chunk.has_dictionary_page and chunk.dictionary_page_offset:
+                    start = min(start, chunk.dictionary_page_offset)
+                length = chunk.total_compressed_size
+                if start < 4 or length < 0 or start + length > size - 8:
+                    raise RolloutFileError(f"column {COLUMNS.names[j]!r} of row group {g}: "
+                                           "its pages lie outside the file")
+                if f is None:
+                    raw = memoryview(source)[start:start + length]  # type: ignore[index]
+                else:
+                    f.seek(start)
+                    raw = memoryview(f.read(length))
+                pages += _check_chunk_pages(raw, chunk, f"column {COLUMNS.names[j]!r} of row "
+                                            f"group {g}")
+                if pages > _MAX_PAGES + 3 * len(COLUMNS) * md.num_row_groups:
+                    raise RolloutFileError(f"more than {pages - 1} pages")
+
+
+def _check_chunk_pages(raw: memoryview, chunk: pq.ColumnChunkMetaData, where: str) -> int:
+    """The pages of one column chunk: their decompressed bytes within the chunk's declared
+    uncompressed size, their values within its declared values. Returns the page count."""
+    at = pages = uncompressed = values = 0
+    while at < len(raw):
+        reader = _Compact(raw[at:at + _MAX_PAGE_HEADER])
+        fields = reader.struct(want=_PAGE_FIELDS)
+        body, inner = fields.get(3), fields.get(2)
+        if not isinstance(body, int) or not isinstance(inner, int) or body < 0 or inner < 0:
+            raise RolloutFileError(f"{where}: a page header without its sizes")
+        uncompressed += inner  # (the footer's count adds the headers: a writer's choice)
+        for kind in (5, 8):
+            sub = fields.get(kind)
+            values += sub.get(1, 0) if isinstance(sub, dict) else 0
+        at += reader.at + body
+        pages += 1
+    if at != len(raw):
+        raise RolloutFileError(f"{where}: its pages run past the column chunk")
+    if uncompressed > chunk.total_uncompressed_size:
+        raise RolloutFileError(f"{where}: its pages decompress to {uncompressed} bytes, the "
+                               f"footer declares {chunk.total_uncompressed_size}")
+    if values > chunk.num_values:
+        raise RolloutFileError(f"{where}: its pages hold {values} values, the footer declares "
+                               f"{chunk.num_values}")
+    return pages
 
 
 def _expand(table: pa.Table, header: RolloutHeader, limits: FileLimits) -> pa.Table:
@@ -309,10 +476,24 @@ def _header(metadata: dict[bytes, bytes], limits: FileLimits) -> RolloutHeader:
         got = data.get("schema_version") if isinstance(data, dict) else None
         raise RolloutFileError(f"schema version {got!r}, this reader reads {SCHEMA_VERSION}")
     try:
-        return RolloutHeader.model_validate(data)
+        header = RolloutHeader.model_validate(data)
     except ValidationError as e:
         raise RolloutFileError(f"bad header: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}") \
             from None
+    _check_proof_params(header, limits)
+    return header
+
+
+def _check_proof_params(header: RolloutHeader, limits: FileLimits) -> None:
+    """The header's TOPLOC parameters, which size the proof column, before any column is read."""
+    for name, want in (("toploc_chunk_size", limits.toploc_chunk_size),
+                       ("toploc_topk", limits.toploc_topk)):
+        got = getattr(header, name)
+        if want is not None and got != want:
+            raise RolloutFileError(f"header's {name} {got}: this pool's proofs use {want}")
+    if header.toploc_topk > limits.max_toploc_topk:
+        raise RolloutFileError(f"header's toploc_topk {header.toploc_topk} > limit "
+                               f"{limits.max_toploc_topk}")
 
 
 def _check(rf: RolloutFile) -> None:
