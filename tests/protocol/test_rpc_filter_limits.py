@@ -29,6 +29,7 @@ from meshrl.protocol.local import ANVIL_DEV_KEY
 from meshrl.protocol.rpc_filter import (
     INVALID_PARAMS,
     CallerQueue,
+    QueueFull,
     RpcFilter,
     caller_of,
     filter_in_thread,
@@ -193,6 +194,24 @@ def test_the_queue_serves_callers_round_robin() -> None:
 
     order = asyncio.run(main())
     assert order.index("b") <= 2 and len(order) == 51
+
+
+def test_the_queue_bound_is_strict_and_a_cancelled_wait_leaks_nothing() -> None:
+    async def main() -> None:
+        q = CallerQueue(slots=1, per_caller=1, max_waiting=2)
+        await q.acquire("a")  # holds the only slot
+        waits = [asyncio.create_task(q.acquire("a")) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert isinstance(waits[2].exception(), QueueFull)  # 2 waiting already
+        waits[0].cancel()  # a caller that went away gives its place up
+        await asyncio.sleep(0)
+        assert len(q.waiting["a"]) == 1
+        q.release("a")
+        await waits[1]  # the next one gets the slot, and gives it back
+        q.release("a")
+        assert q.free == 1 and not q.running and not q.waiting
+
+    asyncio.run(main())
 
 
 def test_callers_are_ips_and_ipv6_slash_64s() -> None:

@@ -141,7 +141,7 @@ def never_forwarded(method: str) -> bool:
 # A call that runs code is bounded by its gas: anvil computes on after the filter gives up (an
 # endless loop with 2^40 gas ran for about an hour of a core). meshrl's heaviest call through a
 # public RPC is the estimate of a 64-item `claim` (1.15 M gas measured, up to ~7 M when every
-# item scans its provider's accusations); the protocol's deployment takes 5.25 M. 10 M: ~15 ms
+# item scans its provider's accusations); the protocol's deployment takes 5.25 M. 10 M: 10-15 ms
 # of anvil for an endless loop (docs/joining.md).
 MAX_CALL_GAS = 10_000_000
 

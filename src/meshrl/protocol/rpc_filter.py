@@ -90,7 +90,9 @@ class CallerQueue:
             raise QueueFull(f"more than {self.max_waiting} calls queued from one address")
 
     async def acquire(self, caller: str) -> None:
-        """Wait for a slot; on cancellation the place in the queue (or the slot) is given up."""
+        """Wait for a slot (`QueueFull` at once if `caller` has `max_waiting` calls waiting);
+        on cancellation the place in the queue (or the slot) is given up."""
+        self.reserve(caller, 1)  # before any await: the bound holds for concurrent requests
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiting.setdefault(caller, deque()).append(fut)
         self._dispatch()
@@ -200,6 +202,9 @@ class RpcFilter:
         except TimeoutError:
             self.timed_out += 1
             return _error(id_, TIMED_OUT, "timed out waiting for the node (busy)")
+        except QueueFull as e:  # requests of one caller raced for the last places
+            self.limited += 1
+            return _error(id_, LIMIT_EXCEEDED, str(e))
         task = asyncio.get_running_loop().create_task(self._forward(call))
         self._inflight.add(task)
 
@@ -272,7 +277,7 @@ class RpcFilter:
                 self.refused += 1
                 answers.append(r.answer)
         caller = caller_of(request.remote)
-        try:
+        try:  # the whole request at once where it cannot fit (`acquire` checks each call too)
             self.queue.reserve(caller, len(passing))
         except QueueFull as e:
             self.limited += len(passing)
