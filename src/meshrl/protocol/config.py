@@ -7,10 +7,12 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from meshrl.config import Config
+from meshrl.wire.guard import GuardConfig
 
 __all__ = [
-    "STANDARD_METHODS", "ChainConfig", "ProtocolParams", "RpcFilterConfig", "hex_address",
-    "hex_key",
+    "MAX_CALL_GAS", "NEVER_METHODS", "NEVER_PREFIXES", "STANDARD_METHODS", "ChainConfig",
+    "FilterGuardConfig", "ProtocolParams", "RpcFilterConfig", "hex_address", "hex_key",
+    "never_forwarded",
 ]
 
 
@@ -98,27 +100,69 @@ class ChainConfig(Config):
         return self
 
 
-# Standard Ethereum JSON-RPC: reads, filters, and already-signed transactions. Nothing that
-# signs with a key the node holds, changes its state outside a transaction or inspects it.
+# Standard Ethereum JSON-RPC: reads and already-signed transactions. Nothing that signs with a
+# key the node holds, changes its state outside a transaction, inspects it, or keeps state for
+# the caller (server-side log filters: 20,000 of them were installed through the filter; meshrl's
+# own clients read logs with `eth_getLogs`).
 STANDARD_METHODS: tuple[str, ...] = (
     "eth_blockNumber", "eth_blobBaseFee", "eth_call", "eth_chainId", "eth_createAccessList",
     "eth_estimateGas", "eth_feeHistory", "eth_gasPrice", "eth_getBalance",
     "eth_getBlockByHash", "eth_getBlockByNumber", "eth_getBlockReceipts",
     "eth_getBlockTransactionCountByHash", "eth_getBlockTransactionCountByNumber",
-    "eth_getCode", "eth_getFilterChanges", "eth_getFilterLogs", "eth_getLogs", "eth_getProof",
+    "eth_getCode", "eth_getLogs", "eth_getProof",
     "eth_getStorageAt", "eth_getTransactionByBlockHashAndIndex",
     "eth_getTransactionByBlockNumberAndIndex", "eth_getTransactionByHash",
     "eth_getTransactionCount", "eth_getTransactionReceipt", "eth_getUncleByBlockHashAndIndex",
     "eth_getUncleByBlockNumberAndIndex", "eth_getUncleCountByBlockHash",
-    "eth_getUncleCountByBlockNumber", "eth_maxPriorityFeePerGas", "eth_newBlockFilter",
-    "eth_newFilter", "eth_newPendingTransactionFilter", "eth_protocolVersion",
-    "eth_sendRawTransaction", "eth_syncing", "eth_uninstallFilter",
+    "eth_getUncleCountByBlockNumber", "eth_maxPriorityFeePerGas", "eth_protocolVersion",
+    "eth_sendRawTransaction", "eth_syncing",
     "net_listening", "net_peerCount", "net_version", "web3_clientVersion", "web3_sha3",
 )
 
+# Refused whatever `allow` says (a config naming one does not load): the node's own powers
+# (anvil's cheat codes, time travel, tracing, its unlocked accounts and what they sign or send)
+# and state kept for the caller (log filters, subscriptions).
+NEVER_PREFIXES: tuple[str, ...] = (
+    "anvil_", "evm_", "hardhat_", "debug_", "personal_", "admin_", "miner_", "txpool_",
+    "trace_", "ots_", "engine_", "eth_sign", "eth_newFilter", "eth_newBlockFilter",
+    "eth_newPendingTransactionFilter", "eth_getFilter", "eth_uninstallFilter", "eth_subscribe",
+    "eth_unsubscribe",
+)
+NEVER_METHODS: frozenset[str] = frozenset({
+    "eth_accounts", "eth_sendTransaction", "eth_sendUnsignedTransaction", "eth_coinbase",
+})
+
+
+def never_forwarded(method: str) -> bool:
+    """True for a method no public endpoint may forward (`NEVER_PREFIXES`, `NEVER_METHODS`)."""
+    return method in NEVER_METHODS or method.startswith(NEVER_PREFIXES)
+
+
+# A call that runs code is bounded by its gas: anvil computes on after the filter gives up (an
+# endless loop with 2^40 gas ran for about an hour of a core). meshrl's heaviest call through a
+# public RPC is the estimate of a 64-item `claim` (1.15 M gas measured, up to ~7 M when every
+# item scans its provider's accusations); the protocol's deployment takes 5.25 M. 10 M: 10-15 ms
+# of anvil for an endless loop (docs/joining.md).
+MAX_CALL_GAS = 10_000_000
+
+
+class FilterGuardConfig(GuardConfig):
+    """The services' connection limits, tighter for a public JSON-RPC (a caller needs a few
+    connections; each may hold a body of `max_body` in memory)."""
+
+    max_connections: int = Field(1024, ge=1, description="open connections in all (also kept "
+                                 "below the process's file descriptor limit)")
+    max_connections_per_ip: int = Field(64, ge=1, description="open connections per source IP")
+    body_timeout_s: float = Field(10.0, gt=0, description="seconds to send a (JSON) body")
+
 
 class RpcFilterConfig(Config):
-    """`meshrl chain rpc-filter`: a public JSON-RPC endpoint in front of a private node."""
+    """`meshrl chain rpc-filter`: a public JSON-RPC endpoint in front of a private node.
+
+    What one caller (a source IP, an IPv6 /64) can make the node do is bounded: at most
+    `per_caller` of its calls at the node at once (and `slots` of everyone's), each running code
+    with at most `max_gas`, at most `max_waiting` more queued (served round robin by caller),
+    each request answered or abandoned within `timeout_s`."""
 
     upstream: str = Field("http://127.0.0.1:8545", description="the node's JSON-RPC URL "
                           "(anvil on loopback; never expose it itself)")
@@ -126,7 +170,29 @@ class RpcFilterConfig(Config):
     port: int = Field(8546, ge=0, lt=65536, description="listen port (0: any free port)")
     max_body: int = Field(512 << 10, ge=1024, description="largest request body (bytes)")
     max_batch: int = Field(100, ge=1, description="most calls in one batch")
-    timeout_s: float = Field(10.0, gt=0, description="seconds the upstream may take per request")
+    timeout_s: float = Field(10.0, gt=0, description="seconds a request may take, queue and "
+                             "node included (its calls then answer with an error)")
+    max_gas: int = Field(MAX_CALL_GAS, ge=100_000, description="gas of eth_call, "
+                         "eth_estimateGas and eth_createAccessList: set when absent, lowered "
+                         "when above")
+    slots: int = Field(4, ge=1, description="calls at the node at once, all callers together")
+    per_caller: int = Field(2, ge=1, description="calls at the node at once per caller (IP)")
+    max_waiting: int = Field(200, ge=1, description="calls one caller may have queued; a "
+                             "request that does not fit is refused at once (HTTP 429)")
+    upstream_timeout_s: float = Field(60.0, gt=0, description="seconds a call may hold its "
+                                      "slot at the node (past `timeout_s` too: the node "
+                                      "computes on after the caller was answered)")
+    guard: FilterGuardConfig = Field(FilterGuardConfig(), description="connection limits "
+                                     "(the services' connection gate); its signed-request "
+                                     "fields do not apply here")
     allow: list[str] = Field(list(STANDARD_METHODS), description="methods forwarded; every "
-                             "other one is refused")
+                             "other one is refused (node powers and log filters always are)")
     ready_file: str = Field("", description="write {url} here once listening (tests, scripts)")
+
+    @field_validator("allow")
+    @classmethod
+    def _no_powers(cls, v: list[str]) -> list[str]:
+        bad = [m for m in v if never_forwarded(m)]
+        if bad:
+            raise ValueError(f"rpc filter: never forwarded on a public endpoint: {bad}")
+        return v

@@ -37,6 +37,7 @@ class ConnectionGate:
         self.cfg = cfg
         # the rest stay for the database, the chain, logs and outgoing connections
         self.max_total = max(1, min(cfg.max_connections, soft - max(64, soft // 8)))
+        self.spare_fds = soft - self.max_total
         self.total = 0
         self._all: dict[GatedHandler, None] = {}  # least recently active first
         self._unserved: dict[GatedHandler, None] = {}  # no request yet, oldest first
@@ -214,6 +215,12 @@ class GatedSite(web.BaseSite):
 
     async def start(self) -> None:
         await super().start()
+        # asyncio accepts up to `backlog` sockets in one go before any is admitted (or refused
+        # and closed): keep that burst within the descriptors the gate leaves spare, else
+        # accept() fails with EMFILE and logs a traceback per try (400 half-heads against 256
+        # descriptors: 44,000 lines of log, honest calls held back). The kernel's queue stays
+        # `backlog` long (a short one drops connections: a second's SYN retry each).
+        burst = max(16, min(self._backlog, self._gate.spare_fds - 32))
         loop = asyncio.get_running_loop()
         server = self._runner.server
         assert server is not None
@@ -223,4 +230,8 @@ class GatedSite(web.BaseSite):
             return GatedHandler(self._gate, server, loop=loop, keepalive_timeout=cfg.keepalive_s,
                                  access_log=None)
         self._server = await loop.create_server(factory, self._host, self._port,
-                                                backlog=self._backlog, reuse_address=True)
+                                                backlog=burst, reuse_address=True)
+        if burst < self._backlog:
+            for listening in self._server.sockets:
+                with listening.dup() as sock:  # the same socket: listen() again resizes its queue
+                    sock.listen(self._backlog)
