@@ -104,7 +104,6 @@ class OrchestratorApi:
         # query -> rows, valid for the files alarm's generation `_ledger_gen`
         self._ledger_rows: dict[tuple[Any, ...], list[FileRow]] = {}
         self._ledger_gen = -1
-        self.ledger_queries = 0  # SQL reads of the ledger (/health: what held reads cost)
         self.pool, self.chain, self.metrics, self.guard = pool, chain, metrics, guard
         self.readers = frozenset(a.lower() for a in readers)
         self.published = PoolRules(pool_id=cfg.pool_id, **dict(cfg.rules))  # served as is
@@ -132,7 +131,6 @@ class OrchestratorApi:
                 "nodes": {s.value: len(self.state.nodes((s,))) for s in NodeState},
                 "files": self.state.count_files(), "chain_block": self.chain.cursor.next_block,
                 "pacing": self.pacer.status(time.monotonic()),
-                "ledger_queries": self.ledger_queries,
                 "signatures": {"verified": self.guard.verified,
                                "seconds": round(self.guard.verify_seconds, 6)}}
 
@@ -315,7 +313,7 @@ class OrchestratorApi:
                 self._ledger_rows, self._ledger_gen = {}, gen
             rows = self._ledger_rows.get(key)
             if rows is None:
-                self.ledger_queries += 1
+                self.metrics.ledger_reads.inc()
                 if q.accepted_after is not None:
                     rows = self.state.accepted(q.accepted_after, q.limit)
                 else:
