@@ -160,6 +160,7 @@ def test_asking_for_work_does_not_renew_a_lease(hpool: tuple[Pool, Heartbeater])
         took = time.monotonic() - t0
         stop.set()
         asked = await asking
+        print("lease", json.dumps({"honest_waited_s": round(took, 2), "asks": len(asked)}))
         assert honest is not None and honest.files_wanted == 1, (took, honest, asked)
         assert took < LEASE_S + 1.0, took
         # the asker held the place until its lease ran out (asking all along), then not
@@ -230,6 +231,8 @@ def test_held_ledger_reads_share_one_query_per_change(hpool: tuple[Pool, Heartbe
                 query={"accepted_after": last, "wait": 3.0}) for _ in range(4)))
         took = time.monotonic() - t0
         queries = await ledger_reads(url) - before
+        print("held-ledger", json.dumps({"readers": 4, "held_s": round(took, 2),
+                                         "sql_reads": queries}))
         assert all(pg.entries == [] for pg in pages) and took >= 2.9, took
         assert queries <= 3.0 / 0.2 + 4, queries  # a chain poll's transaction each, at most
     run(t())
@@ -237,7 +240,7 @@ def test_held_ledger_reads_share_one_query_per_change(hpool: tuple[Pool, Heartbe
 
 def test_fresh_keys_from_many_ips_share_one_budget(hpool: tuple[Pool, Heartbeater]) -> None:
     """The finding: 10,000 fresh keys from one IP made an honest request 32 ms -> 4 s, and 16
-    IPs multiplied the per-IP budget. 2,000 fresh keys from 16 IPs: at most the newcomers'
+    IPs multiplied the per-IP budget. 1,200 fresh keys from 16 IPs: at most the newcomers'
     budget of all IPs together (a burst of 300, then 20 a second) is served past the guard,
     the rest is `429 ip_rate_limited` before any signature work; a member is served
     throughout."""
@@ -278,7 +281,7 @@ def test_fresh_keys_from_many_ips_share_one_budget(hpool: tuple[Pool, Heartbeate
         during_task = asyncio.create_task(honest(stop))
         counts: dict[str, int] = {}
         t0 = time.monotonic()
-        await asyncio.gather(*(flood(f"127.0.1.{i + 1}", 125, counts) for i in range(16)))
+        await asyncio.gather(*(flood(f"127.0.1.{i + 1}", 75, counts) for i in range(16)))
         seconds = time.monotonic() - t0
         stop.set()
         during = await during_task
@@ -289,7 +292,7 @@ def test_fresh_keys_from_many_ips_share_one_budget(hpool: tuple[Pool, Heartbeate
     report = run(t())
     print("fresh-keys-16-ips", json.dumps(report))
     counts, seconds = report["flood"], report["seconds"]
-    served = 2000 - counts.get("ip_rate_limited", 0)
+    served = 1200 - counts.get("ip_rate_limited", 0)
     assert served <= 300 + 20 * seconds + 10, report  # strangers: refused as not in the pool
     assert set(counts) <= {"ip_rate_limited", "not_in_pool"}, report
     assert report["honest_worst_ms"] < 1000, report

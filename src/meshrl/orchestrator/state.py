@@ -383,6 +383,7 @@ class State:
             "status, updated_at, work_id, granted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
             (sha256, node, provider, step, version, work_units, size,
              FileStatus.SUBMITTED.value, time.time(), work_id))
+        self.files_alarm.ring()  # (in a transaction its commit rings too)
         row = self.file_by_work_id(work_id)
         assert row is not None
         return row
@@ -419,6 +420,7 @@ class State:
 
     def set_work_id(self, seq: int, work_id: str) -> None:
         self.db.execute("UPDATE files SET work_id = ? WHERE seq = ?", (work_id, seq))
+        self.files_alarm.ring()  # a ledger read by work id may wait for it
 
     def backlog(self, taken_through: int, min_version: int, uploaded_after: float,
                 node: str | None = None) -> int:

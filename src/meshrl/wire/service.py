@@ -11,10 +11,9 @@ request must be signed for) are unsigned.
 Everything a peer sends is bounded before it costs much (`listen`): connections per source IP
 and in all (the least recently active idle one makes way, else the new one is dropped), the
 time to send a request's head and body, and every JSON value (numbers finite and within 64 bits,
-strings valid UTF-8), so nothing is stored that could not be served back. A body cut short
-(the connection closed, its chunked framing broken) is `400 body_incomplete` and one log line,
-never a traceback. `/openapi.json` is serialised once, served with an ETag, and read at most
-`docs_per_minute` times a minute per IP.
+strings valid UTF-8), so nothing is stored that could not be served back. A body cut short is
+`400 body_incomplete` and one log line, never a traceback. `/openapi.json` is serialised once,
+served with an ETag, and read at most `docs_per_minute` times a minute per IP.
 """
 
 from __future__ import annotations
@@ -109,8 +108,7 @@ def route_refusals(route: Route) -> tuple[ErrorCode, ...]:
 
 log = get_logger("meshrl.wire")
 
-# what reading a body raises when the peer cut it (closed mid-body, broken chunk framing):
-# the peer's doing, refused as `body_incomplete`, not a server error with a traceback
+# what reading a body raises when the peer cut it: refused, not a server error's traceback
 _CUT = (ConnectionResetError, ClientPayloadError, HttpProcessingError, asyncio.IncompleteReadError)
 
 METRICS_KEY = web.AppKey("metrics_registry", CollectorRegistry)
@@ -255,8 +253,7 @@ def build_app(
 
     for route in routes:
         app.router.add_route(route.method, route.path, wrap(route))
-    # serialised once (a 65 KB document rebuilt per read cost half a core under a flood);
-    # unsigned, so each IP may read it `docs_per_minute` times a minute
+    # serialised once, not per read; unsigned, so a rate per IP bounds what a flood costs
     doc = json.dumps(openapi_document(service, routes, version)).encode()
     etag = '"' + hashlib.sha256(doc).hexdigest()[:32] + '"'
     readers = RateLimiter(guard.cfg.docs_per_minute, min(10, guard.cfg.docs_per_minute),
