@@ -62,10 +62,11 @@ def orchestrator_config(chain: Chain, tmp: Path, **over: object) -> dict:
 
 
 @contextmanager
-def pool_services(tmp: Path, members: tuple[tuple[str, str], ...]) -> Iterator[Pool]:
+def pool_services(tmp: Path, members: tuple[tuple[str, str], ...],
+                  **over: object) -> Iterator[Pool]:
     """A chain, a discovery and an orchestrator process in `tmp`, with each (node, provider)
-    of `members` onboarded into the pool; everything stopped afterwards (for tests marked
-    `anvil`)."""
+    of `members` onboarded into the pool; `over` changes the orchestrator's config as
+    `orchestrator_config` does; everything stopped afterwards (for tests marked `anvil`)."""
     chain = start_chain(tmp)
     disc = Service("discovery", {
         "port": 0, "db": str(tmp / "disc.db"), "sync_s": 0.5, "manager_cache_s": 0.0,
@@ -73,7 +74,7 @@ def pool_services(tmp: Path, members: tuple[tuple[str, str], ...]) -> Iterator[P
     orch: Service | None = None
     try:
         disc.start()
-        cfg = orchestrator_config(chain, tmp)
+        cfg = orchestrator_config(chain, tmp, **over)
         cfg["onboarding"] = {**cfg["onboarding"], "discovery_url": disc.url}
         orch = Service("orchestrator", cfg, tmp)
         orch.start()

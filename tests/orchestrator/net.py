@@ -196,10 +196,11 @@ async def onboard(chain: Chain, disc: str, orch: str, node: str, provider: str) 
 
 
 class Heartbeater:
-    """Keeps some nodes heartbeating from a background thread (its own event loop)."""
+    """Keeps some nodes heartbeating from a background thread (its own event loop), each
+    naming policy version `version` (set it to move them on)."""
 
-    def __init__(self, url: str, keys: list[str], every: float) -> None:
-        self.url, self.keys, self.every = url, keys, every
+    def __init__(self, url: str, keys: list[str], every: float, version: int = 0) -> None:
+        self.url, self.keys, self.every, self.version = url, keys, every, version
         self._stop = threading.Event()
         self.errors: list[str] = []
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
@@ -211,7 +212,8 @@ class Heartbeater:
             while not self._stop.is_set():
                 for c in clients:
                     try:
-                        await c.call("POST", "/heartbeat", Heartbeat(policy_version=0))
+                        await c.call("POST", "/heartbeat",
+                                     Heartbeat(policy_version=self.version, step=self.version))
                     except (WireHTTPError, aiohttp.ClientError, OSError) as e:
                         self.errors.append(f"{c.address}: {e}")
                 await asyncio.sleep(self.every)

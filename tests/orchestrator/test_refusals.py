@@ -191,7 +191,30 @@ async def _taken_beyond_accepted(s: Served, tmp: Path, client: Any) -> Any:
                                                                     ahead=2))
 
 
+async def _too_many_held(s: Served, tmp: Path, client: Any) -> Any:
+    # four held ledger reads of the trainer (work.max_held_per_signer), then a fifth
+    held = [asyncio.create_task(client(f"trainer{i}").call(
+        "GET", "/ledger", query={"accepted_after": 0, "wait": 1.0})) for i in range(4)]
+    await asyncio.sleep(0.3)
+    try:
+        return await client("trainer").call("GET", "/ledger",
+                                             query={"accepted_after": 0, "wait": 1.0})
+    finally:
+        await asyncio.gather(*held)
+
+
+async def _unsubmitted_uploads(s: Served, tmp: Path, client: Any) -> Any:
+    path, sha = blob(tmp, "f")
+    slot = await _grant(client("n1"), sha)
+    await client("n1").upload("PUT", slot.url, path, sha)
+    # uploaded longer than work.submit_s ago, never submitted on chain
+    s.state.db.execute("UPDATE files SET updated_at = updated_at - 301 WHERE sha256 = ?",
+                       (sha,))
+    return await _grant(client("n1"), "dd" * 32)
+
+
 PARTS: dict[ErrorCode, PartsCase] = {
+    E.TOO_MANY_HELD: _too_many_held, E.UNSUBMITTED_UPLOADS: _unsubmitted_uploads,
     E.NOT_IN_POOL: _not_in_pool, E.NOT_A_READER: _not_a_reader, E.NO_INVITE: _no_invite,
     E.FILE_TOO_LARGE: _file_too_large, E.TOO_MANY_WORK_UNITS: _too_many_units,
     E.STALE_WORK: _stale_work, E.FILE_ALREADY_KNOWN: _file_already_known,
@@ -217,9 +240,11 @@ def test_refusal_without_a_chain(code: ErrorCode, tmp_path: Path) -> None:
                 s.state.upsert_node(address(n), address("p1"), NodeState.HEALTHY, time.time())
             clients: dict[str, SignedClient] = {}
 
-            def client(name: str) -> SignedClient:
+            def client(name: str) -> SignedClient:  # "trainer2": the trainer's key too
                 if name not in clients:
-                    clients[name] = SignedClient(s.url, key(name))
+                    clients[name] = SignedClient(s.url, key(name.rstrip("0123456789")
+                                                            if name.startswith("trainer")
+                                                            else name))
                 return clients[name]
             try:
                 await expect(code, PARTS[code](s, tmp_path, client))

@@ -170,10 +170,33 @@ def test_fresh_signers_pay_from_their_ips_budget_before_any_signature_work() -> 
     g.check("POST", "/x", signed(f"0x{5000:064x}"), b"{}", peer="10.0.0.2")
 
 
+def test_fresh_signers_from_many_ips_share_one_budget_and_known_ones_pay_none() -> None:
+    """Keys minted on 16 IPs: past the newcomers' budget of all IPs together each is refused
+    before any signature work; a signer the service knows (a member) is never charged, so it
+    is served however the flood goes, its first request too."""
+    member = signed(f"0x{7777:064x}")
+    g = RequestGuard(GuardConfig(new_signer_burst=50, new_signers_per_minute=60,
+                                 new_signer_total_burst=40, new_signers_total_per_minute=60),
+                     clock=lambda: NOW, known=lambda a: a == member["x-address"].lower())
+    codes: dict[str, int] = {}
+    for i in range(16 * 50):
+        try:
+            g.check("POST", "/x", signed(f"0x{i + 1:064x}"), b"{}", peer=f"10.1.{i % 16}.1")
+            codes["ok"] = codes.get("ok", 0) + 1
+        except WireError as e:
+            codes[e.code.value] = codes.get(e.code.value, 0) + 1
+    assert codes == {"ok": 40, "ip_rate_limited": 16 * 50 - 40}, codes
+    assert g.verified == 40  # the refused cost no elliptic-curve work
+    g.check("POST", "/x", member, b"{}", peer="10.1.0.1")  # known: served at once
+    assert refused_from(g, signed(f"0x{9999:064x}"), "10.2.0.1").code \
+        is ErrorCode.IP_RATE_LIMITED  # a stranger from a fresh IP: the shared budget is spent
+
+
 def test_idle_state_is_evicted() -> None:
     now = [float(NOW)]
     g = RequestGuard(GuardConfig(state_ttl_s=10, rate_per_minute=600, rate_burst=10,
-                                 new_signer_burst=20_000, ip_burst=20_000),
+                                 new_signer_burst=20_000, new_signers_per_minute=1200,
+                                 new_signer_total_burst=20_000, ip_burst=20_000),
                      clock=lambda: now[0])
     for i in range(10_000):
         g.check("POST", "/x", signed(f"0x{i + 1:064x}"), b"{}", peer=f"10.0.{i % 250}.1")

@@ -27,7 +27,7 @@ from aiohttp import web
 from meshrl.orchestrator.books import NodeMoney
 from meshrl.orchestrator.chainview import ChainView
 from meshrl.orchestrator.config import OrchestratorConfig
-from meshrl.orchestrator.hold import hold
+from meshrl.orchestrator.hold import HoldGate, hold
 from meshrl.orchestrator.join import JoinDesk, read_chain_facts
 from meshrl.orchestrator.metrics import OrchestratorMetrics
 from meshrl.orchestrator.pacing import Pacer, Want
@@ -97,7 +97,13 @@ class OrchestratorApi:
                  metrics: OrchestratorMetrics, guard: RequestGuard,
                  pacer: Pacer | None = None) -> None:
         self.cfg, self.terms, self.state, self.store = cfg, terms, state, store
-        self.pacer = pacer or Pacer(state, pool, cfg.work.lease_s, cfg.rules.files_per_step)
+        self.pacer = pacer or Pacer(state, pool, cfg.work.lease_s, cfg.rules.files_per_step,
+                                    cfg.work.submit_s, cfg.work.unsubmitted_penalty_s)
+        self.holds = HoldGate(cfg.work.max_held_per_signer, cfg.work.max_held_per_ip)
+        # held ledger reads of one query share its rows until the ledger changes:
+        # query -> rows, valid for the files alarm's generation `_ledger_gen`
+        self._ledger_rows: dict[tuple[Any, ...], list[FileRow]] = {}
+        self._ledger_gen = -1
         self.pool, self.chain, self.metrics, self.guard = pool, chain, metrics, guard
         self.readers = frozenset(a.lower() for a in readers)
         self.published = PoolRules(pool_id=cfg.pool_id, **dict(cfg.rules))  # served as is
@@ -162,7 +168,11 @@ class OrchestratorApi:
             return want.files != 0 or want.must_fetch
 
         wait = 0.0 if q is None else min(q.wait, w.max_hold_s)
-        wanted, waiting, _ = await hold(self.state.alarm, look, ready, wait)
+        if wait > 0:
+            with self.holds.admit(node, call.request.remote or ""):
+                wanted, waiting, _ = await hold(self.state.alarm, look, ready, wait)
+        else:
+            wanted, waiting, _ = look()
         return WorkOrder(rules=self.published, step=self.pool.step,
                          policy_versions=self.pool.versions(),
                          shardcast_servers=w.shardcast_servers, max_file_bytes=w.max_file_bytes,
@@ -193,6 +203,9 @@ class OrchestratorApi:
         bad_counter = counter_refusal(self.published, req.counter)
         if bad_counter is not None:
             raise WireError(ErrorCode.COUNTER_OUT_OF_RANGE, bad_counter)
+        owes = self.pacer.owes(node)
+        if owes:  # its uploads not submitted in time cost it its next slots
+            raise WireError(ErrorCode.UNSUBMITTED_UPLOADS, owes)
         slot_id = secrets.token_hex(16)
         expires = time.time() + self.cfg.work.slot_ttl_s
         provider = self.state.node(node).provider  # type: ignore[union-attr]
@@ -291,12 +304,32 @@ class OrchestratorApi:
         await self.reader(call)
         q: LedgerQuery = call.query
 
-        def look() -> list[FileRow]:
-            if q.accepted_after is not None:
-                return self.state.accepted(q.accepted_after, q.limit)
-            return self.state.files(q.step, q.status, q.after, q.limit, q.sha256, q.work_id)
+        key = (q.accepted_after, q.step, q.status, q.after, q.limit, q.sha256, q.work_id)
 
-        rows = await hold(self.state.alarm, look, bool, min(q.wait, self.cfg.work.max_hold_s))
+        def look() -> list[FileRow]:
+            # one SQL read per query and ledger change, whoever waits for it
+            gen = self.state.files_alarm.generation
+            if gen != self._ledger_gen or len(self._ledger_rows) > 256:
+                self._ledger_rows, self._ledger_gen = {}, gen
+            rows = self._ledger_rows.get(key)
+            if rows is None:
+                self.metrics.ledger_reads.inc()
+                if q.accepted_after is not None:
+                    rows = self.state.accepted(q.accepted_after, q.limit)
+                else:
+                    rows = self.state.files(q.step, q.status, q.after, q.limit, q.sha256,
+                                            q.work_id)
+                self._ledger_rows[key] = rows
+            return rows
+
+        wait = min(q.wait, self.cfg.work.max_hold_s)
+        if wait > 0:
+            # woken by a ledger change only; the slow recheck is a safety net (unchanged, it
+            # costs a lookup, not a query)
+            with self.holds.admit(call.address, call.request.remote or ""):
+                rows = await hold(self.state.files_alarm, look, bool, wait, recheck_s=1.0)
+        else:
+            rows = look()
         if q.accepted_after is not None:
             last = rows[-1].accepted_seq if rows else q.accepted_after
         else:
@@ -355,12 +388,12 @@ class OrchestratorApi:
             Route("GET", "/work", self.work, query=WorkQuery, response=WorkOrder,
                   max_body=none, tags=node, summary="the current work order; with `wait`, "
                   "held while the pool wants no file from the node (up to work.max_hold_s)",
-                  refusals=(E.NOT_IN_POOL,)),
+                  refusals=(E.NOT_IN_POOL, E.TOO_MANY_HELD)),
             Route("POST", "/uploads", self.grant, body=SlotRequest, response=UploadSlot,
                   max_body=small, tags=node, summary="grant a single-use, expiring upload slot",
                   refusals=(E.NOT_IN_POOL, E.FILE_TOO_LARGE, E.TOO_MANY_WORK_UNITS,
-                            E.STALE_WORK, E.COUNTER_OUT_OF_RANGE, E.COUNTER_USED,
-                            E.FILE_ALREADY_UPLOADED, E.FILE_ALREADY_KNOWN)),
+                            E.STALE_WORK, E.COUNTER_OUT_OF_RANGE, E.UNSUBMITTED_UPLOADS,
+                            E.COUNTER_USED, E.FILE_ALREADY_UPLOADED, E.FILE_ALREADY_KNOWN)),
             Route("PUT", "/uploads/{slot_id}", self.upload, response=UploadReceipt, stream=True,
                   max_body=self.cfg.work.max_file_bytes, tags=node,
                   summary="upload the slot's file (streamed; size and sha256 checked)",
@@ -380,7 +413,7 @@ class OrchestratorApi:
                   summary="submissions by step, status, file or work id; accepted_after: the "
                   "accepted ones in acceptance order (what the trainer may use); with `wait`, "
                   "an empty answer is held until there is an entry (up to work.max_hold_s)",
-                  refusals=(E.NOT_A_READER,)),
+                  refusals=(E.NOT_A_READER, E.TOO_MANY_HELD)),
             Route("GET", "/nodes", self.nodes, response=PoolNodes, max_body=none, tags=trainer,
                   summary="the pool's nodes and their last heartbeats",
                   refusals=(E.NOT_A_READER,)),

@@ -74,6 +74,17 @@ class WorkConfig(Config):
     max_hold_s: float = Field(5.0, ge=0, le=30, description="the longest a `wait=` request "
                               "(`GET /work`, `GET /ledger`) is held for an answer that is not "
                               "empty (0: every request is answered at once)")
+    max_held_per_signer: int = Field(4, ge=1, description="`wait=` requests one address may "
+                                     "have held at once (more: 429 too_many_held)")
+    max_held_per_ip: int = Field(64, ge=1, description="`wait=` requests one source IP may "
+                                 "have held at once (more: 429 too_many_held)")
+    submit_s: float = Field(300.0, gt=0, description="seconds after its upload a file must be "
+                            "submitted on chain: later it no longer counts in flight for "
+                            "pacing, and its node is granted no slot and wanted no file until "
+                            "it submits it (or unsubmitted_penalty_s pass)")
+    unsubmitted_penalty_s: float = Field(600.0, ge=0, description="how long past its "
+                                         "submission deadline an unsubmitted upload keeps its "
+                                         "node from new slots and work")
 
 
 class JoinConfig(Config):

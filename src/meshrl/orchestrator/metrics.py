@@ -14,6 +14,9 @@ class OrchestratorMetrics:
                                   registry=registry)
         self.upload_bytes = Counter("meshrl_orchestrator_upload_bytes", "bytes stored",
                                     registry=registry)
+        self.ledger_reads = Counter("meshrl_orchestrator_ledger_reads", "SQL reads of the "
+                                    "ledger for GET /ledger (held reads share one per change)",
+                                    registry=registry)
         self.ejections = Counter("meshrl_orchestrator_ejections", "nodes ejected as dead",
                                  registry=registry)
         self.nodes = Gauge("meshrl_orchestrator_nodes", "nodes by state", ["state"],

@@ -26,6 +26,15 @@ invalidated or
 expired file leaves the backlog, so its place is made again. Without a demand (a trainer that
 never said, or `ahead` None) the pool is not paced.
 
+Hostile members (docs/services.md, "Pacing"). A lease is not renewed by asking again: it runs
+out `lease_s` after the work order that took it, and a node whose lease ran out without a file
+granted waits `lease_s` before it may take another (asking alone never holds a place for
+longer than `lease_s`; an honest node that was only slow loses the place to an asker, not its
+file). An upload counts in flight only for `submit_s` after it arrived: a file not submitted
+on chain by then stops holding a place, and its node is wanted no file (and granted no slot,
+api.py) until it submits it or `unsubmitted_penalty_s` pass, so uploading without submitting
+costs the node its own work, not the pool its demand.
+
 A work order asked with `wait` is held while the pool wants no file from a node that could
 make one (hold.py): it is answered when the trainer's next word, a grant, an invalidation or a
 lease running out makes a place, so an idle node learns of the demand at once, not at its next
@@ -37,6 +46,7 @@ The demand lives in the state's meta table: a restarted orchestrator keeps pacin
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -68,12 +78,16 @@ class Pacer:
     """The files each node's work order wants now (module docstring)."""
 
     def __init__(self, state: State, pool: PoolStep, lease_s: float,
-                 files_per_step: int) -> None:
+                 files_per_step: int, submit_s: float = 300.0,
+                 unsubmitted_penalty_s: float = 600.0) -> None:
         self.state, self.pool, self.lease_s = state, pool, lease_s
         self.files_per_step = files_per_step
+        self.submit_s, self.penalty_s = submit_s, unsubmitted_penalty_s
         raw = state.get_meta(DEMAND)
         self.demand: Demand | None = Demand(**json.loads(raw)) if raw else None
         self.leases: dict[str, float] = {}  # node (lower case) -> lease expiry (monotonic)
+        # node (lower case) -> until when it may take no lease (its last one ran out unused)
+        self.cooling: dict[str, float] = {}
         self.asked: dict[str, float] = {}  # node as it asked -> when it last asked (monotonic)
 
     def set_demand(self, taken_through: int | None, ahead: int | None) -> None:
@@ -90,15 +104,33 @@ class Pacer:
     def granted(self, node: str) -> None:
         """`node`'s file was granted a slot: it is in the backlog now, so the lease that held
         its place is given back (counted twice until the node's next work order, it kept
-        others waiting while the file was uploaded and submitted)."""
+        others waiting while the file was uploaded and submitted); a node that makes files
+        is not cooling down."""
         self.leases.pop(node.lower(), None)
+        self.cooling.pop(node.lower(), None)
         self.state.alarm.ring()
 
-    def backlog(self) -> int:
-        """Fresh files the trainer has not taken (0 without a demand)."""
+    def backlog(self, node: str | None = None) -> int:
+        """Fresh files the trainer has not taken (0 without a demand); of `node` alone when
+        it is given."""
         if self.demand is None:
             return 0
-        return self.state.backlog(self.demand.taken_through, min(self.pool.versions()))
+        return self.state.backlog(self.demand.taken_through, min(self.pool.versions()),
+                                  time.time() - self.submit_s, node)
+
+    def overdue(self, node: str) -> int:
+        """`node`'s uploads past their submission deadline, within the penalty's time."""
+        deadline = time.time() - self.submit_s
+        return self.state.overdue_uploads(node, deadline, deadline - self.penalty_s)
+
+    def owes(self, node: str) -> str:
+        """Why `node` may not make a file because of uploads it did not submit ("" if none)."""
+        late = self.overdue(node)
+        if not late:
+            return ""
+        return (f"this node uploaded {late} file(s) it did not submit on chain within "
+                f"{self.submit_s:g} s: submit them (or wait up to "
+                f"{self.penalty_s:g} s) before it makes more")
 
     def want(self, node: str, now: float) -> Want:
         """What `node` should make now: no count without a demand; 1 with a lease for it, or
@@ -107,17 +139,31 @@ class Pacer:
         if self.demand is None:
             return Want(None, "")
         key = node.lower()
+        for n, t in self.leases.items():
+            if t <= now:  # ran out without a file granted: others first for lease_s
+                self.cooling[n] = t + self.lease_s
+        mine = self.leases.get(key)
         self.leases = {n: t for n, t in self.leases.items() if t > now and n != key}
+        self.cooling = {n: t for n, t in self.cooling.items() if t > now}
         self.asked = {n: t for n, t in self.asked.items() if t > now - self.lease_s}
         self.asked[node] = now
         cannot = self.cannot(node)
         if cannot:
             return Want(0, cannot, must_fetch=True)
+        owes = self.owes(node)
+        if owes:
+            return Want(0, owes)
         backlog, leased = self.backlog(), len(self.leases)
         if backlog + leased < self.demand.ahead:
             unfair = self._over_share(node, self.demand)
             if unfair:
                 return Want(0, unfair)
+            if mine is not None and mine > now:  # asking again keeps the lease, not renews it
+                self.leases[key] = mine
+                return Want(1, "")
+            if key in self.cooling:
+                return Want(0, f"this node's last lease ran out without a file: it may take "
+                               f"another in {self.cooling[key] - now:.1f} s")
             self.leases[key] = now + self.lease_s
             return Want(1, "")
         return Want(0, f"the trainer's demand is met: {backlog} files in flight or waiting "
@@ -131,7 +177,7 @@ class Pacer:
         if able <= 1:
             return ""
         share = -(-demand.ahead // able)
-        own = self.state.backlog(demand.taken_through, min(self.pool.versions()), node)
+        own = self.backlog(node)
         if own < share:
             return ""
         return (f"this node holds its share of the demand: {own} of {demand.ahead} files "
@@ -162,4 +208,5 @@ class Pacer:
         live = sum(t > now for t in self.leases.values())
         return {"ahead": None if self.demand is None else self.demand.ahead,
                 "taken_through": None if self.demand is None else self.demand.taken_through,
-                "backlog": self.backlog(), "leases": live}
+                "backlog": self.backlog(), "leases": live,
+                "cooling": sum(t > now for t in self.cooling.values())}

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from aiohttp import web
+from eth_utils import to_checksum_address
 from prometheus_client import CollectorRegistry
 
 from meshrl.log import get_logger, log_event
@@ -62,12 +63,15 @@ class Orchestrator:
         # requests signed for another pool's orchestrator (or another chain's) are refused
         self.guard = RequestGuard(cfg.guard, nonces=SqliteNonceStore(self.state.db),
                                   audience=orchestrator_audience(protocol.backend.chain_id,
-                                                                 cfg.pool_id))
+                                                                 cfg.pool_id),
+                                  known=self._known)
+        self._readers = {a.lower() for a in [*cfg.readers, self.manager]}
         self.registry = CollectorRegistry()
         self.metrics = OrchestratorMetrics(self.registry)
         self.pool = PoolStep(self.state, cfg.work.step, cfg.rules.async_level)
         self.pacer = Pacer(self.state, self.pool, cfg.work.lease_s,
-                           cfg.rules.files_per_step)
+                           cfg.rules.files_per_step, cfg.work.submit_s,
+                           cfg.work.unsubmitted_penalty_s)
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -76,6 +80,16 @@ class Orchestrator:
         assert protocol.account is not None  # `protocol.address` refused a client without one
         self.onboarding = Onboarding(cfg.onboarding, cfg.pool_id, self.state, self.chain,
                                      protocol.account.key)
+
+    def _known(self, address: str) -> bool:
+        """No stranger to this pool (`address` lower case): a reader, the manager, a node it
+        has seen join or invited. Such a signer pays no newcomer budget (wire/guard.py), so
+        fresh keys flooding in never delay a member's request (its first after a restart)."""
+        if address in self._readers:
+            return True
+        checksummed = to_checksum_address(address)
+        return (self.state.node(checksummed) is not None
+                or self.state.invite(checksummed) is not None)
 
     async def terms(self) -> PoolTerms:
         """The pool as the chain has it; refuses to serve a pool this key does not manage."""

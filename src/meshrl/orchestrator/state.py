@@ -142,11 +142,14 @@ class State:
     """One SQLite connection used from the event loop's thread (each call is short).
 
     `alarm` is rung after each committed change a held request may wait for (hold.py): a
-    transaction, a file's status, a meta value (the trainer's demand), a node's version."""
+    transaction, a file's status, a meta value (the trainer's demand), a node's version.
+    `files_alarm` only after a change of the file ledger (a transaction, a file's status): held
+    ledger reads wait on it, so heartbeats do not wake them."""
 
     def __init__(self, path: str | Path, durable: bool = False) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.alarm = Alarm()
+        self.files_alarm = Alarm()
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
@@ -191,6 +194,7 @@ class State:
             raise
         self.db.execute("COMMIT")
         self.alarm.ring()
+        self.files_alarm.ring()
 
     # meta
     def get_meta(self, key: str, default: str = "") -> str:
@@ -316,6 +320,7 @@ class State:
             (status.value, verdict, validator, time.time(), status is FileStatus.ACCEPTED, seq))
         if db is None:  # inside a transaction the commit rings
             self.alarm.ring()
+            self.files_alarm.ring()
 
     def grant_slot(self, slot_id: str, node: str, provider: str, sha256: str, size: int,
                    step: int, policy_version: int, work_units: int, counter: int,
@@ -378,6 +383,7 @@ class State:
             "status, updated_at, work_id, granted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
             (sha256, node, provider, step, version, work_units, size,
              FileStatus.SUBMITTED.value, time.time(), work_id))
+        self.files_alarm.ring()  # (in a transaction its commit rings too)
         row = self.file_by_work_id(work_id)
         assert row is not None
         return row
@@ -414,22 +420,36 @@ class State:
 
     def set_work_id(self, seq: int, work_id: str) -> None:
         self.db.execute("UPDATE files SET work_id = ? WHERE seq = ?", (work_id, seq))
+        self.files_alarm.ring()  # a ledger read by work id may wait for it
 
-    def backlog(self, taken_through: int, min_version: int, node: str | None = None) -> int:
+    def backlog(self, taken_through: int, min_version: int, uploaded_after: float,
+                node: str | None = None) -> int:
         """Granted files of policy versions >= `min_version` that the trainer has not taken:
-        granted (slot unexpired) or uploaded by a live node (a dead node's never reach the
-        chain until it is back), submitted (every submission is judged), or accepted after
-        acceptance number `taken_through` (the pacing's count, docs/services.md); of `node`
-        alone when it is given."""
+        granted (slot unexpired) by a live node, or uploaded by one after `uploaded_after` (a
+        dead node's never reach the chain until it is back; an upload not submitted by its
+        deadline is no longer in flight), submitted (every submission is judged), or accepted
+        after acceptance number `taken_through` (the pacing's count, docs/services.md); of
+        `node` alone when it is given."""
         live = (NodeState.HEALTHY.value, NodeState.UNHEALTHY.value)
         row = self.db.execute(
             "SELECT COUNT(*) FROM files WHERE granted = 1 AND policy_version >= ? AND "
-            "((status IN (?, ?) AND node IN (SELECT address FROM nodes WHERE state IN (?, ?))) "
+            "(((status = ? OR (status = ? AND updated_at > ?)) "
+            "AND node IN (SELECT address FROM nodes WHERE state IN (?, ?))) "
             "OR status = ? OR (status = ? AND accepted_seq > ?))"
             + ("" if node is None else " AND node = ?"),
-            (min_version, FileStatus.GRANTED.value, FileStatus.UPLOADED.value, *live,
-             FileStatus.SUBMITTED.value, FileStatus.ACCEPTED.value, taken_through,
+            (min_version, FileStatus.GRANTED.value, FileStatus.UPLOADED.value, uploaded_after,
+             *live, FileStatus.SUBMITTED.value, FileStatus.ACCEPTED.value, taken_through,
              *(() if node is None else (node,)))).fetchone()
+        return int(row[0])
+
+    def overdue_uploads(self, node: str, uploaded_before: float, since: float) -> int:
+        """`node`'s files uploaded before `uploaded_before` (their submission deadline passed)
+        and after `since`, still not submitted on chain: uploads it owes the chain. A late
+        submission moves a row to `submitted`, so it stops counting at once."""
+        row = self.db.execute(
+            "SELECT COUNT(*) FROM files WHERE granted = 1 AND node = ? AND status = ? AND "
+            "updated_at <= ? AND updated_at > ?",
+            (node, FileStatus.UPLOADED.value, uploaded_before, since)).fetchone()
         return int(row[0])
 
     def able_nodes(self, among: list[str], versions: list[int], files_per_step: int) -> int:

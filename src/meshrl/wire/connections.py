@@ -17,8 +17,11 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from meshrl.log import get_logger, log_event
 from meshrl.wire.errors import ErrorBody, ErrorCode
 from meshrl.wire.guard import GuardConfig
+
+log = get_logger("meshrl.wire")
 
 __all__ = ["ConnectionGate", "GatedHandler", "GatedSite"]
 
@@ -150,10 +153,12 @@ class GatedHandler(RequestHandler):
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
         """A request aiohttp could not parse (a bad request line, a non-ASCII URL, oversized
-        headers) is a typed refusal like any other, not text, and not a logged traceback: a peer
-        must not be able to fill the logs."""
+        headers, broken chunked framing) is a typed refusal like any other, not text, and one
+        log line, never a logged traceback: a peer must not be able to fill the logs."""
         if status >= 500 or request.writer.output_size > 0:
             return super().handle_error(request, status, exc, message)
+        log_event(log, "malformed request", peer=self.peer, status=status,
+                  error=(message or repr(exc))[:200])  # one line, never a traceback
         body = ErrorBody(error="malformed request", code=ErrorCode.HTTP_REFUSED,
                          detail=(message or "")[:200])
         resp = web.Response(body=body.model_dump_json().encode(), status=status,

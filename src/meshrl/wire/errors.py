@@ -12,7 +12,8 @@ from typing import ClassVar
 from pydantic import BaseModel
 
 __all__ = [
-    "BadFileName", "BadPoolId", "BadSignature", "BadSlotId", "BodySha256Mismatch", "BodyTooLarge",
+    "BadFileName", "BadPoolId", "BadSignature", "BadSlotId", "BodyIncomplete",
+    "BodySha256Mismatch", "BodyTooLarge",
     "CounterOutOfRange", "CounterUsed", "ErrorBody", "ErrorCode", "FileAlreadyKnown",
     "FileAlreadyUploaded", "FileTooLarge", "FutureTimestamp", "HttpRefused", "InvalidBody",
     "InvalidQuery", "IpRateLimited", "MalformedAddress", "MalformedBodySha256", "MalformedJson",
@@ -22,8 +23,8 @@ __all__ = [
     "NotAwaitingVerdict", "NotInPool", "NotOwnEntry", "NotPoolManager", "NotSubmittedYet",
     "ProviderMismatch", "RateLimited", "ReplayedNonce", "RequestTimeout", "RolloutFileError",
     "Sha256Mismatch", "SizeMismatch", "SlotAlreadyUsed", "SlotExpired", "SlotOfAnotherNode",
-    "StaleTimestamp", "StaleWork", "StepGoesBack", "TakenBeyondAccepted", "TooManyNodesForIp",
-    "TooManyWorkUnits",
+    "StaleTimestamp", "StaleWork", "StepGoesBack", "TakenBeyondAccepted", "TooManyHeld",
+    "TooManyNodesForIp", "TooManyWorkUnits", "UnsubmittedUploads",
     "UploadInProgress", "WireError", "WireHTTPError", "WireUnavailable", "WorkIdOfAnotherFile",
     "WrongAudience", "WrongSigner", "refusal", "refusal_classes"
 ]
@@ -60,6 +61,7 @@ class ErrorCode(StrEnum):
     REPLAYED_NONCE = "replayed_nonce", 409, "replayed nonce"
     NONCE_STORE_UNAVAILABLE = "nonce_store_unavailable", 503, "nonce store unavailable"
     REQUEST_TIMEOUT = "request_timeout", 408, "request body too slow"
+    BODY_INCOMPLETE = "body_incomplete", 400, "body cut short"
     MALFORMED_JSON = "malformed_json", 400, "malformed json"
     INVALID_BODY = "invalid_body", 422, "invalid body"
     INVALID_QUERY = "invalid_query", 422, "invalid query"
@@ -95,6 +97,8 @@ class ErrorCode(StrEnum):
     NOT_AWAITING_VERDICT = "not_awaiting_verdict", 409, "not awaiting a verdict"
     STEP_GOES_BACK = "step_goes_back", 409, "step goes back"
     TAKEN_BEYOND_ACCEPTED = "taken_beyond_accepted", 422, "taken beyond the accepted files"
+    TOO_MANY_HELD = "too_many_held", 429, "too many held requests"
+    UNSUBMITTED_UPLOADS = "unsubmitted_uploads", 429, "uploads not submitted on chain"
     # discovery
     NODE_NOT_ON_CHAIN = "node_not_on_chain", 403, "node not on chain"
     PROVIDER_MISMATCH = "provider_mismatch", 403, "provider mismatch"
@@ -223,6 +227,10 @@ class IpRateLimited(WireHTTPError, code=ErrorCode.IP_RATE_LIMITED):
 
 class RequestTimeout(WireHTTPError, code=ErrorCode.REQUEST_TIMEOUT):
     """The body did not arrive within the server's deadline."""
+
+
+class BodyIncomplete(WireHTTPError, code=ErrorCode.BODY_INCOMPLETE):
+    """The body ended (the connection closed, or its framing broke) before all of it came."""
 
 
 class ReplayedNonce(WireHTTPError, code=ErrorCode.REPLAYED_NONCE):
@@ -368,6 +376,15 @@ class StepGoesBack(WireHTTPError, code=ErrorCode.STEP_GOES_BACK):
 
 class TakenBeyondAccepted(WireHTTPError, code=ErrorCode.TAKEN_BEYOND_ACCEPTED):
     """A demand's `taken_through` names an acceptance number no file has yet."""
+
+
+class TooManyHeld(WireHTTPError, code=ErrorCode.TOO_MANY_HELD):
+    """The caller (its address or its IP) has as many `wait=` requests held as it may: ask
+    again when one is answered."""
+
+
+class UnsubmittedUploads(WireHTTPError, code=ErrorCode.UNSUBMITTED_UPLOADS):
+    """The node uploaded files it did not submit on chain in time: submit them first."""
 
 
 # discovery

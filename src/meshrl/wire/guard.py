@@ -56,9 +56,17 @@ class GuardConfig(Config):
     ip_rate_per_minute: int = Field(60_000, ge=1, description="signed requests per minute per "
                                     "source IP address (429 ip_rate_limited)")
     ip_burst: int = Field(6_000, ge=1, description="signed requests one IP may send at once")
-    new_signers_per_minute: int = Field(1_200, ge=1, description="requests per minute per IP "
-                                        "from signers the guard holds no state for")
-    new_signer_burst: int = Field(2_000, ge=1, description="such requests one IP may send at once")
+    new_signers_per_minute: int = Field(120, ge=1, description="requests per minute per IP "
+                                        "from signers the guard holds no state for (and the "
+                                        "service does not know)")
+    new_signer_burst: int = Field(60, ge=1, description="such requests one IP may send at once")
+    new_signers_total_per_minute: int = Field(1_200, ge=1, description="such requests per "
+                                              "minute from all IPs together (many IPs minting "
+                                              "keys share this)")
+    new_signer_total_burst: int = Field(300, ge=1, description="such requests all IPs "
+                                        "together may send at once")
+    docs_per_minute: int = Field(60, ge=1, description="unsigned `/openapi.json` reads per "
+                                 "minute per IP (429 ip_rate_limited)")
     state_ttl_s: float = Field(600.0, gt=0, description="seconds an idle signer's or IP's rate "
                                "state is kept (then evicted)")
     # connections (read by `meshrl.wire.service.listen`)
@@ -129,15 +137,22 @@ class RequestGuard:
     a request must be signed for it."""
 
     def __init__(self, cfg: GuardConfig, clock: Callable[[], float] = time.time,
-                 nonces: NonceStore | None = None, audience: str = UNBOUND_AUDIENCE) -> None:
+                 nonces: NonceStore | None = None, audience: str = UNBOUND_AUDIENCE,
+                 known: Callable[[str], bool] | None = None) -> None:
         if not AUDIENCE_RE.match(audience):
             raise ValueError(f"not a valid audience: {audience!r}")
         self.cfg, self.clock, self.audience = cfg, clock, audience
+        # the service's own word that an address is no stranger (a pool's member, a reader):
+        # it pays no newcomer budget, so a flood of fresh keys never delays a known signer's
+        # first request (after a restart, say)
+        self.known = known or (lambda _address: False)
         self.nonces = NonceStore() if nonces is None else nonces
         self.limiter = RateLimiter(cfg.rate_per_minute, cfg.rate_burst, cfg.state_ttl_s)
         self.ip_limiter = RateLimiter(cfg.ip_rate_per_minute, cfg.ip_burst, cfg.state_ttl_s)
         self.newcomers = RateLimiter(cfg.new_signers_per_minute, cfg.new_signer_burst,
                                      cfg.state_ttl_s)
+        self.all_newcomers = RateLimiter(cfg.new_signers_total_per_minute,
+                                         cfg.new_signer_total_burst, cfg.state_ttl_s)
         self.verify_seconds = 0.0  # CPU time spent recovering signatures (the benchmark reports it)
         self.verified = 0
 
@@ -180,9 +195,16 @@ class RequestGuard:
             raise WireError(ErrorCode.IP_RATE_LIMITED,
                             f"{self.cfg.ip_rate_per_minute} requests per minute")
         self.limiter.evict(now)
-        if claimed not in self.limiter and not self.newcomers.allow(peer, now):
-            raise WireError(ErrorCode.IP_RATE_LIMITED,
-                            f"{self.cfg.new_signers_per_minute} new signers per minute")
+        if claimed not in self.limiter and not self.known(claimed):
+            # a stranger: its IP's newcomer budget, then every IP's together (keys minted on
+            # many IPs), both before any signature work
+            if not self.newcomers.allow(peer, now):
+                raise WireError(ErrorCode.IP_RATE_LIMITED,
+                                f"{self.cfg.new_signers_per_minute} new signers per minute")
+            if not self.all_newcomers.allow("", now):
+                total = self.cfg.new_signers_total_per_minute
+                raise WireError(ErrorCode.IP_RATE_LIMITED,
+                                f"{total} new signers per minute from all addresses")
         signer = self._recover(
             request_message(method, path, digest, nonce, timestamp, self.audience), sig)
         if signer.lower() != claimed:

@@ -11,25 +11,31 @@ request must be signed for) are unsigned.
 Everything a peer sends is bounded before it costs much (`listen`): connections per source IP
 and in all (the least recently active idle one makes way, else the new one is dropped), the
 time to send a request's head and body, and every JSON value (numbers finite and within 64 bits,
-strings valid UTF-8), so nothing is stored that could not be served back.
+strings valid UTF-8), so nothing is stored that could not be served back. A body cut short is
+`400 body_incomplete` and one log line, never a traceback. `/openapi.json` is serialised once,
+served with an ETag, and read at most `docs_per_minute` times a minute per IP.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
+from aiohttp import ClientPayloadError, web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ValidationError
 
 from meshrl.durable import atomic_write
+from meshrl.log import get_logger, log_event
 from meshrl.wire.connections import ConnectionGate, GatedSite
 from meshrl.wire.errors import ErrorBody, ErrorCode, WireError
-from meshrl.wire.guard import RequestGuard, VerifiedRequest
+from meshrl.wire.guard import RateLimiter, RequestGuard, VerifiedRequest
 from meshrl.wire.models import ServiceIdentity
 from meshrl.wire.values import load_json, valid_text
 
@@ -99,6 +105,11 @@ def route_refusals(route: Route) -> tuple[ErrorCode, ...]:
         out.append(ErrorCode.INVALID_QUERY)
     return tuple(dict.fromkeys([*out, *route.refusals]))
 
+
+log = get_logger("meshrl.wire")
+
+# what reading a body raises when the peer cut it: refused, not a server error's traceback
+_CUT = (ConnectionResetError, ClientPayloadError, HttpProcessingError, asyncio.IncompleteReadError)
 
 METRICS_KEY = web.AppKey("metrics_registry", CollectorRegistry)
 GUARD_KEY = web.AppKey("request_guard", RequestGuard)
@@ -229,6 +240,12 @@ def build_app(
                 resp = await _dispatch(route, guard, request)
             except WireError as e:
                 resp = error_response(e.body(), e.status)
+            except (*_CUT, RuntimeError) as e:  # one line: cut bodies cannot fill the log
+                if isinstance(e, RuntimeError) and request.transport is not None:
+                    raise  # not a closed connection ("Connection closed." on a read)
+                log_event(log, "request body cut", service=service, route=route.path,
+                          peer=request.remote or "", error=f"{type(e).__name__}: {e}"[:200])
+                resp = error_response(WireError(ErrorCode.BODY_INCOMPLETE).body(), 400)
             metrics.latency.labels(service, route.path).observe(time.perf_counter() - t0)
             metrics.requests.labels(service, route.path, str(resp.status)).inc()
             return resp
@@ -236,10 +253,21 @@ def build_app(
 
     for route in routes:
         app.router.add_route(route.method, route.path, wrap(route))
-    doc = openapi_document(service, routes, version)
+    # serialised once, not per read; unsigned, so a rate per IP bounds what a flood costs
+    doc = json.dumps(openapi_document(service, routes, version)).encode()
+    etag = '"' + hashlib.sha256(doc).hexdigest()[:32] + '"'
+    readers = RateLimiter(guard.cfg.docs_per_minute, min(10, guard.cfg.docs_per_minute),
+                          guard.cfg.state_ttl_s)
 
-    async def openapi(_: web.Request) -> web.Response:
-        return web.json_response(doc)
+    async def openapi(request: web.Request) -> web.Response:
+        if not readers.allow(request.remote or "", time.monotonic()):
+            per = guard.cfg.docs_per_minute
+            return error_response(WireError(ErrorCode.IP_RATE_LIMITED,
+                                            f"{per} reads per minute").body(), 429)
+        headers = {"ETag": etag, "Cache-Control": "max-age=300"}
+        if request.headers.get("If-None-Match") == etag:
+            return web.Response(status=304, headers=headers)
+        return web.Response(body=doc, content_type="application/json", headers=headers)
 
     async def prometheus(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(metrics.registry),
