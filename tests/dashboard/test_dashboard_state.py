@@ -84,6 +84,12 @@ def test_validators_table(tmp_path: Path) -> None:
     assert [(v["validator"], v["node"]) for v in s["invalidations"]] == [
         ("validator", rec.CHEAT), ("validator-1", rec.STRANGER), ("validator-1", rec.CHEAT)]
     assert [v["name"] for v in s["invalidations"]] == ["cheater-0", "0x5742…00d1", "cheater-0"]
+    # a row whose work id is not hex (or not yet on chain) counts in no validator's lag
+    nodes, ledger = rec.rl_orchestrator()
+    odd = [e.model_copy(update={"work_id": w})
+           for e, w in zip(ledger[-2:], ("zz", ""), strict=True)]
+    s = _state(tmp_path, nodes, [*ledger[:-2], *odd])
+    assert [v["lag"] for v in s["validators"]] == [1, 0]
     # at the warm start: listed, nothing judged
     rec.write_warm(tmp_path / "warm", "http://127.0.0.1:9", NOW)
     s = _state(tmp_path / "warm", *rec.warm_orchestrator())

@@ -219,10 +219,20 @@ def _validator_names(info: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return vals
 
 
-def in_share(work_id: str, index: int, of: int) -> bool:
-    """Whether validator `index` of `of` judges `work_id` of its own accord: the work id as a
-    big-endian integer, mod `of` (the validator's `share`, validator/config.py)."""
-    return int(work_id, 16) % of == index
+def in_share(work_id: str | int, index: int, of: int) -> bool:
+    """Whether validator `index` of `of` judges `work_id` (hex, or its integer) of its own
+    accord: the work id as a big-endian integer, mod `of` (the validator's `share`,
+    validator/config.py)."""
+    n = work_id if isinstance(work_id, int) else int(work_id, 16)
+    return n % of == index
+
+
+def _hex(work_id: str) -> int | None:
+    """A ledger row's work id as an integer (None: not submitted yet, or not hex)."""
+    try:
+        return int(work_id, 16) if work_id else None
+    except ValueError:
+        return None
 
 
 def validators_state(run: Path, info: dict[str, Any], ledger: list[Any],
@@ -236,7 +246,8 @@ def validators_state(run: Path, info: dict[str, Any], ledger: list[Any],
     logs = {n: _jsonl(run / "logs" / f"{n}.log", has=("verdict",)) for n in vals}
     overturned = {r["work_id"]: bool(r.get("overturned")) for lines in logs.values()
                   for r in lines if r.get("msg") == "verdict settled" and "work_id" in r}
-    waiting = [e.work_id for e in ledger if e.status.value == "submitted" and e.work_id]
+    waiting = [w for e in ledger if e.status.value == "submitted"
+               and (w := _hex(e.work_id)) is not None]
     rows, invalid = [], []
     for j, (name, v) in enumerate(vals.items()):
         verdicts = [r for r in logs[name] if r.get("msg") == "verdict"]
@@ -251,7 +262,8 @@ def validators_state(run: Path, info: dict[str, Any], ledger: list[Any],
             "overturned": sum(overturned.get(w, False) for w in accused),
             "upheld": sum(overturned.get(w) is False for w in accused),
             "lag": sum(in_share(w, j, len(vals)) for w in waiting),
-            "last_verdict_s": None if not verdicts else round(now - verdicts[-1]["ts"], 1)})
+            "last_verdict_s": None if not verdicts else round(
+                now - verdicts[-1].get("ts", now), 1)})
         invalid += [{"validator": name, "node": r.get("node"), "verdict": r.get("verdict"),
                      "reason": r.get("reason"), "ts": r.get("ts")}
                     for r in verdicts if r.get("verdict") != "accept"]
