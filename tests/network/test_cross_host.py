@@ -352,6 +352,11 @@ def test_strangers_on_another_host_join_train_outlive_a_cut_leave_and_are_paid(
     report = json.loads((root / "report.json").read_text())
     failed = [c for c in report["checks"] if c["status"] == "fail"]
     assert not failed, failed
+    # both members from the other host are rows of the report like the pool's own workers
+    rows = {r["node"].lower(): r for r in report["nodes"].values()}
+    for s in (a, b):
+        assert rows[s.node.lower()]["external"], rows
+        assert rows[s.node.lower()]["trained_on"] == trained[s.name], rows
     for s in (a, b):
         ev = _events(s.log)
         assert sum(e.get("msg") == "pool" and "joined" in str(e.get("status")) for e in ev) >= 1

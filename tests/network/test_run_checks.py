@@ -249,3 +249,59 @@ def test_adapter_weights_must_be_the_trainers_at_every_role() -> None:
     assert _fails(f, "adapter_weights_match")["mismatched"] == [[2, "worker-0"]]
     f.weights = {}  # no adapter broadcast: nothing to compare
     assert _by_name(f)["adapter_weights_match"]["status"] == "n/a"
+
+
+def test_a_run_stopped_in_the_warm_start_has_nothing_to_check() -> None:
+    """Stopped before RL (no policy published, no file made, the chain gone with it): every
+    check is n/a, none failed; the same facts once RL began fail what they should."""
+    from meshrl.network.report import rl_started
+
+    warm = [{"kind": "eval", "phase": "sft", "step": 0, "accuracy": 0.02},
+            {"kind": "sft", "step": 10, "accuracy": 0.1, "loss": 1.0}]
+    assert not rl_started(warm, [])
+    assert rl_started([*warm, {"kind": "warm_start", "steps": 10.0}], [])
+    f = RunFacts(records=[], ledger=[], chain=None, workers=_facts().workers, cheat_after=1,
+                 async_level=2, evals=[], accuracy_goal=True, disputes=True,
+                 rl_started=rl_started(warm, []))
+    for read in (True, False):
+        got = {c.name: c.as_dict() for c in run_checks(f, ledger_read=read)}
+        assert set(got) == {"trained_files_accepted", "no_file_taken_twice",
+                            "no_accepted_file_lost", "honest_nodes_kept",
+                            "no_work_judged_twice", "honest_files_not_invalidated",
+                            "cheater_caught[cheater-0]", "adapter_weights_match", "reached_80"}
+        assert all(c["status"] == "n/a" and c["ok"] for c in got.values()), got
+        assert "before RL" in got["cheater_caught[cheater-0]"]["summary"]
+    f.rl_started = True
+    got = {c.name: c.status for c in run_checks(f)}
+    assert got["cheater_caught[cheater-0]"] == got["reached_80"] == "fail"
+    # a file made all the same (a stranger's, judged on chain): the checks run
+    f.rl_started, f.ledger = False, [_row(1, C, 0, "hard_invalidated")]
+    assert run_checks(f)[0].status != "n/a"
+
+
+def test_report_lists_a_stranger_like_any_other_node() -> None:
+    """A member that joined from another host (not one of the network's workers): its row is
+    counted from the ledger, the chain and its provider's balance like the others'."""
+    from meshrl.network.report import _markdown, _node_rows
+
+    f = _facts()
+    s = "0x5742616e676572000000000000000000000000D1"
+    f.ledger += [{**_row(8, s, 3, acc=7), "provider": "0xp9"},
+                 {**_row(9, s, 3, "submitted"), "provider": "0xp9"}]
+    f.records[3]["used"].append(_ref(f.ledger[-2]))
+    chain = {**f.chain, "rewards": {s.lower(): {"earned": 9, "claimable": 4, "claimed": 1}}}
+    info = {"workers": {"worker-0": {"node": H, "provider": "0xp0", "dishonest": False},
+                        "cheater-0": {"node": C, "provider": "0xp1", "dishonest": True}}}
+    pool = [{"address": s, "provider": "0xp9"},
+            {"address": "0x" + "dd" * 20, "provider": "0xp8"}]  # joined, made nothing yet
+    nodes = _node_rows(info, f.ledger, f.records, chain, {"0xp9": {"stake": 5 * TOKEN}}, pool)
+    assert list(nodes) == ["worker-0", "cheater-0", s, "0x" + "dd" * 20]
+    row = nodes[s]
+    assert (row["external"], row["provider"], row["files"], row["trained_on"], row["tokens"],
+            row["rewards_earned"], row["rewards_claimable"], row["stake"]) == (
+        True, "0xp9", {"accepted": 1, "submitted": 1}, 1, 20, 9, 4, 5 * TOKEN)
+    assert nodes["0x" + "dd" * 20]["files"] == {} and not nodes["worker-0"]["external"]
+    md = _markdown({"accuracy": 0.85, "steps": 4, "reached_80": None, "curves": None,
+                    "outcome": {"outcome": "trained"}, "checks": [], "nodes": nodes,
+                    "versions": [], "faults": [], "invalidations": [], "restarts": []})
+    assert f"| {s} | unknown (joined) | accepted 1, submitted 1 | 0 | 1 | 20 | 0.000 |" in md

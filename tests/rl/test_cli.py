@@ -69,6 +69,16 @@ def test_train_then_eval_from_the_command_line(tmp_path, capsys):
         assert r["tokens"] > 4 * 4  # 4 completions behind prompts of >= 4 tokens
     evals = [r for r in records if r["kind"] == "eval" and r["phase"] == "rl"]
     assert evals[-1]["step"] == 3 and evals[-1]["n"] == 16
+    # each warm-start evaluation states the budget and the accuracy that ends it (the
+    # dashboard's phase line reads them from this file)
+    sft = [r for r in records if r["kind"] == "sft"]
+    assert sft and all((r["max_steps"], r["target"]) == (2, 0.3) for r in sft)
+    from meshrl.dashboard.state import trainer_phase
+
+    warm = trainer_phase(records[:records.index(sft[-1]) + 1])
+    assert (warm["phase"], warm["step"], warm["max_steps"]) == ("warm start", sft[-1]["step"], 2)
+    rl = trainer_phase(records)
+    assert (rl["phase"], rl["step"], rl["accuracy"]) == ("rl", 3, evals[-1]["accuracy"])
     assert summary["accuracy"] == evals[-1]["accuracy"]
     # `meshrl eval` of the run's last checkpoint reproduces the run's own last evaluation
     assert main(["eval", "--checkpoint", str(tmp_path / "cli"), "--eval.num_problems", "16"]) == 0

@@ -56,6 +56,8 @@ class RunFacts:
     # (step, counter) of those files; a cheater absent here cheats in every file after
     # cheat_after
     forged: dict[str, set[tuple[int, int]]] = field(default_factory=dict)
+    # the trainer got past its warm start (report.rl_started); before that nothing is published
+    rl_started: bool = True
 
     def used(self) -> list[dict[str, Any]]:
         return [f for r in self.records for f in r["used"]]
@@ -280,9 +282,28 @@ def reached_target(f: RunFacts) -> Check:
                  {"final": last})
 
 
+def _no_work(f: RunFacts) -> bool:
+    """The run stopped in the trainer's warm start and no file exists by any account (the
+    trainer's records, the ledger, the chain's work items)."""
+    return not f.rl_started and not f.records and not f.ledger and \
+        not (f.chain or {}).get("works")
+
+
 def run_checks(f: RunFacts, ledger_read: bool = True) -> list[Check]:
-    """Every check; those that need the ledger fail when it could not be read."""
+    """Every check; those that need the ledger fail when it could not be read. A run stopped
+    before RL with no file made has nothing to check: every check is n/a."""
     cheaters = [n for n, w in f.workers.items() if w["dishonest"]]
+    if _no_work(f):
+        names = ["trained_files_accepted", "no_file_taken_twice", "no_accepted_file_lost",
+                 "honest_nodes_kept", "no_work_judged_twice",
+                 *(["honest_files_not_invalidated"] if f.disputes else []),
+                 *(f"cheater_caught[{n}]" for n in cheaters), "adapter_weights_match",
+                 "reached_80"]
+        last = f.evals[-1]["accuracy"] if f.evals else None
+        why = ("the run stopped before RL (in the trainer's warm start): no policy was "
+               "published and no file made")
+        return [Check(n, "n/a", why, {"final": last} if n == "reached_80" else {})
+                for n in names]
     if not ledger_read:
         names = ["trained_files_accepted", "no_accepted_file_lost", "honest_nodes_kept",
                  "no_work_judged_twice", *(f"cheater_caught[{n}]" for n in cheaters)]

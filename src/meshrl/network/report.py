@@ -38,26 +38,35 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _ledger(info: dict[str, Any]) -> list[dict[str, Any]] | None:
+def _orchestrator(info: dict[str, Any]) -> tuple[list[dict[str, Any]] | None,
+                                                 list[dict[str, Any]]]:
+    """The orchestrator's ledger (None when it does not answer) and the nodes of its pool
+    (every member, one that joined from another host included)."""
     from meshrl.wire import SignedClient
-    from meshrl.wire.models import LedgerPage
+    from meshrl.wire.models import LedgerPage, PoolNodes
 
     key = Path(info["trainer_key_file"]).read_text().strip()
 
-    async def read() -> list[Any]:
+    async def read() -> tuple[list[Any], list[Any]]:
         out, after = [], 0
         async with SignedClient(info["orchestrator"], key, timeout_s=10) as c:
+            try:
+                nodes = (await c.call("GET", "/nodes", response=PoolNodes)).nodes
+            except Exception:  # the ledger still names every member that made a file
+                nodes = []
             while True:
                 page = await c.call("GET", "/ledger", response=LedgerPage,
                                     query={"after": after, "limit": 2000})
                 if not page.entries:
-                    return out
+                    return out, nodes
                 out += page.entries
                 after = page.next_after
     try:
-        return [e.model_dump(mode="json") for e in asyncio.run(read())]
+        ledger, nodes = asyncio.run(read())
     except Exception:  # the orchestrator is down: the report says so instead of failing
-        return None
+        return None, []
+    return ([e.model_dump(mode="json") for e in ledger],
+            [n.model_dump(mode="json") for n in nodes])
 
 
 def _chain(info: dict[str, Any], verb: str, *args: str, timeout: float = 60) -> list[Any]:
@@ -73,8 +82,10 @@ def _chain(info: dict[str, Any], verb: str, *args: str, timeout: float = 60) -> 
     return [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
 
 
-def _balances(info: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    providers = json.dumps([w["provider"] for w in info["workers"].values()])
+def _balances(info: dict[str, Any], others: list[str]) -> dict[str, dict[str, Any]]:
+    """Stake and tokens of the workers' providers and of `others` (members from elsewhere)."""
+    providers = json.dumps(sorted({*(w["provider"] for w in info["workers"].values()),
+                                   *others}))
     return {r["address"].lower(): r for r in _chain(info, "balances", "--addresses", providers)}
 
 
@@ -145,21 +156,47 @@ def _broadcast(root: Path, workers: list[str]) -> list[dict[str, Any]]:
     return out
 
 
+def external_nodes(info: dict[str, Any], ledger: list[dict[str, Any]],
+                   pool: list[dict[str, Any]],
+                   chain: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """The nodes that are not this network's own workers (a member that joined from another
+    host) but that the pool lists, that have ledger rows or that earned on chain: address ->
+    {"node", "provider"} (the provider as the pool or the ledger names it)."""
+    own = {w["node"].lower() for w in info["workers"].values()}
+    out: dict[str, dict[str, Any]] = {}
+    for n in [*pool, *ledger]:
+        a = (n.get("address") or n["node"]).lower()
+        if a not in own:
+            out.setdefault(a, {"node": n.get("address") or n["node"],
+                               "provider": n.get("provider")})
+    for a in (chain or {}).get("rewards", {}):
+        if a.lower() not in own:
+            out.setdefault(a.lower(), {"node": a, "provider": None})
+    return out
+
+
 def _node_rows(info: dict[str, Any], ledger: list[dict[str, Any]],
                records: list[dict[str, Any]], chain: dict[str, Any] | None,
-               balances: dict[str, dict[str, Any]]) -> dict[str, Any]:
+               balances: dict[str, dict[str, Any]],
+               pool: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One row per node: the network's own workers by name, then every other node
+    (`external_nodes`) by its address, counted the same way."""
     used = Counter(f["node"].lower() for r in records for f in r["used"])
-    rewards = (chain or {}).get("rewards", {})
+    rewards = {a.lower(): v for a, v in (chain or {}).get("rewards", {}).items()}
+    members = {name: {**w, "external": False} for name, w in info["workers"].items()}
+    members |= {x["node"]: {**x, "dishonest": None, "external": True}
+                for x in external_nodes(info, ledger, pool or [], chain).values()}
     nodes = {}
-    for name, w in info["workers"].items():
+    for name, w in members.items():
         node = w["node"].lower()
         mine = [e for e in ledger if e["node"].lower() == node]
         slashed = [i["slashed"] for i in (chain or {}).get("invalidations", [])
                    if i["node"].lower() == node]
         pay = rewards.get(node, {"earned": 0, "claimable": 0, "claimed": 0})
-        bal = balances.get(w["provider"].lower(), {})
+        bal = balances.get((w["provider"] or "").lower(), {})
         nodes[name] = {
             "node": w["node"], "provider": w["provider"], "dishonest": w["dishonest"],
+            "external": w["external"],
             "files": dict(Counter(e["status"] for e in mine)),
             "not_granted": sum(not e["granted"] for e in mine),
             "trained_on": used.get(node, 0), "tokens": sum(e["work_units"] for e in mine),
@@ -229,22 +266,31 @@ def _cpu(root: Path) -> dict[str, Any] | None:
                       for k, v in rows}}
 
 
+def rl_started(metrics: list[dict[str, Any]], records: list[dict[str, Any]]) -> bool:
+    """Whether the trainer got past its warm start (it handed a policy to RL, resumed, or
+    took a step): before that no policy was published, so no file could be made."""
+    return bool(records) or any(m.get("kind") in ("warm_start", "step", "resume")
+                                for m in metrics)
+
+
 def build_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
     info = json.loads((root / "network.json").read_text())
     metrics = _lines(root / "trainer" / "metrics.jsonl")
     evals = [m for m in metrics if m.get("kind") == "eval" and m.get("phase") == "rl"]
     reached = next((m for m in evals if m["accuracy"] >= 0.8), None)
     records = _lines(root / "trainer" / "rollouts.jsonl")
-    read = _ledger(info)
+    read, pool = _orchestrator(info)
     ledger = read or []
     chain = _works(info)
+    others = external_nodes(info, ledger, pool, chain)
     verdicts = _verdicts(root, info)
     facts = RunFacts(records=records, ledger=ledger, chain=chain, workers=info["workers"],
                      cheat_after=cfg.workers.cheat.after_step,
                      async_level=cfg.pool.async_level, evals=evals,
                      accuracy_goal=_accuracy_goal(cfg), verdicts=verdicts,
                      disputes=cfg.chain.dispute_period > 0,
-                     weights=_adapter_weights(root), forged=_forged(root, info["workers"]))
+                     weights=_adapter_weights(root), forged=_forged(root, info["workers"]),
+                     rl_started=rl_started(metrics, records))
     events = _lines(root / "events.jsonl")
     return {
         "outcome": _lines_json(root / "outcome.json"),
@@ -254,7 +300,10 @@ def build_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
         "steps": max((m["step"] for m in metrics if m.get("kind") == "step"), default=0),
         "curves": None,
         "checks": [c.as_dict() for c in run_checks(facts, ledger_read=read is not None)],
-        "nodes": _node_rows(info, ledger, records, chain, _balances(info)),
+        "phase": "rl" if facts.rl_started else "warm start",
+        "nodes": _node_rows(info, ledger, records, chain,
+                            _balances(info, [x["provider"] for x in others.values()
+                                             if x["provider"]]), pool),
         "chain": None if chain is None else {"block": chain["block"], "now": chain["now"]},
         "versions": _broadcast(root, list(info["workers"])),
         "restarts": [e for e in events if e["event"] in ("died", "killed", "recovered", "retired")],
@@ -366,6 +415,8 @@ def _markdown(rep: dict[str, Any]) -> str:
            "- reached 80%: " + ("no" if not rep["reached_80"] else
                                 f"at RL step {rep['reached_80']['step']}, "
                                 f"{_s(rep['reached_80']['elapsed_s'])} s of training"),
+           *(["- stopped before RL, in the trainer's warm start (no policy published)"]
+             if rep.get("phase") == "warm start" else []),
            f"- checks: {len(checks) - len(failed)} of {len(checks)} hold"
            + (f" (failed: {', '.join(c['name'] for c in failed)})" if failed else ""),
            f"- curves: `{rep['curves']}`", "", "## Checks", ""]
@@ -378,7 +429,8 @@ def _markdown(rep: dict[str, Any]) -> str:
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, n in rep["nodes"].items():
         files = ", ".join(f"{k} {v}" for k, v in sorted(n["files"].items()))
-        out.append(f"| {name} | {n['dishonest']} | {files} | {n['not_granted']} | "
+        dishonest = "unknown (joined)" if n.get("external") else n["dishonest"]
+        out.append(f"| {name} | {dishonest} | {files} | {n['not_granted']} | "
                    f"{n['trained_on']} | {n['tokens']} | {_tokens(n['rewards_earned'])} | "
                    f"{_tokens(n['rewards_claimable'])} | {_tokens(n['rewards_claimed'])} | "
                    f"{_tokens(n['stake'])} | {_tokens(n['stake_slashed'])} |")

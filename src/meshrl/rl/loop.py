@@ -232,8 +232,11 @@ class RLRun:
     def _warm_start(self) -> None:
         """Supervised warm-start of `host_model`, then the first held-out evaluation."""
         def on_eval(step: int, accuracy: float, loss: float) -> None:
+            # with its budget and the accuracy that ends it, for the dashboard's phase line
             self.metrics.log({"kind": "sft", "step": step, "loss": loss,
-                              "accuracy": accuracy, "elapsed": self.elapsed()})
+                              "accuracy": accuracy, "elapsed": self.elapsed(),
+                              "max_steps": self.cfg.sft.max_steps,
+                              "target": self.cfg.sft.target_accuracy})
 
         result = warm_start(self.host_model, self.tokenizer, self.cfg.sft, self.tasks,
                             lambda step: self.evaluate("sft", step), self.cfg.run.seed,
