@@ -13,7 +13,8 @@ from pydantic import BaseModel
 
 __all__ = [
     "BadFileName", "BadPoolId", "BadSignature", "BadSlotId", "BodySha256Mismatch", "BodyTooLarge",
-    "CounterOutOfRange", "CounterUsed", "ErrorBody", "ErrorCode", "FileAlreadyKnown",
+    "ChainUnavailable", "CounterOutOfRange", "CounterUsed", "ErrorBody", "ErrorCode",
+    "FileAlreadyKnown",
     "FileAlreadyUploaded", "FileTooLarge", "FutureTimestamp", "HttpRefused", "InvalidBody",
     "InvalidQuery", "IpRateLimited", "MalformedAddress", "MalformedBodySha256", "MalformedJson",
     "MalformedNonce", "MalformedTimestamp", "MethodNotAllowed", "MissingSignature", "NoInvite",
@@ -95,6 +96,7 @@ class ErrorCode(StrEnum):
     NOT_AWAITING_VERDICT = "not_awaiting_verdict", 409, "not awaiting a verdict"
     STEP_GOES_BACK = "step_goes_back", 409, "step goes back"
     TAKEN_BEYOND_ACCEPTED = "taken_beyond_accepted", 422, "taken beyond the accepted files"
+    CHAIN_UNAVAILABLE = "chain_unavailable", 503, "chain unavailable"
     # discovery
     NODE_NOT_ON_CHAIN = "node_not_on_chain", 403, "node not on chain"
     PROVIDER_MISMATCH = "provider_mismatch", 403, "provider mismatch"
@@ -368,6 +370,10 @@ class StepGoesBack(WireHTTPError, code=ErrorCode.STEP_GOES_BACK):
 
 class TakenBeyondAccepted(WireHTTPError, code=ErrorCode.TAKEN_BEYOND_ACCEPTED):
     """A demand's `taken_through` names an acceptance number no file has yet."""
+
+
+class ChainUnavailable(WireHTTPError, code=ErrorCode.CHAIN_UNAVAILABLE):
+    """The chain's RPC behind the service did not answer (transient: ask again later)."""
 
 
 # discovery
