@@ -152,14 +152,15 @@ def _replay(src: RpcBackend, dst: RpcBackend, sender: str) -> int:
     return n
 
 
-def _join(tmp: Path, url: str, rpc: str) -> subprocess.Popen:
+def _join(tmp: Path, url: str, rpc: str | None) -> subprocess.Popen:
     (tmp / "pw").write_text("pw\n")
     write_keystore(PROVIDER, "pw", tmp / "provider.json", 2)
     write_keystore(NODE, "pw", tmp / "node.json", 2)
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     env.pop("MESHRL_KEYSTORE_PASSWORD", None)
     return subprocess.Popen(
-        [sys.executable, "-m", "meshrl.cli", "worker", "join", url, "--chain.rpc_url", rpc,
+        [sys.executable, "-m", "meshrl.cli", "worker", "join", url,
+         *(["--chain.rpc_url", rpc] if rpc else []),
          "--keys.provider_keystore", str(tmp / "provider.json"),
          "--keys.node_keystore", str(tmp / "node.json"), "--keys.password_file",
          str(tmp / "pw"), "--work_dir", str(tmp / "w"), "--fund_poll_s", "0.3",
@@ -206,3 +207,17 @@ def test_a_hostile_pool_gets_no_signature_for_a_thief(chains, tmp_path, attack) 
     assert "refused" in lines[0] and "nothing was signed" in lines[0], lines[0]
     assert ("(protocol)" if attack == "replay" else "(minter)") in lines[0], lines[0]
     assert "fund on chain" not in err.decode()
+
+
+def test_without_an_rpc_of_its_own_the_worker_refuses_and_names_the_hint(chains,
+                                                                          tmp_path) -> None:
+    _, fed_a, fake, fed_b = chains
+    dep = fed_a.deployment
+    assert isinstance(fed_b.backend, RpcBackend)
+    with HostilePool(_crafted(fed_b.backend, fake.url, dep.token, dep.protocol)) as pool:
+        w = _join(tmp_path, pool.url, None)
+        _, err = w.communicate(timeout=120)
+    lines = [x for x in err.decode().splitlines() if x.strip() and not x.startswith("{")]
+    assert w.returncode == 1 and len(lines) == 1, err.decode()[-3000:]
+    assert "--chain.rpc_url" in lines[0] and fake.url in lines[0], lines[0]
+    assert fed_b.backend.w3.eth.get_transaction_count(PROVIDER.address) == 0
