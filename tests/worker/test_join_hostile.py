@@ -57,8 +57,8 @@ class HostilePool:
     """A real aiohttp server on loopback answering `GET /join` (a fresh `server_time` each
     time) and `GET /rules` with what the thief crafted."""
 
-    def __init__(self, manifest: JoinManifest) -> None:
-        self.manifest = manifest
+    def __init__(self, manifest: JoinManifest, raw: bytes = b"") -> None:
+        self.manifest, self.raw = manifest, raw
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -70,6 +70,8 @@ class HostilePool:
 
         async def join(request: web.Request) -> web.Response:
             self.hits.append(request.path)
+            if self.raw:
+                return web.Response(body=self.raw, content_type="application/json")
             m = self.manifest.model_copy(update={"server_time": time.time()})
             return web.Response(body=m.model_dump_json(), content_type="application/json")
 
@@ -221,3 +223,16 @@ def test_without_an_rpc_of_its_own_the_worker_refuses_and_names_the_hint(chains,
     assert w.returncode == 1 and len(lines) == 1, err.decode()[-3000:]
     assert "--chain.rpc_url" in lines[0] and fake.url in lines[0], lines[0]
     assert fed_b.backend.w3.eth.get_transaction_count(PROVIDER.address) == 0
+
+
+def test_an_oversized_manifest_is_refused_unread(chains, tmp_path) -> None:
+    _, fed_a, fake, fed_b = chains
+    dep = fed_a.deployment
+    assert isinstance(fed_b.backend, RpcBackend)
+    served = _crafted(fed_b.backend, fake.url, dep.token, dep.protocol)
+    with HostilePool(served, raw=b"[" * (4 << 20)) as pool:
+        w = _join(tmp_path, pool.url, fake.url)
+        _, err = w.communicate(timeout=120)
+    lines = [x for x in err.decode().splitlines() if x.strip() and not x.startswith("{")]
+    assert w.returncode == 1 and len(lines) == 1, err.decode()[-3000:]
+    assert "more than 1048576" in lines[0], lines[0]

@@ -85,7 +85,10 @@ class JoinManifest(Model):
     def digest(self) -> bytes:
         """What the manager signs: keccak256 of a domain tag and the canonical JSON of every
         field but `signature` and `server_time` (the clock is only a hint: a wrong one makes
-        signed requests fail, it moves no funds), so one signature serves a cache period."""
+        signed requests fail, it moves no funds), so one signature serves a cache period. The
+        rules enter by their own digest, which stays the same across versions that add rule
+        fields with defaults."""
         data = self.model_dump(mode="json", exclude={"signature", "server_time"})
+        data["rules"] = self.rules.digest()
         body = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
         return keccak(b"meshrl join manifest\x00" + body)

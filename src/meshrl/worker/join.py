@@ -82,6 +82,22 @@ class ClockSkew(JoinError):
         self.offset_s, self.window_s = offset_s, window_s
 
 
+MAX_MANIFEST_BYTES = 1 << 20  # a manifest is a few KiB: anything larger is refused unread
+
+
+async def _read_bounded(r: aiohttp.ClientResponse, limit: int, what: str) -> bytes:
+    """The whole body, however many pieces it comes in; `JoinError` past `limit` bytes."""
+    if r.content_length is not None and r.content_length > limit:
+        raise JoinError(f"{what} answered {r.content_length} bytes, more than {limit}")
+    parts, size = [], 0
+    while chunk := await r.content.read(limit + 1 - size):
+        parts.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise JoinError(f"{what} answered more than {limit} bytes")
+    return b"".join(parts)
+
+
 async def fetch_manifest(url: str, timeout_s: float = 10.0) -> tuple[JoinManifest, float]:
     """The pool's manifest and this clock's offset from the orchestrator's (seconds, + when
     the orchestrator is ahead), measured at the middle of the round trip."""
@@ -90,7 +106,7 @@ async def fetch_manifest(url: str, timeout_s: float = 10.0) -> tuple[JoinManifes
                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
             t0 = time.time()
             async with s.get(url.rstrip("/") + "/join") as r:
-                body = await r.read()
+                body = await _read_bounded(r, MAX_MANIFEST_BYTES, f"{url}/join")
                 t1 = time.time()
                 if r.status != 200:
                     raise JoinError(f"{url}/join answered {r.status}: {body[:200]!r}")
