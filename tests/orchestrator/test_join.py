@@ -71,6 +71,8 @@ def test_a_manifest_not_confirmed_by_the_chain_is_refused(pool) -> None:
         "signature": "0x" + sign_digest(thief.key, forged.digest()).hex()})
     assert refused(forged) == "signature"
     assert refused(m.model_copy(update={"signature": ""})) == "signature"
+    assert refused(m.model_copy(update={"signer": "", "signature": ""})) == "signature"
+    assert refused(m.model_copy(update={"token": "0x1234"})) == "token"  # not an address
     # meshrl's own protocol, deployed by the thief on this chain for the real token: the code
     # checks pass, the token's own record does not make it a minter
     rogue = deploy(backend, thief, PARAMS, token=m.token)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import aiohttp
+from eth_utils import is_address, to_checksum_address
 from pydantic import ValidationError
 
 from meshrl.log import get_logger, log_event
@@ -157,6 +158,13 @@ def confirm_pool(backend: Backend, m: JoinManifest, pin: Deployment | None = Non
       an approval on this token can only name this token's protocol as spender;
     - the pool exists, its manager signed the manifest.
     """
+    for what in ("token", "protocol"):
+        if not is_address(getattr(m, what)):
+            raise PoolNotConfirmed(what, f"{getattr(m, what)!r} is not an address")
+    if not is_address(m.signer):
+        raise PoolNotConfirmed("signature", f"the manifest is not signed (signer {m.signer!r})")
+    m = m.model_copy(update={w: to_checksum_address(getattr(m, w))
+                             for w in ("token", "protocol", "signer")})
     addrs = {"token": m.token, "protocol": m.protocol}
     if pin is not None:
         for what, mine, theirs in (("chain_id", pin.chain_id, m.chain_id),
@@ -172,6 +180,8 @@ def confirm_pool(backend: Backend, m: JoinManifest, pin: Deployment | None = Non
         check_contracts(backend, m.chain_id, addrs, m.code_hashes)
     except ContractMismatch as e:
         raise PoolNotConfirmed(e.what, str(e)) from None
+    except Exception as e:  # the RPC's transport or answer failed: nothing is confirmed
+        raise PoolNotConfirmed("read", f"{type(e).__name__}: {str(e)[:200]}") from None
     chain = Protocol(backend, deployment_of(m))
     try:
         minter = bool(backend.call(chain.token.functions.minters(m.protocol)))
