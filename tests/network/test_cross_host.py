@@ -170,8 +170,8 @@ class Stranger:
     """A contributor in the worker namespace: its own keystores (`meshrl keys new`), then
     `meshrl worker join URL`, claiming its rewards itself every 5 s."""
 
-    def __init__(self, ns: Namespaces, tmp: Path, name: str, url: str) -> None:
-        self.ns, self.tmp, self.name, self.url = ns, tmp, name, url
+    def __init__(self, ns: Namespaces, tmp: Path, name: str, url: str, rpc: str) -> None:
+        self.ns, self.tmp, self.name, self.url, self.rpc = ns, tmp, name, url, rpc
         self.keys = _ok(ns.worker, "-m", "meshrl.cli", "keys", "new", "--dir",
                         str(tmp / f"{name}-keys"), "--password_file", str(tmp / "pw"),
                         "--kdf_iterations", "2")
@@ -182,6 +182,7 @@ class Stranger:
 
     def join(self) -> subprocess.Popen:
         self.proc = _in(self.ns.worker, "-m", "meshrl.cli", "worker", "join", self.url,
+                        "--chain.rpc_url", self.rpc,  # the RPC the contributor trusts
                         "--keys.provider_keystore", self.keys["provider"]["keystore"],
                         "--keys.node_keystore", self.keys["node"]["keystore"],
                         "--keys.password_file", str(self.tmp / "pw"),
@@ -256,7 +257,9 @@ def test_strangers_on_another_host_join_train_outlive_a_cut_leave_and_are_paid(
     m: dict[str, Any] = {}
     try:
         (tmp_path / "pw").write_text("far away\n")
-        a, b = Stranger(ns, tmp_path, "stranger", url), Stranger(ns, tmp_path, "latecomer", url)
+        rpc = f"http://{addr}:{port + 14}"  # the pool's public RPC filter, chosen on purpose
+        a = Stranger(ns, tmp_path, "stranger", url, rpc)
+        b = Stranger(ns, tmp_path, "latecomer", url, rpc)
         nu.wait(lambda: any(e["event"] == "start" and e.get("role") == "worker-0"
                             for e in nu.events(root)) or up.poll() is not None, 600,
                 "the pool did not start", every=1.0)

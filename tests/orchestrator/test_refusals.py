@@ -351,12 +351,22 @@ def test_a_non_reader_is_refused_the_ledger_after_the_chain_says_so(pool: Pool,
     run(expect(E.NOT_A_READER, _ledger_not_a_reader(pool, tmp_path)))
 
 
+def test_join_whose_chain_cannot_answer_is_refused_503(tmp_path: Path) -> None:
+    """The view's chain has no contracts at all (the read of the pool fails): `GET /join`
+    answers `chain_unavailable`, typed (a real RPC outage: test_join_budget.py)."""
+    async def t() -> None:
+        async with api_from_parts(tmp_path) as s, SignedClient(s.url, key("n1")) as c:
+            e = await expect(E.CHAIN_UNAVAILABLE, c.call("GET", "/join"))
+            assert "\n" not in e.detail
+    asyncio.run(t())
+
+
 def test_every_code_the_handlers_declare_has_a_case(tmp_path: Path) -> None:
     """The routes' own refusals (their OpenAPI error responses) are each exercised above."""
     async def t() -> set[ErrorCode]:
         async with api_from_parts(tmp_path) as s:
             return {c for r in s.api.routes() for c in r.refusals}
-    assert asyncio.run(t()) == set(PARTS) | set(POOL)
+    assert asyncio.run(t()) == set(PARTS) | set(POOL) | {E.CHAIN_UNAVAILABLE}
 
 
 def test_a_verdicts_reason_after_the_chains_invalidation_is_recorded_once(

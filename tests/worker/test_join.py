@@ -72,7 +72,7 @@ def test_a_stranger_joins_with_two_commands_and_gets_files_accepted(net) -> None
     provider, node = keys["provider"]["address"], keys["node"]["address"]
     work = tmp / "stranger"
     log = tmp / "stranger.log"
-    w = _meshrl("worker", "join", net.orch.url,
+    w = _meshrl("worker", "join", net.orch.url, "--chain.rpc_url", net.rpc,
                 "--keys.provider_keystore", keys["provider"]["keystore"],
                 "--keys.node_keystore", keys["node"]["keystore"],
                 "--keys.password_file", str(tmp / "pw"), "--work_dir", str(work),

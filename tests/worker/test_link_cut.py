@@ -69,6 +69,7 @@ def test_a_60_s_link_cut_is_outlived_without_a_restart(tmp_path) -> None:
         net.fed.mint(provider, 200 * TOKEN)
         log = tmp_path / "w.log"
         w = _meshrl("worker", "join", f"http://{local}:{orch_l}",
+                    "--chain.rpc_url", f"http://{local}:{rpc_l}",
                     "--keys.provider_keystore", keys["provider"]["keystore"],
                     "--keys.node_keystore", keys["node"]["keystore"],
                     "--keys.password_file", str(tmp_path / "pw"),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ from meshrl.orchestrator.books import NodeMoney
 from meshrl.orchestrator.chainview import ChainView
 from meshrl.orchestrator.config import OrchestratorConfig
 from meshrl.orchestrator.hold import HoldGate, hold
-from meshrl.orchestrator.join import JoinDesk, read_chain_facts
+from meshrl.orchestrator.join import ChainFacts, JoinDesk, JoinUnavailable, read_chain_facts
 from meshrl.orchestrator.metrics import OrchestratorMetrics
 from meshrl.orchestrator.pacing import Pacer, Want
 from meshrl.orchestrator.state import FileRow, Grant, PoolStep, SlotUse, State
@@ -107,7 +107,10 @@ class OrchestratorApi:
         self.pool, self.chain, self.metrics, self.guard = pool, chain, metrics, guard
         self.readers = frozenset(a.lower() for a in readers)
         self.published = PoolRules(pool_id=cfg.pool_id, **dict(cfg.rules))  # served as is
-        self.join_desk = JoinDesk(cfg, self.published, cfg.readers)
+        manager = chain.protocol.account  # the manager's key signs the join manifest
+        self.join_desk = JoinDesk(cfg, self.published, cfg.readers,
+                                  key=None if manager is None else manager.key,
+                                  signer="" if manager is None else manager.address)
 
     def member(self, call: Call) -> str:
         node = self.state.node(call.address)
@@ -183,11 +186,13 @@ class OrchestratorApi:
         return self.published
 
     async def join(self, call: Call) -> JoinManifest:
-        desk = self.join_desk
-        if desk.stale():
-            desk.update(await self.chain.run(read_chain_facts, self.chain.protocol,
-                                             self.cfg.pool_id))
-        return desk.manifest(self.terms.max_units)
+        def read() -> Awaitable[ChainFacts]:
+            return self.chain.run(read_chain_facts, self.chain.protocol, self.cfg.pool_id)
+
+        try:
+            return await self.join_desk.answer(read, self.terms.max_units)
+        except JoinUnavailable as e:
+            raise WireError(ErrorCode.CHAIN_UNAVAILABLE, str(e)) from None
 
     async def grant(self, call: Call) -> UploadSlot:
         node = self.member(call)
@@ -379,7 +384,9 @@ class OrchestratorApi:
                   "proof profile, ...): read before staking"),
             Route("GET", "/join", self.join, response=JoinManifest, signed=False,
                   summary="how to join from anywhere: chain, contracts and their code hashes, "
-                  "rules, discovery, shardcast servers, stake and reward terms, clock"),
+                  "rules, discovery, shardcast servers, stake and reward terms, clock; signed "
+                  "by the pool manager (503 while the chain's RPC is down)",
+                  refusals=(E.CHAIN_UNAVAILABLE,)),
             Route("GET", "/invite", self.invite, response=Invite, max_body=none, tags=node,
                   summary="the caller's pending invite (404 if none)", refusals=(E.NO_INVITE,)),
             Route("POST", "/heartbeat", self.heartbeat, body=Heartbeat, response=HeartbeatAck,

@@ -90,8 +90,9 @@ class WorkConfig(Config):
 class JoinConfig(Config):
     """What `GET /join` advertises to strangers (each empty one: this orchestrator's own)."""
 
-    rpc_url: str = Field("", description="the chain's public JSON-RPC (empty: chain.rpc_url; a "
-                         "pool on anvil publishes its RPC filter here, never anvil itself)")
+    rpc_url: str = Field("", description="a public JSON-RPC of the chain, published as a hint "
+                         "without user, password, query or fragment (empty: none is published; "
+                         "chain.rpc_url never is; a pool on anvil publishes its RPC filter)")
     discovery_url: str = Field("", description="discovery as strangers reach it (empty: "
                                "onboarding.discovery_url)")
     trainer: str = Field("", description="the trainer's address (empty: the first reader)")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+from eth_utils import keccak
 from pydantic import Field
 
 from meshrl.pool.rules import PoolRules
@@ -39,14 +42,18 @@ class WorkOrder(Model):
 
 
 class JoinManifest(Model):
-    """`GET /join` (unsigned): everything a stranger needs to join the pool from anywhere, with
-    nothing but the orchestrator's URL. A worker checks the chain id and the contracts' code
-    against it (and its own copy of the contracts) before it stakes anything."""
+    """`GET /join` (unsigned request, signed answer): everything a stranger needs to join the
+    pool from anywhere, with nothing but the orchestrator's URL. Nothing in it is trusted as
+    served: a worker confirms the chain facts through its own RPC (the code at both addresses,
+    the token's minter record, the pool's manager) and the manager's `signature` over
+    `digest()` before it stakes anything (docs/joining.md)."""
 
     pool_id: int = Field(ge=1)
     domain_id: int = Field(ge=0)
     chain_id: int = Field(ge=1)
-    rpc_url: str = Field(max_length=2048, description="the chain's public JSON-RPC")
+    rpc_url: str = Field(max_length=2048, description="a public JSON-RPC of the chain, a hint "
+                         "only (empty when the operator published none); a worker reads the "
+                         "chain through its own")
     token: str = Field(max_length=42, description="the stake / reward token (ERC-20)")
     protocol: str = Field(max_length=42, description="the protocol contract")
     deployment_block: int = Field(ge=0, description="the block the contracts were deployed in")
@@ -69,3 +76,19 @@ class JoinManifest(Model):
     server_time: float = Field(description="the orchestrator's clock (unix seconds) when it "
                                "answered: a node whose clock is further off than the window "
                                "is refused on every signed request")
+    signer: str = Field("", max_length=42, description="the pool manager's address, whose "
+                        "key signed the manifest (a worker checks it is the pool's manager on "
+                        "chain)")
+    signature: str = Field("", max_length=132, description="0x-hex EIP-191 signature of "
+                           "`digest()` by `signer` (empty: unsigned, refused by workers)")
+
+    def digest(self) -> bytes:
+        """What the manager signs: keccak256 of a domain tag and the canonical JSON of every
+        field but `signature` and `server_time` (the clock is only a hint: a wrong one makes
+        signed requests fail, it moves no funds), so one signature serves a cache period. The
+        rules enter by their own digest, which stays the same across versions that add rule
+        fields with defaults."""
+        data = self.model_dump(mode="json", exclude={"signature", "server_time"})
+        data["rules"] = self.rules.digest()
+        body = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+        return keccak(b"meshrl join manifest\x00" + body)

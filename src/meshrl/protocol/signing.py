@@ -17,6 +17,7 @@ from eth_utils import keccak, to_checksum_address
 __all__ = [
     "invite_digest",
     "ownership_digest",
+    "recover_digest",
     "sign_digest",
     "sign_invite",
     "sign_ownership",
@@ -60,6 +61,18 @@ def sign_digest(private_key: bytes | str, digest: bytes) -> bytes:
     if len(digest) != 32:
         raise ValueError("digest must be 32 bytes")
     return bytes(Account.sign_message(encode_defunct(primitive=digest), private_key).signature)
+
+
+def recover_digest(digest: bytes, signature: bytes) -> str:
+    """The address whose key made `signature` (`sign_digest`) over `digest`; raises
+    ValueError on a malformed signature."""
+    if len(digest) != 32 or len(signature) != 65:
+        raise ValueError("a digest is 32 bytes and a signature 65")
+    try:
+        return str(Account.recover_message(encode_defunct(primitive=digest),
+                                           signature=signature))
+    except Exception as e:  # eth_keys' own error types: malformed r, s or v
+        raise ValueError(f"malformed signature: {e}") from None
 
 
 def sign_ownership(

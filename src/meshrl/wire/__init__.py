@@ -74,6 +74,7 @@ _EXPORTS = {
     "StaleWork": "errors",
     "StepGoesBack": "errors",
     "TakenBeyondAccepted": "errors",
+    "ChainUnavailable": "errors",
     "TooManyNodesForIp": "errors",
     "TooManyWorkUnits": "errors",
     "WorkIdOfAnotherFile": "errors",

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 __all__ = [
     "BadFileName", "BadPoolId", "BadSignature", "BadSlotId", "BodyIncomplete",
-    "BodySha256Mismatch", "BodyTooLarge",
+    "BodySha256Mismatch", "BodyTooLarge", "ChainUnavailable",
     "CounterOutOfRange", "CounterUsed", "ErrorBody", "ErrorCode", "FileAlreadyKnown",
     "FileAlreadyUploaded", "FileTooLarge", "FutureTimestamp", "HttpRefused", "InvalidBody",
     "InvalidQuery", "IpRateLimited", "MalformedAddress", "MalformedBodySha256", "MalformedJson",
@@ -99,6 +99,7 @@ class ErrorCode(StrEnum):
     TAKEN_BEYOND_ACCEPTED = "taken_beyond_accepted", 422, "taken beyond the accepted files"
     TOO_MANY_HELD = "too_many_held", 429, "too many held requests"
     UNSUBMITTED_UPLOADS = "unsubmitted_uploads", 429, "uploads not submitted on chain"
+    CHAIN_UNAVAILABLE = "chain_unavailable", 503, "chain unavailable"
     # discovery
     NODE_NOT_ON_CHAIN = "node_not_on_chain", 403, "node not on chain"
     PROVIDER_MISMATCH = "provider_mismatch", 403, "provider mismatch"
@@ -385,6 +386,10 @@ class TooManyHeld(WireHTTPError, code=ErrorCode.TOO_MANY_HELD):
 
 class UnsubmittedUploads(WireHTTPError, code=ErrorCode.UNSUBMITTED_UPLOADS):
     """The node uploaded files it did not submit on chain in time: submit them first."""
+
+
+class ChainUnavailable(WireHTTPError, code=ErrorCode.CHAIN_UNAVAILABLE):
+    """The chain's RPC behind the service did not answer (transient: ask again later)."""
 
 
 # discovery

@@ -52,16 +52,23 @@ async def _join_and_work(cfg: JoinConfig) -> int:
     lacking = missing(probe(cfg.work_dir, cfg.hardware.python_packages), cfg.hardware)
     if lacking:
         raise HardwareError("this machine does not meet the requirements: " + "; ".join(lacking))
+    pin = j.load_pin(cfg.pin_deployment)
     m, offset = await j.fetch_manifest(cfg.url)
     j.check_clock(offset, m.signature_window_s, cfg.clock_margin_s)
+    if not cfg.chain.rpc_url:  # the pool's RPC would answer for the pool: never trusted
+        raise j.JoinError(f"give an RPC of chain {m.chain_id} that you trust: --chain.rpc_url "
+                          f"URL (the pool suggests {m.rpc_url or 'none'}; it checks nothing "
+                          "unless you choose to trust it)")
     backend = await asyncio.to_thread(connect, ChainConfig(
-        rpc_url=m.rpc_url, chain_id=m.chain_id, rpc_timeout_s=cfg.chain.rpc_timeout_s))
-    await asyncio.to_thread(j.verify_chain, backend, m)
+        rpc_url=cfg.chain.rpc_url, rpc_timeout_s=cfg.chain.rpc_timeout_s,
+        ready_timeout_s=cfg.chain.ready_timeout_s))
+    m = await asyncio.to_thread(j.confirm_pool, backend, m, pin, cfg.pin_protocol)
     keys = load_keys(cfg.keys, m.chain_id)
     dep = j.deployment_of(m)
     path = Path(cfg.work_dir) / "deployment.json"
     dep.save(path)
-    log_event(log, "pool manifest checked", pool=m.pool_id, chain=m.chain_id, rpc=m.rpc_url,
+    log_event(log, "pool confirmed by own RPC", pool=m.pool_id, chain=m.chain_id,
+              rpc=cfg.chain.rpc_url, protocol=m.protocol, token=m.token, signer=m.signer,
               clock_offset_s=round(offset, 2), provider=keys.provider.address,
               node=keys.node.address)
     chain = Protocol(backend, dep)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from meshrl.config import Config
 from meshrl.inference.params import (
@@ -15,7 +15,7 @@ from meshrl.inference.params import (
     check_compute,
 )
 from meshrl.pool.rules import RulesPins
-from meshrl.protocol.config import ChainConfig
+from meshrl.protocol.config import ChainConfig, hex_address
 
 __all__ = [
     "CHEAT_MODES",
@@ -173,9 +173,16 @@ class WorkerConfig(Config):
 class JoinConfig(WorkerConfig):
     """`meshrl worker join URL`: join a pool from anywhere by its orchestrator's URL (every
     `meshrl worker` option applies; the pool, discovery, chain RPC and contracts come from the
-    pool's manifest)."""
+    pool's manifest, and nothing in it is trusted before the contributor's own RPC confirmed
+    it: docs/joining.md)."""
 
     url: str = Field("", description="the pool's orchestrator (its GET /join manifest)")
+    chain: ChainConfig = ChainConfig(rpc_url="", rpc_timeout_s=10.0)
+    pin_deployment: str = Field("", description="a deployment file you trust (e.g. one the "
+                                "pool's operator published): the manifest's chain id, token "
+                                "and protocol must be the ones it names")
+    pin_protocol: str = Field("", description="the protocol contract's address as you know "
+                              "it from elsewhere: the manifest must name this one")
     work_dir: str = Field("runs/join", description="outbox, policy versions and state")
     keys: KeysConfig = KeysConfig(provider_keystore="keys/provider.json",
                                   node_keystore="keys/node.json")
@@ -196,3 +203,5 @@ class JoinConfig(WorkerConfig):
     leave_on_stop: bool = Field(True, description="on SIGTERM / Ctrl-C, leave the pool on chain "
                                 "before exiting (the stake stays: earned rewards stay "
                                 "claimable)")
+
+    _pin = field_validator("pin_protocol", mode="before")(hex_address)
