@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-smollm2 demo demo-local demo-lora demo-local-lora demo-smollm2 train-smollm2 test test-crosshost lint bench clean node
+.PHONY: setup setup-smollm2 demo demo-local demo-lora demo-local-lora demo-smollm2 train-smollm2 test test-fast test-crosshost lint bench clean node
 
 setup: $(STAMP) node
 
@@ -59,6 +59,11 @@ train-smollm2: setup-smollm2
 test: setup
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/pytest -q -m "not crosshost" --durations=25 tests
+
+# the edit loop: unit tests only (no anvil, no network end to end, nothing marked slow)
+test-fast: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/pytest -q -m "not crosshost and not slow and not anvil" tests
 
 # a pool and a joining worker in two network namespaces over a shaped link (root only; minutes)
 test-crosshost: setup
