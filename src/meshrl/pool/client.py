@@ -8,7 +8,7 @@ import contextlib
 
 from meshrl.log import get_logger, log_event
 from meshrl.pool.rules import PoolRules, RulesPins, rules_diff, rules_drift
-from meshrl.wire import SignedClient, WireHTTPError
+from meshrl.wire import SignedClient, Transient, WireHTTPError
 
 __all__ = ["PoolRulesError", "changed_rules", "check_rules", "read_rules", "require_same_rules"]
 
@@ -34,7 +34,7 @@ async def read_rules(orch: SignedClient, stop: asyncio.Event,
             raise PoolRulesError(f"the pool's published rules are not valid rules: "
                                  f"{str(e).splitlines()[0][:300]}") from None
         except (WireHTTPError, OSError) as e:
-            if isinstance(e, WireHTTPError) and 400 <= e.status < 500 and e.status != 429:
+            if isinstance(e, WireHTTPError) and not isinstance(e, Transient):
                 raise PoolRulesError(f"cannot read the pool's rules: {e}") from None
             log_event(log, "pool rules not readable yet", error=str(e))
         with contextlib.suppress(TimeoutError):

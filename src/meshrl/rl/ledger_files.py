@@ -33,7 +33,7 @@ from meshrl.pool import (
     read_rules,
 )
 from meshrl.tasks import TaskSet
-from meshrl.wire import SignedClient, StepGoesBack, WireHTTPError
+from meshrl.wire import SignedClient, StepGoesBack, Transient, WireHTTPError
 from meshrl.wire.errors import RolloutFileError
 from meshrl.wire.isolated import iter_rollout_files_isolated
 from meshrl.wire.models import FileStatus, LedgerEntry, LedgerPage
@@ -207,7 +207,7 @@ class LedgerReader:
             except (OSError, aiohttp.ClientError, TimeoutError) as e:
                 reason = f"{type(e).__name__}: {e}"
             except WireHTTPError as e:
-                if e.status < 500:
+                if not isinstance(e, Transient):
                     raise
                 reason = str(e)
             log_event(log, "orchestrator unreachable, retrying", error=reason)

@@ -12,21 +12,81 @@ from typing import ClassVar
 from pydantic import BaseModel
 
 __all__ = [
-    "BadFileName", "BadPoolId", "BadSignature", "BadSlotId", "BodyIncomplete",
-    "BodySha256Mismatch", "BodyTooLarge", "ChainUnavailable",
-    "CounterOutOfRange", "CounterUsed", "ErrorBody", "ErrorCode", "FileAlreadyKnown",
-    "FileAlreadyUploaded", "FileTooLarge", "FutureTimestamp", "HttpRefused", "InvalidBody",
-    "InvalidQuery", "IpRateLimited", "MalformedAddress", "MalformedBodySha256", "MalformedJson",
-    "MalformedNonce", "MalformedTimestamp", "MethodNotAllowed", "MissingSignature", "NoInvite",
-    "NoSuchFile", "NoSuchRoute", "NoSuchSlot", "NoSuchSubmission", "NodeNotOnChain",
-    "NonceStoreUnavailable", "NotAReader", "NotARolloutFile", "NotAValidator", "NotAnnounced",
-    "NotAwaitingVerdict", "NotInPool", "NotOwnEntry", "NotPoolManager", "NotSubmittedYet",
-    "ProviderMismatch", "RateLimited", "ReplayedNonce", "RequestTimeout", "RolloutFileError",
-    "Sha256Mismatch", "SizeMismatch", "SlotAlreadyUsed", "SlotExpired", "SlotOfAnotherNode",
-    "StaleTimestamp", "StaleWork", "StepGoesBack", "TakenBeyondAccepted", "TooManyHeld",
-    "TooManyNodesForIp", "TooManyWorkUnits", "UnsubmittedUploads",
-    "UploadInProgress", "WireError", "WireHTTPError", "WireUnavailable", "WorkIdOfAnotherFile",
-    "WrongAudience", "WrongSigner", "refusal", "refusal_classes"
+    "BadFileName",
+    "BadPoolId",
+    "BadSignature",
+    "BadSlotId",
+    "BodyIncomplete",
+    "BodySha256Mismatch",
+    "BodyTooLarge",
+    "ChainUnavailable",
+    "CounterOutOfRange",
+    "CounterUsed",
+    "ErrorBody",
+    "ErrorCode",
+    "FileAlreadyKnown",
+    "FileAlreadyUploaded",
+    "FileTooLarge",
+    "FutureTimestamp",
+    "HttpRefused",
+    "InvalidBody",
+    "InvalidQuery",
+    "IpRateLimited",
+    "MalformedAddress",
+    "MalformedBodySha256",
+    "MalformedJson",
+    "MalformedNonce",
+    "MalformedTimestamp",
+    "MethodNotAllowed",
+    "MissingSignature",
+    "NoInvite",
+    "NoSuchFile",
+    "NoSuchRoute",
+    "NoSuchSlot",
+    "NoSuchSubmission",
+    "NodeNotOnChain",
+    "NonceStoreUnavailable",
+    "NotAReader",
+    "NotARolloutFile",
+    "NotAValidator",
+    "NotAnnounced",
+    "NotAuthorized",
+    "NotAwaitingVerdict",
+    "NotFound",
+    "NotInPool",
+    "NotOwnEntry",
+    "NotPoolManager",
+    "NotSubmittedYet",
+    "ProviderMismatch",
+    "RateLimited",
+    "Refused",
+    "ReplayedNonce",
+    "RequestTimeout",
+    "RolloutFileError",
+    "Sha256Mismatch",
+    "SizeMismatch",
+    "SlotAlreadyUsed",
+    "SlotExpired",
+    "SlotOfAnotherNode",
+    "StaleTimestamp",
+    "StaleWork",
+    "StepGoesBack",
+    "TakenBeyondAccepted",
+    "TooManyHeld",
+    "TooManyNodesForIp",
+    "TooManyWorkUnits",
+    "Transient",
+    "UnsubmittedUploads",
+    "UploadInProgress",
+    "WireError",
+    "WireHTTPError",
+    "WireUnavailable",
+    "WorkIdOfAnotherFile",
+    "WrongAudience",
+    "WrongSigner",
+    "family_of",
+    "refusal",
+    "refusal_classes"
 ]
 
 
@@ -143,6 +203,9 @@ class WireHTTPError(Exception):
     def __init_subclass__(cls, code: ErrorCode | None = None, **kw: object) -> None:
         super().__init_subclass__(**kw)
         if code is not None:
+            if not issubclass(cls, family_of(code.status)):
+                raise TypeError(f"{cls.__name__} ({code.status}) must be a "
+                                f"{family_of(code.status).__name__}")
             if code in _BY_CODE:
                 raise TypeError(f"{code} has a class already: {_BY_CODE[code].__name__}")
             cls.CODE = code
@@ -155,13 +218,46 @@ class WireHTTPError(Exception):
         self.status, self.code, self.detail, self.reason = status, code, detail, reason
 
 
+# The families: what a caller may do about a refusal, decided by the type (as httpx groups its
+# exceptions), never by a status number. Every code's class is in exactly one (checked above).
+class Transient(WireHTTPError):
+    """Worth asking again later, unchanged: the server is busy or limiting this caller (429),
+    in trouble or restarting (5xx), or the body came too slowly (408)."""
+
+
+class NotAuthorized(WireHTTPError):
+    """The signer may not do this (401, 403): a bad or stale signature, or not (or no longer)
+    a member, reader or validator; asking again as the same signer gets the same answer."""
+
+
+class NotFound(WireHTTPError):
+    """What was named does not exist, or no longer does (404, 410)."""
+
+
+class Refused(WireHTTPError):
+    """The request itself is wrong (every other 4xx): asking again as it is gets the same
+    answer."""
+
+
+def family_of(status: int) -> type[WireHTTPError]:
+    """The family of an HTTP status (an unknown code of a newer server is placed by it)."""
+    if status in (408, 429) or status >= 500:
+        return Transient
+    if status in (401, 403):
+        return NotAuthorized
+    if status in (404, 410):
+        return NotFound
+    return Refused
+
+
 def refusal(status: int, code: str, detail: str = "", reason: str = "") -> WireHTTPError:
-    """The exception of an answer: the class of its code, or the base class for an unknown one."""
+    """The exception of an answer: the class of its code, or its status's family for a code
+    this version does not know."""
     try:
         known = ErrorCode(code)
     except ValueError:
-        return WireHTTPError(status, code, detail, reason)
-    return _BY_CODE.get(known, WireHTTPError)(status, known, detail, reason)
+        return family_of(status)(status, code, detail, reason)
+    return _BY_CODE.get(known, family_of(status))(status, known, detail, reason)
 
 
 def refusal_classes() -> dict[ErrorCode, type[WireHTTPError]]:
@@ -170,254 +266,254 @@ def refusal_classes() -> dict[ErrorCode, type[WireHTTPError]]:
 
 
 # the signed request and the HTTP layer
-class BodyTooLarge(WireHTTPError, code=ErrorCode.BODY_TOO_LARGE):
+class BodyTooLarge(Refused, code=ErrorCode.BODY_TOO_LARGE):
     """The body is over the route's limit."""
 
 
-class BodySha256Mismatch(WireHTTPError, code=ErrorCode.BODY_SHA256_MISMATCH):
+class BodySha256Mismatch(Refused, code=ErrorCode.BODY_SHA256_MISMATCH):
     """The body does not hash to its signed `x-content-sha256`."""
 
 
-class MissingSignature(WireHTTPError, code=ErrorCode.MISSING_SIGNATURE):
+class MissingSignature(NotAuthorized, code=ErrorCode.MISSING_SIGNATURE):
     """A signature header is missing."""
 
 
-class MalformedAddress(WireHTTPError, code=ErrorCode.MALFORMED_ADDRESS):
+class MalformedAddress(Refused, code=ErrorCode.MALFORMED_ADDRESS):
     """`x-address` is not a 0x-hex address."""
 
 
-class MalformedNonce(WireHTTPError, code=ErrorCode.MALFORMED_NONCE):
+class MalformedNonce(Refused, code=ErrorCode.MALFORMED_NONCE):
     """`x-nonce` is not 8-64 characters of [0-9A-Za-z_-]."""
 
 
-class MalformedTimestamp(WireHTTPError, code=ErrorCode.MALFORMED_TIMESTAMP):
+class MalformedTimestamp(Refused, code=ErrorCode.MALFORMED_TIMESTAMP):
     """`x-timestamp` is not decimal Unix seconds."""
 
 
-class MalformedBodySha256(WireHTTPError, code=ErrorCode.MALFORMED_BODY_SHA256):
+class MalformedBodySha256(Refused, code=ErrorCode.MALFORMED_BODY_SHA256):
     """`x-content-sha256` is not 64 hex digits."""
 
 
-class StaleTimestamp(WireHTTPError, code=ErrorCode.STALE_TIMESTAMP):
+class StaleTimestamp(NotAuthorized, code=ErrorCode.STALE_TIMESTAMP):
     """The request is older than the server's allowed skew."""
 
 
-class FutureTimestamp(WireHTTPError, code=ErrorCode.FUTURE_TIMESTAMP):
+class FutureTimestamp(NotAuthorized, code=ErrorCode.FUTURE_TIMESTAMP):
     """The request is dated further ahead than the allowed skew."""
 
 
-class BadSignature(WireHTTPError, code=ErrorCode.BAD_SIGNATURE):
+class BadSignature(NotAuthorized, code=ErrorCode.BAD_SIGNATURE):
     """The signature is malformed or recovers no key."""
 
 
-class WrongSigner(WireHTTPError, code=ErrorCode.WRONG_SIGNER):
+class WrongSigner(NotAuthorized, code=ErrorCode.WRONG_SIGNER):
     """The signature is valid but of another address than `x-address`."""
 
 
-class WrongAudience(WireHTTPError, code=ErrorCode.WRONG_AUDIENCE):
+class WrongAudience(NotAuthorized, code=ErrorCode.WRONG_AUDIENCE):
     """The request was signed for another service (`x-audience` is not this one's)."""
 
 
-class RateLimited(WireHTTPError, code=ErrorCode.RATE_LIMITED):
+class RateLimited(Transient, code=ErrorCode.RATE_LIMITED):
     """This signer sent more requests than its rate allows: slow down."""
 
 
-class IpRateLimited(WireHTTPError, code=ErrorCode.IP_RATE_LIMITED):
+class IpRateLimited(Transient, code=ErrorCode.IP_RATE_LIMITED):
     """The source IP address sent more requests (or more new signers) than it may: slow down."""
 
 
-class RequestTimeout(WireHTTPError, code=ErrorCode.REQUEST_TIMEOUT):
+class RequestTimeout(Transient, code=ErrorCode.REQUEST_TIMEOUT):
     """The body did not arrive within the server's deadline."""
 
 
-class BodyIncomplete(WireHTTPError, code=ErrorCode.BODY_INCOMPLETE):
+class BodyIncomplete(Refused, code=ErrorCode.BODY_INCOMPLETE):
     """The body ended (the connection closed, or its framing broke) before all of it came."""
 
 
-class ReplayedNonce(WireHTTPError, code=ErrorCode.REPLAYED_NONCE):
+class ReplayedNonce(Refused, code=ErrorCode.REPLAYED_NONCE):
     """This (signer, nonce) was seen within its window."""
 
 
-class NonceStoreUnavailable(WireHTTPError, code=ErrorCode.NONCE_STORE_UNAVAILABLE):
+class NonceStoreUnavailable(Transient, code=ErrorCode.NONCE_STORE_UNAVAILABLE):
     """The server could not record the nonce, so it served nothing (transient)."""
 
 
-class MalformedJson(WireHTTPError, code=ErrorCode.MALFORMED_JSON):
+class MalformedJson(Refused, code=ErrorCode.MALFORMED_JSON):
     """The body is not JSON."""
 
 
-class InvalidBody(WireHTTPError, code=ErrorCode.INVALID_BODY):
+class InvalidBody(Refused, code=ErrorCode.INVALID_BODY):
     """The body is not the route's model."""
 
 
-class InvalidQuery(WireHTTPError, code=ErrorCode.INVALID_QUERY):
+class InvalidQuery(Refused, code=ErrorCode.INVALID_QUERY):
     """The query is not the route's model."""
 
 
-class NoSuchRoute(WireHTTPError, code=ErrorCode.NO_SUCH_ROUTE):
+class NoSuchRoute(NotFound, code=ErrorCode.NO_SUCH_ROUTE):
     """No route at this path."""
 
 
-class MethodNotAllowed(WireHTTPError, code=ErrorCode.METHOD_NOT_ALLOWED):
+class MethodNotAllowed(Refused, code=ErrorCode.METHOD_NOT_ALLOWED):
     """The path has no route for this method."""
 
 
-class HttpRefused(WireHTTPError, code=ErrorCode.HTTP_REFUSED):
+class HttpRefused(Refused, code=ErrorCode.HTTP_REFUSED):
     """Another refusal of the HTTP layer (its status is the one aiohttp chose)."""
 
 
 # the orchestrator
-class NotInPool(WireHTTPError, code=ErrorCode.NOT_IN_POOL):
+class NotInPool(NotAuthorized, code=ErrorCode.NOT_IN_POOL):
     """The caller is not a live member of the pool (never joined, or ejected)."""
 
 
-class NotAReader(WireHTTPError, code=ErrorCode.NOT_A_READER):
+class NotAReader(NotAuthorized, code=ErrorCode.NOT_A_READER):
     """The caller may not read the ledger, the files or the node table."""
 
 
-class NotAValidator(WireHTTPError, code=ErrorCode.NOT_A_VALIDATOR):
+class NotAValidator(NotAuthorized, code=ErrorCode.NOT_A_VALIDATOR):
     """The caller has no validator role on chain."""
 
 
-class NoInvite(WireHTTPError, code=ErrorCode.NO_INVITE):
+class NoInvite(NotFound, code=ErrorCode.NO_INVITE):
     """No live invite for the caller (yet)."""
 
 
-class FileTooLarge(WireHTTPError, code=ErrorCode.FILE_TOO_LARGE):
+class FileTooLarge(Refused, code=ErrorCode.FILE_TOO_LARGE):
     """The file is over the pool's `max_file_bytes`."""
 
 
-class TooManyWorkUnits(WireHTTPError, code=ErrorCode.TOO_MANY_WORK_UNITS):
+class TooManyWorkUnits(Refused, code=ErrorCode.TOO_MANY_WORK_UNITS):
     """The file claims more work units than the pool allows."""
 
 
-class StaleWork(WireHTTPError, code=ErrorCode.STALE_WORK):
+class StaleWork(Refused, code=ErrorCode.STALE_WORK):
     """The file's step or policy version is outside what the pool accepts now."""
 
 
-class FileAlreadyKnown(WireHTTPError, code=ErrorCode.FILE_ALREADY_KNOWN):
+class FileAlreadyKnown(Refused, code=ErrorCode.FILE_ALREADY_KNOWN):
     """The file is granted and live already (or the node submitted it without a grant)."""
 
 
-class BadSlotId(WireHTTPError, code=ErrorCode.BAD_SLOT_ID):
+class BadSlotId(Refused, code=ErrorCode.BAD_SLOT_ID):
     """The slot id is not 32 lower hex digits."""
 
 
-class NoSuchSlot(WireHTTPError, code=ErrorCode.NO_SUCH_SLOT):
+class NoSuchSlot(NotFound, code=ErrorCode.NO_SUCH_SLOT):
     """No slot with this id (never granted, or expired and dropped)."""
 
 
-class SlotOfAnotherNode(WireHTTPError, code=ErrorCode.SLOT_OF_ANOTHER_NODE):
+class SlotOfAnotherNode(NotAuthorized, code=ErrorCode.SLOT_OF_ANOTHER_NODE):
     """The slot was granted to another node."""
 
 
-class SlotAlreadyUsed(WireHTTPError, code=ErrorCode.SLOT_ALREADY_USED):
+class SlotAlreadyUsed(Refused, code=ErrorCode.SLOT_ALREADY_USED):
     """The slot's file was uploaded already (or an upload through it is running)."""
 
 
-class SlotExpired(WireHTTPError, code=ErrorCode.SLOT_EXPIRED):
+class SlotExpired(NotFound, code=ErrorCode.SLOT_EXPIRED):
     """The slot expired before the upload."""
 
 
-class CounterOutOfRange(WireHTTPError, code=ErrorCode.COUNTER_OUT_OF_RANGE):
+class CounterOutOfRange(Refused, code=ErrorCode.COUNTER_OUT_OF_RANGE):
     """A node's counters at a step are 0 .. files_per_step - 1."""
 
 
-class CounterUsed(WireHTTPError, code=ErrorCode.COUNTER_USED):
+class CounterUsed(Refused, code=ErrorCode.COUNTER_USED):
     """The node was granted another file for this (step, counter): one file per counter."""
 
 
-class FileAlreadyUploaded(WireHTTPError, code=ErrorCode.FILE_ALREADY_UPLOADED):
+class FileAlreadyUploaded(Refused, code=ErrorCode.FILE_ALREADY_UPLOADED):
     """This node's file is stored already (an upload finished before a crash): submit it."""
 
 
-class UploadInProgress(WireHTTPError, code=ErrorCode.UPLOAD_IN_PROGRESS):
+class UploadInProgress(Refused, code=ErrorCode.UPLOAD_IN_PROGRESS):
     """An upload of this file is running (a previous connection): try again shortly."""
 
 
-class NotARolloutFile(WireHTTPError, code=ErrorCode.NOT_A_ROLLOUT_FILE):
+class NotARolloutFile(Refused, code=ErrorCode.NOT_A_ROLLOUT_FILE):
     """The uploaded bytes are not a Parquet rollout file: nothing was stored."""
 
 
-class Sha256Mismatch(WireHTTPError, code=ErrorCode.SHA256_MISMATCH):
+class Sha256Mismatch(Refused, code=ErrorCode.SHA256_MISMATCH):
     """The uploaded bytes are not the granted file."""
 
 
-class SizeMismatch(WireHTTPError, code=ErrorCode.SIZE_MISMATCH):
+class SizeMismatch(Refused, code=ErrorCode.SIZE_MISMATCH):
     """The upload is not the granted size."""
 
 
-class BadFileName(WireHTTPError, code=ErrorCode.BAD_FILE_NAME):
+class BadFileName(Refused, code=ErrorCode.BAD_FILE_NAME):
     """A file is named by its sha256 (64 lower hex digits)."""
 
 
-class NoSuchFile(WireHTTPError, code=ErrorCode.NO_SUCH_FILE):
+class NoSuchFile(NotFound, code=ErrorCode.NO_SUCH_FILE):
     """The store does not hold this file."""
 
 
-class NoSuchSubmission(WireHTTPError, code=ErrorCode.NO_SUCH_SUBMISSION):
+class NoSuchSubmission(NotFound, code=ErrorCode.NO_SUCH_SUBMISSION):
     """The ledger has no row for the judged submission yet: post the verdict again later."""
 
 
-class WorkIdOfAnotherFile(WireHTTPError, code=ErrorCode.WORK_ID_OF_ANOTHER_FILE):
+class WorkIdOfAnotherFile(Refused, code=ErrorCode.WORK_ID_OF_ANOTHER_FILE):
     """The verdict's work id names another file than its sha256."""
 
 
-class NotSubmittedYet(WireHTTPError, code=ErrorCode.NOT_SUBMITTED_YET):
+class NotSubmittedYet(Refused, code=ErrorCode.NOT_SUBMITTED_YET):
     """The ledger row has not seen its submission on chain yet: post the verdict again later."""
 
 
-class NotAwaitingVerdict(WireHTTPError, code=ErrorCode.NOT_AWAITING_VERDICT):
+class NotAwaitingVerdict(Refused, code=ErrorCode.NOT_AWAITING_VERDICT):
     """The row has moved on (invalidated on chain): no verdict is needed any more."""
 
 
-class StepGoesBack(WireHTTPError, code=ErrorCode.STEP_GOES_BACK):
+class StepGoesBack(Refused, code=ErrorCode.STEP_GOES_BACK):
     """The pool's step only moves forward."""
 
 
-class TakenBeyondAccepted(WireHTTPError, code=ErrorCode.TAKEN_BEYOND_ACCEPTED):
+class TakenBeyondAccepted(Refused, code=ErrorCode.TAKEN_BEYOND_ACCEPTED):
     """A demand's `taken_through` names an acceptance number no file has yet."""
 
 
-class TooManyHeld(WireHTTPError, code=ErrorCode.TOO_MANY_HELD):
+class TooManyHeld(Transient, code=ErrorCode.TOO_MANY_HELD):
     """The caller (its address or its IP) has as many `wait=` requests held as it may: ask
     again when one is answered."""
 
 
-class UnsubmittedUploads(WireHTTPError, code=ErrorCode.UNSUBMITTED_UPLOADS):
+class UnsubmittedUploads(Transient, code=ErrorCode.UNSUBMITTED_UPLOADS):
     """The node uploaded files it did not submit on chain in time: submit them first."""
 
 
-class ChainUnavailable(WireHTTPError, code=ErrorCode.CHAIN_UNAVAILABLE):
+class ChainUnavailable(Transient, code=ErrorCode.CHAIN_UNAVAILABLE):
     """The chain's RPC behind the service did not answer (transient: ask again later)."""
 
 
 # discovery
-class NodeNotOnChain(WireHTTPError, code=ErrorCode.NODE_NOT_ON_CHAIN):
+class NodeNotOnChain(NotAuthorized, code=ErrorCode.NODE_NOT_ON_CHAIN):
     """The node was not added on chain by a provider."""
 
 
-class ProviderMismatch(WireHTTPError, code=ErrorCode.PROVIDER_MISMATCH):
+class ProviderMismatch(NotAuthorized, code=ErrorCode.PROVIDER_MISMATCH):
     """The announcement names another provider than the chain's."""
 
 
-class TooManyNodesForIp(WireHTTPError, code=ErrorCode.TOO_MANY_NODES_FOR_IP):
+class TooManyNodesForIp(Transient, code=ErrorCode.TOO_MANY_NODES_FOR_IP):
     """The caller's IP address has `max_nodes_per_ip` other nodes announced."""
 
 
-class NotOwnEntry(WireHTTPError, code=ErrorCode.NOT_OWN_ENTRY):
+class NotOwnEntry(NotAuthorized, code=ErrorCode.NOT_OWN_ENTRY):
     """A node reads only its own entry."""
 
 
-class NotAnnounced(WireHTTPError, code=ErrorCode.NOT_ANNOUNCED):
+class NotAnnounced(NotFound, code=ErrorCode.NOT_ANNOUNCED):
     """The node has not announced itself."""
 
 
-class BadPoolId(WireHTTPError, code=ErrorCode.BAD_POOL_ID):
+class BadPoolId(Refused, code=ErrorCode.BAD_POOL_ID):
     """The pool id is not a positive 64-bit integer in ASCII digits."""
 
 
-class NotPoolManager(WireHTTPError, code=ErrorCode.NOT_POOL_MANAGER):
+class NotPoolManager(NotAuthorized, code=ErrorCode.NOT_POOL_MANAGER):
     """Only the pool's manager on chain lists its candidates."""
 
 

@@ -29,7 +29,7 @@ from meshrl.protocol import Deployment, Protocol
 from meshrl.protocol.errors import ChainError, NodeNotInPool, TxReverted
 from meshrl.protocol.history import provider_rewards
 from meshrl.protocol.local import connect
-from meshrl.wire import SignedClient, WireHTTPError
+from meshrl.wire import NotAuthorized, NotInPool, SignedClient, Transient, WireHTTPError
 from meshrl.wire.models import Heartbeat, HeartbeatAck
 from meshrl.wire.rollout_file import rollout_file_bytes
 from meshrl.worker.adversary import worker_parts
@@ -255,7 +255,7 @@ class WorkerNode:
             # is resumed next time), or this node was ejected (refused by the orchestrator or
             # by the chain): the next work-order poll rejoins, or stops for good if the pool
             # blacklisted it; a chain transport error (an RPC link down) is waited out too
-            if isinstance(e, WireHTTPError) and e.status not in (403, 429) and e.status < 500:
+            if isinstance(e, WireHTTPError) and not isinstance(e, NotAuthorized | Transient):
                 raise
             if isinstance(e, TxReverted) and not isinstance(e, NodeNotInPool):
                 raise
@@ -301,7 +301,7 @@ class WorkerNode:
                 log_event(log, "no work order yet", error=str(e))
                 if self.stop.is_set():
                     raise
-                if isinstance(e, WireHTTPError) and e.status == 403:
+                if isinstance(e, NotInPool):
                     self.state = "rejoining"  # ejected (missed heartbeats): invited and joined
                     log_event(log, "pool", status=await self.join())  # again
                     self.state = "working"

@@ -9,7 +9,7 @@ import time
 
 from meshrl.log import get_logger, log_event
 from meshrl.protocol import Protocol, TxReverted
-from meshrl.wire import SignedClient, WireHTTPError
+from meshrl.wire import NoInvite, SignedClient, WireHTTPError
 from meshrl.wire.models import Accelerator, Hardware, Invite, NodeAnnouncement
 from meshrl.worker.config import WorkerConfig
 from meshrl.worker.hardware import HardwareInfo
@@ -90,7 +90,7 @@ async def announce_and_join(chain: Protocol, keys: WorkerKeys, cfg: WorkerConfig
         try:
             inv = await orch.call("GET", "/invite", response=Invite)
         except WireHTTPError as e:
-            if e.status != 404 or time.monotonic() > deadline:
+            if not isinstance(e, NoInvite) or time.monotonic() > deadline:
                 raise
             # a node ejected for fraud is blacklisted a moment after its ejection: it may have
             # started to wait for an invite just before, and must not wait for one for good

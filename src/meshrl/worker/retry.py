@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from meshrl.log import get_logger, log_event
 from meshrl.protocol.errors import ChainError, TxReverted
-from meshrl.wire import WireHTTPError
+from meshrl.wire import Transient, WireHTTPError
 
 __all__ = ["retrying", "transient"]
 
@@ -26,7 +26,7 @@ def transient(e: BaseException) -> bool:
     if isinstance(e, ChainError):
         return True  # RPC transport, a receipt not seen in time, nonce races with another user
     if isinstance(e, WireHTTPError):
-        return e.status >= 500 or e.status == 429
+        return isinstance(e, Transient)
     return isinstance(e, OSError | TimeoutError)
 
 
