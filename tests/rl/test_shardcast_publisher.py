@@ -113,3 +113,46 @@ def test_bf16_publishing_stores_rounded_weights_and_sparse_deltas(tmp_path):
     for i in m2.part(FULL_DIR):
         f = m2.files[i]
         assert sha256_file(tmp_path / "rebuilt" / f.name.removeprefix("full/")) == f.sha256
+
+
+def test_adapter_broadcast_sends_the_base_once_then_adapters_that_rebuild(tmp_path, monkeypatch):
+    """network.broadcast = "adapter": version 0 is the frozen base itself, each later version
+    its adapter on that base (rebuilt bit-exactly by the fixed merge rule), and the base's files
+    are hashed once for the run, not at every version."""
+    import torch
+
+    from meshrl.model import save_model
+    from meshrl.rl.config import LoraConfig
+    from meshrl.rl.lora import LoraPolicy
+    from meshrl.shardcast import manifest as manifest_module
+    from meshrl.shardcast.adapter import materialize
+
+    tok = CharTokenizer()
+    save_model(build_model("qwen2-tiny", tok.vocab_size, seed=1), tok, tmp_path / "base")
+    from meshrl.model import load_model
+
+    lora = LoraPolicy(load_model(tmp_path / "base"), tmp_path / "base",
+                      LoraConfig(enabled=True, rank=2), seed=3)
+    pub = ShardcastPublisher(tmp_path / "origin", _Reader(), lora.model, tok, KEY,  # type: ignore[arg-type]
+                             run=RUN, broadcast="adapter", lora=lora)
+    hashed = []
+    real = manifest_module.sha256_file
+    monkeypatch.setattr(manifest_module, "sha256_file",
+                        lambda p, *a: hashed.append(str(p)) or real(p, *a))
+    pub.publish(0, {})
+    for v in (1, 2):
+        with torch.no_grad():
+            for name, p in lora.model.named_parameters():
+                if "lora_B" in name:
+                    p.add_(1e-2 * torch.randn_like(p))
+        pub.publish(v, {})
+    base_dir = str(tmp_path / "base")
+    assert not [p for p in hashed if p.startswith(base_dir)]  # the base hashed at start only
+    store = VersionStore(tmp_path / "origin", publisher=address_of(KEY), run=RUN)
+    m0, m2 = store.manifest(0), store.manifest(2)
+    assert m0 is not None and m2 is not None
+    assert (m0.payload, m2.payload, m2.base) == ("full", "adapter", 0)
+    verify_manifest(m2, address_of(KEY), 2, run=RUN)
+    rebuilt = materialize(store.version_dir(2) / "data", store.version_dir(0) / "data",
+                          tmp_path / "rebuilt")
+    assert rebuilt == lora.effective_sha256()

@@ -68,7 +68,8 @@ from meshrl.tasks import TasksConfig
 from meshrl.wire.models import LedgerEntry
 from meshrl.wire.signing import address_of
 
-__all__ = ["NetworkSource", "ShardcastPublisher", "read_records"]
+__all__ = ["BROADCASTS", "AdapterVersions", "DeltaVersions", "FullVersions", "NetworkSource",
+           "ShardcastPublisher", "read_records"]
 
 log = get_logger("meshrl.rl.network")
 # a file being loaded: its entry, the load of its group of files, its place in that group
@@ -86,10 +87,83 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+class FullVersions:
+    """`network.broadcast = "full"`: every version is the whole checkpoint."""
+
+    def __init__(self, publisher: ShardcastPublisher) -> None:
+        self.publisher = publisher
+
+    def store(self, store: Any, tmp: Path, version: int) -> Any:
+        """Write `version` into the origin's `store` (through `tmp`); its manifest."""
+        self.publisher.save_full(tmp / "model")
+        return store.publish(tmp / "model", version, SHARD_SIZE, key=self.publisher.key)
+
+
+class DeltaVersions(FullVersions):
+    """`network.broadcast = "delta"`: each version against the newest one stored before it
+    (the first one in full)."""
+
+    def store(self, store: Any, tmp: Path, version: int) -> Any:
+        older = [v for v in store.complete if v < version]
+        if not older:
+            return super().store(store, tmp, version)
+        self.publisher.save_full(tmp / "model")
+        return store.publish_delta(tmp / "model", version, max(older), SHARD_SIZE,
+                                   key=self.publisher.key)
+
+
+class AdapterVersions(FullVersions):
+    """`network.broadcast = "adapter"`: the LoRA base goes out once in full (version 0), each
+    later version as its adapter on that base. The base's files are hashed once, here: it is
+    frozen for the run."""
+
+    def __init__(self, publisher: ShardcastPublisher) -> None:
+        from meshrl.shardcast.adapter import ADAPTER_WEIGHTS
+        from meshrl.shardcast.manifest import sha256_file
+
+        super().__init__(publisher)
+        if publisher.lora is None:
+            raise ValueError("network.broadcast = 'adapter' needs lora.enabled")
+        self.base_dir = Path(publisher.lora.base_dir)
+        self.base_files = {p.name: sha256_file(p)
+                           for p in sorted(self.base_dir.glob("*.safetensors"))
+                           if p.name != ADAPTER_WEIGHTS}
+
+    def base_version(self, store: Any) -> int | None:
+        """The version in `store` that is this run's LoRA base (a full version whose weights
+        files are the base's), or None."""
+        for v, m in sorted(store.complete.items()):
+            if m.payload == "full" and {f.name: f.sha256 for f in m.files
+                                        if f.name in self.base_files} == self.base_files:
+                return v
+        return None
+
+    def store(self, store: Any, tmp: Path, version: int) -> Any:
+        key = self.publisher.key
+        base = self.base_version(store)
+        if base is not None and base < version:
+            digest = self.publisher.lora.save_version(tmp / "adapter")
+            m = store.publish_adapter(tmp / "adapter", version, base, SHARD_SIZE, key=key)
+            log_event(log, "adapter published", version=version, base=base,
+                      effective_sha256=digest)
+            return m
+        if version == 0:
+            shutil.copytree(self.base_dir, tmp / "model")  # the base itself
+            return store.publish(tmp / "model", version, SHARD_SIZE, key=key)
+        log_event(log, "adapter broadcast needs the base version in the origin store; "
+                  "publishing the full checkpoint", level=logging.WARNING, version=version)
+        return super().store(store, tmp, version)
+
+
+BROADCASTS: dict[str, type[FullVersions]] = {
+    "full": FullVersions, "delta": DeltaVersions, "adapter": AdapterVersions}
+
+
 class ShardcastPublisher(PolicyPublisher):
     """Each version of the live policy `model` into the shardcast origin's store, its manifest
     signed with `key` (the trainer's), then the pool moved to it (through `reader`, the
-    trainer's signed client of the orchestrator)."""
+    trainer's signed client of the orchestrator). How a version is written (whole, a delta, an
+    adapter) is the broadcast mode's class, chosen once here."""
 
     def __init__(self, origin_root: str | Path, reader: LedgerReader, model: Any,
                  tokenizer: Any, key: str, broadcast: str = "full",
@@ -97,19 +171,27 @@ class ShardcastPublisher(PolicyPublisher):
                  lora: Any = None, dtype: str = "float32", *, run: str) -> None:
         self.origin_root, self.reader = Path(origin_root), reader
         self.model, self.tokenizer, self.key = model, tokenizer, key
-        # "delta": against the newest version published before; "adapter": LoRA adapters on
-        # the base version (the first one published)
-        self.broadcast = broadcast
-        if broadcast == "adapter" and lora is None:
-            raise ValueError("network.broadcast = 'adapter' needs lora.enabled")
         self.lora = lora  # LoraPolicy: what leaves is its effective weights (rl/lora.py)
         self.demand = demand  # (taken through, ahead) restated with every move
         self.dtype = dtype  # network.publish_dtype: the checkpoint's float precision
         self.run = run  # the pool's run id, named in every manifest it signs
+        if broadcast not in BROADCASTS:
+            raise ValueError(f"network.broadcast must be one of {sorted(BROADCASTS)}")
+        self.versions = BROADCASTS[broadcast](self)
+
+    def save_full(self, out: Path) -> None:
+        """The live policy's whole checkpoint (HF layout) at `out`: LoRA's effective weights,
+        else the model in `dtype`."""
+        from meshrl.model import save_model
+
+        if self.lora is not None:
+            self.lora.save_effective(out)
+        else:
+            save_model(self.model, self.tokenizer, out,
+                       dtype=None if self.dtype == "float32" else torch.bfloat16)
 
     def publish(self, version: int, weights: Weights) -> None:
         """Publish `model`, whose weights are `weights`, as `version`; move the pool."""
-        from meshrl.model import save_model
         from meshrl.shardcast.store import VersionStore
 
         t0 = time.perf_counter()
@@ -118,29 +200,7 @@ class ShardcastPublisher(PolicyPublisher):
             tmp = Path(tempfile.mkdtemp(prefix=f".publish-{version}-",
                                         dir=store.root.parent))
             try:
-                base = self._adapter_base(store) if self.broadcast == "adapter" else None
-                if base is not None and base < version:
-                    m = self._publish_adapter(store, tmp, version, base)
-                    log_event(log, "version stored", version=version, payload=m.payload,
-                              base=m.base, bytes=m.total_size, fetch_bytes=m.fetch_size)
-                    return self._move(version, t0)
-                if self.broadcast == "adapter" and version > 0:  # say why it is not one
-                    log_event(log, "adapter broadcast needs the base version in the origin "
-                              "store; publishing the full checkpoint", level=logging.WARNING,
-                              version=version)
-                if self.broadcast == "adapter" and version == 0:
-                    shutil.copytree(self.lora.base_dir, tmp / "model")  # the base itself
-                elif self.lora is not None:
-                    self.lora.save_effective(tmp / "model")
-                else:
-                    save_model(self.model, self.tokenizer, tmp / "model",
-                               dtype=None if self.dtype == "float32" else torch.bfloat16)
-                older = [v for v in store.complete if v < version]
-                if self.broadcast == "delta" and older:
-                    m = store.publish_delta(tmp / "model", version, max(older), SHARD_SIZE,
-                                            key=self.key)
-                else:
-                    m = store.publish(tmp / "model", version, SHARD_SIZE, key=self.key)
+                m = self.versions.store(store, tmp, version)
                 log_event(log, "version stored", version=version, payload=m.payload,
                           base=m.base, bytes=m.total_size, fetch_bytes=m.fetch_size)
             finally:
@@ -148,27 +208,6 @@ class ShardcastPublisher(PolicyPublisher):
         else:  # published before a crash: workers may already hold it, keep theirs
             log_event(log, "version already published", version=version)
         self._move(version, t0)
-
-    def _adapter_base(self, store: Any) -> int | None:
-        """The version in `store` that is this run's LoRA base (a full version whose weights
-        file is the base's), or None."""
-        from meshrl.shardcast.adapter import ADAPTER_WEIGHTS
-        from meshrl.shardcast.manifest import sha256_file
-
-        files = {p.name: sha256_file(p) for p in sorted(self.lora.base_dir.glob("*.safetensors"))
-                 if p.name != ADAPTER_WEIGHTS}
-        for v, m in sorted(store.complete.items()):
-            if m.payload == "full" and {f.name: f.sha256 for f in m.files
-                                        if f.name in files} == files:
-                return v
-        return None
-
-    def _publish_adapter(self, store: Any, tmp: Path, version: int, base: int) -> Any:
-        digest = self.lora.save_version(tmp / "adapter")
-        m = store.publish_adapter(tmp / "adapter", version, base, SHARD_SIZE, key=self.key)
-        log_event(log, "adapter published", version=version, base=base,
-                  effective_sha256=digest)
-        return m
 
     def _move(self, version: int, t0: float) -> None:
         pool_step = self.reader.set_step(version, *self.demand())
