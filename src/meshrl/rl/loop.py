@@ -64,11 +64,13 @@ class RLRun:
                                                  or cfg.rollout.lockstep)
         default = self.async_threads if local_gen else cfg.run.threads
         torch.set_num_threads(cfg.run.trainer_threads or default)
+        # once per run (a dataset task reads its file here), and first: bad task input is
+        # refused before seconds go into building the model
+        self.tasks = cfg.tasks.build()
         self.tokenizer, self.model = self._build_policy()
         # the whole policy as one plain module, evaluated, saved and copied to the generator:
         # the trained model itself in one process, a copy on rank 0 under FSDP
         self.host_model = self._host_model()
-        self.tasks = cfg.tasks.build()  # once per run: a math task reads its file here
         self.heldout = heldout_problems(self.tasks, cfg.eval)
         self.exclude = frozenset(p.prompt for p in self.heldout)
         self.eval_backend = ReferenceBackend(self.host_model, self.tokenizer)  # the live policy
@@ -217,8 +219,9 @@ class RLRun:
             from meshrl.model.gguf_import import resolve_model_source
 
             path = str(resolve_model_source(self.cfg.model.source, self.cfg.model.cache))
-        if path:
-            return load_tokenizer(path), load_model(path)
+        if path:  # the model first: its family check names a directory meshrl cannot use
+            model = load_model(path)
+            return load_tokenizer(path), model
         tok = CharTokenizer()
         return tok, build_model(self.cfg.model.preset, tok.vocab_size, seed=self.cfg.run.seed)
 
