@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from meshrl.config import CommandError
+from meshrl.config import CommandError, Interrupted
 from meshrl.inference import ReferenceBackend, build_backend
 from meshrl.rl.checkpoint import (
     latest_checkpoint,
@@ -86,11 +86,16 @@ class RLRun:
         self.t0 = time.perf_counter()
         self.accuracy = float("nan")
         self.waited = self.stepped = 0.0  # this session's seconds waiting for batches, in steps
+        self.phase = "the start"  # where a Ctrl-C finds the run, for its one line
 
     # ----------------------------------------------------------------------------- the algorithm
     def run(self) -> dict[str, Any]:
-        carried = self._resume_or_warm_start()
-        source, publisher = self._start_rollouts(carried, self.policy_weights())
+        try:
+            carried = self._resume_or_warm_start()
+            self.phase = "the start of RL"
+            source, publisher = self._start_rollouts(carried, self.policy_weights())
+        except KeyboardInterrupt:
+            raise Interrupted(self._stopped_in(self.phase)) from None
         bar = self._progress_bar()
         try:
             while self.step < self.cfg.steps and not self._reached_target():
@@ -111,10 +116,23 @@ class RLRun:
                 bar.update(1)
                 bar.set_postfix(reward=f"{stats['reward']:.2f}", acc=f"{self.accuracy:.2f}")
             self.checkpoint(source)
+        except KeyboardInterrupt:  # `finally` stops the generator first (no child traceback)
+            raise Interrupted(self._stopped_in(f"RL step {self.step + 1}")) from None
         finally:
             source.close()
             bar.close()
         return self._finish()
+
+    def _stopped_in(self, phase: str) -> str:
+        """The one line of a run stopped by Ctrl-C: where, what was kept, what the next start
+        does. The warm start keeps no checkpoint of its own: stopped, it starts over."""
+        ckpt = latest_checkpoint(self.dir / "checkpoints")
+        head = (f"interrupted during {phase}" if phase != "the warm start" else
+                "interrupted during the warm start: its progress is not saved (the warm start "
+                "keeps no checkpoint)")
+        tail = (f"`meshrl train` with the same config resumes from {ckpt}" if ckpt else
+                "`meshrl train` with the same config starts the run over")
+        return f"{head}; {tail}"
 
     def advantages(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Group-relative advantages [groups, group_size] and the groups that carry signal."""
@@ -228,8 +246,10 @@ class RLRun:
     def _resume_or_warm_start(self) -> list[RolloutBatch]:
         ckpt = latest_checkpoint(self.dir / "checkpoints") if self.cfg.run.resume else None
         if ckpt is None:
+            self.phase = "the warm start"
             self._warm_start()
             return []
+        self.phase = f"resuming from {ckpt}"
         return self._resume(ckpt)
 
     def _warm_start(self) -> None:
