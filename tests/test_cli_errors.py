@@ -4,6 +4,10 @@ non-zero exit status: never a Python traceback. A new command must add its case 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -40,7 +44,8 @@ def _cases(tmp: Path) -> dict[tuple[str, ...], tuple[list[str], str]]:
                                   "missing"),
         ("shardcast", "publish"): (["--src", missing, "--root", str(tmp / "o")], "missing"),
         ("shardcast", "origin"): (["--root", str(a_file)], "a_file"),
-        ("shardcast", "relay"): (["--root", str(a_file), "--upstreams", f'["{DEAD_URL}"]'],
+        ("shardcast", "relay"): (["--root", str(a_file), "--upstreams", f'["{DEAD_URL}"]',
+                                  "--publisher", "0x" + "11" * 20, "--run", "pool-1"],
                                  "a_file"),
         ("shardcast", "fetch"): (["--out", str(tmp / "x"), "--server.urls", f'["{DEAD_URL}"]',
                                   "--client.wait_timeout", "0.3", "--client.max_attempts", "1"],
@@ -104,3 +109,92 @@ def test_config_errors_exit_2_and_name_the_key(tmp_path: Path, capsys) -> None:
         " (did you mean 'trainer.warmup_steps'?)")
     assert main(["eval", str(tmp_path / "nope.toml")]) == 2
     assert "config file not found" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input found while a command runs (not when its config is parsed), as a user meets it: the
+# installed `meshrl` in a process of its own, one line on stderr, exit status 2, no traceback.
+
+MESHRL = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "meshrl"
+TINY_TRAIN = ["--steps", "1", "--sft.max_steps", "0", "--run.progress", "false"]
+
+
+def _mix(**task: str) -> list[str]:
+    fields = ", ".join(f"{k} = {json.dumps(v)}" for k, v in task.items())
+    return ["--tasks.mix", f"[{{{fields}}}]"]
+
+
+def _runtime_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    """case -> (meshrl arguments, a phrase the one line must contain)."""
+    no_answer = _mix(type="dataset", path=str(tmp / "qa.jsonl"), template="{q}")
+    no_split = _mix(type="dataset", path=str(tmp / "hfdict"), split="dev")
+    unknown_gym = _mix(type="reasoning_gym", dataset="no_such_gym_set")
+    no_env = _mix(type="verifiers", env="no_such_env_installed")
+    gpt2, missing = str(tmp / "gpt2"), str(tmp / "no_model_here")
+    train = ["train", "--run.dir", str(tmp / "runs"), *TINY_TRAIN]
+    return {
+        "train dataset without its answer field": ([*train, *no_answer],
+                                                   "row 1 has no field 'answer'"),
+        "train missing split": ([*train, *no_split], "no split 'dev'"),
+        "train unknown reasoning-gym dataset": ([*train, *unknown_gym],
+                                                "unknown dataset 'no_such_gym_set'"),
+        "train verifiers environment not installed": ([*train, *no_env], "is not installed"),
+        "train unsupported model_type": ([*train, "--model.path", gpt2],
+                                         "unsupported architecture model_type 'gpt2'"),
+        "train missing model directory": ([*train, "--model.path", missing],
+                                          f"model directory {missing} does not exist"),
+        "train flag without its value": (["train", "--steps"], "--steps needs a value"),
+        "eval dataset without its answer field": (["eval", "--checkpoint", gpt2, *no_answer],
+                                                  "row 1 has no field 'answer'"),
+        "eval unsupported model_type": (["eval", "--checkpoint", gpt2],
+                                        "unsupported architecture model_type 'gpt2'"),
+        "eval missing model directory": (["eval", "--checkpoint", missing],
+                                         f"model directory {missing} does not exist"),
+        "generate unsupported model_type": (["inference", "generate", "--model", gpt2,
+                                             "--prompts", '["1+1="]'],
+                                            "unsupported architecture model_type 'gpt2'"),
+        "generate missing model directory": (["inference", "generate", "--model", missing,
+                                              "--prompts", '["1+1="]'],
+                                             f"model directory {missing} does not exist"),
+        "generate flag without its value": (["inference", "generate", "--prompts", '["1"]',
+                                             "--n"], "--n needs a value"),
+    }
+
+
+@pytest.fixture(scope="module")
+def runtime_results(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, str]]:
+    """Every case's process, run a few at a time (most of each is importing torch)."""
+    import datasets
+
+    tmp = tmp_path_factory.mktemp("runtime")
+    (tmp / "qa.jsonl").write_text('{"q": "1+1", "a": "2"}\n{"q": "2+2", "a": "4"}\n')
+    rows = [{"question": "1+1", "answer": "2"}]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(
+        str(tmp / "hfdict"))
+    (tmp / "gpt2").mkdir()
+    (tmp / "gpt2" / "config.json").write_text(
+        json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+
+    def run(args: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run([str(MESHRL), *args], capture_output=True, text=True, env=env,
+                              cwd=tmp, timeout=300)
+
+    cases = _runtime_cases(tmp)
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        done = dict(zip(cases, pool.map(run, [args for args, _ in cases.values()]),
+                        strict=True))
+    return {name: (done[name], phrase) for name, (_, phrase) in cases.items()}
+
+
+@pytest.mark.parametrize("case", sorted(_runtime_cases(Path("/nonexistent"))))
+def test_bad_input_found_at_run_time_is_one_line_exit_2(case: str, runtime_results) -> None:
+    proc, phrase = runtime_results[case]
+    lines = [line for line in proc.stderr.splitlines()
+             if line.strip() and not line.startswith("{")]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    command = "inference generate" if case.startswith("generate") else case.split()[0]
+    assert lines[0].startswith(f"meshrl {command}: "), lines[0]
+    assert phrase in lines[0], lines[0]
+    assert proc.returncode == 2, proc.stderr[-3000:]

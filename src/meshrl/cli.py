@@ -2,8 +2,9 @@
 
 Each subsystem exposes `register(subparsers)` in its own light `cli` module (no torch at import
 time) so `meshrl --help` answers fast; handlers import the heavy parts when they run. Expected
-failures (a bad config, a missing file, a `CommandError` a handler raises) end in one line on
-stderr, `meshrl <command>: <problem>`, and a non-zero exit; a traceback means a bug.
+failures (a bad config, a missing file, a `CommandError` a handler raises, bad input a
+package refuses with an `InputError`, Ctrl-C) end in one line on stderr,
+`meshrl <command>: <problem>`, and a non-zero exit; a traceback means a bug.
 """
 
 from __future__ import annotations
@@ -12,7 +13,13 @@ import argparse
 import importlib
 import sys
 
-from meshrl.config import CommandError, ConfigError, load_config
+from meshrl.config import (
+    EXIT_INTERRUPTED,
+    CommandError,
+    ConfigError,
+    Interrupted,
+    load_config,
+)
 
 __all__ = ["main"]
 
@@ -79,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(name, e, e.exit_code)
     except OSError as e:  # missing files, permissions, ports in use
         return _fail(name, e, 1)
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt:  # a handler that keeps something says so with `Interrupted`
+        return _fail(name, Interrupted(), EXIT_INTERRUPTED)
 
 
 def _two_words(parser: argparse.ArgumentParser, head: list[str]) -> list[str]:

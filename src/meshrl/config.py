@@ -20,10 +20,13 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 __all__ = [
+    "EXIT_INTERRUPTED",
     "EXIT_REFUSED",
     "CommandError",
     "Config",
     "ConfigError",
+    "InputError",
+    "Interrupted",
     "add_config_command",
     "config_help",
     "load_config",
@@ -58,6 +61,28 @@ class CommandError(Exception):
         self.exit_code = exit_code
 
 
+class InputError(CommandError, ValueError):
+    """Bad input the user gave, found where it is read rather than when the config is parsed
+    (a dataset without its answer field, an unknown task, a model directory that is missing or
+    of an unknown family): one line and exit status 2, like an invalid config. Each package's
+    input errors derive from it, so a command needs no handler per error type; it stays a
+    `ValueError` for callers that catch those."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message, exit_code)
+
+
+# Exit status of a command stopped by Ctrl-C (SIGINT), as a shell reports it (128 + 2).
+EXIT_INTERRUPTED = 130
+
+
+class Interrupted(CommandError):
+    """A command stopped by Ctrl-C: one line saying what was kept, exit status 130."""
+
+    def __init__(self, message: str = "interrupted") -> None:
+        super().__init__(message, EXIT_INTERRUPTED)
+
+
 def _parse_value(raw: str) -> Any:
     if raw[:2] in ("0x", "0X"):
         return raw  # addresses, keys and hashes: TOML would read them as integers
@@ -69,21 +94,58 @@ def _parse_value(raw: str) -> Any:
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:
     """Turn `--a.b value` / `--a.b=value` / `--flag` (=true) into a nested dict."""
+    return _parse_overrides(args)[0]
+
+
+def _parse_overrides(args: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """The nested overrides and the dotted keys given without a value (`--flag`)."""
     nested: dict[str, Any] = {}
+    bare: list[str] = []
     i = 0
     while i < len(args):
         arg = args[i]
         if not arg.startswith("--") or len(arg) == 2:
             raise ConfigError(f"expected an override like --section.key value, got {arg!r}")
         key, sep, value = arg[2:].partition("=")
+        key = key.replace("-", "_")
         if not sep:
             if i + 1 < len(args) and not args[i + 1].startswith("--"):
                 value, i = args[i + 1], i + 1
             else:
                 value = "true"
-        _set_dotted(nested, key.replace("-", "_"), _parse_value(value))
+                bare.append(key)
+        _set_dotted(nested, key, _parse_value(value))
         i += 1
-    return nested
+    return nested, bare
+
+
+def _check_bare_flags(cls: type[BaseModel], keys: list[str]) -> None:
+    """A key given without a value means true, so only a boolean key may be: `--steps` alone
+    would otherwise be read as 1 and start a run of one step."""
+    for key in keys:
+        annotation = _field_annotation(cls, key)
+        if annotation is not None and not _is_bool(annotation):
+            raise ConfigError(f"--{key} needs a value (--{key} VALUE)")
+
+
+def _field_annotation(cls: type[BaseModel], dotted: str) -> Any:
+    """The annotation of a dotted key of `cls`; None for a key it does not have."""
+    model: type[BaseModel] | None = cls
+    annotation: Any = None
+    for part in dotted.split("."):
+        if model is None or part not in model.model_fields:
+            return None
+        annotation = model.model_fields[part].annotation
+        model = _model_type(annotation)
+    return annotation
+
+
+def _is_bool(annotation: Any) -> bool:
+    if annotation is bool:
+        return True
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return bool in typing.get_args(annotation)
+    return False
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -151,7 +213,9 @@ def load_config(cls: type[C], files: list[str | Path] = (), overrides: list[str]
             data = _merge(data, tomllib.loads(path.read_text()))
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: {e}") from e
-    data = _merge(data, parse_overrides(list(overrides)))
+    nested, bare = _parse_overrides(list(overrides))
+    _check_bare_flags(cls, bare)
+    data = _merge(data, nested)
     try:
         return cls.model_validate(data)
     except ValidationError as e:

@@ -17,6 +17,8 @@ class Run(Config):
     steps: int = Field(10, description="number of steps")
     optim: Optim = Optim()
     tags: list[str] = []
+    dry: bool = False
+    trace: bool | None = None
 
 
 def test_overrides_parse_toml_literals_and_strings() -> None:
@@ -33,6 +35,17 @@ def test_files_merge_in_order_then_overrides(tmp_path: Path) -> None:
     b.write_text("[optim]\nbetas = [0.8, 0.9]\n")
     cfg = load_config(Run, [a, b], ["--steps", "7"])
     assert (cfg.name, cfg.steps, cfg.optim.lr, cfg.optim.betas) == ("a", 7, 0.1, (0.8, 0.9))
+
+
+def test_a_key_without_its_value_is_true_for_booleans_only() -> None:
+    cfg = load_config(Run, [], ["--dry", "--trace", "--steps", "3"])
+    assert (cfg.dry, cfg.trace, cfg.steps) == (True, True, 3)
+    # `--steps` alone would be read as true, which pydantic takes as 1: a run of one step
+    for args in (["--steps"], ["--steps", "--dry"], ["--optim.lr"], ["--optim"]):
+        with pytest.raises(ConfigError, match=f"^{args[0]} needs a value"):
+            load_config(Run, [], args)
+    with pytest.raises(ConfigError, match="unknown key 'stps'"):  # named as before
+        load_config(Run, [], ["--stps"])
 
 
 def test_unknown_key_is_named_with_suggestion() -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from types import SimpleNamespace
+
+import pytest
 
 from meshrl.network.status import UpStatus, trainer_progress
 
@@ -42,3 +45,50 @@ def test_status_line_is_redrawn_in_place(tmp_path) -> None:
     quiet = io.StringIO()
     UpStatus(tmp_path, quiet, enabled=False).tick(procs, force=True)
     assert quiet.getvalue() == ""
+
+
+def test_the_join_url_printed_is_one_worker_join_takes(tmp_path) -> None:
+    """`network up` of a public pool prints its join URL; `meshrl worker join URL` reads the
+    manifest at `URL/join` (worker/join.py). A real orchestrator stand-in on loopback records
+    the path asked: it must be `/join`, not `/join/join` (404, as a stranger saw it)."""
+    from aiohttp import web
+
+    from meshrl.config import load_config
+    from meshrl.network.config import NetworkConfig
+    from meshrl.network.roles import Layout
+    from meshrl.network.up import where_to_look
+    from meshrl.worker.join import JoinError, fetch_manifest
+
+    asked: list[str] = []
+
+    async def anything(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        if request.path != "/join":
+            return web.Response(status=404)
+        return web.json_response({"pool_id": 0})  # a manifest's path, not a manifest
+
+    async def scenario() -> str:
+        app = web.Application()
+        app.router.add_route("GET", "/{tail:.*}", anything)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            lay = Layout(load_config(NetworkConfig, [], [
+                "--dir", str(tmp_path), "--public_host", "127.0.0.1",
+                "--base_port", str(port - 2)]))  # the orchestrator is base_port + 2
+            url = where_to_look(lay)["join"]
+            out = io.StringIO()
+            UpStatus(tmp_path, out, enabled=False).header({"join": url})
+            assert out.getvalue() == f"meshrl network: join {url}\n"
+            with pytest.raises(JoinError) as e:
+                await fetch_manifest(url, timeout_s=10)
+            return str(e.value)
+        finally:
+            await runner.cleanup()
+
+    error = asyncio.run(scenario())
+    assert asked == ["/join"]
+    assert "is not a join manifest" in error  # it reached the manifest (404 before)

@@ -23,23 +23,28 @@ class GenerateConfig(Config):
 
 def _generate(cfg: GenerateConfig) -> int:
     import json
-    import sys
     from pathlib import Path
 
-    from meshrl.inference.engine import CPUEngine
+    from meshrl.config import InputError
+    from meshrl.model.families import check_model_dir
 
     prompts = list(cfg.prompts)
     if cfg.prompts_file:
         prompts += [ln for ln in Path(cfg.prompts_file).read_text().splitlines() if ln]
     if not prompts:
-        print("meshrl inference generate: no prompts (use --prompts or --prompts_file)",
-              file=sys.stderr)
-        return 2
-    engine = CPUEngine.from_pretrained(cfg.model, cfg.engine)
-    tok = engine.tokenizer
-    ids = [tok.encode(p) for p in prompts for _ in range(cfg.n)]
-    # seq_id = prompt index * n + completion index, as validators recompute it
-    for c in engine.generate(ids, cfg.sampling, seq_ids=list(range(len(ids)))):
+        raise InputError("no prompts (use --prompts or --prompts_file)")
+    check_model_dir(cfg.model)  # before torch is imported: a wrong path is refused in a second
+    from meshrl.inference import InferenceError
+    from meshrl.inference.engine import CPUEngine
+    try:  # a model the engine cannot run, a prompt too long for it: the user's input
+        engine = CPUEngine.from_pretrained(cfg.model, cfg.engine)
+        tok = engine.tokenizer
+        ids = [tok.encode(p) for p in prompts for _ in range(cfg.n)]
+        # seq_id = prompt index * n + completion index, as validators recompute it
+        completions = engine.generate(ids, cfg.sampling, seq_ids=list(range(len(ids))))
+    except InferenceError as e:
+        raise InputError(str(e)) from None
+    for c in completions:
         print(json.dumps({
             "seq_id": c.seq_id, "prompt": prompts[c.seq_id // cfg.n],
             "completion": tok.decode(c.token_ids), "token_ids": c.token_ids,

@@ -1,7 +1,12 @@
 """Policy models: HF causal LMs built from named presets or loaded from local directories."""
 
 from meshrl.model.checkpoint import load_model, read_weights, save_model
-from meshrl.model.families import FAMILIES, UnsupportedModelError, check_model_config
+from meshrl.model.families import (
+    FAMILIES,
+    ModelNotFoundError,
+    UnsupportedModelError,
+    check_model_config,
+)
 from meshrl.model.presets import PRESETS, build_model, preset_config
 from meshrl.model.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
@@ -10,6 +15,7 @@ __all__ = [
     "PRESETS",
     "CharTokenizer",
     "HFTokenizer",
+    "ModelNotFoundError",
     "Tokenizer",
     "UnsupportedModelError",
     "build_model",

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from meshrl.durable import fsync_tree, replace
-from meshrl.model.families import check_model_config, read_model_config
+from meshrl.model.families import check_model_config, read_model_config, require_model_dir
 
 __all__ = ["cast_state", "load_model", "read_weights", "save_model"]
 
@@ -71,8 +71,7 @@ def read_weights(directory: str | Path) -> dict[str, Any]:
 
     directory = Path(directory)
     _recover(directory)
-    if not (directory / "config.json").is_file():
-        raise FileNotFoundError(f"{directory}: not a model directory (no config.json)")
+    require_model_dir(directory)
     check_model_config(read_model_config(directory), str(directory / "config.json"))
     files = sorted(directory.glob("*.safetensors"))
     if not files:
@@ -121,8 +120,7 @@ def load_model(directory: str | Path, dtype: Any = None) -> Any:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    if not (directory / "config.json").is_file():
-        raise FileNotFoundError(f"{directory}: not a model directory (no config.json)")
+    require_model_dir(directory)
     check_model_config(read_model_config(directory), str(directory / "config.json"))
     model = AutoModelForCausalLM.from_pretrained(
         str(directory), local_files_only=True, dtype=dtype or torch.float32

@@ -13,7 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAMILIES", "UnsupportedModelError", "check_model_config", "read_model_config"]
+from meshrl.config import InputError
+
+__all__ = ["FAMILIES", "ModelNotFoundError", "UnsupportedModelError", "check_model_config",
+           "check_model_dir", "read_model_config", "require_model_dir"]
 
 # model_type -> the causal-LM class names its config.json may list under `architectures`
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -23,15 +26,29 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 }
 
 
-class UnsupportedModelError(ValueError):
+class UnsupportedModelError(InputError):
     """A model directory meshrl cannot use: not a model, or a family it does not know."""
+
+
+class ModelNotFoundError(UnsupportedModelError, FileNotFoundError):
+    """A model directory that does not exist, or holds no `config.json` (still a
+    `FileNotFoundError` for callers that catch those)."""
+
+
+def require_model_dir(directory: str | Path) -> Path:
+    """`directory`, or a `ModelNotFoundError` naming what is missing: checked before any
+    loader runs, since transformers would read a missing path as a Hub repo id."""
+    directory = Path(directory)
+    if not directory.exists():
+        raise ModelNotFoundError(f"model directory {directory} does not exist")
+    if not (directory / "config.json").is_file():
+        raise ModelNotFoundError(f"{directory}: not a model directory (no config.json)")
+    return directory
 
 
 def read_model_config(directory: str | Path) -> dict[str, Any]:
     """The parsed `config.json` of a model directory, or an `UnsupportedModelError`."""
-    path = Path(directory) / "config.json"
-    if not path.is_file():
-        raise UnsupportedModelError(f"{directory}: not a model directory (no config.json)")
+    path = require_model_dir(directory) / "config.json"
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -57,3 +74,11 @@ def check_model_config(config: dict[str, Any], where: str = "config.json") -> st
             f"{where}: unsupported architectures entry {bad[0]!r} for model_type "
             f"{model_type!r} (supported: {', '.join(FAMILIES[model_type])})")
     return str(model_type)
+
+
+def check_model_dir(directory: str | Path) -> str:
+    """The model_type of the model directory `directory`, or the one-line error a loader would
+    raise (`ModelNotFoundError`, `UnsupportedModelError`): from `config.json` alone, without
+    torch, so a command refuses a wrong path before seconds of imports."""
+    path = require_model_dir(directory) / "config.json"
+    return check_model_config(read_model_config(directory), str(path))

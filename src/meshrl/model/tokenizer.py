@@ -11,6 +11,8 @@ import string
 from pathlib import Path
 from typing import Any, Protocol
 
+from meshrl.model.families import ModelNotFoundError
+
 __all__ = ["CHAR_TOKENIZER_FILE", "CharTokenizer", "HFTokenizer", "Tokenizer", "generation_eos_ids",
            "load_tokenizer"]
 
@@ -143,6 +145,8 @@ def generation_eos_ids(directory: str | Path) -> tuple[int, ...]:
 def load_tokenizer(directory: str | Path) -> CharTokenizer | HFTokenizer:
     """The tokenizer stored in a model directory (char tokenizer file, else a HF tokenizer)."""
     directory = Path(directory)
+    if not directory.exists():  # else transformers reads the path as a Hub repo id
+        raise ModelNotFoundError(f"model directory {directory} does not exist")
     if (directory / CHAR_TOKENIZER_FILE).is_file():
         return CharTokenizer.load(directory)
     from transformers import AutoTokenizer

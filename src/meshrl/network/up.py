@@ -32,7 +32,7 @@ from meshrl.network.roles import Layout, anvil_role, build_roles, devnet_argv, v
 from meshrl.network.status import UpStatus
 from meshrl.network.supervisor import RoleFailed, Supervisor
 
-__all__ = ["network_up"]
+__all__ = ["network_up", "where_to_look"]
 
 log = get_logger("meshrl.network")
 
@@ -50,9 +50,7 @@ def network_up(cfg: NetworkConfig) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     status = UpStatus(lay.root)
-    status.header({"dashboard": lay.dashboard_url if cfg.dashboard else "",
-                   "join": lay.orchestrator_url + "/join" if lay.public else "",
-                   "logs": str(lay.root / "logs"), "events": str(lay.root / "events.jsonl")})
+    status.header(where_to_look(lay))
     quiet = logging.getLogger("meshrl")
     level = quiet.level
     if status.enabled:  # the status line instead of JSON lines (events.jsonl keeps them)
@@ -99,6 +97,14 @@ def network_up(cfg: NetworkConfig) -> int:
         for s, h in old.items():
             signal.signal(s, h)
     return 1 if failed else 0
+
+
+def where_to_look(lay: Layout) -> dict[str, str]:
+    """What `network up` prints first. The join URL is the orchestrator's own URL, the one
+    `meshrl worker join URL` takes (it reads `URL/join` itself), as docs/joining.md says."""
+    return {"dashboard": lay.dashboard_url if lay.cfg.dashboard else "",
+            "join": lay.orchestrator_url if lay.public else "",
+            "logs": str(lay.root / "logs"), "events": str(lay.root / "events.jsonl")}
 
 
 def _report(cfg: NetworkConfig, lay: Layout) -> None:

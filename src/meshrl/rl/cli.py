@@ -13,6 +13,10 @@ def _train(cfg: RLConfig) -> int:
     import json
     import os
 
+    from meshrl.model.families import check_model_dir
+
+    if cfg.model.path:  # before torch is imported: a wrong path is refused in a second
+        check_model_dir(cfg.model.path)
     from meshrl.config import EXIT_REFUSED, CommandError
     from meshrl.pool import PoolRulesError
     from meshrl.rl.distributed import launched_by_torchrun
@@ -34,7 +38,12 @@ def _train(cfg: RLConfig) -> int:
 
 def _eval(cfg: EvalCommandConfig) -> int:
     import json
+    from pathlib import Path
 
+    from meshrl.model.families import ModelNotFoundError
+
+    if not Path(cfg.checkpoint).exists():  # before torch is imported
+        raise ModelNotFoundError(f"model directory {cfg.checkpoint} does not exist")
     from meshrl.rl.evaluate import evaluate_checkpoint
 
     print(json.dumps(evaluate_checkpoint(cfg)))

@@ -99,16 +99,19 @@ def _pass_k(backend: InferenceBackend, tokenizer: Any, problems: list[Any], task
 
 def resolve_model_dir(path: str | Path) -> Path:
     """A model directory from a model dir, a trainer checkpoint dir, or a run dir (latest)."""
+    from meshrl.model import ModelNotFoundError
     from meshrl.rl.checkpoint import latest_checkpoint
 
     path = Path(path)
+    if not path.exists():
+        raise ModelNotFoundError(f"model directory {path} does not exist")
     if (path / "config.json").is_file():
         return path
     if (path / "model" / "config.json").is_file():
         return path / "model"
     latest = latest_checkpoint(path / "checkpoints")
     if latest is None:
-        raise FileNotFoundError(f"{path}: no model directory, checkpoint or run with checkpoints")
+        raise ModelNotFoundError(f"{path}: no model directory, checkpoint or run with checkpoints")
     return latest / "model"
 
 
@@ -120,10 +123,11 @@ def evaluate_checkpoint(cfg: EvalCommandConfig) -> dict[str, Any]:
     from meshrl.model import load_model, load_tokenizer
 
     torch.set_num_threads(cfg.threads)
+    tasks = cfg.tasks.build()  # first: a bad task is refused before a model is loaded
     model_dir = resolve_model_dir(cfg.checkpoint)
+    model = load_model(model_dir)  # first: its family check names a model meshrl cannot use
     tokenizer = load_tokenizer(model_dir)
-    backend = ReferenceBackend(load_model(model_dir), tokenizer)
-    tasks = cfg.tasks.build()
+    backend = ReferenceBackend(model, tokenizer)
     result = evaluate(backend, tokenizer, heldout_problems(tasks, cfg.eval), tasks, cfg.eval,
                       cfg.prompt_format)
     return {"model": str(model_dir), **result}

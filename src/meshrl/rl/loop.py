@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from meshrl.config import CommandError
+from meshrl.config import CommandError, Interrupted
 from meshrl.inference import ReferenceBackend, build_backend
 from meshrl.rl.checkpoint import (
     latest_checkpoint,
@@ -64,11 +64,13 @@ class RLRun:
                                                  or cfg.rollout.lockstep)
         default = self.async_threads if local_gen else cfg.run.threads
         torch.set_num_threads(cfg.run.trainer_threads or default)
+        # once per run (a dataset task reads its file here), and first: bad task input is
+        # refused before seconds go into building the model
+        self.tasks = cfg.tasks.build()
         self.tokenizer, self.model = self._build_policy()
         # the whole policy as one plain module, evaluated, saved and copied to the generator:
         # the trained model itself in one process, a copy on rank 0 under FSDP
         self.host_model = self._host_model()
-        self.tasks = cfg.tasks.build()  # once per run: a math task reads its file here
         self.heldout = heldout_problems(self.tasks, cfg.eval)
         self.exclude = frozenset(p.prompt for p in self.heldout)
         self.eval_backend = ReferenceBackend(self.host_model, self.tokenizer)  # the live policy
@@ -84,11 +86,16 @@ class RLRun:
         self.t0 = time.perf_counter()
         self.accuracy = float("nan")
         self.waited = self.stepped = 0.0  # this session's seconds waiting for batches, in steps
+        self.phase = "the start"  # where a Ctrl-C finds the run, for its one line
 
     # ----------------------------------------------------------------------------- the algorithm
     def run(self) -> dict[str, Any]:
-        carried = self._resume_or_warm_start()
-        source, publisher = self._start_rollouts(carried, self.policy_weights())
+        try:
+            carried = self._resume_or_warm_start()
+            self.phase = "the start of RL"
+            source, publisher = self._start_rollouts(carried, self.policy_weights())
+        except KeyboardInterrupt:
+            raise Interrupted(self._stopped_in(self.phase)) from None
         bar = self._progress_bar()
         try:
             while self.step < self.cfg.steps and not self._reached_target():
@@ -109,10 +116,23 @@ class RLRun:
                 bar.update(1)
                 bar.set_postfix(reward=f"{stats['reward']:.2f}", acc=f"{self.accuracy:.2f}")
             self.checkpoint(source)
+        except KeyboardInterrupt:  # `finally` stops the generator first (no child traceback)
+            raise Interrupted(self._stopped_in(f"RL step {self.step + 1}")) from None
         finally:
             source.close()
             bar.close()
         return self._finish()
+
+    def _stopped_in(self, phase: str) -> str:
+        """The one line of a run stopped by Ctrl-C: where, what was kept, what the next start
+        does. The warm start keeps no checkpoint of its own: stopped, it starts over."""
+        ckpt = latest_checkpoint(self.dir / "checkpoints")
+        head = (f"interrupted during {phase}" if phase != "the warm start" else
+                "interrupted during the warm start: its progress is not saved (the warm start "
+                "keeps no checkpoint)")
+        tail = (f"`meshrl train` with the same config resumes from {ckpt}" if ckpt else
+                "`meshrl train` with the same config starts the run over")
+        return f"{head}; {tail}"
 
     def advantages(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Group-relative advantages [groups, group_size] and the groups that carry signal."""
@@ -217,16 +237,19 @@ class RLRun:
             from meshrl.model.gguf_import import resolve_model_source
 
             path = str(resolve_model_source(self.cfg.model.source, self.cfg.model.cache))
-        if path:
-            return load_tokenizer(path), load_model(path)
+        if path:  # the model first: its family check names a directory meshrl cannot use
+            model = load_model(path)
+            return load_tokenizer(path), model
         tok = CharTokenizer()
         return tok, build_model(self.cfg.model.preset, tok.vocab_size, seed=self.cfg.run.seed)
 
     def _resume_or_warm_start(self) -> list[RolloutBatch]:
         ckpt = latest_checkpoint(self.dir / "checkpoints") if self.cfg.run.resume else None
         if ckpt is None:
+            self.phase = "the warm start"
             self._warm_start()
             return []
+        self.phase = f"resuming from {ckpt}"
         return self._resume(ckpt)
 
     def _warm_start(self) -> None:

@@ -136,10 +136,13 @@ class RolloutPipeline(RolloutSource, PolicyPublisher):
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+        in_child = hasattr(self.backend, "close")  # a backend in a child process
+        if self._thread is not None:  # a child's batch is not waited for: closing ends it
+            self._thread.join(timeout=1 if in_child else 60)
+        if in_child:
+            self.backend.close()
         if self._thread is not None:
             self._thread.join(timeout=60)
-        if hasattr(self.backend, "close"):  # a backend in a child process
-            self.backend.close()
 
     def _load(self, version: int) -> None:
         """Put policy `version` into the backend (caller holds `_gen_lock`)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshrl.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
-from meshrl.tasks.base import Problem, Task
+from meshrl.tasks.base import Problem, Task, TaskError
 from meshrl.tasks.code import CodeConfig, CodeTask, extract_program
 from meshrl.tasks.dataset import DatasetConfig, DatasetError, DatasetTask, load_rows
 from meshrl.tasks.environment import EnvironmentConfig, EnvironmentTask, VerifiersEnvError
@@ -54,6 +54,7 @@ __all__ = [
     "SandboxResult",
     "SandboxUnavailable",
     "Task",
+    "TaskError",
     "TaskSet",
     "TasksConfig",
     "UnknownGymDataset",

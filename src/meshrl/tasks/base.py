@@ -8,7 +8,14 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Problem", "RowsTask", "Task", "heldout_rows"]
+from meshrl.config import InputError
+
+__all__ = ["Problem", "RowsTask", "Task", "TaskError", "heldout_rows"]
+
+
+class TaskError(InputError):
+    """A task that cannot be built from its config (its data, its name, its package): raised
+    when the mix is built, one line naming the problem, exit status 2."""
 
 
 @dataclass(frozen=True)

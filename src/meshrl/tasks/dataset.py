@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from meshrl.config import Config
-from meshrl.tasks.base import Problem, RowsTask, heldout_rows
+from meshrl.tasks.base import Problem, RowsTask, TaskError, heldout_rows
 
 __all__ = ["DatasetConfig", "DatasetError", "DatasetTask", "check_digest", "data_digest",
            "data_path", "heldout_rows", "load_rows", "math_verify_score", "numeric_score"]
@@ -29,7 +29,7 @@ Verifier = Literal["exact", "numeric", "math-verify"]
 SHIPPED = Path(__file__).parent / "data"  # `meshrl:NAME`: the same file on every machine
 
 
-class DatasetError(ValueError):
+class DatasetError(TaskError):
     """A dataset that cannot serve as a task (missing file, missing field, no rows)."""
 
 

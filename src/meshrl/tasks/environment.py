@@ -24,12 +24,12 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 
 from meshrl.config import Config
-from meshrl.tasks.base import Problem, RowsTask
+from meshrl.tasks.base import Problem, RowsTask, TaskError
 
 __all__ = ["EnvironmentConfig", "EnvironmentTask", "VerifiersEnvError"]
 
 
-class VerifiersEnvError(ValueError):
+class VerifiersEnvError(TaskError):
     """A verifiers environment that cannot serve as a task (not installed, needs network, a
     container, tools or a runtime)."""
 

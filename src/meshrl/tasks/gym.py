@@ -19,12 +19,12 @@ from typing import Any, Literal
 from pydantic import Field
 
 from meshrl.config import Config
-from meshrl.tasks.base import Problem, Task
+from meshrl.tasks.base import Problem, Task, TaskError
 
 __all__ = ["GymConfig", "GymTask", "UnknownGymDataset"]
 
 
-class UnknownGymDataset(ValueError):
+class UnknownGymDataset(TaskError):
     """A reasoning-gym dataset name or config that reasoning-gym does not know."""
 
 

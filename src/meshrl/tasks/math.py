@@ -18,7 +18,7 @@ from pydantic import Field
 
 from meshrl.config import Config
 from meshrl.tasks.base import Problem, Task
-from meshrl.tasks.dataset import check_digest, data_path, math_verify_score
+from meshrl.tasks.dataset import DatasetError, check_digest, data_path, math_verify_score
 
 __all__ = ["MathConfig", "MathTask", "load_math_rows"]
 
@@ -51,7 +51,10 @@ def load_math_rows(path: str | Path) -> list[tuple[str, str]]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        rows = pq.read_table(path).to_pylist()
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as e:  # pyarrow's errors are many types; one line names the file
+            raise DatasetError(f"{path}: not a readable Parquet file ({e})") from None
     else:
         rows = []
         for i, line in enumerate(path.read_text().splitlines(), 1):
@@ -59,16 +62,16 @@ def load_math_rows(path: str | Path) -> list[tuple[str, str]]:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{i}: invalid JSON ({e.msg})") from None
+                    raise DatasetError(f"{path}:{i}: invalid JSON ({e.msg})") from None
     out = []
     for i, row in enumerate(rows, 1):
         problem = next((row[k] for k in _PROBLEM_KEYS if k in row), None)
         answer = next((row[k] for k in _ANSWER_KEYS if k in row), None)
         if problem is None or answer is None:
-            raise ValueError(f"{path}: row {i} lacks a problem or answer field: {sorted(row)}")
+            raise DatasetError(f"{path}: row {i} lacks a problem or answer field: {sorted(row)}")
         out.append((str(problem), str(answer)))
     if not out:
-        raise ValueError(f"{path}: no problems")
+        raise DatasetError(f"{path}: no problems")
     return out
 
 

@@ -18,7 +18,7 @@ from pydantic import Field
 
 from meshrl.config import Config
 from meshrl.tasks.arithmetic import ArithmeticConfig
-from meshrl.tasks.base import Problem, Task
+from meshrl.tasks.base import Problem, Task, TaskError
 from meshrl.tasks.code import CodeConfig
 from meshrl.tasks.dataset import DatasetConfig
 from meshrl.tasks.environment import EnvironmentConfig
@@ -72,7 +72,7 @@ class TaskSet:
         for spec in cfg.mix:
             task = spec.build()
             if task.name in self.tasks:
-                raise ValueError(f"tasks: {task.name!r} appears twice in the mix")
+                raise TaskError(f"tasks: {task.name!r} appears twice in the mix")
             self.tasks[task.name] = task
         self.names = list(self.tasks)  # a task's name: its type, or its own `name`
         self.weights = [spec.weight for spec in cfg.mix]

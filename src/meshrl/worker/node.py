@@ -18,8 +18,9 @@ import hashlib
 import json
 import signal
 import time
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from meshrl.durable import atomic_write
 from meshrl.inference.device import DeviceError
@@ -51,6 +52,7 @@ from meshrl.worker.status import StatusLine
 __all__ = ["HardwareError", "WorkerNode"]
 
 log = get_logger("meshrl.worker")
+T = TypeVar("T")
 
 
 class HardwareError(RuntimeError):
@@ -118,16 +120,21 @@ class WorkerNode:
                                        self.cfg.claim_every_s, self.cfg.claim_batch)
                 tasks.append(asyncio.create_task(self.claimer.run(self.stop)))
             try:
-                self.order = await self._work_order(orch)
-                self.policy = await PolicyHolder.start(self.cfg, self.order, self.parts)
-                tasks.append(asyncio.create_task(self.policy.follow(
-                    self.order.shardcast_servers, self.stop)))
-                courier = self.parts.courier(ChainCourier(
-                    orch, chain, self.keys.provider, self.keys.node.address, self.cfg.pool_id,
-                    self.outbox, pause=self._pause))
-                await self._deliver(courier)  # what a previous run left behind
-                while not self.stop.is_set() and not self._enough():
-                    await self.work_once(orch, courier)
+                # the first policy fetch has no deadline of its own (a source may accept and
+                # never answer): it ends with a stop like every other wait
+                self.order = await self._unless_stopped(self._work_order(orch))
+                if self.order is not None:
+                    self.policy = await self._unless_stopped(
+                        PolicyHolder.start(self.cfg, self.order, self.parts))
+                if self.order is not None and self.policy is not None:
+                    tasks.append(asyncio.create_task(self.policy.follow(
+                        self.order.shardcast_servers, self.stop)))
+                    courier = self.parts.courier(ChainCourier(
+                        orch, chain, self.keys.provider, self.keys.node.address,
+                        self.cfg.pool_id, self.outbox, pause=self._pause))
+                    await self._deliver(courier)  # what a previous run left behind
+                    while not self.stop.is_set() and not self._enough():
+                        await self.work_once(orch, courier)
             finally:
                 self.stop.set()
                 for t in tasks:
@@ -175,7 +182,10 @@ class WorkerNode:
         if self.policy is not None:
             self.policy.loaded.clear()  # a version loaded from now on ends the idle wait
         asked = time.monotonic()
-        self.order = order = await self._work_order(orch, self.cfg.work_wait_s)
+        order = await self._unless_stopped(self._work_order(orch, self.cfg.work_wait_s))
+        if order is None:  # stopped during the pool's long poll: nothing asked is lost
+            return
+        self.order = order
         made = await self.make_file(order)
         if made is None:
             if len(self.outbox):  # a delivery postponed (link down): retried while idle too
@@ -336,6 +346,24 @@ class WorkerNode:
             log_event(log, "crash-test pause", phase=phase,
                       sha256=None if entry is None else entry.sha256)
             await asyncio.sleep(self.cfg.crash_test_pause)
+
+    async def _unless_stopped(self, aw: Awaitable[T]) -> T | None:
+        """`aw`'s result, or None when `stop` comes first (`aw` is then cancelled)."""
+        task = asyncio.ensure_future(aw)
+        stopped = asyncio.ensure_future(self.stop.wait())
+        try:
+            await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            task.cancel()
+            raise
+        finally:
+            stopped.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return None
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

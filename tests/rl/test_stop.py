@@ -1,0 +1,77 @@
+"""Ctrl-C of `meshrl train`, as a terminal sends it: SIGINT to the whole process group (the
+generation child included). The run stops with exit status 130 and one line saying where it
+was and what it kept: no traceback from the child, no broken pipe."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+TINY = ["--run.progress", "false", "--run.plot", "false", "--eval.num_problems", "4",
+        "--rollout.prompts_per_step", "2", "--rollout.group_size", "2",
+        "--rollout.max_new_tokens", "3", "--filter_groups", "false"]
+PHASES = {
+    # a warm start that never ends by itself, stopped after its first evaluated step
+    "warm start": (["--sft.max_steps", "100000", "--sft.eval_every", "1",
+                    "--sft.target_accuracy", "1", "--sft.max_accuracy", "1",
+                    "--sft.batch_size", "2", "--steps", "5"], "sft"),
+    # RL with the generator in a child process, stopped after its first step
+    "rl": (["--sft.max_steps", "0", "--steps", "100000", "--rollout.subprocess", "true"],
+           "step"),
+}
+
+
+def _interrupt(tmp: Path, phase: str) -> tuple[int, str, float]:
+    args, kind = PHASES[phase]
+    run = tmp / phase.replace(" ", "_")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "meshrl.cli", "train", "--run.dir", str(run), "--run.name", "r",
+         *TINY, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(SRC)}, start_new_session=True)
+    metrics = run / "r" / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    try:
+        while not (metrics.is_file() and any(
+                json.loads(line).get("kind") == kind for line in metrics.read_text().splitlines()
+                if line.strip())):
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, f"no {kind!r} record in time"
+            time.sleep(0.2)
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)  # the whole group, as a terminal's Ctrl-C
+        _, err = proc.communicate(timeout=60)
+        return proc.returncode, err, time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory) -> dict[str, tuple[int, str, float]]:
+    tmp = tmp_path_factory.mktemp("stop")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(PHASES, pool.map(lambda p: _interrupt(tmp, p), PHASES), strict=True))
+
+
+@pytest.mark.parametrize("phase", list(PHASES))
+def test_ctrl_c_of_train_is_one_line_and_exit_130(phase: str, stopped) -> None:
+    rc, err, seconds = stopped[phase]
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("{")]
+    assert "Traceback" not in err and "Broken pipe" not in err, err[-3000:]
+    assert len(lines) == 1, err[-3000:]
+    assert rc == 130, err[-3000:]
+    assert lines[0].startswith("meshrl train: interrupted during "), lines[0]
+    if phase == "warm start":  # nothing of it is kept, and the line says so
+        assert "warm start: its progress is not saved" in lines[0], lines[0]
+    assert "starts the run over" in lines[0], lines[0]  # no checkpoint was written yet
+    assert seconds < 20  # the child is not waited for through a whole batch
