@@ -92,3 +92,14 @@ def test_the_join_url_printed_is_one_worker_join_takes(tmp_path) -> None:
     error = asyncio.run(scenario())
     assert asked == ["/join"]
     assert "is not a join manifest" in error  # it reached the manifest (404 before)
+
+
+def test_worker_join_takes_the_pool_url_also_as_its_manifests() -> None:
+    """A join URL passed on with its manifest's path (`.../join`, a trailing slash) is the same
+    pool: `worker join` asks `URL/join` once, never `/join/join`."""
+    from meshrl.config import load_config
+    from meshrl.worker.config import JoinConfig
+
+    for given in ("http://10.0.0.5:8600", "http://10.0.0.5:8600/", "http://10.0.0.5:8600/join",
+                  " http://10.0.0.5:8600/join/ "):
+        assert load_config(JoinConfig, [], ["--url", given]).url == "http://10.0.0.5:8600"

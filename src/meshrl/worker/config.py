@@ -205,3 +205,10 @@ class JoinConfig(WorkerConfig):
                                 "claimable)")
 
     _pin = field_validator("pin_protocol", mode="before")(hex_address)
+
+    @field_validator("url")
+    @classmethod
+    def _pool_url(cls, v: str) -> str:
+        """The orchestrator's URL, also when given as its manifest's (`.../join`, as a page or a
+        chat may pass it on)."""
+        return v.strip().rstrip("/").removesuffix("/join").rstrip("/")
