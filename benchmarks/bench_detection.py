@@ -1,6 +1,6 @@
 """Detection under sampled replay: caught / uncaught counts from real judged files.
 
-A tiny model's dishonest workers (`meshrl.worker.adversary`) each make `--files` rollout files
+A tiny model's dishonest workers (`meshrl.adversaries.worker`) each make `--files` rollout files
 (`--prompts` x `--group` rows of `--tokens` tokens) of distinct assignments; each file gets a
 block hash of its own (as the block holding its submission would), and a validator judges them
 by the pool's rules with the default sampled-replay rule (`meshrl.pool.ReplayRule()`: a
@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from meshrl.adversaries.worker import WEIGHT_CHEATS, worker_parts
 from meshrl.inference import CPUEngine, EngineConfig
 from meshrl.model import CharTokenizer, build_model
 from meshrl.pool import Assignment, PoolRules, catch_probability, replayed_count
@@ -35,7 +36,6 @@ from meshrl.tasks import ArithmeticConfig, TasksConfig
 from meshrl.validator.replay import ReplayConfig, profile_thresholds
 from meshrl.validator.verify import ChainClaim, verify_files
 from meshrl.wire.rollout_file import read_rollout_file, rollout_file_bytes
-from meshrl.worker.adversary import WEIGHT_CHEATS, worker_parts
 from meshrl.worker.config import CheatConfig
 
 NODE, PROVIDER = "0x" + "ab" * 20, "0x" + "cd" * 20

@@ -80,6 +80,10 @@ def _cases(tmp: Path) -> dict[tuple[str, ...], tuple[list[str], str]]:
         ("worker",): ([*chain, "--work_dir", str(tmp / "w")], "127.0.0.1:9"),
         ("worker-join",): ([DEAD_URL, "--work_dir", str(tmp / "wj")], "unreachable"),
         ("validator",): ([*chain, "--work_dir", str(tmp / "v")], "127.0.0.1:9"),
+        ("adversary-worker",): ([*chain, "--work_dir", str(tmp / "aw"), "--cheat.mode", "int8"],
+                                "127.0.0.1:9"),
+        ("adversary-validator",): ([*chain, "--work_dir", str(tmp / "av"),
+                                    "--rogue.mode", "accuse-honest"], "127.0.0.1:9"),
     }
 
 
@@ -198,3 +202,16 @@ def test_bad_input_found_at_run_time_is_one_line_exit_2(case: str, runtime_resul
     assert lines[0].startswith(f"meshrl {command}: "), lines[0]
     assert phrase in lines[0], lines[0]
     assert proc.returncode == 2, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("command, key", [("worker", "cheat.mode=int8"),
+                                          ("validator", "rogue.mode=accuse-honest")])
+def test_the_honest_roles_refuse_an_adversarys_mode(command, key, capsys) -> None:
+    """`meshrl worker` / `meshrl validator` are honest: a cheat or rogue mode runs only as
+    `meshrl adversary ...` (meshrl/adversaries), so no honest process ever runs one."""
+    name, value = key.split("=")
+    assert main([command, f"--{name}", value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"meshrl {command}: {name} = {value!r} runs only as `meshrl adversary "
+                   f"{command}`" + err.split(f"{command}`", 1)[1])
+    assert "Traceback" not in err and len(err.splitlines()) == 1

@@ -37,6 +37,7 @@ SUBSYSTEMS = [
     "meshrl.validator.cli",
     "meshrl.network.cli",
     "meshrl.dashboard.cli",
+    "meshrl.adversaries.cli",
 ]
 
 

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from meshrl.adversaries.worker import WEIGHT_CHEATS, worker_parts
 from meshrl.inference import CPUEngine, EngineConfig
 from meshrl.orchestrator.api import OrchestratorApi
 from meshrl.orchestrator.config import OrchestratorConfig
@@ -17,7 +18,6 @@ from meshrl.pool import Assignment, PoolRules
 from meshrl.tasks import ArithmeticConfig, TasksConfig
 from meshrl.validator.verify import ChainClaim
 from meshrl.wire.rollout_file import RolloutFile, read_rollout_file, rollout_file_bytes
-from meshrl.worker.adversary import WEIGHT_CHEATS, worker_parts
 from meshrl.worker.config import CheatConfig
 from meshrl.worker.rollouts import generate_rollouts
 from orchestrator.parts import api_from_parts  # tests/ is on sys.path
@@ -64,7 +64,7 @@ def honest_file(engine: Any, tok: Any, r: PoolRules, **at: Any) -> RolloutFile:
 def cheat_file(engine: Any, model: Any, tok: Any, r: PoolRules, mode: str,
                **cfg: Any) -> RolloutFile:
     """A cheating worker's file of assignment(r), as the validator reads it: generated with the
-    worker's parts for cheat `mode` (`meshrl.worker.adversary`) around `engine` (`model`'s
+    worker's parts for cheat `mode` (`meshrl.adversaries.worker`) around `engine` (`model`'s
     weights), or around an engine of its own for a cheat that loads other weights."""
     parts = worker_parts(CheatConfig(mode=mode, **cfg))
     if mode in WEIGHT_CHEATS:

@@ -133,7 +133,7 @@ class Role(Service):
         env = {**os.environ, "PYTHONPATH": str(SRC), "MESHRL_KEYSTORE_PASSWORD": PASSWORD}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "meshrl.cli", self.role, str(self.config)],
+                [sys.executable, "-m", "meshrl.cli", *self.role.split(), str(self.config)],
                 stdout=log, stderr=log, env=env)
         return ""
 
@@ -157,7 +157,8 @@ def worker(net: Net, name: str, cheat: dict[str, Any] | None = None, max_files: 
                     "node_keystore": str(keys / "node.json")},
            "chain": {"deployment": str(net.deployment), "rpc_url": net.anvil.url},
            "engine": {"num_threads": 1}, "cheat": cheat or {"mode": "none"}, **over}
-    r = Role("worker", f"worker-{name}", cfg, net.tmp)
+    honest = (cheat or {"mode": "none"})["mode"] == "none"  # a cheat runs as an adversary
+    r = Role("worker" if honest else "adversary worker", f"worker-{name}", cfg, net.tmp)
     net.procs.append(r)
     return r
 

@@ -7,11 +7,11 @@ import os
 
 import pytest
 
+from meshrl.adversaries.validator import Rogue
 from meshrl.pool import Check, Decision
 from meshrl.protocol import EthTesterBackend
 from meshrl.protocol.history import submission
 from meshrl.validator.config import RogueConfig, ShareConfig, ValidatorConfig
-from meshrl.validator.rogue import Rogue
 from meshrl.wire.models import VerdictKind
 from protocol.test_disputes import _court
 
@@ -48,12 +48,16 @@ def test_a_share_outside_the_split_is_refused() -> None:
 def test_rogue_accuses_only_the_first_honest_files() -> None:
     ok = Decision(VerdictKind.ACCEPT, "all checks passed", (), {"n": 1})
     bad = Decision(VerdictKind.HARD_INVALID, "rewards", (Check.REWARDS,))
-    rogue = Rogue(RogueConfig(mode="accuse-honest", accusations=2))
-    got = [rogue(d) for d in (bad, ok, ok, ok)]
+    share = ShareConfig(index=0, of=2)
+    mine, theirs = (next(bytes([b]) * 32 for b in range(256) if share.mine(bytes([b]) * 32)
+                         is want) for want in (True, False))
+    rogue = Rogue(RogueConfig(mode="accuse-honest", accusations=2), share)
+    assert rogue(theirs, ok) is ok  # another validator's file: judged honestly
+    got = [rogue(mine, d) for d in (bad, ok, ok, ok)]
     assert got[0] is bad  # a true verdict stays true
     assert [d.kind for d in got[1:]] == [VerdictKind.HARD_INVALID] * 2 + [VerdictKind.ACCEPT]
     assert "rogue validator" in got[1].reason and got[1].stats == {"n": 1}
-    assert Rogue(RogueConfig())(ok) is ok  # mode none: the verdict as judged
+    assert Rogue(RogueConfig())(mine, ok) is ok  # mode none: the verdict as judged
 
 
 def test_submission_is_found_by_its_work_id() -> None:

@@ -17,6 +17,7 @@ from eth_account import Account
 from helpers import PROVIDER, assignment, claim, roundtrip, rules, rules_server
 from pydantic import ValidationError
 
+from meshrl.adversaries.worker import CheatingBackend, worker_parts
 from meshrl.inference import CPUEngine, EngineConfig
 from meshrl.inference.reference import ReferenceBackend
 from meshrl.model import CharTokenizer, build_model, save_model
@@ -24,7 +25,6 @@ from meshrl.pool import PoolRulesError, VerdictKind
 from meshrl.validator.replay import ReplayConfig, profile_thresholds
 from meshrl.validator.verify import verify_file
 from meshrl.wire import SignedClient
-from meshrl.worker.adversary import CheatingBackend, worker_parts
 from meshrl.worker.config import CheatConfig, WorkerConfig
 from meshrl.worker.policy import PolicyHolder
 from meshrl.worker.profile import accepted_rules, unmet_profile

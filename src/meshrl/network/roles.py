@@ -271,7 +271,8 @@ def _validator(lay: Layout, keys: PoolKeys, pool_id: int, servers: list[str],
         "rogue": {"mode": "accuse-honest" if rogue else "none",
                   "accusations": v.rogue_accusations},
         "retry": {"backoff": 1.0, "max_attempts": 6}})
-    return RoleSpec(name, _meshrl("validator", str(path)), threads=cfg.threads.validator)
+    command = ("adversary", "validator") if rogue else ("validator",)  # meshrl.adversaries
+    return RoleSpec(name, _meshrl(*command, str(path)), threads=cfg.threads.validator)
 
 
 def _worker(lay: Layout, keys: PoolKeys, name: str, index: int, dishonest: bool,
@@ -290,7 +291,8 @@ def _worker(lay: Layout, keys: PoolKeys, name: str, index: int, dishonest: bool,
         "heartbeat_interval": cfg.workers.heartbeat_interval,
         "keys": keys.worker_keys(index), "chain": _chain(lay), "rules": _rules(lay, keys),
         "engine": {"num_threads": cfg.threads.worker}, "cheat": cheat})
-    return RoleSpec(name, _meshrl("worker", str(path)), threads=cfg.threads.worker)
+    command = ("adversary", "worker") if dishonest else ("worker",)  # meshrl.adversaries
+    return RoleSpec(name, _meshrl(*command, str(path)), threads=cfg.threads.worker)
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -6,10 +6,22 @@ from typing import Any
 
 from meshrl.validator.config import ValidatorConfig
 
-__all__ = ["register"]
+__all__ = ["register", "run_validator"]
 
 
 def _validator(cfg: ValidatorConfig) -> int:
+    from meshrl.config import InputError
+
+    if cfg.rogue.mode != "none":
+        raise InputError(f"rogue.mode = {cfg.rogue.mode!r} runs only as `meshrl adversary "
+                           "validator` (tests and demos of disputes): `meshrl validator` is "
+                           "honest")
+    return run_validator(cfg)
+
+
+def run_validator(cfg: ValidatorConfig, amend: Any = None) -> int:
+    """`meshrl validator`'s work, with the verdict hook `amend` (None: honest); an expected
+    failure becomes one line."""
     import asyncio
 
     from meshrl.config import EXIT_REFUSED, CommandError
@@ -26,7 +38,7 @@ def _validator(cfg: ValidatorConfig) -> int:
         raise CommandError(str(e), EXIT_REFUSED) from None
     try:
         account = load_validator_key(cfg.keys, connect(cfg.chain).chain_id)
-        return asyncio.run(ValidatorNode(cfg, account).run())
+        return asyncio.run(ValidatorNode(cfg, account, amend).run())
     except PoolRulesError as e:  # rules it may not judge by: a restart cannot help
         raise CommandError(str(e), EXIT_REFUSED) from None
     except (ValidatorKeyError, ChainError) as e:  # one line, not a traceback

@@ -49,9 +49,10 @@ class ShareConfig(Config):
 
 
 class RogueConfig(Config):
-    """A dishonest validator, for tests and demos of disputes only (validator/rogue.py): off
-    unless set. `accuse-honest` hard-invalidates the first `accusations` files of its share
-    that it judges valid (its votes on others' verdicts stay honest)."""
+    """A dishonest validator, for tests and demos of disputes only (`meshrl adversary
+    validator`, adversaries/validator.py): off unless set. `accuse-honest` hard-invalidates the
+    first `accusations` files of its share that it judges valid (its votes on others' verdicts
+    stay honest)."""
 
     mode: Literal["none", "accuse-honest"] = Field("none", description="none: honest")
     accusations: int = Field(2, ge=0, description="honest files to accuse")

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import signal
 import time
+from collections.abc import Callable
 
 from eth_account.signers.local import LocalAccount
 
@@ -47,7 +48,6 @@ from meshrl.validator.config import ValidatorConfig
 from meshrl.validator.disputes import Clerk
 from meshrl.validator.judge import Judge, Unjudged
 from meshrl.validator.policy import backoff_delay
-from meshrl.validator.rogue import Rogue
 from meshrl.validator.state import Job, ValidatorState
 from meshrl.wire import (
     NoSuchSubmission,
@@ -65,8 +65,11 @@ log = get_logger("meshrl.validator")
 
 
 class ValidatorNode:
-    def __init__(self, cfg: ValidatorConfig, account: LocalAccount) -> None:
-        self.cfg, self.account = cfg, account
+    def __init__(self, cfg: ValidatorConfig, account: LocalAccount,
+                 amend: Callable[[bytes, Decision], Decision] | None = None) -> None:
+        """`amend`: a hook on each verdict before it is acted on (the work id, the verdict),
+        for the rogue validator of tests and demos (`meshrl.adversaries`); None when honest."""
+        self.cfg, self.account, self.amend = cfg, account, amend
         self.stop = asyncio.Event()
         self.judged = 0
         # work queued from its `WorkSubmitted` event by this process and seen accused by no
@@ -74,7 +77,6 @@ class ValidatorNode:
         # asked (a view call per accepted file). An accusation arriving later is voted on when
         # its event is seen (`_accused`); after a restart every job is asked about as before.
         self.unaccused: set[str] = set()
-        self.rogue = Rogue(cfg.rogue) if cfg.rogue.mode != "none" else None
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -185,8 +187,8 @@ class ValidatorNode:
             if isinstance(out, Unjudged):
                 await self._retry(job, out.error)
             else:
-                if self.rogue is not None and self.cfg.share.mine(bytes.fromhex(job.work_id)):
-                    out = self.rogue(out)
+                if self.amend is not None:
+                    out = self.amend(bytes.fromhex(job.work_id), out)
                 await self._act(job, out)
 
     async def _retry(self, job: Job, error: str) -> None:

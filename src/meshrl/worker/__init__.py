@@ -21,8 +21,6 @@ _EXPORTS = {
     "missing": "hardware",
     "generate_rollouts": "rollouts",
     "Parts": "parts",
-    "worker_parts": "adversary",
-    "Adversary": "adversary",
     "Outbox": "outbox",
     "OutboxEntry": "outbox",
     "WorkerNode": "node",

@@ -6,10 +6,21 @@ from typing import Any
 
 from meshrl.worker.config import JoinConfig, WorkerConfig
 
-__all__ = ["register"]
+__all__ = ["register", "run_worker"]
 
 
 def _worker(cfg: WorkerConfig) -> int:
+    from meshrl.config import InputError
+
+    if cfg.cheat.mode != "none":
+        raise InputError(f"cheat.mode = {cfg.cheat.mode!r} runs only as `meshrl adversary "
+                           "worker` (tests and demos of the validator): `meshrl worker` is honest")
+    return run_worker(cfg)
+
+
+def run_worker(cfg: WorkerConfig, parts: Any = None) -> int:
+    """`meshrl worker`'s work: the node with `parts` (None: the honest ones) until it stops;
+    an expected failure becomes one line."""
     import asyncio
 
     from meshrl.config import EXIT_REFUSED, CommandError
@@ -24,7 +35,7 @@ def _worker(cfg: WorkerConfig) -> int:
 
     try:
         keys = load_keys(cfg.keys, connect(cfg.chain).chain_id)
-        return asyncio.run(WorkerNode(cfg, keys).run())
+        return asyncio.run(WorkerNode(cfg, keys, parts).run())
     except (Blacklisted, PoolRulesError) as e:  # for good: a supervisor must not restart it
         raise CommandError(str(e), EXIT_REFUSED) from None
     except (KeystoreError, HardwareError, ChainError, OnboardError, WireHTTPError,

@@ -33,7 +33,6 @@ from meshrl.protocol.local import connect
 from meshrl.wire import NotAuthorized, NotInPool, SignedClient, Transient, WireHTTPError
 from meshrl.wire.models import Heartbeat, HeartbeatAck
 from meshrl.wire.rollout_file import rollout_file_bytes
-from meshrl.worker.adversary import worker_parts
 from meshrl.worker.claims import Claimer
 from meshrl.worker.config import WorkerConfig
 from meshrl.worker.courier import ChainCourier
@@ -43,7 +42,7 @@ from meshrl.worker.join import JoinError, check_clock, fetch_manifest
 from meshrl.worker.keys import WorkerKeys
 from meshrl.worker.onboard import announce_and_join, onboard_chain
 from meshrl.worker.outbox import Outbox, OutboxEntry
-from meshrl.worker.parts import MadeFile
+from meshrl.worker.parts import MadeFile, Parts
 from meshrl.worker.policy import PolicyHolder, VersionMoved
 from meshrl.worker.profile import accepted_rules
 from meshrl.worker.retry import retrying
@@ -60,11 +59,13 @@ class HardwareError(RuntimeError):
 
 
 class WorkerNode:
-    def __init__(self, cfg: WorkerConfig, keys: WorkerKeys) -> None:
+    def __init__(self, cfg: WorkerConfig, keys: WorkerKeys, parts: Parts | None = None) -> None:
+        """`parts`: what makes its files (backend, rollouts, file maker, courier); the honest
+        ones unless an adversary of tests and demos hands its own (`meshrl.adversaries`)."""
         self.cfg, self.keys = cfg, keys
         self.work_dir = Path(cfg.work_dir)
         self.outbox = Outbox(self.work_dir / "outbox")
-        self.parts = worker_parts(cfg.cheat)  # honest, or wrapped by a cheat (tests only)
+        self.parts = parts or Parts()
         self.make_file = self.parts.file_maker(self._make_file, self.outbox)
         self.stop = asyncio.Event()
         self.order: WorkOrder | None = None

@@ -1,11 +1,11 @@
-"""The parts a worker is built from, and the one factory that builds them.
+"""The parts a worker is built from.
 
 A worker generates with an inference backend, turns an assignment into a rollout file
 (`generate_rollouts`), makes the file it puts in its outbox from a work order, and delivers the
 file through a courier. `Parts` hands each one over as it is: an honest worker's parts are its
-own code. A dishonest worker (`[cheat]`, for tests of the validator) gets the same parts wrapped
-by `meshrl.worker.adversary`, so the honest path has no cheat branch;
-`meshrl.worker.adversary.worker_parts` is the one place that chooses.
+own code. A dishonest worker (`[cheat]`, for tests of the validator) is the honest `WorkerNode`
+handed the same parts wrapped by `meshrl.adversaries.worker` (`meshrl adversary worker`), so
+the honest path has no cheat branch and imports no cheat.
 """
 
 from __future__ import annotations

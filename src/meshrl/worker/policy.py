@@ -5,7 +5,7 @@ otherwise the newest version the work order allows is fetched (verified, atomic,
 signed by the rules' `policy_signer`: no other is believed, and a pool whose rules name none is
 refused) and later versions are followed and hot-loaded into the running engine. The engine
 and the rollouts of an assignment are the worker's `Parts` (honest, or wrapped by a cheat:
-`worker/adversary.py`).
+`meshrl/adversaries/worker.py`).
 """
 
 from __future__ import annotations

@@ -18,15 +18,17 @@ Each cheat is what a worker that wants rewards without the work (or with easier 
   that very row (its seeded noise) can tell; caught when sampled replay picks it;
 - `double-dip`: submits one generation twice, the second time under another allowed policy
   version at a counter of its own (header seed rewritten to match the claim).
-A cheat is active on steps > `after_step`, so a test can watch an honest node turn.
+A cheat is active on steps > `after_step`, so a test can watch an honest node turn. It runs as
+`meshrl adversary worker CONFIG` (`adversaries/cli.py`): the honest `WorkerNode` with these
+parts handed in.
 
 Every cheat is a `meshrl.worker.parts.Parts` that wraps the honest parts where it acts, and
 nowhere else: the inference backend (`CheatingBackend`: the weights it loads, the temperature it
 samples at, the completions it returns, the versions it refuses to load), the rollouts of an
 assignment (the problems answered, the claims written into the file), the file maker (another
 worker's file, a slot request that lies about the policy version) and the courier (no upload of
-a copied file). The honest worker calls the same parts (`worker_parts`, the one factory) and
-never asks which cheat runs.
+a copied file). The honest worker calls the parts it is handed and never asks which cheat
+runs.
 """
 
 from __future__ import annotations
