@@ -232,9 +232,10 @@ def _sampling(rows, spec: ReplaySpec, cfg: ReplayConfig, findings: list[Finding]
     if bool(ok.all()):
         if stats.inexact_tokens > stats.inexact_limit:
             findings.append(Finding(
-                Check.SAMPLING, HARD, f"{stats.inexact_tokens} of {len(ok)} tokens are not "
-                f"exactly the seeded sampler's pick (each within the tolerance), more than "
-                f"honest noise gives ({stats.inexact_limit}): chosen near-ties or another top_p",
+                Check.SAMPLING, HARD, f"{stats.inexact_tokens} of {len(ok)} replayed tokens "
+                f"are not exactly the seeded sampler's pick (each within the tolerance), more "
+                f"than honest noise gives on that many ({stats.inexact_limit}): chosen "
+                f"near-ties or another top_p",
                 {"inexact_tokens": stats.inexact_tokens, "limit": stats.inexact_limit,
                  "tokens": len(ok)}))
         return
