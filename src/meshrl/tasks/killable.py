@@ -5,7 +5,7 @@ GIL: run in a thread, it froze a whole validator (no verdict, no chain poll, no 
 the process was killed, and since the job stayed queued a restart froze again (issue #41). A
 thread cannot be stopped and math-verify's own timeout (SIGALRM) works on a main thread only,
 and not inside a C call at all. So every math-verify score runs in one persistent child process
-(`_child_main`, started once per process and reused for every row: a round
+(`meshrl.tasks.scoring_child`, started once per process and reused for every row: a round
 trip is a pipe write and read); the caller waits for the answer without holding the GIL, and
 when a row's deadline passes it kills the child, reaps it and starts a fresh one for the next row.
 
@@ -29,7 +29,6 @@ import hashlib
 import json
 import logging
 import os
-import resource
 import selectors
 import subprocess
 import sys
@@ -46,7 +45,8 @@ __all__ = ["KillableScorer", "ScoreOutcome", "VerifierUnavailable", "math_verify
 
 log = get_logger("meshrl.tasks.killable")
 
-_CHILD = "from meshrl.tasks.killable import _child_main; _child_main()"
+# the child is a module of its own: nothing here imports the tasks it builds
+_CHILD = "from meshrl.tasks.scoring_child import main; main()"
 START_TIMEOUT_S = 120.0  # importing math-verify / sympy on a loaded machine; not a row's time
 MEMORY_BYTES = 2 << 30  # what one row may add to the child's address space
 _MAX_LINE = 1 << 20  # an answer line is a few bytes; more is a broken child
@@ -283,91 +283,3 @@ def _score_in_process(answer: str, completion: str, timeout_s: float) -> float:
         return 1.0 if verify(gold, pred, timeout_seconds=timeout) else 0.0
     except Exception:  # malformed LaTeX is a wrong answer, not a crash
         return 0.0
-
-
-def _die_with_parent() -> None:
-    """SIGKILL this child when its parent dies (Linux `prctl(PR_SET_PDEATHSIG)`): a parent
-    killed while a row hangs must not leave sympy running. (Also fired by the exit of the
-    parent's thread that started it: the parent then asks the row again, `math_verify`.)"""
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    if os.getppid() != int(os.environ.get("MESHRL_SCORER_PARENT", os.getppid())):
-        os._exit(0)  # the parent died before the signal was armed
-
-
-def _cap_memory(hard: bool = False) -> None:
-    """Cap this child's address space at its size now plus `MEMORY_BYTES` (a soft limit, so
-    it can be raised again after a task's build, which is not a row's memory; `hard`: lift
-    the cap to the hard limit for a build)."""
-    top = resource.getrlimit(resource.RLIMIT_AS)[1]
-    with contextlib.suppress(ValueError, OSError, StopIteration), \
-            open("/proc/self/status") as f:
-        vm = next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmSize:"))
-        want = top if hard else vm + MEMORY_BYTES
-        if top != resource.RLIM_INFINITY:
-            want = min(want, top)
-        resource.setrlimit(resource.RLIMIT_AS, (want, top))
-
-
-def _build_task(spec: dict[str, Any], path: list[str]) -> Any:
-    """The task of config `spec`, built here as every role builds it (`TasksConfig`); `path`
-    is the parent's import path now (an environment package it imports)."""
-    from pydantic import TypeAdapter
-
-    from meshrl.tasks.sampling import TaskSpec
-
-    for p in reversed(path):
-        if p not in sys.path:
-            sys.path.insert(0, p)
-    return TypeAdapter(TaskSpec).validate_python(spec).build()
-
-
-def _task_score(task: Any, req: dict[str, Any]) -> float:
-    name, prompt, answer, meta = req["p"]
-    try:
-        score = float(task.score(Problem(str(name), str(prompt), str(answer), dict(meta)),
-                                 str(req["c"])))
-    except Exception:  # a scorer failing on a hostile answer: a wrong answer, not a crash
-        return 0.0
-    return min(1.0, max(0.0, score)) if score == score else 0.0
-
-
-def _child_main() -> None:
-    """The child: imports math-verify, caps its address space, says "ready", then answers one
-    JSON line per request line until its stdin closes: a math-verify row (`a`, `c`, `t`), a
-    task to build (`op` "build": answers `built` or `error`) or a row of a built task (`op`
-    "score")."""
-    import math_verify  # noqa: F401  (before "ready": importing is not a row's time)
-
-    _die_with_parent()
-    _cap_memory()
-    tasks: dict[str, Any] = {}
-    out = sys.stdout.buffer
-    out.write(b"ready\n")
-    out.flush()
-    for raw in sys.stdin.buffer:
-        req: dict[str, Any] = json.loads(raw)
-        op = req.get("op")
-        reply: dict[str, Any]
-        if op == "build":
-            _cap_memory(hard=True)
-            try:
-                tasks[req["k"]] = _build_task(req["spec"], list(req.get("path", [])))
-                reply = {"built": req["k"]}
-            except Exception as e:  # the parent raises VerifierUnavailable with this line
-                reply = {"error": f"{type(e).__name__}: {e}"[:500]}
-            _cap_memory()
-        else:
-            try:
-                if op == "score":
-                    s = _task_score(tasks[req["k"]], req)
-                else:
-                    s = _score_in_process(str(req["a"]), str(req["c"]), float(req["t"]))
-            except MemoryError:  # past the cap: unscorable like a row past its deadline
-                s = 0.0
-            reply = {"s": s}
-        out.write(json.dumps(reply).encode() + b"\n")
-        out.flush()
