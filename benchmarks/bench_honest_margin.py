@@ -94,6 +94,7 @@ def file_ratios(stats: dict[str, Any], cfg: ReplayConfig, top_p: float) -> dict[
     out = {"sampling_margin": stats["max_sampling_margin"] / cfg.sampling_tolerance,
            "logprob_diff": stats["max_logprob_diff"] / cfg.logprob_atol,
            "logprob_bias": abs(stats["logprob_bias"]) / stats["logprob_bias_limit"],
+           "logprob_abs_mean": stats["logprob_abs_mean"] / stats["logprob_abs_limit"],
            "chunk_exp_mismatches": stats["max_exp_mismatches"] / th.max_exp_mismatches,
            "chunk_mant_err_mean": stats["max_mant_err_mean"] / th.max_mant_err_mean,
            "chunk_mant_err_median": stats["max_mant_err_median"] / th.max_mant_err_median,

@@ -5,7 +5,9 @@ after some text, right and wrong, fractions and expressions), then one hostile a
 the GIL in sympy (`\\boxed{9^{9^{9^{9}}}}`), which only the child can bound. One JSON line per
 path with rows/s and the mean / max milliseconds of a row; then `ratio` = child seconds per row
 / in-process seconds per row (the price of killability); then the hostile row's seconds to
-its 0 at a `--deadline` (in-process: not run, it never ends).
+its 0 at a `--deadline` (in-process: not run, it never ends). Then the same for a
+reasoning-gym task scored through `task_reward` (countdown: `score_answer` is sympy's
+`parse_expr`, which never ends on `9**9**9**9`): in-process `Task.score` vs the child.
 
     PYTHONPATH=src python benchmarks/bench_killable_scoring.py [--rows 200] [--deadline 2]
 """
@@ -17,7 +19,8 @@ import json
 import random
 import time
 
-from meshrl.tasks.killable import KillableScorer, _score_in_process
+from meshrl.tasks import GymConfig, TasksConfig, compute_reward
+from meshrl.tasks.killable import KillableScorer, _score_in_process, scorer
 
 _ANSWERS = ["1/2", "5x", "42", "\\frac{3}{4}", "x^2+1", "0.25", "7", "\\sqrt{2}"]
 
@@ -72,6 +75,40 @@ def main() -> None:
                           "timed_out": out.timed_out, "in_process": "never ends"}))
     finally:
         s.close()
+    _gym(args.rows, args.deadline)
+
+
+def _gym(n: int, deadline: float) -> None:
+    tasks = TasksConfig(mix=[GymConfig(dataset="countdown", timeout_s=deadline)]).build()
+    task = tasks.tasks["rg/countdown"]
+    rng = random.Random(1)
+    rows = []
+    for _ in range(n):
+        p = task.sample(rng)
+        rows.append((p, f"<answer>{p.answer if rng.random() < 0.5 else '1+2'}</answer>"))
+    compute_reward(rows[0][0], rows[0][1], 5, tasks)  # the child up and the task built
+    local, child, same = [], [], 0
+    for p, c in rows:
+        t0 = time.perf_counter()
+        x = task.score(p, c)
+        t1 = time.perf_counter()
+        y = compute_reward(p, c, 5, tasks).task
+        t2 = time.perf_counter()
+        local.append(t1 - t0)
+        child.append(t2 - t1)
+        same += x == y
+    print(json.dumps(_line("gym_in_process", local)))
+    print(json.dumps(_line("gym_killable_child", child)))
+    print(json.dumps({"gym_ratio": round(sum(child) / sum(local), 3), "same_scores": same,
+                      "rows": len(rows)}))
+    t0 = time.perf_counter()
+    r = compute_reward(rows[0][0], "<answer>9**9**9**9</answer>", 5, tasks)
+    t1 = time.perf_counter()
+    compute_reward(rows[0][0], rows[0][1], 5, tasks)  # a fresh child, the task rebuilt
+    print(json.dumps({"gym_hostile_row_s": round(t1 - t0, 3), "deadline_s": deadline,
+                      "score": r.task, "next_row_s (restart + rebuild)":
+                      round(time.perf_counter() - t1, 3), "in_process": "never ends"}))
+    scorer().close()
 
 
 if __name__ == "__main__":

@@ -115,3 +115,43 @@ def test_a_logprob_below_the_honest_floor_is_refused(worker_file) -> None:
     # the policy's logits may be wider than the tokenizer's vocabulary: its floor is lower
     data, e = _with_logprob(rf, entry, floor - 0.01)
     assert file_groups(e, data, tok, RULES, BUILT, vocab_size=tok.vocab_size * 2).groups == 3
+
+
+@pytest.mark.timeout(180)
+def test_the_trainer_rescoring_an_answer_that_hangs_its_scorer_gets_0_at_the_deadline() -> None:
+    """Issue #41: the trainer re-scores accepted files through the same killable child as the
+    validator; reasoning-gym's countdown (sympy's `parse_expr`) never ended on this answer."""
+    import time
+
+    from meshrl.tasks import GymConfig
+    from meshrl.wire.rollout_file import read_rollout_file
+
+    hang, deadline = "<answer>9**9**9**9</answer>", 2.0
+    tasks = TasksConfig(mix=[GymConfig(dataset="countdown", timeout_s=deadline,
+                                       config={"min_numbers": 2, "max_numbers": 2})])
+    rules = PoolRules(pool_id=1, seed=5, prompts_per_file=1, group_size=2, task=tasks,
+                      sampling={"max_new_tokens": 28, "temperature": 1.0})
+    built = tasks.build()
+    tok = CharTokenizer()  # a countdown prompt is ~355 characters: 512 positions
+    engine = CPUEngine(build_model("qwen2-tiny", tok.vocab_size, seed=3,
+                                   max_position_embeddings=512), tok,
+                       EngineConfig(num_threads=1))
+    rf = generate_rollouts(engine, tok, Assignment(rules, NODE, 0, 0, 0), built, PROVIDER)
+    forged = read_rollout_file(rollout_file_bytes(rf))
+    row = forged.completions[1]  # the last row: no fresh child is timed after it
+    row.completion_tokens = tok.encode(hang.rjust(len(row.completion_tokens), "x"))
+    row.logprobs = [-1.0] * len(row.completion_tokens)
+    row.reward = 0.0
+    data = rollout_file_bytes(forged)
+
+    def entry(data: bytes) -> LedgerEntry:
+        return LedgerEntry(seq=1, sha256=hashlib.sha256(data).hexdigest(), node=NODE,
+                           provider=PROVIDER, step=0, policy_version=0,
+                           work_units=forged.header.work_units, size=len(data),
+                           status=FileStatus.ACCEPTED, download="/files/x")
+    honest = rollout_file_bytes(rf)
+    file_groups(entry(honest), honest, tok, rules, built)  # child up, task built
+    t0 = time.monotonic()
+    fg = file_groups(entry(data), data, tok, rules, built)
+    took = time.monotonic() - t0
+    assert fg.task_rewards[0][1] == 0.0 and deadline <= took < deadline + 1.5

@@ -137,3 +137,56 @@ def test_a_hung_child_dies_with_its_parent(tmp_path):
     while not _gone(child) and time.monotonic() - t0 < 10:
         time.sleep(0.05)
     assert _gone(child)
+
+
+# reasoning-gym's countdown scores with sympy's `parse_expr`, which evaluates the power: in the
+# caller's process this never ended (the validator froze, issue #41)
+GYM_HANG = "<answer>9**9**9**9</answer>"
+
+
+def _timed(fn, *args):
+    t0 = time.monotonic()
+    out = fn(*args)
+    return out, time.monotonic() - t0
+
+
+@pytest.mark.timeout(120)
+def test_a_reasoning_gym_answer_that_hangs_its_scorer_scores_0_at_the_deadline():
+    import random
+
+    from meshrl.tasks import GymConfig
+
+    tasks = TasksConfig(mix=[GymConfig(dataset="countdown", timeout_s=DEADLINE)]).build()
+    p = tasks.tasks["rg/countdown"].sample(random.Random(0))
+    good = f"<answer>{p.answer}</answer>"
+    assert compute_reward(p, good, 5, tasks).task == 1.0  # child up, task built
+    r, took = _timed(compute_reward, p, GYM_HANG, 5, tasks)
+    assert r.task == 0.0 and DEADLINE <= took < DEADLINE + 1.5
+    assert compute_reward(p, good, 5, tasks).task == 1.0  # a fresh child rebuilds the task
+    assert compute_reward(p, "<answer>1+1</answer>", 5, tasks).task == 0.05  # its own scale
+
+
+@pytest.mark.timeout(120)
+def test_a_verifiers_reward_that_backtracks_forever_scores_0_at_the_deadline(monkeypatch):
+    from meshrl.tasks import EnvironmentConfig
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "vf_envs"))
+    tasks = TasksConfig(mix=[EnvironmentConfig(env="meshrl_vf_regex", heldout_fraction=0,
+                                               timeout_s=DEADLINE)]).build()
+    p = tasks.tasks["vf/meshrl_vf_regex"].problem_at(0)
+    assert compute_reward(p, "aab", 3, tasks).task == 1.0
+    r, took = _timed(compute_reward, p, "a" * 64 + "c", 65, tasks)
+    assert r.task == 0.0 and DEADLINE <= took < DEADLINE + 1.5
+
+
+def test_a_task_the_child_cannot_build_is_verifier_unavailable_never_a_score():
+    from meshrl.tasks.killable import VerifierUnavailable
+
+    s = KillableScorer()
+    try:
+        with pytest.raises(VerifierUnavailable, match="cannot build task 'reasoning_gym'"):
+            s.task_score({"type": "reasoning_gym", "dataset": "no_such_dataset"},
+                         Problem("rg/x", "q", "1", {"split": "train", "index": 0}), "1",
+                         DEADLINE)
+    finally:
+        s.close()

@@ -131,3 +131,30 @@ def test_honest_logprobs_sit_inside_the_floor(engine, tok):
     rf = honest_file(engine, tok, r)
     lps = [x for c in rf.completions for x in c.logprobs]
     assert min(lps) >= logprob_floor(engine.vocab_size, 1.0) and max(lps) <= 0.0
+
+
+def test_the_inexact_token_cap_is_stated_per_replayed_token_and_its_file_budget_reported(
+        engine, tok):
+    """Issue #41: under sampled replay the inexact-pick cap counts the replayed tokens only, so
+    a cheater's budget over the file is the cap / the replayed share, not the cap docs/roles.md
+    gave per file. The cap must stay the replayed tokens' own (their honest noise needs it);
+    the verdict now says so and reports the file's budget next to it."""
+    from meshrl.validator.replay import inexact_token_limit
+
+    r = rules(max_new=32, prompts=4)
+    loose = ReplayConfig(thresholds=profile_thresholds("any-hardware"))
+    rf, c = _submitted(honest_file(engine, tok, r), _block(1))
+    d = verify_file(engine, tok, rf, c, r, r.task.build(), loose)
+    assert d.accepted, d.reason
+    st, rate = d.stats, loose.thresholds.max_inexact_token_rate
+    file_tokens = sum(len(x.completion_tokens) for x in rf.completions)
+    assert len(st["replayed_rows"]) < st["file_rows"] and st["file_tokens"] == file_tokens
+    assert st["inexact_limit"] == inexact_token_limit(st["tokens"], rate)  # replayed tokens
+    assert st["inexact_file_budget"] == pytest.approx(
+        st["inexact_limit"] * file_tokens / st["tokens"])
+    # the budget over the file is well above what a full replay of it would allow
+    assert st["inexact_file_budget"] > inexact_token_limit(file_tokens, rate)
+    # with every row replayed the budget is the cap itself
+    full = verify_file(engine, tok, rf, replace(c, block_hash=None), r, r.task.build(), loose)
+    assert full.stats["inexact_file_budget"] == full.stats["inexact_limit"] == \
+        inexact_token_limit(file_tokens, rate)

@@ -147,6 +147,46 @@ def test_biased_logprobs_are_rejected_and_the_rest_is_bounded(engine, tok):
     assert _hard(_judge(engine, tok, wiggle, rules, TIGHT), Check.LOGPROBS)
 
 
+
+def test_a_sign_balanced_logprob_bias_is_rejected_and_honest_bf16_is_not(model, tok, engine):
+    """Issue #41: +0.45 on half the tokens and -0.45 on the rest (each below any-hardware's
+    per-token 0.5) has a zero mean, so the bias test never saw it, and it moved the trainer's
+    ratios x1.57 / x0.64. The mean |difference| sees it; honest bfloat16 and float32 files stay
+    far inside that bound (bfloat16 on 8x sharper logits: at most 0.065 of it)."""
+    import copy
+    import itertools
+    import random
+
+    rules = bench.make_rules(64, 4, 4)
+    rf = bench.make_file(engine, tok, rules, 0)
+    n = sum(len(r.logprobs) for r in rf.completions)
+    for order in (list(range(n)), random.Random(5).sample(range(n), n)):  # alternate, scatter
+        sign = {t: 0.45 if k % 2 else -0.45 for k, t in enumerate(order[:n - n % 2])}
+        starts = list(itertools.accumulate([0] + [len(r.logprobs) for r in rf.completions]))
+        rows = [replace(r, logprobs=[x + sign.get(starts[j] + i, 0.0)
+                                     for i, x in enumerate(r.logprobs)])
+                for j, r in enumerate(rf.completions)]
+        forged = replace(rf, completions=rows)
+        d = _judge(engine, tok, forged, rules, LOOSE)
+        assert _hard(d, Check.LOGPROBS) and "mean |difference|" in d.reason, d.reason
+        assert abs(d.stats["logprob_bias"]) < d.stats["logprob_bias_limit"]  # unseen before
+        assert _hard(_judge(engine, tok, forged, rules, TIGHT), Check.LOGPROBS)
+    # honest: float32 under both profiles, bfloat16 (8x sharper logits, as a trained policy
+    # has) under any-hardware
+    d = _judge(engine, tok, rf, rules, TIGHT)
+    assert d.accepted and d.stats["logprob_abs_mean"] <= 0.05 * d.stats["logprob_abs_limit"]
+    sharp = copy.deepcopy(model)
+    with torch.no_grad():
+        sharp.lm_head.weight.mul_(8.0)
+    validator = CPUEngine(sharp, tok, EngineConfig(num_threads=1))
+    worker = ReferenceBackend(copy.deepcopy(sharp).to(torch.bfloat16), tok,
+                              ReferenceConfig(max_batch_size=8))
+    for counter in range(3):
+        bf = bench.make_file(worker, tok, rules, counter)
+        d = _judge(validator, tok, bf, rules, LOOSE)
+        assert d.accepted, d.reason
+        assert 0 < d.stats["logprob_abs_mean"] <= 0.2 * d.stats["logprob_abs_limit"], d.stats
+
 def _cheap_decode_honest_prefill(bad_model, model, tok, rules, counter=0):
     """Tokens decoded with `bad_model` (cheaper: int8, or one layer changed), then one honest
     prefill for the log-probs and the proofs: only the tokens betray the cheap decode."""

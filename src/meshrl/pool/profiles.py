@@ -54,6 +54,7 @@ PROFILES: dict[str, ProfileSpec] = {
          "max_pooled_mant_inexact_rate": 0.25, "min_pooled_chunks": 1, "pooled_full_chunks": 1,
          "max_sampling_margin": 1e-4, "top_p_slack": 1e-4, "max_inexact_token_rate": 0.0,
          "max_logprob_diff": 1e-3, "max_logprob_bias": 1e-5, "logprob_bias_noise": 1e-3,
+         "max_logprob_abs_mean": 1e-5,
          # no chunk is set apart as small: with the same engine a small chunk's values are as
          # exact as a full one's, and pooling every chunk keeps the pooled tests' strength (a
          # tiny pool's short completions are mostly small chunks; pooled over the one full

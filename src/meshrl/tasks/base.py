@@ -46,6 +46,14 @@ class Task(ABC):
     def score(self, problem: Problem, completion: str) -> float:
         """1.0 for a correct completion, 0.0 for a wrong one (partial credit where defined)."""
 
+    def killable(self) -> tuple[dict[str, Any], float] | None:
+        """(this task's config as JSON, the deadline of one row's score) when its scorer runs
+        code that may hang or blow up memory on a crafted completion: every role then scores
+        it in the killable child (`meshrl.tasks.killable`, `task_reward`), a row past the
+        deadline scoring 0. None: `score` is safe to run in the caller's process (bounded
+        work meshrl wrote, or a scorer that bounds itself: math-verify, the code sandbox)."""
+        return None
+
 
 def heldout_rows(n: int, fraction: float, salt: str) -> set[int]:
     """Indices of the held-out rows: those whose hash of (salt, index) falls below `fraction`

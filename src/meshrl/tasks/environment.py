@@ -48,6 +48,9 @@ class EnvironmentConfig(Config):
     heldout_fraction: float = Field(0.1, ge=0, lt=1, description="tasks kept for evaluation")
     template: str = Field("{prompt}", description="prompt template over the task's prompt text "
                           "(system prompt first, when it has one)")
+    timeout_s: float = Field(5.0, gt=0, le=600, description="deadline of one answer's score "
+                             "(scored in a child killed past it; an answer not scored in time "
+                             "scores 0)")
 
     def build(self) -> EnvironmentTask:
         return EnvironmentTask(self)
@@ -123,6 +126,11 @@ class EnvironmentTask(RowsTask):
         answer = getattr(data, "answer", "")
         return Problem(self.name, self.cfg.template.format(prompt=text), str(answer),
                        {"index": index})
+
+    def killable(self) -> tuple[dict[str, Any], float]:
+        # the environment's reward functions parse the worker's text (pinned code, but code
+        # that may hang or blow up memory on a crafted reply)
+        return self.cfg.model_dump(mode="json"), self.cfg.timeout_s
 
     def score(self, problem: Problem, completion: str) -> float:
         import verifiers.v1 as vf

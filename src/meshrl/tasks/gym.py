@@ -44,6 +44,9 @@ class GymConfig(Config):
                           description="prompt template over the item's `question`")
     answer_tag: str = Field("answer", max_length=32, description="tag the answer is read "
                             "from ('': the whole completion, stripped)")
+    timeout_s: float = Field(5.0, gt=0, le=600, description="deadline of one answer's score "
+                             "(scored in a child killed past it; an answer not scored in time "
+                             "scores 0)")
 
     def build(self) -> GymTask:
         return GymTask(self)
@@ -92,6 +95,11 @@ class GymTask(Task):
 
     def sample_heldout(self, rng: random.Random) -> Problem:
         return self._problem("heldout", rng.randrange(self.cfg.size))
+
+    def killable(self) -> tuple[dict[str, Any], float]:
+        # `score_answer` is reasoning-gym's code on the worker's text: countdown's sympy
+        # `parse_expr` of `9**9**9**9` never ends
+        return self.cfg.model_dump(mode="json"), self.cfg.timeout_s
 
     def score(self, problem: Problem, completion: str) -> float:
         if not self.cfg.answer_tag:

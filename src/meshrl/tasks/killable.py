@@ -5,9 +5,15 @@ GIL: run in a thread, it froze a whole validator (no verdict, no chain poll, no 
 the process was killed, and since the job stayed queued a restart froze again (issue #41). A
 thread cannot be stopped and math-verify's own timeout (SIGALRM) works on a main thread only,
 and not inside a C call at all. So every math-verify score runs in one persistent child process
-(`_child_main`, started once per process and reused for every row: a round
+(`meshrl.tasks.scoring_child`, started once per process and reused for every row: a round
 trip is a pipe write and read); the caller waits for the answer without holding the GIL, and
 when a row's deadline passes it kills the child, reaps it and starts a fresh one for the next row.
+
+Every other task kind whose scorer parses untrusted text with code meshrl does not control
+(reasoning-gym's `score_answer`: `countdown` evaluates `9**9**9**9` with sympy and never ends;
+a `verifiers` environment's reward functions) scores in the same child (`task_score`): the
+parent sends the task's config once per child (the child builds the task, as every role does,
+outside any row's deadline) and then one row at a time, each under the task's `timeout_s`.
 
 The pool rule (docs/tasks.md, *Unscorable answers*): a completion the verifier cannot score
 within the task's `timeout_s` scores 0. Worker, validator and trainer all score through this
@@ -19,10 +25,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import json
 import logging
 import os
-import resource
 import selectors
 import subprocess
 import sys
@@ -32,13 +38,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshrl.log import get_logger, log_event
+from meshrl.tasks.base import Problem
 
 __all__ = ["KillableScorer", "ScoreOutcome", "VerifierUnavailable", "math_verify_outcome",
-           "scorer"]
+           "scorer", "task_score_outcome"]
 
 log = get_logger("meshrl.tasks.killable")
 
-_CHILD = "from meshrl.tasks.killable import _child_main; _child_main()"
+# the child is a module of its own: nothing here imports the tasks it builds
+_CHILD = "from meshrl.tasks.scoring_child import main; main()"
 START_TIMEOUT_S = 120.0  # importing math-verify / sympy on a loaded machine; not a row's time
 MEMORY_BYTES = 2 << 30  # what one row may add to the child's address space
 _MAX_LINE = 1 << 20  # an answer line is a few bytes; more is a broken child
@@ -68,6 +76,7 @@ class KillableScorer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._owner = 0
         self._buf = b""
+        self._built: set[str] = set()  # task specs the live child has built
         self.kills = 0  # children killed at a deadline (for logs and tests)
 
     @property
@@ -80,21 +89,66 @@ class KillableScorer:
         child has not answered `timeout_s` seconds after it was asked. A child that dies
         before its deadline (killed from outside, a crash) is replaced and the row asked once
         more, so only a row that kills two children in a row scores 0 for it."""
+        return self._score({"a": answer, "c": completion, "t": timeout_s}, None, timeout_s,
+                           len(answer), len(completion))
+
+    def task_score(self, spec: dict[str, Any], problem: Problem, completion: str,
+                   timeout_s: float) -> ScoreOutcome:
+        """`Task.score` of the task `spec` (its config, `model_dump(mode="json")`) on
+        `completion`, in the child: 0 (timed out) past `timeout_s`, like `math_verify`. The
+        child builds the task from `spec` once (outside the deadline); a spec it cannot build
+        is `VerifierUnavailable`."""
+        msg = {"op": "score", "k": _spec_key(spec), "p": [problem.task, problem.prompt,
+                                                          problem.answer, problem.meta],
+               "c": completion, "t": timeout_s}
+        return self._score(msg, spec, timeout_s, len(problem.answer), len(completion))
+
+    def _score(self, msg: dict[str, Any], spec: dict[str, Any] | None, timeout_s: float,
+               answer_chars: int, completion_chars: int) -> ScoreOutcome:
         with self._lock:
             for attempt in (1, 2):
-                out = self._ask(answer, completion, timeout_s)
+                out = self._ask(msg, spec, timeout_s, answer_chars, completion_chars)
                 if out is not None:
                     return out
                 log_event(log, "scoring child died before its deadline", attempt=attempt,
                           level=logging.WARNING)
             return ScoreOutcome(0.0, True, 0.0)
 
-    def _ask(self, answer: str, completion: str, timeout_s: float) -> ScoreOutcome | None:
+    def _build(self, spec: dict[str, Any]) -> None:
+        """Have the current child build the task `spec` (once per child; not a row's time)."""
+        key = _spec_key(spec)
+        if key in self._built:
+            return
+        assert self._proc is not None and self._proc.stdin is not None
+        line = json.dumps({"op": "build", "k": key, "spec": spec,
+                           "path": [p for p in sys.path if p]})
+        try:
+            self._proc.stdin.write(line.encode() + b"\n")
+            self._proc.stdin.flush()
+        except OSError:
+            self._stop()
+            raise VerifierUnavailable("the scoring child died while building a task") from None
+        got = self._readline(time.monotonic() + START_TIMEOUT_S)
+        try:
+            answer = json.loads(got) if isinstance(got, bytes) and got != _DIED else None
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict) or answer.get("built") != key:
+            self._stop()
+            why = answer.get("error") if isinstance(answer, dict) else "no answer"
+            raise VerifierUnavailable(f"the scoring child cannot build task "
+                                      f"{spec.get('type')!r}: {why}")
+        self._built.add(key)
+
+    def _ask(self, req: dict[str, Any], spec: dict[str, Any] | None, timeout_s: float,
+             answer_chars: int, completion_chars: int) -> ScoreOutcome | None:
         """One row on the current child; None when the child died before answering."""
         self._ensure()
+        if spec is not None:
+            self._build(spec)
         assert self._proc is not None and self._proc.stdin is not None
         t0 = time.monotonic()
-        msg = json.dumps({"a": answer, "c": completion, "t": timeout_s}).encode() + b"\n"
+        msg = json.dumps(req).encode() + b"\n"
         try:
             self._proc.stdin.write(msg)
             self._proc.stdin.flush()
@@ -112,7 +166,7 @@ class KillableScorer:
             self.kills += 1
             log_event(log, "verifier deadline: scoring child killed, row scores 0",
                       seconds=round(took, 3), timeout_s=timeout_s, pid=pid,
-                      answer_chars=len(answer), completion_chars=len(completion),
+                      answer_chars=answer_chars, completion_chars=completion_chars,
                       level=logging.WARNING)
             return ScoreOutcome(0.0, True, took)
         try:
@@ -120,6 +174,9 @@ class KillableScorer:
         except (ValueError, KeyError, TypeError):
             self._stop()
             raise VerifierUnavailable("the scoring child answered nonsense") from None
+        if not 0.0 <= score <= 1.0:  # a NaN fails too: never a reward outside the task's range
+            self._stop()
+            raise VerifierUnavailable(f"the scoring child answered score {score}")
         return ScoreOutcome(score, False, took)
 
     def close(self) -> None:
@@ -139,7 +196,7 @@ class KillableScorer:
                                               "MESHRL_SCORER_PARENT": str(os.getpid())})
         except OSError as e:
             raise VerifierUnavailable(f"cannot start the scoring child: {e}") from None
-        self._owner, self._buf = os.getpid(), b""
+        self._owner, self._buf, self._built = os.getpid(), b"", set()
         ready = self._readline(time.monotonic() + START_TIMEOUT_S)
         if ready != b"ready":
             self._stop()
@@ -165,6 +222,7 @@ class KillableScorer:
 
     def _stop(self) -> None:
         proc, self._proc = self._proc, None
+        self._built = set()
         if proc is None:
             return
         with contextlib.suppress(OSError):
@@ -201,6 +259,16 @@ def math_verify_outcome(answer: str, completion: str, timeout_s: float) -> Score
     return scorer().math_verify(answer, completion, timeout_s)
 
 
+def task_score_outcome(spec: dict[str, Any], problem: Problem, completion: str,
+                       timeout_s: float) -> ScoreOutcome:
+    """`KillableScorer.task_score` on this process's scorer."""
+    return scorer().task_score(spec, problem, completion, timeout_s)
+
+
+def _spec_key(spec: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:32]
+
+
 def _score_in_process(answer: str, completion: str, timeout_s: float) -> float:
     """math-verify in this (the child's) main thread, its own SIGALRM timeouts on."""
     from math_verify import parse, verify
@@ -215,40 +283,3 @@ def _score_in_process(answer: str, completion: str, timeout_s: float) -> float:
         return 1.0 if verify(gold, pred, timeout_seconds=timeout) else 0.0
     except Exception:  # malformed LaTeX is a wrong answer, not a crash
         return 0.0
-
-
-def _die_with_parent() -> None:
-    """SIGKILL this child when its parent dies (Linux `prctl(PR_SET_PDEATHSIG)`): a parent
-    killed while a row hangs must not leave sympy running. (Also fired by the exit of the
-    parent's thread that started it: the parent then asks the row again, `math_verify`.)"""
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    if os.getppid() != int(os.environ.get("MESHRL_SCORER_PARENT", os.getppid())):
-        os._exit(0)  # the parent died before the signal was armed
-
-
-def _child_main() -> None:
-    """The child: imports math-verify, caps its address space, says "ready", then answers one
-    JSON line per request line until its stdin closes."""
-    import math_verify  # noqa: F401  (before "ready": importing is not a row's time)
-
-    _die_with_parent()
-
-    with contextlib.suppress(ValueError, OSError, StopIteration), \
-            open("/proc/self/status") as f:
-        vm = next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmSize:"))
-        resource.setrlimit(resource.RLIMIT_AS, (vm + MEMORY_BYTES, vm + MEMORY_BYTES))
-    out = sys.stdout.buffer
-    out.write(b"ready\n")
-    out.flush()
-    for raw in sys.stdin.buffer:
-        req: dict[str, Any] = json.loads(raw)
-        try:
-            s = _score_in_process(str(req["a"]), str(req["c"]), float(req["t"]))
-        except MemoryError:  # past the cap: unscorable like a row past its deadline
-            s = 0.0
-        out.write(json.dumps({"s": s}).encode() + b"\n")
-        out.flush()

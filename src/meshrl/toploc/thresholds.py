@@ -137,6 +137,13 @@ class Thresholds(Config):
     logprob_bias_noise: float = Field(
         0.2, ge=0, description="file: the per-sqrt(token) term of the log-prob bias limit"
     )
+    # a sign-balanced bias (+0.45 on half the tokens, -0.45 on the rest: ratios x1.57 / x0.64)
+    # has a zero mean; its mean size does not. Honest noise's mean size is far below its worst
+    # token (bf16: 0.28 nats at worst on a trained policy, docs/roles.md, "Tolerances")
+    max_logprob_abs_mean: float = Field(
+        0.05, ge=0, description="file: mean |claimed - recomputed| may reach this + "
+        "logprob_bias_noise / sqrt(tokens)"
+    )
 
     @classmethod
     def paper(cls) -> Thresholds:

@@ -106,6 +106,8 @@ class ReplayStats:
     max_logprob_diff: float = 0.0
     logprob_bias: float = 0.0  # mean (claimed - recomputed) over the file's tokens
     logprob_bias_limit: float = 0.0  # what that mean may reach at this many tokens
+    logprob_abs_mean: float = 0.0  # mean |claimed - recomputed|: a sign-balanced bias shows
+    logprob_abs_limit: float = 0.0  # what that mean may reach at this many tokens
     max_exp_mismatches: int = 0
     max_mant_err_mean: float = 0.0
     max_mant_err_median: float = 0.0
@@ -230,9 +232,10 @@ def _sampling(rows, spec: ReplaySpec, cfg: ReplayConfig, findings: list[Finding]
     if bool(ok.all()):
         if stats.inexact_tokens > stats.inexact_limit:
             findings.append(Finding(
-                Check.SAMPLING, HARD, f"{stats.inexact_tokens} of {len(ok)} tokens are not "
-                f"exactly the seeded sampler's pick (each within the tolerance), more than "
-                f"honest noise gives ({stats.inexact_limit}): chosen near-ties or another top_p",
+                Check.SAMPLING, HARD, f"{stats.inexact_tokens} of {len(ok)} replayed tokens "
+                f"are not exactly the seeded sampler's pick (each within the tolerance), more "
+                f"than honest noise gives on that many ({stats.inexact_limit}): chosen "
+                f"near-ties or another top_p",
                 {"inexact_tokens": stats.inexact_tokens, "limit": stats.inexact_limit,
                  "tokens": len(ok)}))
         return
@@ -252,8 +255,9 @@ def _sampling(rows, spec: ReplaySpec, cfg: ReplayConfig, findings: list[Finding]
 
 def _logprobs(rows, cfg: ReplayConfig, findings: list[Finding], stats: ReplayStats) -> None:
     """Claimed log-probs are the trainer's behaviour log-probs (its importance ratio's
-    denominator), so both each token's error and their mean over the file are bounded: honest
-    errors are small and of either sign, a bias moves every ratio of the file one way."""
+    denominator), so each token's error, their mean and their mean size over the file are
+    bounded: honest errors are small and of either sign, a bias moves every ratio of the file
+    one way, and a sign-balanced one (+d here, -d there) moves each ratio with a zero mean."""
     claimed = torch.tensor([x for _, r, _ in rows for x in r.logprobs], dtype=torch.float32)
     own = torch.cat([s.logprobs for _, _, s in rows])
     if claimed.shape != own.shape:
@@ -266,6 +270,9 @@ def _logprobs(rows, cfg: ReplayConfig, findings: list[Finding], stats: ReplaySta
     stats.logprob_bias = float(signed.mean())
     stats.logprob_bias_limit = (cfg.thresholds.max_logprob_bias
                                 + cfg.thresholds.logprob_bias_noise / math.sqrt(signed.numel()))
+    stats.logprob_abs_mean = float(diff.mean())
+    stats.logprob_abs_limit = (cfg.thresholds.max_logprob_abs_mean
+                               + cfg.thresholds.logprob_bias_noise / math.sqrt(signed.numel()))
     if stats.max_logprob_diff > cfg.logprob_atol:
         findings.append(Finding(Check.LOGPROBS, HARD, f"claimed log-probs differ by up to "
                                 f"{stats.max_logprob_diff:.4g} > {cfg.logprob_atol}",
@@ -277,6 +284,13 @@ def _logprobs(rows, cfg: ReplayConfig, findings: list[Finding], stats: ReplaySta
                                 f"tokens > {stats.logprob_bias_limit:.3g}",
                                 {"bias": stats.logprob_bias,
                                  "limit": stats.logprob_bias_limit}))
+    elif not stats.logprob_abs_mean <= stats.logprob_abs_limit:
+        # +d on some tokens and -d on others: a zero mean, every such ratio moved (issue #41)
+        findings.append(Finding(Check.LOGPROBS, HARD, f"claimed log-probs deviate: mean "
+                                f"|difference| {stats.logprob_abs_mean:.3g} over "
+                                f"{signed.numel()} tokens > {stats.logprob_abs_limit:.3g}",
+                                {"abs_mean": stats.logprob_abs_mean,
+                                 "limit": stats.logprob_abs_limit}))
 
 
 def _toploc(rows, scored, cfg: ReplayConfig, findings: list[Finding],

@@ -224,9 +224,25 @@ def verify_files(backend: InferenceBackend, tokenizer: Any,
     stats: dict[int, dict[str, Any]] = {}
     for i, (more, st) in zip(todo, replay_files(backend, batch, cfg), strict=True):
         found[i] += more
+        file_tokens = sum(len(r.completion_tokens) for r in items[i][0].completions)
         stats[i] = {**asdict(st), "file_rows": len(items[i][0].completions),
-                    "replayed_rows": subsets[i]}
+                    "replayed_rows": subsets[i], "file_tokens": file_tokens,
+                    "inexact_file_budget": inexact_file_budget(st.inexact_limit, st.tokens,
+                                                               file_tokens)}
     return [decide(fs, stats.get(i)) for i, fs in enumerate(found)]
+
+
+def inexact_file_budget(limit: int, replayed_tokens: int, file_tokens: int) -> float:
+    """The inexact picks a cheater may expect to place over a whole file unseen: the cap
+    (`limit`) counts only the replayed tokens, and a pick lands on a replayed row with
+    probability replayed / file tokens, so its budget over the file is the cap scaled up by
+    the inverse of that fraction (docs/roles.md, "Tolerances": issue #41 found the documented
+    cap read as a file's when sampled replay made it 1 / rows_fraction of that). It cannot be
+    tightened to the file's cap scaled down: the replayed tokens' own honest noise needs
+    `limit` (a Poisson allowance that does not shrink in proportion)."""
+    if replayed_tokens <= 0:
+        return float(limit)
+    return limit * file_tokens / replayed_tokens
 
 
 def verify_file(backend: InferenceBackend, tokenizer: Any, rf: RolloutFile, claim: ChainClaim,
