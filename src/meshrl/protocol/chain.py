@@ -10,6 +10,7 @@ from eth_account.signers.local import LocalAccount
 from meshrl.protocol.artifacts import load_artifact
 from meshrl.protocol.backend import Backend
 from meshrl.protocol.config import ProtocolParams
+from meshrl.protocol.errors import TxReverted
 from meshrl.protocol.events import EventCursor, EventDecoder
 from meshrl.protocol.records import (
     Deployment,

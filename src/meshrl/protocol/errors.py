@@ -8,7 +8,8 @@ catches `DuplicateFile` instead of reading the message.
 from __future__ import annotations
 
 __all__ = [
-    "REVERTS", "AlreadyChallenged", "AlreadyVoted", "BondTooLow", "ChainError", "DisputeOpen", "DisputePeriodOver",
+    "REVERTS", "AlreadyChallenged", "AlreadyVoted", "BondTooLow", "ChainError", "DisputeOpen",
+    "DisputePeriodOver",
     "DuplicateFile", "InvalidationWindowClosed", "InviteExpired", "InviteUsed",
     "NodeBlacklisted", "NodeNotInPool", "NotAccused", "NotBonded", "OutOfGas", "TxReverted",
     "UnderReview", "VerdictOverturned", "VerdictPending", "WorkDisputed", "WorkNotPending",
