@@ -5,10 +5,12 @@ before the fix (the move succeeded, or paid off)."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 
 import pytest
 
+from meshrl.orchestrator.books import Books
 from meshrl.protocol import EthTesterBackend, Standing, WorkStatus
 from meshrl.protocol.history import pool_history
 
@@ -30,6 +32,32 @@ def game_court(request: pytest.FixtureRequest) -> Court:
 @pytest.fixture
 def c(game_court: Court) -> Iterator[Court]:
     yield from _fresh(game_court)
+
+
+def _books_match(c: Court) -> dict[str, dict[str, int]]:
+    """The orchestrator's books, fed every event from the deployment, say of each node of the
+    pool what the chain says (`pool_history`): rewards earned and claimable now."""
+    w, fed = c.w, c.w.fed
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    db.execute("CREATE TABLE nodes (address TEXT, provider TEXT)")
+    books = Books(db, w.pool)
+    books.set_lock_period(PARAMS.lock_period, PARAMS.invalidation_window)
+    owners = {w.n1.address: w.p1.address, w.n2.address: w.p2.address,
+              w.n3.address: w.p2.address}
+    provider_of = {n.lower(): p.lower() for n, p in owners.items()}
+    for node, provider in provider_of.items():
+        db.execute("INSERT INTO nodes VALUES (?, ?)", (node, provider))
+        books.joined(node, provider)
+    for ev in fed.events().poll():
+        ts = w.backend.w3.eth.get_block(ev.block)["timestamp"] if books.needs_time(ev) else None
+        books.apply(ev, ts, provider_of)
+    books.set_chain_time(w.backend.now())
+    money = books.money()
+    chain = pool_history(fed, w.pool)["rewards"]
+    for node, r in chain.items():
+        assert (money[node].earned, money[node].claimable) == (r["earned"], r["claimable"]), node
+    return chain
 
 
 def _stake(c: Court, p: object) -> int:
@@ -60,6 +88,7 @@ def test_a_rogue_verdict_nobody_confirms_stays_open_and_costs_the_rogue(c: Court
     assert fed.totals()["slashed"] == 0
     assert [fed.standing(x) for x in items] == [Standing.CLEAR] * 3
     w.backend.advance_time(LOCK)
+    assert _books_match(c)[n1.lower()]["claimable"] == 15 * RATE
     assert p1.claim(items).event("RewardsClaimed").args["amount"] == 15 * RATE
 
 
@@ -108,6 +137,7 @@ def test_a_single_rogue_voter_cannot_veto_true_verdicts(c: Court) -> None:
     assert _stake(c, p2) == stake0 - 3 * (PENALTY + STAKE)
     w.backend.advance_time(LOCK)
     assert not any(fed.claimable(wid) for wid in frauds)  # 300 units of reward, none paid
+    assert _books_match(c)[n3.lower()]["earned"] == 0
 
 
 def test_a_soft_accusation_no_longer_shields_a_fraud(c: Court) -> None:
@@ -128,6 +158,7 @@ def test_a_soft_accusation_no_longer_shields_a_fraud(c: Court) -> None:
     assert fed.work(fraud).status == WorkStatus.HARD_INVALIDATED
     assert _stake(c, p2) == stake0 - PENALTY
     assert colluder.bond() == (BOND, 0) and honest.bond() == (BOND, 0)
+    assert _books_match(c)[n3.lower()]["earned"] == 0
 
 
 def test_a_verdict_is_challenged_once_and_its_window_is_bounded(c: Court) -> None:
@@ -170,6 +201,7 @@ def test_bond_exhaustion_no_longer_gets_a_real_fraud_paid(c: Court) -> None:
     stake0 = _stake(c, p2)
     w.backend.advance_time(LOCK)  # past the real fraud's window, its lock
     w.expect_revert("work: under review", lambda: p2.claim([real]))  # decoys still open
+    assert _books_match(c)[n2.address.lower()]["claimable"] == 0
     for wid in decoys:
         fed.settle(wid)
     w.expect_revert("work: under review", lambda: p2.claim([real]))
@@ -180,6 +212,7 @@ def test_bond_exhaustion_no_longer_gets_a_real_fraud_paid(c: Court) -> None:
     # the cheater paid 7 penalties and earned nothing: the real fraud's 1000 units are not paid
     assert stake0 == 1200 * TOKEN and _stake(c, p2) == stake0 - 7 * PENALTY
     assert not fed.claimable(real)
+    assert _books_match(c)[n2.address.lower()]["earned"] == 0
 
 
 def test_many_overturned_verdicts_never_freeze_honest_rewards(c: Court) -> None:
@@ -198,8 +231,7 @@ def test_many_overturned_verdicts_never_freeze_honest_rewards(c: Court) -> None:
     assert fed.standing(first) == Standing.CLEAR
     w.backend.advance_time(LOCK)
     assert fed.claimable(first)
-    h = pool_history(fed, w.pool)
-    assert h["rewards"][n1.lower()]["claimable"] == 22 * RATE
+    assert _books_match(c)[n1.lower()]["claimable"] == 22 * RATE
     assert p1.claim([first, *others]).event("RewardsClaimed").args["amount"] == 22 * RATE
     assert c.rogue.bond() == (2 * BOND - 17 * VB, 0)
     assert c.judge.bond() == (BOND, 0)
