@@ -144,11 +144,14 @@ def test_a_soft_accusation_no_longer_shields_a_fraud(c: Court) -> None:
     """A colluder's soft verdict made the honest hard one 'not pending'; a hard verdict now
     supersedes it: the cheater loses its node, reward and penalty, the colluder gains nothing."""
     w, fed, p2, n3 = c.w, c.w.fed, c.w.p2, c.w.n3.address
+    fed.set_dispute_params(VB, 60, 30, 1)  # the shortest period: 24 of them end in the window
     fraud = c.submit(p2, n3, "fraud", 100)
     stake0 = _stake(c, p2)
     colluder, honest = c.rogue, c.judge
     soft = colluder.soft_invalidate(fraud).event("WorkAccused").args["until"]
     assert soft >= fed.work(fraud).judge_until  # a soft verdict outlives the window
+    w.backend.advance_time(24 * 60 + 1)
+    w.expect_revert("work: dispute open", lambda: fed.settle(fraud))
     assert fed.node(n3).pool == w.pool  # a soft verdict ejects nothing
     r = honest.hard_invalidate(fraud)
     assert r.event("WorkAccused").args["hard"] and fed.node(n3).pool == 0
@@ -217,23 +220,29 @@ def test_bond_exhaustion_no_longer_gets_a_real_fraud_paid(c: Court) -> None:
 
 def test_many_overturned_verdicts_never_freeze_honest_rewards(c: Court) -> None:
     """Sixteen overturned verdicts kept an honest item 'disputed' for good; the contract now
-    skips any number of them (union-find), and the books agree with the chain."""
+    skips any number of them (union-find) to the first that decides, and the books agree."""
     w, fed, p1, n1 = c.w, c.w.fed, c.w.p1, c.w.n1.address
     c.rogue.post_bond(1000 * TOKEN)
     first = c.submit(p1, n1, "first", 5)
-    others = [c.submit(p1, n1, f"other-{i}", 1) for i in range(17)]
-    for wid in others:
+    others = [c.submit(p1, n1, f"other-{i}", 1) for i in range(18)]
+    for wid in others[:17]:
         c.rogue.hard_invalidate(wid)
         c.judge.vote(wid, uphold=False)  # a challenge by vote, nobody upholds
+    c.rogue.hard_invalidate(others[17])  # one more, left open
     w.backend.advance_time(DISPUTE + VOTE)
-    for wid in reversed(others):  # settled out of order
+    for wid in reversed(others[:17]):  # settled out of order
         fed.settle(wid)
+    # past 17 overturned verdicts the open one is found: the item waits for it
+    assert fed.standing(first) == Standing.DISPUTED
+    c.judge.vote(others[17], uphold=False)
+    w.backend.advance_time(VOTE + 1)
+    fed.settle(others[17])
     assert fed.standing(first) == Standing.CLEAR
     w.backend.advance_time(LOCK)
     assert fed.claimable(first)
-    assert _books_match(c)[n1.lower()]["claimable"] == 22 * RATE
-    assert p1.claim([first, *others]).event("RewardsClaimed").args["amount"] == 22 * RATE
-    assert c.rogue.bond() == (2 * BOND - 17 * VB, 0)
+    assert _books_match(c)[n1.lower()]["claimable"] == 23 * RATE
+    assert p1.claim([first, *others]).event("RewardsClaimed").args["amount"] == 23 * RATE
+    assert c.rogue.bond() == (2 * BOND - 18 * VB, 0)
     assert c.judge.bond() == (BOND, 0)
 
 
