@@ -10,9 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from meshrl.network.checks import dispute_counts
 from meshrl.orchestrator.books import Books
 from meshrl.protocol import EthTesterBackend, Standing, WorkStatus
-from meshrl.protocol.history import pool_history
+from meshrl.protocol.history import pool_disputes, pool_history
 
 from .helpers import BOND, PARAMS, RATE, TOKEN, key
 from .test_disputes import ANVIL, DISPUTE, LOCK, VB, VOTE, Court, _court, _fresh
@@ -138,6 +139,8 @@ def test_a_single_rogue_voter_cannot_veto_true_verdicts(c: Court) -> None:
     w.backend.advance_time(LOCK)
     assert not any(fed.claimable(wid) for wid in frauds)  # 300 units of reward, none paid
     assert _books_match(c)[n3.lower()]["earned"] == 0
+    counts = dispute_counts(pool_disputes(fed, w.pool))  # what `meshrl network up` reports
+    assert (counts["upheld"], counts["votes"], counts["stakes_moved"]) == (3, 3, 6 * STAKE)
 
 
 def test_a_soft_accusation_no_longer_shields_a_fraud(c: Court) -> None:

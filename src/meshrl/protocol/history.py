@@ -127,7 +127,8 @@ def _disputes(p: Protocol, events: list[Event], mine: set[bytes],
                          "validator": a["validator"], "hard": a["hard"], "block": e.block,
                          "ts": times(e.block), "until": a["until"], "challenged": False,
                          "uphold": 0, "overturn": 0, "outcome": "open", "slashed": 0,
-                         "forfeited": 0, "settled_ts": None, "deposit": 0, "ruling": 0}
+                         "forfeited": 0, "settled_ts": None, "deposit": 0, "ruling": 0,
+                         "stakes_moved": 0}
             continue
         row = rows.get(wid)
         if row is None:
@@ -144,13 +145,19 @@ def _disputes(p: Protocol, events: list[Event], mine: set[bytes],
         elif e.name == "WorkInvalidated":
             row.update(outcome="upheld", slashed=a["slashed"], settled_ts=times(e.block))
     # an open verdict's end moves without an event (a co-validator's uphold confirms it): read
-    # the open ones' records, with what they put at stake, in one batch
-    opened = [wid for wid, row in rows.items() if row["outcome"] == "open"]
+    # the records, with what they put at stake, in one batch; `stakes_moved`: the deposit and
+    # the losing voters' stakes (half the verdict bond each) that went to the other side
     f = p.contract.functions
-    for wid, got in zip(opened, p.backend.call_many([f.disputes(w) for w in opened]),
-                        strict=True):
+    for row, got in zip(rows.values(), p.backend.call_many(
+            [f.disputes(w) for w in rows]), strict=True):
         d = DisputeInfo(*got)
-        rows[wid].update(until=d.until, deposit=d.deposit, ruling=d.ruling)
+        row.update(deposit=d.deposit, ruling=d.ruling, stakes_moved=0)
+        if row["outcome"] == "open":
+            row["until"] = d.until
+        elif row["outcome"] == "upheld":
+            row["stakes_moved"] = d.deposit + row["overturn"] * d.stake
+        else:
+            row["stakes_moved"] = row["uphold"] * d.stake
     now = max(p.backend.now(), int(time.time()))  # the next block's time, at least
     for row in rows.values():
         row["due"] = row["outcome"] == "open" and now >= row["until"]
