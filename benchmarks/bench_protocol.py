@@ -144,34 +144,43 @@ def run(backend, name: str, n: int) -> None:
     files = [P.work_id(node.address, keccak(text=f"file-{i}")) for i in range(1, 11)]
     for i in range(1, 11):
         P.submit_work(pool, node.address, keccak(text=f"file-{i}"), 100)
-    def final_at_once() -> None:
-        F.set_dispute_params(params.verdict_bond, 0, params.vote_period, params.quorum)
-
-    # verdicts final at once (dispute_period 0: the flow before issue 25)
-    results.append(measure(backend, "soft_invalidate_final", lambda: V.soft_invalidate(files[0]),
-                           n, setup=final_at_once))
-    results.append(measure(backend, "hard_invalidate_final", lambda: V.hard_invalidate(files[0]),
-                           n, setup=final_at_once))
+    # verdicts final at once (dispute_period 0, only at deployment since issue 42)
+    results += _final_at_once(backend, n)
     # disputable verdicts (the default): accuse, challenge, vote, settle
     results.append(measure(backend, "soft_invalidate", lambda: V.soft_invalidate(files[0]), n))
     results.append(measure(backend, "hard_invalidate", lambda: V.hard_invalidate(files[0]), n))
 
-    def accused(challenge: bool = False, vote: bool | None = None):
+    def accused(challenge: bool = False, vote: bool | None = None, rule: bool = False):
         def setup():
             V.hard_invalidate(files[1])
             if challenge:
                 P.challenge(files[1])
             if vote is not None:
                 V2.vote(files[1], vote)
-            backend.advance_time(params.dispute_period + params.vote_period)
+            if rule:
+                F.rule(files[1], True)
+            # an unconfirmed verdict stays open 24 periods (issue 42)
+            backend.advance_time(24 * params.dispute_period + params.vote_period)
         return setup
 
     results.append(measure(backend, "challenge", lambda: P.challenge(files[1]), n,
                            setup=lambda: V.hard_invalidate(files[1])))
     results.append(measure(backend, "vote", lambda: V2.vote(files[1], True), n,
                            setup=lambda: V.hard_invalidate(files[1])))
+    results.append(measure(backend, "vote_overturn", lambda: V2.vote(files[1], False), n,
+                           setup=lambda: V.hard_invalidate(files[1])))
+    results.append(measure(backend, "rule", lambda: F.rule(files[1], True), n,
+                           setup=lambda: (V.hard_invalidate(files[1]), P.challenge(files[1]))))
+    results.append(measure(backend, "hard_invalidate_over_soft",
+                           lambda: V2.hard_invalidate(files[1]), n,
+                           setup=lambda: V.soft_invalidate(files[1])))
     results.append(measure(backend, "settle_upheld", lambda: F.settle(files[1]), n,
                            setup=accused()))
+    results.append(measure(backend, "settle_upheld_confirmed", lambda: F.settle(files[1]), n,
+                           setup=accused(vote=True)))
+    results.append(measure(backend, "settle_upheld_challenged_ruled",
+                           lambda: F.settle(files[1]), n,
+                           setup=accused(True, False, rule=True)))
     results.append(measure(backend, "settle_overturned", lambda: F.settle(files[1]), n,
                            setup=accused(True, False)))
     results.append(measure(backend, "slash", lambda: F.slash(prov.address, TOKEN), n))
@@ -210,6 +219,31 @@ def run(backend, name: str, n: int) -> None:
             "n": 1,
         },
     )
+
+
+def _final_at_once(backend, n: int) -> list[dict]:
+    """soft / hard verdicts on a deployment whose verdicts are final at once."""
+    fed, mgr, val, prov, node = (acct(f"final-{x}") for x in ("fed", "mgr", "val", "p", "n"))
+    for a in (fed, mgr, val, prov, node):
+        backend.fund(a.address, 10**21)
+    params = ProtocolParams(dispute_period=0)
+    F = Protocol(backend, deploy(backend, fed, params), fed)
+    P, M, V = F.as_(prov), F.as_(mgr), F.as_(val)
+    F.mint(prov.address, 10**6 * TOKEN)
+    F.mint(val.address, 10**4 * TOKEN)
+    F.set_validator(val.address)
+    V.post_bond(1000 * TOKEN)
+    pool = F.create_pool(F.create_domain("final"), mgr.address, 10**15)
+    F.start_pool(pool)
+    P.register_provider(1000 * TOKEN)
+    P.add_node(node, 8)
+    expiry = backend.now() + 3600
+    P.join_pool(pool, node.address, 1, expiry, M.sign_invite(pool, node.address, 1, expiry))
+    f = keccak(text="final-file")
+    P.submit_work(pool, node.address, f, 100)
+    wid = P.work_id(node.address, f)
+    return [measure(backend, "soft_invalidate_final", lambda: V.soft_invalidate(wid), n),
+            measure(backend, "hard_invalidate_final", lambda: V.hard_invalidate(wid), n)]
 
 
 def emit(backend: str, row: dict) -> None:

@@ -236,8 +236,9 @@ def test_report_dispute_section() -> None:
     ds = _disputed().chain["disputes"]  # type: ignore[index]
     lines = _dispute_lines({"counts": dispute_counts(ds), "validators": {
         "validator-1": {**dispute_counts(ds[:1]), "rogue": True, "bond": 310 * TOKEN}}})
-    assert "- 2 verdicts: 1 challenged, 1 upheld, 1 overturned, 0 open; 10.000 tokens of " \
-           "validator bond moved to providers" in lines
+    assert "- 2 verdicts: 1 challenged, 1 upheld, 1 overturned, 0 open; 2 votes; 10.000 " \
+           "tokens of validator bond moved to providers, 0.000 of deposits and vote stakes to " \
+           "the side that was right" in lines
     assert "| validator-1 | True | 1 | 1 | 0 | 1 | 0 | 10.000 | 310.000 |" in lines
     assert _dispute_lines({"counts": None})[-1] == "the chain did not answer"
 

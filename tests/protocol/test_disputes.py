@@ -116,8 +116,10 @@ def test_real_cheater_is_still_slashed_when_it_challenges(court: Court) -> None:
     r = fed.settle(fraud)
     assert r.event("Slashed").args["amount"] == PARAMS.slash_penalty
     assert r.event("RewardsWiped").args["node"] == n3
-    assert fed.provider(p2.address).stake == 200 * TOKEN - PARAMS.slash_penalty
-    assert court.rogue.bond() == (BOND, 0)  # a verdict upheld costs its validator nothing
+    # the challenge cost the cheater its deposit (half the verdict bond), paid to the accuser
+    assert fed.provider(p2.address).stake == 200 * TOKEN - PARAMS.slash_penalty - VB // 2
+    assert court.rogue.bond() == (BOND + VB // 2, 0)
+    assert court.judge.bond() == (BOND, 0)  # its vote's stake is back
     assert fed.work(fraud).status == WorkStatus.HARD_INVALIDATED
     w.backend.advance_time(LOCK)
     w.expect_revert("work: invalidated", lambda: p2.claim([fraud]))
@@ -128,6 +130,7 @@ def test_unchallenged_verdict_stands_after_the_dispute_period(tc: Court) -> None
     w, fed = tc.w, tc.w.fed
     fraud = tc.submit(w.p2, w.n3.address, "fraud", 1)
     tc.rogue.hard_invalidate(fraud)
+    tc.judge.vote(fraud, uphold=True)  # a co-validator confirms it
     w.backend.advance_time(DISPUTE - 60)
     w.expect_revert("work: dispute open", lambda: fed.settle(fraud))
     w.backend.advance_time(120)
@@ -157,11 +160,15 @@ def test_disputed_rewards_and_stake_wait_for_the_settlement(tc: Court) -> None:
     p2.request_unstake(100 * TOKEN)
     tc.rogue.hard_invalidate(fraud)
     w.backend.advance_time(PARAMS.unbonding_delay)  # past the lock and the unbonding delay
-    w.expect_revert("work: disputed", lambda: p2.claim([fraud]))
-    w.expect_revert("work: disputed", lambda: p2.claim([unchecked]))
+    w.expect_revert("work: under review", lambda: p2.claim([fraud]))
+    w.expect_revert("work: under review", lambda: p2.claim([unchecked]))
     w.expect_revert("stake: verdict pending", p2.withdraw, check_funds=True)
     assert not fed.claimable(unchecked)
-    fed.settle(fraud)
+    review = fed.settle(fraud).event("ReviewOpened").args["until"]
+    # upheld: the caught provider's work is reviewed for one more period before anything leaves
+    w.expect_revert("stake: work still judgeable", p2.withdraw, check_funds=True)
+    assert fed.review_until(p2.address) == review > w.backend.now()
+    w.backend.advance_time(DISPUTE)
     assert p2.withdraw().event("Withdrawn").args["amount"] == 100 * TOKEN
     assert fed.provider(p2.address).stake == 100 * TOKEN - PARAMS.slash_penalty
 
@@ -176,18 +183,21 @@ def test_verdicts_need_a_free_bond_and_votes_a_bond(tc: Court) -> None:
     assert tc.rogue.bond() == (BOND, BOND)
     w.expect_revert("stake: bond too low", lambda: tc.rogue.soft_invalidate(items[-1]))
     w.expect_revert("stake: bond locked", lambda: tc.rogue.withdraw_bond(1))
-    w.expect_revert("work: not bonded", lambda: s.vote(items[0], True))
+    w.expect_revert("stake: bond too low", lambda: s.vote(items[0], True))
     w.expect_revert("work: own verdict", lambda: tc.rogue.vote(items[0], True))
     w.expect_revert("work: not your work", lambda: w.p2.challenge(items[0]))
     fed.set_validator(w.p1.address)  # a provider that is a validator too
     w.p1.post_bond(BOND)
     w.expect_revert("work: own work", lambda: w.p1.vote(items[0], False))
     tc.judge.vote(items[0], True)
+    assert tc.judge.bond() == (BOND, VB // 2)  # a vote locks half a verdict bond
     w.expect_revert("work: already voted", lambda: tc.judge.vote(items[0], False))
     w.backend.advance_time(DISPUTE + 60)
+    fed.settle(items[0])  # confirmed: it stands at the end of its period
+    w.backend.advance_time(24 * DISPUTE)  # unconfirmed verdicts stay open 24 periods
     w.expect_revert("work: dispute period over", lambda: tc.judge.vote(items[1], True))
-    fed.settle(items[0])
     assert tc.rogue.bond() == (BOND, BOND - VB)
+    assert tc.judge.bond() == (BOND, 0)
     before = fed.balance(tc.rogue.address)
     tc.rogue.withdraw_bond(VB)
     assert fed.balance(tc.rogue.address) == before + VB
@@ -269,7 +279,11 @@ def test_books_balance_through_any_disputes(tester_court: Court, actions: list) 
         assert totals["bonds"] == sum(b for b, _ in bonds)
         assert all(locked <= b for b, locked in bonds)
         held = fed.balance(fed.contract.address)
-        assert held == totals["stake"] + totals["unbonding"] + totals["slashed"] + totals["bonds"]
+        assert held == (totals["stake"] + totals["unbonding"] + totals["slashed"]
+                        + totals["bonds"] + totals["deposits"])
+        deposits = sum(fed.dispute(wid).deposit for _, wid in items
+                       if fed.work(wid).status == WorkStatus.ACCUSED)
+        assert totals["deposits"] == deposits
         supply = fed.token.functions.totalSupply().call()
         assert supply == supply0 + totals["claimed"]
         accused = [wid for _, wid in items if fed.work(wid).status == WorkStatus.ACCUSED]

@@ -64,9 +64,10 @@ def test_disputes_from_the_command_line(anvil_backend, tmp_path, capsys) -> None
     for wid in (honest, fraud):
         rc, out, _ = _run(capsys, "chain", "settle", *as_(w.stranger), "--work_id", wid.hex())
         assert rc == 0
-    # the challenge nobody upheld overturned the rogue verdict: bond to the provider
+    # the challenge nobody upheld overturned the rogue verdict: bond to the provider, and its
+    # challenge deposit back
     assert w.fed.work(honest).status == WorkStatus.SUBMITTED
-    assert w.fed.provider(w.p1.address).stake == stake + VB
+    assert w.fed.provider(w.p1.address).stake == stake + VB + VB // 2
     assert w.fed.work(fraud).status == WorkStatus.HARD_INVALIDATED
     rc, rows, _ = _run(capsys, "chain", "disputes", *common, "--pool", str(w.pool))
     got = {r["work_id"]: r for r in rows}

@@ -244,8 +244,11 @@ def honest_files_not_invalidated(f: RunFacts) -> Check:
 
 
 def dispute_counts(ds: list[dict[str, Any]]) -> dict[str, Any]:
-    """accused, challenged, upheld, overturned, open verdicts; bond moved to providers."""
+    """accused, challenged, upheld, overturned, open verdicts; votes; bond moved to providers;
+    deposits and vote stakes moved to the side that was right."""
     return {"accused": len(ds), "challenged": sum(d["challenged"] for d in ds),
+            "votes": sum(d["uphold"] + d["overturn"] for d in ds),
+            "stakes_moved": sum(d.get("stakes_moved", 0) for d in ds),
             "upheld": sum(d["outcome"] == "upheld" for d in ds),
             "overturned": sum(d["outcome"] == "overturned" for d in ds),
             "open": sum(d["outcome"] == "open" for d in ds),

@@ -387,8 +387,10 @@ def _dispute_lines(d: dict[str, Any]) -> list[str]:
     if c is None:
         return [*out, "the chain did not answer"]
     out += [f"- {c['accused']} verdicts: {c['challenged']} challenged, {c['upheld']} upheld, "
-            f"{c['overturned']} overturned, {c['open']} open; {_tokens(c['bond_moved'])} "
-            "tokens of validator bond moved to providers", "",
+            f"{c['overturned']} overturned, {c['open']} open; {c.get('votes', 0)} votes; "
+            f"{_tokens(c['bond_moved'])} tokens of validator bond moved to providers, "
+            f"{_tokens(c.get('stakes_moved', 0))} of deposits and vote stakes to the side that "
+            "was right", "",
             "| validator | rogue | accused | challenged | upheld | overturned | open | "
             "bond lost | bond now |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     out += [f"| {n} | {v['rogue']} | {v['accused']} | {v['challenged']} | {v['upheld']} | "

@@ -10,7 +10,9 @@ The rules mirror `work.vy` (and `meshrl.protocol.history`, the report's source):
   (fixed at submission) were still open at it; at each item the first verdict after it that
   was not overturned decides: upheld, wiped; open, the item waits. The follower reads every
   event from deployment, so its numbering is the chain's;
-- claimable now: submitted, not wiped, under no open verdict, unlocked at the latest block seen.
+- claimable now: submitted, not wiped, under no open verdict, unlocked at the latest block seen,
+  and its provider under no open hard verdict (any node, any pool) nor under review
+  (`ReviewOpened`: an upheld hard verdict puts a provider's unclaimed work under review).
 
 Token amounts exceed SQLite's 64-bit integers, so they are stored as decimal text. Chain calls
 are kept to block timestamps (batched), one stake read per touched provider per poll, and one
@@ -53,6 +55,7 @@ CREATE TABLE IF NOT EXISTS verdicts (
     work_id TEXT NOT NULL, state TEXT NOT NULL, PRIMARY KEY (provider, node, idx)
 );
 CREATE INDEX IF NOT EXISTS verdicts_work ON verdicts (work_id);
+CREATE TABLE IF NOT EXISTS reviews (provider TEXT PRIMARY KEY, until INTEGER NOT NULL);
 """
 # columns added to `works` after its first schema (a database from before gains them)
 WORK_COLUMNS = (("judge_until", "INTEGER NOT NULL DEFAULT 0"),
@@ -157,6 +160,10 @@ class Books:
                                         a["index"]))
         elif ev.name == "VerdictOverturned":
             self._overturned(bytes(a["work_id"]).hex())
+        elif ev.name == "ReviewOpened":
+            self.db.execute("INSERT INTO reviews VALUES (?, ?) ON CONFLICT(provider) DO UPDATE "
+                            "SET until = max(until, excluded.until)",
+                            (a["provider"].lower(), int(a["until"])))
         elif ev.name == "RewardsClaimed":
             self._claimed(a["provider"].lower(), ev.tx_hash, int(ts or 0))
         elif ev.name == "WorkParamsSet":
@@ -283,6 +290,11 @@ class Books:
         wiped: dict[str, int] = {}
         judged = {(p, n) for p, n in self.db.execute("SELECT DISTINCT provider, node FROM "
                                                       "verdicts")}
+        # providers whose claims wait: under an open hard verdict, or under review
+        held = {p for (p,) in self.db.execute("SELECT DISTINCT provider FROM verdicts WHERE "
+                                              "state = ?", (OPEN,))}
+        held |= {p for (p,) in self.db.execute("SELECT provider FROM reviews WHERE until > ?",
+                                               (now,))}
         for node, provider, reward, unlock_at, judge_until, before in self.db.execute(
                 "SELECT node, provider, reward, unlock_at, judge_until, verdicts_before FROM "
                 "works WHERE status = ?", (SUBMITTED,)).fetchall():
@@ -290,7 +302,7 @@ class Books:
                         else self._standing(provider, node, int(before), int(judge_until)))
             if standing == "wiped":
                 wiped[node] = wiped.get(node, 0) + int(reward)
-            elif standing == "clear" and int(unlock_at) <= now:
+            elif standing == "clear" and int(unlock_at) <= now and provider not in held:
                 claimable[node] = claimable.get(node, 0) + int(reward)
         stakes = dict(self.db.execute("SELECT address, stake FROM providers").fetchall())
         out = {}

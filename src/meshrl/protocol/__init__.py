@@ -41,6 +41,8 @@ _EXPORTS = {
     "DisputePeriodOver": "errors",
     "NotAccused": "errors",
     "NotBonded": "errors",
+    "AlreadyChallenged": "errors",
+    "UnderReview": "errors",
     "VerdictOverturned": "errors",
     "VerdictPending": "errors",
     "WorkDisputed": "errors",

@@ -10,6 +10,7 @@ from eth_account.signers.local import LocalAccount
 from meshrl.protocol.artifacts import load_artifact
 from meshrl.protocol.backend import Backend
 from meshrl.protocol.config import ProtocolParams
+from meshrl.protocol.errors import TxReverted
 from meshrl.protocol.events import EventCursor, EventDecoder
 from meshrl.protocol.records import (
     Deployment,
@@ -78,7 +79,9 @@ def deploy(
     return dep
 
 
-SETTLE_GAS = 300_000  # settle: 103k upheld (slash + wipe), 86k overturned (benchmarks/README.md)
+# settle: an upheld hard verdict's slash, wipe and review, and each voter's stake (at most 8)
+# (benchmarks/README.md)
+SETTLE_GAS = 500_000
 
 
 class Protocol:
@@ -290,6 +293,7 @@ class Protocol:
             "slashed": self._view(f.total_slashed()),
             "claimed": self._view(f.total_claimed()),
             "bonds": self._view(f.total_bonds()),
+            "deposits": self._view(f.total_deposits()),
         }
 
     # nodes
@@ -425,12 +429,33 @@ class Protocol:
         return self._send(self.contract.functions.soft_invalidate(work_id))
 
     def challenge(self, work_id: bytes) -> Receipt:
-        """The accused provider disputes the verdict on its work."""
+        """The accused provider disputes the verdict on its work, once, paying a deposit of
+        `DisputeInfo.stake` from its stake (refunded if the verdict is overturned)."""
         return self._send(self.contract.functions.challenge(work_id))
 
     def vote(self, work_id: bytes, uphold: bool) -> Receipt:
-        """Another validator re-judges a verdict (an overturn vote also challenges it)."""
+        """Another validator re-judges a verdict (an overturn vote also challenges it); the
+        vote locks `DisputeInfo.stake` of its bond, lost if it is on the losing side."""
         return self._send(self.contract.functions.vote(work_id, uphold))
+
+    def rule(self, work_id: bytes, uphold: bool) -> Receipt:
+        """The federator decides a challenged verdict (its vote is a ruling)."""
+        return self._send(self.contract.functions.vote(work_id, uphold))
+
+    def voters(self, work_id: bytes) -> list[str]:
+        """The validators who voted on the verdict on `work_id`, in order."""
+        f, out = self.contract.functions, []
+        for i in range(8):  # work.vy's MAX_VOTERS
+            try:
+                out.append(self._view(f.voters(work_id, i)))
+            except TxReverted:  # past the end: the getter reverts
+                break
+        return out
+
+    def review_until(self, provider: str | None = None) -> int:
+        """Until when `provider`'s unclaimed work may be re-judged and its claims wait (set
+        by an upheld hard verdict against it)."""
+        return self._view(self.contract.functions.review_until(provider or self.address))
 
     def settle(self, work_id: bytes, gas: int | None = None) -> Receipt:
         """Make a verdict final once its dispute period is over (anyone). `gas` skips the

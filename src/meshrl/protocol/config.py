@@ -37,6 +37,7 @@ def hex_address(value: object) -> object:
 
 
 TOKEN = 10**18
+MIN_DISPUTE_PERIOD = 60  # work.vy's floor: the federator may not make verdicts final at once
 
 
 class ProtocolParams(Config):
@@ -53,7 +54,8 @@ class ProtocolParams(Config):
     verdict_bond: int = Field(100 * TOKEN, ge=0, description="validator bond locked per open "
                               "verdict, paid to the provider if the verdict is overturned")
     dispute_period: int = Field(3600, ge=0, le=30 * 86400, description="seconds a verdict can "
-                                "be challenged before it is final (0: verdicts final at once)")
+                                "be challenged before it is final, at least 60 (0, only at "
+                                "deployment: verdicts final at once, validators trusted)")
     vote_period: int = Field(3600, ge=0, le=30 * 86400, description="seconds a challenge leaves "
                              "validators at least to vote")
     quorum: int = Field(1, ge=1, description="upholding votes a challenged verdict needs")
@@ -65,6 +67,8 @@ class ProtocolParams(Config):
             raise ValueError("lock_period must be >= invalidation_window")
         if self.unbonding_delay < self.invalidation_window:
             raise ValueError("unbonding_delay must be >= invalidation_window")
+        if 0 < self.dispute_period < MIN_DISPUTE_PERIOD:
+            raise ValueError(f"dispute_period must be 0 or >= {MIN_DISPUTE_PERIOD}")
         if self.dispute_period > 0 and self.vote_period == 0:
             raise ValueError("vote_period must be > 0 when verdicts can be disputed")
         return self

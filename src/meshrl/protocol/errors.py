@@ -8,10 +8,11 @@ catches `DuplicateFile` instead of reading the message.
 from __future__ import annotations
 
 __all__ = [
-    "REVERTS", "AlreadyVoted", "BondTooLow", "ChainError", "DisputeOpen", "DisputePeriodOver",
+    "REVERTS", "AlreadyChallenged", "AlreadyVoted", "BondTooLow", "ChainError", "DisputeOpen",
+    "DisputePeriodOver",
     "DuplicateFile", "InvalidationWindowClosed", "InviteExpired", "InviteUsed",
     "NodeBlacklisted", "NodeNotInPool", "NotAccused", "NotBonded", "OutOfGas", "TxReverted",
-    "VerdictOverturned", "VerdictPending", "WorkDisputed", "WorkNotPending",
+    "UnderReview", "VerdictOverturned", "VerdictPending", "WorkDisputed", "WorkNotPending",
     "WorkStillJudgeable", "reverted",
 ]
 
@@ -83,7 +84,17 @@ class BondTooLow(TxReverted):
 
 
 class NotBonded(TxReverted):
-    """A validator without the bond a verdict puts at stake may not vote."""
+    """A validator without the bond a verdict puts at stake may not vote (kept for callers:
+    a vote now locks a stake, so its refusal is `BondTooLow`)."""
+
+
+class AlreadyChallenged(TxReverted):
+    """A verdict is challenged once: a second challenge neither reopens nor extends it."""
+
+
+class UnderReview(TxReverted):
+    """The provider is under an open hard verdict, or under review after an upheld one:
+    nothing of its is claimed until then."""
 
 
 class VerdictOverturned(TxReverted):
@@ -119,7 +130,8 @@ REVERTS: dict[str, type[TxReverted]] = {
     "work: dispute open": DisputeOpen,
     "work: dispute period over": DisputePeriodOver,
     "work: already voted": AlreadyVoted,
-    "work: not bonded": NotBonded,
+    "work: already challenged": AlreadyChallenged,
+    "work: under review": UnderReview,
     "work: verdict overturned": VerdictOverturned,
     "stake: bond too low": BondTooLow,
     "stake: verdict pending": VerdictPending,

@@ -18,7 +18,7 @@ from eth_utils import event_abi_to_log_topic
 
 from meshrl.protocol.chain import Protocol
 from meshrl.protocol.events import Event
-from meshrl.protocol.records import Standing, WorkInfo, WorkStatus
+from meshrl.protocol.records import DisputeInfo, Standing, WorkInfo, WorkStatus
 
 __all__ = ["STATUS_NAMES", "node_rewards", "pool_disputes", "pool_history", "provider_rewards",
            "submission"]
@@ -110,10 +110,12 @@ def pool_disputes(p: Protocol, pool: int) -> list[dict[str, Any]]:
 def _disputes(p: Protocol, events: list[Event], mine: set[bytes],
               times: _Times) -> list[dict[str, Any]]:
     """One row per accusation of work in `mine`: who accused, hard or soft, when, until when it
-    can be disputed, whether it was challenged, the votes, and its outcome: `open` (not
-    settled yet; `due` once its period is over), `upheld` (with the amount slashed) or
-    `overturned` (with the bond that went to the provider). With a dispute period of 0 a
-    verdict is upheld in the transaction that makes it."""
+    can be disputed (read from the chain while open: a confirmation moves it), whether it was
+    challenged, the votes, the federator's ruling (1 uphold, 2 overturn), and its outcome:
+    `open` (not settled yet; `due` once its period is over), `upheld` (with the amount
+    slashed) or `overturned` (with the bond that went to the provider). A hard verdict on an
+    item under a soft one replaces its row. With a dispute period of 0 a verdict is upheld in
+    the transaction that makes it."""
     rows: dict[bytes, dict[str, Any]] = {}
     for e in events:
         a = e.args
@@ -125,7 +127,8 @@ def _disputes(p: Protocol, events: list[Event], mine: set[bytes],
                          "validator": a["validator"], "hard": a["hard"], "block": e.block,
                          "ts": times(e.block), "until": a["until"], "challenged": False,
                          "uphold": 0, "overturn": 0, "outcome": "open", "slashed": 0,
-                         "forfeited": 0, "settled_ts": None}
+                         "forfeited": 0, "settled_ts": None, "deposit": 0, "ruling": 0,
+                         "stakes_moved": 0}
             continue
         row = rows.get(wid)
         if row is None:
@@ -134,11 +137,27 @@ def _disputes(p: Protocol, events: list[Event], mine: set[bytes],
             row["challenged"], row["until"] = True, a["until"]
         elif e.name == "VerdictVoted":
             row["uphold" if a["uphold"] else "overturn"] += 1
+        elif e.name == "VerdictRuled":
+            row["ruling"] = 1 if a["uphold"] else 2
         elif e.name == "VerdictOverturned":
             row.update(outcome="overturned", forfeited=a["forfeited"],
                        settled_ts=times(e.block))
         elif e.name == "WorkInvalidated":
             row.update(outcome="upheld", slashed=a["slashed"], settled_ts=times(e.block))
+    # an open verdict's end moves without an event (a co-validator's uphold confirms it): read
+    # the records, with what they put at stake, in one batch; `stakes_moved`: the deposit and
+    # the losing voters' stakes (half the verdict bond each) that went to the other side
+    f = p.contract.functions
+    for row, got in zip(rows.values(), p.backend.call_many(
+            [f.disputes(w) for w in rows]), strict=True):
+        d = DisputeInfo(*got)
+        row.update(deposit=d.deposit, ruling=d.ruling, stakes_moved=0)
+        if row["outcome"] == "open":
+            row["until"] = d.until
+        elif row["outcome"] == "upheld":
+            row["stakes_moved"] = d.deposit + row["overturn"] * d.stake
+        else:
+            row["stakes_moved"] = row["uphold"] * d.stake
     now = max(p.backend.now(), int(time.time()))  # the next block's time, at least
     for row in rows.values():
         row["due"] = row["outcome"] == "open" and now >= row["until"]

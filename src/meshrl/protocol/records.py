@@ -121,10 +121,22 @@ class DisputeInfo:
     at: int  # when
     index: int  # 1 + its number among the provider's hard verdicts on the node; 0: soft
     bond: int  # of the validator's bond, locked until settled (lost if overturned)
-    until: int  # challenges and votes are taken until then
+    until: int  # challenges and votes are taken until then; it settles then
     challenged: bool
     uphold: int
     overturn: int
+    # fixed when the verdict was made (later parameter changes never reach it)
+    period: int  # the dispute period (a co-validator's uphold within it confirms the verdict)
+    vote_period: int
+    quorum: int
+    penalty: int  # what an upheld hard verdict slashes
+    deposit: int  # what the provider's challenge put at stake (lost if the verdict stands)
+    ruling: int  # the federator's on a challenged verdict: 0 none, 1 uphold, 2 overturn
+
+    @property
+    def stake(self) -> int:
+        """What a vote locks of its voter's bond, and a provider's challenge deposit."""
+        return self.bond // 2
 
     @property
     def hard(self) -> bool:

@@ -91,6 +91,9 @@ invite_used: public(HashMap[bytes32, bool])
 blacklisted: public(HashMap[uint256, HashMap[address, bool]])
 # The federator tenure that appointed each pool's manager (a hand-over voids older ones).
 manager_epoch: public(HashMap[uint256, uint256])
+# The hand-over count at each pool's manager appointment (a later hand-over that strips the
+# manager's key, keeping the other grants, voids it).
+manager_handover: public(HashMap[uint256, uint256])
 
 
 @external
@@ -137,6 +140,7 @@ def create_pool(domain: uint256, manager: address, reward_rate: uint256, max_uni
         min_interval=0,
     )
     self.manager_epoch[pid] = roles.federator_epoch
+    self.manager_handover[pid] = roles.handovers
     log PoolCreated(pool=pid, domain=domain, manager=manager, reward_rate=reward_rate)
     log PoolLimitsSet(pool=pid, max_units=max_units, min_interval=0)
     return pid
@@ -177,7 +181,7 @@ def set_reward_rate(pool: uint256, reward_rate: uint256):
     @param reward_rate Token base units per work unit.
     """
     roles._check_federator()
-    assert self.pool_info[pool].status != 0, "pools: unknown pool"
+    self._check_pool(pool)
     assert reward_rate <= MAX_REWARD_RATE, "pools: reward rate too high"
     self.pool_info[pool].reward_rate = reward_rate
     log RewardRateSet(pool=pool, reward_rate=reward_rate)
@@ -193,10 +197,11 @@ def set_pool_manager(pool: uint256, manager: address):
     @param manager The new manager.
     """
     roles._check_federator()
-    assert self.pool_info[pool].status != 0, "pools: unknown pool"
+    self._check_pool(pool)
     assert manager != empty(address), "pools: zero address"
     self.pool_info[pool].manager = manager
     self.manager_epoch[pool] = roles.federator_epoch
+    self.manager_handover[pool] = roles.handovers
     log PoolManagerSet(pool=pool, manager=manager)
 
 
@@ -325,7 +330,16 @@ def pool_manager(pool: uint256) -> address:
 def _manager(pool: uint256) -> address:
     if self.manager_epoch[pool] != roles.federator_epoch:
         return empty(address)
-    return self.pool_info[pool].manager
+    manager: address = self.pool_info[pool].manager
+    if roles.stripped_at[manager] > self.manager_handover[pool]:
+        return empty(address)  # an outgoing federator's own appointment, not kept
+    return manager
+
+
+@internal
+@view
+def _check_pool(pool: uint256):
+    assert self.pool_info[pool].status != 0, "pools: unknown pool"
 
 
 @internal
@@ -337,7 +351,7 @@ def _check_max_units(max_units: uint256):
 @internal
 @view
 def _check_admin(pool: uint256):
-    assert self.pool_info[pool].status != 0, "pools: unknown pool"
+    self._check_pool(pool)
     assert msg.sender == roles.federator or msg.sender == self._manager(pool), "pools: not pool admin"
 
 

@@ -50,4 +50,4 @@ def __init__(
     roles.__init__()
     stake.__init__(token, min_stake, stake_per_unit, unbonding_delay)
     work.__init__(invalidation_window, lock_period, slash_penalty)
-    work._set_dispute_params(verdict_bond, dispute_period, vote_period, quorum)
+    work._set_dispute_params(verdict_bond, dispute_period, vote_period, quorum, True)

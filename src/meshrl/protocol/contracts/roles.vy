@@ -31,6 +31,10 @@ pending_federator: public(address)
 federator_epoch: public(uint256)
 # validator -> 1 + the tenure that granted it (0: not a validator)
 validator_grant: public(HashMap[address, uint256])
+# hand-overs so far; and for an outgoing key stripped by a hand-over that kept the grants,
+# the hand-over that stripped it (appointments it held from before are void)
+handovers: public(uint256)
+stripped_at: public(HashMap[address, uint256])
 
 
 @deploy
@@ -79,11 +83,16 @@ def propose_federator(federator: address):
 def _accept_federator(revoke: bool):
     assert msg.sender == self.pending_federator, "roles: not proposed federator"
     previous: address = self.federator
+    self.handovers += 1
     if revoke:
         self.federator_epoch += 1  # every validator grant and pool manager of the old tenure
-    elif self.validator_grant[previous] != 0:
-        self.validator_grant[previous] = 0
-        log ValidatorSet(validator=previous, enabled=False)
+    else:
+        # kept grants never include the outgoing key's own: its validator right and any pool
+        # it appointed itself to manage
+        self.stripped_at[previous] = self.handovers
+        if self.validator_grant[previous] != 0:
+            self.validator_grant[previous] = 0
+            log ValidatorSet(validator=previous, enabled=False)
     log FederatorTransferred(previous=previous, federator=msg.sender, revoked=revoke)
     self.federator = msg.sender
     self.pending_federator = empty(address)

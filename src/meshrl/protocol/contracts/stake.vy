@@ -11,8 +11,10 @@
      Validators post bonds here (`post_bond`); a verdict locks part of its validator's bond
      until it is settled, and an overturned verdict hands that part to the wronged provider's
      stake.
+     A vote locks part of its voter's bond too, and a challenge moves a deposit out of the
+     provider's stake until its verdict settles (`total_deposits`).
      Invariant: total_stake == sum(stake), total_unbonding == sum(unbonding),
-     total_bonds == sum(bonds).
+     total_bonds == sum(bonds), total_deposits == the deposits of open verdicts.
 """
 
 from ethereum.ercs import IERC20
@@ -85,6 +87,8 @@ open_verdicts: public(HashMap[address, uint256])
 bonds: public(HashMap[address, uint256])
 bond_locked: public(HashMap[address, uint256])
 total_bonds: public(uint256)
+# challenge deposits held until their verdicts settle
+total_deposits: public(uint256)
 
 
 @deploy
@@ -114,8 +118,8 @@ def add_stake(amount: uint256):
     @notice Add `amount` to the caller's stake (needs a token allowance).
     @param amount The amount to add; must be positive.
     """
-    assert self.providers[msg.sender].registered, "stake: not a provider"
-    assert amount > 0, "stake: zero amount"
+    self._check_provider(msg.sender)
+    self._check_positive(amount)
     self._deposit(amount)
     log StakeAdded(provider=msg.sender, amount=amount)
 
@@ -129,8 +133,8 @@ def request_unstake(amount: uint256):
     @param amount The amount to unbond.
     """
     p: Provider = self.providers[msg.sender]
-    assert p.registered, "stake: not a provider"
-    assert amount > 0, "stake: zero amount"
+    self._check_provider(msg.sender)
+    self._check_positive(amount)
     assert amount <= p.stake, "stake: amount exceeds stake"
     assert p.stake - amount >= self._required(p.compute_units), "stake: below minimum for nodes"
     unlock_at: uint256 = block.timestamp + self.unbonding_delay
@@ -156,7 +160,7 @@ def withdraw() -> uint256:
     assert self.open_verdicts[msg.sender] == 0, "stake: verdict pending"
     self.providers[msg.sender].unbonding = 0
     self.total_unbonding -= p.unbonding
-    assert extcall self.token.transfer(msg.sender, p.unbonding, default_return_value=True), "stake: transfer failed"
+    self._push(msg.sender, p.unbonding)
     log Withdrawn(provider=msg.sender, amount=p.unbonding)
     return p.unbonding
 
@@ -172,7 +176,7 @@ def slash(provider: address, amount: uint256) -> uint256:
     @return The amount actually slashed.
     """
     roles._check_federator()
-    assert self.providers[provider].registered, "stake: not a provider"
+    self._check_provider(provider)
     return self._slash(provider, amount)
 
 
@@ -188,7 +192,7 @@ def collect_slashed(receiver: address) -> uint256:
     roles._check_federator()
     amount: uint256 = self.total_slashed
     self.total_slashed = 0
-    assert extcall self.token.transfer(receiver, amount, default_return_value=True), "stake: transfer failed"
+    self._push(receiver, amount)
     return amount
 
 
@@ -200,10 +204,10 @@ def post_bond(amount: uint256):
     @dev Each open verdict of a validator locks `verdict_bond` of it.
     @param amount The amount to add; must be positive.
     """
-    assert amount > 0, "stake: zero amount"
+    self._check_positive(amount)
     self.bonds[msg.sender] += amount
     self.total_bonds += amount
-    assert extcall self.token.transferFrom(msg.sender, self, amount, default_return_value=True), "stake: transfer failed"
+    self._pull(amount)
     log BondPosted(validator=msg.sender, amount=amount)
 
 
@@ -217,7 +221,7 @@ def withdraw_bond(amount: uint256):
     assert amount <= self.bonds[msg.sender] - self.bond_locked[msg.sender], "stake: bond locked"
     self.bonds[msg.sender] -= amount
     self.total_bonds -= amount
-    assert extcall self.token.transfer(msg.sender, amount, default_return_value=True), "stake: transfer failed"
+    self._push(msg.sender, amount)
     log BondWithdrawn(validator=msg.sender, amount=amount)
 
 
@@ -243,6 +247,29 @@ def required_stake(provider: address) -> uint256:
     @return The minimum stake.
     """
     return self._required(self.providers[provider].compute_units)
+
+
+@internal
+def _push(receiver: address, amount: uint256):
+    # one call site per revert reason keeps the contract under the code-size limit
+    assert extcall self.token.transfer(receiver, amount, default_return_value=True), "stake: transfer failed"
+
+
+@internal
+def _pull(amount: uint256):
+    assert extcall self.token.transferFrom(msg.sender, self, amount, default_return_value=True), "stake: transfer failed"
+
+
+@internal
+@view
+def _check_provider(provider: address):
+    assert self.providers[provider].registered, "stake: not a provider"
+
+
+@internal
+@pure
+def _check_positive(amount: uint256):
+    assert amount > 0, "stake: zero amount"
 
 
 @internal
@@ -274,7 +301,7 @@ def _check_covered(provider: address):
 def _deposit(amount: uint256):
     self.providers[msg.sender].stake += amount
     self.total_stake += amount
-    assert extcall self.token.transferFrom(msg.sender, self, amount, default_return_value=True), "stake: transfer failed"
+    self._pull(amount)
 
 
 @internal
@@ -294,7 +321,7 @@ def _slash(provider: address, amount: uint256) -> uint256:
 @internal
 @view
 def _owed() -> uint256:
-    return self.total_stake + self.total_unbonding + self.total_slashed + self.total_bonds
+    return self.total_stake + self.total_unbonding + self.total_slashed + self.total_bonds + self.total_deposits
 
 
 @internal
@@ -329,6 +356,46 @@ def _forfeit_bond(validator: address, amount: uint256, provider: address):
     self.providers[provider].stake += amount
     self.total_stake += amount
     log BondForfeited(validator=validator, provider=provider, amount=amount)
+
+
+@internal
+def _debit_bond(validator: address, amount: uint256):
+    # A losing voter's locked stake leaves its bond (credited to the winners by the caller).
+    self.bond_locked[validator] -= amount
+    self.bonds[validator] -= amount
+    self.total_bonds -= amount
+
+
+@internal
+def _credit_bond(validator: address, amount: uint256):
+    self.bonds[validator] += amount
+    self.total_bonds += amount
+
+
+@internal
+def _credit_stake(provider: address, amount: uint256):
+    self.providers[provider].stake += amount
+    self.total_stake += amount
+
+
+@internal
+def _take_deposit(provider: address, amount: uint256):
+    assert self.providers[provider].stake >= amount, "stake: below challenge deposit"
+    self.providers[provider].stake -= amount
+    self.total_stake -= amount
+    self.total_deposits += amount
+
+
+@internal
+def _refund_deposit(provider: address, amount: uint256):
+    self.total_deposits -= amount
+    self._credit_stake(provider, amount)
+
+
+@internal
+def _deposit_to_bond(amount: uint256, validator: address):
+    self.total_deposits -= amount
+    self._credit_bond(validator, amount)
 
 
 @internal

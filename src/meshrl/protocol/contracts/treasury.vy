@@ -73,7 +73,7 @@ def accept_federator(keep_grants: bool):
     @dev Only the proposed account. Unless `keep_grants`, every validator grant, pool manager
          and minter of the outgoing tenure is revoked (list them first: `granted_minters`,
          the `ValidatorSet` / `PoolManagerSet` events); with `keep_grants` only the outgoing
-         key's own validator and minting rights are.
+         key's own validator, pool-manager and minting rights are.
     @param keep_grants Keep the outgoing tenure's validators, managers and minters.
     """
     previous: address = roles.federator
