@@ -146,3 +146,21 @@ def test_an_episode_past_its_turn_limit_is_a_hard_finding(caller, tok, ep_rules,
     d = _judge(caller, tok, one_turn, rf)
     assert d.kind is VerdictKind.HARD_INVALID and Check.EPISODE in d.checks, d.reason
     assert "ran past the episode's turn or token limits" in d.reason
+
+
+def test_the_pools_file_limits_bound_segments_by_its_tasks_turns(honest, ep_rules):
+    """An honest episode file reads within its pool's limits (2 x max_turns - 1 segments a
+    row); a pool whose tasks have no tools reads one segment a row and refuses more."""
+    from helpers import rules as plain_rules
+
+    from meshrl.pool import file_limits
+    from meshrl.wire.errors import RolloutFileError
+    from meshrl.wire.rollout_file import read_rollout_file, rollout_file_bytes
+
+    data = rollout_file_bytes(honest)
+    assert file_limits(ep_rules).max_segments == 5
+    assert len(read_rollout_file(data, file_limits(ep_rules)).completions) == 12
+    plain = file_limits(plain_rules(max_new=64, prompts=3, group=4))
+    assert plain.max_segments == 1
+    with pytest.raises(RolloutFileError, match="segment_"):
+        read_rollout_file(data, plain)

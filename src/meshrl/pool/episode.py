@@ -25,15 +25,16 @@ model turn, tool output, model turn, ... in one row of the rollout file:
 from __future__ import annotations
 
 import hashlib
+from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from meshrl.tasks import Problem, TaskSet
 from meshrl.tasks.tools import Tool, ToolResult
 
-__all__ = ["TURN_SEQ_STRIDE", "Call", "call_at_end", "environment_tokens", "episode_of",
-           "find_call", "max_segments", "stop_strings", "tool_runs", "tool_seed",
+__all__ = ["TURN_SEQ_STRIDE", "Call", "Episode", "call_at_end", "environment_tokens", "episode_of",
+           "find_call", "max_segments", "run_episodes", "stop_strings", "tool_runs", "tool_seed",
            "turn_seq_id"]
 
 TURN_SEQ_STRIDE = 1 << 16  # > any file's rows (`FileLimits.max_rows`)
@@ -118,3 +119,80 @@ def environment_tokens(task: Any, tokenizer: Any, call: Call, seed: int) -> tupl
     if not ids:
         raise ValueError("episode: the result template encodes to no tokens")
     return ids[: ep.max_tool_tokens], res
+
+
+@dataclass
+class Episode:
+    """One row's episode so far: its segments (kind, tokens, log-probs, tool, exit, hidden)."""
+
+    task: Any  # the built task when it runs tools, else None
+    prompt: list[int]
+    limit: int  # completion tokens at most (max_new_tokens, or the context)
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    kinds: list[int] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    tools: list[str] = field(default_factory=list)
+    exits: list[int] = field(default_factory=list)
+    hidden: list[Any] = field(default_factory=list)  # per model segment
+    finish_reason: str = "length"
+    policy_version: int = -1
+
+    @property
+    def loss_mask(self) -> list[bool]:
+        return [k == 0 for k, n in zip(self.kinds, self.lengths, strict=True) for _ in range(n)]
+
+    def add(self, kind: int, ids: list[int], lps: list[float], tool: str = "",
+            code: int = 0) -> None:
+        self.tokens += ids
+        self.logprobs += lps
+        self.kinds.append(kind)
+        self.lengths.append(len(ids))
+        self.tools.append(tool)
+        self.exits.append(code)
+
+
+def run_episodes(engine: Any, tokenizer: Any, prompts: list[list[int]], tasks: list[Any],
+                 base: Any, sampling_seed: int, seq_ids: list[int] | None = None,
+                 ) -> list[Episode]:
+    """Every row's episode (`tasks[r]`: the built task of row r when it runs tools, else
+    None), its turns batched across rows: one `generate` of `engine` per distinct token
+    budget, rows that ended on a call get the tool's output and go on, the others are done (a
+    single-turn row is an episode of one turn, generated exactly as before). `base`: the
+    `SamplingParams` of the rows; `seq_ids`: the rows' sequence ids (default 0, 1, ...)."""
+    seq_ids = list(range(len(prompts))) if seq_ids is None else seq_ids
+    context = getattr(engine, "max_seq_len", None)
+    eps = []
+    for p, task in zip(prompts, tasks, strict=True):
+        limit = base.max_new_tokens if context is None else min(base.max_new_tokens,
+                                                                   context - len(p))
+        eps.append(Episode(task, p, limit))
+    active, turn = list(range(len(eps))), 0
+    while active:
+        batches: dict[tuple[int, tuple[str, ...]], list[int]] = defaultdict(list)
+        for r in active:
+            e = eps[r]
+            # the engine clamps a budget to the context itself: rows of one turn share a batch
+            batches[(base.max_new_tokens - len(e.tokens),
+                     stop_strings(e.task) if e.task else ())].append(r)
+        still = []
+        for (budget, stops), rows in batches.items():
+            params = base.model_copy(update={"max_new_tokens": budget, "stop_strings": stops})
+            comps = engine.generate([eps[r].prompt + eps[r].tokens for r in rows], params,
+                                    seq_ids=[turn_seq_id(seq_ids[r], turn) for r in rows])
+            for r, c in zip(rows, comps, strict=True):
+                e = eps[r]
+                e.add(0, c.token_ids, c.logprobs)
+                e.hidden.append(c.hidden_states)
+                e.finish_reason, e.policy_version = c.finish_reason, c.policy_version
+                if e.task is None or c.finish_reason != "stop":
+                    continue
+                call, _ = call_at_end(tokenizer, c.token_ids, e.task.tools)
+                if call is None or not tool_runs(e.task, turn + 1, len(e.tokens), e.limit):
+                    continue
+                ids, res = environment_tokens(e.task, tokenizer, call,
+                                              tool_seed(sampling_seed, seq_ids[r], turn))
+                e.add(1, ids, [0.0] * len(ids), call.tool.name, res.exit)
+                still.append(r)
+        active, turn = sorted(still), turn + 1
+    return eps

@@ -63,6 +63,9 @@ class RolloutBatch:
     task_rewards: torch.Tensor  # [groups, group_size] verifier score (accuracy)
     truncated: int
     gen_seconds: float
+    # per completion token: whether the policy sampled it (False on tool outputs of an
+    # episode); None: every completion token is the policy's
+    loss_masks: list[list[bool]] | None = None
 
     @property
     def num_completion_tokens(self) -> int:
@@ -106,15 +109,19 @@ def generate_batch(
                for p in problems for _ in range(g)]
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                             top_p=cfg.top_p, seed=batch_seed(seed, index))
-    samples = backend.generate(prompts, params, seq_ids=list(range(len(prompts))))
+    from meshrl.pool.episode import episode_of, run_episodes
+
+    samples = run_episodes(backend, tokenizer, prompts,
+                           [episode_of(tasks, problems[i // g]) for i in range(len(prompts))],
+                           params, params.seed)
     made_by = {s.policy_version for s in samples}
     if made_by - {version}:
         raise RuntimeError(f"batch {index}: completions of policy versions {sorted(made_by)}, "
                            f"expected {version}")
     rewards, scores = [], []
     for i, s in enumerate(samples):
-        text = tokenizer.decode(s.token_ids)
-        r = compute_reward(problems[i // g], text, len(s.token_ids), tasks)
+        text = tokenizer.decode(s.tokens)
+        r = compute_reward(problems[i // g], text, len(s.tokens), tasks)
         rewards.append(r.total)
         scores.append(r.task)
     return RolloutBatch(
@@ -122,12 +129,13 @@ def generate_batch(
         version=version,
         problems=[asdict(p) if isinstance(p, Problem) else dict(p) for p in problems],
         prompt_ids=prompts,
-        completion_ids=[s.token_ids for s in samples],
+        completion_ids=[s.tokens for s in samples],
         inference_logprobs=[s.logprobs for s in samples],
         rewards=torch.tensor(rewards, dtype=torch.float32).view(-1, g),
         task_rewards=torch.tensor(scores, dtype=torch.float32).view(-1, g),
         truncated=sum(s.finish_reason == "length" for s in samples),
         gen_seconds=time.perf_counter() - t0,
+        loss_masks=[s.loss_mask for s in samples] if any(s.task for s in samples) else None,
     )
 
 

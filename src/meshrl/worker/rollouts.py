@@ -14,22 +14,12 @@ are its model turns' proofs, in order.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Any
 
 from meshrl.inference import InferenceBackend, SamplingParams
 from meshrl.pool import Assignment, prompt_of_row
 from meshrl.pool import work_units as count_units
-from meshrl.pool.episode import (
-    call_at_end,
-    environment_tokens,
-    episode_of,
-    stop_strings,
-    tool_runs,
-    tool_seed,
-    turn_seq_id,
-)
+from meshrl.pool.episode import episode_of, run_episodes
 from meshrl.tasks import TaskSet, compute_reward
 from meshrl.toploc import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK, build_proofs_many
 from meshrl.wire.rollout_file import Completion as Row
@@ -50,86 +40,19 @@ def sampling_params(a: Assignment) -> SamplingParams:
                           return_hidden_states=True)
 
 
-@dataclass
-class _Episode:
-    """One row's episode so far: its segments (kind, tokens, log-probs, tool, exit, hidden)."""
-
-    task: Any  # the built task when it runs tools, else None
-    prompt: list[int]
-    limit: int  # completion tokens at most (max_new_tokens, or the context)
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    kinds: list[int] = field(default_factory=list)
-    lengths: list[int] = field(default_factory=list)
-    tools: list[str] = field(default_factory=list)
-    exits: list[int] = field(default_factory=list)
-    hidden: list[Any] = field(default_factory=list)  # per model segment
-    finish_reason: str = "length"
-    policy_version: int = -1
-
-    def add(self, kind: int, ids: list[int], lps: list[float], tool: str = "",
-            code: int = 0) -> None:
-        self.tokens += ids
-        self.logprobs += lps
-        self.kinds.append(kind)
-        self.lengths.append(len(ids))
-        self.tools.append(tool)
-        self.exits.append(code)
-
-
-def _run_episodes(engine: InferenceBackend, tokenizer: Any, a: Assignment, tasks: TaskSet,
-                  problems: list[Any], prompts: list[list[int]]) -> list[_Episode]:
-    """Every row's episode, its turns batched across rows (a single-turn task's row is an
-    episode of one turn, generated exactly as before)."""
-    base, g = sampling_params(a), a.rules.group_size
-    context = getattr(engine, "max_seq_len", None)
-    eps = []
-    for r, p in enumerate(prompts):
-        limit = base.max_new_tokens if context is None else min(base.max_new_tokens,
-                                                                   context - len(p))
-        eps.append(_Episode(episode_of(tasks, problems[prompt_of_row(r, g)]), p, limit))
-    active, turn = list(range(len(eps))), 0
-    while active:
-        batches: dict[tuple[int, tuple[str, ...]], list[int]] = defaultdict(list)
-        for r in active:
-            e = eps[r]
-            # the engine clamps a budget to the context itself: rows of one turn share a batch
-            batches[(base.max_new_tokens - len(e.tokens),
-                     stop_strings(e.task) if e.task else ())].append(r)
-        still = []
-        for (budget, stops), rows in batches.items():
-            params = base.model_copy(update={"max_new_tokens": budget, "stop_strings": stops})
-            comps = engine.generate([eps[r].prompt + eps[r].tokens for r in rows], params,
-                                    seq_ids=[turn_seq_id(r, turn) for r in rows])
-            for r, c in zip(rows, comps, strict=True):
-                e = eps[r]
-                e.add(0, c.token_ids, c.logprobs)
-                e.hidden.append(c.hidden_states)
-                e.finish_reason, e.policy_version = c.finish_reason, c.policy_version
-                if e.task is None or c.finish_reason != "stop":
-                    continue
-                call, _ = call_at_end(tokenizer, c.token_ids, e.task.tools)
-                if call is None or not tool_runs(e.task, turn + 1, len(e.tokens), e.limit):
-                    continue
-                ids, res = environment_tokens(e.task, tokenizer, call,
-                                              tool_seed(a.sampler_seed(), r, turn))
-                e.add(1, ids, [0.0] * len(ids), call.tool.name, res.exit)
-                still.append(r)
-        active, turn = sorted(still), turn + 1
-    return eps
-
-
 def generate_rollouts(engine: InferenceBackend, tokenizer: Any, a: Assignment, tasks: TaskSet,
                       provider: str) -> RolloutFile:
     """Generate, score and prove the rollouts of assignment `a` with the loaded policy (`tasks`
     is `a.rules.task.build()`, built once by the worker)."""
     problems = a.problems(tasks)
     prompts = a.prompt_rows(tokenizer, problems)
-    eps = _run_episodes(engine, tokenizer, a, tasks, problems, prompts)
+    g = a.rules.group_size
+    eps = run_episodes(engine, tokenizer, prompts,
+                       [episode_of(tasks, problems[prompt_of_row(r, g)])
+                        for r in range(len(prompts))], sampling_params(a), a.sampler_seed())
     if any(e.policy_version != a.policy_version for e in eps):  # drawn for a.version
         raise RuntimeError(f"the engine holds policy version {eps[0].policy_version}, the "
                            f"assignment is for version {a.policy_version}")
-    g = a.rules.group_size
     rows = []
     # all model segments' chunks at once, then each row's in order
     flat = build_proofs_many([h for e in eps for h in e.hidden])
