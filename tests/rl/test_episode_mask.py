@@ -43,3 +43,19 @@ def test_packing_keeps_the_episode_mask_and_the_loss_ignores_tool_tokens():
     assert a == b and torch.equal(ga, gb)
     unmasked = pack_groups([row.prompt_tokens], [row.completion_tokens], [row.logprobs], 0)
     assert unmasked["loss_mask"][0].tolist() == [True] * 6
+
+
+def test_the_warm_start_trains_on_tool_use_traces_with_the_real_tool_output_masked():
+    from meshrl.model import CharTokenizer
+    from meshrl.rl.sft import sft_batch
+    from meshrl.tasks import Problem, TasksConfig, ToolArithmeticConfig
+
+    tok = CharTokenizer()
+    tasks = TasksConfig(mix=[ToolArithmeticConfig()]).build()
+    p = Problem("tool_arithmetic", "1234*5678=", "7006652")
+    b = sft_batch(tok, [p], "raw", tasks)
+    ids, mask = b["input_ids"][0, 1:], b["loss_mask"][0]
+    trained = tok.decode(ids[mask].tolist(), skip_special_tokens=False)
+    context = tok.decode(ids[~mask & (b["attention_mask"][0, 1:] == 1)].tolist())
+    assert trained == "<calc>1234*5678</calc>7006652<eos>"
+    assert context.endswith("<result>7006652</result>")  # the calculator's, not the answer's

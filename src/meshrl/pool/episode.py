@@ -33,9 +33,22 @@ from typing import Any
 from meshrl.tasks import Problem, TaskSet
 from meshrl.tasks.tools import Tool, ToolResult
 
-__all__ = ["TURN_SEQ_STRIDE", "Call", "Episode", "call_at_end", "environment_tokens", "episode_of",
-           "find_call", "max_segments", "run_episodes", "stop_strings", "tool_runs", "tool_seed",
-           "turn_seq_id"]
+__all__ = [
+    "TURN_SEQ_STRIDE",
+    "Call",
+    "Episode",
+    "call_at_end",
+    "environment_tokens",
+    "episode_of",
+    "find_call",
+    "max_segments",
+    "run_episodes",
+    "stop_strings",
+    "tool_runs",
+    "tool_seed",
+    "trace_tokens",
+    "turn_seq_id",
+]
 
 TURN_SEQ_STRIDE = 1 << 16  # > any file's rows (`FileLimits.max_rows`)
 
@@ -119,6 +132,29 @@ def environment_tokens(task: Any, tokenizer: Any, call: Call, seed: int) -> tupl
     if not ids:
         raise ValueError("episode: the result template encodes to no tokens")
     return ids[: ep.max_tool_tokens], res
+
+
+def trace_tokens(task: Any, tokenizer: Any, turns: Sequence[str]) -> tuple[list[int],
+                                                                           list[bool]]:
+    """A warm-start episode of model turns `turns` (each but the last ending on a call): its
+    completion token ids, each turn followed by its call's real tool output, EOS last; and
+    its loss mask (the model's tokens)."""
+    ids: list[int] = []
+    mask: list[bool] = []
+    for k, text in enumerate(turns):
+        own = list(tokenizer.encode(text))
+        if k + 1 == len(turns):
+            own.append(tokenizer.eos_token_id)
+        ids += own
+        mask += [True] * len(own)
+        if k + 1 < len(turns):
+            call = find_call(text, task.tools)
+            if call is None:
+                raise ValueError(f"trace turn {k} makes no call: {text!r}")
+            env, _ = environment_tokens(task, tokenizer, call, 0)
+            ids += env
+            mask += [False] * len(env)
+    return ids, mask
 
 
 @dataclass

@@ -144,11 +144,13 @@ def collate(
     completion_ids: list[list[int]],
     inference_logprobs: list[list[float]],
     pad_token_id: int,
+    loss_masks: list[list[bool]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Right-padded [B, L] `input_ids`/`attention_mask`, and per-target tensors [B, L-1].
 
-    Target position t holds token t+1; `loss_mask` marks completion tokens, `inference_logprobs`
-    sits at the same positions (0 elsewhere).
+    Target position t holds token t+1; `loss_mask` marks completion tokens (those of
+    `loss_masks`, when given: an episode's model tokens), `inference_logprobs` sits at the same
+    positions (0 elsewhere).
     """
     rows = [p + c for p, c in zip(prompt_ids, completion_ids, strict=True)]
     n, width = len(rows), max(len(r) for r in rows)
@@ -159,7 +161,8 @@ def collate(
     for i, (row, p, c) in enumerate(zip(rows, prompt_ids, completion_ids, strict=True)):
         input_ids[i, : len(row)] = torch.tensor(row)
         attention[i, : len(row)] = 1
-        loss_mask[i, len(p) - 1 : len(p) - 1 + len(c)] = True
+        loss_mask[i, len(p) - 1 : len(p) - 1 + len(c)] = True if loss_masks is None else \
+            torch.tensor(loss_masks[i], dtype=torch.bool)
         inf_lp[i, len(p) - 1 : len(p) - 1 + len(c)] = torch.tensor(inference_logprobs[i])
     return {
         "input_ids": input_ids,

@@ -52,6 +52,11 @@ class ToolArithmeticTask(Task):
         result = a + b if op == "+" else a - b if op == "-" else a * b
         return Problem(self.name, f"{a}{op}{b}=", str(result))
 
+    def warm_start_trace(self, problem: Problem) -> list[str]:
+        """The model turns of a tool-use trace for the supervised warm start: a call of the
+        calculator on the problem, then the answer (the tool's output comes between)."""
+        return [f"<calc>{problem.prompt.rstrip('=')}</calc>", problem.answer]
+
     def score(self, problem: Problem, completion: str) -> float:
         close = self.cfg.episode.result_template.rsplit("{output}", 1)[-1] or "</result>"
         return 1.0 if final_answer(completion, close) == problem.answer else 0.0
