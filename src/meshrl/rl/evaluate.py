@@ -130,5 +130,5 @@ def evaluate_checkpoint(cfg: EvalCommandConfig) -> dict[str, Any]:
     backend = ReferenceBackend(load_model(model_dir), tokenizer)
     tasks = cfg.tasks.build()
     result = evaluate(backend, tokenizer, heldout_problems(tasks, cfg.eval), tasks, cfg.eval,
-                      cfg.prompt_format)
+                      cfg.prompt_format, cfg.tools)
     return {"model": str(model_dir), **result}
