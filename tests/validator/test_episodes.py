@@ -123,7 +123,17 @@ def _cut_short(row):
     row.finish_reason = "stop"
 
 
+def _ends_on_tool(row):
+    """The model's last turn dropped after the tool's output (its answer left out)."""
+    n = row.segment_lengths.pop()
+    for name in ("segment_kinds", "segment_tools", "segment_exits"):
+        getattr(row, name).pop()
+    del row.completion_tokens[-n:], row.logprobs[-n:]
+    del row.toploc_proofs[len(row.toploc_proofs) - -(-n // 32):]
+
+
 @pytest.mark.parametrize(("edit", "check"), [
+    (_ends_on_tool, Check.EPISODE),
     (_lie, Check.EPISODE),
     (_no_call, Check.EPISODE),
     (_cut_short, Check.EPISODE),

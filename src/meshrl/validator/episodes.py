@@ -35,6 +35,8 @@ def episode_error(row: Completion, task: Any, tokenizer: Any, sampling_seed: int
     re-run. `limit`: the row's completion tokens at most."""
     segs, ends = segments(row), set(eos) | set(stop)
     turn, tokens = 0, row.completion_tokens
+    if not segs[-1].model:  # after a tool output the model always has a token to write
+        return "the episode ends on a tool output"
     for k, seg in enumerate(segs):
         if not seg.model:
             continue  # judged with the turn before it
