@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-smollm2 demo demo-local demo-lora demo-local-lora demo-smollm2 train-smollm2 test test-fast test-crosshost lint bench clean node
+.PHONY: setup setup-smollm2 demo demo-local demo-lora demo-local-lora demo-tools demo-smollm2 train-smollm2 test test-fast test-crosshost lint bench clean node
 
 setup: $(STAMP) node
 
@@ -42,6 +42,13 @@ demo-lora: setup
 
 demo-local-lora: setup
 	$(BIN)/meshrl train configs/arithmetic.toml configs/lora.toml
+
+# agentic episodes: 4-digit multiplication with a calculator tool, then held-out accuracy with
+# and without the tool (issue #45)
+demo-tools: setup
+	$(BIN)/meshrl train configs/tool_arithmetic.toml
+	$(BIN)/meshrl eval configs/tool_arithmetic_eval.toml
+	$(BIN)/meshrl eval configs/tool_arithmetic_eval.toml --tools false
 
 # a real pretrained model: SmolLM2-135M-Instruct imported from its GGUF once (the directory is
 # written atomically, so config.json means complete), then greedy answers to chat prompts

@@ -85,17 +85,22 @@ def test_a_cheat_of_every_row_is_caught_whichever_rows_are_replayed(engine, mode
 def test_the_model_free_checks_cover_the_rows_not_replayed(engine, tok):
     r = rules(max_new=16)
     rf = honest_file(engine, tok, r)
-    [block] = _blocks(rf, 3, False, r.replay)[:1]
     ended = RolloutFile(rf.header, [replace(x, finish_reason="eos") if i == 3 else x
                                     for i, x in enumerate(rf.completions)])
+    # a block under which row 3 of this very file (its own sha256) is not replayed
+    block = _blocks(ended, 3, False, r.replay)[0]
     d = verify_file(engine, tok, *_submitted(ended, block), r, r.task.build(), ENGINE)
     assert d.kind is VerdictKind.HARD_INVALID and d.checks == (Check.TERMINATION,), d.reason
     paid = RolloutFile(rf.header, [replace(x, reward=x.reward + 1) if i == 3 else x
                                    for i, x in enumerate(rf.completions)])
+    # a block under which row 3 of this very file (its own sha256) is not replayed
+    block = _blocks(paid, 3, False, r.replay)[0]
     d = verify_file(engine, tok, *_submitted(paid, block), r, r.task.build(), ENGINE)
     assert d.kind is VerdictKind.HARD_INVALID and Check.REWARDS in d.checks, d.reason
     nan = RolloutFile(rf.header, [replace(x, logprobs=[float("nan"), *x.logprobs[1:]])
                                   if i == 3 else x for i, x in enumerate(rf.completions)])
+    # a block under which row 3 of this very file (its own sha256) is not replayed
+    block = _blocks(nan, 3, False, r.replay)[0]
     d = verify_file(engine, tok, *_submitted(nan, block), r, r.task.build(), ENGINE)
     assert d.kind is VerdictKind.HARD_INVALID and d.checks == (Check.LOGPROBS,), d.reason
 

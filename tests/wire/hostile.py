@@ -24,8 +24,12 @@ __all__ = ["columns", "deep_header", "footer_understates", "header_bytes", "inva
 
 
 def columns(rf: RolloutFile) -> dict[str, list]:
-    """The file's rows, column by column (lists a builder may change at will)."""
-    return {n: [getattr(c, n) for c in rf.completions] for n in COLUMNS.names}
+    """The file's rows, column by column (lists a builder may change at will), each row's
+    segments stored as the writer stores them (a single-turn row: one model segment)."""
+    one = {"segment_kinds": lambda c: [0], "segment_lengths": lambda c: [len(c.completion_tokens)],
+           "segment_tools": lambda c: [""], "segment_exits": lambda c: [0]}
+    return {n: [getattr(c, n) if n not in one or c.segment_kinds else one[n](c)
+                for c in rf.completions] for n in COLUMNS.names}
 
 
 def header_bytes(rf: RolloutFile) -> bytes:

@@ -211,12 +211,12 @@ def test_flipped_footer_bytes_never_escape_the_isolated_reader():
     """Single-byte corruptions of an honest file's footer, read as a validator reads uploads
     (`read_rollout_file_isolated`): each either still reads as a valid file or is a
     `RolloutFileError`. In process, some of them abort the interpreter inside pyarrow's
-    metadata accessors (byte 1790 of this file, flipped by 0x01, raised an uncaught C++
+    metadata accessors (byte 2162 of this file, flipped by 0x01, raised an uncaught C++
     ParquetException, SIGABRT); isolated, that is a refusal like any other."""
     data = rollout_file_bytes(sample_rollout())
     footer = int.from_bytes(data[-8:-4], "little")
     start = len(data) - 8 - footer
-    positions = sorted({1790, *random.Random(0).sample(range(start, len(data) - 8), 150)})
+    positions = sorted({2162, *random.Random(0).sample(range(start, len(data) - 8), 150)})
     outcomes = {"valid": 0, "refused": 0, "died": 0}
     for pos in positions:
         for mask in (0x01, 0xFF):
@@ -247,12 +247,12 @@ def test_the_isolated_reader_reads_honest_files_and_bounds_time_and_memory():
 def test_files_read_together_cost_only_themselves():
     """Several files in one child (`read_rollout_files_isolated`, the trainer's step): honest
     files read, a malformed one is its refusal, and one that kills the shared child (byte
-    1790 of the footer flipped, a SIGABRT in pyarrow) sends every file to a child of its own,
+    2162 of the footer flipped, a SIGABRT in pyarrow) sends every file to a child of its own,
     so the honest ones beside it still read and only it is refused."""
     rf = sample_rollout()
     data = rollout_file_bytes(rf)
     killer = bytearray(data)
-    killer[1790] ^= 0x01
+    killer[2162] ^= 0x01
     with pytest.raises(RolloutFileError, match="reader died"):
         read_rollout_file_isolated(bytes(killer))
     got = read_rollout_files_isolated([data, data[:-40], data])

@@ -136,3 +136,79 @@ def test_null_inside_a_list_is_refused() -> None:
     bad = t.set_column(i, COLUMNS.field(i), pa.array(vals, pa.list_(pa.int32())))
     with pytest.raises(RolloutFileError, match="'prompt_tokens' has nulls"):
         read_rollout_file(_table_bytes(bad))
+
+
+def _episode(rf):
+    """Row 0 of `rf` as an episode: model 4 tokens, a calculator's output of 2, model 3."""
+    c = rf.completions[0]
+    c.segment_kinds, c.segment_lengths = [0, 1, 0], [4, 2, 3]
+    c.segment_tools, c.segment_exits = ["", "calc", ""], [0, 0, 0]
+    c.logprobs[4:6] = [0.0, 0.0]
+    c.toploc_proofs = c.toploc_proofs[:1] * 2  # one chunk (4 tokens) per model segment
+    return rf
+
+
+def test_episode_rows_round_trip_with_their_loss_mask() -> None:
+    """An episode's segments read back as written, and a single-turn row reads as the one
+    model segment case; the loss mask is the model segments' tokens."""
+    from meshrl.wire.rollout_file import loss_mask, segments
+
+    rf = _episode(sample_rollout())
+    back = read_rollout_file(rollout_file_bytes(rf))
+    ep, single = back.completions[0], back.completions[1]
+    assert [(s.kind, s.start, s.end, s.tool) for s in segments(ep)] == [
+        (0, 0, 4, ""), (1, 4, 6, "calc"), (0, 6, 9, "")]
+    assert loss_mask(ep) == [True] * 4 + [False] * 2 + [True] * 3
+    assert single.segment_kinds == [0] and single.segment_lengths == [9]
+    assert loss_mask(single) == [True] * 9
+
+
+@pytest.mark.parametrize("edit, why", [
+    (lambda c: setattr(c, "segment_kinds", [1, 0, 0]), "first segment is not the model"),
+    (lambda c: setattr(c, "segment_lengths", [4, 2, 2]), "do not tile"),
+    (lambda c: setattr(c, "segment_lengths", [4, 0, 5]), "do not tile"),
+    (lambda c: setattr(c, "segment_kinds", [0, 2, 0]), "unknown segment kind"),
+    (lambda c: c.logprobs.__setitem__(4, -0.5), "non-zero log-probs"),
+    (lambda c: setattr(c, "segment_tools", ["", "", ""]), "without its tool"),
+    (lambda c: setattr(c, "segment_exits", [3, 0, 0]), "model segment names"),
+    (lambda c: setattr(c, "toploc_proofs", c.toploc_proofs[:1]), "TOPLOC proofs"),
+    (lambda c: setattr(c, "segment_tools", ["", "calc"]), "different lengths"),
+])
+def test_malformed_episodes_are_refused(edit, why) -> None:
+    """Environment tokens passed off as the model's log-probs, segments that do not tile the
+    completion, an episode opening with a tool's output: each a named refusal, on the
+    writer's side and on the reader's."""
+    rf = _episode(sample_rollout())
+    edit(rf.completions[0])
+    with pytest.raises(RolloutFileError, match=why):
+        rollout_file_bytes(rf)
+    good = _table_bytes_of(_episode(sample_rollout()))
+    names = ("segment_kinds", "segment_lengths", "segment_tools", "segment_exits", "logprobs",
+             "toploc_proofs")
+    t = pq.read_table(pa.BufferReader(good))
+    c = rf.completions[0]
+    for name in names:
+        vals = t[name].to_pylist()
+        vals[0] = getattr(c, name)
+        i = COLUMNS.get_field_index(name)
+        t = t.set_column(i, COLUMNS.field(i), pa.array(vals, COLUMNS.field(i).type))
+    with pytest.raises(RolloutFileError, match=why):
+        read_rollout_file(_table_bytes(t))
+
+
+def _table_bytes_of(rf) -> bytes:
+    return rollout_file_bytes(rf)
+
+
+def test_segment_columns_are_bounded_before_they_are_read() -> None:
+    """A row of more segments than the pool allows, or a tool name longer than a string may
+    be, is refused by the limits (the footer's declared values, the dictionary's lengths)."""
+    from meshrl.wire.rollout_file import FileLimits
+
+    data = rollout_file_bytes(_episode(sample_rollout()))
+    with pytest.raises(RolloutFileError, match="segment_"):
+        read_rollout_file(data, FileLimits(max_segments=2))
+    rf = _episode(sample_rollout())
+    rf.completions[0].segment_tools[1] = "c" * 300
+    with pytest.raises(RolloutFileError, match="'segment_tools' holds a value of 300 bytes"):
+        read_rollout_file(rollout_file_bytes(rf))

@@ -25,5 +25,14 @@ def file_limits(rules: PoolRules, max_file_bytes: int = _DEFAULT.max_bytes,
                       max_completion_tokens=rules.sampling.max_new_tokens,
                       toploc_chunk_size=toploc_chunk_size, toploc_topk=toploc_topk,
                       max_toploc_topk=max(toploc_topk, _DEFAULT.max_toploc_topk),
+                      max_segments=_segments(rules),
                       # any layout of the pool's rows is legal, down to one row group a row
                       max_row_groups=max(_DEFAULT.max_row_groups, rules.rows_per_file()))
+
+
+def _segments(rules: PoolRules) -> int:
+    """The most segments a row of the pool's tasks holds: one for a task without tools, a
+    model turn and a tool output per turn but the last for a task with them (issue #45)."""
+    turns = [spec.episode.max_turns for spec in rules.task.mix
+             if getattr(spec, "episode", None) is not None]
+    return max([2 * t - 1 for t in turns] or [1])

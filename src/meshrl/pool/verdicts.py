@@ -42,6 +42,7 @@ class Check(StrEnum):
     SEQ_IDS = "seq_ids"
     REWARDS = "rewards"
     TERMINATION = "termination"
+    EPISODE = "episode"  # an episode's turns and tool outputs, re-run (issue #45)
     SAMPLING = "sampling"
     LOGPROBS = "logprobs"
     TOPLOC = "toploc"

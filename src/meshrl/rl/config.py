@@ -296,3 +296,5 @@ class EvalCommandConfig(Config):
                                         "was trained: its rollout.prompt_format)")
     tasks: TasksConfig = TasksConfig()
     eval: EvalConfig = EvalConfig()
+    tools: bool = Field(True, description="answer a task with tools in episodes (false: one "
+                        "turn, a call never answered: the same model without its tools)")

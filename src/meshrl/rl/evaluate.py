@@ -47,9 +47,13 @@ def evaluate(
     tasks: TaskSet,
     cfg: EvalConfig,
     prompt_format: PromptFormat = "raw",
+    tools: bool = True,
 ) -> dict[str, float]:
     """Greedy accuracy (mean verifier score) and mean completion length on `problems`, and
-    `pass@k` for each of `cfg.pass_k`."""
+    `pass@k` for each of `cfg.pass_k`. A task with tools answers in episodes
+    (`meshrl.pool.episode`); `tools=False`: in one turn, a call never answered (the same
+    model without its tools)."""
+    from meshrl.pool.episode import episode_of, run_episodes
     from meshrl.tasks import compute_reward
 
     correct, tokens = 0.0, 0
@@ -57,11 +61,12 @@ def evaluate(
     for start in range(0, len(problems), cfg.batch_size):
         chunk = problems[start : start + cfg.batch_size]
         prompts = [encode_prompt(tokenizer, p.prompt, prompt_format) for p in chunk]
-        outs = backend.generate(prompts, params, seq_ids=list(range(len(chunk))))
+        outs = run_episodes(backend, tokenizer, prompts,
+                            [episode_of(tasks, p) if tools else None for p in chunk], params, 0)
         for p, o in zip(chunk, outs, strict=True):
-            text = tokenizer.decode(o.token_ids)
-            correct += compute_reward(p, text, len(o.token_ids), tasks).task
-            tokens += len(o.token_ids)
+            text = tokenizer.decode(o.tokens)
+            correct += compute_reward(p, text, len(o.tokens), tasks).task
+            tokens += len(o.tokens)
     n = max(1, len(problems))
     out = {"accuracy": correct / n, "mean_tokens": tokens / n, "n": float(len(problems))}
     if cfg.pass_k:
@@ -129,5 +134,5 @@ def evaluate_checkpoint(cfg: EvalCommandConfig) -> dict[str, Any]:
     tokenizer = load_tokenizer(model_dir)
     backend = ReferenceBackend(model, tokenizer)
     result = evaluate(backend, tokenizer, heldout_problems(tasks, cfg.eval), tasks, cfg.eval,
-                      cfg.prompt_format)
+                      cfg.prompt_format, cfg.tools)
     return {"model": str(model_dir), **result}

@@ -37,7 +37,7 @@ from meshrl.wire import SignedClient, StepGoesBack, Transient, WireHTTPError
 from meshrl.wire.errors import RolloutFileError
 from meshrl.wire.isolated import iter_rollout_files_isolated
 from meshrl.wire.models import FileStatus, LedgerEntry, LedgerPage
-from meshrl.wire.rollout_file import RolloutFile
+from meshrl.wire.rollout_file import RolloutFile, loss_mask
 
 __all__ = ["FileGroups", "LedgerReader", "UnusableFile", "file_groups", "files_groups",
            "trainable"]
@@ -59,6 +59,7 @@ class FileGroups:
     prompt_ids: list[list[int]] = field(default_factory=list)  # one per completion
     completion_ids: list[list[int]] = field(default_factory=list)
     logprobs: list[list[float]] = field(default_factory=list)
+    loss_masks: list[list[bool]] = field(default_factory=list)  # the model's tokens
     rewards: list[list[float]] = field(default_factory=list)  # [group][sample]
     task_rewards: list[list[float]] = field(default_factory=list)
     truncated: int = 0
@@ -155,6 +156,7 @@ def _groups(entry: LedgerEntry, rf: RolloutFile, tokenizer: Any, rules: PoolRule
             out.prompt_ids.append(list(r.prompt_tokens))
             out.completion_ids.append(list(r.completion_tokens))
             out.logprobs.append(list(r.logprobs))
+            out.loss_masks.append(loss_mask(r))
             out.truncated += r.finish_reason == "length"
             text = tokenizer.decode(r.completion_tokens)
             scores.append(compute_reward(problem, text, len(r.completion_tokens), tasks).task)

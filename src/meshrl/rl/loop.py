@@ -168,6 +168,7 @@ class RLRun:
             [batch.inference_logprobs[i] for i in rows],
             self.tokenizer.pad_token_id,
             cost=self.pack_cost,
+            loss_masks=None if batch.loss_masks is None else [batch.loss_masks[i] for i in rows],
         )
 
     def evaluate(self, phase: str, step: int | None = None) -> float:

@@ -485,4 +485,5 @@ def _batch(step: int, files: list[FileGroups], g: int, seconds: float) -> Rollou
                                   dtype=torch.float32).view(-1, g),
         truncated=sum(f.truncated for f in files),
         gen_seconds=seconds,
+        loss_masks=[m for f in files for m in f.loss_masks],
     )

@@ -62,6 +62,7 @@ def pack_groups(
     inference_logprobs: list[list[float]],
     pad_token_id: int,
     cost: PackCost | None = None,
+    loss_masks: list[list[bool]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Pack rows into groups: consecutive rows with the same prompt share one packed sequence.
 
@@ -72,12 +73,19 @@ def pack_groups(
     Returns group tensors `input_ids`, `position_ids` [G, L], `allowed` [G, L, L] (bool,
     query x key) and `group_length` [G] (real tokens), and row tensors `row_group` [R],
     `pred_index`, `targets`, `loss_mask`, `inference_logprobs` [R, T]. Rows keep their order.
+
+    `loss_masks[r]` (an agentic episode's, `meshrl.wire.rollout_file.loss_mask`): which of
+    row r's completion tokens the policy sampled; the others (tool outputs) are context the
+    model reads but never a target of the loss or of an importance ratio. None: all of them.
     """
     if not (len(prompt_ids) == len(completion_ids) == len(inference_logprobs)) or not prompt_ids:
         raise ValueError("pack_groups needs equally many (>= 1) prompts, completions, log-probs")
     for c, lp in zip(completion_ids, inference_logprobs, strict=True):
         if len(c) != len(lp):
             raise ValueError("every completion token needs one inference log-prob")
+    if loss_masks is not None and [len(m) for m in loss_masks] != [len(c) for c in
+                                                                   completion_ids]:
+        raise ValueError("every completion token needs one loss-mask entry")
     if any(not p for p in prompt_ids):
         raise ValueError("every prompt needs >= 1 token")
     starts: list[int] = []
@@ -118,7 +126,8 @@ def pack_groups(
             if k > 1:
                 pred_index[r, 1:k] = torch.arange(start, end - 1)
             targets[r, :k] = torch.tensor(c)
-            loss_mask[r, :k] = True
+            loss_mask[r, :k] = True if loss_masks is None else torch.tensor(loss_masks[r],
+                                                                              dtype=torch.bool)
             inf_lp[r, :k] = torch.tensor(inference_logprobs[r], dtype=torch.float32)
             start = end
         # padding attends to itself only: no fully masked softmax row (NaN), no effect elsewhere

@@ -63,6 +63,9 @@ class RolloutBatch:
     task_rewards: torch.Tensor  # [groups, group_size] verifier score (accuracy)
     truncated: int
     gen_seconds: float
+    # per completion token: whether the policy sampled it (False on tool outputs of an
+    # episode); None: every completion token is the policy's
+    loss_masks: list[list[bool]] | None = None
 
     @property
     def num_completion_tokens(self) -> int:
@@ -106,15 +109,19 @@ def generate_batch(
                for p in problems for _ in range(g)]
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                             top_p=cfg.top_p, seed=batch_seed(seed, index))
-    samples = backend.generate(prompts, params, seq_ids=list(range(len(prompts))))
+    from meshrl.pool.episode import episode_of, run_episodes
+
+    samples = run_episodes(backend, tokenizer, prompts,
+                           [episode_of(tasks, problems[i // g]) for i in range(len(prompts))],
+                           params, params.seed)
     made_by = {s.policy_version for s in samples}
     if made_by - {version}:
         raise RuntimeError(f"batch {index}: completions of policy versions {sorted(made_by)}, "
                            f"expected {version}")
     rewards, scores = [], []
     for i, s in enumerate(samples):
-        text = tokenizer.decode(s.token_ids)
-        r = compute_reward(problems[i // g], text, len(s.token_ids), tasks)
+        text = tokenizer.decode(s.tokens)
+        r = compute_reward(problems[i // g], text, len(s.tokens), tasks)
         rewards.append(r.total)
         scores.append(r.task)
     return RolloutBatch(
@@ -122,12 +129,13 @@ def generate_batch(
         version=version,
         problems=[asdict(p) if isinstance(p, Problem) else dict(p) for p in problems],
         prompt_ids=prompts,
-        completion_ids=[s.token_ids for s in samples],
+        completion_ids=[s.tokens for s in samples],
         inference_logprobs=[s.logprobs for s in samples],
         rewards=torch.tensor(rewards, dtype=torch.float32).view(-1, g),
         task_rewards=torch.tensor(scores, dtype=torch.float32).view(-1, g),
         truncated=sum(s.finish_reason == "length" for s in samples),
         gen_seconds=time.perf_counter() - t0,
+        loss_masks=[s.loss_mask for s in samples] if any(s.task for s in samples) else None,
     )
 
 
@@ -136,11 +144,13 @@ def collate(
     completion_ids: list[list[int]],
     inference_logprobs: list[list[float]],
     pad_token_id: int,
+    loss_masks: list[list[bool]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Right-padded [B, L] `input_ids`/`attention_mask`, and per-target tensors [B, L-1].
 
-    Target position t holds token t+1; `loss_mask` marks completion tokens, `inference_logprobs`
-    sits at the same positions (0 elsewhere).
+    Target position t holds token t+1; `loss_mask` marks completion tokens (those of
+    `loss_masks`, when given: an episode's model tokens), `inference_logprobs` sits at the same
+    positions (0 elsewhere).
     """
     rows = [p + c for p, c in zip(prompt_ids, completion_ids, strict=True)]
     n, width = len(rows), max(len(r) for r in rows)
@@ -151,7 +161,8 @@ def collate(
     for i, (row, p, c) in enumerate(zip(rows, prompt_ids, completion_ids, strict=True)):
         input_ids[i, : len(row)] = torch.tensor(row)
         attention[i, : len(row)] = 1
-        loss_mask[i, len(p) - 1 : len(p) - 1 + len(c)] = True
+        loss_mask[i, len(p) - 1 : len(p) - 1 + len(c)] = True if loss_masks is None else \
+            torch.tensor(loss_masks[i], dtype=torch.bool)
         inf_lp[i, len(p) - 1 : len(p) - 1 + len(c)] = torch.tensor(inference_logprobs[i])
     return {
         "input_ids": input_ids,

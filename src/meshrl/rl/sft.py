@@ -22,14 +22,27 @@ from meshrl.tasks import TaskSet
 __all__ = ["SFTConfig", "warm_start"]
 
 
-def sft_batch(tokenizer: Any, problems: list[Any],
-              prompt_format: PromptFormat = "raw") -> dict[str, torch.Tensor]:
+def sft_batch(tokenizer: Any, problems: list[Any], prompt_format: PromptFormat = "raw",
+              tasks: TaskSet | None = None) -> dict[str, torch.Tensor]:
     """Prompt + answer + EOS rows; `loss_mask` covers the answer and EOS tokens. Prompts are
-    encoded as the rollouts' are (`prompt_format`)."""
+    encoded as the rollouts' are (`prompt_format`). A task with tools and a
+    `warm_start_trace` (`tasks`) gives tool-use traces instead: its model turns with the real
+    tool outputs between them, the loss on the model's tokens only."""
+    from meshrl.pool.episode import episode_of, trace_tokens
+
     prompts = [encode_prompt(tokenizer, p.prompt, prompt_format) for p in problems]
-    answers = [[*tokenizer.encode(p.answer), tokenizer.eos_token_id] for p in problems]
+    answers, masks = [], []
+    for p in problems:
+        task = episode_of(tasks, p) if tasks is not None else None
+        if task is not None and hasattr(task, "warm_start_trace"):
+            ids, mask = trace_tokens(task, tokenizer, task.warm_start_trace(p))
+        else:
+            ids = [*tokenizer.encode(p.answer), tokenizer.eos_token_id]
+            mask = [True] * len(ids)
+        answers.append(ids)
+        masks.append(mask)
     zeros = [[0.0] * len(a) for a in answers]
-    return collate(prompts, answers, zeros, tokenizer.pad_token_id)
+    return collate(prompts, answers, zeros, tokenizer.pad_token_id, masks)
 
 
 def sft_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -65,7 +78,7 @@ def warm_start(
     for step in range(1, cfg.max_steps + 1):
         problems = draw_problems(tasks, seed, "sft", step, cfg.batch_size, exclude)
         model.train()
-        loss = sft_loss(model, sft_batch(tokenizer, problems, prompt_format))
+        loss = sft_loss(model, sft_batch(tokenizer, problems, prompt_format, tasks))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -29,6 +29,8 @@ from meshrl.tasks.sandbox import (
     check_sandbox,
     run_sandboxed,
 )
+from meshrl.tasks.tool_arithmetic import ToolArithmeticConfig, ToolArithmeticTask
+from meshrl.tasks.tools import EpisodeConfig, Tool, ToolRefused, ToolResult, ToolSpec, build_tool
 
 __all__ = [
     "TASK_CONFIGS",
@@ -41,6 +43,7 @@ __all__ = [
     "DatasetTask",
     "EnvironmentConfig",
     "EnvironmentTask",
+    "EpisodeConfig",
     "GymConfig",
     "GymTask",
     "LengthTargetConfig",
@@ -57,8 +60,15 @@ __all__ = [
     "TaskError",
     "TaskSet",
     "TasksConfig",
+    "Tool",
+    "ToolArithmeticConfig",
+    "ToolArithmeticTask",
+    "ToolRefused",
+    "ToolResult",
+    "ToolSpec",
     "UnknownGymDataset",
     "VerifiersEnvError",
+    "build_tool",
     "check_sandbox",
     "compute_reward",
     "extract_program",
@@ -81,6 +91,7 @@ TASK_CONFIGS: dict[str, type] = {
     "code": CodeConfig,
     "reasoning_gym": GymConfig,
     "verifiers": EnvironmentConfig,
+    "tool_arithmetic": ToolArithmeticConfig,
 }
 
 

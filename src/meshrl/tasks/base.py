@@ -32,6 +32,10 @@ class Task(ABC):
     """A family of problems: draws one from an RNG and scores a completion in [0, 1]."""
 
     name: str
+    # an agentic task's episode rules (`meshrl.tasks.tools.EpisodeConfig`) and built tools;
+    # None: one reply per prompt
+    episode: Any = None
+    tools: Any = None
 
     @abstractmethod
     def sample(self, rng: random.Random) -> Problem:

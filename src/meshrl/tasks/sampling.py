@@ -26,6 +26,7 @@ from meshrl.tasks.gym import GymConfig
 from meshrl.tasks.math import MathConfig
 from meshrl.tasks.reverse import ReverseConfig
 from meshrl.tasks.reward import Reward, task_reward
+from meshrl.tasks.tool_arithmetic import ToolArithmeticConfig
 
 __all__ = [
     "LengthTargetConfig",
@@ -40,7 +41,7 @@ __all__ = [
 
 TaskSpec = Annotated[
     ArithmeticConfig | ReverseConfig | MathConfig | DatasetConfig | CodeConfig | GymConfig
-    | EnvironmentConfig,
+    | EnvironmentConfig | ToolArithmeticConfig,
     Field(discriminator="type"),
 ]
 

@@ -90,6 +90,9 @@ class ReplayRow:
     finish_reason: str
     seq_id: int
     proofs: list[bytes]
+    # an episode's model turns (start, end, turn) in token_ids, the rest being tool outputs
+    # (`meshrl.pool.episode`); None: every token is the model's, one turn
+    turns: list[tuple[int, int, int]] | None = None
 
 
 @dataclass
@@ -141,11 +144,41 @@ def replay_files(engine: InferenceBackend, files: Sequence[tuple[Sequence[Replay
     return out
 
 
+def _model_turns(rows: Sequence[ReplayRow], scored: Sequence[Any],
+                 chunk_size: int) -> tuple[list[ReplayRow], list[Any]]:
+    """Each episode split into its model turns, each judged as a row of its own: its tokens,
+    log-probs and proofs, the prefill's numbers at its positions (taken from the whole
+    conversation's one prefill), and the sampler's key of its turn; tool outputs are left
+    out (the episode check re-ran them)."""
+    from meshrl.inference import ScoreResult
+    from meshrl.pool.episode import turn_seq_id
+
+    out_rows, out_scored = [], []
+    for r, s in zip(rows, scored, strict=True):
+        if r.turns is None:
+            out_rows.append(r)
+            out_scored.append(s)
+            continue
+        at = 0
+        for start, end, turn in r.turns:
+            n = -(-(end - start) // chunk_size)
+            out_rows.append(ReplayRow(r.prompt_ids, r.token_ids[start:end],
+                                      r.logprobs[start:end], "stop",
+                                      turn_seq_id(r.seq_id, turn), r.proofs[at:at + n]))
+            at += n
+            out_scored.append(ScoreResult(
+                s.logprobs[start:end],
+                None if s.hidden_states is None else s.hidden_states[start:end],
+                None if s.logits is None else s.logits[start:end]))
+    return out_rows, out_scored
+
+
 def _judge(rows: Sequence[ReplayRow], scored: Sequence[Any], spec: ReplaySpec,
            cfg: ReplayConfig) -> tuple[list[Finding], ReplayStats]:
     findings: list[Finding] = []
+    _termination([r for r in rows if r.turns is None], spec, findings)  # episodes: checked
+    rows, scored = _model_turns(rows, scored, cfg.chunk_size)
     stats = ReplayStats(rows=len(rows), tokens=sum(len(r.token_ids) for r in rows))
-    _termination(rows, spec, findings)
     nonempty = [(i, r, s) for i, (r, s) in enumerate(zip(rows, scored, strict=True))
                 if r.token_ids]
     if nonempty:

@@ -43,8 +43,9 @@ from meshrl.validator.checks import (
     check_termination,
     check_work_units,
 )
+from meshrl.validator.episodes import episode_findings, is_episode
 from meshrl.validator.replay import ReplayConfig, ReplayRow, ReplaySpec, replay_files
-from meshrl.wire.rollout_file import RolloutFile
+from meshrl.wire.rollout_file import RolloutFile, segments
 
 __all__ = ["ChainClaim", "compute_dtype", "model_free_findings", "replay_subset", "unscorable",
            "verify_file", "verify_files"]
@@ -166,17 +167,51 @@ def _spec(rf: RolloutFile, rules: PoolRules, tokenizer: Any,
                       stop_token_ids=tuple(s.stop_token_ids), max_seq_len=max_seq_len)
 
 
-def _rows(rf: RolloutFile, which: Sequence[int]) -> list[ReplayRow]:
+def _rows(rf: RolloutFile, which: Sequence[int], episodes: set[int]) -> list[ReplayRow]:
+    """The replayed rows; an episode's with its model turns (start, end, turn), whose
+    termination the episode check judged."""
     rows = rf.completions
+
+    def turns(i: int) -> list[tuple[int, int, int]] | None:
+        if i not in episodes:
+            return None
+        model = [s for s in segments(rows[i]) if s.model]
+        return [(s.start, s.end, t) for t, s in enumerate(model)]
+
     return [ReplayRow(rows[i].prompt_tokens, rows[i].completion_tokens, rows[i].logprobs,
-                      rows[i].finish_reason, rows[i].seq_id, rows[i].toploc_proofs)
-            for i in which]
+                      rows[i].finish_reason, rows[i].seq_id, rows[i].toploc_proofs,
+                      turns(i)) for i in which]
+
+
+def _episode_rows(rf: RolloutFile, rules: PoolRules, tasks: TaskSet) -> set[int]:
+    """The rows of `rf` whose task runs episodes with tools."""
+    a = Assignment(rules, rf.header.node, rf.header.step, rf.completions[0].counter,
+                   rf.header.policy_version)
+    g = rules.group_size
+    problems = a.problems(tasks)
+    return {i for i in range(len(rf.completions)) if is_episode(tasks, problems[i // g])}
+
+
+def _episodes(rf: RolloutFile, rules: PoolRules, tasks: TaskSet, tokenizer: Any,
+              spec: ReplaySpec) -> list[Finding]:
+    """Every row's episode check (turns, calls, limits, tool outputs re-run)."""
+    a = Assignment(rules, rf.header.node, rf.header.step, rf.completions[0].counter,
+                   rf.header.policy_version)
+
+    def limit(row: Any) -> int:
+        if spec.max_seq_len is None:
+            return spec.max_new_tokens
+        return min(spec.max_new_tokens, spec.max_seq_len - len(row.prompt_tokens))
+
+    return episode_findings(rf, tasks, a.problems(tasks), rules.group_size, tokenizer, limit,
+                            spec.eos_token_ids, spec.stop_token_ids)
 
 
 def _termination_of_others(rf: RolloutFile, replayed: Sequence[int],
-                           spec: ReplaySpec) -> Finding | None:
-    """Termination (needs no model) of the rows not replayed; the replay checks the others."""
-    skip = set(replayed)
+                           spec: ReplaySpec, episodes: set[int]) -> Finding | None:
+    """Termination (needs no model) of the rows not replayed; the replay checks the others
+    (an episode's: the episode check)."""
+    skip = set(replayed) | episodes
 
     def limit(n_prompt: int) -> int:  # a row may end on "length" where the context ends
         if spec.max_seq_len is None:
@@ -209,18 +244,21 @@ def verify_files(backend: InferenceBackend, tokenizer: Any,
                                                      backend.vocab_size)
         found.append([*(prior[i] if prior else []), *mine])
     todo = [i for i, fs in enumerate(found) if not any(x.check in _NOT_ITS_WORK for x in fs)]
+    max_len = getattr(backend, "max_seq_len", None)
+    specs = {i: _spec(items[i][0], rules, tokenizer, max_len) for i in todo}
+    episodes = {i: _episode_rows(items[i][0], rules, tasks) for i in todo}
+    for i in todo:  # needs no model: judged even where the replay abstains
+        found[i] += _episodes(items[i][0], rules, tasks, tokenizer, specs[i])
     if unmet is not None:
         for i in todo:
             found[i].append(Finding(Check.VALIDATOR_ERROR, Severity.SOFT,
                                     f"abstained from the replay: {unmet}", {"dtype": dtype}))
         todo = []
-    max_len = getattr(backend, "max_seq_len", None)
-    specs = {i: _spec(items[i][0], rules, tokenizer, max_len) for i in todo}
     subsets = {i: replay_subset(*items[i], rules) for i in todo}
     for i in todo:
-        bad_end = _termination_of_others(items[i][0], subsets[i], specs[i])
+        bad_end = _termination_of_others(items[i][0], subsets[i], specs[i], episodes[i])
         found[i] += [bad_end] if bad_end is not None else []
-    batch = [(_rows(items[i][0], subsets[i]), specs[i]) for i in todo]
+    batch = [(_rows(items[i][0], subsets[i], episodes[i]), specs[i]) for i in todo]
     stats: dict[int, dict[str, Any]] = {}
     for i, (more, st) in zip(todo, replay_files(backend, batch, cfg), strict=True):
         found[i] += more

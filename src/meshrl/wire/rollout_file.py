@@ -3,7 +3,11 @@
 File-level fields live in the Parquet key-value metadata under `meshrl.rollout` as JSON
 (`RolloutHeader`: schema version, node, provider, pool, step, policy version, the digest of
 the pool rules it was generated under, the sampling seed, TOPLOC parameters, declared work
-units). One row per completion (`COLUMNS`). `read_rollout_file` is strict: wrong schema
+units). One row per episode (`COLUMNS`): its completion is a sequence of segments, each a
+model segment (sampled tokens with their log-probs and TOPLOC proofs) or an environment
+segment (a tool's output as token ids, the tool's name and exit status, log-probs 0 and no
+proofs); the loss mask is the model segments' tokens. A single-turn row is the one model
+segment case (`segments`), read by the same code. `read_rollout_file` is strict: wrong schema
 version, missing or extra columns, wrong types, nulls, inconsistent lengths, proofs of the
 wrong size or a corrupt or truncated file raise `RolloutFileError` naming the problem;
 nothing is silently coerced.
@@ -22,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,22 +46,30 @@ __all__ = [
     "PROOF_CHUNK_SIZE",
     "PROOF_TOPK",
     "SCHEMA_VERSION",
+    "SEGMENT_ENV",
+    "SEGMENT_MODEL",
     "Completion",
     "FileLimits",
     "RolloutFile",
     "RolloutHeader",
+    "Segment",
+    "loss_mask",
     "read_rollout_file",
     "rollout_file_bytes",
+    "segments",
     "write_rollout_file",
 ]
 
-SCHEMA_VERSION = 2  # 2: the header names its rules by digest, not as free-form dicts
+# 2: the header names its rules by digest, not as free-form dicts; 3: rows are episodes of
+# model and environment segments (issue #45)
+SCHEMA_VERSION = 3
 METADATA_KEY = b"meshrl.rollout"
 # the TOPLOC parameters every worker writes and every validator verifies with
 # (`meshrl.toploc.proofs.DEFAULT_CHUNK_SIZE` / `DEFAULT_TOPK`)
 PROOF_CHUNK_SIZE = 32
 PROOF_TOPK = 128
 FINISH_REASONS = ("eos", "stop", "length")
+SEGMENT_MODEL, SEGMENT_ENV = 0, 1  # segment kinds
 
 COLUMNS = pa.schema([
     pa.field("prompt_id", pa.string(), nullable=False),
@@ -69,6 +82,11 @@ COLUMNS = pa.schema([
     pa.field("reward", pa.float64(), nullable=False),
     pa.field("finish_reason", pa.string(), nullable=False),
     pa.field("toploc_proofs", pa.list_(pa.binary()), nullable=False),
+    # the episode's segments, in order, tiling completion_tokens (one entry per segment)
+    pa.field("segment_kinds", pa.list_(pa.int8()), nullable=False),  # SEGMENT_MODEL / _ENV
+    pa.field("segment_lengths", pa.list_(pa.int32()), nullable=False),  # tokens
+    pa.field("segment_tools", pa.list_(pa.string()), nullable=False),  # "" on model segments
+    pa.field("segment_exits", pa.list_(pa.int32()), nullable=False),  # 0 on model segments
 ])
 
 
@@ -108,6 +126,57 @@ class Completion:
     reward: float
     finish_reason: str
     toploc_proofs: list[bytes] = field(default_factory=list)
+    # empty: one model segment of every completion token (the single-turn row); the writer
+    # stores it explicitly
+    segment_kinds: list[int] = field(default_factory=list)
+    segment_lengths: list[int] = field(default_factory=list)
+    segment_tools: list[str] = field(default_factory=list)
+    segment_exits: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One segment of a row: completion tokens [start, end), of a model turn or a tool's
+    output (`tool`, `exit`)."""
+
+    kind: int
+    start: int
+    end: int
+    tool: str = ""
+    exit: int = 0
+
+    @property
+    def model(self) -> bool:
+        return self.kind == SEGMENT_MODEL
+
+
+def segments(c: Completion) -> list[Segment]:
+    """The segments of row `c` (one model segment when the row names none)."""
+    if not c.segment_kinds:
+        return [Segment(SEGMENT_MODEL, 0, len(c.completion_tokens))]
+    out, at = [], 0
+    for kind, n, tool, code in zip(c.segment_kinds, c.segment_lengths, c.segment_tools,
+                                   c.segment_exits, strict=True):
+        out.append(Segment(kind, at, at + n, tool, code))
+        at += n
+    return out
+
+
+def loss_mask(c: Completion) -> list[bool]:
+    """Per completion token: whether the policy sampled it (losses and ratios use only these)."""
+    mask = [False] * len(c.completion_tokens)
+    for s in segments(c):
+        if s.model:
+            mask[s.start:s.end] = [True] * (s.end - s.start)
+    return mask
+
+
+def _explicit(c: Completion) -> Completion:
+    if c.segment_kinds:
+        return c
+    return Completion(**{**c.__dict__, "segment_kinds": [SEGMENT_MODEL],
+                         "segment_lengths": [len(c.completion_tokens)],
+                         "segment_tools": [""], "segment_exits": [0]})
 
 
 @dataclass
@@ -118,7 +187,8 @@ class RolloutFile:
 
 def _table(rf: RolloutFile) -> pa.Table:
     _check(rf)
-    cols = {name: [getattr(c, name) for c in rf.completions] for name in COLUMNS.names}
+    rows = [_explicit(c) for c in rf.completions]
+    cols = {name: [getattr(c, name) for c in rows] for name in COLUMNS.names}
     meta = {METADATA_KEY: rf.header.model_dump_json().encode()}
     return pa.Table.from_pydict(cols, schema=COLUMNS.with_metadata(meta))
 
@@ -148,7 +218,8 @@ class FileLimits:
     max_completion_tokens: int = 1 << 14  # per row
     max_header_bytes: int = 64 << 10
     max_json_depth: int = 16
-    max_string_bytes: int = 256  # prompt_id, finish_reason
+    max_string_bytes: int = 256  # prompt_id, finish_reason, tool names
+    max_segments: int = 64  # per row (a pool's: 2 x its tasks' most turns)
     max_row_groups: int = 64
     # the header's TOPLOC parameters size the proof column (2 + 2 x topk bytes a proof, one
     # proof per chunk_size tokens): a header naming a huge top-k or a chunk of one token made
@@ -166,12 +237,15 @@ class FileLimits:
             return rows * self.max_completion_tokens
         if column == "toploc_proofs":
             return rows * -(-self.max_completion_tokens // chunk_size)
+        if column.startswith("segment_"):
+            return rows * self.max_segments
         return rows
 
 
 # columns read dictionary-encoded, so their values' lengths are checked before expansion
 _DICTIONARY = {"prompt_id": "prompt_id", "finish_reason": "finish_reason",
-               "toploc_proofs": "toploc_proofs.list.element"}
+               "toploc_proofs": "toploc_proofs.list.element",
+               "segment_tools": "segment_tools.list.element"}
 _PAGE_SLACK = 1 << 16  # Parquet's own bytes (page headers, levels) of a column
 _CHUNK_SLACK = 1 << 12  # and of each more column chunk (an honest 1-row chunk: under 1 kB)
 # what a malformed file makes the Parquet reader raise (never a crash of the reading process)
@@ -218,13 +292,15 @@ def read_rollout_file(source: str | Path | bytes,
     rows = table.to_pylist()
     rf = RolloutFile(header, [Completion(**row) for row in rows])
     _check(rf)
+    if any(not c.segment_kinds for c in rf.completions):  # the writer stores every segment
+        raise RolloutFileError("a row names no segments")
     return rf
 
 
 def _value_bytes(header: RolloutHeader, limits: FileLimits) -> dict[str, int]:
     """The longest value each dictionary-read column may hold (its byte width per value)."""
     return {"prompt_id": limits.max_string_bytes, "finish_reason": limits.max_string_bytes,
-            "toploc_proofs": header.proof_bytes}
+            "toploc_proofs": header.proof_bytes, "segment_tools": limits.max_string_bytes}
 
 
 def _check_declared(reader: pq.ParquetFile, header: RolloutHeader, limits: FileLimits) -> None:
@@ -431,7 +507,9 @@ def _expand(table: pa.Table, header: RolloutHeader, limits: FileLimits) -> pa.Ta
                                  pc.cast(col, COLUMNS.field(name).type))
     table.validate(full=True)  # ArrowInvalid on invalid UTF-8
     for name, limit in (("prompt_tokens", limits.max_prompt_tokens),
-                        ("completion_tokens", limits.max_completion_tokens)):
+                        ("completion_tokens", limits.max_completion_tokens),
+                        *((n, limits.max_segments) for n in COLUMNS.names
+                          if n.startswith("segment_"))):
         longest = pc.max(pc.list_value_length(table.column(name))).as_py() or 0
         if longest > limit:
             raise RolloutFileError(f"a row of {name!r} has {longest} tokens > limit {limit}")
@@ -514,6 +592,42 @@ def _check(rf: RolloutFile) -> None:
                                    f"{FINISH_REASONS}")
         if any(len(p) != size for p in c.toploc_proofs):
             raise RolloutFileError(f"{where}: TOPLOC proofs must be {size} bytes each")
+        why = _segment_error(c, rf.header.toploc_chunk_size)
+        if why is not None:
+            raise RolloutFileError(f"{where}: {why}")
         if (c.prompt_id, c.sample_index) in seen:
             raise RolloutFileError(f"{where}: duplicate (prompt_id, sample_index)")
         seen.add((c.prompt_id, c.sample_index))
+
+
+def _segment_error(c: Completion, chunk_size: int) -> str | None:
+    """Why row `c`'s segments are malformed (None: they are not): equally many entries per
+    segment column, kinds known, lengths >= 1 tiling the completion, a model segment first,
+    no two environment segments in a row, tool names and exit statuses on environment
+    segments only, environment log-probs exactly 0, one proof per chunk of each model
+    segment (an episode's proofs are per model segment; a single-turn row's count is the
+    replay's to judge)."""
+    n = len(c.segment_kinds)
+    if not n:
+        return None
+    if not len(c.segment_lengths) == len(c.segment_tools) == len(c.segment_exits) == n:
+        return "segment columns of different lengths"
+    if any(k not in (SEGMENT_MODEL, SEGMENT_ENV) for k in c.segment_kinds):
+        return f"unknown segment kind in {sorted(set(c.segment_kinds))}"
+    if any(x < 1 for x in c.segment_lengths) or sum(c.segment_lengths) != len(
+            c.completion_tokens):
+        return "segment lengths do not tile the completion"
+    if c.segment_kinds[0] != SEGMENT_MODEL:
+        return "the first segment is not the model's"
+    if any(a == b == SEGMENT_ENV for a, b in itertools.pairwise(c.segment_kinds)):
+        return "two environment segments in a row"
+    for s in segments(c):
+        if s.model and (s.tool or s.exit):
+            return "a model segment names a tool or exit status"
+        if not s.model and (not s.tool or any(c.logprobs[s.start:s.end])):
+            return "an environment segment without its tool, or with non-zero log-probs"
+    if n > 1:
+        want = sum(-(-(s.end - s.start) // chunk_size) for s in segments(c) if s.model)
+        if len(c.toploc_proofs) != want:
+            return f"{len(c.toploc_proofs)} TOPLOC proofs, the model segments need {want}"
+    return None

@@ -1,0 +1,57 @@
+"""Tools of agentic episodes (issue #45): each a deterministic function of its call and the
+assignment's seed, bounded, and tools no validator could re-run refused when built."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+
+from meshrl.tasks import EpisodeConfig, ToolArithmeticConfig, ToolRefused, ToolSpec, build_tool
+from meshrl.tasks.sandbox import SandboxConfig
+
+
+def test_the_calculator_computes_integer_arithmetic_without_eval():
+    calc = build_tool(ToolSpec(name="calc"))
+    assert calc.run("1234*5678", 0).output == "7006652"
+    assert calc.run(" (7 - 10) * -2 + 9 // 2 % 3 ", 0).output == "7"
+    assert calc.run("2**10", 0).output == "1024"
+    for hostile, why in [("__import__('os').system('true')", "only integers"),
+                         ("(lambda: 1)()", "only integers"), ("1.5*2", "only integers"),
+                         ("9**9**9", "exponent"), ("10**64*10**64", "digits"),
+                         ("1/0", "only integers"), ("1//0", "division by zero"),
+                         ("(" * 200 + "1" + ")" * 200, "error"), ("1+", "not an arithmetic")]:
+        res = calc.run(hostile, 0)
+        assert res.exit == 1 and why in res.output, (hostile, res)
+    assert calc.run("1+1" * 200, 0).output.startswith("error: call longer than 256")
+
+
+def test_tools_no_validator_can_rerun_are_refused_at_build_in_one_line():
+    for name, why in [("web_search", "network"), ("clock", "wall clock"),
+                      ("llm_judge", "LLM judge"), ("shell", "not a tool a validator")]:
+        with pytest.raises(ToolRefused, match=why) as e:
+            build_tool(ToolSpec(name=name))
+        assert "\n" not in str(e.value)
+    with pytest.raises(ToolRefused, match="network"):
+        ToolArithmeticConfig(episode=EpisodeConfig(tools=[ToolSpec(name="search")])).build()
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_the_python_tool_is_sandboxed_seeded_clock_pinned_and_bounded():
+    """Same call and seed, same output (random seeded, time pinned); no network; a program
+    that hangs is ended by its CPU bound and one that floods by its output bound, each with a
+    fixed status."""
+    box = SandboxConfig(cpu_s=1, wall_s=5.0, output_bytes=4096)
+    py = build_tool(ToolSpec(name="python", max_output_chars=100, sandbox=box))
+    prog = "import random, time\nprint(random.random(), time.time())"
+    a, b = py.run(prog, 11), py.run(prog, 11)
+    assert a == b and a.exit == 0 and a.output.endswith(" 0.0\n")
+    assert py.run(prog, 12).output != a.output
+    net = py.run("import socket\ns = socket.create_connection(('1.1.1.1', 80), timeout=1)", 0)
+    assert net.exit != 0
+    t0 = time.monotonic()
+    hang = py.run("while True: pass", 0)
+    assert hang.exit != 0 and time.monotonic() - t0 < 5
+    flood = py.run("while True: print('x' * 1000)", 0)
+    assert flood.exit != 0 and len(flood.output) <= 100
