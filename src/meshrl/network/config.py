@@ -81,8 +81,8 @@ class ValidatorsSpec(Config):
     audit: float = Field(0.1, ge=0, le=1, description="fraction of the other validators' "
                          "files each one judges too (validator.share.audit)")
     rogue: int = Field(0, ge=0, description="of them, this many (the last ones) are rogue: "
-                       "they hard-invalidate honest files (validator.rogue; tests and demos "
-                       "of disputes only)")
+                       "they hard-invalidate honest files (`meshrl adversary validator` with "
+                       "rogue.mode; tests and demos of disputes only)")
     rogue_accusations: int = Field(2, ge=1, description="honest files each rogue accuses")
     bond_verdicts: int = Field(32, ge=0, description="open verdicts each validator's bond "
                                "covers (chain.verdict_bond each)")
