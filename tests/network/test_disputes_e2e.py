@@ -1,6 +1,7 @@
 """Disputes in a real `meshrl network up` (anvil, every role a process), shortened: two
 validators split the files, and one of them is rogue (`meshrl adversary validator`: it
-hard-invalidates the first honest file of its share); a worker forges rewards from its first file on.
+hard-invalidates the first honest file of its share); a worker forges rewards from its first
+file on.
 
 Checked on chain once every verdict is settled: the rogue's accusation of honest work is
 re-judged by the honest validator (the file was not in its share), overturned by its vote, and
