@@ -22,9 +22,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.anvil, pytest.mark.timeout(1500)]
 TOKEN = 10**18
 STEPS = 6
 
+# one validator: nobody can confirm its verdicts, which then stay open 24 dispute periods
+# (docs/protocol.md, the verdict game); this test is not about disputes, so they are final at once
 CONFIG = nu.short_network(
     "mixed", steps=STEPS, checkpoint_every=100, sft_steps=60, eval_problems=8,
-    top="relays = 0\nmax_minutes = 20\n[validators]\ncount = 1",
+    top="relays = 0\nmax_minutes = 20\n[validators]\ncount = 1\n[chain]\ndispute_period = 0",
     workers='honest = 2\ndishonest = 1\ncheat = { mode = "forge-rewards", after_step = -1 }\n'
             '[[workers.compute]]\nbackend = "engine"\ndtype = "float32"\n'
             '[[workers.compute]]\nbackend = "reference"\ndtype = "bfloat16"',
