@@ -35,6 +35,8 @@ from meshrl.protocol.rpc_filter import (
     filter_in_thread,
 )
 
+pytestmark = pytest.mark.anvil  # most tests start anvil (tests/anvil_rule.py)
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 ATTACKER = "127.0.0.3"  # another address of lo: the filter tells callers apart by IP
 GASLEFT = "5a60005260206000f3"  # GAS PUSH1 0 MSTORE PUSH1 32 PUSH1 0 RETURN: the gas it got

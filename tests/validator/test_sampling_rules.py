@@ -21,6 +21,8 @@ from meshrl.validator.verify import _spec, verify_file
 from meshrl.wire.rollout_file import RolloutHeader, rollout_file_bytes
 from meshrl.worker.rollouts import generate_rollouts
 
+pytestmark = pytest.mark.anvil  # some tests start anvil (tests/anvil_rule.py)
+
 
 def _top_p(r: PoolRules, top_p: float) -> PoolRules:
     return r.model_copy(update={"sampling": r.sampling.model_copy(update={"top_p": top_p})})
