@@ -42,6 +42,25 @@ def _line(path: str, times: list[float]) -> dict[str, object]:
             "max_ms": round(1e3 * max(times), 3)}
 
 
+def _compare(rows: list, local_score, child_score, prefix: str, ratio_key: str) -> None:
+    """Each row scored in-process then in the child, timed apart; the two paths' JSON lines
+    and the child / in-process ratio (and how many rows scored the same both ways)."""
+    local, child, same = [], [], 0
+    for row in rows:
+        t0 = time.perf_counter()
+        x = local_score(*row)
+        t1 = time.perf_counter()
+        y = child_score(*row)
+        t2 = time.perf_counter()
+        local.append(t1 - t0)
+        child.append(t2 - t1)
+        same += x == y
+    print(json.dumps(_line(f"{prefix}in_process", local)))
+    print(json.dumps(_line(f"{prefix}killable_child", child)))
+    print(json.dumps({ratio_key: round(sum(child) / sum(local), 3), "same_scores": same,
+                      "rows": len(rows)}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=200)
@@ -54,20 +73,8 @@ def main() -> None:
         for a, c in rows[:10]:  # warm both paths' caches alike
             _score_in_process(a, c, 5.0)
             s.math_verify(a, c, 5.0)
-        local, child, same = [], [], 0
-        for a, c in rows:
-            t0 = time.perf_counter()
-            x = _score_in_process(a, c, 5.0)
-            t1 = time.perf_counter()
-            y = s.math_verify(a, c, 5.0).score
-            t2 = time.perf_counter()
-            local.append(t1 - t0)
-            child.append(t2 - t1)
-            same += x == y
-        print(json.dumps(_line("in_process", local)))
-        print(json.dumps(_line("killable_child", child)))
-        print(json.dumps({"ratio": round(sum(child) / sum(local), 3), "same_scores": same,
-                          "rows": len(rows)}))
+        _compare(rows, lambda a, c: _score_in_process(a, c, 5.0),
+                 lambda a, c: s.math_verify(a, c, 5.0).score, "", "ratio")
         t0 = time.perf_counter()
         out = s.math_verify("1", "\\boxed{9^{9^{9^{9}}}}", args.deadline)
         print(json.dumps({"hostile_row_s": round(time.perf_counter() - t0, 3),
@@ -87,20 +94,8 @@ def _gym(n: int, deadline: float) -> None:
         p = task.sample(rng)
         rows.append((p, f"<answer>{p.answer if rng.random() < 0.5 else '1+2'}</answer>"))
     compute_reward(rows[0][0], rows[0][1], 5, tasks)  # the child up and the task built
-    local, child, same = [], [], 0
-    for p, c in rows:
-        t0 = time.perf_counter()
-        x = task.score(p, c)
-        t1 = time.perf_counter()
-        y = compute_reward(p, c, 5, tasks).task
-        t2 = time.perf_counter()
-        local.append(t1 - t0)
-        child.append(t2 - t1)
-        same += x == y
-    print(json.dumps(_line("gym_in_process", local)))
-    print(json.dumps(_line("gym_killable_child", child)))
-    print(json.dumps({"gym_ratio": round(sum(child) / sum(local), 3), "same_scores": same,
-                      "rows": len(rows)}))
+    _compare(rows, task.score, lambda p, c: compute_reward(p, c, 5, tasks).task, "gym_",
+             "gym_ratio")
     t0 = time.perf_counter()
     r = compute_reward(rows[0][0], "<answer>9**9**9**9</answer>", 5, tasks)
     t1 = time.perf_counter()
