@@ -39,11 +39,15 @@ unchanged (only the unbounded side of dapo / dr_grpo's PPO ratio is capped there
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 
 from meshrl.rl.config import LossConfig
 
-__all__ = ["LOG_RATIO_LIMIT", "LossConfig", "masked_mean", "policy_loss", "safe_ratio"]
+__all__ = ["LOG_RATIO_LIMIT", "LOSSES", "LossConfig", "TokenTerms", "masked_mean", "policy_loss",
+           "safe_ratio"]
 
 LOG_RATIO_LIMIT = 20.0  # e^20 ~ 4.9e8: finite in float32 / bf16, far past every clip
 
@@ -60,8 +64,79 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
 
 
-def _per_sequence_then_batch(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return masked_mean(x, mask, dim=1).mean()
+class TokenTerms(NamedTuple):
+    """One loss's per-token terms, before importance weighting and normalisation."""
+
+    loss: torch.Tensor  # [B, T]
+    clipped: torch.Tensor  # [B, T] bool: the clip decided this token's term
+
+
+def _ppo_clip(ratio: torch.Tensor, adv: torch.Tensor, cfg: LossConfig,
+              upper: float | None) -> TokenTerms:
+    unclipped = ratio if upper is None else ratio.clamp(max=upper)
+    clipped = ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high)
+    return TokenTerms(torch.maximum(-unclipped * adv, -clipped * adv),
+                      (-clipped * adv) > (-unclipped * adv))
+
+
+def grpo_terms(log_ratio: torch.Tensor, logprobs: torch.Tensor, adv: torch.Tensor,
+               mask: torch.Tensor, cfg: LossConfig) -> TokenTerms:
+    """INTELLECT-2's two-sided clip: the ratio also bounded above by `cfg.delta`."""
+    return _ppo_clip(torch.exp(log_ratio), adv, cfg, upper=cfg.delta)
+
+
+def ppo_terms(log_ratio: torch.Tensor, logprobs: torch.Tensor, adv: torch.Tensor,
+              mask: torch.Tensor, cfg: LossConfig) -> TokenTerms:
+    """PPO's clip (dapo's clip-higher when eps_low < eps_high; dr_grpo)."""
+    return _ppo_clip(torch.exp(log_ratio), adv, cfg, upper=None)
+
+
+def gspo_terms(log_ratio: torch.Tensor, logprobs: torch.Tensor, adv: torch.Tensor,
+               mask: torch.Tensor, cfg: LossConfig) -> TokenTerms:
+    """The sequence's ratio exp(mean_t log ratio), clipped per sequence."""
+    seq_ratio = torch.exp(masked_mean(log_ratio, mask, dim=1))
+    clipped = seq_ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high)
+    a = adv[:, 0]
+    per_seq = torch.maximum(-seq_ratio * a, -clipped * a)
+    return TokenTerms(per_seq[:, None].expand_as(logprobs),
+                      ((-clipped * a) > (-seq_ratio * a))[:, None].expand_as(mask))
+
+
+def cispo_terms(log_ratio: torch.Tensor, logprobs: torch.Tensor, adv: torch.Tensor,
+                mask: torch.Tensor, cfg: LossConfig) -> TokenTerms:
+    """REINFORCE on every token, weighted by the clipped, stopped ratio."""
+    ratio = torch.exp(log_ratio)
+    weight = ratio.clamp(max=1 + cfg.eps_high).detach()
+    return TokenTerms(-weight * adv * logprobs, ratio > 1 + cfg.eps_high)
+
+
+def per_sequence_then_batch(token_loss: torch.Tensor, mask: torch.Tensor,
+                            cfg: LossConfig) -> torch.Tensor:
+    """Each sequence's mean over its tokens, then the mean over sequences (GRPO, GSPO)."""
+    return masked_mean(token_loss, mask, dim=1).mean()
+
+
+def per_token(token_loss: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
+    """The mean over every token of the batch (DAPO, CISPO)."""
+    return masked_mean(token_loss, mask)
+
+
+def per_constant(token_loss: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
+    """The sum over the batch divided by B * max_tokens (Dr. GRPO)."""
+    return (token_loss * mask).sum() / (mask.shape[0] * cfg.max_tokens)
+
+
+_Terms = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, LossConfig], TokenTerms]
+_Normalise = Callable[[torch.Tensor, torch.Tensor, LossConfig], torch.Tensor]
+
+# each loss: its per-token terms and how they are averaged
+LOSSES: dict[str, tuple[_Terms, _Normalise]] = {
+    "grpo": (grpo_terms, per_sequence_then_batch),
+    "dapo": (ppo_terms, per_token),
+    "dr_grpo": (ppo_terms, per_constant),
+    "gspo": (gspo_terms, per_sequence_then_batch),
+    "cispo": (cispo_terms, per_token),
+}
 
 
 def policy_loss(
@@ -81,59 +156,54 @@ def policy_loss(
     """
     _check_shapes(logprobs, behaviour_logprobs, advantages, mask, proximal_logprobs, ref_logprobs,
                   cfg)
+    terms_of, normalise = LOSSES[cfg.type]
     mask = mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype)[:, None]
     anchor = behaviour_logprobs if cfg.tis_cap is None else proximal_logprobs
     log_ratio = (logprobs - anchor.detach()).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-    ratio = torch.exp(log_ratio)
+    terms = terms_of(log_ratio, logprobs, adv, mask, cfg)
     metrics: dict[str, float] = {}
-
-    if cfg.type == "gspo":
-        seq_ratio = torch.exp(masked_mean(log_ratio, mask, dim=1))
-        clipped = seq_ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high)
-        per_seq = torch.maximum(-seq_ratio * adv[:, 0], -clipped * adv[:, 0])
-        token_loss = per_seq[:, None].expand_as(logprobs)
-        is_clipped = ((-clipped * adv[:, 0]) > (-seq_ratio * adv[:, 0]))[:, None].expand_as(mask)
-    elif cfg.type == "cispo":
-        weight = ratio.clamp(max=1 + cfg.eps_high).detach()
-        token_loss = -weight * adv * logprobs
-        is_clipped = ratio > 1 + cfg.eps_high
-    else:
-        unclipped = ratio.clamp(max=cfg.delta) if cfg.type == "grpo" else ratio
-        clipped = ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high)
-        token_loss = torch.maximum(-unclipped * adv, -clipped * adv)
-        is_clipped = (-clipped * adv) > (-unclipped * adv)
-
+    token_loss = terms.loss
     if cfg.tis_cap is not None:
-        raw = safe_ratio(proximal_logprobs - behaviour_logprobs).detach()
-        tis = raw.clamp(max=cfg.tis_cap)
-        capped = (raw > cfg.tis_cap).to(mask.dtype)
-        metrics["tis_capped_fraction"] = masked_mean(capped, mask).item()
-        token_loss = token_loss * tis
-        metrics["tis_weight_mean"] = masked_mean(tis, mask).item()
+        token_loss, tis_metrics = _truncated_importance(token_loss, proximal_logprobs,
+                                                        behaviour_logprobs, mask, cfg.tis_cap)
+        metrics.update(tis_metrics)
+    loss = normalise(token_loss, mask, cfg)
+    loss = _regularised(loss, logprobs, mask, cfg, ref_logprobs, entropy, metrics)
+    metrics["clip_fraction"] = masked_mean(terms.clipped.to(mask.dtype), mask).item()
+    metrics["ratio_mean"] = masked_mean(torch.exp(log_ratio).detach(), mask).item()
+    metrics["policy_loss"] = loss.item()
+    return loss, metrics
 
-    if cfg.type in ("grpo", "gspo"):
-        loss = _per_sequence_then_batch(token_loss, mask)
-    elif cfg.type == "dr_grpo":
-        loss = (token_loss * mask).sum() / (mask.shape[0] * cfg.max_tokens)
-    else:  # dapo, cispo: token-level normalisation over the whole batch
-        loss = masked_mean(token_loss, mask)
 
+def _truncated_importance(token_loss: torch.Tensor, proximal: torch.Tensor | None,
+                          behaviour: torch.Tensor, mask: torch.Tensor,
+                          cap: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """Each token's loss times min(pi_prox / pi_behaviour, cap), detached (the decoupled
+    objective's correction for a rollout from an older policy)."""
+    assert proximal is not None  # _check_shapes refused it
+    raw = safe_ratio(proximal - behaviour).detach()
+    tis = raw.clamp(max=cap)
+    capped = (raw > cap).to(mask.dtype)
+    return token_loss * tis, {"tis_capped_fraction": masked_mean(capped, mask).item(),
+                              "tis_weight_mean": masked_mean(tis, mask).item()}
+
+
+def _regularised(loss: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor, cfg: LossConfig,
+                 ref: torch.Tensor | None, entropy: torch.Tensor | None,
+                 metrics: dict[str, float]) -> torch.Tensor:
+    """The entropy bonus and the KL to the reference policy (k3: unbiased, always >= 0)."""
     if entropy is not None:
         ent = masked_mean(entropy, mask)
         metrics["entropy"] = ent.item()
         if cfg.entropy_coef:
             loss = loss - cfg.entropy_coef * ent
-    if ref_logprobs is not None:
-        d = ref_logprobs.detach() - logprobs
-        kl = masked_mean(torch.exp(d) - d - 1, mask)  # k3: unbiased, always >= 0
+    if ref is not None:
+        d = ref.detach() - logprobs
+        kl = masked_mean(torch.exp(d) - d - 1, mask)
         metrics["kl"] = kl.item()
         loss = loss + cfg.kl_coef * kl
-
-    metrics["clip_fraction"] = masked_mean(is_clipped.to(mask.dtype), mask).item()
-    metrics["ratio_mean"] = masked_mean(ratio.detach(), mask).item()
-    metrics["policy_loss"] = loss.item()
-    return loss, metrics
+    return loss
 
 
 def _check_shapes(
