@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _shardcast_procs as sp
 from _shardcast_procs import load1
+from _shardcast_sim import simulate, simulate_relays
 from bench_shardcast_links import link_bound, run_topology
-from meshrl.shardcast.simulate import simulate, simulate_relays
 
 
 def tree_table(workers: list[int], size: float, shards: int, upload: float, fanout: int) -> None:
