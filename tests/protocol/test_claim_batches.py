@@ -3,8 +3,8 @@
 A real `meshrl chain rpc-filter` process in front of a real anvil, with bounds tighter than a
 64-item claim (its body, and the gas of its estimate): the claim asks the filter for its bounds
 and sizes its batches under them, and a refusal for size (a body or a gas bound it did not
-know of) is tried again with half the batch, down to one item, never forever. Every claimable
-item is claimed exactly once and the minted amount is their reward.
+know of) is tried again with half the batch, down to one item (then `ClaimTooLarge`). Every
+claimable item is claimed exactly once and the minted amount is their reward.
 """
 
 from __future__ import annotations
@@ -108,11 +108,10 @@ def test_chain_claim_sizes_its_batches_under_the_filters_bounds(provider, anvil_
                    .provider_rewards(p, pool, p.address)["works"])
 
 
-def test_a_refusal_for_size_halves_the_batch_and_gives_up_at_one(provider, anvil_backend,
-                                                                  tmp_path) -> None:
+def test_a_refusal_for_size_halves_the_batch_until_it_fits(provider, anvil_backend,
+                                                            tmp_path) -> None:
     """An endpoint that does not say its bounds (the filter's /health is not asked here):
-    the batch starts at 64 and halves on each refusal for size until it fits; an endpoint that
-    refuses even one item ends in a typed error, not an endless retry."""
+    the batch starts at 64 and halves on each refusal for size until it fits."""
     p, pool, _, _ = provider
     proc, url = _filter(anvil_backend.url, tmp_path, "--max_body", "2048",
                         "--max_gas", "400000")
