@@ -63,3 +63,19 @@ def test_validators_split_the_files_and_are_all_given_the_role(tmp_path) -> None
         assert v["keys"]["dev_index"] == DevKeys(4).validator_dev_index(j)
         assert v["rogue"]["mode"] == ("accuse-honest" if j == 2 else "none")
         assert v["bond_verdicts"] == 32 and v["work_dir"].endswith(name)
+
+
+def test_the_shipped_pool_config_trains_until_stopped_drains_and_its_workers_claim(
+        tmp_path) -> None:
+    """configs/pool.toml over configs/network.toml: no accuracy target or step budget ends the
+    pool, a stop drains it (network/closing.py), and the pool's own workers claim."""
+    from meshrl.config import load_config
+
+    cfg = load_config(NetworkConfig, [CONFIGS / "network.toml", CONFIGS / "pool.toml"],
+                      [f"--dir={tmp_path}"])
+    assert cfg.on_stop == "drain" and cfg.claim_window_s >= 600 and cfg.max_minutes == 0
+    assert cfg.train["stop_at_accuracy"] > 1 and cfg.train["steps"] >= 10**6
+    lay = Layout(cfg)
+    roles = {r.name: r for r in build_roles(lay, lay.keys(), 1)}
+    worker = _toml(Path(roles["worker-0"].argv[-1]))
+    assert worker["claim_every_s"] == cfg.workers.claim_every_s > 0

@@ -65,6 +65,9 @@ class WorkersSpec(Config):
         "task kind; cheaters past the list forge every row")
     poll_interval: float = Field(0.25, gt=0, description="seconds between work-order polls")
     heartbeat_interval: float = Field(2.0, gt=0, description="seconds between heartbeats")
+    claim_every_s: float = Field(0.0, ge=0, description="each worker claims its provider's "
+                                 "claimable rewards this often (0: never; a pool that drains "
+                                 "on stop needs it, or its own workers' rewards stay unclaimed)")
     compute: list[WorkerCompute] = Field(
         default_factory=list, description="per worker, in order (the honest ones, then the "
         "dishonest): its backend, device and dtype, e.g. [{backend = \"engine\"}, "
@@ -169,6 +172,17 @@ class NetworkConfig(Config):
     after_training: Literal["stop", "serve"] = Field(
         "stop", description="when the trainer finishes: stop the network, or keep serving it "
         "(dashboard, claims) until Ctrl-C")
+    on_stop: Literal["stop", "drain"] = Field(
+        "stop", description="what Ctrl-C, SIGTERM, max_minutes or a finished trainer do: stop "
+        "every role at once (the demo), or drain: stop taking work (trainer, validators, "
+        "orchestrator, discovery, shardcast) and keep the chain, its public RPC, the dashboard "
+        "and the pool's own workers (they claim) up until every reward earned in the pool is "
+        "claimed or the last one has been claimable for claim_window_s; a second Ctrl-C stops "
+        "at once and says what is left (meshrl/network/closing.py)")
+    claim_window_s: float = Field(900.0, ge=0, description="drain: how long (chain time) the "
+                                  "last reward to unlock stays claimable before the chain "
+                                  "closes; keep it above the members' claim interval "
+                                  "(worker join: claim_every_s, 300 s)")
     faults: str = Field("", description="fault plan: TOML with [[kill]] role/at_s tables "
                         "(see meshrl/network/faults.py)")
     restart_backoff_s: float = Field(1.0, gt=0, description="first delay before a restart")

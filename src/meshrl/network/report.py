@@ -89,9 +89,12 @@ def _balances(info: dict[str, Any], others: list[str]) -> dict[str, dict[str, An
     return {r["address"].lower(): r for r in _chain(info, "balances", "--addresses", providers)}
 
 
-def _works(info: dict[str, Any]) -> dict[str, Any] | None:
+def works_history(info: dict[str, Any]) -> dict[str, Any] | None:
+    """The pool's work items and their events (`meshrl chain works`), None when the chain does
+    not answer."""
     out = _chain(info, "works", "--pool", str(info["pool_id"]), timeout=300)
     return out[-1] if out else None
+
 
 
 def _accuracy_goal(cfg: NetworkConfig) -> bool:
@@ -281,7 +284,7 @@ def build_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
     records = _lines(root / "trainer" / "rollouts.jsonl")
     read, pool = _orchestrator(info)
     ledger = read or []
-    chain = _works(info)
+    chain = works_history(info)
     others = external_nodes(info, ledger, pool, chain)
     verdicts = _verdicts(root, info)
     facts = RunFacts(records=records, ledger=ledger, chain=chain, workers=info["workers"],

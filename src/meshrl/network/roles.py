@@ -289,6 +289,7 @@ def _worker(lay: Layout, keys: PoolKeys, name: str, index: int, dishonest: bool,
         "discovery_url": lay.discovery_url, "work_dir": str(lay.root / "workers" / name),
         "poll_interval": cfg.workers.poll_interval,
         "heartbeat_interval": cfg.workers.heartbeat_interval,
+        "claim_every_s": cfg.workers.claim_every_s,
         "keys": keys.worker_keys(index), "chain": _chain(lay), "rules": _rules(lay, keys),
         "engine": {"num_threads": cfg.threads.worker}, "cheat": cheat})
     command = ("adversary", "worker") if dishonest else ("worker",)  # meshrl.adversaries

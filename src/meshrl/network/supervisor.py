@@ -161,6 +161,22 @@ class Supervisor:
         return pid
 
     # ---- stopping --------------------------------------------------------------------------
+    def stop_roles(self, names: list[str], timeout: float = 20.0) -> None:
+        """SIGTERM the named roles (in reverse start order), SIGKILL what outlives `timeout`;
+        they are not restarted. The others run on (a pool that drains, closing.py)."""
+        for p in reversed(list(self.procs.values())):
+            if p.spec.name not in names:
+                continue
+            p.done = True
+            if p.popen is not None and p.popen.poll() is None:
+                p.popen.send_signal(signal.SIGTERM)
+                try:
+                    p.popen.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    p.popen.kill()
+                    p.popen.wait()
+                self.event("stopped", p.spec.name, rc=p.popen.returncode)
+
     def stop_all(self, timeout: float = 20.0) -> None:
         """SIGTERM every role in reverse start order, SIGKILL what outlives `timeout`."""
         self.stopping = True

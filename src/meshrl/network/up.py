@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from meshrl.log import get_logger, log_event
+from meshrl.network.closing import drain, mine
 from meshrl.network.config import NetworkConfig
 from meshrl.network.faults import Faults
 from meshrl.network.keys import PoolKeys
@@ -56,7 +57,7 @@ def network_up(cfg: NetworkConfig) -> int:
     if status.enabled:  # the status line instead of JSON lines (events.jsonl keeps them)
         quiet.setLevel(logging.WARNING)
     t0 = time.monotonic()
-    outcome, failed = "interrupted", False
+    outcome, failed, reported = "interrupted", False, False
     faults: Faults | None = None
     try:
         sup.start(anvil_role(lay))
@@ -81,6 +82,11 @@ def network_up(cfg: NetworkConfig) -> int:
                 outcome = "time limit"
                 break
             time.sleep(0.5)
+        if cfg.on_stop == "drain" and (lay.root / "network.json").is_file():
+            status.end()
+            _report(cfg, lay)  # while the orchestrator still answers
+            reported = True
+            outcome += f"; {_drain(cfg, lay, sup, status, interrupted)}"
     except (RoleFailed, ValueError) as e:
         outcome, failed = f"failed: {e}", True
         log_event(log, "role failed", error=str(e))
@@ -91,12 +97,52 @@ def network_up(cfg: NetworkConfig) -> int:
             faults.write(lay.root / "faults.json")
         _write_outcome(lay, outcome, time.monotonic() - t0)
         sup.write_cpu(lay.root / "cpu.json")
-        _report(cfg, lay)  # while the orchestrator and the chain still answer
+        if not reported:
+            _report(cfg, lay)  # while the orchestrator and the chain still answer
         sup.stop_all()
         status.header({"stopped": f"{outcome}; report {lay.root / 'report.md'}"})
         for s, h in old.items():
             signal.signal(s, h)
     return 1 if failed else 0
+
+
+# roles that take work; a draining pool stops them first and keeps the chain, its public RPC,
+# the dashboard and its own workers (who claim) up
+def _takes_work(name: str) -> bool:
+    return name in ("trainer", "orchestrator", "discovery", "origin") or name.startswith(
+        ("validator", "relay-"))
+
+
+def _drain(cfg: NetworkConfig, lay: Layout, sup: Supervisor, status: UpStatus,
+           interrupted: list[int]) -> str:
+    """`on_stop = "drain"` (closing.py): stop taking work, keep the chain up until every
+    reward is claimed or has been claimable `claim_window_s`; a further signal stops it."""
+    signals = len(interrupted)
+    sup.stop_roles([n for n in sup.procs if _takes_work(n)])
+    info = json.loads((lay.root / "network.json").read_text())
+
+    def say(what: str, fields: dict[str, Any]) -> None:
+        sup.event(what, "network", **fields)
+        status.header({what: json.dumps(fields)})
+
+    def read() -> dict[str, Any] | None:
+        from meshrl.network.report import works_history
+
+        return works_history(info)
+
+    # a file submitted just before the stop unlocks `lock_period` later; the cap bounds a
+    # drain whose chain keeps moving the last unlock (it cannot: nothing takes work now)
+    max_s = cfg.chain.lock_period + cfg.claim_window_s + 600
+    mined = [0.0]
+
+    def tick() -> None:
+        sup.poll()
+        if time.monotonic() - mined[0] >= 2.0:  # the chain's clock moves on (closing.mine)
+            mined[0] = time.monotonic()
+            mine(lay.rpc_url)
+
+    return drain(read, cfg.claim_window_s, max_s, lambda: len(interrupted) > signals, say,
+                 tick)
 
 
 def where_to_look(lay: Layout) -> dict[str, str]:

@@ -107,7 +107,9 @@ class RewardsConfig(Config):
 class ClaimConfig(Config):
     chain: ChainConfig = Field(default_factory=ChainConfig)
     pool: int = Field(1, ge=1, description="claim the signer's claimable rewards of this pool")
-    batch: int = Field(64, ge=1, le=64, description="work items per claim transaction")
+    batch: int = Field(64, ge=1, le=64, description="most work items per claim transaction: "
+                       "fewer when the RPC's bounds (a filter's body and gas caps) take fewer, "
+                       "halved on a refusal for size (meshrl.protocol.claiming)")
 
 
 class KeysNewConfig(Config):
@@ -444,17 +446,18 @@ def _rewards(cfg: RewardsConfig) -> int:
 
 
 def _claim(cfg: ClaimConfig) -> int:
+    from meshrl.protocol.claiming import claim_all
     from meshrl.protocol.history import provider_rewards
     from meshrl.protocol.local import open_protocol
 
     p = open_protocol(cfg.chain)
     view = provider_rewards(p, cfg.pool, p.address)
     ids = [bytes.fromhex(w["work_id"]) for w in view["works"] if w["claimable"]]
-    before, txs = p.balance(), []
-    for i in range(0, len(ids), cfg.batch):
-        txs.append(p.claim(ids[i:i + cfg.batch]).tx_hash)
-    _print({"provider": p.address, "pool": cfg.pool, "claimed_items": len(ids),
-            "amount": p.balance() - before, "txs": txs})
+    before = p.balance()
+    done = claim_all(p, ids, cfg.batch)  # batches sized to the endpoint's bounds
+    _print({"provider": p.address, "pool": cfg.pool, "claimed_items": done.items,
+            "amount": p.balance() - before, "txs": done.txs, "batch": done.batch,
+            "refused_for_size": done.refusals})
     return 0
 
 

@@ -291,7 +291,12 @@ class RpcFilter:
         return web.json_response({"service": "rpc-filter", "upstream_hidden": True,
                                   "forwarded": self.forwarded, "refused": self.refused,
                                   "limited": self.limited, "timed_out": self.timed_out,
-                                  "connections": self.gate.total, "dropped": self.dropped})
+                                  "connections": self.gate.total, "dropped": self.dropped,
+                                  # what a request may be, so a client sizes its own (a claim
+                                  # picks its batch by these: meshrl.protocol.claiming)
+                                  "limits": {"max_body": self.cfg.max_body,
+                                             "max_gas": self.cfg.max_gas,
+                                             "max_batch": self.cfg.max_batch}})
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(

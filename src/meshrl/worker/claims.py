@@ -5,9 +5,11 @@ for the provider key's next nonce; inside the worker every transaction of a key 
 the backend's per-sender lock (`Backend.send`), so the claimer and the courier never pick the
 same nonce. Every `claim_every_s` the claimer reads this provider's claimable items in the pool
 (`provider_rewards`: its own logs, two JSON-RPC batches) and claims them in batches of at most
-`claim_batch` (the contract's limit is 64). A transport failure is waited out like every other
-phase (`retrying`); a refused claim (e.g. the stake no longer covers the provider's nodes) is
-logged and tried again next round, never fatal: the rewards stay on chain.
+`claim_batch` (the contract's limit is 64; fewer where the RPC's bounds take fewer, and
+halved on a refusal for size: meshrl.protocol.claiming). A transport failure is waited out like
+every other phase (`retrying`); a refused claim (e.g. the stake no longer covers the provider's
+nodes, or an RPC that takes not even one item) is logged and tried again next round, never
+fatal: the rewards stay on chain.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 
 from meshrl.log import get_logger, log_event
 from meshrl.protocol import Protocol, TxReverted
+from meshrl.protocol.claiming import ClaimTooLarge, claim_all
 from meshrl.protocol.history import provider_rewards
 from meshrl.worker.retry import retrying
 
@@ -50,17 +53,15 @@ class Claimer:
         """Claim every item claimable now, `batch` per transaction (blocking)."""
         view = provider_rewards(self.chain, self.pool, self.chain.address)
         ids = [bytes.fromhex(w["work_id"]) for w in view["works"] if w["claimable"]]
-        out = ClaimRound()
-        for i in range(0, len(ids), self.batch):
-            part = ids[i:i + self.batch]
-            r = self.chain.claim(part)
-            amount = int(r.event("RewardsClaimed").args["amount"])
-            out.items += len(part)
-            out.amount += amount
-            out.txs.append(r.tx_hash)
-            self.items += len(part)
-            self.claimed += amount
-        return out
+        if not ids:
+            return ClaimRound()
+        # batches sized to the RPC's bounds, halved on a refusal for size; the size that
+        # fitted is kept for the next rounds
+        done = claim_all(self.chain, ids, self.batch)
+        self.batch = done.batch
+        self.items += done.items
+        self.claimed += done.amount
+        return ClaimRound(done.items, done.amount, done.txs)
 
     async def run(self, stop: asyncio.Event) -> None:
         """A round every `every_s` until `stop`; the first one after `every_s`."""
@@ -72,7 +73,7 @@ class Claimer:
             try:
                 got = await retrying("claiming", lambda: asyncio.to_thread(self.claim_once),
                                      stop)
-            except TxReverted as e:
+            except (TxReverted, ClaimTooLarge) as e:  # a refusal, not the network's doing
                 self.refused += 1
                 log_event(log, "claim refused", reason=str(e))
                 continue

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from meshrl.log import get_logger, log_event
+from meshrl.protocol.claiming import ClaimTooLarge
 from meshrl.protocol.errors import ChainError, TxReverted
 from meshrl.wire import Transient, WireHTTPError
 
@@ -21,7 +22,7 @@ T = TypeVar("T")
 
 def transient(e: BaseException) -> bool:
     """Whether `e` is the network's doing (worth waiting out), not a refusal."""
-    if isinstance(e, TxReverted):
+    if isinstance(e, TxReverted | ClaimTooLarge):  # the chain's or the endpoint's refusal
         return False
     if isinstance(e, ChainError):
         return True  # RPC transport, a receipt not seen in time, nonce races with another user

@@ -1,0 +1,124 @@
+"""A remote member is not wasted: over a 20 Mbit/s, 80 ms round-trip link (two network
+namespaces, tests/linkrelay.py), a stranger who joins a public pool with the documented command
+loses at most 5% of its accepted files to staleness, with the pool's defaults for a public pool
+(configs/network.toml with `public_host`: no async_level or broadcast override here).
+
+The share is the trainer's own record (`rollouts.jsonl`): of the stranger's accepted files the
+trainer took, those it dropped as stale. Marked `crosshost` (and `slow`): minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import netutil as nu
+import pytest
+from test_cross_host import ROOT, Stranger, _accepted, _fund, _in, _lines, hosts  # noqa: F401
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from linkrelay import Link
+
+# Not reached yet (issue #43, measured on 2 shared cores): with the shipped defaults
+# (async_level 2, full checkpoints of 3.2 MB) the remote member was given no work at all in 4.4
+# minutes (every version it held was the oldest the pool took by the time it had fetched it,
+# ~4.8 s a version, while the pool stepped about once a second); with async_level 24 (the
+# cross-host test's setting) 43 of the 47 of its files the trainer took were stale (91.5%).
+# Strict: once the defaults reach the goal this xfail fails and must be removed.
+pytestmark = [pytest.mark.slow, pytest.mark.anvil, pytest.mark.crosshost,
+              pytest.mark.timeout(1500),
+              pytest.mark.xfail(strict=True, reason="a remote member's stale share is not "
+                                "yet <= 5% with the shipped defaults (#43)")]
+
+TAKEN = 40  # of the stranger's accepted files the trainer took (used or dropped)
+MAX_STALE_SHARE = 0.05
+
+
+def _taken(root: Path, node: str) -> dict[str, int]:
+    """The stranger's files in the trainer's records: used, dropped stale, dropped otherwise."""
+    path = root / "trainer" / "rollouts.jsonl"
+    out = {"used": 0, "stale": 0, "other": 0}
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        out["used"] += sum(f["node"].lower() == node.lower() for f in rec["used"])
+        for d in rec["dropped"]:
+            if d["node"].lower() == node.lower():
+                out["stale" if d.get("reason") == "stale" else "other"] += 1
+    return out
+
+
+def test_a_remote_member_loses_at_most_5_percent_to_staleness(hosts, tmp_path) -> None:  # noqa: F811
+    ns, addr = hosts, hosts.addr
+    port = 24000 + (os.getpid() % 100) * 20
+    cfg = tmp_path / "net.toml"
+    # the demo's pool (configs/network.toml) opened to another host; two local members keep
+    # the pace, the training runs on for longer than the test
+    cfg.write_text(nu.short_network(
+        "stale", steps=5000, checkpoint_every=50, workers="honest = 2\ndishonest = 0",
+        top=f'public_host = "{addr}"\nmax_minutes = 30\ndashboard = false\nrelays = 1'
+    ).replace("{port}", str(port)))
+    up_log = tmp_path / "up.log"
+    up = _in(ns.pool, "-m", "meshrl.cli", "network", "up", str(ROOT / "configs" / "network.toml"),
+             str(cfg), "--dir", str(tmp_path), log=up_log)
+    root = tmp_path / "stale"
+    public = [port + off for off in (1, 2, 3, 4, 14)]  # discovery, orch, origin, relay, rpc
+    link = Link([((addr, p), (addr, p)) for p in public], delay_s=0.04, rate_bps=20e6,
+                listen_ns=ns.path(ns.worker), connect_ns=ns.path(ns.pool)).start()
+    a: Stranger | None = None
+    t0 = time.monotonic()
+    try:
+        (tmp_path / "pw").write_text("far away\n")
+        a = Stranger(ns, tmp_path, "remote", f"http://{addr}:{port + 2}",
+                     f"http://{addr}:{port + 14}")
+        nu.wait(lambda: any(e["event"] == "start" and e.get("role") == "worker-0"
+                            for e in nu.events(root)) or up.poll() is not None, 600,
+                "the pool did not start", every=1.0)
+        assert up.poll() is None, up_log.read_text()[-3000:]
+        a.join()
+        nu.wait(lambda: any(x.startswith("fund on chain") for x in _lines(a.log))
+                or not a.alive(), 180, "the stranger did not ask for funds")
+        assert a.alive(), a.tail()
+        _fund(ns, root, port, a)
+        nu.wait(lambda: _accepted(ns, root, a.node), 600, "no file of the stranger accepted",
+                every=2.0)
+        t_first = time.monotonic()
+        nu.wait(lambda: sum(_taken(root, a.node).values()) >= TAKEN or not a.alive()
+                or up.poll() is not None, 900, "the trainer took too few of the stranger's "
+                f"files: {_taken(root, a.node)}", every=3.0)
+        assert a.alive(), a.tail()
+    finally:
+        if a is not None and a.alive():
+            a.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+            try:
+                a.proc.wait(60)  # type: ignore[union-attr]
+            except subprocess.TimeoutExpired:
+                a.proc.kill()  # type: ignore[union-attr]
+        if up.poll() is None:
+            up.send_signal(signal.SIGINT)
+            try:
+                up.wait(180)
+            except subprocess.TimeoutExpired:
+                up.kill()
+        link.close()
+    got = _taken(root, a.node)
+    records = [json.loads(x) for x in (root / "trainer" / "rollouts.jsonl").read_text()
+               .splitlines() if x.strip()]
+    stale_all = sum(d.get("reason") == "stale" for r in records for d in r["dropped"])
+    taken_all = sum(len(r["used"]) + len(r["dropped"]) for r in records)
+    share = got["stale"] / max(1, sum(got.values()))
+    print(json.dumps({"remote": got, "remote_stale_share": round(share, 3),
+                      "pool_stale": stale_all, "pool_taken": taken_all,
+                      "steps": len(records), "link_bytes": link.bytes,
+                      "seconds_after_first_accepted": round(time.monotonic() - t_first),
+                      "test_s": round(time.monotonic() - t0)}))
+    assert sum(got.values()) >= TAKEN, got
+    assert share <= MAX_STALE_SHARE, got
