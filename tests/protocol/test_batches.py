@@ -12,7 +12,7 @@ from meshrl.protocol import Standing, WorkStatus
 from meshrl.protocol.batches import Batch, Leaf, merkle_proof, merkle_root, verify_proof
 
 from .helpers import PARAMS, RATE, World, file_hash
-from .test_disputes import DISPUTE, LOCK, VB, VOTE, Court, _court, _fresh
+from .test_disputes import DISPUTE, LOCK, VB, Court, _court, _fresh
 
 HARD, SOFT = WorkStatus.HARD_INVALIDATED, WorkStatus.SOFT_INVALIDATED
 PENALTY = PARAMS.slash_penalty
