@@ -253,8 +253,6 @@ def run_batches(backend, name: str, n: int) -> None:
     """Gas per file of batched work (issue 46) at each batch size: submit, a verdict on one
     leaf (open + accuse; accepting costs nothing on chain), a dispute on it (vote + settle),
     and the claim; `amortized_submit_claim` is (submit + claim) / files."""
-    from meshrl.protocol.batches import Batch, Leaf
-
     fed, mgr, val, val2, prov, node = (acct(f"batch-{x}")
                                        for x in ("fed", "mgr", "val", "val2", "p", "n"))
     for a in (fed, mgr, val, val2, prov, node):
@@ -274,34 +272,39 @@ def run_batches(backend, name: str, n: int) -> None:
     expiry = backend.now() + 3600
     P.join_pool(pool, node.address, 1, expiry, M.sign_invite(pool, node.address, 1, expiry))
     for size in BATCH_SIZES:
-        leaves = [Leaf(node.address, keccak(text=f"batch-{size}-{i}"), 100, step=1, counter=i)
-                  for i in range(size)]
-        batch = Batch.of(leaves)
-        submit = measure(backend, "submit_batch",
-                         lambda b=batch: P.submit_batch(pool, b.node, b.root, b.count, b.units), n)
-        P.submit_batch(pool, batch.node, batch.root, batch.count, batch.units)
-        last = size - 1  # the deepest proof
-        verdict = measure(backend, "leaf_hard_verdict", lambda b=batch: V.accuse_leaf(b, last, True),
-                          n)
-        wid = leaves[last].work_id
+        _one_batch_size(backend, name, n, size, params, pool, node.address, F, P, V, V2)
 
-        def accused(b=batch) -> None:
-            V.accuse_leaf(b, last, True)
-            V2.vote(wid, True)
-            backend.advance_time(params.dispute_period + 1)
 
-        dispute = measure(backend, "leaf_settle_upheld_confirmed", lambda: F.settle(wid), n,
-                          setup=accused)
-        vote = measure(backend, "leaf_vote", lambda: V2.vote(wid, True), n,
-                       setup=lambda b=batch: V.accuse_leaf(b, last, True))
-        snap = backend.snapshot()
-        backend.advance_time(params.lock_period + 1)
-        claim = measure(backend, "claim_batch", lambda b=batch: P.claim_batch([b.id]), n)
-        backend.revert(snap)
-        for r in (submit, verdict, vote, dispute, claim):
-            emit(name, {**r, "batch": size, "gas_per_file": round(r["gas"] / size)})
-        emit(name, {"op": "amortized_submit_claim", "batch": size,
-                    "gas_per_file": round((submit["gas"] + claim["gas"]) / size)})
+def _one_batch_size(backend, name, n, size, params, pool, node, F, P, V, V2) -> None:
+    from meshrl.protocol.batches import Batch, Leaf
+
+    leaves = [Leaf(node, keccak(text=f"batch-{size}-{i}"), 100, step=1, counter=i)
+              for i in range(size)]
+    batch = Batch.of(leaves)
+    submit = measure(backend, "submit_batch",
+                     lambda: P.submit_batch(pool, node, batch.root, batch.count, batch.units), n)
+    P.submit_batch(pool, node, batch.root, batch.count, batch.units)
+    last = size - 1  # the deepest proof
+    wid = leaves[last].work_id
+    verdict = measure(backend, "leaf_hard_verdict", lambda: V.accuse_leaf(batch, last, True), n)
+
+    def accused() -> None:
+        V.accuse_leaf(batch, last, True)
+        V2.vote(wid, True)
+        backend.advance_time(params.dispute_period + 1)
+
+    dispute = measure(backend, "leaf_settle_upheld_confirmed", lambda: F.settle(wid), n,
+                      setup=accused)
+    vote = measure(backend, "leaf_vote", lambda: V2.vote(wid, True), n,
+                   setup=lambda: V.accuse_leaf(batch, last, True))
+    snap = backend.snapshot()
+    backend.advance_time(params.lock_period + 1)
+    claim = measure(backend, "claim_batch", lambda: P.claim_batch([batch.id]), n)
+    backend.revert(snap)
+    for r in (submit, verdict, vote, dispute, claim):
+        emit(name, {**r, "batch": size, "gas_per_file": round(r["gas"] / size)})
+    emit(name, {"op": "amortized_submit_claim", "batch": size,
+                "gas_per_file": round((submit["gas"] + claim["gas"]) / size)})
 
 
 def emit(backend: str, row: dict) -> None:

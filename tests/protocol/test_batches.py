@@ -306,3 +306,29 @@ def test_a_caught_leaf_challenged_and_upheld_wipes_its_batch(c: Court) -> None:
     w.backend.advance_time(LOCK)
     w.expect_revert("work: rewards wiped", lambda: p2.claim([cheat.id]))
     assert p1.claim([honest.id]).event("RewardsClaimed").args["amount"] == 9 * RATE
+
+
+def test_a_protocol_whose_extension_is_not_ours_is_refused(world: World) -> None:
+    """The extension runs on the protocol's storage: a pool whose protocol code is ours but
+    whose extension is another contract (here the token) could move stake; a stranger's
+    `check_contracts` refuses it."""
+    from eth_utils import keccak
+
+    from meshrl.protocol.chain import _deploy_one
+    from meshrl.protocol.verify import ContractMismatch, check_contracts
+
+    w, b, p = world, world.backend, PARAMS
+    token = w.fed.token.address
+
+    def hashes(protocol: str) -> dict[str, str]:
+        return {n: "0x" + keccak(bytes(b.w3.eth.get_code(a))).hex()
+                for n, a in (("token", token), ("protocol", protocol))}
+
+    ours = w.fed.contract.address
+    check_contracts(b, b.chain_id, {"token": token, "protocol": ours}, hashes(ours))
+    forged, _ = _deploy_one(b, w.n2, "protocol", token, token, p.min_stake, p.stake_per_unit,
+                            p.unbonding_delay, p.invalidation_window, p.lock_period,
+                            p.slash_penalty, p.verdict_bond, p.dispute_period, p.vote_period,
+                            p.quorum)
+    with pytest.raises(ContractMismatch, match="extension"):
+        check_contracts(b, b.chain_id, {"token": token, "protocol": forged}, hashes(forged))
