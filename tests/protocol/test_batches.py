@@ -144,6 +144,10 @@ def test_wrong_proof_lengths_indices_and_verdicts_are_refused(world: World) -> N
     # index past the count (the tree's padding)
     pad = Leaf(w.n1.address, bytes(32), 0)
     w.expect_revert("work: bad leaf", lambda: v.open_leaf(batch.root, 5, pad, proof))
+    # a tree deeper than its count says: a leaf below the declared depth is no leaf of it
+    deep = Batch.of(_leaves(w.n1.address, "deep", 4))
+    w.p1.submit_batch(w.pool, w.n1.address, deep.root, 2, 6)
+    w.expect_revert("work: bad proof", lambda: _open(v, deep, 1))
     w.expect_revert("work: bad verdict", lambda: _open(v, batch, 3, 1))
     w.expect_revert("roles: not validator", lambda: _open(w.stranger, batch, 3))
     _open(v, batch, 3)
