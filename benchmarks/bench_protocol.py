@@ -246,6 +246,67 @@ def _final_at_once(backend, n: int) -> list[dict]:
             measure(backend, "hard_invalidate_final", lambda: V.hard_invalidate(wid), n)]
 
 
+BATCH_SIZES = (1, 16, 64, 256)
+
+
+def run_batches(backend, name: str, n: int) -> None:
+    """Gas per file of batched work (issue 46) at each batch size: submit, a verdict on one
+    leaf (open + accuse; accepting costs nothing on chain), a dispute on it (vote + settle),
+    and the claim; `amortized_submit_claim` is (submit + claim) / files."""
+    fed, mgr, val, val2, prov, node = (acct(f"batch-{x}")
+                                       for x in ("fed", "mgr", "val", "val2", "p", "n"))
+    for a in (fed, mgr, val, val2, prov, node):
+        backend.fund(a.address, 10**21)
+    params = ProtocolParams()
+    F = Protocol(backend, deploy(backend, fed, params), fed)
+    P, M, V, V2 = F.as_(prov), F.as_(mgr), F.as_(val), F.as_(val2)
+    F.mint(prov.address, 10**6 * TOKEN)
+    for v in (val, val2):
+        F.mint(v.address, 10**4 * TOKEN)
+        F.set_validator(v.address)
+        F.as_(v).post_bond(1000 * TOKEN)
+    pool = F.create_pool(F.create_domain("batches"), mgr.address, 10**15)
+    F.start_pool(pool)
+    P.register_provider(1000 * TOKEN)
+    P.add_node(node, 8)
+    expiry = backend.now() + 3600
+    P.join_pool(pool, node.address, 1, expiry, M.sign_invite(pool, node.address, 1, expiry))
+    for size in BATCH_SIZES:
+        _one_batch_size(backend, name, n, size, params, pool, node.address, F, P, V, V2)
+
+
+def _one_batch_size(backend, name, n, size, params, pool, node, F, P, V, V2) -> None:
+    from meshrl.protocol.batches import Batch, Leaf
+
+    leaves = [Leaf(node, keccak(text=f"batch-{size}-{i}"), 100, step=1, counter=i)
+              for i in range(size)]
+    batch = Batch.of(leaves)
+    submit = measure(backend, "submit_batch",
+                     lambda: P.submit_batch(pool, node, batch.root, batch.count, batch.units), n)
+    P.submit_batch(pool, node, batch.root, batch.count, batch.units)
+    last = size - 1  # the deepest proof
+    wid = leaves[last].work_id
+    verdict = measure(backend, "leaf_hard_verdict", lambda: V.accuse_leaf(batch, last, True), n)
+
+    def accused() -> None:
+        V.accuse_leaf(batch, last, True)
+        V2.vote(wid, True)
+        backend.advance_time(params.dispute_period + 1)
+
+    dispute = measure(backend, "leaf_settle_upheld_confirmed", lambda: F.settle(wid), n,
+                      setup=accused)
+    vote = measure(backend, "leaf_vote", lambda: V2.vote(wid, True), n,
+                   setup=lambda: V.accuse_leaf(batch, last, True))
+    snap = backend.snapshot()
+    backend.advance_time(params.lock_period + 1)
+    claim = measure(backend, "claim_batch", lambda: P.claim_batch([batch.id]), n)
+    backend.revert(snap)
+    for r in (submit, verdict, vote, dispute, claim):
+        emit(name, {**r, "batch": size, "gas_per_file": round(r["gas"] / size)})
+    emit(name, {"op": "amortized_submit_claim", "batch": size,
+                "gas_per_file": round((submit["gas"] + claim["gas"]) / size)})
+
+
 def emit(backend: str, row: dict) -> None:
     print(json.dumps({"bench": "protocol", "backend": backend, **row}), flush=True)
 
@@ -253,8 +314,14 @@ def emit(backend: str, row: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=5, help="repetitions per operation")
+    ap.add_argument("--batches_only", action="store_true",
+                    help="only the batched-work gas (eth-tester)")
     args = ap.parse_args()
-    run(EthTesterBackend(), "eth-tester", args.n)
+    if not args.batches_only:
+        run(EthTesterBackend(), "eth-tester", args.n)
+    run_batches(EthTesterBackend(), "eth-tester", args.n)
+    if args.batches_only:
+        return
     if find_anvil() is None:
         emit("anvil", {"skipped": "anvil not installed (make setup)"})
         return

@@ -36,6 +36,41 @@ def test_protocol_fits_the_contract_size_limit() -> None:
     w = build_world(EthTesterBackend(), PARAMS)
     runtime = len(w.backend.w3.eth.get_code(w.fed.contract.address))
     assert 20_000 < runtime < 24_576
+    ext = w.fed.contract.functions.EXTENSION().call()
+    assert 1_000 < len(w.backend.w3.eth.get_code(ext)) < 24_576
+
+
+def _layout(name: str) -> tuple[dict[str, tuple[int, int]], dict]:
+    import vyper
+    from vyper.compiler.input_bundle import FilesystemInputBundle
+
+    path = (CONTRACTS_DIR / f"{name}.vy").resolve()
+    out = vyper.compile_code(path.read_text(), contract_path=path.name, resolved_path=path,
+                             input_bundle=FilesystemInputBundle([path.parent]),
+                             output_formats=["layout"])["layout"]
+
+    def flat(d: dict, pre: str = "") -> dict[str, tuple[int, int]]:
+        got: dict[str, tuple[int, int]] = {}
+        for k, v in d.items():
+            if "slot" in v:
+                got[pre + k] = (v["slot"], v["n_slots"])
+            else:
+                got.update(flat(v, pre + k + "."))
+        return got
+
+    return flat(out["storage_layout"]), out["transient_storage_layout"]
+
+
+def test_the_extension_runs_on_the_protocols_storage_layout() -> None:
+    # batches.vy runs by DELEGATECALL on the protocol's storage: every variable the two share
+    # must sit in the same slots, the extension's own after all of the protocol's
+    proto, proto_t = _layout("protocol")
+    ext, ext_t = _layout("batches")
+    assert {k: ext[k] for k in proto} == proto
+    end = max(slot + n for slot, n in proto.values())
+    own = {k: v for k, v in ext.items() if k not in proto}
+    assert own and all(slot >= end for slot, _ in own.values())
+    assert proto_t == ext_t  # the one re-entrancy lock
 
 
 def test_every_external_function_has_natspec() -> None:

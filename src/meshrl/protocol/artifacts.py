@@ -25,7 +25,8 @@ __all__ = [
 
 CONTRACTS_DIR = Path(__file__).parent / "contracts"
 COMPILED_DIR = CONTRACTS_DIR / "compiled"
-DEPLOYABLE = ("token", "protocol")
+# batches: the protocol's extension, run by DELEGATECALL on the protocol's storage (EIP-170)
+DEPLOYABLE = ("token", "protocol", "batches")
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def compile_contract(path: str | Path) -> Artifact:
 
 
 def load_artifact(name: str) -> Artifact:
-    """The committed artifact of a deployable contract (`token` or `protocol`)."""
+    """The committed artifact of a deployable contract (`token`, `protocol` or `batches`)."""
     data = json.loads((COMPILED_DIR / f"{name}.json").read_text())
     return Artifact(data["name"], data["abi"], data["bytecode"], data["compiler"])
 

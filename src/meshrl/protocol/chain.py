@@ -9,6 +9,7 @@ from eth_account.signers.local import LocalAccount
 
 from meshrl.protocol.artifacts import load_artifact
 from meshrl.protocol.backend import Backend
+from meshrl.protocol.batches import Batch, Leaf, batch_id
 from meshrl.protocol.config import ProtocolParams
 from meshrl.protocol.errors import TxReverted
 from meshrl.protocol.events import EventCursor, EventDecoder
@@ -23,7 +24,7 @@ from meshrl.protocol.records import (
 )
 from meshrl.protocol.signing import sign_invite, sign_ownership, work_id
 
-__all__ = ["DEFAULT_MAX_UNITS", "SETTLE_GAS", "Protocol", "deploy"]
+__all__ = ["DEFAULT_MAX_UNITS", "SETTLE_GAS", "Protocol", "deploy", "protocol_abi"]
 
 DEFAULT_MAX_UNITS = 1_000_000  # work units one rollout file may claim, unless a pool says else
 
@@ -53,10 +54,12 @@ def deploy(
         token, block = _deploy_one(backend, federator, "token", p.token_name, p.token_symbol)
     else:
         block = backend.block_number()
+    extension, _ = _deploy_one(backend, federator, "batches")
     protocol, _ = _deploy_one(
         backend,
         federator,
         "protocol",
+        extension,
         token,
         p.min_stake,
         p.stake_per_unit,
@@ -77,6 +80,13 @@ def deploy(
         c._send(t.set_minter(federator.address, False))
         c._send(t.transfer_ownership(protocol))
     return dep
+
+
+def protocol_abi() -> list[dict[str, Any]]:
+    """The protocol's ABI with its extension's functions and events (`batches.vy`: run by the
+    protocol's fallback on its storage, so called and logged at the protocol's address)."""
+    ext = [e for e in load_artifact("batches").abi if e["type"] in ("function", "event")]
+    return [e for e in load_artifact("protocol").abi if e["type"] != "fallback"] + ext
 
 
 # settle: an upheld hard verdict's slash, wipe and review, and each voter's stake (at most 8)
@@ -100,9 +110,7 @@ class Protocol:
         self.account = account
         w3 = backend.w3
         self.token = w3.eth.contract(address=deployment.token, abi=load_artifact("token").abi)
-        self.contract = w3.eth.contract(
-            address=deployment.protocol, abi=load_artifact("protocol").abi
-        )
+        self.contract = w3.eth.contract(address=deployment.protocol, abi=protocol_abi())
         self.decoder = EventDecoder(backend, [self.token, self.contract])
 
     def as_(self, account: LocalAccount) -> Protocol:
@@ -481,6 +489,55 @@ class Protocol:
 
     def claim(self, work_ids: list[bytes], gas: int | None = None) -> Receipt:
         return self._send(self.contract.functions.claim(list(work_ids)), gas)
+
+    # batches (issue 46; contracts/batches.vy, meshrl.protocol.batches): a batch is a work
+    # item keyed by its batch id, so `claim`, `hard_invalidate`, `standing`, `work` take it too
+    @staticmethod
+    def batch_id(node: str, root: bytes) -> bytes:
+        return batch_id(node, root)
+
+    def submit_batch(
+        self, pool: int, node: str, root: bytes, count: int, units: int, gas: int | None = None
+    ) -> Receipt:
+        """Commit `count` files of `node` by their Merkle root and total units; the
+        `BatchSubmitted` event carries its `batch_id`."""
+        return self._send(
+            self.contract.functions.submit_batch(pool, node, root, count, units), gas
+        )
+
+    def submit_leaves(self, pool: int, leaves: list[Leaf]) -> tuple[Batch, Receipt]:
+        """Build the batch of `leaves` (one node's files) and submit it."""
+        batch = Batch.of(leaves)
+        return batch, self.submit_batch(pool, batch.node, batch.root, batch.count, batch.units)
+
+    def open_leaf(
+        self,
+        root: bytes,
+        index: int,
+        leaf: Leaf,
+        proof: list[bytes],
+        verdict: int = 0,
+        gas: int | None = None,
+    ) -> Receipt:
+        """Take leaf `index` out of the batch of (`leaf.node`, `root`) with its proof (a
+        validator, within the batch's window): it becomes the work item `leaf.work_id`, and
+        `verdict` (`WorkStatus.SOFT_INVALIDATED` / `HARD_INVALIDATED`, 0 none) accuses it in
+        the same transaction. A file that already has an item is void in the batch instead,
+        and the verdict accuses the batch (`LeafOpened.copy`)."""
+        fn = self.contract.functions.open_leaf(
+            leaf.node, root, index, leaf.file_sha256, leaf.units, leaf.step, leaf.counter,
+            list(proof), verdict,
+        )
+        return self._send(fn, gas)
+
+    def accuse_leaf(self, batch: Batch, index: int, hard: bool) -> Receipt:
+        """A verdict on one file of `batch`: open it with its proof and accuse it."""
+        return self.open_leaf(batch.root, index, batch.leaves[index], batch.proof(index),
+                              3 if hard else 2)
+
+    def claim_batch(self, batch_ids: list[bytes], gas: int | None = None) -> Receipt:
+        """Claim batches (and any items) at once: one item per batch, whatever its size."""
+        return self.claim(batch_ids, gas)
 
     def set_work_params(self, invalidation_window: int, lock_period: int, penalty: int) -> Receipt:
         fn = self.contract.functions.set_work_params(invalidation_window, lock_period, penalty)

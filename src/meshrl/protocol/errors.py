@@ -8,7 +8,8 @@ catches `DuplicateFile` instead of reading the message.
 from __future__ import annotations
 
 __all__ = [
-    "REVERTS", "AlreadyChallenged", "AlreadyVoted", "BondTooLow", "ChainError", "DisputeOpen",
+    "REVERTS", "AlreadyChallenged", "AlreadyVoted", "BadLeaf", "BadProof", "BondTooLow",
+    "ChainError", "DisputeOpen",
     "DisputePeriodOver",
     "DuplicateFile", "InvalidationWindowClosed", "InviteExpired", "InviteUsed",
     "NodeBlacklisted", "NodeNotInPool", "NotAccused", "NotBonded", "OutOfGas", "TxReverted",
@@ -109,6 +110,14 @@ class WorkStillJudgeable(TxReverted):
     """An invalidation window of the provider's work is open: unbonded stake waits for it."""
 
 
+class BadProof(TxReverted):
+    """A leaf's Merkle proof does not lead to the batch's root (or has the wrong length)."""
+
+
+class BadLeaf(TxReverted):
+    """A leaf index past the batch's count, or a leaf already opened."""
+
+
 class OutOfGas(TxReverted):
     """The transaction ran out of gas (the backends report it as the reason "out of gas")."""
 
@@ -136,6 +145,8 @@ REVERTS: dict[str, type[TxReverted]] = {
     "stake: bond too low": BondTooLow,
     "stake: verdict pending": VerdictPending,
     "stake: work still judgeable": WorkStillJudgeable,
+    "work: bad proof": BadProof,
+    "work: bad leaf": BadLeaf,
     "out of gas": OutOfGas,
 }
 

@@ -111,6 +111,7 @@ class WorkInfo:
     judge_until: int  # its invalidation window closes then (fixed at submission)
     accusations_before: int  # hard verdicts on its provider's node made before it
     status: int
+    count: int = 0  # a batch: the files its root commits to (0: one file)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ class ContractMismatch(ChainError):
 def check_contracts(backend: Backend, chain_id: int, addresses: dict[str, str],
                     code_hashes: dict[str, str]) -> None:
     """Raise `ContractMismatch` unless the chain is `chain_id` and each contract (`token`,
-    `protocol`) at its address has the code hash named and is meshrl's own contract."""
+    `protocol`) at its address has the code hash named and is meshrl's own contract, and the
+    protocol's extension (`batches`) is meshrl's too."""
     if backend.chain_id != chain_id:
         raise ContractMismatch("chain_id", f"the RPC is chain {backend.chain_id}, the pool "
                                f"says {chain_id}")
@@ -43,3 +44,13 @@ def check_contracts(backend: Backend, chain_id: int, addresses: dict[str, str],
         if not runtime_matches(name, code):
             raise ContractMismatch(name, f"code at {addresses[name]} is not meshrl's {name} "
                                    "contract (this version's)")
+    # the protocol runs its extension on its own storage (DELEGATECALL): it must be ours too,
+    # whatever the manifest says (its address is in the protocol's code, past what is compared)
+    from meshrl.protocol.artifacts import load_artifact
+
+    proto = backend.w3.eth.contract(address=addresses["protocol"],  # type: ignore[arg-type]
+                                    abi=load_artifact("protocol").abi)
+    ext = proto.functions.EXTENSION().call()
+    if not runtime_matches("batches", bytes(backend.w3.eth.get_code(ext))):
+        raise ContractMismatch("protocol", f"its extension at {ext} is not meshrl's batches "
+                               "contract (this version's)")

@@ -33,8 +33,14 @@ exports: (
 )
 
 
+# The batches extension (batches.vy): functions this contract has no room for (EIP-170),
+# run on this contract's storage by DELEGATECALL.
+EXTENSION: public(immutable(address))
+
+
 @deploy
 def __init__(
+    extension: address,
     token: IERC20,
     min_stake: uint256,
     stake_per_unit: uint256,
@@ -47,7 +53,18 @@ def __init__(
     vote_period: uint256,
     quorum: uint256,
 ):
+    EXTENSION = extension
     roles.__init__()
     stake.__init__(token, min_stake, stake_per_unit, unbonding_delay)
     work.__init__(invalidation_window, lock_period, slash_penalty)
     work._set_dispute_params(verdict_bond, dispute_period, vote_period, quorum, True)
+
+
+@external
+def __default__() -> bytes32:
+    """
+    @notice Any other function is the batches extension's (`submit_batch`, `open_leaf`): run
+            on this contract's storage, its revert or its bytes32 result passed on.
+    @return What the extension returned.
+    """
+    return extract32(raw_call(EXTENSION, msg.data, max_outsize=32, is_delegate_call=True), 0)

@@ -90,6 +90,7 @@ struct Work:
     judge_until: uint256
     accusations_before: uint256
     status: uint8
+    count: uint256  # a batch: the files its root commits to (0: one file)
 
 struct Dispute:
     validator: address
@@ -224,18 +225,29 @@ def submit_work(pool: uint256, node: address, file_sha256: bytes32, units: uint2
     @param units The work units claimed, 1..the pool's `max_units`.
     @return The work id, keccak256(abi_encode(node, file_sha256)).
     """
+    wid: bytes32 = self._submit(pool, node, file_sha256, units, 0)
+    log WorkSubmitted(work_id=wid, pool=pool, node=node, file_sha256=file_sha256, units=units, reward=self.work_info[wid].reward)
+    return wid
+
+
+@internal
+def _submit(pool: uint256, node: address, key: bytes32, units: uint256, count: uint256) -> bytes32:
+    # One file (count 0: key is its sha256) or a batch of `count` (key is its root); the
+    # item's key binds it to the node either way.
     assert nodes.node_info[node].provider == msg.sender, "work: not node provider"
     assert nodes.node_info[node].pool == pool, "work: node not in pool"
     assert pools.pool_info[pool].status == pools.ACTIVE, "work: pool not active"
     assert units > 0, "work: zero units"
-    assert units <= pools.pool_info[pool].max_units, "work: units above pool maximum"
-    assert file_sha256 != empty(bytes32), "work: empty hash"
+    files: uint256 = max(count, 1)
+    assert units <= pools.pool_info[pool].max_units * files, "work: units above pool maximum"
+    assert key != empty(bytes32), "work: empty hash"
     stake._check_covered(msg.sender)
     interval: uint256 = pools.pool_info[pool].min_interval
     if interval > 0:
         assert block.timestamp >= self.last_submission[node] + interval, "work: too frequent"
-        self.last_submission[node] = block.timestamp
-    wid: bytes32 = self._work_id(node, file_sha256)
+        # a batch counts as `files` submissions: the next one waits for all of them
+        self.last_submission[node] = block.timestamp + interval * (files - 1)
+    wid: bytes32 = self._work_id(node, key)
     assert self.work_info[wid].status == 0, "work: duplicate file"
     reward: uint256 = units * pools.pool_info[pool].reward_rate
     judge_until: uint256 = block.timestamp + self.invalidation_window
@@ -250,10 +262,10 @@ def submit_work(pool: uint256, node: address, file_sha256: bytes32, units: uint2
         judge_until=judge_until,
         accusations_before=self.accusations[msg.sender][node],
         status=SUBMITTED,
+        count=count,
     )
     self.pool_work_units[pool] += units
     stake._note_deadline(msg.sender, judge_until)
-    log WorkSubmitted(work_id=wid, pool=pool, node=node, file_sha256=file_sha256, units=units, reward=reward)
     return wid
 
 
