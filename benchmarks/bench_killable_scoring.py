@@ -8,6 +8,8 @@ path with rows/s and the mean / max milliseconds of a row; then `ratio` = child 
 its 0 at a `--deadline` (in-process: not run, it never ends). Then the same for a
 reasoning-gym task scored through `task_reward` (countdown: `score_answer` is sympy's
 `parse_expr`, which never ends on `9**9**9**9`): in-process `Task.score` vs the child.
+`child_start_s`: the first row's seconds (the child started, in bubblewrap, and math-verify
+imported), the price of each fresh child.
 
     PYTHONPATH=src python benchmarks/bench_killable_scoring.py [--rows 200] [--deadline 2]
 """
@@ -69,7 +71,9 @@ def main() -> None:
     rows = _rows(args.rows)
     s = KillableScorer()
     try:
+        t0 = time.perf_counter()
         s.math_verify("1", "\\boxed{1}", 60.0)  # start the child (imports) before timing
+        print(json.dumps({"child_start_s": round(time.perf_counter() - t0, 3)}))
         for a, c in rows[:10]:  # warm both paths' caches alike
             _score_in_process(a, c, 5.0)
             s.math_verify(a, c, 5.0)

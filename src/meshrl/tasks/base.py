@@ -58,6 +58,16 @@ class Task(ABC):
         work meshrl wrote, or a scorer that bounds itself: math-verify, the code sandbox)."""
         return None
 
+    def scores_in_child(self) -> bool:
+        """Whether this task's scores run in the killable child (`killable()`, or math-verify):
+        building a mix with one checks the child's sandbox (`check_scoring_sandbox`)."""
+        return self.killable() is not None
+
+    def warm(self, problem: Problem) -> None:
+        """Trusted work for `problem` before a completion is scored (no completion involved):
+        the scoring child does it before forking the row's process, so it is done once."""
+        return None
+
 
 def heldout_rows(n: int, fraction: float, salt: str) -> set[int]:
     """Indices of the held-out rows: those whose hash of (salt, index) falls below `fraction`

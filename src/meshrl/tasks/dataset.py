@@ -203,6 +203,9 @@ class DatasetTask(RowsTask):
         prompt = self.cfg.template.format(**row)
         return Problem(self.name, prompt, str(row[self.cfg.answer_field]), {"index": index})
 
+    def scores_in_child(self) -> bool:
+        return self.cfg.verifier == "math-verify"
+
     def score(self, problem: Problem, completion: str) -> float:
         if self.cfg.verifier == "exact":
             return 1.0 if completion.strip() == problem.answer.strip() else 0.0

@@ -101,6 +101,10 @@ class GymTask(Task):
         # `parse_expr` of `9**9**9**9` never ends
         return self.cfg.model_dump(mode="json"), self.cfg.timeout_s
 
+    def warm(self, problem: Problem) -> None:
+        # the item's regeneration (tens of ms for countdown) cached before the row's fork
+        self._entry(str(problem.meta["split"]), int(problem.meta["index"]))
+
     def score(self, problem: Problem, completion: str) -> float:
         if not self.cfg.answer_tag:
             answer: str | None = completion.strip()

@@ -19,6 +19,20 @@ The pool rule (docs/tasks.md, *Unscorable answers*): a completion the verifier c
 within the task's `timeout_s` scores 0. Worker, validator and trainer all score through this
 module, so they apply the same rule. A child that cannot start is an error of the scoring
 machine (`VerifierUnavailable`), never a score.
+
+Some of those scorers run what they are given: sympy's `parse_expr` (reasoning-gym's countdown,
+puzzle24, polynomial_multiplication, the integration datasets) `eval`s its text, so
+`<answer>__import__('os').getpid()</answer>` ran in the worker, the validator and the trainer
+(issue #41). So the child runs in Debian's bubblewrap, like a code task's program
+(`meshrl.tasks.sandbox`): every namespace unshared (no network), a new session, dead with its
+parent, capabilities dropped; the file system only `/usr`, the Python installation, its venv and
+the directories on the import path, all read-only (never the working directory, the home
+directory itself or `/`: a role's keys and run directory stay out of sight), a private 16 MiB
+`/tmp` the only place it can write, no environment but PATH/HOME/LANG/PYTHONPATH. Inside, every
+row is scored in a process forked for it (`scoring_child`), so a row cannot change how a later
+row scores; after it, every other process of the sandbox is killed and `/tmp` emptied. A machine
+without bwrap refuses these tasks when the mix is built (`ScoringSandboxUnavailable`, one line)
+unless `MESHRL_SCORING_UNSANDBOXED=1` (off by default; docs/tasks.md) says to score unsandboxed.
 """
 
 from __future__ import annotations
@@ -30,6 +44,8 @@ import json
 import logging
 import os
 import selectors
+import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -39,23 +55,34 @@ from typing import Any
 
 from meshrl.log import get_logger, log_event
 from meshrl.tasks.base import Problem
+from meshrl.tasks.sandbox import SandboxUnavailable
 
-__all__ = ["KillableScorer", "ScoreOutcome", "VerifierUnavailable", "math_verify_outcome",
-           "scorer", "task_score_outcome"]
+__all__ = ["UNSANDBOXED_ENV", "KillableScorer", "ScoreOutcome", "ScoringSandboxUnavailable",
+           "VerifierUnavailable", "check_scoring_sandbox", "math_verify_outcome", "scorer",
+           "task_score_outcome"]
 
 log = get_logger("meshrl.tasks.killable")
 
 # the child is a module of its own: nothing here imports the tasks it builds
-_CHILD = "from meshrl.tasks.scoring_child import main; main()"
+_CHILD = "from meshrl.tasks.scoring_child import main; main(sandboxed={})"
 START_TIMEOUT_S = 120.0  # importing math-verify / sympy on a loaded machine; not a row's time
 MEMORY_BYTES = 2 << 30  # what one row may add to the child's address space
 _MAX_LINE = 1 << 20  # an answer line is a few bytes; more is a broken child
 _DIED = b"\0died"  # _readline's mark of a child whose output ended (never a JSON line)
+# the documented, off-by-default opt-out: "1" scores in an unsandboxed child (a machine without
+# bwrap that only scores tasks it trusts); read here only, when a child starts or a mix is built
+UNSANDBOXED_ENV = "MESHRL_SCORING_UNSANDBOXED"
+_TMP_BYTES = 16 << 20  # the sandbox's private /tmp
 
 
 class VerifierUnavailable(RuntimeError):
     """The scoring child could not be started or answered nonsense: the scorer's fault, so a
     caller must not turn it into a reward (a validator leaves the file unjudged)."""
+
+
+class ScoringSandboxUnavailable(VerifierUnavailable, SandboxUnavailable):
+    """No bubblewrap sandbox for the scoring child on this machine: tasks whose scorers run on
+    untrusted text are refused (never scored unsandboxed unless `UNSANDBOXED_ENV` says so)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +104,7 @@ class KillableScorer:
         self._owner = 0
         self._buf = b""
         self._built: set[str] = set()  # task specs the live child has built
+        self._path: tuple[str, ...] = ()  # sys.path when the live child started (its binds)
         self.kills = 0  # children killed at a deadline (for logs and tests)
 
     @property
@@ -184,19 +212,29 @@ class KillableScorer:
             self._stop()
 
     def _ensure(self) -> None:
-        if self._proc is not None and self._owner == os.getpid() and self._proc.poll() is None:
+        sandboxed = not _unsandboxed()
+        if (self._proc is not None and self._owner == os.getpid() and self._proc.poll() is None
+                # a sandboxed child sees only the import path it started with: a new entry
+                # (an environment package) needs a child with that directory bound
+                and (not sandboxed or self._path == tuple(sys.path))):
             return
         if self._owner != os.getpid():
             self._proc = None  # a fork's copy: its pipes are the parent's, never touch them
         self._stop()
+        path = tuple(sys.path)
+        if sandboxed:
+            cmd, env = _sandbox_command(), None
+        else:
+            cmd = [sys.executable, "-c", _CHILD.format(False)]
+            env = {**os.environ, "PYTHONPATH": _pythonpath(),
+                   "MESHRL_SCORER_PARENT": str(os.getpid())}
         try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": _pythonpath(),
-                                              "MESHRL_SCORER_PARENT": str(os.getpid())})
+            # its own process group: `_stop` kills bwrap and with it the sandbox's pid namespace
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          env=env, start_new_session=True, close_fds=True)
         except OSError as e:
             raise VerifierUnavailable(f"cannot start the scoring child: {e}") from None
-        self._owner, self._buf, self._built = os.getpid(), b"", set()
+        self._owner, self._buf, self._built, self._path = os.getpid(), b"", set(), path
         ready = self._readline(time.monotonic() + START_TIMEOUT_S)
         if ready != b"ready":
             self._stop()
@@ -226,6 +264,8 @@ class KillableScorer:
         if proc is None:
             return
         with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)  # bwrap's group: its pid namespace dies too
+        with contextlib.suppress(OSError):
             proc.kill()
         proc.wait()
         for f in (proc.stdin, proc.stdout):
@@ -238,6 +278,101 @@ def _pythonpath() -> str:
     """The parent's import path for the child, so it imports the same meshrl (an editable
     checkout, a worktree on PYTHONPATH)."""
     return os.pathsep.join(p for p in sys.path if p)
+
+
+def _unsandboxed() -> bool:
+    return os.environ.get(UNSANDBOXED_ENV, "") == "1"
+
+
+def _bwrap() -> str:
+    found = shutil.which("bwrap")
+    if found is None:
+        raise ScoringSandboxUnavailable(
+            "scoring sandbox: bubblewrap binary 'bwrap' not found (apt-get install bubblewrap); "
+            f"untrusted answers are never scored unsandboxed unless {UNSANDBOXED_ENV}=1")
+    return found
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _read_only_roots() -> list[str]:
+    """The directories the child may read: the Python installation and venv, the directory
+    meshrl is imported from and the import path's directories; never the working directory or
+    a directory above it (a run directory, a repository with its keys), the home directory
+    itself or `/`. Under `/usr` is bound anyway."""
+    import meshrl
+
+    cwd, home = os.path.abspath(os.getcwd()), os.path.abspath(os.path.expanduser("~"))
+    wanted = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+              os.path.dirname(os.path.dirname(os.path.abspath(meshrl.__file__)))]
+    for p in sys.path:
+        if p and os.path.isdir(p):
+            p = os.path.abspath(p)
+            if not _inside(cwd, p) and p != home:
+                wanted.append(p)
+    roots: list[str] = []
+    for p in sorted(set(map(os.path.abspath, wanted)), key=len):
+        if p != "/" and p != home and not _inside(p, "/usr") \
+                and not any(_inside(p, r) for r in roots):
+            roots.append(p)
+    return roots
+
+
+def _sandbox_command() -> list[str]:
+    """bwrap running the scoring child (see the module's docstring for what it may touch)."""
+    mounts = ["--ro-bind", "/usr", "/usr"]
+    for link in ("bin", "lib", "lib64", "sbin"):
+        if os.path.islink(f"/{link}"):
+            mounts += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
+        elif os.path.isdir(f"/{link}"):
+            mounts += ["--ro-bind", f"/{link}", f"/{link}"]
+    for root in _read_only_roots():
+        mounts += ["--ro-bind", root, root]
+    # fontconfig's settings (matplotlib, imported by some reasoning-gym datasets, asks for them)
+    mounts += ["--ro-bind-try", "/etc/fonts", "/etc/fonts"]
+    paths = [os.path.abspath(p) for p in sys.path if p and os.path.exists(p)]
+    return [_bwrap(), "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+            "--new-session", "--cap-drop", "ALL", *mounts, "--proc", "/proc", "--dev", "/dev",
+            "--size", str(_TMP_BYTES), "--tmpfs", "/tmp",
+            "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--clearenv",
+            "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
+            "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONPATH", os.pathsep.join(paths),
+            "--setenv", "HF_HUB_OFFLINE", "1", "--setenv", "HF_DATASETS_OFFLINE", "1",
+            "--setenv", "MPLCONFIGDIR", "/tmp",
+            "--", sys.executable, "-c", _CHILD.format(True)]
+
+
+_CHECKED: set[tuple[str, ...]] = set()  # (bwrap, *sys.path) that started Python
+
+
+def check_scoring_sandbox() -> None:
+    """Raise `ScoringSandboxUnavailable` (one line naming why) unless the scoring child's
+    sandbox starts Python here (or `UNSANDBOXED_ENV` opts out): called when a mix with a task
+    scored in the child is built, so a machine that cannot sandbox refuses at start. Cached per
+    process and import path (one sandboxed `python -c pass`, tens of milliseconds)."""
+    if _unsandboxed():
+        return
+    key = (_bwrap(), *sys.path)
+    if key in _CHECKED:
+        return
+    cmd = _sandbox_command()
+    cmd[-1] = "import meshrl"  # the binds reach meshrl
+    try:
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, timeout=60, start_new_session=True)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ScoringSandboxUnavailable(f"scoring sandbox: bwrap cannot start ({e}); untrusted "
+                                        f"answers are never scored unsandboxed unless "
+                                        f"{UNSANDBOXED_ENV}=1") from None
+    if done.returncode != 0:
+        why = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
+        raise ScoringSandboxUnavailable(f"scoring sandbox: bwrap cannot start Python here "
+                                        f"(exit {done.returncode}: {why[0][:200]}); untrusted "
+                                        f"answers are never scored unsandboxed unless "
+                                        f"{UNSANDBOXED_ENV}=1")
+    _CHECKED.add(key)
 
 
 _SCORER: KillableScorer | None = None

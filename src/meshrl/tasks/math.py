@@ -90,5 +90,8 @@ class MathTask(Task):
         prompt = self.cfg.template.format(problem=problem)
         return Problem(self.name, prompt, answer, {"index": index})
 
+    def scores_in_child(self) -> bool:
+        return True  # math-verify, in the killable child
+
     def score(self, problem: Problem, completion: str) -> float:
         return math_verify_score(problem.answer, completion, self.cfg.timeout_s)

@@ -75,6 +75,11 @@ class TaskSet:
             if task.name in self.tasks:
                 raise TaskError(f"tasks: {task.name!r} appears twice in the mix")
             self.tasks[task.name] = task
+        if any(t.scores_in_child() for t in self.tasks.values()):
+            # untrusted answers are scored in the sandboxed child: no sandbox, refuse now
+            from meshrl.tasks.killable import check_scoring_sandbox
+
+            check_scoring_sandbox()
         self.names = list(self.tasks)  # a task's name: its type, or its own `name`
         self.weights = [spec.weight for spec in cfg.mix]
 

@@ -1,15 +1,25 @@
 """The scoring child's side (`meshrl.tasks.killable` starts it as
 `python -c "from meshrl.tasks.scoring_child import main; main()"`): a module of its own, which
 no other module imports, because it builds tasks (`meshrl.tasks.sampling`) that themselves
-score through `meshrl.tasks.killable`."""
+score through `meshrl.tasks.killable`.
+
+Every row is scored in a process forked for it, which answers on a pipe of its own and exits: a
+row's code (sympy's `parse_expr` runs what it is given) cannot patch the scorer for the rows
+after it, nor write to the parent's pipe; it cannot ptrace this process (not dumpable). In the
+sandbox, after each row every other process in it (a row's lingering child) is killed and `/tmp`
+emptied, so the next row meets the state the task's build left."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import resource
+import shutil
+import signal
 import sys
+import time
 from typing import Any
 
 from meshrl.tasks.base import Problem
@@ -68,15 +78,113 @@ def _task_score(task: Any, req: dict[str, Any]) -> float:
     return min(1.0, max(0.0, score)) if score == score else 0.0
 
 
-def main() -> None:
+# trusted answers in the common forms (a number, a fraction, an expression, LaTeX and not),
+# scored before the first row so no row's fork pays for math-verify's first use of each
+_WARM = [("1", "$1$"), ("1/2", "So the answer is $\\boxed{\\frac{1}{2}}$."),
+         ("x^2+1", "The answer is \\boxed{x^2 + 1}"), ("0.25", "\\boxed{\\sqrt{2}}"),
+         ("\\frac{3}{4}", "so $\\frac{3}{4}$")]
+
+
+def _not_dumpable() -> None:
+    """PR_SET_DUMPABLE 0: a row's process (same user) may not ptrace or write this one's
+    memory through /proc, so it cannot patch the scorer of later rows."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0)  # PR_SET_DUMPABLE
+
+
+def _row(task: Any, req: dict[str, Any]) -> float:
+    try:
+        if req.get("op") == "score":
+            return _task_score(task, req)
+        return _score_in_process(str(req["a"]), str(req["c"]), float(req["t"]))
+    except MemoryError:  # past the cap: unscorable like a row past its deadline
+        return 0.0
+
+
+def _warm_scorer(task: Any) -> None:
+    """Score one of the task's own problems with its reference answer here (trusted text): the
+    scorer's lazy imports and caches are then built once and shared by every row's fork."""
+    import random
+
+    with contextlib.suppress(Exception):
+        p = task.sample(random.Random(0))
+        task.score(p, f"<answer>{p.answer}</answer>")
+
+
+def _forked_row(task: Any, req: dict[str, Any]) -> float | None:
+    """The row's score from a process forked for it (None: it died without one)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the row's process: never returns
+        try:
+            os.close(r)
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 0)  # the parent's pipes are not the row's to read or write
+            os.dup2(null, 1)
+            os.setpgid(0, 0)
+            os.write(w, json.dumps({"s": _row(task, req)}).encode() + b"\n")
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)  # what the row started in its group
+    os.set_blocking(r, False)
+    data = b""
+    with contextlib.suppress(OSError):  # empty: it died before writing
+        data = os.read(r, 4096)
+    os.close(r)
+    try:
+        score = float(json.loads(data.partition(b"\n")[0])["s"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    # the row's own code wrote it: out of range is a hostile row's 0, never the machine's fault
+    return score if 0.0 <= score <= 1.0 else 0.0
+
+
+def _sweep() -> bool:
+    """Kill every process of the sandbox but bwrap's init (1) and this one; empty `/tmp`.
+    False when processes keep appearing (the caller exits; the parent starts a fresh sandbox)."""
+    me = os.getpid()
+    for _ in range(50):
+        others = [int(d) for d in os.listdir("/proc") if d.isdigit() and int(d) not in (1, me)]
+        if not others:
+            break
+        for pid in others:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        time.sleep(0.001)
+    else:
+        return False
+    for name in os.listdir("/tmp"):
+        path = os.path.join("/tmp", name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    return True
+
+
+def main(sandboxed: bool = False) -> None:
     """The child: imports math-verify, caps its address space, says "ready", then answers one
     JSON line per request line until its stdin closes: a math-verify row (`a`, `c`, `t`), a
     task to build (`op` "build": answers `built` or `error`) or a row of a built task (`op`
-    "score")."""
+    "score"), each row in a process of its own. `sandboxed`: it runs in the bubblewrap sandbox
+    of `meshrl.tasks.killable` (its own pid namespace and `/tmp`, swept after each row)."""
     import math_verify  # noqa: F401  (before "ready": importing is not a row's time)
 
     _die_with_parent()
+    _not_dumpable()
+    for gold, said in _WARM:  # its lazy imports, parsers and caches, built once and shared
+        _score_in_process(gold, said, 5.0)
     _cap_memory()
+    gc.freeze()  # the imports' objects stay shared with each row's fork (no copy on write)
     tasks: dict[str, Any] = {}
     out = sys.stdout.buffer
     out.write(b"ready\n")
@@ -88,19 +196,21 @@ def main() -> None:
         if op == "build":
             _cap_memory(hard=True)
             try:
-                tasks[req["k"]] = _build_task(req["spec"], list(req.get("path", [])))
+                tasks[req["k"]] = task = _build_task(req["spec"], list(req.get("path", [])))
+                _warm_scorer(task)
                 reply = {"built": req["k"]}
             except Exception as e:  # the parent raises VerifierUnavailable with this line
                 reply = {"error": f"{type(e).__name__}: {e}"[:500]}
             _cap_memory()
+            gc.freeze()
         else:
-            try:
-                if op == "score":
-                    s = _task_score(tasks[req["k"]], req)
-                else:
-                    s = _score_in_process(str(req["a"]), str(req["c"]), float(req["t"]))
-            except MemoryError:  # past the cap: unscorable like a row past its deadline
-                s = 0.0
+            task = tasks[req["k"]] if op == "score" else None
+            if task is not None:
+                with contextlib.suppress(Exception):  # trusted work (no completion): shared
+                    task.warm(Problem(*map(str, req["p"][:3]), dict(req["p"][3])))
+            s = _forked_row(task, req)
+            if s is None or (sandboxed and not _sweep()):
+                os._exit(0)  # the parent asks again in a fresh child (then scores it 0)
             reply = {"s": s}
         out.write(json.dumps(reply).encode() + b"\n")
         out.flush()
