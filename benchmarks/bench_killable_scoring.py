@@ -8,6 +8,8 @@ path with rows/s and the mean / max milliseconds of a row; then `ratio` = child 
 its 0 at a `--deadline` (in-process: not run, it never ends). Then the same for a
 reasoning-gym task scored through `task_reward` (countdown: `score_answer` is sympy's
 `parse_expr`, which never ends on `9**9**9**9`): in-process `Task.score` vs the child.
+The same for chain_sum, whose scorer parses
+integers and runs no text (`Task.runs_answer_code` False): its rows skip the fork per row.
 `child_start_s`: the first row's seconds (the child started, in bubblewrap, and math-verify
 imported), the price of each fresh child.
 
@@ -86,12 +88,14 @@ def main() -> None:
                           "timed_out": out.timed_out, "in_process": "never ends"}))
     finally:
         s.close()
-    _gym(args.rows, args.deadline)
+    _gym(args.rows, args.deadline, "countdown")  # forked per row: its scorer evals text
+    _gym(args.rows, args.deadline, "chain_sum")  # scored in the child itself: it parses ints
 
 
-def _gym(n: int, deadline: float) -> None:
-    tasks = TasksConfig(mix=[GymConfig(dataset="countdown", timeout_s=deadline)]).build()
-    task = tasks.tasks["rg/countdown"]
+def _gym(n: int, deadline: float, dataset: str) -> None:
+    tasks = TasksConfig(mix=[GymConfig(dataset=dataset, timeout_s=deadline)]).build()
+    task = tasks.tasks[f"rg/{dataset}"]
+    print(json.dumps({"gym_dataset": dataset, "forked_per_row": task.runs_answer_code()}))
     rng = random.Random(1)
     rows = []
     for _ in range(n):

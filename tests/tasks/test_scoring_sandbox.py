@@ -202,3 +202,17 @@ def test_no_bwrap_refuses_the_mix_in_one_line_unless_opted_out(monkeypatch, tmp_
         assert _score(s, task, p, p.answer) == 1.0
     finally:
         s.close()
+
+
+def test_every_dataset_whose_scorer_evaluates_text_is_forked_per_row():
+    """A row is scored without a fork of its own only when nothing in its dataset's source
+    can run text: each dataset found calling sympy's `parse_expr` forks (a row of it could
+    patch the scorer otherwise); plain parsers (chain_sum, leg_counting) save the fork."""
+    from meshrl.tasks.gym import GymConfig
+
+    evaluating = ["countdown", "puzzle24", "polynomial_multiplication", "simple_integration",
+                  "intermediate_integration"]
+    for name in evaluating:
+        assert GymConfig(dataset=name).build().runs_answer_code(), name
+    for name in ["chain_sum", "leg_counting"]:
+        assert not GymConfig(dataset=name).build().runs_answer_code(), name

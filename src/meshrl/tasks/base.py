@@ -63,6 +63,13 @@ class Task(ABC):
         building a mix with one checks the child's sandbox (`check_scoring_sandbox`)."""
         return self.killable() is not None
 
+    def runs_answer_code(self) -> bool:
+        """Whether scoring a completion may run code the completion chose (sympy's
+        `parse_expr` evals its text): the scoring child then scores each row in a process
+        forked for it, so a row cannot change how later rows score. True unless a task knows
+        better: forking costs tens of milliseconds a row."""
+        return True
+
     def warm(self, problem: Problem) -> None:
         """Trusted work for `problem` before a completion is scored (no completion involved):
         the scoring child does it before forking the row's process, so it is done once."""

@@ -13,7 +13,9 @@ to the dataset's `score_answer`.
 from __future__ import annotations
 
 import functools
+import inspect
 import random
+import re
 from typing import Any, Literal
 
 from pydantic import Field
@@ -101,6 +103,12 @@ class GymTask(Task):
         # `parse_expr` of `9**9**9**9` never ends
         return self.cfg.model_dump(mode="json"), self.cfg.timeout_s
 
+    def runs_answer_code(self) -> bool:
+        # read off the dataset's own source (its class and reasoning-gym bases): 16 of the
+        # 106 datasets of the pinned reasoning-gym can evaluate text (countdown, puzzle24, the
+        # integrations, polynomial_multiplication, ...); the others parse numbers or strings
+        return _may_run_text(type(self.splits["train"]))
+
     def warm(self, problem: Problem) -> None:
         # the item's regeneration (tens of ms for countdown) cached before the row's fork
         self._entry(str(problem.meta["split"]), int(problem.meta["index"]))
@@ -118,3 +126,25 @@ class GymTask(Task):
         except Exception:  # a scorer choking on a hostile answer: a wrong answer, not a crash
             return 0.0
         return min(1.0, max(0.0, score)) if score == score else 0.0
+
+
+# what in a scorer's module can run a completion's text as code, or start a process
+_CODE = re.compile(r"parse_expr|sympify|\beval\(|\bexec\(|\bcompile\(|math_verify|subprocess"
+                   r"|__import__|importlib")
+
+
+@functools.cache
+def _may_run_text(cls: type) -> bool:
+    """Whether any reasoning-gym module of `cls` or its bases mentions a way to run text (a
+    module whose source cannot be read counts as one that may)."""
+    for k in cls.__mro__:
+        module = inspect.getmodule(k)
+        if module is None or not module.__name__.startswith("reasoning_gym"):
+            continue
+        try:
+            source = inspect.getsource(module)
+        except (OSError, TypeError):
+            return True
+        if _CODE.search(source):
+            return True
+    return False

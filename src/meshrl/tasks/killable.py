@@ -29,10 +29,11 @@ parent, capabilities dropped; the file system only `/usr`, the Python installati
 the directories on the import path, all read-only (never the working directory, the home
 directory itself or `/`: a role's keys and run directory stay out of sight), a private 16 MiB
 `/tmp` the only place it can write, no environment but PATH/HOME/LANG/PYTHONPATH. Inside, every
-row is scored in a process forked for it (`scoring_child`), so a row cannot change how a later
-row scores; after it, every other process of the sandbox is killed and `/tmp` emptied. A machine
-without bwrap refuses these tasks when the mix is built (`ScoringSandboxUnavailable`, one line)
-unless `MESHRL_SCORING_UNSANDBOXED=1` (off by default; docs/tasks.md) says to score unsandboxed.
+row whose scorer may run its text (`Task.runs_answer_code`) is scored in a process forked for it
+(`scoring_child`), so a row cannot change how a later row scores; after it, every other process
+of the sandbox is killed and `/tmp` emptied. A machine without bwrap refuses these tasks when
+the mix is built (`ScoringSandboxUnavailable`, one line) unless `MESHRL_SCORING_UNSANDBOXED=1`
+(off by default; docs/tasks.md) says to score unsandboxed.
 """
 
 from __future__ import annotations

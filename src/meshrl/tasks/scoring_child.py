@@ -3,11 +3,13 @@
 no other module imports, because it builds tasks (`meshrl.tasks.sampling`) that themselves
 score through `meshrl.tasks.killable`.
 
-Every row is scored in a process forked for it, which answers on a pipe of its own and exits: a
-row's code (sympy's `parse_expr` runs what it is given) cannot patch the scorer for the rows
-after it, nor write to the parent's pipe; it cannot ptrace this process (not dumpable). In the
-sandbox, after each row every other process in it (a row's lingering child) is killed and `/tmp`
-emptied, so the next row meets the state the task's build left."""
+Every row of a task whose scorer may run its text (`Task.runs_answer_code`: math-verify,
+reasoning-gym datasets whose source can evaluate text, verifiers environments) is scored in a
+process forked for it, which answers on a pipe of its own and exits: a row's code (sympy's
+`parse_expr` runs what it is given) cannot patch the scorer for the rows after it, nor write to
+the parent's pipe; it cannot ptrace this process (not dumpable). In the sandbox, after each row
+every other process in it (a row's lingering child) is killed and `/tmp` emptied, so the next
+row meets the state the task's build left."""
 
 from __future__ import annotations
 
@@ -208,7 +210,10 @@ def main(sandboxed: bool = False) -> None:
             if task is not None:
                 with contextlib.suppress(Exception):  # trusted work (no completion): shared
                     task.warm(Problem(*map(str, req["p"][:3]), dict(req["p"][3])))
-            s = _forked_row(task, req)
+            if task is not None and not task.runs_answer_code():
+                s = _row(task, req)  # a scorer that runs no text: no row can change it
+            else:
+                s = _forked_row(task, req)
             if s is None or (sandboxed and not _sweep()):
                 os._exit(0)  # the parent asks again in a fresh child (then scores it 0)
             reply = {"s": s}
