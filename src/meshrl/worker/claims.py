@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from meshrl.log import get_logger, log_event
 from meshrl.protocol import Protocol, TxReverted
 from meshrl.protocol.history import provider_rewards
+from meshrl.wire.detached import detached
 from meshrl.worker.retry import retrying
 
 __all__ = ["ClaimRound", "Claimer"]
@@ -70,7 +71,7 @@ class Claimer:
             if stop.is_set():
                 return
             try:
-                got = await retrying("claiming", lambda: asyncio.to_thread(self.claim_once),
+                got = await retrying("claiming", lambda: detached(self.claim_once),
                                      stop)
             except TxReverted as e:
                 self.refused += 1
