@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from meshrl.durable import atomic_write
 from meshrl.network.checks import RunFacts, dispute_counts, run_checks
 from meshrl.network.config import NetworkConfig
 
@@ -411,8 +412,9 @@ def write_report(cfg: NetworkConfig, root: Path, give_up: GiveUp = _never) -> di
     png = None if give_up() else plot_curves(_lines(root / "trainer" / "metrics.jsonl"),
                                              root / "curves.png")
     rep["curves"] = None if png is None else str(png)
-    (root / "report.json").write_text(json.dumps(rep, indent=1, default=str))
-    (root / "report.md").write_text(_markdown(rep))
+    # whole or not at all: a stop may end the process while the report is written
+    atomic_write(root / "report.json", json.dumps(rep, indent=1, default=str), sync=False)
+    atomic_write(root / "report.md", _markdown(rep), sync=False)
     return rep
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,8 @@ __all__ = ["CLIENT_GRACE_S", "REPORT_BY_S", "STOP_S", "network_up", "where_to_lo
 log = get_logger("meshrl.network")
 STOP_S = 15.0  # a Ctrl-C ends the network within this long, whatever its phase
 CLIENT_GRACE_S = 5.0  # workers, validators and the trainer: SIGTERM, then this long together
-REPORT_BY_S = 8.0  # the report reads what answers until this long after the signal
-SERVICE_GRACE_S = 2.0  # each later tier: the services, then the chain
+REPORT_BY_S = 7.0  # the report reads what answers until this long after the signal
+SERVICE_GRACE_S = 2.0  # at least, each later tier: the services, then the chain
 
 
 def network_up(cfg: NetworkConfig) -> int:
@@ -115,8 +116,19 @@ def network_up(cfg: NetworkConfig) -> int:
         if faults is not None:
             faults.write(lay.root / "faults.json")
         _write_outcome(lay, outcome, time.monotonic() - t0)
-        _report(cfg, lay, give_up)  # while the orchestrator and the chain still answer
-        sup.stop_all(SERVICE_GRACE_S)
+        # while the orchestrator and the chain still answer; after a signal, given up to
+        # REPORT_BY_S + 1 s in all (its reads stop at REPORT_BY_S; imports and parsing on a
+        # loaded machine took 6 s more), then the stop goes on without it
+        report = threading.Thread(target=_report, args=(cfg, lay, give_up), daemon=True)
+        report.start()
+        while report.is_alive():
+            report.join(0.1)
+            if interrupted and time.monotonic() > interrupted[0][1] + REPORT_BY_S + 1.0:
+                log_event(log, "report cut short", by_s=REPORT_BY_S + 1.0)
+                break
+        # the services get what is left of STOP_S (2 s kept for anvil and this process's exit)
+        left = interrupted[0][1] + STOP_S - 2.0 - time.monotonic() if interrupted else 10.0
+        sup.stop_all(max(SERVICE_GRACE_S, left))
         if interrupted:
             sup.event("network stopped", "supervisor", outcome=outcome,
                       stop_s=round(time.monotonic() - interrupted[0][1], 2))
