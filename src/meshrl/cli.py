@@ -63,6 +63,7 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    as_program = argv is None  # the process's own command line (not a caller's test)
     argv = list(sys.argv[1:] if argv is None else argv)
     head, overrides = _split_overrides(argv)
     parser = build_parser()
@@ -83,12 +84,27 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(name, e, 2)
     try:
         return int(args._handler(cfg) or 0)
+    except Interrupted as e:
+        return _interrupted(name, e, as_program)
     except CommandError as e:
         return _fail(name, e, e.exit_code)
     except OSError as e:  # missing files, permissions, ports in use
         return _fail(name, e, 1)
     except KeyboardInterrupt:  # a handler that keeps something says so with `Interrupted`
-        return _fail(name, Interrupted(), EXIT_INTERRUPTED)
+        return _interrupted(name, Interrupted(), as_program)
+
+
+def _interrupted(command: str, error: Interrupted, as_program: bool) -> int:
+    """The one line of a stopped command. As a program, the heap is left out of the
+    interpreter's last garbage collection (atexit hooks still run): what the command keeps is
+    on disk, and that collection of a trainer's heap took 2-7 s of a stop."""
+    code = _fail(command, error, EXIT_INTERRUPTED)
+    if as_program:
+        import gc
+
+        gc.disable()
+        gc.freeze()
+    return code
 
 
 def _two_words(parser: argparse.ArgumentParser, head: list[str]) -> list[str]:

@@ -1,6 +1,7 @@
 """Ctrl-C of `meshrl train`, as a terminal sends it: SIGINT to the whole process group (the
 generation child included). The run stops with exit status 130 and one line saying where it
-was and what it kept: no traceback from the child, no broken pipe."""
+was and what it kept: no traceback from the child, no broken pipe. A stopped warm start keeps
+its progress: the next `meshrl train` of the run continues it from the next step."""
 
 from __future__ import annotations
 
@@ -30,12 +31,21 @@ PHASES = {
 }
 
 
+def _train(run: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "meshrl.cli", "train", "--run.dir", str(run), "--run.name", "r",
+            *TINY, *args]
+
+
+def _records(run: Path) -> list[dict]:
+    path = run / "r" / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
 def _interrupt(tmp: Path, phase: str) -> tuple[int, str, float]:
     args, kind = PHASES[phase]
     run = tmp / phase.replace(" ", "_")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "meshrl.cli", "train", "--run.dir", str(run), "--run.name", "r",
-         *TINY, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        _train(run, *args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(SRC)}, start_new_session=True)
     metrics = run / "r" / "metrics.jsonl"
     deadline = time.monotonic() + 240
@@ -57,8 +67,12 @@ def _interrupt(tmp: Path, phase: str) -> tuple[int, str, float]:
 
 
 @pytest.fixture(scope="module")
-def stopped(tmp_path_factory) -> dict[str, tuple[int, str, float]]:
-    tmp = tmp_path_factory.mktemp("stop")
+def tmp(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("stop")
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp: Path) -> dict[str, tuple[int, str, float]]:
     with ThreadPoolExecutor(max_workers=2) as pool:
         return dict(zip(PHASES, pool.map(lambda p: _interrupt(tmp, p), PHASES), strict=True))
 
@@ -71,7 +85,29 @@ def test_ctrl_c_of_train_is_one_line_and_exit_130(phase: str, stopped) -> None:
     assert len(lines) == 1, err[-3000:]
     assert rc == 130, err[-3000:]
     assert lines[0].startswith("meshrl train: interrupted during "), lines[0]
-    if phase == "warm start":  # nothing of it is kept, and the line says so
-        assert "warm start: its progress is not saved" in lines[0], lines[0]
-    assert "starts the run over" in lines[0], lines[0]  # no checkpoint was written yet
+    if phase == "warm start":  # its progress is kept, and the line says where
+        assert "warm start: its progress is saved at step " in lines[0], lines[0]
+        assert "resumes the warm start from step " in lines[0], lines[0]
+    else:
+        assert "starts the run over" in lines[0], lines[0]  # no checkpoint was written yet
     assert seconds < 20  # the child is not waited for through a whole batch
+
+
+def test_a_stopped_warm_start_is_continued_by_the_next_run(stopped, tmp: Path) -> None:
+    _, err, _ = stopped["warm start"]
+    saved = int(err.split("its progress is saved at step ")[1].split()[0])
+    run = tmp / "warm_start"
+    before = _records(run)
+    # the same run again, its warm start ending one step after the saved one, no RL steps
+    res = subprocess.run(_train(run, "--sft.max_steps", str(saved + 1), "--sft.eval_every", "1",
+                                "--sft.target_accuracy", "1", "--sft.max_accuracy", "1",
+                                "--sft.batch_size", "2", "--steps", "0"),
+                         capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    after = _records(run)[len(before):]
+    assert after[0]["kind"] == "warm_start_resume" and after[0]["step"] == saved, after[:2]
+    sft = [r["step"] for r in after if r["kind"] == "sft"]
+    assert sft == [saved + 1], sft  # no step trained or evaluated again, none skipped
+    warm = next(r for r in after if r["kind"] == "warm_start")
+    assert warm["steps"] == saved + 1  # the policy handed to RL is the continued one

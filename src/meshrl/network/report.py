@@ -7,6 +7,9 @@ per node, read with the trainer's reader key while the network is still up), the
 item's reward and state, invalidations, ejections), the role logs (when each policy version was
 published and when each worker loaded it; the validator's verdicts), `events.jsonl` and
 `faults.json`. The invariants the run must keep are computed from these in `checks.py`.
+
+`give_up` (a Ctrl-C's deadline passed) ends the reads of the orchestrator and the chain where
+they are: the report is written with what was read, and says what was not.
 """
 
 from __future__ import annotations
@@ -15,14 +18,23 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from meshrl.durable import atomic_write
 from meshrl.network.checks import RunFacts, dispute_counts, run_checks
 from meshrl.network.config import NetworkConfig
 
 __all__ = ["build_report", "write_report"]
+
+GiveUp = Callable[[], bool]
+
+
+def _never() -> bool:
+    return False
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -38,8 +50,8 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _orchestrator(info: dict[str, Any]) -> tuple[list[dict[str, Any]] | None,
-                                                 list[dict[str, Any]]]:
+def _orchestrator(info: dict[str, Any], give_up: GiveUp = _never) -> tuple[
+        list[dict[str, Any]] | None, list[dict[str, Any]]]:
     """The orchestrator's ledger (None when it does not answer) and the nodes of its pool
     (every member, one that joined from another host included)."""
     from meshrl.wire import SignedClient
@@ -61,38 +73,60 @@ def _orchestrator(info: dict[str, Any]) -> tuple[list[dict[str, Any]] | None,
                     return out, nodes
                 out += page.entries
                 after = page.next_after
+    async def until_given_up() -> tuple[list[Any], list[Any]]:
+        task = asyncio.ensure_future(read())
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.2)
+            if give_up() and not task.done():
+                task.cancel()
+                raise TimeoutError("the stop's deadline passed")
+        return task.result()
+
     try:
-        ledger, nodes = asyncio.run(read())
+        ledger, nodes = asyncio.run(until_given_up())
     except Exception:  # the orchestrator is down: the report says so instead of failing
         return None, []
     return ([e.model_dump(mode="json") for e in ledger],
             [n.model_dump(mode="json") for n in nodes])
 
 
-def _chain(info: dict[str, Any], verb: str, *args: str, timeout: float = 60) -> list[Any]:
+def _chain(info: dict[str, Any], verb: str, *args: str, timeout: float = 60,
+           give_up: GiveUp = _never) -> list[Any]:
     """`meshrl chain <verb>` (a process: the network package does not import the chain
-    client); its JSON lines, or [] when the chain does not answer."""
+    client); its JSON lines, or [] when the chain does not answer (in `timeout`, or before
+    `give_up`)."""
     argv = [sys.executable, "-m", "meshrl.cli", "chain", verb, "--chain.rpc_url",
             info["rpc_url"], "--chain.deployment", info["deployment"], *args]
-    try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                             check=False)
-    except subprocess.TimeoutExpired:
-        return []
-    return [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          text=True) as proc:
+        deadline = time.monotonic() + timeout
+        try:  # communicate() in short waits, so `give_up` is heard within 0.2 s
+            while True:
+                try:
+                    out, _ = proc.communicate(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    if give_up() or time.monotonic() > deadline:
+                        return []
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    return [json.loads(x) for x in out.splitlines() if x.startswith("{")]
 
 
-def _balances(info: dict[str, Any], others: list[str]) -> dict[str, dict[str, Any]]:
+def _balances(info: dict[str, Any], others: list[str],
+              give_up: GiveUp = _never) -> dict[str, dict[str, Any]]:
     """Stake and tokens of the workers' providers and of `others` (members from elsewhere)."""
     providers = json.dumps(sorted({*(w["provider"] for w in info["workers"].values()),
                                    *others}))
-    return {r["address"].lower(): r for r in _chain(info, "balances", "--addresses", providers)}
+    return {r["address"].lower(): r for r in _chain(info, "balances", "--addresses", providers,
+                                                    give_up=give_up)}
 
 
-def works_history(info: dict[str, Any]) -> dict[str, Any] | None:
+def works_history(info: dict[str, Any], give_up: GiveUp = _never) -> dict[str, Any] | None:
     """The pool's work items and their events (`meshrl chain works`), None when the chain does
-    not answer."""
-    out = _chain(info, "works", "--pool", str(info["pool_id"]), timeout=300)
+    not answer (or `give_up` says to stop asking)."""
+    out = _chain(info, "works", "--pool", str(info["pool_id"]), timeout=300, give_up=give_up)
     return out[-1] if out else None
 
 
@@ -276,15 +310,15 @@ def rl_started(metrics: list[dict[str, Any]], records: list[dict[str, Any]]) -> 
                                 for m in metrics)
 
 
-def build_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
+def build_report(cfg: NetworkConfig, root: Path, give_up: GiveUp = _never) -> dict[str, Any]:
     info = json.loads((root / "network.json").read_text())
     metrics = _lines(root / "trainer" / "metrics.jsonl")
     evals = [m for m in metrics if m.get("kind") == "eval" and m.get("phase") == "rl"]
     reached = next((m for m in evals if m["accuracy"] >= 0.8), None)
     records = _lines(root / "trainer" / "rollouts.jsonl")
-    read, pool = _orchestrator(info)
+    read, pool = _orchestrator(info, give_up)
     ledger = read or []
-    chain = works_history(info)
+    chain = works_history(info, give_up)
     others = external_nodes(info, ledger, pool, chain)
     verdicts = _verdicts(root, info)
     facts = RunFacts(records=records, ledger=ledger, chain=chain, workers=info["workers"],
@@ -306,7 +340,7 @@ def build_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
         "phase": "rl" if facts.rl_started else "warm start",
         "nodes": _node_rows(info, ledger, records, chain,
                             _balances(info, [x["provider"] for x in others.values()
-                                             if x["provider"]]), pool),
+                                             if x["provider"]], give_up), pool),
         "chain": None if chain is None else {"block": chain["block"], "now": chain["now"]},
         "versions": _broadcast(root, list(info["workers"])),
         "restarts": [e for e in events if e["event"] in ("died", "killed", "recovered", "retired")],
@@ -375,12 +409,15 @@ def plot_curves(metrics: list[dict[str, Any]], out: Path) -> Path | None:
     return out
 
 
-def write_report(cfg: NetworkConfig, root: Path) -> dict[str, Any]:
-    rep = build_report(cfg, root)
-    png = plot_curves(_lines(root / "trainer" / "metrics.jsonl"), root / "curves.png")
+def write_report(cfg: NetworkConfig, root: Path, give_up: GiveUp = _never) -> dict[str, Any]:
+    rep = build_report(cfg, root, give_up)
+    # past a stop's deadline the curves are left out (matplotlib alone took 2 s)
+    png = None if give_up() else plot_curves(_lines(root / "trainer" / "metrics.jsonl"),
+                                             root / "curves.png")
     rep["curves"] = None if png is None else str(png)
-    (root / "report.json").write_text(json.dumps(rep, indent=1, default=str))
-    (root / "report.md").write_text(_markdown(rep))
+    # whole or not at all: a stop may end the process while the report is written
+    atomic_write(root / "report.json", json.dumps(rep, indent=1, default=str), sync=False)
+    atomic_write(root / "report.md", _markdown(rep), sync=False)
     return rep
 
 

@@ -4,6 +4,11 @@ service's health before starting the roles that need it, restarts a role that di
 doubling backoff; a role that keeps dying at start-up ends the run; a role that exits with
 `EXIT_REFUSED`, such as a blacklisted worker, is retired), and records every start, exit and
 restart in `events.jsonl`. Role output goes to `logs/<role>.log`.
+
+Every wait of the supervisor watches `should_stop` (a Ctrl-C): a role's health wait and the
+chain set-up end with `StopRequested`. Stopping is bounded: the roles of a tier get SIGTERM at
+once and share one grace period (`stop_roles`), and each `stopped` record says how long its role
+took and whether it had to be killed (rc -9).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -23,7 +29,8 @@ from meshrl.config import EXIT_REFUSED
 from meshrl.log import get_logger, log_event
 from meshrl.network.roles import RoleSpec
 
-__all__ = ["Proc", "RoleFailed", "Supervisor", "healthy", "process_cpu_seconds"]
+__all__ = ["Proc", "RoleFailed", "StopRequested", "Supervisor", "healthy",
+           "process_cpu_seconds"]
 
 log = get_logger("meshrl.network")
 FAST_DEATH_S = 10.0
@@ -31,6 +38,11 @@ FAST_DEATH_S = 10.0
 
 class RoleFailed(RuntimeError):
     """A role could not be started or kept alive."""
+
+
+class StopRequested(Exception):
+    """`should_stop` became true while the supervisor waited (for a role's health, for the
+    chain set-up): the network stops instead of finishing its start."""
 
 
 @dataclass
@@ -55,6 +67,7 @@ class Supervisor:
         self._events: IO[str] = (root / "events.jsonl").open("a")
         self.cpu: dict[str, dict[int, float]] = {}  # role -> pid -> CPU seconds last read
         self.t0, self.cpu0 = time.monotonic(), _own_cpu_seconds()
+        self.should_stop: Callable[[], bool] = lambda: False  # watched by every wait
 
     # ---- starting --------------------------------------------------------------------------
     def start(self, spec: RoleSpec, ready_timeout: float = 120.0) -> Proc:
@@ -78,12 +91,38 @@ class Supervisor:
     def wait_healthy(self, p: Proc, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not healthy(p.spec):
+            if self.should_stop():
+                raise StopRequested(p.spec.name)
             if p.popen is not None and p.popen.poll() is not None:
                 raise RoleFailed(f"{p.spec.name} exited with {p.popen.returncode} while "
                                  f"starting; see {self.logs / (p.spec.name + '.log')}")
             if time.monotonic() > deadline:
                 raise RoleFailed(f"{p.spec.name} not healthy after {timeout:.0f}s")
             time.sleep(0.2)
+
+    def run_once(self, name: str, argv: list[str]) -> bytes:
+        """A one-off command (the chain set-up): its stdout; output to `logs/<name>.log`. Its
+        own session, so a terminal's Ctrl-C reaches only the supervisor, which then ends it
+        (`StopRequested`) instead of waiting for it to finish."""
+        with (self.logs / f"{name}.log").open("ab") as err:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err,
+                                    start_new_session=True)
+            try:
+                while proc.poll() is None:
+                    if self.should_stop():
+                        raise StopRequested(name)
+                    time.sleep(0.1)
+            finally:
+                if proc.poll() is None:
+                    _end(proc, 3.0)
+                    self.event("stopped", name, rc=proc.returncode)
+            assert proc.stdout is not None
+            out = proc.stdout.read()
+            proc.stdout.close()
+        if proc.returncode != 0:
+            raise RoleFailed(f"{name} failed (exit {proc.returncode}); see "
+                             f"{self.logs / (name + '.log')}")
+        return out
 
     # ---- supervising -----------------------------------------------------------------------
     def poll(self) -> list[str]:
@@ -161,35 +200,45 @@ class Supervisor:
         return pid
 
     # ---- stopping --------------------------------------------------------------------------
-    def stop_roles(self, names: list[str], timeout: float = 20.0) -> None:
-        """SIGTERM the named roles (in reverse start order), SIGKILL what outlives `timeout`;
-        they are not restarted. The others run on (a pool that drains, closing.py)."""
-        for p in reversed(list(self.procs.values())):
-            if p.spec.name not in names:
-                continue
-            p.done = True
-            if p.popen is not None and p.popen.poll() is None:
-                p.popen.send_signal(signal.SIGTERM)
-                try:
-                    p.popen.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    p.popen.kill()
-                    p.popen.wait()
-                self.event("stopped", p.spec.name, rc=p.popen.returncode)
+    def stop_all(self, timeout: float = 10.0) -> None:
+        """Stop every role still running: the roles without a health URL first (workers,
+        validators, the trainer), then the services in reverse start order, anvil last."""
+        self.stop_roles(self.clients(), timeout)
+        self.stop_roles([p for p in self.procs.values() if p.spec.health and not p.spec.rpc],
+                        timeout)
+        self.stop_roles([p for p in self.procs.values() if p.spec.rpc], timeout)  # the chain
 
-    def stop_all(self, timeout: float = 20.0) -> None:
-        """SIGTERM every role in reverse start order, SIGKILL what outlives `timeout`."""
+    def close(self) -> None:
+        self._events.close()
+
+    def clients(self) -> list[Proc]:
+        """The roles that use the services (no health URL): stopped before them."""
+        return [p for p in self.procs.values() if not p.spec.health]
+
+    def stop_roles(self, procs: list[Proc], timeout: float) -> None:
+        """SIGTERM to each of `procs` still running (reverse start order, all at once), then
+        wait for them all within one shared `timeout`; SIGKILL what outlives it (rc -9)."""
         self.stopping = True
-        for p in reversed(list(self.procs.values())):
-            if p.popen is not None and p.popen.poll() is None:
-                p.popen.send_signal(signal.SIGTERM)
-                try:
-                    p.popen.wait(timeout)
-                except subprocess.TimeoutExpired:
+        live = [p for p in reversed(procs) if p.popen is not None and p.popen.poll() is None]
+        t0 = time.monotonic()
+        for p in live:
+            assert p.popen is not None
+            self._read_cpu(p)
+            p.popen.send_signal(signal.SIGTERM)
+        deadline, waiting = t0 + timeout, list(live)
+        while waiting:  # each exit seen within 50 ms, so its `seconds` is its own
+            for p in list(waiting):
+                assert p.popen is not None
+                if p.popen.poll() is None and time.monotonic() < deadline:
+                    continue
+                if p.popen.poll() is None:  # outlived the grace period
                     p.popen.kill()
                     p.popen.wait()
-                self.event("stopped", p.spec.name, rc=p.popen.returncode)
-        self._events.close()
+                waiting.remove(p)
+                p.done = True
+                self.event("stopped", p.spec.name, rc=p.popen.returncode,
+                           seconds=round(time.monotonic() - t0, 2))
+            time.sleep(0.05)
 
     def event(self, what: str, role: str, **fields: Any) -> None:
         record = {"t": time.time(), "event": what, "role": role, **fields}
@@ -197,6 +246,15 @@ class Supervisor:
             self._events.write(json.dumps(record) + "\n")
             self._events.flush()
         log_event(log, what, role=role, **fields)
+
+
+def _end(proc: subprocess.Popen[bytes], grace: float) -> None:
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _own_cpu_seconds() -> float:

@@ -11,6 +11,13 @@ validators (`validators.count`, splitting the files; docs/protocol.md), the work
 role keeps its state under `runs/<name>/`, so starting the same network again resumes it: the
 chain from its state file, the services from SQLite, the trainer from its newest checkpoint,
 workers from their outboxes and each validator from its cursor.
+
+Ctrl-C (or SIGTERM) in any phase ends the network within `STOP_S` seconds: every wait of the
+supervisor watches it (a role's health, the chain set-up, supervision), then the roles that use
+the services stop (SIGTERM, `CLIENT_GRACE_S` together), the report is written with what answers
+until `REPORT_BY_S` after the signal, and the services and the chain stop last. events.jsonl
+records the signal (`interrupt`), each role's `stopped` (its seconds; rc -9: it had to be
+killed) and the whole stop (`network stopped`, `stop_s` from the signal).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,11 +38,16 @@ from meshrl.network.keys import PoolKeys
 from meshrl.network.report import write_report
 from meshrl.network.roles import Layout, anvil_role, build_roles, devnet_argv, validator_name
 from meshrl.network.status import UpStatus
-from meshrl.network.supervisor import RoleFailed, Supervisor
+from meshrl.network.supervisor import RoleFailed, StopRequested, Supervisor
 
-__all__ = ["network_up", "where_to_look"]
+__all__ = ["CLIENT_GRACE_S", "REPORT_BY_S", "STOP_S", "network_up", "where_to_look"]
 
 log = get_logger("meshrl.network")
+STOP_S = 15.0  # a Ctrl-C ends the network within this long, whatever its phase
+CLIENT_GRACE_S = 5.0  # workers, validators and the trainer: SIGTERM, then this long together
+REPORT_BY_S = 7.0  # the report reads what answers until this long after the signal
+SERVICE_GRACE_S = 2.0  # at least, each later tier: the services, then the chain
+DRAIN_GRACE_S = 20.0  # a draining pool stops the roles that take work without hurry
 
 
 def network_up(cfg: NetworkConfig) -> int:
@@ -44,10 +56,15 @@ def network_up(cfg: NetworkConfig) -> int:
     # before anything starts: a pool opened to other hosts refuses well-known keys
     keys = lay.keys()
     sup = Supervisor(lay.root, cfg.restart_backoff_s, cfg.max_fast_deaths)
-    interrupted: list[int] = []
+    interrupted: list[tuple[int, float]] = []  # (signal, when): written to events.jsonl later
 
     def on_signal(signum: int, _frame: Any) -> None:
-        interrupted.append(signum)
+        interrupted.append((signum, time.monotonic()))
+
+    def give_up() -> bool:  # the report's reads end by REPORT_BY_S after a signal
+        return bool(interrupted) and time.monotonic() > interrupted[0][1] + REPORT_BY_S
+
+    sup.should_stop = lambda: bool(interrupted)
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     status = UpStatus(lay.root)
@@ -61,7 +78,7 @@ def network_up(cfg: NetworkConfig) -> int:
     faults: Faults | None = None
     try:
         sup.start(anvil_role(lay))
-        pool = _devnet(lay, keys)
+        pool = _devnet(sup, lay, keys)
         roles = build_roles(lay, keys, pool)
         faults = Faults(cfg.faults, [r.name for r in roles])
         _write_network_file(lay, keys, pool, [r.name for r in roles])
@@ -84,22 +101,46 @@ def network_up(cfg: NetworkConfig) -> int:
             time.sleep(0.5)
         if cfg.on_stop == "drain" and (lay.root / "network.json").is_file():
             status.end()
-            _report(cfg, lay)  # while the orchestrator still answers
+            _report(cfg, lay, _never)  # while the orchestrator still answers
             reported = True
             outcome += f"; {_drain(cfg, lay, sup, status, interrupted)}"
+    except StopRequested:
+        pass  # a Ctrl-C while a role started or the chain was set up
     except (RoleFailed, ValueError) as e:
         outcome, failed = f"failed: {e}", True
         log_event(log, "role failed", error=str(e))
     finally:
         status.end()
         quiet.setLevel(level)
+        if interrupted:
+            sig, when = interrupted[0]
+            sup.event("interrupt", "supervisor", signal=signal.Signals(sig).name,
+                      noticed_s=round(time.monotonic() - when, 2))
+        sup.write_cpu(lay.root / "cpu.json")
+        # the roles that use the services first: the trainer's last metrics and checkpoint,
+        # the workers' outboxes and the validators' verdicts are on disk for the report
+        sup.stop_roles(sup.clients(), CLIENT_GRACE_S)
         if faults is not None:
             faults.write(lay.root / "faults.json")
         _write_outcome(lay, outcome, time.monotonic() - t0)
-        sup.write_cpu(lay.root / "cpu.json")
+        # while the orchestrator and the chain still answer; after a signal, given up to
+        # REPORT_BY_S + 1 s in all (its reads stop at REPORT_BY_S; imports and parsing on a
+        # loaded machine took 6 s more), then the stop goes on without it
+        report = threading.Thread(target=_report, args=(cfg, lay, give_up), daemon=True)
         if not reported:
-            _report(cfg, lay)  # while the orchestrator and the chain still answer
-        sup.stop_all()
+            report.start()
+        while report.is_alive():
+            report.join(0.1)
+            if interrupted and time.monotonic() > interrupted[0][1] + REPORT_BY_S + 1.0:
+                log_event(log, "report cut short", by_s=REPORT_BY_S + 1.0)
+                break
+        # the services get what is left of STOP_S (2 s kept for anvil and this process's exit)
+        left = interrupted[0][1] + STOP_S - 2.0 - time.monotonic() if interrupted else 10.0
+        sup.stop_all(max(SERVICE_GRACE_S, left))
+        if interrupted:
+            sup.event("network stopped", "supervisor", outcome=outcome,
+                      stop_s=round(time.monotonic() - interrupted[0][1], 2))
+        sup.close()
         status.header({"stopped": f"{outcome}; report {lay.root / 'report.md'}"})
         for s, h in old.items():
             signal.signal(s, h)
@@ -114,11 +155,11 @@ def _takes_work(name: str) -> bool:
 
 
 def _drain(cfg: NetworkConfig, lay: Layout, sup: Supervisor, status: UpStatus,
-           interrupted: list[int]) -> str:
+           interrupted: list[tuple[int, float]]) -> str:
     """`on_stop = "drain"` (closing.py): stop taking work, keep the chain up until every
     reward is claimed or has been claimable `claim_window_s`; a further signal stops it."""
     signals = len(interrupted)
-    sup.stop_roles([n for n in sup.procs if _takes_work(n)])
+    sup.stop_roles([p for n, p in sup.procs.items() if _takes_work(n)], DRAIN_GRACE_S)
     info = json.loads((lay.root / "network.json").read_text())
 
     def say(what: str, fields: dict[str, Any]) -> None:
@@ -153,23 +194,28 @@ def where_to_look(lay: Layout) -> dict[str, str]:
             "logs": str(lay.root / "logs"), "events": str(lay.root / "events.jsonl")}
 
 
-def _report(cfg: NetworkConfig, lay: Layout) -> None:
+def _never() -> bool:
+    return False
+
+
+def _report(cfg: NetworkConfig, lay: Layout, give_up: Any) -> None:
     if not (lay.root / "network.json").is_file():
         return
     try:
-        rep = write_report(cfg, lay.root)
+        rep = write_report(cfg, lay.root, give_up)
         log_event(log, "report", path=str(lay.root / "report.md"), accuracy=rep["accuracy"])
     except Exception as e:  # a report must never keep the network from stopping
         log_event(log, "report failed", error=f"{type(e).__name__}: {e}")
 
 
-def _devnet(lay: Layout, keys: PoolKeys) -> int:
-    with (lay.root / "logs" / "devnet.log").open("ab") as out:
-        res = subprocess.run(devnet_argv(lay, keys), stdout=subprocess.PIPE, stderr=out,
-                             check=False)
-    if res.returncode != 0:
-        raise RoleFailed(f"chain set-up failed; see {lay.root / 'logs' / 'devnet.log'}")
-    info = json.loads(res.stdout.decode().strip().splitlines()[-1])
+def _devnet(sup: Supervisor, lay: Layout, keys: PoolKeys) -> int:
+    """The chain set-up (`meshrl chain devnet`), ended by a Ctrl-C like every other wait."""
+    try:
+        out = sup.run_once("devnet", devnet_argv(lay, keys))
+    except RoleFailed:
+        raise RoleFailed(f"chain set-up failed; see {lay.root / 'logs' / 'devnet.log'}") \
+            from None
+    info = json.loads(out.decode().strip().splitlines()[-1])
     log_event(log, "chain ready", **info)
     return int(info["pool_id"])
 

@@ -17,10 +17,16 @@ def _train(cfg: RLConfig) -> int:
 
     if cfg.model.path:  # before torch is imported: a wrong path is refused in a second
         check_model_dir(cfg.model.path)
+    import signal
+
     from meshrl.config import EXIT_REFUSED, CommandError
     from meshrl.pool import PoolRulesError
     from meshrl.rl.distributed import launched_by_torchrun
 
+    def on_sigterm(_n: int, _f: object) -> None:
+        raise KeyboardInterrupt  # a supervisor's stop is a Ctrl-C: progress saved, one line
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         if launched_by_torchrun(os.environ):  # one rank of a torchrun job: FSDP2 (dist_run.py)
             from meshrl.rl.dist_run import train_distributed

@@ -32,7 +32,7 @@ from meshrl.rl.metrics import MetricsWriter, plot_curves
 from meshrl.rl.packing import PackCost, pack_groups
 from meshrl.rl.pipeline import RolloutPipeline
 from meshrl.rl.rollouts import RolloutBatch, generate_batch
-from meshrl.rl.sft import warm_start
+from meshrl.rl.sft import saved_progress, warm_start
 from meshrl.rl.source import PolicyPublisher, RolloutSource, Weights
 from meshrl.rl.trainer import Trainer
 
@@ -125,14 +125,25 @@ class RLRun:
 
     def _stopped_in(self, phase: str) -> str:
         """The one line of a run stopped by Ctrl-C: where, what was kept, what the next start
-        does. The warm start keeps no checkpoint of its own: stopped, it starts over."""
+        does. A stopped warm start saves its progress (rl/sft.py), resumed by the next run."""
         ckpt = latest_checkpoint(self.dir / "checkpoints")
-        head = (f"interrupted during {phase}" if phase != "the warm start" else
-                "interrupted during the warm start: its progress is not saved (the warm start "
-                "keeps no checkpoint)")
-        tail = (f"`meshrl train` with the same config resumes from {ckpt}" if ckpt else
-                "`meshrl train` with the same config starts the run over")
+        warm = saved_progress(self.warm_dir)
+        head = f"interrupted during {phase}"
+        if phase == "the warm start" and warm is not None and not warm["done"]:
+            head += f": its progress is saved at step {warm['step']} in {self.warm_dir}"
+        if ckpt:
+            tail = f"`meshrl train` with the same config resumes from {ckpt}"
+        elif warm is not None:
+            tail = ("`meshrl train` with the same config resumes the warm start from step "
+                    f"{warm['step'] + 1}" if not warm["done"] else
+                    "`meshrl train` with the same config starts RL from the saved warm start")
+        else:
+            tail = "`meshrl train` with the same config starts the run over"
         return f"{head}; {tail}"
+
+    @property
+    def warm_dir(self) -> Path:
+        return self.dir / "warm_start"
 
     def advantages(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Group-relative advantages [groups, group_size] and the groups that carry signal."""
@@ -262,10 +273,15 @@ class RLRun:
                               "max_steps": self.cfg.sft.max_steps,
                               "target": self.cfg.sft.target_accuracy})
 
+        saved = saved_progress(self.warm_dir) if self.cfg.run.resume else None
+        if saved is not None:  # a stopped (or finished) warm start of this run continues
+            self.metrics.log({"kind": "warm_start_resume", **saved, "path": str(self.warm_dir)})
         result = warm_start(self.host_model, self.tokenizer, self.cfg.sft, self.tasks,
                             lambda step: self.evaluate("sft", step), self.cfg.run.seed,
                             self.exclude, on_eval=on_eval,
-                            prompt_format=self.cfg.rollout.prompt_format)
+                            prompt_format=self.cfg.rollout.prompt_format,
+                            progress=self.warm_dir if self._is_main() else None,
+                            resume=self.cfg.run.resume)
         self.metrics.log({"kind": "warm_start", **result, "elapsed": self.elapsed()})
         self._keep_reference(fresh=True)
         self._attach_lora(fresh=True)

@@ -4,22 +4,71 @@ RL needs a policy that is sometimes right (a group whose completions are all wro
 advantage). The warm-start trains on reference answers and stops as soon as greedy held-out
 accuracy reaches `target_accuracy`; it never hands RL a policy above `max_accuracy`: when an
 evaluation overshoots, the last snapshot at or below the cap is restored.
+
+Its progress survives a stop: a Ctrl-C (or SIGTERM) saves the weights, optimizer, schedule,
+step and best snapshot to `progress` (`<run>/warm_start/`; an optimizer update in progress is
+finished first), and the next `meshrl train` continues from the next step (problems are drawn by
+step, so it sees what an unstopped run would). A finished warm start is kept there too, so a run
+stopped before its first RL checkpoint does not warm-start again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable
+import json
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from meshrl.durable import atomic_write, replace
 from meshrl.pool import PromptFormat, encode_prompt
 from meshrl.rl.config import SFTConfig
 from meshrl.rl.rollouts import collate, draw_problems
 from meshrl.tasks import TaskSet
 
-__all__ = ["SFTConfig", "warm_start"]
+__all__ = ["SFTConfig", "saved_progress", "warm_start"]
+
+STATE, INFO = "state.pt", "progress.json"
+
+
+def saved_progress(directory: Path | None) -> dict[str, Any] | None:
+    """{"step", "done"} of the warm start saved in `directory`, or None."""
+    if directory is None or not (directory / INFO).is_file() \
+            or not (directory / STATE).is_file():
+        return None
+    return json.loads((directory / INFO).read_text())
+
+
+def _save(directory: Path, info: dict[str, Any], state: dict[str, Any]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / (STATE + ".tmp")
+    torch.save(state, tmp)
+    replace(tmp, directory / STATE)
+    atomic_write(directory / INFO, json.dumps(info))  # last: names a complete state file
+
+
+@contextlib.contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """Ctrl-C / SIGTERM held until the block ends (an optimizer update is never half applied
+    when the progress is saved); then raised as KeyboardInterrupt. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, lambda n, _f: held.append(n)) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if held:
+        raise KeyboardInterrupt
 
 
 def sft_batch(tokenizer: Any, problems: list[Any], prompt_format: PromptFormat = "raw",
@@ -62,40 +111,69 @@ def warm_start(
     exclude: frozenset[str] = frozenset(),
     on_eval: Callable[[int, float, float], None] | None = None,
     prompt_format: PromptFormat = "raw",
+    progress: Path | None = None,
+    resume: bool = True,
 ) -> dict[str, float]:
     """Train `model` in place; returns {"steps", "accuracy", "loss"} of the policy handed to RL.
 
     `evaluate_fn(step)` returns held-out accuracy; `on_eval(step, accuracy, loss)` observes it.
+    `progress`: the directory its progress is saved in when stopped, and the finished warm start
+    (continued from there when `resume`).
     """
     if cfg.max_steps == 0:
         return {"steps": 0.0, "accuracy": evaluate_fn(0), "loss": float("nan")}
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99))
     warm = cfg.warmup_steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (warm + 1)))
-    best_state = copy.deepcopy(model.state_dict())
-    best = {"steps": 0.0, "accuracy": evaluate_fn(0), "loss": float("nan")}
-    loss_value = float("nan")
-    for step in range(1, cfg.max_steps + 1):
-        problems = draw_problems(tasks, seed, "sft", step, cfg.batch_size, exclude)
-        model.train()
-        loss = sft_loss(model, sft_batch(tokenizer, problems, prompt_format, tasks))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        model.eval()
-        loss_value = float(loss.detach())
-        if step % cfg.eval_every and step != cfg.max_steps:
-            continue
-        acc = evaluate_fn(step)
-        if on_eval is not None:
-            on_eval(step, acc, loss_value)
-        if acc > cfg.max_accuracy:
-            break  # overshoot: hand RL the last snapshot at or below the cap
+    saved = saved_progress(progress) if resume else None
+    if saved is not None:
+        assert progress is not None
+        state = torch.load(progress / STATE, weights_only=False)
+        model.load_state_dict(state["model"])
+        if saved["done"]:
+            return state["best"]
+        opt.load_state_dict(state["opt"])
+        sched.load_state_dict(state["sched"])
+        best_state = state["best_state"] or copy.deepcopy(model.state_dict())
+        best, done, loss_value = state["best"], int(saved["step"]), state["loss"]
+    else:
         best_state = copy.deepcopy(model.state_dict())
-        best = {"steps": float(step), "accuracy": acc, "loss": loss_value}
-        if acc >= cfg.target_accuracy:
-            break
+        best = {"steps": 0.0, "accuracy": evaluate_fn(0), "loss": float("nan")}
+        done, loss_value = 0, float("nan")
+    try:
+        for step in range(done + 1, cfg.max_steps + 1):
+            problems = draw_problems(tasks, seed, "sft", step, cfg.batch_size, exclude)
+            model.train()
+            loss = sft_loss(model, sft_batch(tokenizer, problems, prompt_format, tasks))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            with _uninterrupted():
+                opt.step()
+                sched.step()
+                done, loss_value = step, float(loss.detach())
+            model.eval()
+            if step % cfg.eval_every and step != cfg.max_steps:
+                continue
+            acc = evaluate_fn(step)
+            if on_eval is not None:
+                on_eval(step, acc, loss_value)
+            if acc > cfg.max_accuracy:
+                break  # overshoot: hand RL the last snapshot at or below the cap
+            best_state = copy.deepcopy(model.state_dict())
+            best = {"steps": float(step), "accuracy": acc, "loss": loss_value}
+            if acc >= cfg.target_accuracy:
+                break
+    except KeyboardInterrupt:
+        if progress is not None:
+            with _uninterrupted():  # a second Ctrl-C does not cut the file short
+                current = best["steps"] == done  # the best snapshot is the weights: not twice
+                _save(progress, {"step": done, "done": False}, {
+                    "model": model.state_dict(), "opt": opt.state_dict(),
+                    "sched": sched.state_dict(), "best": best, "loss": loss_value,
+                    "best_state": None if current else best_state})
+        raise
     model.load_state_dict(best_state)
+    if progress is not None:
+        _save(progress, {"step": done, "done": True}, {"model": model.state_dict(), "best": best})
     return best

@@ -31,6 +31,7 @@ def run_validator(cfg: ValidatorConfig, amend: Any = None) -> int:
     from meshrl.protocol.local import connect
     from meshrl.validator.keys import ValidatorKeyError, load_validator_key
     from meshrl.validator.node import ValidatorNode
+    from meshrl.wire.detached import exit_now
 
     try:
         check_device(cfg.device, cfg.dtype)  # before anything: a device it lacks is refused
@@ -38,7 +39,9 @@ def run_validator(cfg: ValidatorConfig, amend: Any = None) -> int:
         raise CommandError(str(e), EXIT_REFUSED) from None
     try:
         account = load_validator_key(cfg.keys, connect(cfg.chain).chain_id)
-        return asyncio.run(ValidatorNode(cfg, account, amend).run())
+        rc = asyncio.run(ValidatorNode(cfg, account, amend).run())
+        exit_now(rc)  # a judgement a stop abandoned is not waited for
+        return rc
     except PoolRulesError as e:  # rules it may not judge by: a restart cannot help
         raise CommandError(str(e), EXIT_REFUSED) from None
     except (ValidatorKeyError, ChainError) as e:  # one line, not a traceback

@@ -8,7 +8,6 @@ own) comes back as `Unjudged` for the caller to retry; what the file shows comes
 
 from __future__ import annotations
 
-import asyncio
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -31,6 +30,7 @@ from meshrl.validator.replay import ReplayConfig, profile_thresholds
 from meshrl.validator.state import Job
 from meshrl.validator.verify import ChainClaim, model_free_findings, verify_files
 from meshrl.wire import RolloutFileError, SignedClient, WireHTTPError
+from meshrl.wire.detached import detached
 from meshrl.wire.isolated import read_rollout_files_isolated
 from meshrl.wire.models import LedgerEntry, LedgerPage
 from meshrl.wire.rollout_file import RolloutFile
@@ -84,7 +84,7 @@ class Judge:
                 outs[i] = got
         # every file of the batch parsed in one isolated child (one fork, not one a file; a
         # file that kills the child is read again alone, so it costs only itself)
-        parsed = await asyncio.to_thread(read_rollout_files_isolated, list(datas.values()),
+        parsed = await detached(read_rollout_files_isolated, list(datas.values()),
                                          self.limits)
         for i, rf in zip(datas, parsed, strict=True):
             if isinstance(rf, RolloutFileError):
@@ -110,7 +110,7 @@ class Judge:
             items = [(files[i][0], _claim(jobs[i])) for i in idx]
             prior = [files[i][1] for i in idx]
             try:
-                decisions = await asyncio.to_thread(
+                decisions = await detached(
                     verify_files, engine, self.models.tokenizer, items, self.rules, self.tasks,
                     self.replay, prior)
             except Exception as e:  # a bug or resource error of ours: never the worker's fault

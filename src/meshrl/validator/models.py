@@ -19,6 +19,7 @@ from typing import Any
 
 from meshrl.inference.params import EngineConfig
 from meshrl.pool import PoolRulesError, PromptFormat, PromptFormatError, uses_chat
+from meshrl.wire.detached import detached
 
 __all__ = ["ModelCache", "VersionUnavailable"]
 
@@ -68,7 +69,7 @@ class ModelCache:
             self.engines.move_to_end(version)
             return self.engines[version]
         path = await self._locate(version)
-        engine = await asyncio.to_thread(self._load, path, version)
+        engine = await detached(self._load, path, version)
         self.engines[version] = engine
         while len(self.engines) > self.keep:
             self.configs.pop(self.engines.popitem(last=False)[0], None)

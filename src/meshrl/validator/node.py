@@ -182,7 +182,18 @@ class ValidatorNode:
                 for e, info in zip(events, infos, strict=True)]
 
     async def _judge(self, jobs: list[Job]) -> None:
-        outcomes = await self.judge.judge(jobs)
+        # judging (downloads, replays) ends with a stop: the jobs stay queued for the next
+        # start; acting on verdicts below is never cut in the middle
+        judging = asyncio.ensure_future(self.judge.judge(jobs))
+        stopped = asyncio.ensure_future(self.stop.wait())
+        await asyncio.wait({judging, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not judging.done():
+            judging.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await judging
+            return
+        outcomes = judging.result()
         for job, out in zip(jobs, outcomes, strict=True):
             if isinstance(out, Unjudged):
                 await self._retry(job, out.error)

@@ -22,6 +22,7 @@ from meshrl.log import get_logger, log_event
 from meshrl.protocol import Protocol, TxReverted
 from meshrl.protocol.claiming import ClaimTooLarge, claim_all
 from meshrl.protocol.history import provider_rewards
+from meshrl.wire.detached import detached
 from meshrl.worker.retry import retrying
 
 __all__ = ["ClaimRound", "Claimer"]
@@ -71,7 +72,7 @@ class Claimer:
             if stop.is_set():
                 return
             try:
-                got = await retrying("claiming", lambda: asyncio.to_thread(self.claim_once),
+                got = await retrying("claiming", lambda: detached(self.claim_once),
                                      stop)
             except (TxReverted, ClaimTooLarge) as e:  # a refusal, not the network's doing
                 self.refused += 1

@@ -28,6 +28,7 @@ def run_worker(cfg: WorkerConfig, parts: Any = None) -> int:
     from meshrl.protocol.errors import ChainError
     from meshrl.protocol.local import connect
     from meshrl.wire import WireHTTPError
+    from meshrl.wire.detached import exit_now
     from meshrl.worker.join import JoinError
     from meshrl.worker.keys import KeystoreError, load_keys
     from meshrl.worker.node import HardwareError, WorkerNode
@@ -35,7 +36,9 @@ def run_worker(cfg: WorkerConfig, parts: Any = None) -> int:
 
     try:
         keys = load_keys(cfg.keys, connect(cfg.chain).chain_id)
-        return asyncio.run(WorkerNode(cfg, keys, parts).run())
+        rc = asyncio.run(WorkerNode(cfg, keys, parts).run())
+        exit_now(rc)  # a generation or chain read a stop abandoned is not waited for
+        return rc
     except (Blacklisted, PoolRulesError) as e:  # for good: a supervisor must not restart it
         raise CommandError(str(e), EXIT_REFUSED) from None
     except (KeystoreError, HardwareError, ChainError, OnboardError, WireHTTPError,
@@ -105,13 +108,16 @@ def _join(cfg: JoinConfig) -> int:
     from meshrl.pool import PoolRulesError
     from meshrl.protocol.errors import ChainError
     from meshrl.wire import WireHTTPError
+    from meshrl.wire.detached import exit_now
     from meshrl.worker.join import JoinError
     from meshrl.worker.keys import KeystoreError
     from meshrl.worker.node import HardwareError
     from meshrl.worker.onboard import Blacklisted, OnboardError
 
     try:
-        return asyncio.run(_join_and_work(cfg))
+        rc = asyncio.run(_join_and_work(cfg))
+        exit_now(rc)  # a claim's chain read a stop abandoned is not waited for
+        return rc
     except (Blacklisted, PoolRulesError) as e:
         raise CommandError(str(e), EXIT_REFUSED) from None
     except (JoinError, KeystoreError, HardwareError, ChainError, OnboardError,

@@ -5,9 +5,10 @@ invite), starts the heartbeat and policy-follower tasks, delivers whatever a pre
 the outbox, then loops over `work_once`. Generation runs in a thread so heartbeats and policy
 downloads continue meanwhile; a new policy version is swapped into the engine between two files
 (`load_weights` is atomic, so generation stops only for the load itself). With `claim_every_s`
-a claimer task claims this provider's rewards (claims.py). SIGTERM / Ctrl-C set `stop`: the
-current file is finished into the outbox, the node leaves the pool on chain when
-`leave_on_stop`, then the process exits cleanly.
+a claimer task claims this provider's rewards (claims.py). SIGTERM / Ctrl-C set `stop`: a file
+being generated is dropped (generation, chain reads and policy loads run in daemon threads,
+`wire/detached.py`, that nothing waits for), the node leaves the pool on chain when
+`leave_on_stop`, then the process exits.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from meshrl.protocol.errors import ChainError, NodeNotInPool, TxReverted
 from meshrl.protocol.history import provider_rewards
 from meshrl.protocol.local import connect
 from meshrl.wire import NotAuthorized, NotInPool, SignedClient, Transient, WireHTTPError
+from meshrl.wire.detached import detached
 from meshrl.wire.models import Heartbeat, HeartbeatAck
 from meshrl.wire.rollout_file import rollout_file_bytes
 from meshrl.worker.claims import Claimer
@@ -162,12 +164,12 @@ class WorkerNode:
         me, node = chain.as_(self.keys.node), self.keys.node.address
         self.state = "leaving"
         try:
-            info = await asyncio.wait_for(asyncio.to_thread(me.node, node),
+            info = await asyncio.wait_for(detached(me.node, node),
                                           self.cfg.http_timeout_s)
             if info.pool != self.cfg.pool_id:
                 log_event(log, "not in the pool", pool=self.cfg.pool_id, now_in=info.pool)
                 return
-            r = await asyncio.wait_for(asyncio.to_thread(me.leave_pool, node),
+            r = await asyncio.wait_for(detached(me.leave_pool, node),
                                        self.cfg.http_timeout_s)
         except (ChainError, TimeoutError) as e:
             log_event(log, "leave failed", error=f"{type(e).__name__}: {e}"[:300])
@@ -187,7 +189,11 @@ class WorkerNode:
         if order is None:  # stopped during the pool's long poll: nothing asked is lost
             return
         self.order = order
-        made = await self.make_file(order)
+        # a file being generated when the stop comes is dropped (its counter is not used
+        # again): a real model's file may take minutes, and a stop must not wait for it
+        made = await self._unless_stopped(self.make_file(order))
+        if self.stop.is_set():
+            return
         if made is None:
             if len(self.outbox):  # a delivery postponed (link down): retried while idle too
                 await self._deliver(courier)
@@ -230,7 +236,7 @@ class WorkerNode:
         a = Assignment(self.rules, self.keys.node.address, version, counter, version)
         t0 = time.perf_counter()
         try:
-            rf = await asyncio.to_thread(self.policy.generate, a, self.tasks,
+            rf = await detached(self.policy.generate, a, self.tasks,
                                          self.keys.provider.address)
         except VersionMoved:
             return None  # a newer version arrived meanwhile: its counters next time

@@ -19,6 +19,7 @@ from meshrl.inference import InferenceBackend
 from meshrl.log import get_logger, log_event
 from meshrl.pool import Assignment, PoolRulesError, PromptFormatError, WorkOrder, uses_chat
 from meshrl.tasks import TaskSet
+from meshrl.wire.detached import detached
 from meshrl.wire.rollout_file import RolloutFile
 from meshrl.worker.config import WorkerConfig
 from meshrl.worker.parts import Parts
@@ -132,7 +133,7 @@ class PolicyHolder:
         from meshrl.shardcast import ClientConfig, ShardcastClient
 
         async def on_version(res: Any) -> None:
-            await asyncio.to_thread(self.load, res.path, res.version)
+            await detached(self.load, res.path, res.version)
             self.loaded.set()
 
         cfg = ClientConfig(sync_timeout=self.cfg.policy_sync_timeout_s)

@@ -13,6 +13,7 @@ from typing import Any, TextIO
 from typing import Protocol as Proto
 
 from meshrl.log import get_logger
+from meshrl.wire.detached import detached
 
 __all__ = ["StatusLine", "status_text"]
 
@@ -71,7 +72,7 @@ class StatusLine:
             if read_rewards is not None and loop.time() - last_read >= chain_every_s:
                 last_read = loop.time()
                 with contextlib.suppress(Exception):
-                    rewards = await asyncio.to_thread(read_rewards)
+                    rewards = await detached(read_rewards)
             self.show(status_text(node, rewards))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), every_s)
