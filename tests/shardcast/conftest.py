@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -36,6 +39,46 @@ def _det_bytes(size: int, seed: int) -> bytes:
 async def get_json(url: str) -> dict:
     async with aiohttp.ClientSession() as s, s.get(url) as r:
         return await r.json()
+
+
+# Waiting for an event: poll a state the parts expose (a server's /health, a client's
+# attributes) until it holds, never a fixed sleep (tests/shardcast/test_no_fixed_sleeps.py).
+WAIT_S = 20.0  # s: generous for a loaded 2-core machine; a broken behaviour still fails
+EVERY_S = 0.02  # s between looks
+
+
+async def until(cond: Callable[[], Any | Awaitable[Any]], what: str,
+                timeout: float = WAIT_S) -> Any:
+    """`cond()`'s first truthy value (`cond` may be async), looking every 20 ms; an
+    AssertionError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
+        await asyncio.sleep(EVERY_S)
+
+
+async def held_polls(url: str) -> int:
+    """Long polls the server at `url` holds now (its /health)."""
+    return (await get_json(f"{url}/health"))["held_polls"]
+
+
+async def streams_open(url: str) -> int:
+    """Shard answers in progress at `url`, to relays and clients (its /health)."""
+    return sum((await get_json(f"{url}/health"))["streams_open"].values())
+
+
+def wait_until(cond: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
+    """`until` for a test without an event loop (processes, threads)."""
+    deadline = time.monotonic() + timeout
+    while not (value := cond()):
+        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
+        time.sleep(EVERY_S)
+    return value
 
 
 def spawn_service(args: list[str], log_path: Path) -> tuple[subprocess.Popen, str]:

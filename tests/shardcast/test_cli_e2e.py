@@ -11,7 +11,7 @@ import urllib.request
 
 from meshrl.cli import main as cli
 
-from .conftest import KEY_FILE, PUBLISHER, RUN, SRC_ROOT, make_file, spawn_service
+from .conftest import KEY_FILE, PUBLISHER, RUN, SRC_ROOT, make_file, spawn_service, wait_until
 
 
 def test_origin_relay_and_follower_processes(tmp_path):
@@ -105,7 +105,8 @@ def test_a_held_long_poll_does_not_hold_the_stop(tmp_path):
     try:
         asker = threading.Thread(target=held)
         asker.start()
-        time.sleep(1.0)  # the request is held by then (sent late, it would fail: no answer)
+        # the relay holds it before it is stopped (sent late, it would fail: no answer)
+        wait_until(lambda: _health(rurl)["held_polls"], "the relay holds the long poll")
         t0 = time.monotonic()
         relay.send_signal(signal.SIGINT)
         assert relay.wait(60) == 0
@@ -120,6 +121,11 @@ def test_a_held_long_poll_does_not_hold_the_stop(tmp_path):
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def _health(url: str) -> dict:
+    with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+        return json.loads(r.read())
 
 
 def _answers(url: str) -> bool:

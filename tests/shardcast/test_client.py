@@ -23,11 +23,14 @@ from .conftest import (
     RUN,
     SHARD,
     SRC_ROOT,
+    held_polls,
     make_file,
     relay_cfg,
     run,
     signed_client,
     signed_origin,
+    streams_open,
+    until,
 )
 
 FAST = ClientConfig(poll_interval=0.05, backoff=0.01, wait_timeout=10, fsync=False)
@@ -74,7 +77,7 @@ def test_client_waits_for_a_version_that_does_not_exist_yet(tmp_path):
         origin, url = await _origin(tmp_path)
         async with signed_client([url], FAST) as c:
             fetch = asyncio.create_task(c.fetch(tmp_path / "out.bin", 3))
-            await asyncio.sleep(0.5)
+            await until(lambda: held_polls(url), "the client's long poll is held")
             assert not fetch.done()
             await origin.publish(src, 3, SHARD)
             res = await fetch
@@ -219,7 +222,7 @@ def test_follow_calls_back_for_each_new_version(tmp_path):
 
         async with signed_client([url], FAST) as c:
             follower = asyncio.create_task(c.follow(tmp_path / "w", on_version, keep=2, stop=stop))
-            await asyncio.sleep(0.2)
+            await until(lambda: held_polls(url), "the follower's long poll is held")
             await origin.publish(srcs[0], 0, SHARD)
             await asyncio.wait_for(follower, 20)
         await origin.stop()
@@ -247,7 +250,7 @@ def _seconds_to_give_up_a_pruned_version(tmp_path, extra_urls: list[str] = (), *
         update = {"wait_timeout": 60, "concurrency": 1, "shard_order": "sequential", **cfg}
         async with signed_client([url, *extra_urls], FAST.model_copy(update=update)) as c:
             fetch = asyncio.create_task(c.fetch(tmp_path / "out.bin", 1))
-            await asyncio.sleep(0.5)
+            await until(lambda: streams_open(url), "a shard of version 1 is streaming")
             assert not fetch.done()
             await o.publish(src, 2, SHARD)  # keep=1: version 1 is pruned once unread
             t0 = asyncio.get_running_loop().time()

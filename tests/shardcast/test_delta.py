@@ -190,7 +190,7 @@ def test_follow_reports_relays_killed_mid_transfer_and_keeps_the_version_held(tm
 
     from meshrl.shardcast import ServerConfig
 
-    from .conftest import PUBLISHER, make_file, spawn_service
+    from .conftest import PUBLISHER, make_file, spawn_service, streams_open, until
 
     v1 = make_file(tmp_path / "src1" / "w.bin", 4 * SHARD, 1).parent
     v2 = make_file(tmp_path / "src2" / "w.bin", 48 * SHARD, 2).parent
@@ -223,7 +223,11 @@ def test_follow_reports_relays_killed_mid_transfer_and_keeps_the_version_held(tm
             await origin.publish(v2, 2, SHARD)
             while not list(out.glob(".v2.shardcast-*")):  # the transfer has begun
                 await asyncio.sleep(0.02)
-            await asyncio.sleep(0.3)
+
+            async def streaming() -> int:  # shards flow from the relays to the follower
+                return await streams_open(u1) + await streams_open(u2)
+
+            await until(streaming, "the relays stream version 2 to the follower")
             for p in (p1, p2):
                 p.send_signal(signal.SIGKILL)
             t0 = asyncio.get_running_loop().time()

@@ -23,6 +23,7 @@ from .conftest import (
     run,
     signed_client,
     signed_origin,
+    until,
 )
 from .test_transport import receiver
 
@@ -105,8 +106,8 @@ def test_relays_are_served_before_clients(tmp_path):
 
         async with aiohttp.ClientSession() as s:
             reader = asyncio.create_task(client(s))
-            await asyncio.sleep(0.1)  # the client streams alone, then two relay streams start
-            before = client_bytes[0]
+            # the client streams alone (it has the upload), then two relay streams start
+            before = await until(lambda: client_bytes[0], "the client receives bytes alone")
             await asyncio.gather(_get_all(s, url, range(0, 16, 2), RELAY),
                                  _get_all(s, url, range(1, 16, 2), RELAY))
             during = client_bytes[0] - before
@@ -130,11 +131,11 @@ def test_spare_refuses_clients_while_relays_saturate_the_upload(tmp_path):
         statuses = []
         async with aiohttp.ClientSession() as s:
             relay = asyncio.create_task(_get_all(s, url, range(16), RELAY))
-            await asyncio.sleep(0.2)
+            await until(lambda: _admitted(url, False), "the relay saturates the upload")
             async with s.get(f"{url}/v/1/shard/0", headers={"Range": "bytes=0-"}) as r:
                 statuses.append((r.status, r.headers.get("Retry-After")))
             await relay
-            await asyncio.sleep(0.3)  # relays gone: capacity is spare again
+            await until(lambda: _admitted(url, True), "relays gone: capacity is spare again")
             async with s.get(f"{url}/v/1/shard/0", headers={"Range": "bytes=0-"}) as r:
                 body = await r.read()
                 statuses.append((r.status, r.headers.get("Content-Range")))
@@ -145,6 +146,11 @@ def test_spare_refuses_clients_while_relays_saturate_the_upload(tmp_path):
     assert statuses[0] == (503, "1")
     assert statuses[1] == (206, f"bytes 0-{SHARD - 1}/{SHARD}")  # a slice: 1 MiB > the shard
     assert body == src.read_bytes()[:SHARD]
+
+
+async def _admitted(url: str, expected: bool) -> bool:
+    """Whether the server at `url` says a client is `expected` to be admitted now."""
+    return (await get_json(f"{url}/health"))["clients_admitted"] is expected
 
 
 def test_origin_that_never_serves_clients_feeds_them_through_a_relay(tmp_path):

@@ -29,14 +29,19 @@ def test_high_priority_waiters_go_first_and_low_ones_time_out():
             await bucket.take(20_000, high=high, timeout=timeout)
             order.append(name)
 
-        await bucket.take(20_000)  # in debt: everyone after this must queue
+        # 0.2 s in debt: everyone after this must queue, even on a loop a loaded machine delays
+        # (20 ms of debt was repaid before the next take there: it was granted, not queued)
+        await bucket.take(200_000)
         low = asyncio.create_task(taker("low", False))
+        # fixed-sleep-ok: one turn of the loop, not a time: `low` runs to its first wait, queued
         await asyncio.sleep(0)
         highs = [asyncio.create_task(taker(f"high{i}", True)) for i in range(3)]
         await asyncio.gather(low, *highs)
         busy_after_highs, first = bucket.high_waited(0.5), list(order)
+        await bucket.take(200_000)  # in debt again: the relay queues, and is granted first
         with pytest.raises(TimeoutError):  # starved behind a relay: gives up, leaves the queue
             await asyncio.gather(taker("relay", True), taker("late", False, timeout=0.001))
+        # fixed-sleep-ok: the time is under test: `high_waited`'s 10 ms window has passed
         await asyncio.sleep(0.05)
         return first, busy_after_highs, bucket.high_waited(0.01)
 
@@ -87,8 +92,7 @@ def test_a_client_behind_other_clients_waits_but_never_times_out():
             for _ in range(5):
                 await bucket.take(20_000, rank=0.0)
 
-        async def patient():
-            await asyncio.sleep(0.001)
+        async def patient():  # queued right after `behind`'s first take (gather's order)
             await bucket.take(20_000, rank=0.9, timeout=0.02)
             return "served"
 

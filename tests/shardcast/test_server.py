@@ -5,7 +5,17 @@ import aiohttp
 
 from meshrl.shardcast import Origin, OriginConfig, ServerConfig
 
-from .conftest import KEY_FILE, RUN, SHARD, get_json, make_file, run, signed_origin
+from .conftest import (
+    KEY_FILE,
+    RUN,
+    SHARD,
+    get_json,
+    held_polls,
+    make_file,
+    run,
+    signed_origin,
+    until,
+)
 
 
 def _origin(tmp_path, **server) -> Origin:
@@ -69,7 +79,7 @@ def test_long_poll_returns_when_a_version_appears(tmp_path):
         url = await origin.start()
         t0 = time.monotonic()
         poll = asyncio.create_task(get_json(f"{url}/versions?after=-1&wait=20"))
-        await asyncio.sleep(0.3)
+        await until(lambda: held_polls(url), "the long poll is held")
         assert not poll.done()
         await origin.publish(src, 0, SHARD)
         listing = await poll
@@ -89,7 +99,7 @@ def test_version_published_by_another_process_is_picked_up(tmp_path):
         origin = _origin(tmp_path, scan_interval=0.05)
         url = await origin.start()
         poll = asyncio.create_task(get_json(f"{url}/versions?after=-1&wait=20"))
-        await asyncio.sleep(0.1)
+        await until(lambda: held_polls(url), "the long poll is held")  # the scan must wake it
         rc = await asyncio.to_thread(cli, ["shardcast", "publish", "--key_file", KEY_FILE,
                                            "--run", RUN, "--src", str(src),
                                           "--root", str(tmp_path / "o"), "--shard_size", "256"])
@@ -137,7 +147,7 @@ def test_pruned_version_is_hidden_but_finishes_serving(tmp_path):
         m = await origin.publish(src, 1, SHARD)
         (rx, buf), t = receiver(m, 0), RawHttpTransport()
         slow = asyncio.create_task(t.fetch(f"{url}/v/1/shard/0", rx, 5))
-        await asyncio.sleep(0.1)
+        await until(lambda: rx.filled, "the slow read has begun")
         await origin.publish(src, 2, SHARD)  # keep=1: v1 must go, but it is being read
         listing = await get_json(f"{url}/versions")
         v1_on_disk = (tmp_path / "o" / "v1").exists()

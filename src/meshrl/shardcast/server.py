@@ -2,7 +2,7 @@
 
 URL layout (see docs/shardcast.md):
 
-    GET /health                          status, versions, byte counters
+    GET /health                          status, versions, byte counters, polls held, streams
     GET /versions?after=N&wait=S         versions held; long-polls up to S s for one newer than N
     GET /v/{N}/manifest                  the manifest (JSON, canonical bytes)
     GET /v/{N}/have                      shards this server can serve now
@@ -22,7 +22,7 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -68,6 +68,9 @@ class ShardServer:
         self.first_serve: dict[int, float] = {}  # version -> time its first shard was served
         self.pipelined: Counter[int] = Counter()  # shards served while the version was partial
         self.info: dict[str, Any] = {}  # extra fields for /health (a relay's mirror timings)
+        # gauges for /health: long polls waiting now, shard answers in progress by class
+        self.held_polls = 0
+        self.streams_open: Counter[str] = Counter({"relays": 0, "clients": 0})
         self._changed = asyncio.Event()
         self._closing = False  # set by `stop`: a held long poll answers at once
         self._runner: web.AppRunner | None = None
@@ -137,6 +140,8 @@ class ShardServer:
             "counters": dict(self.counters),
             "first_serve": {str(v): t for v, t in self.first_serve.items()},
             "pipelined_shards": {str(v): n for v, n in self.pipelined.items()},
+            "held_polls": self.held_polls, "streams_open": dict(self.streams_open),
+            "clients_admitted": self._refusal(relay=False) is None,
             **self.info,
         })
 
@@ -146,9 +151,17 @@ class ShardServer:
         while (self.store.latest() is None or self.store.latest() <= after) and (
             left := deadline - time.monotonic()
         ) > 0 and not self._closing:
-            with contextlib.suppress(TimeoutError):  # the scan loop or a mirror notifies
-                await asyncio.wait_for(self._changed.wait(), left)
+            await self._hold(left)  # the scan loop or a mirror notifies
         return web.json_response(self._listing())
+
+    async def _hold(self, seconds: float) -> None:
+        """Wait up to `seconds` for the store to change, counted in `held_polls`."""
+        self.held_polls += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), seconds)
+        finally:
+            self.held_polls -= 1
 
     def _version(self, request: web.Request) -> int:
         v = int(request.match_info["version"])
@@ -174,22 +187,31 @@ class ShardServer:
             if len(have) > known or left <= 0 or self._closing:
                 return web.json_response({"complete": False, "have": sorted(have),
                                           "role": self.role})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), left)
+            await self._hold(left)
 
     def _is_relay(self, request: web.Request) -> bool:
         claim = request.headers.get(RELAY_HEADER)
         return claim is not None and (not self.cfg.relay_token or claim == self.cfg.relay_token)
 
-    def _admit(self, relay: bool) -> None:
-        """Refuse a client's shard request when this server keeps its upload for relays."""
+    def _refusal(self, relay: bool) -> Literal["never", "busy"] | None:
+        """Why a shard request would be refused now (None: it is admitted): "never" (this
+        server keeps its upload for relays), "busy" (spare mode, relays saturate the upload)."""
         mode = self.cfg.serve_clients
         if relay or mode == "always":
-            return
+            return None
         if mode == "never":
+            return "never"
+        if self.bucket is not None and self.bucket.high_waited(_SPARE_WINDOW):
+            return "busy"
+        return None
+
+    def _admit(self, relay: bool) -> None:
+        """Refuse a client's shard request when this server keeps its upload for relays."""
+        why = self._refusal(relay)
+        if why == "never":
             self.counters["client_refusals"] += 1
             raise web.HTTPForbidden(text="this server serves shards to relays only")
-        if self.bucket is not None and self.bucket.high_waited(_SPARE_WINDOW):
+        if why == "busy":
             self.counters["busy_refusals"] += 1
             raise web.HTTPServiceUnavailable(
                 text="upload saturated by relays", headers={"Retry-After": str(_RETRY_AFTER)})
@@ -203,6 +225,16 @@ class ShardServer:
             raise web.HTTPNotFound(text=f"version {v} shard {i} not held")
         relay = self._is_relay(request)
         self._admit(relay)
+        streams = "relays" if relay else "clients"
+        self.streams_open[streams] += 1
+        try:
+            return await self._serve_shard(request, v, i, partial, relay)
+        finally:
+            self.streams_open[streams] -= 1
+
+    async def _serve_shard(self, request: web.Request, v: int, i: int, partial: bool,
+                           relay: bool) -> web.StreamResponse:
+        """The shard's bytes (a range of them), throttled where a rate is set."""
         with self.store.open_shard(v, i) as (fd, offset, size):
             try:
                 rng = _parse_range(request.headers.get("Range"), size)
