@@ -64,3 +64,29 @@ def test_unknown_dataset_or_config_is_a_one_line_error() -> None:
         GymConfig(dataset="chain_summ").build()
     with pytest.raises(UnknownGymDataset, match="'chain_sum': bad config"):
         GymConfig(dataset="chain_sum", config={"bogus": 1}).build()
+
+
+@pytest.mark.parametrize("dataset,cheat,unscreened", [
+    # spiral_matrix / string_insertion `eval` the answer in their own frame, where the gold
+    # answer is a local: 0.1 is the most their eval path gives
+    ("spiral_matrix", "entry['answer'].split()", 0.1),
+    ("string_insertion", "list(entry['answer'])", 0.1),
+    # sympy's parse_expr runs Python: the right answer times (1 + (code's result != expected))
+    ("simple_integration", "({gold})*(1+(('a'+'b')!=('ab')))", 1.0),
+])
+def test_an_answer_that_runs_code_cannot_score_its_own_row(dataset: str, cheat: str,
+                                                           unscreened: float) -> None:
+    """A scorer that runs the answer's text lets that text read the gold answer and score in
+    the worker, the validator and the trainer alike (as it does with `screen_answers` off):
+    such answers score 0 before the scorer sees them, while honest answers still score 1."""
+    import random
+
+    task = GymConfig(dataset=dataset).build()
+    bare = GymConfig(dataset=dataset, screen_answers=False).build()
+    rng = random.Random(0)
+    for _ in range(20):
+        p = task.sample(rng)
+        code = f"<answer>{cheat.format(gold=p.answer)}</answer>"
+        assert task.score(p, f"<answer>{p.answer}</answer>") == 1.0
+        assert bare.score(p, code) == unscreened
+        assert task.score(p, code) == 0.0

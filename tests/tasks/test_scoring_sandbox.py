@@ -27,7 +27,9 @@ DEADLINE = 20.0  # far above an honest row; a hostile row here ends well before 
 
 @pytest.fixture(scope="module")
 def integration():
-    tasks = TasksConfig(mix=[GymConfig(dataset="simple_integration", timeout_s=DEADLINE)]).build()
+    # the answer screen off (GymTask's `screen_answers`): these answers test the sandbox alone
+    tasks = TasksConfig(mix=[GymConfig(dataset="simple_integration", timeout_s=DEADLINE,
+                                       screen_answers=False)]).build()
     task = tasks.tasks["rg/simple_integration"]
     return task, task.sample(random.Random(3))
 

@@ -12,6 +12,7 @@ to the dataset's `score_answer`.
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
 import random
@@ -46,6 +47,10 @@ class GymConfig(Config):
                           description="prompt template over the item's `question`")
     answer_tag: str = Field("answer", max_length=32, description="tag the answer is read "
                             "from ('': the whole completion, stripped)")
+    screen_answers: bool = Field(True, description="score 0, before the dataset's scorer "
+                                 "sees it, an answer that scorer would run as code but no "
+                                 "honest answer looks like (off: the scoring sandbox alone "
+                                 "bounds it, and an answer can score its own row)")
     timeout_s: float = Field(5.0, gt=0, le=600, description="deadline of one answer's score "
                              "(scored in a child killed past it; an answer not scored in time "
                              "scores 0)")
@@ -121,8 +126,12 @@ class GymTask(Task):
 
             answer = extract_answer(completion, tag_name=self.cfg.answer_tag)
         entry = self._entry(str(problem.meta["split"]), int(problem.meta["index"]))
+        dataset = self.splits[str(problem.meta["split"])]
+        if self.cfg.screen_answers and answer is not None and not _admissible(type(dataset),
+                                                                             answer):
+            return 0.0
         try:
-            score = float(self.splits[str(problem.meta["split"])].score_answer(answer, entry))
+            score = float(dataset.score_answer(answer, entry))
         except Exception:  # a scorer choking on a hostile answer: a wrong answer, not a crash
             return 0.0
         return min(1.0, max(0.0, score)) if score == score else 0.0
@@ -148,3 +157,54 @@ def _may_run_text(cls: type) -> bool:
         if _CODE.search(source):
             return True
     return False
+
+
+# An answer a scorer runs as code could also make its own row score 1 (read the gold answer off
+# the scorer's frame), in the worker, the validator and the trainer alike, and teach the policy
+# to write code instead of answers. So before such a scorer sees it, an answer must be what an
+# honest answer of its kind is: a Python literal, a bare word or text that does not compile
+# where the scorer `eval`s it (binary_matrix, n_queens, spiral_matrix, string_insertion), an
+# arithmetic expression in single-letter symbols and elementary functions where it goes to
+# sympy (countdown, puzzle24, the integrations, polynomial_multiplication). Else it scores 0.
+_MATH_NAMES = frozenset({"sin", "cos", "tan", "cot", "sec", "csc", "asin", "acos", "atan", "acot",
+                         "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "exp", "log", "ln",
+                         "sqrt", "pi", "Abs", "Integral", "oo"})
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NOT_ARITHMETIC = re.compile(r"[^0-9A-Za-z+\-*/^().,=\s]|\.\s*[A-Za-z]")
+MAX_SCREENED_ANSWER = 4096  # characters: an honest answer of these datasets is far shorter
+
+
+@functools.cache
+def _screen_of(cls: type) -> str:
+    """"literal", "expression" or "" (no screen): what `cls.score_answer` does with the text."""
+    try:
+        source = inspect.getsource(cls.score_answer)
+    except (OSError, TypeError):
+        return ""
+    if re.search(r"\beval\(\s*answer", source):
+        return "literal"
+    return "expression" if re.search(r"parse_expr|sympify", source) else ""
+
+
+def _admissible(cls: type, answer: str) -> bool:
+    """Whether `answer` may reach `cls.score_answer` (the module comment above)."""
+    screen = _screen_of(cls)
+    if not screen:
+        return True
+    if len(answer) > MAX_SCREENED_ANSWER:
+        return False
+    if screen == "literal":  # a literal, or text `eval` refuses to compile (its own format)
+        try:
+            tree = ast.parse(answer.strip(), mode="eval")
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
+            return True
+        if isinstance(tree.body, ast.Name):  # a bare word (string_insertion's): no call
+            return True
+        try:
+            ast.literal_eval(tree)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return False
+        return True
+    if _NOT_ARITHMETIC.search(answer):
+        return False
+    return all(len(n) == 1 or n in _MATH_NAMES for n in _NAME.findall(answer))
