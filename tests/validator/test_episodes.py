@@ -10,7 +10,7 @@ import copy
 
 import pytest
 from episodes import caller_model, episode_rules
-from helpers import claim, honest_file, roundtrip
+from helpers import cheat_file, claim, honest_file, roundtrip
 
 from meshrl.inference import CPUEngine, EngineConfig
 from meshrl.pool import Check, VerdictKind
@@ -144,6 +144,21 @@ def test_each_forged_episode_is_a_hard_finding(caller, tok, ep_rules, honest, ed
     rf = _tamper(honest, edit)
     d = _judge(caller, tok, ep_rules, rf)
     assert d.kind is VerdictKind.HARD_INVALID and check in d.checks, d.reason
+
+
+def test_the_lying_tool_worker_is_a_hard_finding(caller, tok, ep_rules, honest):
+    """`meshrl adversary worker` in mode forge-tools: the worker's own episode loop with tools
+    that lie (a calculator off by one); the model's turns after a lie are the policy's real
+    samples on the forged conversation, so only the tool's re-run can tell."""
+    rf = cheat_file(caller, None, tok, ep_rules, "forge-tools")
+    i = _with_tool(rf)
+    env = next(s for s in segments(rf.completions[i]) if not s.model)
+    lied = tok.decode(rf.completions[i].completion_tokens[env.start:env.end])
+    told = tok.decode(honest.completions[i].completion_tokens[env.start:env.end])
+    assert lied.startswith("<result>") and lied != told, (lied, told)
+    d = _judge(caller, tok, ep_rules, rf)
+    assert d.kind is VerdictKind.HARD_INVALID and Check.EPISODE in d.checks, d.reason
+    assert "differs from the tool's re-run" in d.reason
 
 
 def test_an_episode_past_its_turn_limit_is_a_hard_finding(caller, tok, ep_rules, honest):
