@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-smollm2 demo demo-local demo-lora demo-local-lora demo-tools demo-smollm2 train-smollm2 test test-fast test-crosshost lint bench clean node
+.PHONY: setup setup-smollm2 demo demo-local demo-lora demo-local-lora demo-tools demo-network-tools demo-smollm2 train-smollm2 test test-fast test-crosshost lint bench clean node
 
 setup: $(STAMP) node
 
@@ -49,6 +49,11 @@ demo-tools: setup
 	$(BIN)/meshrl train configs/tool_arithmetic.toml
 	$(BIN)/meshrl eval configs/tool_arithmetic_eval.toml
 	$(BIN)/meshrl eval configs/tool_arithmetic_eval.toml --tools false
+
+# the same episodes through the whole network: workers generate them, validators re-run every
+# tool output, one worker's calculator lies (forge-tools) and is slashed (configs/network_tools.toml)
+demo-network-tools: setup
+	$(BIN)/meshrl network up configs/network.toml configs/network_tools.toml
 
 # a real pretrained model: SmolLM2-135M-Instruct imported from its GGUF once (the directory is
 # written atomically, so config.json means complete), then greedy answers to chat prompts

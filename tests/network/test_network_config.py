@@ -79,3 +79,27 @@ def test_the_shipped_pool_config_trains_until_stopped_drains_and_its_workers_cla
     roles = {r.name: r for r in build_roles(lay, lay.keys(), 1)}
     worker = _toml(Path(roles["worker-0"].argv[-1]))
     assert worker["claim_every_s"] == cfg.workers.claim_every_s > 0
+
+
+def test_the_shipped_tools_config_runs_episodes_with_a_lying_calculator(tmp_path) -> None:
+    """configs/network_tools.toml over configs/network.toml (`make demo-network-tools`): the
+    pool's task runs episodes with the calculator, the trainer warm-starts on tool-use traces
+    under the pool's rules, and its cheater is the lying tool."""
+    from meshrl.config import load_config
+    from meshrl.pool.episode import max_segments
+    from meshrl.rl.config import RLConfig
+    from meshrl.tasks import TasksConfig
+
+    cfg = load_config(NetworkConfig, [CONFIGS / "network.toml", CONFIGS / "network_tools.toml"],
+                      [f"--dir={tmp_path}"])
+    tasks = TasksConfig.model_validate(cfg.pool.task).build()
+    assert tasks.names == ["tool_arithmetic"] and max_segments(tasks) == 3
+    lay = Layout(cfg)
+    roles = {r.name: r for r in build_roles(lay, lay.keys(), 1)}
+    cheat = _toml(Path(roles["cheater-0"].argv[-1]))["cheat"]
+    assert cheat["mode"] == "forge-tools"
+    assert all(_toml(Path(roles[f"worker-{i}"].argv[-1]))["cheat"]["mode"] == "none"
+               for i in range(cfg.workers.honest))
+    trainer = load_config(RLConfig, [Path(a) for a in roles["trainer"].argv[-2:]])
+    assert trainer.model.preset == "qwen2-tiny" and trainer.sft.max_steps == 150
+    assert trainer.rollout.max_new_tokens == 64 and trainer.tasks.mix[0].type == "tool_arithmetic"

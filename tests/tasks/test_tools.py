@@ -55,3 +55,64 @@ def test_the_python_tool_is_sandboxed_seeded_clock_pinned_and_bounded():
     assert hang.exit != 0 and time.monotonic() - t0 < 5
     flood = py.run("while True: print('x' * 1000)", 0)
     assert flood.exit != 0 and len(flood.output) <= 100
+
+
+def _corpus(path, rows) -> tuple[str, str]:
+    import hashlib
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path), hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+FACTS = [
+    {"id": "paris", "text": "Paris is the capital of France."},
+    {"id": "rome", "text": "Rome is the capital of Italy; Rome has seven hills."},
+    {"id": "nile", "text": "The Nile is a river in Africa."},
+    {"id": "rome2", "text": "Rome is the capital of Italy; Rome has seven hills."},  # a tie
+]
+
+
+def test_a_lookup_answers_from_its_pinned_corpus_deterministically(tmp_path):
+    path, sha = _corpus(tmp_path / "facts.jsonl", FACTS)
+    kb = build_tool(ToolSpec(name="kb", corpus=path, sha256=sha, max_output_chars=40))
+    assert kb.run(" nile ", 1).output == "The Nile is a river in Africa."  # an exact id
+    # BM25-lite: "rome" twice in the entry outranks one "capital"; the tie to the earlier one
+    assert kb.run("capital of rome", 1).output.startswith("Rome is")
+    two = build_tool(ToolSpec(name="kb", corpus=path, sha256=sha, top_k=2))
+    assert two.run("capital rome", 2).output.splitlines() == [FACTS[1]["text"]] * 2
+    assert two.run("hills", 2).output.splitlines() == [FACTS[1]["text"], FACTS[3]["text"]]
+    assert kb.run("capital of rome", 1) == build_tool(ToolSpec(
+        name="kb", corpus=path, sha256=sha, max_output_chars=40)).run("capital of rome", 99)
+    assert len(kb.run("capital of rome", 1).output) == 40  # bounded output
+    assert kb.run("zebra", 1) == kb.run("", 1) == type(kb.run("zebra", 1))(
+        "error: no entry matches", 1)
+    assert kb.run(" ".join(f"w{i}" for i in range(17)), 1).exit == 1  # bounded query
+    # a search of a fixed corpus is a lookup, whatever its name; without one it is refused
+    assert build_tool(ToolSpec(name="search", corpus=path, sha256=sha)).run("paris", 0).exit == 0
+
+
+def test_a_corpus_unpinned_or_hashing_otherwise_is_refused_in_one_line(tmp_path):
+    path, sha = _corpus(tmp_path / "facts.jsonl", FACTS)
+    with pytest.raises(ToolRefused, match="no sha256 pin") as e:
+        build_tool(ToolSpec(name="kb", corpus=path))
+    assert "\n" not in str(e.value)
+    # the validator's copy differs by one entry: refused at build, both digests named
+    other, theirs = _corpus(tmp_path / "other.jsonl", FACTS[:3])
+    with pytest.raises(ToolRefused, match=f"sha256 {theirs} differs from the rules' pin {sha}"):
+        build_tool(ToolSpec(name="kb", corpus=other, sha256=sha))
+    with pytest.raises(ToolRefused, match="cannot be read"):
+        build_tool(ToolSpec(name="kb", corpus=str(tmp_path / "none.jsonl"), sha256=sha))
+    bad, bad_sha = _corpus(tmp_path / "bad.jsonl", [{"id": "a", "text": "x"}, {"id": "a",
+                                                                             "text": "y"}])
+    with pytest.raises(ToolRefused, match="id 'a' appears twice"):
+        build_tool(ToolSpec(name="kb", corpus=bad, sha256=bad_sha))
+    # the pin is part of the task's rule, so of the pool's rules digest
+    from meshrl.pool import PoolRules
+    from meshrl.tasks import TasksConfig
+
+    def digest(pin: str) -> str:
+        task = ToolArithmeticConfig(episode=EpisodeConfig(tools=[ToolSpec(
+            name="kb", corpus=path, sha256=pin)]))
+        return PoolRules(pool_id=1, task=TasksConfig(mix=[task])).digest()
+    assert digest(sha) != digest(theirs)

@@ -47,6 +47,12 @@ def test_refusals_are_one_line_errors() -> None:
         EnvironmentConfig(env="meshrl_vf_judged").build()
     with pytest.raises(VerifiersEnvError, match=r"rewards \['tests_pass'\] need a runtime"):
         EnvironmentConfig(env="meshrl_vf_runtime").build()
+    # multi-turn: its calculator is an MCP toolset served by the environment's harness
+    with pytest.raises(VerifiersEnvError, match=r"'meshrl_vf_tools' is multi-turn with tools "
+                                                r"\['Calc'\]: MCP toolsets .* no validator can "
+                                                "re-run exactly") as e:
+        EnvironmentConfig(env="meshrl_vf_tools").build()
+    assert "\n" not in str(e.value)
     with pytest.raises(VerifiersEnvError, match="'meshrl_vf_absent' is not installed"):
         EnvironmentConfig(env="meshrl_vf_absent").build()
     with pytest.raises(VerifiersEnvError, match="bad config: cnt: Extra inputs"):

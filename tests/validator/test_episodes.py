@@ -9,8 +9,8 @@ from __future__ import annotations
 import copy
 
 import pytest
-from episodes import caller_model, episode_rules
-from helpers import claim, honest_file, roundtrip
+from episodes import KB_WALK, caller_model, episode_rules
+from helpers import cheat_file, claim, honest_file, roundtrip
 
 from meshrl.inference import CPUEngine, EngineConfig
 from meshrl.pool import Check, VerdictKind
@@ -146,6 +146,21 @@ def test_each_forged_episode_is_a_hard_finding(caller, tok, ep_rules, honest, ed
     assert d.kind is VerdictKind.HARD_INVALID and check in d.checks, d.reason
 
 
+def test_the_lying_tool_worker_is_a_hard_finding(caller, tok, ep_rules, honest):
+    """`meshrl adversary worker` in mode forge-tools: the worker's own episode loop with tools
+    that lie (a calculator off by one); the model's turns after a lie are the policy's real
+    samples on the forged conversation, so only the tool's re-run can tell."""
+    rf = cheat_file(caller, None, tok, ep_rules, "forge-tools")
+    i = _with_tool(rf)
+    env = next(s for s in segments(rf.completions[i]) if not s.model)
+    lied = tok.decode(rf.completions[i].completion_tokens[env.start:env.end])
+    told = tok.decode(honest.completions[i].completion_tokens[env.start:env.end])
+    assert lied.startswith("<result>") and lied != told, (lied, told)
+    d = _judge(caller, tok, ep_rules, rf)
+    assert d.kind is VerdictKind.HARD_INVALID and Check.EPISODE in d.checks, d.reason
+    assert "differs from the tool's re-run" in d.reason
+
+
 def test_an_episode_past_its_turn_limit_is_a_hard_finding(caller, tok, ep_rules, honest):
     """The same honest episode under rules of one turn: its second turn is past the limit."""
     i = _with_tool(honest)
@@ -174,3 +189,38 @@ def test_the_pools_file_limits_bound_segments_by_its_tasks_turns(honest, ep_rule
     assert plain.max_segments == 1
     with pytest.raises(RolloutFileError, match="segment_"):
         read_rollout_file(data, plain)
+
+
+def test_a_forged_lookup_result_is_a_hard_finding(tok, tmp_path):
+    """A lookup in the pool's pinned corpus (`kb`), called by a real policy: the honest file
+    is accepted (every lookup re-run from the same corpus); the same file with one lookup's
+    result replaced by another entry's text (a plausible answer, not the corpus's) is a hard
+    finding."""
+    import hashlib
+    import json
+
+    from meshrl.tasks import ToolSpec
+
+    corpus = tmp_path / "kb.jsonl"
+    corpus.write_text("".join(json.dumps({"id": "q" * n, "text": f"{n} q"}) + "\n"
+                              for n in range(1, 9)))
+    spec = ToolSpec(name="kb", corpus=str(corpus),
+                    sha256=hashlib.sha256(corpus.read_bytes()).hexdigest())
+    rules = episode_rules(max_new=64, max_tool_tokens=24, prompts=3, group=4, tools=[spec])
+    engine = CPUEngine(caller_model(tok, KB_WALK), tok, EngineConfig(num_threads=1))
+    honest = honest_file(engine, tok, rules)
+    found = [(i, s) for i, c in enumerate(honest.completions) for s in segments(c)
+             if not s.model and s.exit == 0]
+    assert found, "the kb caller found no entry in this file"
+    i, env = found[0]
+    assert env.tool == "kb"
+    d = _judge(engine, tok, rules, honest)
+    assert d.accepted, d.reason
+    # another entry's text in place of the one the corpus gives: "<result>3 q</result>"
+    rf = copy.deepcopy(honest)
+    ids = rf.completions[i].completion_tokens
+    j = env.start + len("<result>")
+    ids[j] = tok.encode(str(int(tok.decode(ids[j:j + 1])) % 8 + 1))[0]
+    d = _judge(engine, tok, rules, rf)
+    assert d.kind is VerdictKind.HARD_INVALID and Check.EPISODE in d.checks, d.reason
+    assert "'kb' output differs from the tool's re-run" in d.reason

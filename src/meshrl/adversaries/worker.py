@@ -17,7 +17,10 @@ Each cheat is what a worker that wants rewards without the work (or with easier 
   completion (tokens, log-probs, proofs and reward all still consistent), so only the replay of
   that very row (its seeded noise) can tell; caught when sampled replay picks it;
 - `double-dip`: submits one generation twice, the second time under another allowed policy
-  version at a counter of its own (header seed rewritten to match the claim).
+  version at a counter of its own (header seed rewritten to match the claim);
+- `forge-tools`: a lying tool in agentic episodes (issue #45): every tool output it appends
+  is made up (a calculator off by one) in place of the tool's, the model's turns after it
+  generated honestly on the forged conversation.
 A cheat is active on steps > `after_step`, so a test can watch an honest node turn. It runs as
 `meshrl adversary worker CONFIG` (`adversaries/cli.py`): the honest `WorkerNode` with these
 parts handed in.
@@ -33,6 +36,7 @@ runs.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -45,6 +49,7 @@ from meshrl.inference.backend import ScoreResult
 from meshrl.log import get_logger, log_event
 from meshrl.pool import Assignment, WorkOrder, prompt_of_row, work_units
 from meshrl.tasks import Problem, TaskSet
+from meshrl.tasks.tools import Tool, ToolResult
 from meshrl.wire.rollout_file import RolloutFile, read_rollout_file, rollout_file_bytes
 from meshrl.worker.config import CheatConfig
 from meshrl.worker.delivery import Courier
@@ -310,6 +315,59 @@ class ForgeOneRow(Adversary):
         return rf
 
 
+class _LyingTool(Tool):
+    """A tool that answers every call with a made-up output (an integer off by one, anything
+    else "0"), its exit status the honest one's, and counts its lies. A lie the episode's
+    template and cut would make equal to the honest output is not told (it would be no
+    forgery)."""
+
+    def __init__(self, honest: Tool, same: Any) -> None:
+        super().__init__(honest.spec)
+        self.name, self.honest, self.same, self.lies = honest.name, honest, same, 0
+
+    def _run(self, call: str, seed: int) -> ToolResult:
+        res = self.honest.run(call, seed)
+        out = res.output.strip()
+        lie = ToolResult(str(int(out) + 1) if out.lstrip("-").isdigit() else "0", res.exit)
+        if self.same(res, lie):
+            return res
+        self.lies += 1
+        return lie
+
+
+class ForgeTools(Adversary):
+    """Runs every episode with lying tools: the worker's own episode loop, handed a copy of
+    the task mix whose tasks' tools lie. Logs the lies told per file ("tools forged")."""
+
+    def rollouts(self, engine: InferenceBackend, tokenizer: Any, a: Assignment, tasks: TaskSet,
+                 provider: str) -> RolloutFile:
+        if not self.active(a.step):
+            return super().rollouts(engine, tokenizer, a, tasks, provider)
+        forged, liars = copy.copy(tasks), []
+        forged.tasks = dict(tasks.tasks)
+        for name, task in tasks.tasks.items():
+            if task.episode is None:
+                continue
+            ep = task.episode
+
+            def same(x: ToolResult, y: ToolResult, ep: Any = ep) -> bool:
+                def ids(r: ToolResult) -> list[int]:
+                    text = ep.result_template.format(output=r.output)
+                    return list(tokenizer.encode(text))[: ep.max_tool_tokens]
+                return ids(x) == ids(y)
+
+            t = copy.copy(task)
+            t.tools = [_LyingTool(tool, same) for tool in task.tools]
+            liars += t.tools
+            forged.tasks[name] = t
+        rf = super().rollouts(engine, tokenizer, a, forged, provider)
+        # the run's report tells this cheater's dishonest files by this line (a file whose
+        # episodes made no call forges nothing)
+        log_event(log, "tools forged", step=a.step, counter=a.counter,
+                  outputs=sum(t.lies for t in liars))
+        return rf
+
+
 # ---- the file maker and the courier ----------------------------------------------------------
 class Copy(Adversary):
     """Submits another worker's newest submitted file (from its outbox, `copy_from`), one not
@@ -402,6 +460,7 @@ CHEATS: dict[str, type[Adversary]] = {
     "cherry-pick": CherryPick, "forge-rewards": ForgeRewards, "forge-sampling": ForgeSampling,
     "truncate": Truncate, "stale-policy": StalePolicy, "copy": Copy,
     "inflate-units": InflateUnits, "double-dip": DoubleDip, "forge-one-row": ForgeOneRow,
+    "forge-tools": ForgeTools,
 }
 
 # the cheats that load weights of their own into the backend

@@ -4,8 +4,10 @@ its taskset's tasks are the problems, its tasks' `@vf.reward` functions the scor
 Only single-turn environments: the model's one reply is the completion, scored offline (no
 runtime, no harness). An environment is refused at build, with one line naming why, when it
 needs what a worker and a validator cannot both reproduce offline: an LLM judge (network),
-a container, tools (multi-turn), or a reward that needs a runtime. Multi-turn environments
-are out of scope.
+a container, tools (multi-turn: verifiers' tools are MCP toolsets that the environment's
+harness serves per rollout, with state and any code, so no validator can re-run a tool's
+output exactly from the conversation), or a reward that needs a runtime. Multi-turn
+environments are out of scope.
 
 The taskset is loaded once (at most `max_tasks` tasks, for infinite tasksets) in its own
 order, so a problem is an index into a fixed list and a validator that loads the same installed
@@ -91,8 +93,14 @@ def _refusal(env: str, task: Any) -> str | None:
                 f"only offline rewards are supported")
     if getattr(kind, "NEEDS_CONTAINER", False):
         return f"verifiers environment {env!r} needs a container; not supported"
-    if kind.toolsets(task.config):
-        return f"verifiers environment {env!r} has tools (multi-turn); only single-turn is"
+    toolsets = kind.toolsets(task.config)
+    if toolsets:
+        names = [type(t).__name__ for t in toolsets]
+        return (f"verifiers environment {env!r} is multi-turn with tools {names}: MCP "
+                f"toolsets its harness serves per rollout (a server with state, running any "
+                f"code), which no validator can re-run exactly from the conversation; only "
+                f"single-turn environments are tasks (tools a validator re-runs: "
+                f"docs/tasks.md, Agentic episodes)")
     rewards = task.hooks("reward")
     if not rewards:
         return f"verifiers environment {env!r} has no reward function"

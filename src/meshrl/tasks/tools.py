@@ -8,7 +8,10 @@ byte for byte (`meshrl.pool.episode`). So a tool must give the same output on ev
   syntax tree (never `eval`), bounded input, exponents and result size;
 - `python`: the program in the bubblewrap sandbox (`meshrl.tasks.sandbox`: no network, no
   file system but /usr, bounded CPU, memory, processes and output), with a prelude that seeds
-  `random` from the assignment and pins the clock (`time.time`, `time.monotonic`...) to 0.
+  `random` from the assignment and pins the clock (`time.time`, `time.monotonic`...) to 0;
+- a lookup (any tool with a `corpus`): the entries of a fixed JSONL corpus the pool's rules
+  name and pin by sha256, found by exact id or by BM25-lite in exact rational arithmetic with
+  a fixed tie break (`CorpusLookup`).
 A tool that cannot be re-run exactly (network access, the wall clock, an LLM judge) is refused
 when the task is built, in one line (`ToolRefused`).
 
@@ -19,8 +22,11 @@ so generation ends right after the call.
 from __future__ import annotations
 
 import ast
+import json
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from fractions import Fraction
 
 from pydantic import Field
 
@@ -30,6 +36,7 @@ from meshrl.tasks.sandbox import SandboxConfig, SandboxUnavailable, check_sandbo
 __all__ = [
     "REPLAYABLE",
     "Calculator",
+    "CorpusLookup",
     "EpisodeConfig",
     "PythonTool",
     "Tool",
@@ -41,7 +48,7 @@ __all__ = [
 
 # exit status of a tool that refused its call (a parse error, a bound): deterministic
 EXIT_ERROR = 1
-REPLAYABLE = ("calc", "python")
+REPLAYABLE = ("calc", "python")  # and a lookup: any name, with a pinned `corpus`
 # tools people ask for that no validator can re-run exactly, with the reason
 _NOT_REPLAYABLE = {
     "search": "it queries the network", "web": "it queries the network",
@@ -66,6 +73,14 @@ class ToolSpec(Config):
                                   "cut, deterministically)")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="limits of the "
                                    "python tool's runs")
+    corpus: str = Field("", max_length=4096, description="a lookup tool's corpus: a JSONL file "
+                        "of {\"id\": str, \"text\": str} rows (`meshrl:NAME`: a shipped file); "
+                        "set, the tool answers each call from it, whatever its name")
+    sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$", description="the corpus file's "
+                        "sha256 (meshrl.tasks.dataset.data_digest), required with a corpus: "
+                        "a corpus that hashes otherwise is refused")
+    top_k: int = Field(1, ge=1, le=8, description="a lookup's output: the texts of its k best "
+                       "entries, one a line")
 
 
 @dataclass(frozen=True)
@@ -179,8 +194,117 @@ class PythonTool(Tool):
         return ToolResult("", 124) if res.timed_out else ToolResult(res.stdout, res.returncode)
 
 
+_CORPUS_MAX_BYTES = 64 << 20
+_CORPUS_MAX_ROWS = 200_000
+_ENTRY_MAX_CHARS = 1 << 16
+_QUERY_MAX_TERMS = 16
+_WORD = re.compile(r"[a-z0-9]+")
+# BM25's constants, as exact fractions: every machine ranks the same, to the last bit
+_K1, _B = Fraction(6, 5), Fraction(3, 4)
+
+
+def _terms(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+class CorpusLookup(Tool):
+    """Lookups in a fixed corpus the pool's rules name and pin (`spec.corpus`, `spec.sha256`):
+    a call that is an entry's id (trimmed) is answered with that entry's text; any other call
+    is a query, answered with the texts of the `top_k` entries of highest BM25-lite score
+
+        sum over the query's distinct terms t in the entry of
+            idf(t) x tf (k1 + 1) / (tf + k1 (1 - b + b |entry| / avg |entry|)),
+        idf(t) = (2N + 1) / (2 df(t) + 1)     (a rational idf: no logarithm, no libm)
+
+    in exact fractions (terms: runs of [a-z0-9] of the lower-cased text; k1 = 6/5, b = 3/4),
+    ties to the earlier entry; no entry sharing a term is `error: no entry matches` (exit 1).
+    Bounded: the corpus at 64 MiB and 200k entries of 64 KiB, a query at 16 distinct terms,
+    the output at `max_output_chars`."""
+
+    def __init__(self, spec: ToolSpec) -> None:
+        super().__init__(spec)
+        self.name = spec.name
+        from meshrl.tasks.dataset import data_path
+
+        where = f"tool {spec.name!r}: corpus {spec.corpus}"
+        if not spec.sha256:
+            raise ToolRefused(f"{where}: no sha256 pin (a corpus is read only when its rule "
+                              f"pins its bytes)")
+        try:
+            path = data_path(spec.corpus)
+            if path.stat().st_size > _CORPUS_MAX_BYTES:
+                raise ToolRefused(f"{where}: over {_CORPUS_MAX_BYTES >> 20} MiB")
+            data = path.read_bytes()
+        except OSError as e:
+            raise ToolRefused(f"{where}: cannot be read ({e.strerror or e})") from None
+        except ValueError as e:  # a malformed meshrl:NAME
+            raise ToolRefused(f"{where}: {e}") from None
+        import hashlib
+
+        got = hashlib.sha256(data).hexdigest()
+        if got != spec.sha256:
+            raise ToolRefused(f"{where}: sha256 {got} differs from the rules' pin {spec.sha256}")
+        self.ids: list[str] = []
+        self.texts: list[str] = []
+        self.by_id: dict[str, int] = {}
+        self.postings: dict[str, list[tuple[int, int]]] = {}
+        self.lengths: list[int] = []
+        for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ToolRefused(f"{where}:{n}: invalid JSON ({e.msg})") from None
+            if not (isinstance(row, dict) and isinstance(row.get("id"), str)
+                    and isinstance(row.get("text"), str)):
+                raise ToolRefused(f"{where}:{n}: an entry is {{\"id\": str, \"text\": str}}")
+            key, text = row["id"].strip(), row["text"]
+            if key in self.by_id or len(text) > _ENTRY_MAX_CHARS or \
+                    len(self.ids) >= _CORPUS_MAX_ROWS:
+                raise ToolRefused(f"{where}:{n}: " + (
+                    f"id {key!r} appears twice" if key in self.by_id else
+                    f"text over {_ENTRY_MAX_CHARS} characters" if len(text) > _ENTRY_MAX_CHARS
+                    else f"over {_CORPUS_MAX_ROWS} entries"))
+            i = len(self.ids)
+            self.ids.append(key)
+            self.texts.append(text)
+            self.by_id[key] = i
+            terms = _terms(text)
+            self.lengths.append(len(terms))
+            counts: dict[str, int] = {}
+            for t in terms:
+                counts[t] = counts.get(t, 0) + 1
+            for t, tf in counts.items():
+                self.postings.setdefault(t, []).append((i, tf))
+        if not self.ids:
+            raise ToolRefused(f"{where}: no entries")
+        self.avg = Fraction(sum(self.lengths), len(self.ids)) or Fraction(1)
+
+    def _run(self, call: str, seed: int) -> ToolResult:
+        query = call.strip()
+        if query in self.by_id:
+            return ToolResult(self.texts[self.by_id[query]], 0)
+        terms = sorted(set(_terms(query)))
+        if len(terms) > _QUERY_MAX_TERMS:
+            return ToolResult(f"error: over {_QUERY_MAX_TERMS} distinct terms", EXIT_ERROR)
+        n, scores = len(self.ids), {}
+        for t in terms:
+            hits = self.postings.get(t, [])
+            idf = Fraction(2 * n + 1, 2 * len(hits) + 1)
+            for i, tf in hits:
+                norm = _K1 * (1 - _B + _B * self.lengths[i] / self.avg)
+                scores[i] = scores.get(i, 0) + idf * tf * (_K1 + 1) / (tf + norm)
+        if not scores:
+            return ToolResult("error: no entry matches", EXIT_ERROR)
+        best = sorted(scores, key=lambda i: (-scores[i], i))[: self.spec.top_k]
+        return ToolResult("\n".join(self.texts[i] for i in best), 0)
+
+
 def build_tool(spec: ToolSpec) -> Tool:
     """The tool `spec` names, or `ToolRefused` in one line when no validator could re-run it."""
+    if spec.corpus:  # a fixed, pinned corpus: re-runnable whatever the tool is called
+        return CorpusLookup(spec)
     if spec.name == "calc":
         return Calculator(spec)
     if spec.name == "python":
@@ -191,7 +315,10 @@ def build_tool(spec: ToolSpec) -> Tool:
     why = next((w for k, w in _NOT_REPLAYABLE.items() if k in spec.name), None)
     raise ToolRefused(f"tool {spec.name!r} refused: " + (
         f"{why}, so a validator cannot re-run it exactly" if why else
-        f"not a tool a validator can re-run (replayable: {', '.join(REPLAYABLE)})"))
+        f"not a tool a validator can re-run (replayable: {', '.join(REPLAYABLE)}, or a "
+        f"lookup in a pinned corpus)") + (" (a search of a fixed corpus is a lookup: give it "
+                                          "a corpus and its sha256)" if "search" in spec.name
+                                          else ""))
 
 
 class EpisodeConfig(Config):

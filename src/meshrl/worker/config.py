@@ -31,7 +31,7 @@ __all__ = [
 CheatMode = Literal[
     "none", "other-model", "int8", "scale-layer", "cherry-pick", "forge-rewards",
     "forge-sampling", "truncate", "stale-policy", "copy", "inflate-units", "double-dip",
-    "forge-one-row",
+    "forge-one-row", "forge-tools",
 ]
 CHEAT_MODES: tuple[str, ...] = CheatMode.__args__  # type: ignore[attr-defined]
 
