@@ -32,9 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from meshrl.shardcast.simulate import simulate_relays
+
 import _shardcast_procs as sp
 from _shardcast_procs import cpu_s, health, load1, wait_cpu
-from meshrl.shardcast.simulate import simulate_relays
 from meshrl.shardcast.store import VersionStore
 
 
