@@ -19,7 +19,7 @@ from test_kill import _paused_at
 from meshrl.protocol.batches import Batch, Leaf
 from network import RULES, fund_provider, start_net, wait_until, worker
 
-pytestmark = [pytest.mark.slow, pytest.mark.anvil]
+pytestmark = [pytest.mark.slow, pytest.mark.anvil, pytest.mark.timeout(1200)]
 
 PHASES = ["batch-formed", "batch-posted", "batch-submitted-unrecorded"]
 
@@ -41,7 +41,7 @@ def test_kill9_at_every_batch_phase_loses_nothing_and_submits_once(net):
     _, node, _ = fund_provider(net, "crashb")
     work_dir = net.tmp / "w-crashb"
     for i, phase in enumerate(PHASES):
-        w = worker(net, "crashb", max_files=2, crash_test_pause=4.0)
+        w = worker(net, "crashb", max_files=2, crash_test_pause=2.5)
         seen = w.log.read_text().count(f'"phase": "{phase}"') if w.log.exists() else 0
         w.start()
         wait_until(lambda w=w, s=seen, p=phase: _paused_at(w.log, p, s), 240)
