@@ -103,3 +103,21 @@ def test_the_shipped_tools_config_runs_episodes_with_a_lying_calculator(tmp_path
     trainer = load_config(RLConfig, [Path(a) for a in roles["trainer"].argv[-2:]])
     assert trainer.model.preset == "qwen2-tiny" and trainer.sft.max_steps == 150
     assert trainer.rollout.max_new_tokens == 64 and trainer.tasks.mix[0].type == "tool_arithmetic"
+
+
+def test_the_batched_config_publishes_its_batch_rule_to_every_role(tmp_path) -> None:
+    """configs/batched.toml over configs/network.toml: the orchestrator publishes the batch
+    rule, and every worker's and validator's pins carry it (a role that differs refuses)."""
+    from meshrl.config import load_config
+
+    cfg = load_config(NetworkConfig, [CONFIGS / "network.toml", CONFIGS / "batched.toml"],
+                      [f"--dir={tmp_path}"])
+    assert cfg.pool.rules().batch.files == 4 and cfg.pool.rules().batch.max_delay_s == 2.0
+    lay = Layout(cfg)
+    roles = {r.name: r for r in build_roles(lay, lay.keys(), 1)}
+    orch = _toml(Path(roles["orchestrator"].argv[-1]))
+    assert orch["rules"]["batch"] == {"files": 4, "max_delay_s": 2.0}
+    for name in ("worker-0", "validator", "validator-1"):
+        assert _toml(Path(roles[name].argv[-1]))["rules"]["batch"]["files"] == 4, name
+    plain = load_config(NetworkConfig, [CONFIGS / "network.toml"], [f"--dir={tmp_path}"])
+    assert plain.pool.rules().batch.files == 1  # the default network submits per file

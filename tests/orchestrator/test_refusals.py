@@ -15,8 +15,11 @@ from typing import Any
 import pytest
 
 from meshrl.orchestrator.config import OrchestratorConfig
+from meshrl.protocol.batches import Batch, Leaf
 from meshrl.wire import ErrorCode, SignedClient, WireHTTPError, refusal_classes
 from meshrl.wire.models import (
+    BatchLeaf,
+    BatchPost,
     FileStatus,
     Heartbeat,
     LedgerPage,
@@ -213,7 +216,62 @@ async def _unsubmitted_uploads(s: Served, tmp: Path, client: Any) -> Any:
     return await _grant(client("n1"), "dd" * 32)
 
 
+async def _uploaded(c: SignedClient, tmp: Path, name: str) -> BatchLeaf:
+    """A file granted to and uploaded by `c`'s node: its leaf."""
+    path, sha = blob(tmp, name)
+    req = slot_request(sha)
+    slot = await c.call("POST", "/uploads", req, response=UploadSlot)
+    await c.upload("PUT", slot.url, path, sha)
+    return BatchLeaf(sha256=sha, work_units=req.work_units, step=req.step, counter=req.counter)
+
+
+async def _batch_too_large(s: Served, tmp: Path, client: Any) -> Any:
+    leaves = [await _uploaded(client("n1"), tmp, f"f{i}") for i in range(3)]  # 2 per batch
+    return await client("n1").call("POST", "/batches", BatchPost(leaves=leaves))
+
+
+async def _bad_leaf(s: Served, tmp: Path, client: Any) -> Any:
+    mine, theirs = await _uploaded(client("n1"), tmp, "a"), await _uploaded(client("n2"), tmp,
+                                                                           "b")
+    lying = mine.model_copy(update={"work_units": mine.work_units + 1})
+    _, never = blob(tmp, "never-uploaded")
+    ghost = mine.model_copy(update={"sha256": never})
+    for leaves in ([mine, theirs], [lying], [ghost], [mine, mine]):
+        with pytest.raises(WireHTTPError) as got:
+            await client("n1").call("POST", "/batches", BatchPost(leaves=leaves))
+        assert type(got.value) is refusal_classes()[E.BAD_LEAF], leaves
+    assert s.state.file(mine.sha256).batch_id == ""  # nothing recorded by a refusal
+    return await client("n1").call("POST", "/batches", BatchPost(leaves=[theirs]))
+
+
+async def _file_in_another_batch(s: Served, tmp: Path, client: Any) -> Any:
+    a, b = await _uploaded(client("n1"), tmp, "a"), await _uploaded(client("n1"), tmp, "b")
+    await client("n1").call("POST", "/batches", BatchPost(leaves=[a]))
+    await client("n1").call("POST", "/batches", BatchPost(leaves=[a]))  # again: idempotent
+    return await client("n1").call("POST", "/batches", BatchPost(leaves=[b, a]))
+
+
+async def _batch_mismatch(s: Served, tmp: Path, client: Any) -> Any:
+    a = await _uploaded(client("n1"), tmp, "a")
+    b = Batch.of([Leaf(address("n1"), bytes.fromhex(a.sha256), a.work_units, a.step,
+                       a.counter)])
+    # the chain announced this batch (node, root) with more units than its leaves hold
+    s.state.batch_seen(b.id.hex(), address("n1"), b.root.hex(), 1, a.work_units + 5)
+    return await client("n1").call("POST", "/batches", BatchPost(leaves=[a]))
+
+
+async def _bad_batch_id(s: Served, tmp: Path, client: Any) -> Any:
+    return await client("trainer").call("GET", "/batches/..%2Fstate")
+
+
+async def _no_such_batch(s: Served, tmp: Path, client: Any) -> Any:
+    return await client("trainer").call("GET", "/batches/" + "ab" * 32)
+
+
 PARTS: dict[ErrorCode, PartsCase] = {
+    E.BATCH_TOO_LARGE: _batch_too_large, E.BAD_LEAF: _bad_leaf,
+    E.FILE_IN_ANOTHER_BATCH: _file_in_another_batch, E.BATCH_MISMATCH: _batch_mismatch,
+    E.BAD_BATCH_ID: _bad_batch_id, E.NO_SUCH_BATCH: _no_such_batch,
     E.TOO_MANY_HELD: _too_many_held, E.UNSUBMITTED_UPLOADS: _unsubmitted_uploads,
     E.NOT_IN_POOL: _not_in_pool, E.NOT_A_READER: _not_a_reader, E.NO_INVITE: _no_invite,
     E.FILE_TOO_LARGE: _file_too_large, E.TOO_MANY_WORK_UNITS: _too_many_units,
@@ -232,7 +290,8 @@ PARTS: dict[ErrorCode, PartsCase] = {
 @pytest.mark.parametrize("code", list(PARTS), ids=lambda c: c.value)
 def test_refusal_without_a_chain(code: ErrorCode, tmp_path: Path) -> None:
     cfg = OrchestratorConfig(pool_id=1, work={"step": 3, "max_file_bytes": 2000},
-                             rules={"async_level": 1, "files_per_step": 1 << 12})
+                             rules={"async_level": 1, "files_per_step": 1 << 12,
+                                    "batch": {"files": 2}})
 
     async def t() -> None:
         async with api_from_parts(tmp_path, cfg, readers=(address("trainer"),)) as s:

@@ -3,6 +3,8 @@ by hand-checked values."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -28,6 +30,7 @@ from meshrl.pool import (
     tasks_config,
     unmet_profile,
 )
+from meshrl.pool.rules import _canonical
 from meshrl.tasks import TasksConfig, sample_problems, sampling_seed
 
 RULES = PoolRules(pool_id=3, task={"type": "arithmetic", "digits": 2}, group_size=4,
@@ -40,7 +43,7 @@ DRIFTED = {"task": {"type": "arithmetic", "digits": 3}, "sampling": {"max_new_to
            "async_level": 2, "seed": 8, "proof_profile": "any-hardware",
            "prompt_format": "chat",
            "policy_signer": "0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A",
-           "replay": {"rows_fraction": 0.5}}
+           "replay": {"rows_fraction": 0.5}, "batch": {"files": 16}}
 
 
 def test_task_specs_have_one_parser():
@@ -186,3 +189,15 @@ def test_file_limits_follow_the_rules():
     lim = file_limits(RULES, max_file_bytes=1 << 20, max_prompt_tokens=64)
     assert (lim.max_rows, lim.max_completion_tokens, lim.max_prompt_tokens, lim.max_bytes) == (
         8, 8, 64, 1 << 20)
+
+
+def test_per_file_submission_keeps_the_digest_of_rules_from_before_batches():
+    # an old pool's files name their rules by a digest without the batch rule: batch.files = 1
+    # (per-file submission) leaves it out, any other batch rule is in it
+    off = PoolRules(pool_id=1)
+    assert "batch" not in json.loads(_canonical(off))
+    on = PoolRules(pool_id=1, batch={"files": 16, "max_delay_s": 5.0})
+    assert json.loads(_canonical(on))["batch"] == {"files": 16, "max_delay_s": 5.0}
+    assert on.digest() != off.digest()
+    with pytest.raises(ValidationError):
+        PoolRules(pool_id=1, batch={"files": 257})  # more than the orchestrator takes

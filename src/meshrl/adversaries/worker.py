@@ -454,6 +454,9 @@ class _NoUploadOfCopies:
     async def submit(self, entry: OutboxEntry) -> str:
         return await self.inner.submit(entry)
 
+    def __getattr__(self, name: str) -> object:  # the batch methods and the node, as given
+        return getattr(self.inner, name)
+
 
 CHEATS: dict[str, type[Adversary]] = {
     "other-model": OtherModel, "int8": Int8, "scale-layer": ScaleLayer,

@@ -122,6 +122,12 @@ class PoolSpec(Config):
                                         "rows_fraction: the share of each file's rows the "
                                         "validator replays on the model (docs/economics.md)")
     prompt_format: PromptFormat = Field("raw", description=PROMPT_FORMAT_FIELD)
+    batch_files: int = Field(1, ge=1, le=256, description="rules.batch.files: files a worker "
+                             "submits on chain in one batch (1: each file its own "
+                             "submit_work; docs/protocol.md, Batches)")
+    batch_max_delay_s: float = Field(10.0, ge=0, le=3600, description="rules.batch."
+                                     "max_delay_s: how long a file may wait for its batch to "
+                                     "fill before the partial batch is submitted")
     reward_rate: int = Field(10**15, ge=0, description="token base units per work unit")
     heartbeat_s: float = Field(2.0, gt=0, description="the orchestrator's heartbeat interval")
     dead_after: int = Field(15, ge=1, description="missed heartbeats before a node is ejected")
@@ -134,7 +140,9 @@ class PoolSpec(Config):
                          prompts_per_file=self.prompts_per_file, async_level=self.async_level,
                          seed=self.seed, files_per_step=self.files_per_step,
                          proof_profile=self.proof_profile, prompt_format=self.prompt_format,
-                         replay={"rows_fraction": self.replay_rows_fraction})
+                         replay={"rows_fraction": self.replay_rows_fraction},
+                         batch={"files": self.batch_files,
+                                "max_delay_s": self.batch_max_delay_s})
 
 
 # a local network's chain: short periods; a verdict puts 10 tokens of its validator's bond at

@@ -5,9 +5,9 @@ store and the chain view. Who may call what:
 | --- | --- |
 | `GET /health`, `GET /rules`, `GET /join` | anyone (unsigned) |
 | `GET /invite` | a candidate node |
-| `POST /heartbeat`, `GET /work`, `POST /uploads`, `PUT /uploads/{slot}` | a pool member |
+| `POST /heartbeat`, `GET /work`, `POST /uploads`, `PUT /uploads/{slot}`, `POST /batches` | member |
 | `POST /verdicts` | an address with the validator role on chain |
-| `GET /ledger`, `GET /files/{sha256}` | readers (the trainer), validators, the manager |
+| `GET /ledger`, `GET /files/{sha256}`, `GET /batches/{id}` | readers, validators, the manager |
 | `GET /nodes`, `POST /step` | readers (the trainer) and the manager |
 
 The API holds exactly the parts it reads (no back-pointer to the `Orchestrator` that builds
@@ -16,6 +16,8 @@ it), so a test can serve its routes from a state and a store of its own.
 
 from __future__ import annotations
 
+import json
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Iterable
@@ -25,7 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from meshrl.orchestrator.books import NodeMoney
-from meshrl.orchestrator.chainview import ChainView
+from meshrl.orchestrator.chainview import ChainView, apply_batch
 from meshrl.orchestrator.config import OrchestratorConfig
 from meshrl.orchestrator.hold import HoldGate, hold
 from meshrl.orchestrator.join import ChainFacts, JoinDesk, JoinUnavailable, read_chain_facts
@@ -40,9 +42,13 @@ from meshrl.orchestrator.store import (
     parquet_framed,
 )
 from meshrl.pool import JoinManifest, PoolRules, WorkOrder, WorkQuery, counter_refusal
+from meshrl.protocol.batches import Batch, Leaf
 from meshrl.wire.errors import ErrorCode, WireError
 from meshrl.wire.guard import RequestGuard
 from meshrl.wire.models import (
+    BatchInfo,
+    BatchLeaf,
+    BatchPost,
     FileStatus,
     Health,
     Heartbeat,
@@ -70,6 +76,8 @@ LIVE = (NodeState.HEALTHY, NodeState.UNHEALTHY)
 # ledger rows whose submission the chain's `WorkSubmitted` event has not reached yet
 _BEFORE_SUBMISSION = (FileStatus.GRANTED, FileStatus.UPLOADED, FileStatus.EXPIRED)
 
+
+_BATCH_ID = re.compile(r"^[0-9a-f]{64}$")
 
 _GRANT_REFUSALS = {Grant.UPLOADED: ErrorCode.FILE_ALREADY_UPLOADED,
                    Grant.KNOWN: ErrorCode.FILE_ALREADY_KNOWN,
@@ -260,6 +268,59 @@ class OrchestratorApi:
         self.metrics.upload_bytes.inc(slot.size)
         return UploadReceipt(sha256=slot.sha256, size=slot.size, status=FileStatus.UPLOADED)
 
+    async def post_batch(self, call: Call) -> BatchInfo:
+        """A member's batch of its uploaded files (leaf order), before it submits its root on
+        chain: every leaf must be a file this node uploaded, with its grant's units, step and
+        counter, each file in one batch of the node; a batch the chain announced already must
+        have the count and units it was submitted with."""
+        node = self.member(call)
+        body: BatchPost = call.body
+        leaves = body.leaves
+        limit = self.published.batch.files
+        if len(leaves) > limit:
+            raise WireError(ErrorCode.BATCH_TOO_LARGE, f"at most {limit} files per batch")
+        if len({x.sha256 for x in leaves}) != len(leaves):
+            raise WireError(ErrorCode.BAD_LEAF, "a file is in a batch once")
+        batch = Batch.of([Leaf(node, bytes.fromhex(x.sha256), x.work_units, x.step, x.counter)
+                          for x in leaves])
+        bid = batch.id.hex()
+        rows = []
+        for i, x in enumerate(leaves):
+            row = self.state.file(x.sha256)
+            if row is None or row.node.lower() != node.lower() or not row.uploaded:
+                raise WireError(ErrorCode.BAD_LEAF, f"leaf {i}: not a file this node uploaded")
+            if (row.work_units, row.step, row.counter) != (x.work_units, x.step, x.counter):
+                raise WireError(ErrorCode.BAD_LEAF, f"leaf {i}: granted units {row.work_units},"
+                                f" step {row.step}, counter {row.counter}")
+            if row.batch_id not in ("", bid) or (row.status not in _BEFORE_SUBMISSION
+                                                  and row.batch_id != bid):
+                raise WireError(ErrorCode.FILE_IN_ANOTHER_BATCH, f"leaf {i}")
+            rows.append(row.seq)
+        seen = self.state.batch(bid)
+        if seen is not None and seen.submitted and (seen.count, seen.units) != (
+                batch.count, batch.units):
+            raise WireError(ErrorCode.BATCH_MISMATCH, f"submitted with {seen.count} files, "
+                            f"{seen.units} units")
+        encoded = json.dumps([x.model_dump() for x in leaves], separators=(",", ":"))
+        self.state.post_batch(bid, node, batch.root.hex(), encoded, rows)
+        if seen is not None and seen.submitted:  # the chain was first: the rows move now
+            with self.state.tx():
+                apply_batch(self.state, bid)
+        return BatchInfo(batch_id=bid, node=node, root=batch.root.hex(), leaves=leaves,
+                         submitted=bool(seen and seen.submitted))
+
+    async def get_batch(self, call: Call) -> BatchInfo:
+        await self.reader(call)
+        bid = call.param("batch_id")
+        if not _BATCH_ID.match(bid):
+            raise WireError(ErrorCode.BAD_BATCH_ID, "64 lower hex")
+        row = self.state.batch(bid)
+        if row is None or not row.leaves:
+            raise WireError(ErrorCode.NO_SUCH_BATCH, bid)
+        leaves = [BatchLeaf(**x) for x in json.loads(row.leaves)]
+        return BatchInfo(batch_id=bid, node=row.node, root=row.root, leaves=leaves,
+                         submitted=row.submitted)
+
     async def download(self, call: Call) -> web.StreamResponse:
         await self.reader(call)
         try:
@@ -407,6 +468,15 @@ class OrchestratorApi:
                   refusals=(E.BAD_SLOT_ID, E.NO_SUCH_SLOT, E.SLOT_OF_ANOTHER_NODE,
                             E.SLOT_ALREADY_USED, E.UPLOAD_IN_PROGRESS, E.SLOT_EXPIRED,
                             E.SHA256_MISMATCH, E.SIZE_MISMATCH, E.NOT_A_ROLLOUT_FILE)),
+            Route("POST", "/batches", self.post_batch, body=BatchPost, response=BatchInfo,
+                  max_body=64 << 10, tags=node, summary="a member's batch of uploaded files "
+                  "(leaf order), posted before its root is submitted on chain",
+                  refusals=(E.NOT_IN_POOL, E.BATCH_TOO_LARGE, E.BAD_LEAF,
+                            E.FILE_IN_ANOTHER_BATCH, E.BATCH_MISMATCH)),
+            Route("GET", "/batches/{batch_id}", self.get_batch, response=BatchInfo,
+                  max_body=none, tags=trainer + validator,
+                  summary="a batch's leaves as its node posted them (check them against the "
+                  "chain's root)", refusals=(E.NOT_A_READER, E.BAD_BATCH_ID, E.NO_SUCH_BATCH)),
             Route("GET", "/files/{sha256}", self.download, max_body=none,
                   tags=trainer + validator, summary="download a stored rollout file",
                   refusals=(E.NOT_A_READER, E.BAD_FILE_NAME, E.NO_SUCH_FILE)),
@@ -448,4 +518,4 @@ def _entry(r: FileRow) -> LedgerEntry:
         policy_version=r.policy_version, work_units=r.work_units, size=r.size, status=r.status,
         verdict=r.verdict, download=f"/files/{r.sha256}" if r.uploaded else "",
         work_id=r.work_id, granted=r.granted, uploaded=r.uploaded, accepted_seq=r.accepted_seq,
-        counter=r.counter)
+        counter=r.counter, batch_id=r.batch_id)

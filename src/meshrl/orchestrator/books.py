@@ -10,6 +10,10 @@ The rules mirror `work.vy` (and `meshrl.protocol.history`, the report's source):
   (fixed at submission) were still open at it; at each item the first verdict after it that
   was not overturned decides: upheld, wiped; open, the item waits. The follower reads every
   event from deployment, so its numbering is the chain's;
+- a batch (issue 46) is one item under its batch id (`BatchSubmitted`); a leaf a validator
+  opens (`LeafOpened`) takes its reward out of the batch's item into an item of its own under
+  the file's work id, with the batch's times and standing (a copy's reward is void), so
+  nothing is counted twice; every later event names the leaf's work id;
 - claimable now: submitted, not wiped, under no open verdict, unlocked at the latest block seen,
   and its provider under no open hard verdict (any node, any pool) nor under review
   (`ReviewOpened`: an upheld hard verdict puts a provider's unclaimed work under review).
@@ -62,7 +66,8 @@ WORK_COLUMNS = (("judge_until", "INTEGER NOT NULL DEFAULT 0"),
                 ("verdicts_before", "INTEGER NOT NULL DEFAULT 0"))
 
 STAKE_EVENTS = ("ProviderRegistered", "StakeAdded", "UnstakeRequested", "Withdrawn", "Slashed")
-TIMED = ("WorkSubmitted", "WorkInvalidated", "RewardsClaimed", "WorkAccused")  # block times
+TIMED = ("WorkSubmitted", "BatchSubmitted", "WorkInvalidated", "RewardsClaimed",
+         "WorkAccused")  # block times
 LOCK = "lock_period"
 WINDOW = "invalidation_window"
 CHAIN_TIME = "chain_time"
@@ -150,6 +155,10 @@ class Books:
             self._next_generation(a["node"].lower())
         elif ev.name == "WorkSubmitted" and a["pool"] == self.pool_id:
             self._submitted(a, int(ts or 0), provider_of)
+        elif ev.name == "BatchSubmitted" and a["pool"] == self.pool_id:
+            self._submitted({**a, "work_id": a["batch_id"]}, int(ts or 0), provider_of)
+        elif ev.name == "LeafOpened":
+            self._opened(a)
         elif ev.name == "WorkAccused":
             self._accused(a, int(ts or 0))
         elif ev.name == "WorkInvalidated":
@@ -186,6 +195,28 @@ class Books:
              ts + window, before))
         if cur.rowcount:
             self._add(node, "earned", a["reward"])
+
+    def _opened(self, a: dict[str, Any]) -> None:
+        """A leaf taken out of a batch of this pool: its reward leaves the batch's item and
+        becomes an item of its own with the batch's node, times and standing; a copy's (the
+        file had an item already) is void, so it is earned no more."""
+        bid, wid = bytes(a["batch_id"]).hex(), bytes(a["work_id"]).hex()
+        row = self.db.execute("SELECT node, provider, reward, unlock_at, generation, status, "
+                              "judge_until, verdicts_before FROM works WHERE work_id = ?",
+                              (bid,)).fetchone()
+        if row is None:
+            return  # another pool's batch
+        reward = int(a["reward"])
+        self.db.execute("UPDATE works SET reward = ? WHERE work_id = ?",
+                        (str(int(row[2]) - reward), bid))
+        if a["copy"]:
+            if row[5] == SUBMITTED:
+                self._add(row[0], "earned", -reward)
+            return
+        self.db.execute(
+            "INSERT OR IGNORE INTO works (work_id, node, provider, reward, unlock_at, generation,"
+            " status, wiped, judge_until, verdicts_before) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?)",
+            (wid, row[0], row[1], str(reward), row[3], row[4], SUBMITTED, row[6], row[7]))
 
     def _accused(self, a: dict[str, Any], ts: int) -> None:
         wid = bytes(a["work_id"]).hex()

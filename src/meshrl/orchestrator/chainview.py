@@ -8,6 +8,7 @@ transactions in nonce order); the event loop only awaits them.
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
 from collections.abc import Callable
@@ -20,9 +21,10 @@ from meshrl.orchestrator.books import CLAIMED_CODE, Books
 from meshrl.orchestrator.state import POOL_STEP, State
 from meshrl.protocol.chain import Protocol
 from meshrl.protocol.events import Event, EventCursor
+from meshrl.protocol.signing import work_id
 from meshrl.wire.models import FileStatus, NodeState
 
-__all__ = ["ChainView", "Eligibility", "SignedInvite"]
+__all__ = ["ChainView", "Eligibility", "SignedInvite", "apply_batch"]
 
 log = get_logger("meshrl.orchestrator.chain")
 T = TypeVar("T")
@@ -250,6 +252,13 @@ class ChainView:
             log_event(log, "node event", event=ev.name, node=node, block=ev.block)
         elif ev.name == "WorkSubmitted":
             self._submitted(state, bytes(a["file_sha256"]).hex(), a)
+        elif ev.name == "BatchSubmitted" and a["pool"] == self.pool_id:
+            bid = bytes(a["batch_id"]).hex()
+            state.batch_seen(bid, a["node"], bytes(a["root"]).hex(), int(a["count"]),
+                             int(a["units"]))
+            n = apply_batch(state, bid)
+            log_event(log, "batch submitted", batch_id=bid, node=a["node"], count=a["count"],
+                      files=n)
         elif ev.name == "WorkInvalidated":
             row = state.file_by_work_id(bytes(a["work_id"]).hex())
             if row is not None:
@@ -275,6 +284,29 @@ class ChainView:
                                 int(state.get_meta(POOL_STEP, "0")))
         log_event(log, "submission of a file this pool did not grant", sha256=sha, node=node,
                   seq=claim.seq, granted_to=row.node if row else None)
+
+
+def apply_batch(state: State, batch_id: str) -> int:
+    """A batch both posted (leaves) and submitted (the chain's count and units, which the
+    leaves match): each leaf's file row of its node, named in the batch and not submitted yet,
+    moves to `submitted` under the file's own work id (the id a validator opens it under).
+    Returns how many rows moved; 0 until both halves are known (inside a transaction)."""
+    b = state.batch(batch_id)
+    if b is None or not b.submitted or not b.leaves:
+        return 0
+    leaves = json.loads(b.leaves)
+    if len(leaves) != b.count or sum(x["work_units"] for x in leaves) != b.units:
+        return 0  # the leaves posted are not what the chain holds (refused at the post)
+    moved = 0
+    for x in leaves:
+        row = state.file(x["sha256"])
+        if row is None or row.node.lower() != b.node.lower() or row.batch_id != batch_id:
+            continue
+        if row.status in (FileStatus.GRANTED, FileStatus.UPLOADED, FileStatus.EXPIRED):
+            state.set_file_status(row.seq, FileStatus.SUBMITTED, state.db)
+            state.set_work_id(row.seq, work_id(b.node, bytes.fromhex(x["sha256"])).hex())
+            moved += 1
+    return moved
 
 
 def _timestamps(w3: Any, blocks: list[int], chunk: int = 500) -> dict[int, int]:

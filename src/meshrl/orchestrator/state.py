@@ -21,8 +21,8 @@ from typing import Any
 from meshrl.orchestrator.hold import Alarm
 from meshrl.wire.models import FileStatus, NodeState
 
-__all__ = ["POOL_STEP", "FileRow", "Grant", "InviteRow", "NodeRow", "PoolStep", "SlotRow",
-           "SlotUse", "State"]
+__all__ = ["POOL_STEP", "BatchRow", "FileRow", "Grant", "InviteRow", "NodeRow", "PoolStep",
+           "SlotRow", "SlotUse", "State"]
 
 POOL_STEP = "pool_step"  # meta key of the pool's step
 
@@ -48,7 +48,8 @@ CREATE TABLE IF NOT EXISTS files (
     verdict TEXT NOT NULL DEFAULT '', validator TEXT NOT NULL DEFAULT '',
     updated_at REAL NOT NULL, work_id TEXT NOT NULL DEFAULT '',
     granted INTEGER NOT NULL DEFAULT 1, uploaded INTEGER NOT NULL DEFAULT 0,
-    accepted_seq INTEGER NOT NULL DEFAULT 0, counter INTEGER NOT NULL DEFAULT -1
+    accepted_seq INTEGER NOT NULL DEFAULT 0, counter INTEGER NOT NULL DEFAULT -1,
+    batch_id TEXT NOT NULL DEFAULT ''
 );
 CREATE UNIQUE INDEX IF NOT EXISTS files_granted ON files (sha256) WHERE granted = 1;
 CREATE UNIQUE INDEX IF NOT EXISTS files_claimed ON files (sha256, node) WHERE granted = 0;
@@ -60,6 +61,15 @@ CREATE INDEX IF NOT EXISTS files_status ON files (status, node);  -- nodes with 
 CREATE UNIQUE INDEX IF NOT EXISTS files_counter ON files (node, step, counter)
     WHERE granted = 1 AND counter >= 0;
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+-- a node's batches (issue 46): leaves (JSON, in leaf order) once posted by the node, count and
+-- units once the chain's BatchSubmitted is seen (submitted = 1)
+CREATE TABLE IF NOT EXISTS batches (
+    batch_id TEXT PRIMARY KEY, node TEXT NOT NULL, root TEXT NOT NULL,
+    leaves TEXT NOT NULL DEFAULT '', count INTEGER NOT NULL DEFAULT 0,
+    units INTEGER NOT NULL DEFAULT 0, submitted INTEGER NOT NULL DEFAULT 0,
+    posted_at REAL NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS files_batch ON files (batch_id);
 """
 
 
@@ -123,10 +133,23 @@ class FileRow:
     uploaded: bool  # the node uploaded the file through its slot
     accepted_seq: int  # acceptance order, 0 if never accepted
     counter: int  # the granted counter at its step, -1 for a submission without a grant
+    batch_id: str = ""  # the batch its node put it in (hex), "" for a file submitted alone
 
 
 def _file_row(r: tuple[Any, ...]) -> FileRow:
-    return FileRow(*r[:8], FileStatus(r[8]), *r[9:13], bool(r[13]), bool(r[14]), r[15], r[16])
+    return FileRow(*r[:8], FileStatus(r[8]), *r[9:13], bool(r[13]), bool(r[14]), r[15], r[16],
+                   r[17] if len(r) > 17 else "")
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    batch_id: str
+    node: str
+    root: str
+    leaves: str  # JSON list of leaves ({sha256, work_units, step, counter}), "" until posted
+    count: int  # from BatchSubmitted, 0 until seen
+    units: int
+    submitted: bool
 
 
 class Grant(Enum):
@@ -158,6 +181,8 @@ class State:
             self._migrate_files()
         if old and "counter" not in self._columns("files"):  # from before counters were granted
             self.db.execute("ALTER TABLE files ADD COLUMN counter INTEGER NOT NULL DEFAULT -1")
+        if old and "batch_id" not in self._columns("files"):  # from before batches
+            self.db.execute("ALTER TABLE files ADD COLUMN batch_id TEXT NOT NULL DEFAULT ''")
         self.db.executescript(SCHEMA)
 
     def _columns(self, table: str) -> list[str]:
@@ -417,6 +442,31 @@ class State:
                            "granted = 1 AND status = ?", (FileStatus.EXPIRED.value, now, sha256,
                                                           FileStatus.GRANTED.value))
         return len(rows)
+
+    # batches (issue 46)
+    def batch(self, batch_id: str) -> BatchRow | None:
+        r = self.db.execute("SELECT batch_id, node, root, leaves, count, units, submitted FROM "
+                            "batches WHERE batch_id = ?", (batch_id,)).fetchone()
+        return None if r is None else BatchRow(*r[:6], bool(r[6]))
+
+    def post_batch(self, batch_id: str, node: str, root: str, leaves: str,
+                   seqs: list[int]) -> None:
+        """A node's batch: its leaves, and each leaf's file row names the batch (a file is in
+        one batch of its node). A batch the chain announced already keeps its count/units."""
+        with self.tx() as db:
+            db.execute("INSERT INTO batches (batch_id, node, root, leaves, posted_at) VALUES "
+                       "(?, ?, ?, ?, ?) ON CONFLICT(batch_id) DO UPDATE SET leaves = "
+                       "excluded.leaves, posted_at = excluded.posted_at",
+                       (batch_id, node, root, leaves, time.time()))
+            for seq in seqs:
+                db.execute("UPDATE files SET batch_id = ? WHERE seq = ?", (batch_id, seq))
+
+    def batch_seen(self, batch_id: str, node: str, root: str, count: int, units: int) -> None:
+        """The chain's BatchSubmitted: the batch is submitted with this count and units."""
+        self.db.execute("INSERT INTO batches (batch_id, node, root, count, units, submitted) "
+                        "VALUES (?, ?, ?, ?, ?, 1) ON CONFLICT(batch_id) DO UPDATE SET count = "
+                        "excluded.count, units = excluded.units, submitted = 1",
+                        (batch_id, node, root, count, units))
 
     def set_work_id(self, seq: int, work_id: str) -> None:
         self.db.execute("UPDATE files SET work_id = ? WHERE seq = ?", (work_id, seq))

@@ -20,7 +20,8 @@ from meshrl.pool.profiles import PROFILE_FIELD, ProofProfile
 from meshrl.pool.sampled import FULL_REPLAY, ReplayRule
 from meshrl.tasks import TasksConfig
 
-__all__ = ["PROMPT_FORMAT_FIELD", "RULE_FIELDS", "PoolRules", "PromptFormat", "RulesPins",
+__all__ = ["NO_BATCHES", "PROMPT_FORMAT_FIELD", "RULE_FIELDS", "BatchRule", "PoolRules",
+           "PromptFormat", "RulesPins",
            "RulesSpec", "SamplingSpec", "policy_run", "rules_diff", "rules_drift",
            "tasks_config"]
 
@@ -80,6 +81,22 @@ class SamplingSpec(_Rule):
                                             description="extra token ids that end a completion")
 
 
+class BatchRule(_Rule):
+    """How a node submits its files on chain (issue 46, docs/protocol.md "Batches"): `files`
+    per batch (one Merkle root per transaction), and at most `max_delay_s` between a file's
+    upload and the submission of the partial batch that holds it. `files = 1`: every file is
+    its own `submit_work` (the behaviour of pools from before batches)."""
+
+    files: int = Field(1, ge=1, le=256, description="files per on-chain submission (1: each "
+                       "file its own submit_work; more: submit_batch of up to this many)")
+    max_delay_s: float = Field(10.0, ge=0.0, le=3600.0, allow_inf_nan=False,
+                               description="seconds an uploaded file may wait for its batch to "
+                               "fill before the partial batch is submitted")
+
+
+NO_BATCHES = BatchRule()
+
+
 class RulesSpec(_Rule):
     """Every rule of a pool but its id (an orchestrator's `[rules]` table)."""
 
@@ -104,6 +121,9 @@ class RulesSpec(_Rule):
     replay: ReplayRule = Field(default_factory=ReplayRule, description="which rows of each "
                                "file a validator replays on the model (sampled replay, "
                                "pool/sampled.py; the other checks cover every row)")
+    batch: BatchRule = Field(default_factory=BatchRule, description="how nodes submit their "
+                             "files on chain: files per batch and the longest wait of a "
+                             "partial batch (files = 1: one submit_work per file)")
 
     _task = field_validator("task", mode="before")(tasks_config)
     _pinned = field_validator("task")(_pinned_data)
@@ -121,6 +141,8 @@ def _canonical(model: BaseModel) -> bytes:
         del data["replay"]  # full replay: the digest of rules from before sampled replay
     if data.get("prompt_format") == "raw":
         del data["prompt_format"]  # likewise: raw prompts were the only kind before it
+    if data.get("batch") == NO_BATCHES.model_dump(mode="json"):
+        del data["batch"]  # per-file submission: the digest of rules from before batches
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -167,6 +189,7 @@ class RulesPins(BaseModel):
     prompt_format: PromptFormat | None = None
     policy_signer: str | None = None
     replay: ReplayRule | None = None
+    batch: BatchRule | None = None
 
     @field_validator("task", mode="before")
     @classmethod

@@ -9,7 +9,9 @@ noise, log-probs, TOPLOC proofs: one prefill per row, most of a validator's cost
     rank = sha256(key || row index as 4 bytes big-endian), for every row
     rows = the `replayed_count` rows of smallest rank, in row order
 
-The block hash is the hash of the block that holds the file's `WorkSubmitted` event. A worker
+The block hash is the hash of the block that holds the file's `WorkSubmitted` event, or, for a
+file submitted in a batch (issue 46), its batch's `BatchSubmitted` event (each file of the
+batch still keys its own rows by its own sha256, so batch-mates get independent draws). A worker
 commits to every byte of the file (its sha256, on chain) before that block exists: it cannot know
 which rows will be replayed until its submission is final, and cannot change the file after.
 Anyone can recompute the rows afterwards from public data (the block, the file). What a block

@@ -20,8 +20,8 @@ from meshrl.protocol.chain import Protocol
 from meshrl.protocol.events import Event
 from meshrl.protocol.records import DisputeInfo, Standing, WorkInfo, WorkStatus
 
-__all__ = ["STATUS_NAMES", "node_rewards", "pool_disputes", "pool_history", "provider_rewards",
-           "submission"]
+__all__ = ["STATUS_NAMES", "leaf_submission", "node_rewards", "pool_disputes", "pool_history",
+           "pool_items", "provider_rewards", "submission"]
 
 STATUS_NAMES = {WorkStatus.SUBMITTED: "submitted", WorkStatus.SOFT_INVALIDATED: "soft_invalidated",
                 WorkStatus.HARD_INVALIDATED: "hard_invalidated", WorkStatus.CLAIMED: "claimed",
@@ -41,11 +41,40 @@ class _Times:
         return self.seen[block]
 
 
+def _item_id(e: Event) -> bytes:
+    """The work id an item-creating event names: a file's, a batch's, an opened leaf's."""
+    return bytes(e.args["batch_id" if e.name == "BatchSubmitted" else "work_id"])
+
+
+def pool_items(events: list[Event], pool: int) -> list[Event]:
+    """The events that made the pool's work items, in order: `WorkSubmitted` (a file),
+    `BatchSubmitted` (a batch, one item under its batch id) and `LeafOpened` of one of its
+    batches that is not a copy (a file taken out of its batch: an item of its own, its units
+    and reward no longer the batch's). Reading the items' state from the chain then counts
+    each reward once."""
+    out, batches = [], set()
+    for e in events:
+        a = e.args
+        if e.name == "WorkSubmitted" and a["pool"] == pool:
+            out.append(e)
+        elif e.name == "BatchSubmitted" and a["pool"] == pool:
+            batches.add(bytes(a["batch_id"]))
+            out.append(e)
+        elif e.name == "LeafOpened" and bytes(a["batch_id"]) in batches and not a["copy"]:
+            out.append(e)
+    return out
+
+
+def _sha(e: Event) -> str:
+    """The file (or, for a batch, the root) an item-creating event names."""
+    return bytes(e.args["root" if e.name == "BatchSubmitted" else "file_sha256"]).hex()
+
+
 def _works(p: Protocol, submitted: list[Event]) -> list[dict[str, Any]]:
     """Every submitted item's state, standing and claimability, read in JSON-RPC batches
     (three reads per item: one by one, a long run's thousands took minutes)."""
     f = p.contract.functions
-    ids = [bytes(e.args["work_id"]) for e in submitted]
+    ids = [_item_id(e) for e in submitted]
     got = p.backend.call_many([f.work_info(w) for w in ids] + [f.claimable(w) for w in ids]
                               + [f.standing(w) for w in ids])
     n = len(ids)
@@ -56,12 +85,12 @@ def _works(p: Protocol, submitted: list[Event]) -> list[dict[str, Any]]:
         wiped = standing == Standing.WIPED
         claimable = w.status == WorkStatus.SUBMITTED and not wiped and bool(got[n + i])
         out.append({"work_id": wid.hex(), "node": w.node, "provider": w.provider,
-                    "file_sha256": bytes(e.args["file_sha256"]).hex(), "units": w.units,
+                    "file_sha256": _sha(e), "units": w.units,
                     "reward": w.reward, "status": STATUS_NAMES.get(w.status, str(w.status)),
                     "submitted_at": w.submitted_at, "unlock_at": w.unlock_at,
                     "judge_until": w.judge_until, "wiped": wiped,
                     "disputed": standing == Standing.DISPUTED, "claimable": claimable,
-                    "block": e.block})
+                    "block": e.block, "batch": e.name == "BatchSubmitted"})
     return out
 
 
@@ -74,14 +103,14 @@ def pool_history(p: Protocol, pool: int) -> dict[str, Any]:
     ejected: list[dict[str, Any]] = []
     claims: list[dict[str, Any]] = []
     events = p.events().poll()
-    submitted = [e for e in events if e.name == "WorkSubmitted" and e.args["pool"] == pool]
+    submitted = pool_items(events, pool)
     works = _works(p, submitted)
     for w in works:
         mine.add(bytes.fromhex(w["work_id"]))
         providers.add(w["provider"].lower())
     for e in events:
         a = e.args
-        if e.name == "WorkSubmitted":
+        if e.name in ("WorkSubmitted", "BatchSubmitted", "LeafOpened"):
             continue
         elif e.name == "WorkInvalidated" and bytes(a["work_id"]) in mine:
             judged.append({"work_id": bytes(a["work_id"]).hex(), "node": a["node"],
@@ -102,8 +131,7 @@ def pool_disputes(p: Protocol, pool: int) -> list[dict[str, Any]]:
     """Every verdict on the pool's work since the deployment, with its dispute (see
     `_disputes`)."""
     events = p.events().poll()
-    mine = {bytes(e.args["work_id"]) for e in events
-            if e.name == "WorkSubmitted" and e.args["pool"] == pool}
+    mine = {_item_id(e) for e in pool_items(events, pool)}
     return _disputes(p, events, mine, _Times(p))
 
 
@@ -120,7 +148,7 @@ def _disputes(p: Protocol, events: list[Event], mine: set[bytes],
     for e in events:
         a = e.args
         wid = bytes(a["work_id"]) if "work_id" in a else b""
-        if wid not in mine:
+        if wid not in mine or e.name == "LeafOpened":
             continue
         if e.name == "WorkAccused":
             rows[wid] = {"work_id": wid.hex(), "node": a["node"], "provider": a["provider"],
@@ -207,10 +235,17 @@ def provider_rewards(p: Protocol, pool: int, provider: str) -> dict[str, Any]:
              for log in _logs(p, [_topic(p, "NodeAdded"), _address_topic(provider)])}
     works: list[dict[str, Any]] = []
     if nodes:
-        logs = _logs(p, [_topic(p, "WorkSubmitted"), None, "0x" + f"{pool:064x}", sorted(nodes)])
+        pool_topic = "0x" + f"{pool:064x}"
+        logs = _logs(p, [[_topic(p, "WorkSubmitted"), _topic(p, "BatchSubmitted")], None,
+                         pool_topic, sorted(nodes)])
         events = [e for e in map(p.decoder.decode, logs) if e is not None]
+        if any(e.name == "BatchSubmitted" for e in events):  # its opened leaves are items too
+            opened = _logs(p, [_topic(p, "LeafOpened"), None, None, sorted(nodes)])
+            events += [e for e in map(p.decoder.decode, opened) if e is not None]
+            events.sort(key=lambda e: (e.block, e.log_index))
+        events = pool_items(events, pool)
         f = p.contract.functions
-        ids = [bytes(e.args["work_id"]) for e in events]
+        ids = [_item_id(e) for e in events]
         got = p.backend.call_many([f.work_info(w) for w in ids] + [f.claimable(w) for w in ids])
         infos = [WorkInfo(*g) for g in got[:len(ids)]]
         standing = p.backend.call_many([f.standing(w) for w in ids])
@@ -222,12 +257,28 @@ def provider_rewards(p: Protocol, pool: int, provider: str) -> dict[str, Any]:
                           "reward": w.reward, "status": STATUS_NAMES.get(w.status, str(w.status)),
                           "unlock_at": w.unlock_at, "wiped": wiped,
                           "claimable": bool(can) and w.status == WorkStatus.SUBMITTED
-                          and not wiped, "block": e.block,
-                          "file_sha256": bytes(e.args["file_sha256"]).hex()})
+                          and not wiped, "block": e.block, "file_sha256": _sha(e),
+                          "batch": e.name == "BatchSubmitted"})
     per_node = node_rewards(works)
     total = {k: sum(r[k] for r in per_node.values()) for k in ("earned", "claimable", "claimed")}
     return {"pool": pool, "provider": provider, "block": p.backend.block_number(),
             "rewards": total, "nodes": per_node, "works": works}
+
+
+def leaf_submission(p: Protocol, work_id: bytes) -> tuple[Event, Event] | None:
+    """The `LeafOpened` event that made `work_id` an item (a file taken out of its batch) and
+    its batch's `BatchSubmitted` (the pool, and the block whose hash picks the replayed rows);
+    None when no leaf was opened under it."""
+    for log in _logs(p, [_topic(p, "LeafOpened"), None, "0x" + work_id.hex()]):
+        leaf = p.decoder.decode(log)
+        if leaf is None or leaf.args["copy"]:
+            continue
+        bid = "0x" + bytes(leaf.args["batch_id"]).hex()
+        for blog in _logs(p, [_topic(p, "BatchSubmitted"), bid]):
+            batch = p.decoder.decode(blog)
+            if batch is not None:
+                return leaf, batch
+    return None
 
 
 def submission(p: Protocol, work_id: bytes) -> Event | None:

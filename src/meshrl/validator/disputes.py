@@ -11,6 +11,7 @@ Torch-free; `Clerk` is the chain side (blocking calls, run in a thread by the no
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from enum import StrEnum
 
 from meshrl.log import get_logger, log_event
@@ -22,9 +23,10 @@ from meshrl.protocol import (
     TxReverted,
     WorkStatus,
 )
+from meshrl.protocol.batches import Leaf
 from meshrl.wire.models import VerdictKind
 
-__all__ = ["Action", "Clerk", "next_action"]
+__all__ = ["Action", "Clerk", "LeafRef", "next_action"]
 
 log = get_logger("meshrl.validator")
 
@@ -49,6 +51,16 @@ def next_action(status: int, accused_by_me: bool, kind: VerdictKind) -> Action:
     return Action.NONE  # final already, or this validator's own open verdict
 
 
+@dataclass(frozen=True)
+class LeafRef:
+    """A file still inside its batch: what `open_leaf` needs to take it out and accuse it."""
+
+    root: bytes
+    index: int
+    leaf: Leaf
+    proof: list[bytes]
+
+
 class Clerk:
     """The validator's disputes on chain. `to_settle` (work id -> when its dispute period ends
     as last read) lives in memory: after a restart, verdicts left open are settled by whoever
@@ -71,15 +83,30 @@ class Clerk:
         log_event(log, "bond posted", amount=missing, bond=bond + missing)
         return missing
 
-    def act(self, work_id: bytes, kind: VerdictKind) -> str:
-        """Accuse or vote as `kind` says; the transaction hash, or "" when nothing was sent."""
+    def act(self, work_id: bytes, kind: VerdictKind, leaf: LeafRef | None = None,
+            copy: bool = False) -> str:
+        """Accuse or vote as `kind` says; the transaction hash, or "" when nothing was sent.
+        `leaf`: the file is a leaf of a batch; not opened yet (no item under its work id), an
+        accusation opens it with its proof and accuses it in one transaction (`open_leaf`).
+        `copy`: the leaf's file has an item of its own already: opening it voids the leaf and
+        the verdict accuses its batch."""
         info = self.chain.work(work_id)
+        inside = leaf is not None and (copy or info.status == WorkStatus.NONE)
+        status = info.status
+        if inside:
+            status = WorkStatus.SUBMITTED  # pending inside its batch
         mine = False
-        if info.status == WorkStatus.ACCUSED:
+        if status == WorkStatus.ACCUSED:
             mine = self.chain.dispute(work_id).validator.lower() == self.me
-        action = next_action(info.status, mine, kind)
+        action = next_action(status, mine, kind)
         try:
-            if action in (Action.ACCUSE_HARD, Action.ACCUSE_SOFT):
+            if action in (Action.ACCUSE_HARD, Action.ACCUSE_SOFT) and inside:
+                assert leaf is not None
+                r = self.chain.open_leaf(leaf.root, leaf.index, leaf.leaf, leaf.proof,
+                                         3 if action is Action.ACCUSE_HARD else 2)
+                until = int(r.event("WorkAccused").args["until"])
+                work_id = bytes(r.event("WorkAccused").args["work_id"])  # a copy's: the batch
+            elif action in (Action.ACCUSE_HARD, Action.ACCUSE_SOFT):
                 fn = (self.chain.hard_invalidate if action is Action.ACCUSE_HARD
                       else self.chain.soft_invalidate)
                 r = fn(work_id)

@@ -1,4 +1,5 @@
-"""The validator process: follow `WorkSubmitted`, judge each file, act on the verdict.
+"""The validator process: follow `WorkSubmitted` (and `BatchSubmitted`), judge each file, act
+on the verdict.
 
 At start the pool's published rules are read (`GET /rules`): they are the only rules this
 validator judges by. A validator whose `[rules]` pins any rule to another value refuses to run
@@ -15,7 +16,15 @@ verdict goes to the orchestrator's ledger with its reason. Verdicts are answerab
 another validator's open verdict by its own judgment of the file (uphold or overturn), also when
 the accusation comes after its own judgment or the file is outside its share (then judged
 next, ahead of its queue), and settles the verdicts it made or voted on once
-their dispute period is over. Failures of the validator itself
+their dispute period is over. A batch of its share (issue 46) is read from the orchestrator
+(`GET /batches/{id}`: the leaves its node posted), checked against the root and count on chain,
+and becomes one job per file, judged as any file (the rows replayed drawn from the hash of the
+block holding the batch and the file's sha256); a file found invalid is taken out of its batch
+and accused in one transaction (`open_leaf` with its proof), an accepted one costs nothing on
+chain. A leaf whose file already has a work item (submitted twice) is opened with a hard
+verdict, which voids it and accuses its batch. A batch whose leaves the orchestrator never
+serves (its node never posted them, or they are not files it uploaded) ends, after the
+retries, soft-invalidated as a whole. Failures of the validator itself
 (download, missing policy version, an exception in its own code) retry the job with backoff and
 end, at worst, in a soft invalidation.
 """
@@ -41,11 +50,12 @@ from meshrl.pool import (
     require_same_rules,
     unmet_profile,
 )
-from meshrl.protocol import ChainError, Deployment, Event, Protocol
-from meshrl.protocol.history import submission
+from meshrl.protocol import ChainError, Deployment, Event, Protocol, WorkStatus
+from meshrl.protocol.batches import MAX_BATCH, Batch, Leaf
+from meshrl.protocol.history import leaf_submission, submission
 from meshrl.protocol.local import connect
 from meshrl.validator.config import ValidatorConfig
-from meshrl.validator.disputes import Clerk
+from meshrl.validator.disputes import Clerk, LeafRef
 from meshrl.validator.judge import Judge, Unjudged
 from meshrl.validator.policy import backoff_delay
 from meshrl.validator.state import Job, ValidatorState
@@ -56,7 +66,7 @@ from meshrl.wire import (
     SignedClient,
     WireHTTPError,
 )
-from meshrl.wire.models import Verdict, VerdictKind
+from meshrl.wire.models import BatchInfo, Verdict, VerdictKind
 from meshrl.wire.signing import orchestrator_audience
 
 __all__ = ["ValidatorNode"]
@@ -157,9 +167,11 @@ class ValidatorNode:
                 self.unaccused.discard(wid)
                 if e.args["validator"].lower() != self.clerk.me:
                     await self._accused(bytes(e.args["work_id"]))
-            if e.name != "WorkSubmitted" or int(e.args["pool"]) != self.cfg.pool_id:
+            if e.name not in ("WorkSubmitted", "BatchSubmitted") or \
+                    int(e.args["pool"]) != self.cfg.pool_id:
                 continue
-            if self.cfg.share.judges(bytes(e.args["work_id"]), self.clerk.me):
+            key = e.args["work_id" if e.name == "WorkSubmitted" else "batch_id"]
+            if self.cfg.share.judges(bytes(key), self.clerk.me):
                 mine.append(e)  # else another validator's share (judged here if accused)
         jobs = await asyncio.to_thread(self._jobs, mine) if mine else []
         self.unaccused.update(j.work_id for j in jobs if j.work_id not in accused)
@@ -173,15 +185,80 @@ class ValidatorNode:
     def _jobs(self, events: list[Event]) -> list[Job]:
         """The jobs of judging the submissions of `WorkSubmitted` events (blocking): their
         work items read in batches, not one call each."""
-        infos = self.chain.works([bytes(e.args["work_id"]) for e in events])
+        ids = [bytes(e.args["work_id" if e.name == "WorkSubmitted" else "batch_id"])
+               for e in events]
+        infos = self.chain.works(ids)
         # the submission's block hash picks the rows replayed on the model (pool/sampled.py);
         # the log names it, else it is read from the block
-        return [Job(bytes(e.args["work_id"]).hex(), bytes(e.args["file_sha256"]).hex(),
-                    e.args["node"], info.provider, self.cfg.pool_id, int(e.args["units"]),
-                    e.block, e.block_hash or self.chain.backend.block_hash(e.block))
-                for e, info in zip(events, infos, strict=True)]
+        out = []
+        for e, wid, info in zip(events, ids, infos, strict=True):
+            block_hash = e.block_hash or self.chain.backend.block_hash(e.block)
+            if e.name == "BatchSubmitted":  # its leaves are read next (`_expand`)
+                out.append(Job(wid.hex(), "", e.args["node"], info.provider, self.cfg.pool_id,
+                               int(e.args["units"]), e.block, block_hash, batch_id=wid.hex(),
+                               root=bytes(e.args["root"]).hex(), count=int(e.args["count"])))
+            else:
+                out.append(Job(wid.hex(), bytes(e.args["file_sha256"]).hex(), e.args["node"],
+                               info.provider, self.cfg.pool_id, int(e.args["units"]), e.block,
+                               block_hash))
+        return out
+
+    async def _expand(self, job: Job) -> None:
+        """A batch's job: its leaves from the orchestrator, checked against the chain's root,
+        count and units, become jobs of their own (copies of files that have a work item
+        already are opened at once with a hard verdict, never judged again)."""
+        try:
+            info = await self.orch.call("GET", f"/batches/{job.batch_id}", response=BatchInfo)
+        except (WireHTTPError, OSError) as e:
+            await self._retry(job, f"batch leaves: {e}")
+            return
+        leaves = info.leaves
+        if not 1 <= len(leaves) <= MAX_BATCH or len(leaves) != job.count:
+            await self._retry(job, f"batch leaves: {len(leaves)}, the chain says {job.count}")
+            return
+        try:
+            batch = Batch.of([Leaf(job.node, bytes.fromhex(x.sha256), x.work_units, x.step,
+                                   x.counter) for x in leaves])
+        except ValueError as e:
+            await self._retry(job, f"batch leaves: {e}")
+            return
+        if batch.root.hex() != job.root or batch.units != job.units:
+            await self._retry(job, "batch leaves do not hash to the root on chain")
+            return
+        ids = [x.work_id for x in batch.leaves]
+        have = await asyncio.to_thread(self.chain.works, ids)
+        jobs = []
+        for i, (leaf, wid, w) in enumerate(zip(batch.leaves, ids, have, strict=True)):
+            ref = LeafRef(batch.root, i, leaf, batch.proof(i))
+            if w.status != WorkStatus.NONE:  # the file has an item already: a copy
+                tx = await asyncio.to_thread(self.clerk.act, wid, VerdictKind.HARD_INVALID,
+                                             ref, True)
+                log_event(log, "copy in a batch", batch_id=job.batch_id, index=i,
+                          work_id=wid.hex(), tx=tx)
+                continue
+            jobs.append(Job(wid.hex(), leaf.file_sha256.hex(), job.node, job.provider, job.pool,
+                            leaf.units, job.block, job.block_hash, batch_id=job.batch_id,
+                            root=job.root, index=i, step=leaf.step, counter=leaf.counter,
+                            count=batch.count, proof=[p.hex() for p in ref.proof]))
+        self.state.expand(job, jobs)
+        self.unaccused.update(j.work_id for j in jobs)
+        log_event(log, "batch queued", batch_id=job.batch_id, files=len(jobs),
+                  queue=len(self.state.queue))
+
+    @staticmethod
+    def _leaf(job: Job) -> LeafRef | None:
+        if not job.batch_id or job.index < 0:
+            return None
+        return LeafRef(bytes.fromhex(job.root), job.index,
+                       Leaf(job.node, bytes.fromhex(job.sha256), job.units, job.step,
+                            job.counter), [bytes.fromhex(p) for p in job.proof])
 
     async def _judge(self, jobs: list[Job]) -> None:
+        for batch in [j for j in jobs if j.batch_id and not j.sha256]:
+            await self._expand(batch)
+        jobs = [j for j in jobs if j.sha256]
+        if not jobs:
+            return
         # judging (downloads, replays) ends with a stop: the jobs stay queued for the next
         # start; acting on verdicts below is never cut in the middle
         judging = asyncio.ensure_future(self.judge.judge(jobs))
@@ -215,14 +292,18 @@ class ValidatorNode:
     async def _act(self, job: Job, d: Decision) -> None:
         """Post the verdict (reason and numbers) first, so the ledger row carries it when the
         chain's invalidation event reaches the orchestrator; then invalidate on chain."""
-        # addressed by work id: every submission has its own ledger row (a copy's included)
-        verdict: dict[str, str] | None = {"sha256": job.sha256, "work_id": job.work_id,
-                                          "verdict": d.kind.value, "reason": d.reason[:500]}
+        # addressed by work id: every submission has its own ledger row (a copy's included);
+        # a batch whose leaves never came has none (its verdict is the chain's only)
+        verdict: dict[str, str] | None = None
+        if job.sha256:
+            verdict = {"sha256": job.sha256, "work_id": job.work_id, "verdict": d.kind.value,
+                       "reason": d.reason[:500]}
         if verdict is not None and await self._post(verdict):
             verdict = None
         tx = ""
         if d.kind is not VerdictKind.ACCEPT or job.work_id not in self.unaccused:
-            tx = await asyncio.to_thread(self.clerk.act, bytes.fromhex(job.work_id), d.kind)
+            tx = await asyncio.to_thread(self.clerk.act, bytes.fromhex(job.work_id), d.kind,
+                                         self._leaf(job))
         self.unaccused.discard(job.work_id)
         self.state.record(job, d.kind.value, verdict)  # a verdict not posted is kept for later
         self.judged += 1
@@ -240,12 +321,29 @@ class ValidatorNode:
             return
         if not any(j.work_id == wid.hex() for j in self.state.queue):
             sub = await asyncio.to_thread(submission, self.chain, wid)
-            if sub is None or int(sub.args["pool"]) != self.cfg.pool_id:
+            if sub is None:  # a file opened out of its batch?
+                jobs = await asyncio.to_thread(self._leaf_jobs, wid)
+            elif int(sub.args["pool"]) == self.cfg.pool_id:
+                jobs = await asyncio.to_thread(self._jobs, [sub])
+            else:
+                jobs = []
+            if not jobs:
                 return
-            jobs = await asyncio.to_thread(self._jobs, [sub])
             self.state.enqueue(jobs, self.state.next_block)
         self.state.first(wid.hex())
         log_event(log, "re-judging an accused file", work_id=wid.hex())
+
+    def _leaf_jobs(self, wid: bytes) -> list[Job]:
+        """The job of judging a file opened out of a batch of this pool (blocking): its leaf
+        from `LeafOpened`, the pool and block from its batch's `BatchSubmitted`."""
+        got = leaf_submission(self.chain, wid)
+        if got is None or int(got[1].args["pool"]) != self.cfg.pool_id:
+            return []
+        leaf, batch = got
+        info = self.chain.work(wid)
+        return [Job(wid.hex(), bytes(leaf.args["file_sha256"]).hex(), leaf.args["node"],
+                    info.provider, self.cfg.pool_id, int(leaf.args["units"]), batch.block,
+                    batch.block_hash or self.chain.backend.block_hash(batch.block))]
 
     async def _post_verdicts(self, orch: SignedClient) -> None:
         for v in list(self.state.outgoing):

@@ -35,6 +35,16 @@ class Job:
     attempts: int = 0
     not_before: float = 0.0
     last_error: str = ""
+    # a file of a batch (issue 46): its batch, root, leaf index, step, counter and proof (hex),
+    # what `open_leaf` needs to accuse it; a job with `batch_id` and no sha256 is the batch
+    # itself, whose leaves are still to be read (`ValidatorNode._expand`)
+    batch_id: str = ""
+    root: str = ""
+    index: int = -1
+    step: int = 0
+    counter: int = 0
+    count: int = 0
+    proof: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -78,6 +88,13 @@ class ValidatorState:
         self.judged[job.work_id] = verdict
         if outgoing is not None:
             self.outgoing.append(outgoing)
+        self.save()
+
+    def expand(self, batch: Job, leaves: list[Job]) -> None:
+        """A batch's job becomes the jobs of its leaves, ahead of the queue, at once."""
+        known = self.judged.keys() | {j.work_id for j in self.queue}
+        rest = [j for j in self.queue if j.work_id != batch.work_id]
+        self.queue = [j for j in leaves if j.work_id not in known] + rest
         self.save()
 
     def posted(self, verdict: dict[str, str]) -> None:

@@ -12,10 +12,14 @@ from typing import ClassVar
 from pydantic import BaseModel
 
 __all__ = [
+    "BadBatchId",
     "BadFileName",
+    "BadLeaf",
     "BadPoolId",
     "BadSignature",
     "BadSlotId",
+    "BatchMismatch",
+    "BatchTooLarge",
     "BodyIncomplete",
     "BodySha256Mismatch",
     "BodyTooLarge",
@@ -26,6 +30,7 @@ __all__ = [
     "ErrorCode",
     "FileAlreadyKnown",
     "FileAlreadyUploaded",
+    "FileInAnotherBatch",
     "FileTooLarge",
     "FutureTimestamp",
     "HttpRefused",
@@ -40,6 +45,7 @@ __all__ = [
     "MethodNotAllowed",
     "MissingSignature",
     "NoInvite",
+    "NoSuchBatch",
     "NoSuchFile",
     "NoSuchRoute",
     "NoSuchSlot",
@@ -86,7 +92,7 @@ __all__ = [
     "WrongSigner",
     "family_of",
     "refusal",
-    "refusal_classes"
+    "refusal_classes",
 ]
 
 
@@ -160,6 +166,12 @@ class ErrorCode(StrEnum):
     TOO_MANY_HELD = "too_many_held", 429, "too many held requests"
     UNSUBMITTED_UPLOADS = "unsubmitted_uploads", 429, "uploads not submitted on chain"
     CHAIN_UNAVAILABLE = "chain_unavailable", 503, "chain unavailable"
+    BATCH_TOO_LARGE = "batch_too_large", 422, "batch too large"
+    BAD_LEAF = "bad_leaf", 422, "leaf is not an uploaded file of this node"
+    FILE_IN_ANOTHER_BATCH = "file_in_another_batch", 409, "file in another batch"
+    BATCH_MISMATCH = "batch_mismatch", 422, "batch does not match its submission"
+    BAD_BATCH_ID = "bad_batch_id", 400, "bad batch id"
+    NO_SUCH_BATCH = "no_such_batch", 404, "no such batch"
     # discovery
     NODE_NOT_ON_CHAIN = "node_not_on_chain", 403, "node not on chain"
     PROVIDER_MISMATCH = "provider_mismatch", 403, "provider mismatch"
@@ -482,6 +494,31 @@ class TooManyHeld(Transient, code=ErrorCode.TOO_MANY_HELD):
 
 class UnsubmittedUploads(Transient, code=ErrorCode.UNSUBMITTED_UPLOADS):
     """The node uploaded files it did not submit on chain in time: submit them first."""
+
+
+class BatchTooLarge(Refused, code=ErrorCode.BATCH_TOO_LARGE):
+    """The batch has more leaves than the pool's `batch.files` (or none)."""
+
+
+class BadLeaf(Refused, code=ErrorCode.BAD_LEAF):
+    """A leaf names a file this node did not upload, or other units, step or counter than its
+    grant, or a file twice."""
+
+
+class FileInAnotherBatch(Refused, code=ErrorCode.FILE_IN_ANOTHER_BATCH):
+    """A leaf's file is in another batch of this node already (or submitted on its own)."""
+
+
+class BatchMismatch(Refused, code=ErrorCode.BATCH_MISMATCH):
+    """The leaves hash to a batch submitted on chain with another count or units."""
+
+
+class BadBatchId(Refused, code=ErrorCode.BAD_BATCH_ID):
+    """The batch id is not 64 lower hex digits."""
+
+
+class NoSuchBatch(NotFound, code=ErrorCode.NO_SUCH_BATCH):
+    """No batch with this id has had its leaves posted."""
 
 
 class ChainUnavailable(Transient, code=ErrorCode.CHAIN_UNAVAILABLE):

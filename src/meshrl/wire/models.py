@@ -13,7 +13,11 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "MAX_BATCH_LEAVES",
     "Accelerator",
+    "BatchInfo",
+    "BatchLeaf",
+    "BatchPost",
     "FileStatus",
     "Hardware",
     "Health",
@@ -202,6 +206,36 @@ class Verdict(Model):
                          "work id, hex); empty: the file's granted row")
 
 
+class BatchLeaf(Model):
+    """One file of a node's batch, as its Merkle leaf names it (meshrl.protocol.batches)."""
+
+    sha256: str = Field(pattern=SHA256)
+    work_units: int = Field(ge=1, le=I64)
+    step: int = Field(ge=0, le=I64)
+    counter: int = Field(ge=0, lt=1 << 16)
+
+
+MAX_BATCH_LEAVES = 256  # the most files a pool's batch rule allows (pool.BatchRule.files)
+
+
+class BatchPost(Model):
+    """A node's batch of uploaded files, in leaf order: posted before it is submitted on chain
+    (`submit_batch` commits to the root of these leaves), so validators can open its leaves."""
+
+    leaves: list[BatchLeaf] = Field(min_length=1, max_length=MAX_BATCH_LEAVES)
+
+
+class BatchInfo(Model):
+    """A batch's leaves as posted by its node (`GET /batches/{batch_id}`); a reader recomputes
+    the root and the id from them and checks both against the chain."""
+
+    batch_id: str = Field(pattern=SHA256)
+    node: str
+    root: str = Field(pattern=SHA256)
+    leaves: list[BatchLeaf] = Field(max_length=MAX_BATCH_LEAVES)
+    submitted: bool = Field(False, description="the orchestrator has seen its BatchSubmitted")
+
+
 class VerdictAck(Model):
     sha256: str
     status: FileStatus
@@ -229,6 +263,8 @@ class LedgerEntry(Model):
     granted: bool = Field(True, description="an upload slot for this file was granted to `node`")
     uploaded: bool = Field(False, description="`node` uploaded the file through its slot")
     accepted_seq: int = Field(0, description="acceptance order (0: never accepted)")
+    batch_id: str = Field("", description="the batch (hex id) the file was submitted in; "
+                          "empty: submitted on its own")
 
 
 class StepUpdate(Model):

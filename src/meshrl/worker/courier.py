@@ -1,4 +1,5 @@
-"""The worker's real `Courier`: upload slots on the orchestrator, `submit_work` on chain.
+"""The worker's real `Courier`: upload slots on the orchestrator, `submit_work` on chain (or,
+in a pool that batches, the batch's leaves posted to the orchestrator and `submit_batch`).
 
 Uploads are made resumable by remembering the granted slot in the outbox record before the
 upload starts: after a crash the same slot is used again; `SlotAlreadyUsed` (or, for a new
@@ -17,11 +18,16 @@ from pathlib import Path
 from eth_account.signers.local import LocalAccount
 
 from meshrl.protocol import DuplicateFile, Protocol, WorkStatus
+from meshrl.protocol.batches import Batch
 from meshrl.wire import (
+    BadLeaf,
+    BatchMismatch,
+    BatchTooLarge,
     CounterOutOfRange,
     CounterUsed,
     FileAlreadyKnown,
     FileAlreadyUploaded,
+    FileInAnotherBatch,
     NoSuchSlot,
     SignedClient,
     SlotAlreadyUsed,
@@ -29,7 +35,7 @@ from meshrl.wire import (
     StaleWork,
     UploadInProgress,
 )
-from meshrl.wire.models import SlotRequest, UploadSlot
+from meshrl.wire.models import BatchInfo, BatchLeaf, BatchPost, SlotRequest, UploadSlot
 from meshrl.worker.delivery import DuplicateSubmission, Pause, RefusedFile, RetryLater, StaleFile
 from meshrl.worker.outbox import Outbox, OutboxEntry
 
@@ -82,6 +88,29 @@ class ChainCourier:
         try:
             r = await asyncio.to_thread(self.chain.submit_work, self.pool, self.node,
                                         bytes.fromhex(entry.sha256), entry.work_units)
+        except DuplicateFile as e:
+            raise DuplicateSubmission(str(e)) from None
+        return r.tx_hash
+
+    async def post_batch(self, batch: Batch) -> None:
+        body = BatchPost(leaves=[BatchLeaf(sha256=x.file_sha256.hex(), work_units=x.units,
+                                           step=x.step, counter=x.counter)
+                                 for x in batch.leaves])
+        try:
+            got = await self.orch.call("POST", "/batches", body, response=BatchInfo)
+        except (BadLeaf, FileInAnotherBatch, BatchTooLarge, BatchMismatch) as e:
+            raise RefusedFile(str(e)) from None
+        if got.batch_id != batch.id.hex():  # the orchestrator hashed other leaves: never sent
+            raise RefusedFile(f"orchestrator named batch {got.batch_id}, not {batch.id.hex()}")
+
+    async def batch_submitted(self, batch_id: bytes) -> bool:
+        info = await asyncio.to_thread(self.chain.work, batch_id)
+        return info.status != WorkStatus.NONE
+
+    async def submit_batch(self, batch: Batch) -> str:
+        try:
+            r = await asyncio.to_thread(self.chain.submit_batch, self.pool, self.node,
+                                        batch.root, batch.count, batch.units)
         except DuplicateFile as e:
             raise DuplicateSubmission(str(e)) from None
         return r.tx_hash

@@ -138,6 +138,11 @@ class WorkerNode:
                     await self._deliver(courier)  # what a previous run left behind
                     while not self.stop.is_set() and not self._enough():
                         await self.work_once(orch, courier)
+                    if self.rules.batch.files > 1 and len(self.outbox):
+                        # a partial batch is not left waiting for a next run (bounded)
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._deliver(courier, flush=True),
+                                                   self.cfg.http_timeout_s)
             finally:
                 self.stop.set()
                 for t in tasks:
@@ -182,6 +187,12 @@ class WorkerNode:
 
     # ---- one file ------------------------------------------------------------------------
     async def work_once(self, orch: SignedClient, courier: Courier) -> None:
+        if self.cfg.max_files > 0 and self.files_done + len(self.outbox) >= self.cfg.max_files:
+            # made enough: what waits for its batch is sent now (a partial batch)
+            await self._deliver(courier, flush=True)
+            if not self._enough():
+                await self._sleep(self.cfg.poll_interval)
+            return
         if self.policy is not None:
             self.policy.loaded.clear()  # a version loaded from now on ends the idle wait
         asked = time.monotonic()
@@ -195,7 +206,9 @@ class WorkerNode:
         if self.stop.is_set():
             return
         if made is None:
-            if len(self.outbox):  # a delivery postponed (link down): retried while idle too
+            # a delivery postponed (link down), or a partial batch waiting for its delay:
+            # retried while idle too
+            if len(self.outbox):
                 await self._deliver(courier)
             # an order the pool held has waited already; one answered at once (this node must
             # load a newer version first, or the pool does not hold) is waited for here, until
@@ -258,12 +271,12 @@ class WorkerNode:
                             2 * (self._paced_s or self.cfg.poll_interval / 2))
         return self._paced_s
 
-    async def _deliver(self, courier: Courier) -> None:
+    async def _deliver(self, courier: Courier, flush: bool = False) -> None:
         order = self.order
         assert order is not None
         try:
             counts = await deliver_all(self.outbox, courier, order.step, order.rules.async_level,
-                                       self._pause)
+                                       self._pause, self.rules.batch, time.time(), flush)
         except RetryLater as e:
             log_event(log, "delivery postponed", reason=str(e))
             return

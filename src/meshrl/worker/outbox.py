@@ -13,6 +13,19 @@ A file goes through three phases, each recorded on disk before the next starts:
               asked about: nothing but this process could have submitted it.
 A file whose policy version is older than the pool's step allows (`step - async_level`) is no
 use to the trainer: it is moved to `dropped/` with the reason, never submitted.
+
+In a pool that submits in batches (its rules' `batch.files` > 1, issue 46), an uploaded file
+waits for its batch instead of being submitted alone. A batch is recorded on disk before any
+of it leaves the machine: `batches/<batch id>.json` lists its files (leaf order), root and
+phase, written atomically, and is the only record of which batch a file is in, so a file is in
+exactly one batch. Its phases, each recorded before the next starts:
+  formed    - the membership is on disk;
+  posted    - the orchestrator has its leaf list (`POST /batches`, idempotent);
+  submitted - `submit_batch` is on chain. Before submitting, a batch this process did not form
+              is asked about on chain by its batch id (a crash after sending), and a "duplicate"
+              revert also counts as sent, so a batch is submitted once; then each file is
+              finished as above (`sent.jsonl` names its batch) and the batch record moves to
+              `batches.jsonl`. A crash inside that finishes the rest after the restart.
 """
 
 from __future__ import annotations
@@ -28,10 +41,13 @@ from typing import Literal
 
 from meshrl.durable import atomic_write
 
-__all__ = ["Outbox", "OutboxEntry", "OutboxError", "Phase", "is_stale"]
+__all__ = ["BatchPhase", "BatchRecord", "Outbox", "OutboxEntry", "OutboxError", "Phase",
+           "is_stale"]
 
 Phase = Literal["written", "uploaded", "submitted"]
 _PHASES: tuple[str, ...] = ("written", "uploaded", "submitted")
+BatchPhase = Literal["formed", "posted", "submitted"]
+_BATCH_PHASES: tuple[str, ...] = ("formed", "posted", "submitted")
 
 
 class OutboxError(RuntimeError):
@@ -51,6 +67,19 @@ class OutboxEntry:
     tx_hash: str = ""
     slot_url: str = ""  # the upload slot granted for this file (reused after a crash)
     slot_expires: float = 0.0
+    batch_id: str = ""  # the batch it was submitted in (set when it is finished)
+
+
+@dataclass
+class BatchRecord:
+    """A batch of this node's files: their sha256s in leaf order, its root and id (hex)."""
+
+    batch_id: str
+    root: str
+    files: list[str]
+    phase: BatchPhase = "formed"
+    created: float = 0.0
+    tx_hash: str = ""
 
 
 class Outbox:
@@ -62,10 +91,12 @@ class Outbox:
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "dropped").mkdir(exist_ok=True)
         (self.root / "sent").mkdir(exist_ok=True)
-        for tmp in self.root.glob(".*.tmp"):  # a write a crash interrupted: never renamed
-            tmp.unlink(missing_ok=True)
+        (self.root / "batches").mkdir(exist_ok=True)
+        for tmp in [*self.root.glob(".*.tmp"), *(self.root / "batches").glob(".*.tmp")]:
+            tmp.unlink(missing_ok=True)  # a write a crash interrupted: never renamed
         # files put by this process whose submission it has not sent (`sending` removes one)
         self.unsent: set[str] = set()
+        self.unsent_batches: set[str] = set()  # likewise, batches formed by this process
         self._sent: dict[str, dict] | None = None  # sent.jsonl, read once, then kept up to date
 
     def data_path(self, sha256: str) -> Path:
@@ -169,6 +200,73 @@ class Outbox:
         # a crash may cut the last line short; it is the only line that can be partial
         return [json.loads(line) for line in path.read_text().splitlines()
                 if line.strip().endswith("}")]
+
+
+    # batches
+    def _batch_path(self, batch_id: str) -> Path:
+        return self.root / "batches" / f"{batch_id}.json"
+
+    def batches(self) -> list[BatchRecord]:
+        """Batches not yet finished, oldest first."""
+        out = []
+        for rec in (self.root / "batches").glob("*.json"):
+            try:
+                b = BatchRecord(**json.loads(rec.read_text()))
+            except (OSError, ValueError, TypeError) as e:
+                raise OutboxError(f"outbox batch {rec} is unreadable: {e}") from None
+            if b.phase not in _BATCH_PHASES:
+                raise OutboxError(f"outbox batch {rec} has unknown phase {b.phase!r}")
+            out.append(b)
+        return sorted(out, key=lambda b: (b.created, b.batch_id))
+
+    def batched(self) -> set[str]:
+        """The files in a batch not yet finished (each in exactly one)."""
+        return {sha for b in self.batches() for sha in b.files}
+
+    def form_batch(self, batch_id: str, root: str, files: list[str]) -> BatchRecord:
+        """Record a batch's membership (before anything of it is sent)."""
+        taken = self.batched() & set(files)
+        if taken:
+            raise OutboxError(f"files already in a batch: {sorted(taken)}")
+        b = BatchRecord(batch_id, root, list(files), "formed", time.time())
+        self._save_batch(b)
+        self.unsent_batches.add(batch_id)
+        return b
+
+    def _save_batch(self, b: BatchRecord) -> None:
+        atomic_write(self._batch_path(b.batch_id), json.dumps(asdict(b)).encode())
+
+    def mark_batch(self, b: BatchRecord, phase: BatchPhase, tx_hash: str = "") -> None:
+        b.phase = phase
+        b.tx_hash = tx_hash or b.tx_hash
+        self._save_batch(b)
+
+    def sending_batch(self, b: BatchRecord) -> None:
+        """Its submission is about to be sent: from now on it may be on chain unrecorded."""
+        self.unsent_batches.discard(b.batch_id)
+
+    def finish_batch(self, b: BatchRecord) -> None:
+        """A submitted batch's files leave the outbox (each `finish`ed, naming the batch; one
+        finished before a crash is skipped), then the batch record itself."""
+        entries = {e.sha256: e for e in self.pending()}
+        for sha in b.files:
+            e = entries.get(sha)
+            if e is not None:
+                e.phase, e.batch_id, e.tx_hash = "submitted", b.batch_id, b.tx_hash
+                self.finish(e)
+        self._append("batches.jsonl", asdict(b))
+        self._batch_path(b.batch_id).unlink(missing_ok=True)
+        self.unsent_batches.discard(b.batch_id)
+
+    def drop_batch(self, b: BatchRecord, reason: str) -> None:
+        """A batch never sent whose files must not be submitted: they are dropped with it."""
+        entries = {e.sha256: e for e in self.pending()}
+        for sha in b.files:
+            if sha in entries:
+                self.drop(entries[sha], reason)
+        self._append("batches.jsonl", {**asdict(b), "dropped": reason})
+        self._batch_path(b.batch_id).unlink(missing_ok=True)
+        self.unsent_batches.discard(b.batch_id)
 
 
 def is_stale(policy_version: int, pool_step: int, async_level: int) -> bool:

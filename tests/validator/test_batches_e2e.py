@@ -1,0 +1,116 @@
+"""Batched submission end to end (issue 46), real processes on loopback: anvil, discovery, an
+orchestrator whose pool's rules batch 2 files, an honest and a forging `meshrl worker`, one
+`meshrl validator`. Each worker submits its files as one batch (one `submit_batch`) after
+posting its leaves to the orchestrator; the validator reads the leaves, judges each file,
+accepts the honest ones (nothing on chain) and takes the forged file out of its batch with a
+hard verdict (`open_leaf`): the cheater is slashed, its batch wiped, the honest batch stays
+claimable and is claimed as one item. The orchestrator's books and the chain's own reading
+(`pool_history`) agree on every node's money."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from meshrl.protocol import Standing, WorkStatus
+from meshrl.protocol.history import pool_history, provider_rewards
+from meshrl.wire import NoSuchBatch, SignedClient
+from meshrl.wire.models import BatchInfo, PoolNodes
+from meshrl.worker.claims import Claimer
+from network import (
+    PARAMS,
+    RULES,
+    Net,
+    _rows,
+    fund_provider,
+    key,
+    start_net,
+    validator,
+    wait_until,
+    worker,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.anvil]
+
+BATCHED = {**RULES, "batch": {"files": 2, "max_delay_s": 30.0}}
+
+
+@pytest.fixture
+def net(tmp_path):
+    n = start_net(tmp_path, orch={"rules": BATCHED})
+    yield n
+    n.close()
+
+
+def _events(net: Net, name: str, node: str) -> list:
+    return [e for e in net.fed.events(net.fed.deployment.block).poll()
+            if e.name == name and e.args["node"].lower() == node.lower()]
+
+
+def _orch(net: Net, path: str, response: type) -> object:
+    async def read() -> object:
+        async with SignedClient(net.orch.url, "0x" + bytes(key("mgr").key).hex()) as c:
+            return await c.call("GET", path, response=response)
+    return asyncio.run(read())
+
+
+def test_batches_judged_per_file_the_forged_leaf_slashed_the_honest_batch_paid(net: Net):
+    (hp, hn, _), (fp, fn, _) = fund_provider(net, "h0"), fund_provider(net, "f0")
+    v = validator(net)
+    v.start()
+    h, f = worker(net, "h0", max_files=2), worker(net, "f0", {"mode": "forge-rewards"},
+                                                    max_files=2)
+    h.start()
+    f.start()
+    assert h.wait(300) == 0, h.log.read_text()[-3000:]
+    assert f.wait(300) == 0, f.log.read_text()[-3000:]
+    # one submission per worker, of both its files; no file submitted on its own
+    [hb], [fb] = _events(net, "BatchSubmitted", hn.address), _events(net, "BatchSubmitted",
+                                                                    fn.address)
+    assert hb.args["count"] == fb.args["count"] == 2
+    assert not _events(net, "WorkSubmitted", hn.address) + _events(net, "WorkSubmitted",
+                                                                   fn.address)
+    # the forged file is opened out of its batch and hard-invalidated: slashed, ejected
+    wait_until(lambda: any(net.fed.work(bytes(e.args["work_id"])).status ==
+                           WorkStatus.HARD_INVALIDATED
+                           for e in _events(net, "LeafOpened", fn.address)), 300)
+    stake = max(PARAMS.min_stake, PARAMS.stake_per_unit)
+    # both its files are forged: each opened leaf is a verdict of its own, as two files are
+    wait_until(lambda: len(_events(net, "LeafOpened", fn.address)) == 2, 120)
+    hard = [e for e in _events(net, "LeafOpened", fn.address)
+            if net.fed.work(bytes(e.args["work_id"])).status == WorkStatus.HARD_INVALIDATED]
+    assert net.fed.provider(fp.address).stake == max(0, stake - len(hard) * PARAMS.slash_penalty)
+    assert net.fed.provider(hp.address).stake == stake and net.fed.node(fn.address).pool == 0
+    assert net.fed.standing(bytes(fb.args["batch_id"])) == Standing.WIPED  # its neighbours too
+    # the honest files are accepted in the ledger by their own work ids, none opened on chain
+    hid = bytes(hb.args["batch_id"]).hex()
+
+    def accepted() -> bool:
+        rows = [r for r in _rows(net) if r.node.lower() == hn.address.lower()]
+        return len(rows) == 2 and all(r.status.value == "accepted" and r.batch_id == hid
+                                      for r in rows)
+    wait_until(accepted, 300)
+    assert not _events(net, "LeafOpened", hn.address)
+    info = _orch(net, f"/batches/{hid}", BatchInfo)
+    assert info.submitted and len(info.leaves) == 2 and info.root == bytes(
+        hb.args["root"]).hex()
+    with pytest.raises(NoSuchBatch):
+        _orch(net, "/batches/" + "ab" * 32, BatchInfo)
+    # the books follow BatchSubmitted / LeafOpened / verdicts as the chain reads them
+    hist = pool_history(net.fed, net.pool)
+
+    def books_agree() -> bool:
+        nodes = {n.address.lower(): n for n in _orch(net, "/nodes", PoolNodes).nodes}
+        return all(nodes[a].rewards_earned == r["earned"] and nodes[a].rewards_claimable ==
+                   r["claimable"] for a, r in hist["rewards"].items())
+    wait_until(books_agree, 30)
+    assert hist["rewards"][hn.address.lower()]["earned"] == hb.args["reward"]
+    assert hist["rewards"][fn.address.lower()]["earned"] == 0
+    # after the lock the honest batch is claimed as one item, whatever its size
+    net.fed.backend.advance_time(PARAMS.lock_period + 1)
+    mine = provider_rewards(net.fed, net.pool, hp.address)
+    assert [w["batch"] for w in mine["works"]] == [True] and mine["works"][0]["claimable"]
+    got = Claimer(net.fed.as_(hp), net.pool, 1.0).claim_once()
+    assert got.items == 1 and got.amount == hb.args["reward"]
+    assert net.fed.work(bytes(hb.args["batch_id"])).status == WorkStatus.CLAIMED
