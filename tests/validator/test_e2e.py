@@ -82,6 +82,7 @@ def test_honest_file_accepted_and_a_cheat_slashed(net: Net) -> None:
 DRIFTS: dict[str, Any] = {
     "task": {"mix": [{"type": "arithmetic", "digits": 3, "operators": "+-"}]},
     "sampling": {**RULES["sampling"], "temperature": 0.5},
+    "batch": {"files": 4, "max_delay_s": 10.0},
     "group_size": 2, "prompts_per_file": 3, "files_per_step": 1, "async_level": 1,
     "seed": 12, "proof_profile": "any-hardware",
     "policy_signer": "0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A",

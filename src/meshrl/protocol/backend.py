@@ -21,7 +21,7 @@ from web3 import Web3
 from web3.exceptions import TimeExhausted
 from web3.types import TxReceipt
 
-from meshrl.protocol.errors import ChainError, TxReverted, reverted
+from meshrl.protocol.errors import HTTP_REFUSALS, ChainError, TxReverted, reverted
 
 __all__ = ["Backend", "EthTesterBackend", "RpcBackend", "revert_reason"]
 
@@ -166,6 +166,10 @@ class Backend:
         except TxReverted:
             raise
         except Exception as e:  # every backend has its own revert exception type
+            status = getattr(getattr(e, "response", None), "status_code", None)
+            typed = HTTP_REFUSALS.get(status) if isinstance(status, int) else None
+            if typed is not None:
+                raise typed(f"{self.name}: {type(e).__name__}: {e}") from e
             reason = revert_reason(e)
             if reason is None:
                 raise ChainError(f"{self.name}: {type(e).__name__}: {e}") from e

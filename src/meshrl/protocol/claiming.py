@@ -26,7 +26,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from meshrl.protocol.errors import ChainError, OutOfGas
+from meshrl.protocol.errors import ChainError, OutOfGas, RequestTooLarge
 
 if TYPE_CHECKING:
     from meshrl.protocol.chain import Protocol
@@ -40,9 +40,6 @@ MAX_CLAIM = 64  # the contract's `MAX_CLAIM`: items of one claim transaction
 # an estimate carries the same calldata, with from/to/value as JSON fields
 ENVELOPE_BYTES = 512
 # what a JSON-RPC endpoint says when a request is too big for it (its body, or its gas cap)
-SIZE_WORDS = ("413", "too large", "entity too large", "body too large", "oversized",
-              "gas required exceeds", "exceeds block gas limit", "exceeds the configured cap",
-              "intrinsic gas too high", "gas limit reached")
 
 
 class ClaimTooLarge(ChainError):
@@ -105,14 +102,9 @@ def fit_batch(p: Protocol, bounds: dict[str, int], want: int = MAX_CLAIM) -> int
 
 
 def refused_for_size(e: BaseException) -> bool:
-    """Whether the endpoint refused the request for its size: its body, or the gas of its
-    estimate (the filter's cap answers "out of gas")."""
-    if isinstance(e, OutOfGas):
-        return True
-    if not isinstance(e, ChainError):
-        return False
-    text = str(e).lower()
-    return any(w in text for w in SIZE_WORDS)
+    """Whether the endpoint refused the request for its size: its body (HTTP 413,
+    `RequestTooLarge`), or the gas of its estimate (the filter's cap: `OutOfGas`)."""
+    return isinstance(e, OutOfGas | RequestTooLarge)
 
 
 def claim_all(p: Protocol, ids: list[bytes], batch: int = MAX_CLAIM,

@@ -12,7 +12,8 @@ __all__ = [
     "ChainError", "DisputeOpen",
     "DisputePeriodOver",
     "DuplicateFile", "InvalidationWindowClosed", "InviteExpired", "InviteUsed",
-    "NodeBlacklisted", "NodeNotInPool", "NotAccused", "NotBonded", "OutOfGas", "TxReverted",
+    "NodeBlacklisted", "NodeNotInPool", "NotAccused", "NotBonded", "OutOfGas", "RequestTooLarge",
+    "TxReverted",
     "UnderReview", "VerdictOverturned", "VerdictPending", "WorkDisputed", "WorkNotPending",
     "WorkStillJudgeable", "reverted",
 ]
@@ -20,6 +21,15 @@ __all__ = [
 
 class ChainError(RuntimeError):
     """A chain action that could not be carried out (node unreachable, bad config, ...)."""
+
+
+class RequestTooLarge(ChainError):
+    """The endpoint refused the request for its size (HTTP 413 from an RPC filter's body
+    bound): a smaller request may pass (`protocol/claiming.py` halves its batch)."""
+
+
+# HTTP refusals of a JSON-RPC endpoint that have a meaning of their own, by status
+HTTP_REFUSALS: dict[int, type[ChainError]] = {413: RequestTooLarge}
 
 
 class TxReverted(ChainError):
