@@ -457,7 +457,8 @@ def test_a_node_whose_files_would_arrive_stale_is_wanted_none(tmp_path: Path) ->
     (a near one, a new one) is wanted files as before, and a far node's lags count only for
     `turnaround_window_s`, after which it is measured again; with the rule off nothing changes."""
     cfg = _cfg().model_copy(update={
-        "rules": _cfg().rules.model_copy(update={"async_level": 4, "files_per_step": 8})})
+        "rules": _cfg().rules.model_copy(update={"async_level": 4, "files_per_step": 8}),
+        "work": _cfg().work.model_copy(update={"turnaround_orders": True})})
 
     async def t() -> None:
         async with api_from_parts(tmp_path, cfg, readers=(address("trainer"),)) as s:

@@ -40,7 +40,7 @@ make one (hold.py): it is answered when the trainer's next word, a grant, an inv
 lease running out makes a place, so an idle node learns of the demand at once, not at its next
 poll.
 
-Turnaround (`work.turnaround_orders`, on by default; a local `meshrl network up` turns it off).
+Turnaround (`work.turnaround_orders`; `meshrl network up` turns it on in a public pool).
 A file is usable up to step `v + async_level`, so a member far away, whose files take many
 steps from its work order to the trainer, makes stale files from a version a nearby member
 could still use. The pool measures each node's lag: for every file of it the trainer takes
@@ -99,7 +99,7 @@ class Pacer:
 
     def __init__(self, state: State, pool: PoolStep, lease_s: float,
                  files_per_step: int, submit_s: float = 300.0,
-                 unsubmitted_penalty_s: float = 600.0, turnaround: bool = True,
+                 unsubmitted_penalty_s: float = 600.0, turnaround: bool = False,
                  turnaround_window_s: float = 120.0) -> None:
         self.state, self.pool, self.lease_s = state, pool, lease_s
         self.files_per_step = files_per_step
