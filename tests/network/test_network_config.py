@@ -121,3 +121,29 @@ def test_the_batched_config_publishes_its_batch_rule_to_every_role(tmp_path) -> 
         assert _toml(Path(roles[name].argv[-1]))["rules"]["batch"]["files"] == 4, name
     plain = load_config(NetworkConfig, [CONFIGS / "network.toml"], [f"--dir={tmp_path}"])
     assert plain.pool.rules().batch.files == 1  # the default network submits per file
+
+
+def test_a_public_pool_gets_the_slack_and_turnaround_orders_of_far_members(tmp_path) -> None:
+    """configs/network.toml leaves async_level to its default: 2 on loopback (the demo, as it
+    was, its orchestrator wanting files without measuring lags), 24 with `public_host`, with
+    work orders sized by each member's measured lag (docs/joining.md, remote members); the
+    orchestrator, the trainer and the origin's kept versions all follow it, and a value the
+    operator names wins."""
+    from meshrl.config import load_config
+
+    def roles(*extra: str) -> dict:
+        cfg = load_config(NetworkConfig, [CONFIGS / "network.toml"],
+                          [f"--dir={tmp_path / str(len(extra))}", *extra])
+        lay = Layout(cfg)
+        return {r.name: r for r in build_roles(lay, lay.keys(), 1)}
+
+    def seen(rs: dict) -> tuple[int, int, bool, str]:
+        orch = _toml(Path(rs["orchestrator"].argv[-1]))
+        trainer = _toml(Path(rs["trainer"].argv[-1]))
+        argv = rs["origin"].argv
+        return (orch["rules"]["async_level"], trainer["async_level"],
+                orch["work"]["turnaround_orders"], argv[argv.index("--keep") + 1])
+
+    assert seen(roles()) == (2, 2, False, "6")
+    assert seen(roles("--public_host=127.0.0.1")) == (24, 24, True, "28")
+    assert seen(roles("--public_host=127.0.0.1", "--pool.async_level=5"))[:2] == (5, 5)

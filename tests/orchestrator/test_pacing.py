@@ -447,3 +447,60 @@ def test_a_waiting_trainer_takes_a_file_at_its_acceptance_not_its_next_poll(
             assert held < 0.8, held
             assert polled > 2.0, polled
     asyncio.run(t())
+
+
+def test_a_node_whose_files_would_arrive_stale_is_wanted_none(tmp_path: Path) -> None:
+    """Turnaround: the pool measures each node's lag (its steps from the work order that wanted
+    a file to the trainer taking it, `taken_through`) and wants a file from it only while the
+    version it holds will still be taken by then: told to fetch a newer one when that helps,
+    told its lag exceeds the slack when even the newest would arrive stale. A node not measured
+    (a near one, a new one) is wanted files as before, and a far node's lags count only for
+    `turnaround_window_s`, after which it is measured again; with the rule off nothing changes."""
+    cfg = _cfg().model_copy(update={
+        "rules": _cfg().rules.model_copy(update={"async_level": 4, "files_per_step": 8}),
+        "work": _cfg().work.model_copy(update={"turnaround_orders": True})})
+
+    async def t() -> None:
+        async with api_from_parts(tmp_path, cfg, readers=(address("trainer"),)) as s:
+            await _members_beating(s)
+            await _step(s.url, 3, 0, 8)
+            # n1 (far) makes three files of version 3, ordered at step 3
+            shas = []
+            for counter in range(3):
+                assert (await _want(s.url, "n1")).files_wanted == 1
+                shas.append(await _grant(s.url, "n1", 3, counter))
+            for sha in shas:
+                row = s.state.file(sha)
+                assert row is not None
+                s.state.set_file_status(row.seq, FileStatus.ACCEPTED)
+            last = s.state.file(shas[-1])
+            assert last is not None
+            # ... and the trainer takes them only for step 8: a lag of 5 steps each
+            for step in range(4, 9):
+                await _step(s.url, step, 0, 8)
+            assert s.api.pacer.lag(address("n1"), time.monotonic()) is None  # none taken yet
+            await _step(s.url, 9, last.accepted_seq, 8)
+            assert s.api.pacer.lag(address("n1"), time.monotonic()) == 5
+            # at step 9 (versions 5..9): even n1's file of version 9 would arrive at step 14,
+            # past 9 + 4; no newer version helps
+            for n in NODES:
+                await _beat(s.url, n, 9)
+            newest = await _want(s.url, "n1")
+            assert newest.files_wanted == 0 and "more than the pool's slack" in newest.waiting
+            assert not s.api.pacer.want(address("n1"), time.monotonic()).must_fetch
+            # holding version 6 it is told to fetch (its file would arrive after step 10)
+            await _beat(s.url, "n1", 6)
+            old = s.api.pacer.want(address("n1"), time.monotonic())
+            assert old.files == 0 and old.must_fetch and "after step 10" in old.why, old.why
+            # n2, never measured, on the same version: wanted as before
+            await _beat(s.url, "n2", 6)
+            assert (await _want(s.url, "n2")).files_wanted == 1
+            # with the rule off, a measured lag refuses nothing
+            await _beat(s.url, "n1", 9)
+            s.api.pacer.turnaround = False
+            assert s.api.pacer.want(address("n1"), time.monotonic()).files == 1
+            s.api.pacer.turnaround = True
+            # n1's lags are forgotten after the window: it is measured again
+            later = time.monotonic() + cfg.work.turnaround_window_s + 1
+            assert s.api.pacer.want(address("n1"), later).files == 1
+    asyncio.run(t())

@@ -11,7 +11,7 @@ import pytest
 
 from meshrl.rl.config import NetworkSourceConfig, RolloutConfig
 from meshrl.rl.ledger_files import FileGroups
-from meshrl.rl.network_source import NetworkSource
+from meshrl.rl.network_source import NetworkSource, default_ahead
 from meshrl.wire.models import FileStatus, LedgerEntry
 
 from .conftest import Pool
@@ -70,7 +70,8 @@ def _health(url: str) -> dict:
 
 def test_trainer_paces_the_pool_by_what_it_will_take(pool: Pool, tmp_path) -> None:
     """`ahead_files`: by default async_level batches' worth of files (here 1 x 64 prompts / 8
-    per file), a number as given, 0 no pacing; the demand goes out with each move and again
+    per file), at most 2 batches (a public pool's wide slack is no queue), a number as given,
+    0 no pacing; the demand goes out with each move and again
     while a step waits once it took files, and the pool's stall line names it."""
     key = tmp_path / "trainer.key"
     key.write_text(pool.key("trainer"))
@@ -82,6 +83,7 @@ def test_trainer_paces_the_pool_by_what_it_will_take(pool: Pool, tmp_path) -> No
         return NetworkSource(cfg, rollout, 1, 0, tmp_path, (None, None))
 
     assert source(0).ahead is None and source(3).ahead == 3
+    assert [default_ahead(a, 8) for a in (0, 1, 2, 24)] == [8, 8, 16, 16]
     src = source(-1)
     assert src.ahead == 8
     try:

@@ -97,6 +97,12 @@ class ValidatorsSpec(Config):
         return self
 
 
+LOCAL_ASYNC_LEVEL = 2  # every member on this host: a file lags by a step or two
+# a public pool: a member 80 ms and 20 Mbit/s away fetches a 3.2 MB version in ~5 s and its
+# file reaches the trainer ~5-10 s after its order, 10-15 versions at the demo's pace
+PUBLIC_ASYNC_LEVEL = 24
+
+
 class PoolSpec(Config):
     """The pool's public rules: the orchestrator's `[rules]` (what it publishes), the pins of
     every validator and worker (`[rules]`, checked against the published ones at start) and the
@@ -108,7 +114,10 @@ class PoolSpec(Config):
     temperature: float = Field(1.0, gt=0, description="sampling temperature")
     group_size: int = Field(8, ge=2, description="completions per prompt")
     prompts_per_file: int = Field(8, ge=1, description="prompts per rollout file")
-    async_level: int = Field(2, ge=0, description="policy versions a file may lag its step")
+    async_level: int = Field(-1, ge=-1, description="policy versions a file may lag its step "
+                             f"(-1: {LOCAL_ASYNC_LEVEL}, or {PUBLIC_ASYNC_LEVEL} in a public pool "
+                             "(public_host), whose far members' files lag by their fetch, "
+                             "upload, submission and judging: docs/joining.md)")
     seed: int = Field(11, ge=0, description="base seed prompts derive from")
     files_per_step: int = Field(8, ge=1, description="files each worker may make per policy "
                                 "version (its counters). The trainer's pacing decides how many "
@@ -216,6 +225,12 @@ class NetworkConfig(Config):
         if isinstance(v, dict):
             return {**NETWORK_CHAIN.model_dump(), **v}
         return v
+
+    @model_validator(mode="after")
+    def _slack(self) -> NetworkConfig:
+        if self.pool.async_level < 0:  # the default: by whether members may be far away
+            self.pool.async_level = PUBLIC_ASYNC_LEVEL if self.public_host else LOCAL_ASYNC_LEVEL
+        return self
 
     @field_validator("public_host")
     @classmethod

@@ -173,7 +173,10 @@ def build_roles(lay: Layout, keys: PoolKeys, pool_id: int) -> list[RoleSpec]:
         "store": {"root": str(root / "orchestrator" / "files")},
         "heartbeat": {"interval_s": cfg.pool.heartbeat_s, "dead_after": cfg.pool.dead_after},
         "onboarding": {"poll_s": 1.0, "discovery_url": lay.discovery_url},
-        "work": {"shardcast_servers": servers, "slot_ttl_s": 120.0},
+        # a public pool sizes work orders by each member's lag; a local pool's members are
+        # all near (the demo, unchanged)
+        "work": {"shardcast_servers": servers, "slot_ttl_s": 120.0,
+                 "turnaround_orders": lay.public},
         "join": {"rpc_url": lay.public_rpc_url, "discovery_url": lay.discovery_url,
                  "trainer": keys.trainer().address},
         "rules": _rules(lay, keys)}))

@@ -106,7 +106,8 @@ class OrchestratorApi:
                  pacer: Pacer | None = None) -> None:
         self.cfg, self.terms, self.state, self.store = cfg, terms, state, store
         self.pacer = pacer or Pacer(state, pool, cfg.work.lease_s, cfg.rules.files_per_step,
-                                    cfg.work.submit_s, cfg.work.unsubmitted_penalty_s)
+                                    cfg.work.submit_s, cfg.work.unsubmitted_penalty_s,
+                                    cfg.work.turnaround_orders, cfg.work.turnaround_window_s)
         self.holds = HoldGate(cfg.work.max_held_per_signer, cfg.work.max_held_per_ip)
         # held ledger reads of one query share its rows until the ledger changes:
         # query -> rows, valid for the files alarm's generation `_ledger_gen`
@@ -226,7 +227,7 @@ class OrchestratorApi:
                                       req.policy_version, req.work_units, req.counter, expires)
         if grant is not Grant.GRANTED:
             raise WireError(_GRANT_REFUSALS[grant], f"step {req.step}, counter {req.counter}")
-        self.pacer.granted(node)
+        self.pacer.granted(node, req.sha256)
         target = self.store.upload_target(slot_id, req.sha256, req.size, "")
         return UploadSlot(slot_id=slot_id, method=target.method, url=target.url,
                           signed=target.signed, expires_at=expires, sha256=req.sha256,
@@ -428,8 +429,10 @@ class OrchestratorApi:
         if new.taken_through is not None and new.taken_through > last:
             raise WireError(ErrorCode.TAKEN_BEYOND_ACCEPTED, f"taken_through "
                             f"{new.taken_through}, the last acceptance number is {last}")
+        moved = new.step > self.pool.step
         self.pool.set(new.step)
-        self.pacer.set_demand(new.taken_through, new.ahead)  # each move restates the demand
+        # each move restates the demand
+        self.pacer.set_demand(new.taken_through, new.ahead, moved)
         return HeartbeatAck(state=NodeState.HEALTHY, interval_s=self.cfg.heartbeat.interval_s,
                             step=self.pool.step)
 

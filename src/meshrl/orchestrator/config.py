@@ -85,6 +85,14 @@ class WorkConfig(Config):
     unsubmitted_penalty_s: float = Field(600.0, ge=0, description="how long past its "
                                          "submission deadline an unsubmitted upload keeps its "
                                          "node from new slots and work")
+    turnaround_orders: bool = Field(False, description="pacing: measure each node's lag (the "
+                                    "pool's steps from a work order to the trainer taking its "
+                                    "file) and want a file from it only when its version will "
+                                    "still be taken by then (docs/joining.md, remote members; "
+                                    "`meshrl network up` turns it on in a public pool)")
+    turnaround_window_s: float = Field(120.0, gt=0, description="pacing: how long a measured "
+                                       "lag counts; a node refused for its lag is measured "
+                                       "again once its lags are this old")
 
 
 class JoinConfig(Config):

@@ -40,13 +40,30 @@ make one (hold.py): it is answered when the trainer's next word, a grant, an inv
 lease running out makes a place, so an idle node learns of the demand at once, not at its next
 poll.
 
-The demand lives in the state's meta table: a restarted orchestrator keeps pacing.
+Turnaround (`work.turnaround_orders`; `meshrl network up` turns it on in a public pool).
+A file is usable up to step `v + async_level`, so a member far away, whose files take many
+steps from its work order to the trainer, makes stale files from a version a nearby member
+could still use. The pool measures each node's lag: for every file of it the trainer takes
+(the `taken_through` of `POST /step`), the pool steps between the work order that wanted it
+and the take. A node with `MIN_LAGS` measured lags of the last `turnaround_window_s` is wanted
+a file only when its version plus the pool's slack covers the pool's step plus its 90th
+percentile lag; otherwise it is told why (a newer version helps: `must_fetch`; its newest
+does not: its lag is more than the pool's slack). A node not measured yet (new, or whose
+lags are older than the window) is wanted files as before, so a node refused once is measured
+again after the window: a passing hiccup does not keep it out for good. The lags are the
+node's own: nothing another member does changes them but the pool's pace, which is every
+member's.
+
+The demand lives in the state's meta table: a restarted orchestrator keeps pacing (the lags
+are measured again).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -55,6 +72,9 @@ from meshrl.orchestrator.state import PoolStep, State
 __all__ = ["Demand", "Pacer", "Want"]
 
 DEMAND = "trainer_demand"  # meta key
+MIN_LAGS = 3  # measured lags before a node's orders are sized by them
+LAGS_KEPT = 16  # per node, the newest
+TRACKED = 4096  # granted files whose order step is remembered until the trainer takes them
 
 
 @dataclass(frozen=True)
@@ -79,7 +99,8 @@ class Pacer:
 
     def __init__(self, state: State, pool: PoolStep, lease_s: float,
                  files_per_step: int, submit_s: float = 300.0,
-                 unsubmitted_penalty_s: float = 600.0) -> None:
+                 unsubmitted_penalty_s: float = 600.0, turnaround: bool = False,
+                 turnaround_window_s: float = 120.0) -> None:
         self.state, self.pool, self.lease_s = state, pool, lease_s
         self.files_per_step = files_per_step
         self.submit_s, self.penalty_s = submit_s, unsubmitted_penalty_s
@@ -89,10 +110,18 @@ class Pacer:
         # node (lower case) -> until when it may take no lease (its last one ran out unused)
         self.cooling: dict[str, float] = {}
         self.asked: dict[str, float] = {}  # node as it asked -> when it last asked (monotonic)
+        # turnaround (module docstring): node -> the pool's step at its last order that wanted
+        # a file; granted file -> (node, that step); node -> (when measured, lag in steps)
+        self.turnaround, self.window_s = turnaround, turnaround_window_s
+        self.ordered: dict[str, int] = {}
+        self.in_flight: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        self.lags: dict[str, deque[tuple[float, int]]] = {}
 
-    def set_demand(self, taken_through: int | None, ahead: int | None) -> None:
-        """The trainer's latest word (`ahead` None: stop pacing). `taken_through` never goes
-        back (a resumed trainer may re-take files it lost; the pool made them already)."""
+    def set_demand(self, taken_through: int | None, ahead: int | None,
+                   moved: bool = False) -> None:
+        """The trainer's latest word (`ahead` None: stop pacing), `moved`: with a move of the
+        pool's step. `taken_through` never goes back (a resumed trainer may re-take files it
+        lost; the pool made them already)."""
         if ahead is None:
             self.demand = None
             self.state.set_meta(DEMAND, "")
@@ -100,15 +129,67 @@ class Pacer:
         before = self.demand.taken_through if self.demand else 0
         self.demand = Demand(max(before, taken_through or 0), ahead)
         self.state.set_meta(DEMAND, json.dumps(self.demand.__dict__))
+        self._taken(before, self.demand.taken_through, moved)
 
-    def granted(self, node: str) -> None:
+    def _taken(self, before: int, through: int, moved: bool) -> None:
+        """The trainer took the accepted files numbered (`before`, `through`]: each one whose
+        order is known gives its node a lag. A move's restatement speaks of files taken for
+        the step before it (most of them), a restatement within a step of that step."""
+        if through <= before or not self.in_flight:
+            return
+        step = self.pool.step - 1 if moved else self.pool.step
+        now = time.monotonic()
+        for row in self.state.accepted(before, min(through - before, TRACKED)):
+            known = self.in_flight.pop(row.sha256, None)
+            if known is not None:
+                node, ordered = known
+                lags = self.lags.setdefault(node, deque(maxlen=LAGS_KEPT))
+                lags.append((now, max(0, step - ordered)))
+
+    def granted(self, node: str, sha256: str = "") -> None:
         """`node`'s file was granted a slot: it is in the backlog now, so the lease that held
         its place is given back (counted twice until the node's next work order, it kept
         others waiting while the file was uploaded and submitted); a node that makes files
-        is not cooling down."""
-        self.leases.pop(node.lower(), None)
-        self.cooling.pop(node.lower(), None)
+        is not cooling down. The file's order step is kept until the trainer takes it."""
+        key = node.lower()
+        self.leases.pop(key, None)
+        self.cooling.pop(key, None)
+        if self.turnaround and sha256 and key in self.ordered:
+            self.in_flight[sha256] = (key, self.ordered[key])
+            while len(self.in_flight) > TRACKED:  # a file never taken is forgotten
+                self.in_flight.popitem(last=False)
         self.state.alarm.ring()
+
+    def lag(self, node: str, now: float) -> int | None:
+        """`node`'s 90th percentile lag (steps from order to take) of the last `window_s`;
+        None while fewer than `MIN_LAGS` are measured."""
+        lags = self.lags.get(node.lower())
+        recent = sorted(lag for t, lag in lags or () if t > now - self.window_s)
+        if len(recent) < MIN_LAGS:
+            return None
+        return recent[math.ceil(0.9 * len(recent)) - 1]
+
+    def too_late(self, node: str, now: float) -> Want | None:
+        """A refusal when `node`'s file of the version it holds would reach the trainer after
+        the last step that takes it, by its measured lag (None: it would not, or its lag is
+        not known)."""
+        lag = self.lag(node, now) if self.turnaround else None
+        if lag is None:
+            return None
+        row = self.state.node(node)
+        version = -1 if row is None else row.policy_version
+        step, slack = self.pool.step, self.pool.async_level
+        if step + lag <= version + slack:
+            return None
+        if version < step:
+            return Want(0, f"this node's files reach the trainer {lag} steps after their work "
+                           f"order (90th percentile of its last ones): one of version {version} "
+                           f"made now would arrive after step {version + slack}, the last that "
+                           "takes it; fetch a newer one", must_fetch=True)
+        return Want(0, f"this node's files reach the trainer {lag} steps after their work order "
+                       f"(90th percentile of its last ones), more than the pool's slack of "
+                       f"{slack} versions: none of its files would be used; it is measured "
+                       f"again once its lags are {self.window_s:g} s old")
 
     def backlog(self, node: str | None = None) -> int:
         """Fresh files the trainer has not taken (0 without a demand); of `node` alone when
@@ -150,6 +231,9 @@ class Pacer:
         cannot = self.cannot(node)
         if cannot:
             return Want(0, cannot, must_fetch=True)
+        late = self.too_late(node, now)
+        if late is not None:
+            return late
         owes = self.owes(node)
         if owes:
             return Want(0, owes)
@@ -165,6 +249,7 @@ class Pacer:
                 return Want(0, f"this node's last lease ran out without a file: it may take "
                                f"another in {self.cooling[key] - now:.1f} s")
             self.leases[key] = now + self.lease_s
+            self.ordered[key] = self.pool.step
             return Want(1, "")
         return Want(0, f"the trainer's demand is met: {backlog} files in flight or waiting "
                        f"and {leased} being made, it wants {self.demand.ahead} ahead")

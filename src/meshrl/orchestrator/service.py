@@ -71,7 +71,8 @@ class Orchestrator:
         self.pool = PoolStep(self.state, cfg.work.step, cfg.rules.async_level)
         self.pacer = Pacer(self.state, self.pool, cfg.work.lease_s,
                            cfg.rules.files_per_step, cfg.work.submit_s,
-                           cfg.work.unsubmitted_penalty_s)
+                           cfg.work.unsubmitted_penalty_s, cfg.work.turnaround_orders,
+                           cfg.work.turnaround_window_s)
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []

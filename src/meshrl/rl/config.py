@@ -187,8 +187,9 @@ class NetworkSourceConfig(Config):
         "docs/trainer.md)")
     ahead_files: int = Field(-1, ge=-1, le=1 << 20, description="pacing: files the trainer "
                              "asks the pool to keep generated, judged or waiting beyond those "
-                             "it has taken (-1: max(1, async_level) x the files of one batch, "
-                             "so none is made for a version that will be stale; 0: no pacing, "
+                             "it has taken (-1: max(1, min(async_level, 2)) x the files of one "
+                             "batch, so none is made for a version that will be stale and a "
+                             "wide slack is no queue the files age in; 0: no pacing, "
                              "every member makes its counters' worth)")
     load_threads: int = Field(2, ge=1, le=32, description="groups of files loaded at once: "
                               "the files a step needs that are accepted now are downloaded "

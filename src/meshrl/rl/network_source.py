@@ -10,8 +10,9 @@ mode (source.py), so the algorithm in loop.py is the same as with the local pipe
   moves the pool to step `v`,
   so workers generate with versions `v - async_level .. v`. With the move it says what it will
   take (pacing, docs/services.md): every accepted file up to the last one it took, and `ahead`
-  files beyond (`ahead_files`, by default max(1, async_level) batches' worth of files), so the
-  pool makes no file for a version that will be stale by the time the trainer reaches it.
+  files beyond (`ahead_files`, by default max(1, min(async_level, 2)) batches' worth of files),
+  so the pool makes no file for a version that will be stale by the time the trainer reaches
+  it, and a wide slack (a public pool's) does not become a queue its files age in.
 - `get(s)` takes accepted files in the order they were accepted (`GET /ledger?accepted_after=`;
   the order a file was granted in says nothing of when it is judged), only rows granted to and
   uploaded by their node, each sha256 once, applying the async rule (a file of policy version v
@@ -69,7 +70,7 @@ from meshrl.wire.models import LedgerEntry
 from meshrl.wire.signing import address_of
 
 __all__ = ["BROADCASTS", "AdapterVersions", "DeltaVersions", "FullVersions", "NetworkSource",
-           "ShardcastPublisher", "read_records"]
+           "ShardcastPublisher", "default_ahead", "read_records"]
 
 log = get_logger("meshrl.rl.network")
 # a file being loaded: its entry, the load of its group of files, its place in that group
@@ -78,6 +79,13 @@ Loading = tuple[LedgerEntry, "Future[list[FileGroups | ValueError]]", int]
 
 # bytes per shard of a published policy: small enough to pipeline through relays
 SHARD_SIZE = 1 << 20
+AHEAD_BATCHES = 2  # the default pacing demand's cap, in batches (ahead_files -1)
+
+
+def default_ahead(async_level: int, per_batch: int) -> int:
+    """The files the trainer asks the pool to keep ahead of it (`ahead_files` -1):
+    max(1, min(async_level, AHEAD_BATCHES)) batches."""
+    return max(1, min(async_level, AHEAD_BATCHES)) * per_batch
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -251,8 +259,10 @@ class NetworkSource(RolloutSource):
         self.queue: list[LedgerEntry] = []  # trainable, not yet taken, in acceptance order
         self.dropped_stale = 0
         per_batch = -(-rollout.prompts_per_step // self.rules.prompts_per_file)
+        # a wide slack is for far members' lag, not for a queue: files waiting to be taken
+        # age by a step a batch, so the default queue is at most AHEAD_BATCHES batches
         self.ahead: int | None = (cfg.ahead_files if cfg.ahead_files >= 0
-                                  else max(1, async_level) * per_batch) or None
+                                  else default_ahead(async_level, per_batch)) or None
         self.per_batch = per_batch
         self.taken_through = 0  # acceptance number of the last accepted file taken
         self._loads = ThreadPoolExecutor(cfg.load_threads, thread_name_prefix="load")
