@@ -101,6 +101,7 @@ def test_kill_nine_then_restart_and_health_wait(tmp_path: Path) -> None:
     assert ev == ["start", "killed", "died", "start", "stopped"]
 
 
+@pytest.mark.timing
 def test_stop_is_clean_and_fast(tmp_path: Path) -> None:
     sup = Supervisor(tmp_path)
     for i in range(3):
