@@ -68,7 +68,7 @@ train-smollm2: setup-smollm2
 TEST_WORKERS ?= 2
 test: setup
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder \
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
 		-m "not crosshost and not timing" --durations=25 tests
 	$(BIN)/pytest -q -m "not crosshost and timing" tests
 

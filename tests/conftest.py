@@ -1,11 +1,13 @@
 """Fixtures and rules shared by every test package.
 
-`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`); the hooks
+`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadscope`); the hooks
 below make that safe and balanced:
-- every test goes with its module (one unit of work: a module-scoped fixture, a chain or a
-  network, is built once, on one worker) unless it names an `xdist_group` of its own (the
-  modules that boot `meshrl network up` share one, tests/network/netutil.py);
-- the longest units are handed out first (whole networks, then `slow`, then `anvil` modules),
+- each module is one unit of work (a module-scoped fixture, a chain or a network, is built
+  once, on one worker), and the modules that boot a whole `meshrl network up` (anvil and a
+  dozen role processes: `NETWORK_UP`) are one unit together, so that two such networks never
+  share CI's 2 cores (`Scheduler`; xdist's own `loadgroup` cannot do this under pytest 9,
+  whose node ids it can no longer suffix);
+- the longest units are handed out first (the networks, then `slow`, then `anvil` modules),
   so that no long module starts last while the other worker sits idle;
 - each worker runs torch on one thread: two workers with two threads each on 2 cores spin
   against each other;
@@ -17,10 +19,31 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from anvil_rule import require_anvil
+
+# every module that calls `netutil.run_network` (tests/test_xdist_units.py checks the list)
+NETWORK_UP = frozenset(f"tests/network/test_{m}_e2e.py" for m in (
+    "disputes", "faults", "mixed_pool", "network", "task_mix"))
+
+
+def _unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: its module, or all of `NETWORK_UP` together."""
+    mod = nodeid.split("::", 1)[0]
+    return "network-up" if mod in NETWORK_UP else mod
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduler(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return Scheduler(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -31,29 +54,24 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _rank(item: pytest.Item) -> int:
-    if any(m.args[:1] == ("network-up",) for m in item.iter_markers("xdist_group")):
+    if _unit(item.nodeid) == "network-up":
         return 0
     return 1 if item.get_closest_marker("slow") else 2 if item.get_closest_marker("anvil") else 3
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not getattr(config.option, "loadgroup", False):
-        return  # a plain run: collection order, no groups
+    """On an xdist worker: the longest units first (the order the scheduler hands them out),
+    each unit's tests in their collection order."""
+    if not hasattr(config, "workerinput"):
+        return  # a plain run: collection order
     rank: dict[str, int] = {}
     first: dict[str, int] = {}
     for i, item in enumerate(items):
-        mod = _mod(item)
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(mod))
-        rank[mod] = min(rank.get(mod, 3), _rank(item))
-        first.setdefault(mod, i)
+        unit = _unit(item.nodeid)
+        rank[unit] = min(rank.get(unit, 3), _rank(item))
+        first.setdefault(unit, i)
     order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda it: (rank[_mod(it)], first[_mod(it)], order[id(it)]))
-
-
-def _mod(item: pytest.Item) -> str:
-    return item.nodeid.split("::")[0]
+    items.sort(key=lambda it: (rank[_unit(it.nodeid)], first[_unit(it.nodeid)], order[id(it)]))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -14,8 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from meshrl.network.keys import dev_account
 from meshrl.protocol import Deployment, Protocol
 from meshrl.protocol.backend import RpcBackend
@@ -24,11 +22,6 @@ from meshrl.wire import SignedClient
 from meshrl.wire.models import LedgerPage
 
 ROOT = Path(__file__).resolve().parents[2]
-
-# `make test` runs on two pytest-xdist workers (tests/conftest.py); every module that boots a
-# whole `meshrl network up` (anvil and a dozen role processes) is in this one group, so that two
-# such networks never share CI's 2 cores: one runs beside lighter modules, never beside another.
-NETWORK_UP = pytest.mark.xdist_group("network-up")
 
 
 def wait(check: Any, timeout: float, what: str, every: float = 1.0) -> Any:

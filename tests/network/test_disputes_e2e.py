@@ -25,7 +25,7 @@ from meshrl.network.keys import dev_account
 from meshrl.protocol import Protocol, WorkStatus
 from meshrl.rl.network_source import read_records
 
-pytestmark = [pytest.mark.slow, pytest.mark.anvil, nu.NETWORK_UP, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.anvil, pytest.mark.timeout(1500)]
 
 TOKEN = 10**18
 BOND = 10 * TOKEN  # the network's verdict_bond

@@ -17,7 +17,7 @@ import pytest
 
 from meshrl.rl.network_source import read_records
 
-pytestmark = [pytest.mark.slow, pytest.mark.anvil, nu.NETWORK_UP, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.anvil, pytest.mark.timeout(1500)]
 
 TOKEN = 10**18
 STEPS = 6

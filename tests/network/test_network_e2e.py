@@ -30,7 +30,7 @@ from meshrl.network.keys import dev_account
 from meshrl.protocol import Protocol, WorkStatus
 from meshrl.rl.network_source import read_records
 
-pytestmark = [pytest.mark.slow, pytest.mark.anvil, nu.NETWORK_UP, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.anvil, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = 10**18

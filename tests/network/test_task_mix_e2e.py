@@ -24,7 +24,7 @@ from meshrl.tasks import TasksConfig
 from meshrl.tasks.dataset import data_digest
 from meshrl.tasks.sandbox import SandboxConfig, SandboxUnavailable, check_sandbox
 
-pytestmark = [pytest.mark.slow, pytest.mark.anvil, nu.NETWORK_UP, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.anvil, pytest.mark.timeout(1200)]
 
 TOKEN = 10**18
 STEPS = 3
