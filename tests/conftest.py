@@ -24,16 +24,7 @@ from typing import Any
 import pytest
 
 from anvil_rule import require_anvil
-
-# every module that calls `netutil.run_network` (tests/test_xdist_units.py checks the list)
-NETWORK_UP = frozenset(f"tests/network/test_{m}_e2e.py" for m in (
-    "disputes", "faults", "mixed_pool", "network", "task_mix"))
-
-
-def _unit(nodeid: str) -> str:
-    """The unit of work a test belongs to: its module, or all of `NETWORK_UP` together."""
-    mod = nodeid.split("::", 1)[0]
-    return "network-up" if mod in NETWORK_UP else mod
+from xdist_units import unit as _unit
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -1,12 +1,13 @@
 """`make test`'s two xdist workers never run two whole networks at once: every test module
-that boots `meshrl network up` (calls `run_network`) is in tests/conftest.py's `NETWORK_UP`,
+that boots `meshrl network up` (calls `run_network`) is in tests/xdist_units.py's `NETWORK_UP`,
 the one unit of work they share."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import NETWORK_UP, _unit
+from xdist_units import NETWORK_UP
+from xdist_units import unit as _unit
 
 ROOT = Path(__file__).resolve().parents[1]
 
