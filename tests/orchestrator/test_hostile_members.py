@@ -129,7 +129,6 @@ def test_uploads_never_submitted_stop_counting_and_cost_their_node(
     run(t())
 
 
-@pytest.mark.timing
 def test_asking_for_work_does_not_renew_a_lease(hpool: tuple[Pool, Heartbeater]) -> None:
     """The finding: a member that never makes a file kept its lease by asking, and starved an
     honest member for 35 s (longer than `lease_s`). A lease runs out `lease_s` after the order
