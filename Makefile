@@ -68,9 +68,14 @@ demo-smollm2: setup-smollm2
 train-smollm2: setup-smollm2
 	$(BIN)/meshrl train configs/smollm2.toml
 
+# two pytest-xdist workers (tests/conftest.py: each module one unit, the longest first, at most
+# one `network up` at a time), then, alone, the few tests that assert on wall-clock time
+TEST_WORKERS ?= 2
 test: setup
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/pytest -q -m "not crosshost" --durations=25 tests
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
+		-m "not crosshost and not timing" --durations=25 tests
+	$(BIN)/pytest -q -m "not crosshost and timing" tests
 
 # the edit loop: unit tests only (no anvil, no network end to end, nothing marked slow)
 test-fast: setup

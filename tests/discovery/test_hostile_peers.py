@@ -72,6 +72,7 @@ def body_of(chain: Chain, provider: str = "p1") -> bytes:
     return announcement(chain, provider).model_dump_json().encode()
 
 
+@pytest.mark.timing
 @configured(guard={"rate_per_minute": 60, "rate_burst": 3})
 def test_replayed_announcements_spend_no_budget(chain: Chain, disc: str) -> None:
     async def t() -> None:
@@ -209,6 +210,7 @@ def _poisoned(chain: Chain, where: str, value: str) -> bytes:
     return json.dumps(data).replace('"@@"', value).encode()
 
 
+@pytest.mark.timing
 def test_unservable_values_poison_nothing(chain: Chain, disc: str) -> None:
     async def t() -> None:
         aud = await identity(disc)

@@ -17,6 +17,7 @@ from typing import Any
 from meshrl.network.keys import dev_account
 from meshrl.protocol import Deployment, Protocol
 from meshrl.protocol.backend import RpcBackend
+from meshrl.protocol.history import pool_disputes
 from meshrl.wire import SignedClient
 from meshrl.wire.models import LedgerPage
 
@@ -111,6 +112,24 @@ def chain(root: Path) -> Protocol:
     net = info(root)
     return Protocol(RpcBackend(net["rpc_url"]), Deployment.load(net["deployment"]),
                     dev_account(0))
+
+
+def settled_verdicts(chain: Protocol, pool: int) -> list[dict[str, Any]] | None:
+    """The pool's verdicts once none is open, else None; called in a wait loop, it cuts short
+    what only waits. Each validator votes on what another accused, and a vote is all a verdict
+    gets here (no federator ruling); once every open verdict has its vote, the periods left
+    (60 s, + 30 s when challenged) change nothing but the clock, so the chain's clock is moved
+    past the last of them and the validators settle on their next loop. A verdict still
+    without a vote keeps its real period."""
+    rows = pool_disputes(chain, pool)
+    still = [r for r in rows if r["outcome"] == "open"]
+    if not still:
+        return rows
+    if all(r["uphold"] + r["overturn"] > 0 for r in still):
+        ahead = max(int(r["until"]) for r in still) - chain.backend.now()
+        if ahead > 0:
+            chain.backend.advance_time(ahead + 1)
+    return None
 
 
 def ledger(root: Path) -> dict[str, Any]:

@@ -23,7 +23,6 @@ import pytest
 
 from meshrl.network.keys import dev_account
 from meshrl.protocol import Protocol, WorkStatus
-from meshrl.protocol.history import pool_disputes
 from meshrl.rl.network_source import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.anvil, pytest.mark.timeout(1500)]
@@ -47,11 +46,6 @@ def _account(address: str) -> Any:
                 if dev_account(i).address.lower() == address.lower())
 
 
-def _settled(chain: Protocol, pool: int) -> list[dict[str, Any]] | None:
-    rows = pool_disputes(chain, pool)
-    return rows if rows and all(r["outcome"] != "open" for r in rows) else None
-
-
 @pytest.fixture(scope="module")
 def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
     run = nu.run_network(tmp_path_factory.mktemp("network"), CONFIG, "disputes",
@@ -59,8 +53,9 @@ def net(tmp_path_factory) -> Iterator[dict[str, Any]]:
     root, proc = next(run)
     try:
         info, chain = nu.info(root), nu.chain(root)
-        # the last verdicts settle a dispute period (60 s, + 30 s when challenged) after them
-        disputes = nu.wait(lambda: _settled(chain, info["pool_id"]), 300,
+        # the last verdicts settle a dispute period (60 s, + 30 s when challenged) after them,
+        # cut short once each has its vote (`settled_verdicts`)
+        disputes = nu.wait(lambda: nu.settled_verdicts(chain, info["pool_id"]), 300,
                            "verdicts still open", every=1.0)
         facts = {"root": root, "info": info, "disputes": disputes,
                  "events": chain.events().poll(), "ledger": nu.ledger(root),

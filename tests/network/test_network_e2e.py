@@ -28,7 +28,6 @@ import pytest
 
 from meshrl.network.keys import dev_account
 from meshrl.protocol import Protocol, WorkStatus
-from meshrl.protocol.history import pool_disputes
 from meshrl.rl.network_source import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.anvil, pytest.mark.timeout(900)]
@@ -61,8 +60,9 @@ def net(tmp_path_factory) -> Iterator[tuple[Path, subprocess.Popen[bytes], Claim
     root, proc = next(run)
     try:
         # verdicts are disputable: the last ones settle a dispute period after they were made
+        # (cut short once each has its vote: `settled_verdicts`)
         chain, pool = nu.chain(root), nu.info(root)["pool_id"]
-        nu.wait(lambda: all(d["outcome"] != "open" for d in pool_disputes(chain, pool)), 300,
+        nu.wait(lambda: nu.settled_verdicts(chain, pool) is not None, 300,
                 "verdicts still open", every=1.0)
         claim = _claim_after_the_lock(root)
         yield root, proc, claim

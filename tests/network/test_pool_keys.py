@@ -170,7 +170,8 @@ def test_generated_keys_own_the_chain_and_join_names_them(tmp_path) -> None:
     from meshrl.protocol import Deployment, Protocol
     from meshrl.protocol.anvil import AnvilNode
 
-    base = 24500 + (os.getpid() % 100) * 20
+    # clear of `run_network`'s 21000-27040, which a parallel worker may be using (make test)
+    base = 28000 + (os.getpid() % 100) * 20
     lay = _layout(tmp_path, "--public_host", "127.0.0.2", "--base_port", str(base))
     node = AnvilNode(port=base)
     backend = node.start()

@@ -17,6 +17,7 @@ from meshrl.network.keys import DevKeys
 from meshrl.network.roles import Layout, RoleSpec, build_roles
 from meshrl.network.supervisor import RoleFailed, Supervisor
 from meshrl.pool import RULE_FIELDS, tasks_config
+from meshrl.protocol.anvil import _free_port
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -88,7 +89,7 @@ def test_critical_role_finishing_is_reported_once(tmp_path: Path) -> None:
 
 def test_kill_nine_then_restart_and_health_wait(tmp_path: Path) -> None:
     sup = Supervisor(tmp_path, backoff_s=0.1)
-    port = 18000 + (int(time.time() * 1000) % 2000)
+    port = _free_port()  # not a fixed range: `make test` runs two workers beside a network
     server = _py(f"import http.server as h; h.HTTPServer(('127.0.0.1', {port}), "
                  "h.SimpleHTTPRequestHandler).serve_forever()")
     p = sup.start(RoleSpec("web", server, health=f"http://127.0.0.1:{port}/"), ready_timeout=30)
@@ -101,6 +102,7 @@ def test_kill_nine_then_restart_and_health_wait(tmp_path: Path) -> None:
     assert ev == ["start", "killed", "died", "start", "stopped"]
 
 
+@pytest.mark.timing
 def test_stop_is_clean_and_fast(tmp_path: Path) -> None:
     sup = Supervisor(tmp_path)
     for i in range(3):
@@ -162,7 +164,7 @@ def test_role_configs_share_the_pool_rules(tmp_path: Path) -> None:
 def test_fault_plan_kills_and_measures_recovery(tmp_path: Path) -> None:
     from meshrl.network.faults import Faults
 
-    port = 20000 + (int(time.time() * 1000) % 2000)
+    port = _free_port()
     plan = tmp_path / "faults.toml"
     plan.write_text('settle_s = 0.5\n[[kill]]\nrole = "web"\nat_s = 0.3\n'
                     '[[kill]]\nrole = "sleeper"\nat_s = 0.6\n')

@@ -319,6 +319,7 @@ async def _held_want(url: str, node: str, wait: float, version: int | None = Non
         return order, time.monotonic() - t0
 
 
+@pytest.mark.timing
 def test_a_held_work_order_is_answered_when_the_trainer_wants_more(tmp_path: Path) -> None:
     """`wait=S`: while the demand is met the request is held, and answered as soon as the
     trainer's next word wants a file (not at the next poll); with nothing new it is answered
@@ -363,6 +364,7 @@ def test_a_held_work_order_is_answered_when_the_trainer_wants_more(tmp_path: Pat
     asyncio.run(t())
 
 
+@pytest.mark.timing
 def test_a_held_ledger_read_is_answered_at_the_next_acceptance(tmp_path: Path) -> None:
     """The trainer's `GET /ledger?accepted_after=N&wait=S` returns when a file is accepted,
     not at its next poll; the orchestrator caps the hold at `work.max_hold_s`."""

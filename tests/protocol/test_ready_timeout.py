@@ -14,6 +14,7 @@ from meshrl.protocol.local import connect
 DEAD_URL = "http://127.0.0.1:9"  # discard port: nothing listens, connections are refused
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("wait_s", [0.2, 1.5])
 def test_a_dead_endpoint_is_given_up_on_after_ready_timeout(wait_s: float) -> None:
     t0 = time.monotonic()

@@ -90,6 +90,7 @@ def _call(method: str, params: list, id_: int = 1) -> dict:
     return {"jsonrpc": "2.0", "id": id_, "method": method, "params": params}
 
 
+@pytest.mark.timing
 @pytest.mark.anvil
 def test_code_running_calls_get_at_most_max_gas(serve, contracts) -> None:
     """Before: a call with no gas ran with anvil's block gas limit (30 M), one with 2^40 with
@@ -129,6 +130,7 @@ def test_an_endless_loop_with_2_40_gas_costs_the_default_cap(serve, contracts) -
     assert min(times) < 1.0, times
 
 
+@pytest.mark.timing
 @pytest.mark.anvil
 def test_a_flood_of_heavy_batches_from_one_address_leaves_others_served(
         serve, contracts) -> None:
@@ -223,6 +225,7 @@ def test_callers_are_ips_and_ipv6_slash_64s() -> None:
     assert caller_of("2001:db8:1:2::1") != caller_of("2001:db8:1:3::1")
 
 
+@pytest.mark.timing
 @pytest.mark.anvil
 def test_half_sent_heads_cannot_take_the_filters_descriptors(anvil_backend, tmp_path) -> None:
     """400 connections that send half a request head, against the filter process with 256

@@ -27,6 +27,9 @@ from .conftest import (
 )
 from .test_transport import receiver
 
+# rates and who gets the upload, measured in wall-clock time: run alone (tests/conftest.py)
+pytestmark = pytest.mark.timing
+
 FAST = ClientConfig(poll_interval=0.05, backoff=0.01, wait_timeout=15, fsync=False)
 RELAY = {RELAY_HEADER: "1"}
 

@@ -8,6 +8,7 @@ from meshrl.shardcast.ratelimit import TokenBucket
 from .conftest import run
 
 
+@pytest.mark.timing
 def test_rate_is_held_from_the_first_byte():
     async def main():
         bucket = TokenBucket(rate=2_000_000, burst=100_000)

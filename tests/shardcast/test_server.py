@@ -2,6 +2,7 @@ import asyncio
 import time
 
 import aiohttp
+import pytest
 
 from meshrl.shardcast import Origin, OriginConfig, ServerConfig
 
@@ -71,6 +72,7 @@ def test_health_manifest_shards_and_ranges(tmp_path):
     assert health["counters"]["shard_misses"] == 1  # /v/6 is refused before
 
 
+@pytest.mark.timing
 def test_long_poll_returns_when_a_version_appears(tmp_path):
     src = make_file(tmp_path / "w.bin", 1000, 2)
 

@@ -76,6 +76,7 @@ def test_printing_an_expected_output_without_computing_scores_zero(task) -> None
     assert task.score(p, fenced(f"print({first.strip()!r})\n")) == 0.0
 
 
+@pytest.mark.timing
 def test_infinite_loop_scores_zero_within_the_wall_clock(task) -> None:
     t = time.monotonic()
     assert task.score(sum_problem(task), fenced("while True:\n    pass\n")) == 0.0
@@ -94,6 +95,7 @@ def _nobody_processes() -> int:
     return n
 
 
+@pytest.mark.timing
 def test_fork_bomb_scores_zero_and_leaves_no_process(task) -> None:
     before = _nobody_processes()
     bomb = ("import os\nwhile True:\n    try:\n        os.fork()\n"

@@ -32,6 +32,7 @@ def _gone(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
 
 
+@pytest.mark.timing
 def test_a_hanging_answer_ends_at_the_deadline_and_its_child_is_gone():
     s = KillableScorer()
     try:
@@ -52,6 +53,7 @@ def test_a_hanging_answer_ends_at_the_deadline_and_its_child_is_gone():
         s.close()
 
 
+@pytest.mark.timing
 def test_the_event_loop_keeps_beating_while_a_row_hangs(tmp_path):
     """Validator-shaped: the reward is computed in `asyncio.to_thread` (as the judge runs
     `verify_files`) while a heartbeat task ticks; before, the hung row starved every thread."""
@@ -150,6 +152,7 @@ def _timed(fn, *args):
     return out, time.monotonic() - t0
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(120)
 def test_a_reasoning_gym_answer_that_hangs_its_scorer_scores_0_at_the_deadline():
     import random
@@ -166,6 +169,7 @@ def test_a_reasoning_gym_answer_that_hangs_its_scorer_scores_0_at_the_deadline()
     assert compute_reward(p, "<answer>1+1</answer>", 5, tasks).task == 0.05  # its own scale
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(120)
 def test_a_verifiers_reward_that_backtracks_forever_scores_0_at_the_deadline(monkeypatch):
     from meshrl.tasks import EnvironmentConfig

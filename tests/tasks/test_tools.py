@@ -37,6 +37,7 @@ def test_tools_no_validator_can_rerun_are_refused_at_build_in_one_line():
         ToolArithmeticConfig(episode=EpisodeConfig(tools=[ToolSpec(name="search")])).build()
 
 
+@pytest.mark.timing
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 def test_the_python_tool_is_sandboxed_seeded_clock_pinned_and_bounded():
     """Same call and seed, same output (random seeded, time pinned); no network; a program

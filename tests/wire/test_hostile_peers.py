@@ -73,6 +73,7 @@ def code_of(answer: Any) -> str:
 
 # --- 1. nobody spends another's budget ------------------------------------------------------
 
+@pytest.mark.timing
 @guarded(rate_per_minute=60, rate_burst=5)
 def test_replays_and_forgeries_spend_no_one_elses_budget(service: HostileService) -> None:
     url = service.url
@@ -222,6 +223,7 @@ def _with(example: dict[str, Any], path: tuple[Any, ...]) -> dict[str, Any]:
     return data
 
 
+@pytest.mark.timing
 @guarded(rate_per_minute=100_000, rate_burst=100_000)
 def test_every_field_with_an_unservable_value_is_a_typed_4xx(service: HostileService) -> None:
     url = service.url
@@ -289,6 +291,7 @@ def _length(data: bytes) -> int:
 @pytest.mark.parametrize("timestamp", ["\u0661\u0667\u0660\u0660", "\u00b9\u00b2\u00b3",
                                        "\uff11\uff12\uff13", "1_700_000_000", "+1700000000",
                                        "1700000000.5", "-1"])
+@pytest.mark.timing
 def test_non_ascii_or_odd_timestamp_digits_are_malformed(service: HostileService,
                                                          timestamp: str) -> None:
     h = sign_request(HONEST_KEY, "POST", "/heartbeat", HB, audience=AUD).as_dict()

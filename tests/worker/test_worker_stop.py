@@ -44,6 +44,7 @@ class HoldingServer:
             c.close()
 
 
+@pytest.mark.timing
 def test_sigterm_during_the_first_policy_fetch_stops_the_worker_in_seconds(tmp_path) -> None:
     source = HoldingServer()
     work = {"step": 0, "max_units_per_file": 100_000, "slot_ttl_s": 20.0,
