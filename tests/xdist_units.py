@@ -6,9 +6,11 @@ from __future__ import annotations
 
 __all__ = ["NETWORK_UP", "unit"]
 
-# every module that calls `netutil.run_network` (tests/test_xdist_units.py checks the list)
-NETWORK_UP = frozenset(f"tests/network/test_{m}_e2e.py" for m in (
-    "disputes", "faults", "mixed_pool", "network", "task_mix"))
+# every module that calls `netutil.run_network` (tests/test_xdist_units.py checks the list),
+# and the Ctrl-C test, whose `network up` processes start through bench_network_stop.measure
+NETWORK_UP = frozenset({*(f"tests/network/test_{m}_e2e.py" for m in (
+    "disputes", "faults", "mixed_pool", "network", "task_mix", "tools")),
+    "tests/network/test_network_stop.py"})
 
 
 def unit(nodeid: str) -> str:

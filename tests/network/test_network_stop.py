@@ -15,7 +15,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from bench_network_stop import events, measure
 
-pytestmark = [pytest.mark.slow, pytest.mark.anvil, pytest.mark.timeout(900)]
+# `timing`: it asserts a wall-clock bound, so it runs after the parallel part, alone
+pytestmark = [pytest.mark.slow, pytest.mark.anvil, pytest.mark.timing, pytest.mark.timeout(900)]
 
 
 @pytest.mark.parametrize("phase", ["chain", "warm", "rl"])
