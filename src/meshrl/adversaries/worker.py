@@ -1,3 +1,4 @@
+# over 400 lines: the catalogue of cheats, one small function each, so a test can name any of them
 """The adversary: realistic dishonest workers, so tests can show the validator catches each one.
 
 Each cheat is what a worker that wants rewards without the work (or with easier work) would do:

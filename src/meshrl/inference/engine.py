@@ -1,3 +1,5 @@
+# over 400 lines: the engine's prefill, decode loop and weight reload share one KV-cache layout and
+#  are read together
 """The CPU rollout engine: batched KV-cache generation, prefill scoring and hot weight reload.
 
 A batch is left-padded so every row writes the same cache slot at each decode step and generated

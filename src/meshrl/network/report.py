@@ -1,3 +1,4 @@
+# over 400 lines: the end-of-run report: one reader per source and the markdown they make
 """The end-of-run report (`report.json` + `report.md` in the run directory).
 
 Sources, each what its role wrote or serves: the trainer's `metrics.jsonl` (curves, accuracy)

@@ -1,3 +1,5 @@
+# over 400 lines: one thin handler per route of the orchestrator's API; splitting them would scatter
+#  the route table
 """The orchestrator's HTTP API: one handler per route, each a thin layer over `State`, the file
 store and the chain view. Who may call what:
 

@@ -1,3 +1,5 @@
+# over 400 lines: the orchestrator's SQLite schema and every transaction on it, so each change is
+#  one place
 """The orchestrator's state in SQLite (WAL): nodes, invites, upload slots, the file ledger and
 the chain cursor. Every change is one transaction committed before the HTTP answer, so a
 restarted orchestrator (even after `kill -9`) has everything it acknowledged.

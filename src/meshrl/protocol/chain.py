@@ -1,3 +1,5 @@
+# over 400 lines: the typed client of every contract function and event, mirroring the Vyper modules
+#  in one class
 """The typed Python client of the protocol contracts: deploy the set, act as any role, read
 state and events. Every transaction is signed locally; every revert raises `TxReverted`."""
 

@@ -1,3 +1,5 @@
+# over 400 lines: `meshrl chain`'s command table and each command's config beside its few lines of
+#  action
 """`meshrl chain ...`: run a local chain, deploy, and the main protocol actions from a shell."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# over 400 lines: `meshrl train`'s run: the warm start, the RL loop and their stops, which share the
+#  run's state
 """`meshrl train`: supervised warm-start, then asynchronous GRPO-family RL.
 
 The loop in `RLRun.run` is the algorithm: take the batch for this step (generated concurrently by

@@ -1,3 +1,5 @@
+# over 400 lines: the trainer's side of a pool: the ledger's files in, policy versions out, by one
+#  strategy per broadcast mode
 """The trainer on a pool: batches are accepted rollout files from the orchestrator's ledger,
 every policy version goes out through a shardcast origin store.
 

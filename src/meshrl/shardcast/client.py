@@ -1,3 +1,5 @@
+# over 400 lines: one fetch: server choice, parallel verified shards, resumption and the atomic
+#  rename share the fetch's state
 """The shardcast client: fetch a version from several servers at once, verified, atomically.
 
 A fetch finds the version (waiting for it if no server has it yet), takes its manifest (only

@@ -1,3 +1,5 @@
+# over 400 lines: the manifest format, its signature and every byte check of a version: one format,
+#  one module
 """Shardcast manifests: what a version is made of, and how every byte of it is checked.
 
 A version is one file or one directory of files (a checkpoint). Each file is cut into shards of

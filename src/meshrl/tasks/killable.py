@@ -1,3 +1,5 @@
+# over 400 lines: the killable, sandboxed scoring child's parent side: start, build, deadline,
+#  restart and the sandbox's binds
 """Scoring untrusted completion text in a child process that is killed at a deadline.
 
 A math answer such as `\\boxed{9^{9^{9^{9}}}}` sends sympy into an integer power that holds the

@@ -1,3 +1,5 @@
+# over 400 lines: the TOPLOC proof: encode, decode and verify one wire format (bit-compatible with
+#  the reference)
 """TOPLOC proofs: commit to the top-k final hidden states of each chunk of generated tokens.
 
 Follows the public description (arXiv 2501.16007) and the wire format of the existing TOPLOC

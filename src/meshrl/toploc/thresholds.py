@@ -1,3 +1,5 @@
+# over 400 lines: every profile's thresholds beside the one decision that uses them, so a bound and
+#  its use cannot drift
 """Accept or reject a rollout from its ChunkResults, with fixed or calibrated thresholds.
 
 The TOPLOC paper's thresholds (<= 38 exponent mismatches of 128, mantissa error mean <= 10,

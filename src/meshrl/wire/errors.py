@@ -1,3 +1,5 @@
+# over 400 lines: the one table of every refusal code with its class and family (the contract
+#  between all roles)
 """Typed errors of the wire. Every refusal a service makes has an `ErrorCode` (which fixes its
 HTTP status), and is answered as `{"error": <short reason>, "code": <code>, "detail": ...}`.
 The client raises one `WireHTTPError` subclass per code, so callers branch on the type, never

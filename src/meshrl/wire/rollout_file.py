@@ -1,3 +1,5 @@
+# over 400 lines: the rollout file format: schema, writer and the bounded, validating reader, which
+#  must agree byte for byte
 """The rollout file: one Parquet file per batch a node generated for one step.
 
 File-level fields live in the Parquet key-value metadata under `meshrl.rollout` as JSON

@@ -1,3 +1,5 @@
+# over 400 lines: the one HTTP stack every service uses: routes, middleware, guards and the typed
+#  answer, kept in one place so no service differs
 """One HTTP stack for every service: aiohttp routes declared with pydantic models.
 
 A service lists `Route`s; `build_app` turns them into an aiohttp application whose middleware

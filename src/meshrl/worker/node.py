@@ -1,3 +1,5 @@
+# over 400 lines: the node's life read top to bottom (check, onboard, generate, deliver), one phase
+#  a method
 """The worker process: check, onboard, then generate -> outbox -> upload -> submit, forever.
 
 Reads top to bottom as the node's life: `run` checks the machine, onboards (chain, discovery,
