@@ -29,6 +29,7 @@ from meshrl.network.keys import (
     write_key_file,
 )
 from meshrl.network.roles import Layout, build_roles
+from meshrl.network.supervisor import Supervisor
 from meshrl.network.up import _devnet
 from meshrl.validator.config import ValidatorKeysConfig
 from meshrl.validator.keys import load_validator_key
@@ -179,7 +180,8 @@ def test_generated_keys_own_the_chain_and_join_names_them(tmp_path) -> None:
     try:
         keys = lay.keys()
         (lay.root / "logs").mkdir(parents=True)
-        pool = _devnet(lay, keys)
+        sup = Supervisor(lay.root, 1.0, 3)
+        pool = _devnet(sup, lay, keys)
         p = Protocol(backend, Deployment.load(lay.deployment))
         assert p.federator() == keys.federator().address
         assert p.pool(pool).manager == keys.manager().address

@@ -96,8 +96,9 @@ def test_the_rule_is_in_the_digest_and_full_replay_keeps_the_old_one():
     assert sampled.digest() != full.digest()
     assert PoolRules(pool_id=1, replay={"rows_fraction": 0.5}).digest() != sampled.digest()
     # full replay: the digest of the same rules from before the field existed (and before
-    # policy_signer and prompt_format, whose unset/raw values also keep the old digest)
+    # policy_signer, prompt_format and batch, whose unset/raw/per-file values also keep the
+    # old digest)
     old = full.model_dump(mode="json")
-    del old["replay"], old["policy_signer"], old["prompt_format"]
+    del old["replay"], old["policy_signer"], old["prompt_format"], old["batch"]
     canonical = json.dumps(old, sort_keys=True, separators=(",", ":")).encode()
     assert full.digest() == hashlib.sha256(canonical).hexdigest()

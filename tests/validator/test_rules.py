@@ -69,6 +69,7 @@ DRIFTED: dict[str, Drift] = {
                            "'0x1563915e194D8CfBA1943570603F7606A3115508'",
                            "'0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A'"),
     "replay": Drift({"rows_fraction": 1.0}, "replay.rows_fraction", "1.0", "0.25"),
+    "batch": Drift({"files": 4, "max_delay_s": 10.0}, "batch.files", "4", "1"),
 }
 
 

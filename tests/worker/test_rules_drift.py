@@ -50,6 +50,8 @@ DRIFT: dict[str, tuple[Any, str]] = {
                       "'0x19E7E376E7C213B7E7e7e46cc70A5dD086DAff2A', the pool publishes None"),
     "replay": ({"rows_fraction": 1.0},
                "rules.replay.rows_fraction: configured 1.0, the pool publishes 0.25"),
+    "batch": ({"files": 4, "max_delay_s": 10.0},
+              "rules.batch.files: configured 4, the pool publishes 1"),
 }
 
 

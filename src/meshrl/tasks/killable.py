@@ -325,7 +325,8 @@ def _read_only_roots() -> list[str]:
 
 def _sandbox_command() -> list[str]:
     """bwrap running the scoring child (see the module's docstring for what it may touch)."""
-    mounts = ["--ro-bind", "/usr", "/usr"]
+    # the private /tmp first: a bind below /tmp (a checkout there) then shows through it
+    mounts = ["--size", str(_TMP_BYTES), "--tmpfs", "/tmp", "--ro-bind", "/usr", "/usr"]
     for link in ("bin", "lib", "lib64", "sbin"):
         if os.path.islink(f"/{link}"):
             mounts += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
@@ -338,7 +339,6 @@ def _sandbox_command() -> list[str]:
     paths = [os.path.abspath(p) for p in sys.path if p and os.path.exists(p)]
     return [_bwrap(), "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
             "--new-session", "--cap-drop", "ALL", *mounts, "--proc", "/proc", "--dev", "/dev",
-            "--size", str(_TMP_BYTES), "--tmpfs", "/tmp",
             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--clearenv",
             "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
             "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONPATH", os.pathsep.join(paths),

@@ -146,6 +146,16 @@ def _forked_row(task: Any, req: dict[str, Any]) -> float | None:
     return score if 0.0 <= score <= 1.0 else 0.0
 
 
+def _mounts_below_tmp() -> list[str]:
+    """The mount points under /tmp (the sandbox's binds of directories that live there)."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            points = [line.split()[4] for line in f]
+    except OSError:
+        return []
+    return [p for p in points if p.startswith("/tmp/")]
+
+
 def _sweep() -> bool:
     """Kill every process of the sandbox but bwrap's init (1) and this one; empty `/tmp`.
     False when processes keep appearing (the caller exits; the parent starts a fresh sandbox)."""
@@ -163,8 +173,11 @@ def _sweep() -> bool:
         time.sleep(0.001)
     else:
         return False
+    bound = _mounts_below_tmp()
     for name in os.listdir("/tmp"):
         path = os.path.join("/tmp", name)
+        if any(m == path or m.startswith(path + "/") for m in bound):
+            continue  # a read-only bind of the import path (a checkout under /tmp)
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
         else:
