@@ -62,8 +62,14 @@ def network_up(cfg: NetworkConfig) -> int:
     def on_signal(signum: int, _frame: Any) -> None:
         interrupted.append((signum, time.monotonic()))
 
-    def give_up() -> bool:  # the report's reads end by REPORT_BY_S after a signal
-        return bool(interrupted) and time.monotonic() > interrupted[0][1] + REPORT_BY_S
+    def hurried() -> bool:
+        # a stop before the trainer finished is cut to STOP_S; after it (a network kept
+        # serving, `after_training = "serve"`) the stop is the end of the run, and its report
+        # is written whole: a few seconds, more on a loaded machine
+        return bool(interrupted) and not outcome.startswith("trained")
+
+    def give_up() -> bool:  # the report's reads end by REPORT_BY_S after a hurried signal
+        return hurried() and time.monotonic() > interrupted[0][1] + REPORT_BY_S
 
     sup.should_stop = lambda: bool(interrupted)
 
@@ -132,11 +138,11 @@ def network_up(cfg: NetworkConfig) -> int:
             report.start()
         while report.is_alive():
             report.join(0.1)
-            if interrupted and time.monotonic() > interrupted[0][1] + REPORT_BY_S + 1.0:
+            if hurried() and time.monotonic() > interrupted[0][1] + REPORT_BY_S + 1.0:
                 log_event(log, "report cut short", by_s=REPORT_BY_S + 1.0)
                 break
         # the services get what is left of STOP_S (2 s kept for anvil and this process's exit)
-        left = interrupted[0][1] + STOP_S - 2.0 - time.monotonic() if interrupted else 10.0
+        left = interrupted[0][1] + STOP_S - 2.0 - time.monotonic() if hurried() else 10.0
         sup.stop_all(max(SERVICE_GRACE_S, left))
         if interrupted:
             sup.event("network stopped", "supervisor", outcome=outcome,
