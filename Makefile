@@ -68,10 +68,9 @@ demo-smollm2: setup-smollm2
 train-smollm2: setup-smollm2
 	$(BIN)/meshrl train configs/smollm2.toml
 
-# three pytest-xdist workers (most e2e tests wait more than they compute: 2 left the cores
-# half idle; tests/conftest.py: each module one unit, the longest first, at most
+# two pytest-xdist workers (tests/conftest.py: each module one unit, the longest first, at most
 # one `network up` at a time), then, alone, the few tests that assert on wall-clock time
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 test: setup
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \

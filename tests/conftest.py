@@ -1,8 +1,6 @@
 """Fixtures and rules shared by every test package.
 
-`make test` runs the suite on three pytest-xdist workers (`-n 3 --dist loadscope`: most end to
-end tests wait on processes more than they compute, and two workers left the 2 cores half
-idle); the hooks
+`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadscope`); the hooks
 below make that safe and balanced:
 - each module is one unit of work (a module-scoped fixture, a chain or a network, is built
   once, on one worker), and the modules that boot a whole `meshrl network up` (anvil and a
@@ -11,7 +9,7 @@ below make that safe and balanced:
   whose node ids it can no longer suffix);
 - the longest units are handed out first (the networks, then `slow`, then `anvil` modules),
   so that no long module starts last while the other worker sits idle;
-- each worker runs torch on one thread: workers with two threads each on 2 cores spin
+- each worker runs torch on one thread: two workers with two threads each on 2 cores spin
   against each other;
 - tests marked `timing` (they assert on wall-clock time) are left to a second, serial run
   (the Makefile's `test`), so they never share the cores with a running network.
