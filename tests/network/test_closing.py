@@ -11,14 +11,12 @@ import time
 from typing import Any
 
 import pytest
-from eth_account import Account
 
 from meshrl.network.closing import drain, mine, rewards_left
 from meshrl.network.report import works_history
-from meshrl.protocol import Protocol, ProtocolParams, deploy
 from meshrl.protocol.anvil import AnvilNode
-from meshrl.protocol.signing import sign_invite
 from meshrl.worker.claims import Claimer
+from pool_member import member_in_pool
 
 pytestmark = pytest.mark.anvil
 TOKEN, RATE, LOCK = 10**18, 10**15, 8
@@ -35,23 +33,8 @@ def anvil_backend():
 def member(anvil_backend, tmp_path):
     """A pool on the session's anvil with one member's 3 items, locked for LOCK seconds."""
     backend = anvil_backend
-    fed, mgr, prov, node = (Account.create() for _ in range(4))
-    for a in (fed, mgr, prov, node):
-        backend.fund(a.address, 10**21)
-    dep = deploy(backend, fed, ProtocolParams(min_stake=10 * TOKEN, stake_per_unit=TOKEN,
-                                              invalidation_window=LOCK, lock_period=LOCK,
-                                              unbonding_delay=LOCK))
-    chain = Protocol(backend, dep, fed)
-    pool = chain.create_pool(chain.create_domain("d"), mgr.address, RATE)
-    chain.start_pool(pool)
-    chain.mint(prov.address, 100 * TOKEN)
-    p = chain.as_(prov)
-    p.register_provider(20 * TOKEN)
-    p.add_node(node, 1)
-    expiry = backend.now() + 3600
-    sig = sign_invite(mgr.key, dep.protocol, backend.chain_id, chain.pool(pool).domain, pool,
-                      node.address, chain.node_generation(node.address), 1, expiry)
-    chain.as_(node).join_pool(pool, node.address, 1, expiry, sig)
+    m = member_in_pool(backend, LOCK, RATE)
+    p, pool, node, dep = m.provider, m.pool, m.node, m.deployment
     for i in range(3):
         p.submit_work(pool, node.address, f"c{i}-{time.time_ns()}".encode().ljust(32)[:32], 10)
     dep_file = tmp_path / "deployment.json"

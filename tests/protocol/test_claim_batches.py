@@ -17,12 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
-from eth_account import Account
 
-from meshrl.protocol import Protocol, ProtocolParams, RpcBackend, deploy
+from meshrl.protocol import Protocol, RpcBackend
 from meshrl.protocol.anvil import _free_port
 from meshrl.protocol.claiming import claim_all, size_bounds
-from meshrl.protocol.signing import sign_invite
+from pool_member import member_in_pool
 
 pytestmark = pytest.mark.anvil
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -35,23 +34,8 @@ def provider(anvil_backend, tmp_path):
     """A fresh deployment on the session's anvil: a provider with ITEMS unlocked items, and its
     key file."""
     backend = anvil_backend
-    fed, mgr, prov, node = (Account.create() for _ in range(4))
-    for a in (fed, mgr, prov, node):
-        backend.fund(a.address, 10**21)
-    dep = deploy(backend, fed, ProtocolParams(min_stake=10 * TOKEN, stake_per_unit=TOKEN,
-                                              invalidation_window=LOCK, lock_period=LOCK,
-                                              unbonding_delay=LOCK))
-    chain = Protocol(backend, dep, fed)
-    pool = chain.create_pool(chain.create_domain("d"), mgr.address, RATE)
-    chain.start_pool(pool)
-    chain.mint(prov.address, 100 * TOKEN)
-    p = chain.as_(prov)
-    p.register_provider(20 * TOKEN)
-    p.add_node(node, 1)
-    expiry = backend.now() + 3600
-    sig = sign_invite(mgr.key, dep.protocol, backend.chain_id, chain.pool(pool).domain, pool,
-                      node.address, chain.node_generation(node.address), 1, expiry)
-    chain.as_(node).join_pool(pool, node.address, 1, expiry, sig)
+    m = member_in_pool(backend, LOCK, RATE)
+    p, pool, node, dep, prov = m.provider, m.pool, m.node, m.deployment, m.account
     for i in range(ITEMS):
         p.submit_work(pool, node.address, f"f{i}-{time.time_ns()}".encode().ljust(32)[:32], 10)
     backend.advance_time(LOCK + 1)

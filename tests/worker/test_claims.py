@@ -13,12 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from eth_account import Account
 
-from meshrl.protocol import Protocol, ProtocolParams, RpcBackend, deploy
+from meshrl.protocol import Protocol, RpcBackend
 from meshrl.protocol.anvil import AnvilNode
-from meshrl.protocol.signing import sign_invite
 from meshrl.worker.claims import Claimer
+from pool_member import member_in_pool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from linkrelay import Link
@@ -41,23 +40,8 @@ def anvil():
 def pool(anvil):
     """A fresh deployment: a started pool, a provider with its node in it."""
     _, backend = anvil
-    fed, mgr, prov, node = (Account.create() for _ in range(4))
-    for a in (fed, mgr, prov, node):
-        backend.fund(a.address, 10**21)
-    dep = deploy(backend, fed, ProtocolParams(min_stake=10 * TOKEN, stake_per_unit=TOKEN,
-                                              invalidation_window=LOCK, lock_period=LOCK,
-                                              unbonding_delay=LOCK))
-    chain = Protocol(backend, dep, fed)
-    pool = chain.create_pool(chain.create_domain("d"), mgr.address, RATE)
-    chain.start_pool(pool)
-    chain.mint(prov.address, 100 * TOKEN)
-    p = chain.as_(prov)
-    p.register_provider(20 * TOKEN)
-    p.add_node(node, 1)
-    expiry = backend.now() + 3600
-    sig = sign_invite(mgr.key, dep.protocol, backend.chain_id, chain.pool(pool).domain, pool,
-                      node.address, chain.node_generation(node.address), 1, expiry)
-    chain.as_(node).join_pool(pool, node.address, 1, expiry, sig)
+    m = member_in_pool(backend, LOCK, RATE)
+    p, pool, node = m.provider, m.pool, m.node
     return p, pool, node
 
 
