@@ -91,15 +91,19 @@ def _orchestrator(info: dict[str, Any], give_up: GiveUp = _never) -> tuple[
             [n.model_dump(mode="json") for n in nodes])
 
 
-def _chain(info: dict[str, Any], verb: str, *args: str, timeout: float = 60,
-           give_up: GiveUp = _never) -> list[Any]:
-    """`meshrl chain <verb>` (a process: the network package does not import the chain
-    client); its JSON lines, or [] when the chain does not answer (in `timeout`, or before
-    `give_up`)."""
+def _start_chain(info: dict[str, Any], verb: str, *args: str) -> subprocess.Popen[str]:
+    """`meshrl chain <verb>` started (a process: the network package does not import the chain
+    client); the report's reads run side by side, each its own process."""
     argv = [sys.executable, "-m", "meshrl.cli", "chain", verb, "--chain.rpc_url",
             info["rpc_url"], "--chain.deployment", info["deployment"], *args]
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                          text=True) as proc:
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def _answer(proc: subprocess.Popen[str], timeout: float = 60,
+            give_up: GiveUp = _never) -> list[Any]:
+    """A started read's JSON lines, or [] when the chain does not answer (in `timeout`, or
+    before `give_up`)."""
+    with proc:
         deadline = time.monotonic() + timeout
         try:  # communicate() in short waits, so `give_up` is heard within 0.2 s
             while True:
@@ -115,21 +119,23 @@ def _chain(info: dict[str, Any], verb: str, *args: str, timeout: float = 60,
     return [json.loads(x) for x in out.splitlines() if x.startswith("{")]
 
 
-def _balances(info: dict[str, Any], others: list[str],
-              give_up: GiveUp = _never) -> dict[str, dict[str, Any]]:
-    """Stake and tokens of the workers' providers and of `others` (members from elsewhere)."""
-    providers = json.dumps(sorted({*(w["provider"] for w in info["workers"].values()),
-                                   *others}))
-    return {r["address"].lower(): r for r in _chain(info, "balances", "--addresses", providers,
-                                                    give_up=give_up)}
+def _start_works(info: dict[str, Any]) -> subprocess.Popen[str]:
+    return _start_chain(info, "works", "--pool", str(info["pool_id"]))
 
 
 def works_history(info: dict[str, Any], give_up: GiveUp = _never) -> dict[str, Any] | None:
     """The pool's work items and their events (`meshrl chain works`), None when the chain does
     not answer (or `give_up` says to stop asking)."""
-    out = _chain(info, "works", "--pool", str(info["pool_id"]), timeout=300, give_up=give_up)
+    out = _answer(_start_works(info), timeout=300, give_up=give_up)
     return out[-1] if out else None
 
+
+def _start_balances(info: dict[str, Any], others: list[str]) -> subprocess.Popen[str]:
+    """Stake, tokens and bond of the workers' providers, the validators and `others` (the
+    providers of members from elsewhere)."""
+    who = {*(w["provider"] for w in info["workers"].values()), *others,
+           *(v["address"] for v in (info.get("validators") or {}).values())}
+    return _start_chain(info, "balances", "--addresses", json.dumps(sorted(who)))
 
 
 def _accuracy_goal(cfg: NetworkConfig) -> bool:
@@ -318,10 +324,13 @@ def build_report(cfg: NetworkConfig, root: Path, give_up: GiveUp = _never) -> di
     evals = [m for m in metrics if m.get("kind") == "eval" and m.get("phase") == "rl"]
     reached = next((m for m in evals if m["accuracy"] >= 0.8), None)
     records = _lines(root / "trainer" / "rollouts.jsonl")
+    works = _start_works(info)  # the chain's reads go on while the orchestrator is read
     read, pool = _orchestrator(info, give_up)
     ledger = read or []
-    chain = works_history(info, give_up)
-    others = external_nodes(info, ledger, pool, chain)
+    known = external_nodes(info, ledger, pool, None)  # those with a provider named
+    balances = _start_balances(info, [x["provider"] for x in known.values() if x["provider"]])
+    chain = next(iter(_answer(works, 300, give_up)[-1:]), None)
+    held = {r["address"].lower(): r for r in _answer(balances, 60, give_up)}
     verdicts = _verdicts(root, info)
     facts = RunFacts(records=records, ledger=ledger, chain=chain, workers=info["workers"],
                      cheat_after=cfg.workers.cheat.after_step,
@@ -340,9 +349,7 @@ def build_report(cfg: NetworkConfig, root: Path, give_up: GiveUp = _never) -> di
         "curves": None,
         "checks": [c.as_dict() for c in run_checks(facts, ledger_read=read is not None)],
         "phase": "rl" if facts.rl_started else "warm start",
-        "nodes": _node_rows(info, ledger, records, chain,
-                            _balances(info, [x["provider"] for x in others.values()
-                                             if x["provider"]], give_up), pool),
+        "nodes": _node_rows(info, ledger, records, chain, held, pool),
         "chain": None if chain is None else {"block": chain["block"], "now": chain["now"]},
         "versions": _broadcast(root, list(info["workers"])),
         "restarts": [e for e in events if e["event"] in ("died", "killed", "recovered", "retired")],
@@ -350,7 +357,7 @@ def build_report(cfg: NetworkConfig, root: Path, give_up: GiveUp = _never) -> di
         "invalidations": [v for v in verdicts if v.get("verdict") != "accept"],
         "flow": _flow(metrics, records, ledger),
         "cpu": _cpu(root),
-        "disputes": _dispute_section(chain, info),
+        "disputes": _dispute_section(chain, info, held),
     }
 
 
@@ -361,7 +368,8 @@ def _verdicts(root: Path, info: dict[str, Any]) -> list[dict[str, Any]]:
             if r.get("msg") == "verdict"]
 
 
-def _dispute_section(chain: dict[str, Any] | None, info: dict[str, Any]) -> dict[str, Any]:
+def _dispute_section(chain: dict[str, Any] | None, info: dict[str, Any],
+                     held: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The verdicts' disputes: counts (accused, challenged, upheld, overturned, open, bond
     moved) in all and per validator, with each validator's bond now."""
     if chain is None:
@@ -370,10 +378,7 @@ def _dispute_section(chain: dict[str, Any] | None, info: dict[str, Any]) -> dict
     who = {v["address"].lower(): n for n, v in (info.get("validators") or {}).items()}
     per = {n: {**dispute_counts([d for d in ds if d["validator"].lower() == a]),
                "rogue": info["validators"][n]["rogue"]} for a, n in who.items()}
-    bonds = {r["address"].lower(): r.get("bond") for r in _chain(
-        info, "balances", "--addresses", json.dumps([v["address"] for v in
-                                                     info["validators"].values()]))} if who \
-        else {}
+    bonds = {a: r.get("bond") for a, r in held.items()}
     for a, n in who.items():
         per[n]["bond"] = bonds.get(a)
     return {"counts": dispute_counts(ds), "validators": per}

@@ -45,8 +45,8 @@ __all__ = ["CLIENT_GRACE_S", "REPORT_BY_S", "STOP_S", "network_up", "where_to_lo
 log = get_logger("meshrl.network")
 STOP_S = 15.0  # a Ctrl-C ends the network within this long, whatever its phase
 CLIENT_GRACE_S = 5.0  # workers, validators and the trainer: SIGTERM, then this long together
-REPORT_BY_S = 5.0  # the report reads what answers until this long after the signal (a loaded
-# machine needs the rest of STOP_S for the services, anvil and this process's exit)
+REPORT_BY_S = 8.0  # the report reads what answers until this long after the signal (the
+# services and anvil get the rest of STOP_S; its chain reads take 3 s after a 200-step pool)
 SERVICE_GRACE_S = 2.0  # at least, each later tier: the services, then the chain
 DRAIN_GRACE_S = 20.0  # a draining pool stops the roles that take work without hurry
 

@@ -22,6 +22,7 @@ from web3.exceptions import TimeExhausted
 from web3.types import TxReceipt
 
 from meshrl.protocol.errors import HTTP_REFUSALS, ChainError, TxReverted, reverted
+from meshrl.protocol.viewcall import view_call
 
 __all__ = ["Backend", "EthTesterBackend", "RpcBackend", "revert_reason"]
 
@@ -150,15 +151,34 @@ class Backend:
         out: list[Any] = []
         for i in range(0, len(fns), chunk):
             part = fns[i:i + chunk]
+            # encoded here once per function where its types allow (viewcall.py: web3's own
+            # encoding hashed every signature of the ABI per call)
+            raw = [view_call(fn) for fn in part]
             try:
-                with self.w3.batch_requests() as batch:
-                    for fn in part:
-                        batch.add(fn)
-                    got = batch.execute()
+                got = self._raw_batch(raw) if None not in raw else None
+                if got is None:
+                    with self.w3.batch_requests() as batch:
+                        for fn in part:
+                            batch.add(fn)
+                        got = batch.execute()
             except Exception:  # no batches here, or not this many: one by one
                 got = [self.call(fn) for fn in part]
             out.extend(got)
         return out
+
+    def _raw_batch(self, calls: list[Any]) -> list[Any] | None:
+        """Encoded view calls (`view_call`) in one JSON-RPC batch sent by the provider itself
+        (web3's request formatters took another 0.8 ms a call); None where the provider has no
+        batches, or the node answered one call with an error (the caller asks again its way)."""
+        send = getattr(self.w3.provider, "make_batch_request", None)
+        if send is None:
+            return None
+        answers = send([("eth_call", [tx, "latest"]) for tx, _ in calls])  # type: ignore[misc]
+        if not isinstance(answers, list) or len(answers) != len(calls) or any(
+                "result" not in a for a in answers):
+            return None
+        return [decode(bytes.fromhex(str(a["result"]).removeprefix("0x")))
+                for a, (_, decode) in zip(answers, calls, strict=True)]
 
     def _call_guarded(self, thunk: Any) -> Any:
         try:
