@@ -62,11 +62,13 @@ def network_up(cfg: NetworkConfig) -> int:
     def on_signal(signum: int, _frame: Any) -> None:
         interrupted.append((signum, time.monotonic()))
 
+    serving: list[float] = []  # when a network kept serving after training began to
+
     def hurried() -> bool:
-        # a stop before the trainer finished is cut to STOP_S; after it (a network kept
-        # serving, `after_training = "serve"`) the stop is the end of the run, and its report
-        # is written whole: a few seconds, more on a loaded machine
-        return bool(interrupted) and not outcome.startswith("trained")
+        # a stop is cut to STOP_S, in every phase, the report's included; only one of a
+        # network kept serving after its trainer finished (`after_training = "serve"`) is the
+        # end of the run, and its report is written whole: a few seconds, more when loaded
+        return bool(interrupted) and not (serving and interrupted[0][1] >= serving[0])
 
     def give_up() -> bool:  # the report's reads end by REPORT_BY_S after a hurried signal
         return hurried() and time.monotonic() > interrupted[0][1] + REPORT_BY_S
@@ -101,6 +103,7 @@ def network_up(cfg: NetworkConfig) -> int:
                 outcome = "trained"
                 if cfg.after_training == "stop":
                     break
+                serving.append(time.monotonic())
             late = cfg.max_minutes and time.monotonic() - t0 > 60 * cfg.max_minutes
             if late and outcome != "trained":
                 outcome = "time limit"
