@@ -43,7 +43,8 @@ def test_kill9_at_every_phase_loses_nothing_and_submits_once(net):
     _, node, _ = fund_provider(net, "crash")
     work_dir = net.tmp / "w-crash"
     for i, phase in enumerate(PHASES):
-        w = worker(net, "crash", max_files=1, crash_test_pause=4.0)
+        # held at this phase only (120 s: it is killed there), the earlier ones run at speed
+        w = worker(net, "crash", max_files=1, crash_test_pause=120.0, crash_test_phase=phase)
         seen = w.log.read_text().count(f'"phase": "{phase}"') if w.log.exists() else 0
         w.start()
         wait_until(lambda w=w, s=seen, p=phase: _paused_at(w.log, p, s), 240)

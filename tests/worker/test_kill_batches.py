@@ -41,7 +41,7 @@ def test_kill9_at_every_batch_phase_loses_nothing_and_submits_once(net):
     _, node, _ = fund_provider(net, "crashb")
     work_dir = net.tmp / "w-crashb"
     for i, phase in enumerate(PHASES):
-        w = worker(net, "crashb", max_files=2, crash_test_pause=2.5)
+        w = worker(net, "crashb", max_files=2, crash_test_pause=120.0, crash_test_phase=phase)
         seen = w.log.read_text().count(f'"phase": "{phase}"') if w.log.exists() else 0
         w.start()
         wait_until(lambda w=w, s=seen, p=phase: _paused_at(w.log, p, s), 240)

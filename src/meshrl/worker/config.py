@@ -141,6 +141,9 @@ class WorkerConfig(Config):
         0.0, ge=0, description="crash tests only: pause this long at each phase boundary "
         "(counter taken, file written, slot granted, uploaded, submitted on chain), logging "
         "the phase, so a test can kill -9 the worker inside each phase")
+    crash_test_phase: str = Field(
+        "", max_length=64, description="crash tests only: pause only at this phase (its name "
+        "as the `crash-test pause` log line gives it); empty: at every phase")
     backend: Literal["engine", "reference"] = Field(
         "engine", description="inference backend: meshrl's CPU engine ([engine], cpu and "
         "float32 only) or the naive Hugging Face loop ([reference], on `device` in `dtype`)")

@@ -364,7 +364,8 @@ class WorkerNode:
 
     async def _pause(self, phase: str, entry: OutboxEntry | None) -> None:
         """crash tests: hold still at a phase boundary so a test can kill -9 the process."""
-        if self.cfg.crash_test_pause > 0:
+        only = self.cfg.crash_test_phase
+        if self.cfg.crash_test_pause > 0 and only in ("", phase):
             log_event(log, "crash-test pause", phase=phase,
                       sha256=None if entry is None else entry.sha256)
             await asyncio.sleep(self.cfg.crash_test_pause)
