@@ -71,15 +71,16 @@ class Net:
         self.anvil.stop()
 
 
-def start_net(tmp: Path, orch: dict[str, Any] | None = None, **discovery: Any) -> Net:
+def start_net(tmp: Path, orch: dict[str, Any] | None = None, params: ProtocolParams = PARAMS,
+              **discovery: Any) -> Net:
     """The pool; `discovery`: settings of the discovery service over the defaults; `orch`:
-    top-level keys of the orchestrator's config, replaced."""
+    top-level keys of the orchestrator's config, replaced; `params`: the deployment's."""
     anvil = AnvilNode()
     backend = anvil.start()
     fed, mgr, val = key("fed"), key("mgr"), key("val")
     for a in (fed, mgr, val):
         backend.fund(a.address, 10**21)
-    dep = deploy(backend, fed, PARAMS)
+    dep = deploy(backend, fed, params)
     path = tmp / "deployment.json"
     dep.save(path)
     chain = Protocol(backend, dep, fed)

@@ -73,6 +73,10 @@ class Adversary(Parts):
     def active(self, step: int) -> bool:
         return step > self.cfg.after_step
 
+    def challenges(self, which: str) -> str:
+        # its verdicts are true: a challenge would only lose the deposit (docs/protocol.md)
+        return "off"
+
 
 # ---- the inference backend -------------------------------------------------------------------
 class BackendCheat(Adversary):

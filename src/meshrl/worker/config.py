@@ -131,6 +131,12 @@ class WorkerConfig(Config):
                                  "rewards in the pool every this many seconds, from this "
                                  "process (it owns the provider key's nonce: claim from no "
                                  "other process meanwhile); 0: never")
+    challenge_verdicts: Literal["hard", "all", "off"] = Field(
+        "hard", description="challenge the verdicts on this node's files while they are open "
+        "(worker/defense.py): hard ones (default), all (soft ones too) or off; the deposit, "
+        "half the verdict's bond from the provider's stake, comes back when it is overturned")
+    watch_verdicts_s: float = Field(10.0, gt=0, description="seconds between reads of the "
+                                    "chain for new verdicts on this node's files")
     claim_batch: int = Field(64, ge=1, le=64, description="work items per claim transaction "
                              "(the contract takes at most 64)")
     leave_on_stop: bool = Field(False, description="on SIGTERM / Ctrl-C, take the node out of "

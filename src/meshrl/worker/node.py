@@ -40,6 +40,7 @@ from meshrl.wire.rollout_file import rollout_file_bytes
 from meshrl.worker.claims import Claimer
 from meshrl.worker.config import WorkerConfig
 from meshrl.worker.courier import ChainCourier
+from meshrl.worker.defense import Defender
 from meshrl.worker.delivery import Courier, RetryLater, deliver_all
 from meshrl.worker.hardware import missing, probe
 from meshrl.worker.join import JoinError, check_clock, fetch_manifest
@@ -80,6 +81,7 @@ class WorkerNode:
         self.state = "starting"  # for the live status line
         self._paced_s = 0.0  # the wait between work orders while paced (`_idle_wait`)
         self.claimer: Claimer | None = None
+        self.defender: Defender | None = None
         self.signalled = False  # stopped by SIGTERM / Ctrl-C (not by max_files)
 
     # ---- life ----------------------------------------------------------------------------
@@ -120,6 +122,11 @@ class WorkerNode:
                                 else self.cfg.status_line == "on")
             tasks = [beats, asyncio.create_task(status.run(self, lambda: provider_rewards(
                 chain, self.cfg.pool_id, self.keys.provider.address), self.stop))]
+            which = self.parts.challenges(self.cfg.challenge_verdicts)
+            if which != "off":  # an honest provider is never silent under a false verdict
+                self.defender = Defender(chain.as_(self.keys.provider), self.keys.node.address,
+                                         self.cfg.watch_verdicts_s, which)  # type: ignore[arg-type]
+                tasks.append(asyncio.create_task(self.defender.run(self.stop)))
             if self.cfg.claim_every_s > 0:  # this process owns the provider key's nonce
                 self.claimer = Claimer(chain.as_(self.keys.provider), self.cfg.pool_id,
                                        self.cfg.claim_every_s, self.cfg.claim_batch)

@@ -48,3 +48,7 @@ class Parts:
     def courier(self, courier: Courier) -> Courier:
         """How the worker's files reach the orchestrator and the chain."""
         return courier
+
+    def challenges(self, which: str) -> str:
+        """Which verdicts on its files the worker challenges (an honest one: as configured)."""
+        return which
