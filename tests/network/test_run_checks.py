@@ -15,7 +15,8 @@ def _row(seq: int, node: str, step: int, status: str = "accepted", *, acc: int =
          granted: bool = True, version: int | None = None, counter: int = 0) -> dict[str, Any]:
     return {"seq": seq, "sha256": f"{seq:064x}", "node": node, "step": step, "counter": counter,
             "policy_version": step if version is None else version, "work_units": 10,
-            "status": status, "verdict": "accept" if status == "accepted" else "",
+            "status": status, "verdict": "accept" if status == "accepted" else None,
+            "verdict_reason": "",
             "granted": granted, "uploaded": granted, "accepted_seq": acc,
             "work_id": f"{seq + 1000:064x}"}
 

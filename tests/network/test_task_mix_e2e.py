@@ -119,7 +119,8 @@ def test_a_task_mix_runs_through_the_network_and_each_forgery_is_slashed(tmp_pat
             w = info["workers"][f"cheater-{j}"]
             node = w["node"].lower()
             bad = on_ledger[node]
-            assert all("rewards" in e.verdict for e in bad), (task, [e.verdict for e in bad])
+            assert all("rewards" in e.verdict_reason for e in bad), (
+                task, [(e.verdict, e.verdict_reason) for e in bad])
             slashed = sum(slashes[node])
             assert slashed >= 50 * TOKEN, (task, slashed)
             assert _stake(chain, w["provider"]) == 100 * TOKEN - slashed, task

@@ -83,7 +83,7 @@ def test_tool_episodes_run_through_the_network_and_the_lying_tool_is_slashed(tmp
         assert total >= 50 * TOKEN
 
         def ledgered() -> list[str]:
-            return [e.verdict for e in nu.ledger(root).values()
+            return [e.verdict_reason for e in nu.ledger(root).values()
                     if e.node.lower() == liar["node"].lower()
                     and e.status.value == "hard_invalidated"]
         verdicts = nu.wait(ledgered, 60, "no hard-invalidated file of the liar on the ledger")

@@ -29,6 +29,7 @@ from meshrl.wire.models import (
     UploadSlot,
     Verdict,
     VerdictAck,
+    VerdictKind,
 )
 
 from .conftest import Pool, next_counter, parquet_framed
@@ -437,7 +438,7 @@ def test_a_verdicts_reason_after_the_chains_invalidation_is_recorded_once(
     async def t() -> None:
         sha, wid = await _soft_invalidated(pool, tmp_path, "late-reason")
         async with SignedClient(pool.orch.url, pool.key("val")) as v:
-            assert not (await _ledger_entry(pool, wid)).verdict
+            assert (await _ledger_entry(pool, wid)).verdict is None
             await expect(E.NOT_AWAITING_VERDICT, v.call("POST", "/verdicts", Verdict(
                 sha256=sha, verdict="hard_invalid", reason="not what the chain did",
                 work_id=wid)))
@@ -446,9 +447,11 @@ def test_a_verdicts_reason_after_the_chains_invalidation_is_recorded_once(
                 work_id=wid), response=VerdictAck)
             assert ack.status == FileStatus.SOFT_INVALIDATED
             got = await _ledger_entry(pool, wid)
-            assert (got.status, got.verdict) == (FileStatus.SOFT_INVALIDATED,
-                                                 "soft_invalid: rewards: 1 of 8 rows differ")
+            assert (got.status, got.verdict, got.verdict_reason) == (
+                FileStatus.SOFT_INVALIDATED, VerdictKind.SOFT_INVALID,
+                "rewards: 1 of 8 rows differ")
             await expect(E.NOT_AWAITING_VERDICT, v.call("POST", "/verdicts", Verdict(
                 sha256=sha, verdict="soft_invalid", reason="a second text", work_id=wid)))
-            assert (await _ledger_entry(pool, wid)).verdict == got.verdict
+            again = await _ledger_entry(pool, wid)
+            assert (again.verdict, again.verdict_reason) == (got.verdict, got.verdict_reason)
     run(t())

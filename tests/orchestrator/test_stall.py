@@ -12,7 +12,7 @@ import pytest
 from meshrl.rl.config import NetworkSourceConfig, RolloutConfig
 from meshrl.rl.ledger_files import FileGroups
 from meshrl.rl.network_source import NetworkSource, default_ahead
-from meshrl.wire.models import FileStatus, LedgerEntry
+from meshrl.wire.models import FileStatus, LedgerEntry, VerdictKind
 
 from .conftest import Pool
 
@@ -41,7 +41,8 @@ def test_orchestrator_says_why_the_step_waits(pool: Pool) -> None:
 def _entry(step: int) -> LedgerEntry:
     return LedgerEntry(seq=1, sha256="ab" * 32, node="0x" + "11" * 20, provider="0x" + "22" * 20,
                        step=step, policy_version=step, work_units=1, size=1,
-                       status=FileStatus.ACCEPTED, verdict="accept", download="/files/x")
+                       status=FileStatus.ACCEPTED, verdict=VerdictKind.ACCEPT,
+                       download="/files/x")
 
 
 def test_trainer_says_what_a_step_awaits(pool: Pool, tmp_path, capsys) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import sqlite3
 
+import pytest
+
 from meshrl.orchestrator.state import Grant, PoolStep, SlotUse, State
-from meshrl.wire.models import FileStatus
+from meshrl.wire.models import MAX_REASON, FileStatus, VerdictKind
 
 A, B = "0x" + "aa" * 20, "0x" + "bb" * 20
 X, Y = "11" * 32, "22" * 32
@@ -69,11 +71,12 @@ def test_a_one_row_per_file_ledger_is_upgraded(tmp_path) -> None:
             work_id TEXT NOT NULL DEFAULT '');
         CREATE INDEX files_step ON files (step, status);
         CREATE INDEX files_work ON files (work_id);""")
-    rows = [(X, "accepted", "w1"), (Y, "granted", ""), ("33" * 32, "accepted", "w3")]
-    for sha, status, wid in rows:
+    rows = [(X, "accepted", "w1", "accept"), (Y, "granted", "", ""),
+            ("33" * 32, "accepted", "w3", "soft_invalid: rewards: 1 of 8 rows differ")]
+    for sha, status, wid, verdict in rows:
         db.execute("INSERT INTO files (sha256, node, provider, step, policy_version, "
-                   "work_units, size, status, updated_at, work_id) VALUES "
-                   "(?, ?, 'p', 1, 1, 5, 9, ?, 0, ?)", (sha, A, status, wid))
+                   "work_units, size, status, updated_at, work_id, verdict) VALUES "
+                   "(?, ?, 'p', 1, 1, 5, 9, ?, 0, ?, ?)", (sha, A, status, wid, verdict))
     db.commit()
     db.close()
     s = State(tmp_path / "old.db")
@@ -81,10 +84,98 @@ def test_a_one_row_per_file_ledger_is_upgraded(tmp_path) -> None:
     assert [(r.seq, r.sha256, r.granted, r.uploaded, r.accepted_seq, r.work_id) for r in got] \
         == [(1, X, True, True, 1, "w1"), (2, Y, True, False, 0, ""),
             (3, "33" * 32, True, True, 3, "w3")]
+    assert [(r.verdict, r.verdict_reason) for r in got] == [
+        (VerdictKind.ACCEPT, ""), (None, ""),
+        (VerdictKind.SOFT_INVALID, "rewards: 1 of 8 rows differ")]
     s.add_claim(X, B, "p", 5, "w4", 0)  # the new layout's rows work
     assert len(s.files(None, None, 0, 10, sha256=X)) == 2
     s.close()
     assert len(State(tmp_path / "old.db").files(None, None, 0, 10)) == 4  # reopened as is
+
+
+# the files table of the ledger before batches and granted counters, whose `verdict` held
+# "kind: reason" text (orchestrator/api.py wrote f"{kind}: {reason}", an accept's kind alone)
+_TEXT_VERDICTS = """
+    CREATE TABLE files (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, sha256 TEXT NOT NULL, node TEXT NOT NULL,
+        provider TEXT NOT NULL, step INTEGER NOT NULL, policy_version INTEGER NOT NULL,
+        work_units INTEGER NOT NULL, size INTEGER NOT NULL, status TEXT NOT NULL,
+        verdict TEXT NOT NULL DEFAULT '', validator TEXT NOT NULL DEFAULT '',
+        updated_at REAL NOT NULL, work_id TEXT NOT NULL DEFAULT '',
+        granted INTEGER NOT NULL DEFAULT 1, uploaded INTEGER NOT NULL DEFAULT 0,
+        accepted_seq INTEGER NOT NULL DEFAULT 0);
+    CREATE UNIQUE INDEX files_granted ON files (sha256) WHERE granted = 1;
+    CREATE UNIQUE INDEX files_claimed ON files (sha256, node) WHERE granted = 0;"""
+
+
+def _text_verdict_ledger(path, verdicts: list[tuple[str, str]]) -> None:
+    db = sqlite3.connect(path)
+    db.executescript(_TEXT_VERDICTS)
+    for i, (status, verdict) in enumerate(verdicts):
+        db.execute("INSERT INTO files (sha256, node, provider, step, policy_version, work_units, "
+                   "size, status, verdict, validator, updated_at, work_id, uploaded, "
+                   "accepted_seq) VALUES (?, ?, 'p', 2, 2, 5, 9, ?, ?, ?, 0, ?, 1, ?)",
+                   (f"{i + 1:064x}", A, status, verdict, B if verdict else "", f"{i + 100:064x}",
+                    i + 1 if status == "accepted" else 0))
+    db.commit()
+    db.close()
+
+
+def test_a_ledger_of_text_verdicts_is_split_into_kind_and_reason(tmp_path) -> None:
+    """A network resumed from a run whose ledger held "kind: reason" text keeps its verdicts:
+    the upgrade splits each into the kind and the reason (a reason may hold ": " itself), a
+    row never judged stays unjudged, and every other column is where it was."""
+    why = "prompts: row 3 is not the assigned problem"
+    long = "rewards: " + "x" * (MAX_REASON - len("rewards: "))
+    _text_verdict_ledger(tmp_path / "old.db", [
+        ("accepted", "accept"),
+        ("submitted", ""),
+        ("hard_invalidated", f"hard_invalid: {why}"),
+        ("soft_invalidated", "soft_invalid: rewards: 1 of 8 rows differ"),
+        ("hard_invalidated", "hard_invalid: "),  # a verdict posted with no reason
+        ("submitted", f"soft_invalid: {long}"),  # the longest reason the wire let through
+        ("accepted", "soft_invalid: accused after the trainer took it")])
+    s = State(tmp_path / "old.db")
+    got = s.files(None, None, 0, 10)
+    assert [(r.status.value, r.verdict, r.verdict_reason) for r in got] == [
+        ("accepted", VerdictKind.ACCEPT, ""),
+        ("submitted", None, ""),
+        ("hard_invalidated", VerdictKind.HARD_INVALID, why),
+        ("soft_invalidated", VerdictKind.SOFT_INVALID, "rewards: 1 of 8 rows differ"),
+        ("hard_invalidated", VerdictKind.HARD_INVALID, ""),
+        ("submitted", VerdictKind.SOFT_INVALID, long),
+        ("accepted", VerdictKind.SOFT_INVALID, "accused after the trainer took it")]
+    assert [(r.seq, r.validator, r.work_id, r.accepted_seq, r.counter, r.batch_id)
+            for r in got[:2]] == [(1, B, f"{100:064x}", 1, -1, ""),
+                                  (2, "", f"{101:064x}", 0, -1, "")]
+    assert [r.sha256 for r in s.accepted(0, 10)] == [f"{1:064x}", f"{7:064x}"]
+    # the upgraded ledger takes verdicts as the new layout does, its reason bounded
+    s.set_file_status(2, FileStatus.SUBMITTED, verdict=VerdictKind.HARD_INVALID,
+                      reason="z" * (MAX_REASON + 100), validator=B)
+    row = s.files(None, None, 1, 1)[0]
+    assert (row.verdict, row.verdict_reason) == (VerdictKind.HARD_INVALID, "z" * MAX_REASON)
+    s.set_file_status(2, FileStatus.HARD_INVALIDATED)  # the chain's event keeps the verdict
+    assert s.files(None, None, 1, 1)[0].verdict_reason == "z" * MAX_REASON
+    s.close()
+    again = State(tmp_path / "old.db")  # reopened: nothing split twice
+    assert [(r.verdict, r.verdict_reason) for r in again.files(None, None, 2, 2)] == [
+        (VerdictKind.HARD_INVALID, why),
+        (VerdictKind.SOFT_INVALID, "rewards: 1 of 8 rows differ")]
+    again.close()
+
+
+def test_a_verdict_text_no_version_wrote_stops_the_upgrade_unchanged(tmp_path) -> None:
+    """Text that is no "kind: reason" is not guessed at: the upgrade refuses and rolls back,
+    so the old ledger is as it was (nothing half split)."""
+    _text_verdict_ledger(tmp_path / "old.db", [("accepted", "accept"),
+                                               ("submitted", "fraud: a kind nobody posts")])
+    with pytest.raises(ValueError, match="not 'kind: reason'"):
+        State(tmp_path / "old.db")
+    db = sqlite3.connect(tmp_path / "old.db")
+    assert "verdict_reason" not in [r[1] for r in db.execute("PRAGMA table_info(files)")]
+    assert [r[0] for r in db.execute("SELECT verdict FROM files ORDER BY seq")] == [
+        "accept", "fraud: a kind nobody posts"]
+    db.close()
 
 
 def test_named_rows_invites_slot_use_and_the_pool_step(tmp_path) -> None:

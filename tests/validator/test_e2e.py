@@ -13,6 +13,7 @@ from meshrl.cli import main
 from meshrl.config import EXIT_REFUSED
 from meshrl.pool import RULE_FIELDS
 from meshrl.protocol import WorkStatus
+from meshrl.wire.models import VerdictKind
 from network import (
     PARAMS,
     PASSWORD,
@@ -128,7 +129,7 @@ def test_a_validator_with_any_rule_drifted_never_judges_and_one_that_agrees_acce
             field, lines)
         assert not (net.tmp / f"v-drift-{field}" / "state.json").exists()  # judged nothing
     [row] = [e for e in _rows(net) if e.node.lower() == node]
-    assert (row.status.value, row.verdict) == ("submitted", "")  # nobody posted a verdict
+    assert (row.status.value, row.verdict) == ("submitted", None)  # nobody posted a verdict
     assert net.fed.work(wid).status == info.status == WorkStatus.SUBMITTED
     v = validator(net)  # pins every rule to the published value
     v.start()
@@ -184,9 +185,11 @@ def test_honest_accepted_and_every_cheat_slashed(net: Net) -> None:
     # the row turns hard_invalidated from the chain's event; its verdict text follows
     dipped = wait_until(lambda: (rows := [
         e for e in _rows(net) if e.node.lower() == accounts["dip"][1].address.lower()
-        and e.status.value == "hard_invalidated"]) and all(e.verdict for e in rows) and rows, 60)
+        and e.status.value == "hard_invalidated"])
+        and all(e.verdict is not None for e in rows) and rows, 60)
     assert [(e.policy_version, e.counter) for e in dipped] == [(1, 1)]
-    assert "prompts" in dipped[0].verdict, dipped[0].verdict
+    assert dipped[0].verdict is VerdictKind.HARD_INVALID, dipped[0].verdict
+    assert "prompts" in dipped[0].verdict_reason, dipped[0].verdict_reason
     slashed.remove("turn")
     for name in slashed:
         p, n, _ = accounts[name]

@@ -61,6 +61,7 @@ from meshrl.wire.models import (
     NodeAnnouncement,
     SlotRequest,
     UploadSlot,
+    VerdictKind,
 )
 from meshrl.wire.rollout_file import COLUMNS, RolloutFile, rollout_file_bytes
 from meshrl.worker.rollouts import generate_rollouts
@@ -485,7 +486,8 @@ def test_hostile_files_never_hurt_a_real_validator_or_the_honest_files(net: Net,
         h = KINDS[c.kind]
         assert status == [WorkStatus.HARD_INVALIDATED], (c.kind, status, row.verdict)
         assert row.status is FileStatus.HARD_INVALIDATED, (c.kind, row.status)
-        assert row.verdict.startswith(f"hard_invalid: {h.check}: "), (c.kind, row.verdict)
+        assert row.verdict is VerdictKind.HARD_INVALID, (c.kind, row.verdict)
+        assert row.verdict_reason.startswith(f"{h.check}: "), (c.kind, row.verdict_reason)
         assert verdicts[c.sha256]["checks"][0] == h.check, (c.kind, verdicts[c.sha256])
         assert stake == PARAMS.min_stake - PARAMS.slash_penalty, c.kind
         assert net.fed.node(c.node.address).pool == 0, f"{c.kind}: not ejected"

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 
 from meshrl.wire import SignedClient
-from meshrl.wire.models import LedgerPage, PoolNodes
+from meshrl.wire.models import LedgerPage, PoolNodes, VerdictKind
 
 __all__ = ["build_state", "collect_state", "flow_state", "trainer_phase",
            "validators_state"]
@@ -257,7 +257,7 @@ def validators_state(run: Path, info: dict[str, Any], ledger: list[Any],
                    and str(r.get("action", "")).startswith("accuse")}
         rows.append({
             "name": name, "address": v.get("address"), "rogue": bool(v.get("rogue")),
-            "judged": len(last), "accepted": sum(k == "accept" for k in last.values()),
+            "judged": len(last), "accepted": sum(k == VerdictKind.ACCEPT for k in last.values()),
             "accused": len(accused),
             "overturned": sum(overturned.get(w, False) for w in accused),
             "upheld": sum(overturned.get(w) is False for w in accused),
@@ -266,7 +266,7 @@ def validators_state(run: Path, info: dict[str, Any], ledger: list[Any],
                 now - verdicts[-1].get("ts", now), 1)})
         invalid += [{"validator": name, "node": r.get("node"), "verdict": r.get("verdict"),
                      "reason": r.get("reason"), "ts": r.get("ts")}
-                    for r in verdicts if r.get("verdict") != "accept"]
+                    for r in verdicts if r.get("verdict") != VerdictKind.ACCEPT]
     return rows, sorted(invalid, key=lambda r: r["ts"] or 0)
 
 

@@ -14,6 +14,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from meshrl.wire.models import VerdictKind
+
 __all__ = ["Check", "RunFacts", "dispute_counts", "run_checks"]
 
 ACCEPTED = "accepted"
@@ -157,7 +159,8 @@ def no_work_judged_twice(f: RunFacts) -> Check:
         return Check("no_work_judged_twice", "fail", "the chain did not answer")
     ids = [i["work_id"] for i in f.chain["invalidations"]]
     twice = len(ids) - len(set(ids))
-    flipped = sum(e["status"] in INVALID and e["verdict"] == "accept" for e in f.ledger)
+    flipped = sum(e["status"] in INVALID and e["verdict"] == VerdictKind.ACCEPT
+                  for e in f.ledger)
     kinds: dict[tuple[str, str, str], set[str]] = defaultdict(set)
     lines: Counter[tuple[str, str, str]] = Counter()
     for v in f.verdicts:

@@ -28,6 +28,7 @@ from typing import Any
 from meshrl.durable import atomic_write
 from meshrl.network.checks import RunFacts, dispute_counts, run_checks
 from meshrl.network.config import NetworkConfig
+from meshrl.wire.models import VerdictKind
 
 __all__ = ["build_report", "write_report"]
 
@@ -354,7 +355,7 @@ def build_report(cfg: NetworkConfig, root: Path, give_up: GiveUp = _never) -> di
         "versions": _broadcast(root, list(info["workers"])),
         "restarts": [e for e in events if e["event"] in ("died", "killed", "recovered", "retired")],
         "faults": _lines_json(root / "faults.json") or [],
-        "invalidations": [v for v in verdicts if v.get("verdict") != "accept"],
+        "invalidations": [v for v in verdicts if v.get("verdict") != VerdictKind.ACCEPT],
         "flow": _flow(metrics, records, ledger),
         "cpu": _cpu(root),
         "disputes": _dispute_section(chain, info, held),

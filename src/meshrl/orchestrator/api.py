@@ -350,20 +350,20 @@ class OrchestratorApi:
             # the chain's event came before the verdict's text (the validator follows the
             # chain itself and may be ahead of this ledger): its reason is recorded, the status
             # (the chain's word) stays
-            self.state.set_file_status(row.seq, row.status,
-                                       verdict=f"{v.verdict.value}: {v.reason}")
+            self.state.set_file_status(row.seq, row.status, verdict=v.verdict,
+                                       reason=v.reason)
             return VerdictAck(sha256=v.sha256, status=row.status, work_id=row.work_id)
         if row.status not in (FileStatus.SUBMITTED, FileStatus.ACCEPTED):
             raise WireError(ErrorCode.NOT_AWAITING_VERDICT, f"file is {row.status.value}")
         if v.verdict is VerdictKind.ACCEPT:
-            self.state.set_file_status(row.seq, FileStatus.ACCEPTED, verdict=v.verdict.value,
+            # an accept's reason says nothing ("all checks passed"): not kept
+            self.state.set_file_status(row.seq, FileStatus.ACCEPTED, verdict=v.verdict,
                                        validator=call.address)
         else:  # recorded; the status moves when the chain's WorkInvalidated event is seen (a
             # row another validator accepted stays accepted: verdicts are disputed on chain,
             # and the trainer may have trained on it already)
-            self.state.set_file_status(row.seq, row.status,
-                                       verdict=f"{v.verdict.value}: {v.reason}",
-                                       validator=call.address)
+            self.state.set_file_status(row.seq, row.status, verdict=v.verdict,
+                                       reason=v.reason, validator=call.address)
         after = self.state.file_by_work_id(row.work_id) if row.work_id else \
             self.state.file(row.sha256)
         assert after is not None
@@ -513,7 +513,7 @@ def _late_reason(row: FileRow, v: Verdict, validator: str) -> bool:
     """A verdict's text that may still be recorded on a row the chain already invalidated: the
     row has none yet, it comes from the validator the chain names, and it says what the chain
     did. Anything else about an invalidated row is refused (`NOT_AWAITING_VERDICT`)."""
-    return (not row.verdict and _INVALIDATED.get(row.status) is v.verdict
+    return (row.verdict is None and _INVALIDATED.get(row.status) is v.verdict
             and bool(row.validator) and row.validator.lower() == validator.lower())
 
 
@@ -521,6 +521,6 @@ def _entry(r: FileRow) -> LedgerEntry:
     return LedgerEntry(
         seq=r.seq, sha256=r.sha256, node=r.node, provider=r.provider, step=r.step,
         policy_version=r.policy_version, work_units=r.work_units, size=r.size, status=r.status,
-        verdict=r.verdict, download=f"/files/{r.sha256}" if r.uploaded else "",
-        work_id=r.work_id, granted=r.granted, uploaded=r.uploaded, accepted_seq=r.accepted_seq,
-        counter=r.counter, batch_id=r.batch_id)
+        verdict=r.verdict, verdict_reason=r.verdict_reason,
+        download=f"/files/{r.sha256}" if r.uploaded else "", work_id=r.work_id, granted=r.granted,
+        uploaded=r.uploaded, accepted_seq=r.accepted_seq, counter=r.counter, batch_id=r.batch_id)

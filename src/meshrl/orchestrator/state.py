@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from meshrl.orchestrator.hold import Alarm
-from meshrl.wire.models import FileStatus, NodeState
+from meshrl.wire.models import MAX_REASON, FileStatus, NodeState, VerdictKind
 
 __all__ = ["POOL_STEP", "BatchRow", "FileRow", "Grant", "InviteRow", "NodeRow", "PoolStep",
            "SlotRow", "SlotUse", "State"]
@@ -47,7 +47,8 @@ CREATE TABLE IF NOT EXISTS files (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, sha256 TEXT NOT NULL, node TEXT NOT NULL,
     provider TEXT NOT NULL, step INTEGER NOT NULL, policy_version INTEGER NOT NULL,
     work_units INTEGER NOT NULL, size INTEGER NOT NULL, status TEXT NOT NULL,
-    verdict TEXT NOT NULL DEFAULT '', validator TEXT NOT NULL DEFAULT '',
+    verdict TEXT NOT NULL DEFAULT '', verdict_reason TEXT NOT NULL DEFAULT '',
+    validator TEXT NOT NULL DEFAULT '',
     updated_at REAL NOT NULL, work_id TEXT NOT NULL DEFAULT '',
     granted INTEGER NOT NULL DEFAULT 1, uploaded INTEGER NOT NULL DEFAULT 0,
     accepted_seq INTEGER NOT NULL DEFAULT 0, counter INTEGER NOT NULL DEFAULT -1,
@@ -127,7 +128,8 @@ class FileRow:
     work_units: int
     size: int
     status: FileStatus
-    verdict: str
+    verdict: VerdictKind | None  # None: no verdict posted (the `verdict` column's '')
+    verdict_reason: str  # at most MAX_REASON characters
     validator: str
     updated_at: float
     work_id: str  # the chain's key of the submitted work (hex), "" until submitted
@@ -138,9 +140,29 @@ class FileRow:
     batch_id: str = ""  # the batch its node put it in (hex), "" for a file submitted alone
 
 
+# by name: a ledger upgraded by ALTER TABLE has its later columns in another order
+_FILE_COLUMNS = ("seq, sha256, node, provider, step, policy_version, work_units, size, status, "
+                "verdict, verdict_reason, validator, updated_at, work_id, granted, uploaded, "
+                "accepted_seq, counter, batch_id")
+
+
 def _file_row(r: tuple[Any, ...]) -> FileRow:
-    return FileRow(*r[:8], FileStatus(r[8]), *r[9:13], bool(r[13]), bool(r[14]), r[15], r[16],
-                   r[17] if len(r) > 17 else "")
+    return FileRow(*r[:8], FileStatus(r[8]), VerdictKind(r[9]) if r[9] else None, *r[10:14],
+                   bool(r[14]), bool(r[15]), *r[16:19])
+
+
+def _split_verdicts(db: sqlite3.Connection) -> None:
+    """A ledger from before verdicts were columns held "kind: reason" (an accept: "kind"
+    alone) in `verdict`: split into the kind and the reason (cut to MAX_REASON). Text no
+    version wrote is refused, so the upgrade rolls back rather than guess."""
+    kinds = {k.value for k in VerdictKind}
+    split = []
+    for seq, text in db.execute("SELECT seq, verdict FROM files WHERE verdict != ''"):
+        kind, _, reason = text.partition(": ")
+        if kind not in kinds:
+            raise ValueError(f"ledger row {seq}: verdict {text[:80]!r} is not 'kind: reason'")
+        split.append((kind, reason[:MAX_REASON], seq))
+    db.executemany("UPDATE files SET verdict = ?, verdict_reason = ? WHERE seq = ?", split)
 
 
 @dataclass(frozen=True)
@@ -185,6 +207,11 @@ class State:
             self.db.execute("ALTER TABLE files ADD COLUMN counter INTEGER NOT NULL DEFAULT -1")
         if old and "batch_id" not in self._columns("files"):  # from before batches
             self.db.execute("ALTER TABLE files ADD COLUMN batch_id TEXT NOT NULL DEFAULT ''")
+        if old and "verdict_reason" not in self._columns("files"):  # "kind: reason" text
+            with self.tx() as db:  # one transaction: no restart finds the column unsplit
+                db.execute("ALTER TABLE files ADD COLUMN verdict_reason TEXT NOT NULL "
+                           "DEFAULT ''")
+                _split_verdicts(db)
         self.db.executescript(SCHEMA)
 
     def _columns(self, table: str) -> list[str]:
@@ -202,6 +229,7 @@ class State:
                 if stmt.strip():
                     db.execute(stmt)
             db.execute(f"INSERT INTO files ({cols}) SELECT {cols} FROM files_v1")
+            _split_verdicts(db)
             db.execute("UPDATE files SET uploaded = status NOT IN (?, ?)",
                        (FileStatus.GRANTED.value, FileStatus.EXPIRED.value))
             db.execute("UPDATE files SET accepted_seq = seq WHERE status = ?",
@@ -298,17 +326,18 @@ class State:
 
     def file(self, sha256: str) -> FileRow | None:
         """The granted row of a file (the one that may be trained on)."""
-        row = self.db.execute("SELECT * FROM files WHERE sha256 = ? AND granted = 1",
-                              (sha256,)).fetchone()
+        row = self.db.execute(f"SELECT {_FILE_COLUMNS} FROM files WHERE sha256 = ? AND "
+                              "granted = 1", (sha256,)).fetchone()
         return None if row is None else _file_row(row)
 
     def file_by_work_id(self, work_id: str) -> FileRow | None:
-        row = self.db.execute("SELECT * FROM files WHERE work_id = ?", (work_id,)).fetchone()
+        row = self.db.execute(f"SELECT {_FILE_COLUMNS} FROM files WHERE work_id = ?",
+                              (work_id,)).fetchone()
         return None if row is None else _file_row(row)
 
     def files(self, step: int | None, status: FileStatus | None, after: int, limit: int,
               sha256: str | None = None, work_id: str | None = None) -> list[FileRow]:
-        sql, args = "SELECT * FROM files WHERE seq > ?", [after]
+        sql, args = f"SELECT {_FILE_COLUMNS} FROM files WHERE seq > ?", [after]
         for column, value in (("sha256", sha256), ("work_id", work_id), ("step", step),
                               ("status", None if status is None else status.value)):
             if value is not None:
@@ -324,8 +353,8 @@ class State:
 
     def accepted(self, after: int, limit: int) -> list[FileRow]:
         """Accepted rows in the order they were accepted, after acceptance number `after`."""
-        rows = self.db.execute("SELECT * FROM files WHERE status = ? AND accepted_seq > ? "
-                               "ORDER BY accepted_seq LIMIT ?",
+        rows = self.db.execute(f"SELECT {_FILE_COLUMNS} FROM files WHERE status = ? AND "
+                               "accepted_seq > ? ORDER BY accepted_seq LIMIT ?",
                                (FileStatus.ACCEPTED.value, after, limit))
         return [_file_row(r) for r in rows]
 
@@ -336,15 +365,20 @@ class State:
         return int(row[0])
 
     def set_file_status(self, seq: int, status: FileStatus, db: sqlite3.Connection | None = None,
-                        verdict: str | None = None, validator: str | None = None) -> None:
+                        verdict: VerdictKind | None = None, reason: str = "",
+                        validator: str | None = None) -> None:
         """Move one row; its first acceptance gives it the next acceptance number (one
-        statement, so no crash can leave an accepted row without its number)."""
+        statement, so no crash can leave an accepted row without its number). A `verdict`
+        replaces the row's verdict and reason (cut to MAX_REASON); None keeps both."""
+        kind = None if verdict is None else verdict.value
         (db or self.db).execute(
             "UPDATE files SET status = ?, verdict = COALESCE(?, verdict), "
+            "verdict_reason = CASE WHEN ? IS NULL THEN verdict_reason ELSE ? END, "
             "validator = COALESCE(?, validator), updated_at = ?, accepted_seq = CASE "
             "WHEN ? AND accepted_seq = 0 THEN (SELECT COALESCE(MAX(accepted_seq), 0) + 1 "
             "FROM files) ELSE accepted_seq END WHERE seq = ?",
-            (status.value, verdict, validator, time.time(), status is FileStatus.ACCEPTED, seq))
+            (status.value, kind, kind, reason[:MAX_REASON], validator, time.time(),
+             status is FileStatus.ACCEPTED, seq))
         if db is None:  # inside a transaction the commit rings
             self.alarm.ring()
             self.files_alarm.ring()
@@ -386,7 +420,8 @@ class State:
             else:  # granted afresh: an expired grant, or this node's unstored file again
                 db.execute("UPDATE files SET node = ?, provider = ?, step = ?, "
                            "policy_version = ?, work_units = ?, size = ?, counter = ?, "
-                           "status = ?, updated_at = ?, verdict = '', validator = '', "
+                           "status = ?, updated_at = ?, verdict = '', verdict_reason = '', "
+                           "validator = '', "
                            "work_id = '', uploaded = 0 WHERE seq = ?", (*values, old[0]))
         return Grant.GRANTED
 

@@ -237,7 +237,7 @@ class LedgerReader:
         be disputed) is not awaited: its node is ejected at the accusation and the file is
         trainable only if another validator's accept overturns it."""
         rows = self._run(lambda: self._entries(FileStatus.SUBMITTED, 0))[0]
-        return [e for e in rows if not e.verdict]
+        return [e for e in rows if e.verdict is None]
 
     async def _feed(self, wait_s: float = 0.0) -> tuple[list[LedgerEntry], int]:
         return await self._pages({"accepted_after": self.after}, wait_s)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "MAX_BATCH_LEAVES",
+    "MAX_REASON",
     "Accelerator",
     "BatchInfo",
     "BatchLeaf",
@@ -198,10 +199,13 @@ class VerdictKind(StrEnum):
     HARD_INVALID = "hard_invalid"
 
 
+MAX_REASON = 500  # characters of a verdict's reason, on the wire and in the ledger
+
+
 class Verdict(Model):
     sha256: str = Field(pattern=SHA256)
     verdict: VerdictKind
-    reason: str = Field("", max_length=500)
+    reason: str = Field("", max_length=MAX_REASON)
     work_id: str = Field("", pattern=WORK_ID, description="the submission judged (the chain's "
                          "work id, hex); empty: the file's granted row")
 
@@ -257,7 +261,10 @@ class LedgerEntry(Model):
     size: int
     counter: int = Field(-1, description="the granted counter (-1: a submission without grant)")
     status: FileStatus
-    verdict: str = ""
+    verdict: VerdictKind | None = Field(None, description="the verdict posted on it (None: "
+                                        "no validator has judged it)")
+    verdict_reason: str = Field("", max_length=MAX_REASON, description="that verdict's "
+                                "reason (empty for an accept)")
     download: str = Field("", description="signed GET path of the file (empty until uploaded)")
     work_id: str = Field("", description="the chain's work id (hex), once submitted")
     granted: bool = Field(True, description="an upload slot for this file was granted to `node`")
