@@ -80,7 +80,8 @@ test: setup
 # the edit loop: unit tests only (no anvil, no network end to end, nothing marked slow)
 test-fast: setup
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/pytest -q -m "not crosshost and not slow and not anvil" tests
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadscope \
+		-m "not crosshost and not slow and not anvil" tests
 
 # a pool and a joining worker in two network namespaces over a shaped link (root only; minutes)
 test-crosshost: setup

@@ -191,6 +191,7 @@ def runtime_results(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedPro
     return {name: (done[name], phrase) for name, (_, phrase) in cases.items()}
 
 
+@pytest.mark.slow  # a process per case, each importing torch (minutes in all): not in test-fast
 @pytest.mark.parametrize("case", sorted(_runtime_cases(Path("/nonexistent"))))
 def test_bad_input_found_at_run_time_is_one_line_exit_2(case: str, runtime_results) -> None:
     proc, phrase = runtime_results[case]

@@ -116,6 +116,7 @@ def versions(tmp_path_factory) -> list[Path]:
     return _tiny_bf16_versions(tmp_path_factory.mktemp("bf16"), (1e-6, 1e-6, 1e-5, 1e-3))
 
 
+@pytest.mark.slow  # real optimizer steps on a bf16 model: not in test-fast
 def test_real_optimizer_steps_round_trip_bit_exactly_and_small(versions):
     sizes, magics = [], []
     for old, new in itertools.pairwise(versions):

@@ -97,6 +97,7 @@ def _refusal(pins: dict[str, Any]) -> str:
     return str(e.value)
 
 
+@pytest.mark.slow  # a validator (and a chain) per case: not in test-fast
 @pytest.mark.parametrize("field", RULE_FIELDS)
 def test_a_drifted_rule_refuses_the_validator_naming_the_field(field):
     d = DRIFTED[field]
@@ -123,6 +124,7 @@ def test_pins_equal_to_the_published_rules_start_and_unset_ones_take_them():
                                                 "operators": "+-"}})) == PUBLISHED
 
 
+@pytest.mark.slow  # a validator (and a chain) per case: not in test-fast
 @pytest.mark.parametrize("field", RULE_FIELDS)
 def test_a_rule_changed_while_running_stops_the_validator_naming_the_field(field):
     """The next read of `GET /rules` (every `rules_check_s`) sees the changed rule."""
@@ -143,6 +145,7 @@ def test_a_rule_changed_while_running_stops_the_validator_naming_the_field(field
                                  f"publishes {d.mine}")
 
 
+@pytest.mark.slow  # a validator (and a chain) per case: not in test-fast
 def test_an_honest_file_is_judged_by_the_published_rules_never_a_drifted_pin(engine, tok):
     """Pins equal to the published rules: the honest file is accepted. A pin of seed 8 where
     the pool publishes 7: refused before it judges anything, where judging by its own value
@@ -186,6 +189,7 @@ def served(server: AbstractAsyncContextManager[str]) -> Iterator[str]:
         loop.close()
 
 
+@pytest.mark.slow  # a validator (and a chain) per case: not in test-fast
 @pytest.mark.anvil
 def test_a_running_validator_process_stops_refused_when_the_rules_change(tmp_path: Path):
     """A real `meshrl validator` on a real chain starts under the published rules, then sees
