@@ -118,9 +118,11 @@ def test_a_logprob_below_the_honest_floor_is_refused(worker_file) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_the_trainer_rescoring_an_answer_that_hangs_its_scorer_gets_0_at_the_deadline() -> None:
-    """Issue #41: the trainer re-scores accepted files through the same killable child as the
-    validator; reasoning-gym's countdown (sympy's `parse_expr`) never ended on this answer."""
+def test_an_answer_that_hangs_its_scorer_costs_the_trainer_nothing() -> None:
+    """Issue #41: reasoning-gym's countdown (sympy's `parse_expr`) never ends on this answer;
+    the trainer once re-scored accepted files (through the killable child, 0 at the deadline).
+    Issue #44: it no longer runs the scorer at all: its accuracy is the task part of the
+    rewards the validator recomputed, so the row scores its reward (0) at once."""
     import time
 
     from meshrl.tasks import GymConfig
@@ -154,4 +156,4 @@ def test_the_trainer_rescoring_an_answer_that_hangs_its_scorer_gets_0_at_the_dea
     t0 = time.monotonic()
     fg = file_groups(entry(data), data, tok, rules, built)
     took = time.monotonic() - t0
-    assert fg.task_rewards[0][1] == 0.0 and deadline <= took < deadline + 1.5
+    assert fg.task_rewards[0][1] == 0.0 and took < deadline / 2, took

@@ -4,9 +4,10 @@ downloaded, checked and turned into groups of completions.
 A file's rows are `prompts_per_file x group_size` completions, row r belonging to prompt
 r // group_size (`meshrl.pool.assignment`, docs/roles.md). The trainer re-derives each prompt's
 problem by the pool's published rules exactly as the validator does (`Assignment(rules, node,
-step, counter).problems(tasks)`), never from the file's header (a worker wrote it), to score the
-verifier's accuracy for its metrics and to drop prompts of the held-out set; rewards it trains
-on are the file's own, which the validator recomputed.
+step, counter).problems(tasks)`), never from the file's header (a worker wrote it), to drop
+prompts of the held-out set; rewards it trains on are the file's own, which the validator
+recomputed for every row, and its accuracy metric is their task part (`task_score_of`: the
+length term taken back out), never a third run of the scorer.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def files_groups(entries: list[LedgerEntry], datas: list[bytes], tokenizer: Any,
 
 def _groups(entry: LedgerEntry, rf: RolloutFile, tokenizer: Any, rules: PoolRules,
             tasks: TaskSet, exclude: frozenset[str], vocab_size: int) -> FileGroups:
-    from meshrl.tasks import compute_reward
+    from meshrl.tasks import task_score_of
 
     h = rf.header
     if h.policy_version != entry.policy_version or h.node.lower() != entry.node.lower():
@@ -158,8 +159,9 @@ def _groups(entry: LedgerEntry, rf: RolloutFile, tokenizer: Any, rules: PoolRule
             out.logprobs.append(list(r.logprobs))
             out.loss_masks.append(loss_mask(r))
             out.truncated += r.finish_reason == "length"
-            text = tokenizer.decode(r.completion_tokens)
-            scores.append(compute_reward(problem, text, len(r.completion_tokens), tasks).task)
+            # the validator recomputed every row's reward: its task part is the accuracy (no
+            # third run of the scorer, a sandboxed program per row for code tasks)
+            scores.append(task_score_of(problem, r.reward, len(r.completion_tokens), tasks))
         out.task_rewards.append(scores)
     return out
 

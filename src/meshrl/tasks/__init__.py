@@ -21,6 +21,7 @@ from meshrl.tasks.sampling import (
     problem_seed,
     sample_problems,
     sampling_seed,
+    task_score_of,
 )
 from meshrl.tasks.sandbox import (
     SandboxConfig,
@@ -81,6 +82,7 @@ __all__ = [
     "sample_problems",
     "sampling_seed",
     "task_reward",
+    "task_score_of",
 ]
 
 TASK_CONFIGS: dict[str, type] = {

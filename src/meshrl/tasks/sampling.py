@@ -25,7 +25,7 @@ from meshrl.tasks.environment import EnvironmentConfig
 from meshrl.tasks.gym import GymConfig
 from meshrl.tasks.math import MathConfig
 from meshrl.tasks.reverse import ReverseConfig
-from meshrl.tasks.reward import Reward, task_reward
+from meshrl.tasks.reward import Reward, length_penalty, task_reward
 from meshrl.tasks.tool_arithmetic import ToolArithmeticConfig
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "problem_seed",
     "sample_problems",
     "sampling_seed",
+    "task_score_of",
 ]
 
 TaskSpec = Annotated[
@@ -140,6 +141,18 @@ def sample_problems(
             )
         out.append(problem)
     return out
+
+
+def task_score_of(problem: Problem, reward: float, num_tokens: int, tasks: TaskSet) -> float:
+    """The task's score inside a `reward` that `compute_reward` gave (its length term taken
+    back out), without running the scorer again: the trainer's accuracy metric reads it from
+    rows whose rewards the validator recomputed (rounded to 6 places: rewards travel as
+    float32)."""
+    lt = _check(tasks).cfg.length_target
+    target = problem.meta.get("target_length")
+    r_len = length_penalty(int(target), num_tokens, lt.alpha) if (
+        lt.enabled and target is not None) else 0.0
+    return round(reward - r_len, 6)
 
 
 def compute_reward(problem: Problem, completion: str, num_tokens: int, tasks: TaskSet) -> Reward:
