@@ -112,11 +112,11 @@ def test_the_batched_config_publishes_its_batch_rule_to_every_role(tmp_path) -> 
 
     cfg = load_config(NetworkConfig, [CONFIGS / "network.toml", CONFIGS / "batched.toml"],
                       [f"--dir={tmp_path}"])
-    assert cfg.pool.rules().batch.files == 4 and cfg.pool.rules().batch.max_delay_s == 2.0
+    assert cfg.pool.rules().batch.files == 4 and cfg.pool.rules().batch.max_delay_s == 0.5
     lay = Layout(cfg)
     roles = {r.name: r for r in build_roles(lay, lay.keys(), 1)}
     orch = _toml(Path(roles["orchestrator"].argv[-1]))
-    assert orch["rules"]["batch"] == {"files": 4, "max_delay_s": 2.0}
+    assert orch["rules"]["batch"] == {"files": 4, "max_delay_s": 0.5}
     for name in ("worker-0", "validator", "validator-1"):
         assert _toml(Path(roles[name].argv[-1]))["rules"]["batch"]["files"] == 4, name
     plain = load_config(NetworkConfig, [CONFIGS / "network.toml"], [f"--dir={tmp_path}"])

@@ -10,6 +10,7 @@ claimable and is claimed as one item. The orchestrator's books and the chain's o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -114,3 +115,66 @@ def test_batches_judged_per_file_the_forged_leaf_slashed_the_honest_batch_paid(n
     got = Claimer(net.fed.as_(hp), net.pool, 1.0).claim_once()
     assert got.items == 1 and got.amount == hb.args["reward"]
     assert net.fed.work(bytes(hb.args["batch_id"])).status == WorkStatus.CLAIMED
+
+
+def _copies(net: Net, node: str) -> list:
+    return [e for e in _events(net, "LeafOpened", node) if e.args["copy"]]
+
+
+def _claimable(net: Net, provider: str) -> int:
+    return sum(w["reward"] for w in provider_rewards(net.fed, net.pool, provider)["works"]
+               if w["claimable"])
+
+
+def test_a_file_in_a_batch_and_on_its_own_is_paid_once_either_order(net: Net):
+    """Double pay: a node's file in one of its batches and also submitted on its own. The chain
+    cannot see it (the leaves are off chain); the validator opens the leaf as the copy it is,
+    whichever came first: the file submitted on its own after the batch was judged (here by
+    its provider, `submit_work`), or before the batch's root (`double-submit` file-first).
+    The copy's batch is accused hard; the honest node's batch is paid."""
+    (hp, hn, _), (dp, dn, _), (fp, fn, _) = (fund_provider(net, x) for x in ("h0", "d0", "f1"))
+    v = validator(net)
+    v.start()
+    ws = [worker(net, "h0", max_files=2), worker(net, "d0", max_files=2),
+          worker(net, "f1", {"mode": "double-submit", "double_order": "file-first"},
+                 max_files=2)]
+    for w in ws:
+        w.start()
+    for w in ws:
+        assert w.wait(300) == 0, w.log.read_text()[-3000:]
+    [hb], [db], [fb] = (_events(net, "BatchSubmitted", n.address) for n in (hn, dn, fn))
+    # batch first: once its leaves are judged (accepted, nothing on chain), the provider
+    # submits the batch's first file again on its own
+    did = bytes(db.args["batch_id"]).hex()
+    wait_until(lambda: sum(r.status.value == "accepted" for r in _rows(net)
+                           if r.batch_id == did) == 2, 300)
+    first = _orch(net, f"/batches/{did}", BatchInfo).leaves[0]
+    stake = max(PARAMS.min_stake, PARAMS.stake_per_unit)
+    once = net.fed.as_(dp).submit_work(net.pool, dn.address, bytes.fromhex(first.sha256),
+                                       first.work_units).event("WorkSubmitted").args
+    with contextlib.suppress(TimeoutError):
+        wait_until(lambda: _copies(net, dn.address) and _copies(net, fn.address), 60)
+    # the file is paid at most once: whatever the two providers can claim after the lock is
+    # no more than their batches (the node's files, each once)
+    wait_until(lambda: _accepted_batch(net, hb), 300)
+    net.fed.backend.advance_time(PARAMS.lock_period + 1)
+    got = {"d0": _claimable(net, dp.address), "f1": _claimable(net, fp.address),
+           "h0": _claimable(net, hp.address)}
+    assert got["d0"] <= db.args["reward"], (got, "d0 paid twice", once["reward"])
+    assert got["f1"] <= fb.args["reward"], (got, "f1 paid twice")
+    # each copy voided in its batch, the batch accused hard: the provider slashed
+    for node, prov, b in ((dn, dp, db), (fn, fp, fb)):
+        [c] = _copies(net, node.address)
+        assert c.args["batch_id"] == b.args["batch_id"]
+        assert net.fed.work(bytes(b.args["batch_id"])).status == WorkStatus.HARD_INVALIDATED
+        assert net.fed.provider(prov.address).stake == stake - PARAMS.slash_penalty
+    assert bytes(_copies(net, dn.address)[0].args["work_id"]) == bytes(once["work_id"])
+    # the honest neighbour's batch is untouched and paid in full
+    assert got["h0"] == hb.args["reward"]
+    assert net.fed.provider(hp.address).stake == stake
+    assert not _events(net, "LeafOpened", hn.address)
+
+
+def _accepted_batch(net: Net, b) -> bool:
+    bid = bytes(b.args["batch_id"]).hex()
+    return sum(r.status.value == "accepted" for r in _rows(net) if r.batch_id == bid) == 2

@@ -19,6 +19,9 @@ Each cheat is what a worker that wants rewards without the work (or with easier 
   that very row (its seeded noise) can tell; caught when sampled replay picks it;
 - `double-dip`: submits one generation twice, the second time under another allowed policy
   version at a counter of its own (header seed rewritten to match the claim);
+- `double-submit`: in a pool that batches, each batch's first file is also submitted on its
+  own (`submit_work`), after the batch's root (`double_order` batch-first) or, its leaves
+  posted, before it (file-first): the same file paid twice unless a validator opens the leaf;
 - `forge-tools`: a lying tool in agentic episodes (issue #45): every tool output it appends
   is made up (a calculator off by one) in place of the tool's, the model's turns after it
   generated honestly on the forged conversation.
@@ -37,6 +40,7 @@ runs.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import hashlib
 from dataclasses import dataclass, replace
@@ -49,6 +53,7 @@ from meshrl.inference import Completion, InferenceBackend, SamplingParams
 from meshrl.inference.backend import ScoreResult
 from meshrl.log import get_logger, log_event
 from meshrl.pool import Assignment, WorkOrder, prompt_of_row, work_units
+from meshrl.protocol.batches import Batch
 from meshrl.tasks import Problem, TaskSet
 from meshrl.tasks.tools import Tool, ToolResult
 from meshrl.wire.rollout_file import RolloutFile, read_rollout_file, rollout_file_bytes
@@ -463,12 +468,47 @@ class _NoUploadOfCopies:
         return getattr(self.inner, name)
 
 
+class DoubleSubmit(Adversary):
+    """Each batch's first file submitted on its own too (module doc, `double-submit`)."""
+
+    def courier(self, courier: Courier) -> Courier:
+        return _SubmitsTwice(courier, self.cfg.double_order)
+
+
+class _SubmitsTwice:
+    """A batch courier that also submits the first leaf of each batch with `submit_work`."""
+
+    def __init__(self, inner: Any, order: str) -> None:
+        self.inner, self.order = inner, order
+
+    async def _again(self, batch: Batch) -> None:
+        leaf = batch.leaves[0]
+        r = await asyncio.to_thread(self.inner.chain.submit_work, self.inner.pool,
+                                    self.inner.node, leaf.file_sha256, leaf.units)
+        log_event(log, "cheat: a leaf submitted on its own too", order=self.order,
+                  batch_id=batch.id.hex(), sha256=leaf.file_sha256.hex(), tx=r.tx_hash)
+
+    async def post_batch(self, batch: Batch) -> None:
+        await self.inner.post_batch(batch)
+        if self.order == "file-first":
+            await self._again(batch)
+
+    async def submit_batch(self, batch: Batch) -> str:
+        tx = await self.inner.submit_batch(batch)
+        if self.order == "batch-first":
+            await self._again(batch)
+        return tx
+
+    def __getattr__(self, name: str) -> object:  # every other method, as given
+        return getattr(self.inner, name)
+
+
 CHEATS: dict[str, type[Adversary]] = {
     "other-model": OtherModel, "int8": Int8, "scale-layer": ScaleLayer,
     "cherry-pick": CherryPick, "forge-rewards": ForgeRewards, "forge-sampling": ForgeSampling,
     "truncate": Truncate, "stale-policy": StalePolicy, "copy": Copy,
     "inflate-units": InflateUnits, "double-dip": DoubleDip, "forge-one-row": ForgeOneRow,
-    "forge-tools": ForgeTools,
+    "forge-tools": ForgeTools, "double-submit": DoubleSubmit,
 }
 
 # the cheats that load weights of their own into the backend

@@ -22,9 +22,14 @@ and becomes one job per file, judged as any file (the rows replayed drawn from t
 block holding the batch and the file's sha256); a file found invalid is taken out of its batch
 and accused in one transaction (`open_leaf` with its proof), an accepted one costs nothing on
 chain. A leaf whose file already has a work item (submitted twice) is opened with a hard
-verdict, which voids it and accuses its batch. A batch whose leaves the orchestrator never
-serves (its node never posted them, or they are not files it uploaded) ends, after the
-retries, soft-invalidated as a whole. Failures of the validator itself
+verdict, which voids it and accuses its batch. The chain cannot see a copy the other way round
+(the file submitted on its own, or in another batch, after its batch): the leaves of every batch
+expanded here are remembered until the batch's window closes (`ValidatorState.leaves`), and a
+`WorkSubmitted` of one of them (whoever's share it is in), or the same file in a later batch,
+opens the remembered leaf as that copy at once (`_copy_of_leaf`). A batch whose leaves the
+orchestrator never serves (its node never posted them, or they are not files it uploaded; the
+orchestrator refuses a file in a second batch, or one submitted on its own already) ends, after
+the retries, soft-invalidated as a whole. Failures of the validator itself
 (download, missing policy version, an exception in its own code) retry the job with backoff and
 end, at worst, in a soft invalidation.
 """
@@ -159,8 +164,11 @@ class ValidatorNode:
 
     async def _poll(self) -> None:
         events = await asyncio.to_thread(self.cursor.poll)
-        mine, accused = [], set()
+        mine, accused, copies = [], set(), []
         for e in events:
+            if e.name == "WorkSubmitted" and int(e.args["pool"]) == self.cfg.pool_id and \
+                    bytes(e.args["work_id"]).hex() in self.state.leaves:
+                copies.append(bytes(e.args["work_id"]).hex())  # a leaf of a batch, again
             if e.name == "WorkAccused":
                 wid = bytes(e.args["work_id"]).hex()
                 accused.add(wid)
@@ -181,6 +189,23 @@ class ValidatorNode:
             self.state.enqueue([], self.cursor.next_block)
         if jobs:
             log_event(log, "submissions queued", files=len(jobs), queue=len(self.state.queue))
+        for wid in copies:
+            await self._copy_of_leaf(wid, "submitted on its own")
+        self.state.forget_leaves([], time.time())
+
+    async def _copy_of_leaf(self, wid: str, why: str) -> str:
+        """A remembered leaf whose file has an item of its own now (submitted on its own, or
+        opened out of another batch): open it as the copy it is, with a hard verdict, so its
+        units leave its batch and the batch is accused (the file is paid at most once)."""
+        entry = self.state.leaves[wid]
+        ref = self._leaf(Job(**{k: v for k, v in entry.items() if k != "until"}))
+        assert ref is not None
+        tx = await asyncio.to_thread(self.clerk.act, bytes.fromhex(wid),
+                                     VerdictKind.HARD_INVALID, ref, True)
+        log_event(log, "copy of a leaf", work_id=wid, batch_id=entry["batch_id"],
+                  index=entry["index"], copy=why, tx=tx)
+        self.state.forget_leaves([wid], time.time())
+        return tx
 
     def _jobs(self, events: list[Event]) -> list[Job]:
         """The jobs of judging the submissions of `WorkSubmitted` events (blocking): their
@@ -226,10 +251,25 @@ class ValidatorNode:
             await self._retry(job, "batch leaves do not hash to the root on chain")
             return
         ids = [x.work_id for x in batch.leaves]
-        have = await asyncio.to_thread(self.chain.works, ids)
+        *have, info = await asyncio.to_thread(self.chain.works, [*ids, bytes.fromhex(
+            job.batch_id)])
         jobs = []
         for i, (leaf, wid, w) in enumerate(zip(batch.leaves, ids, have, strict=True)):
             ref = LeafRef(batch.root, i, leaf, batch.proof(i))
+            other = self.state.leaves.get(wid.hex())
+            if w.status == WorkStatus.NONE and other is not None and \
+                    other["batch_id"] != job.batch_id:
+                # the same file in an earlier batch expanded here: the chain sees the copy
+                # only once the earlier leaf is a work item (opened plain, it stays judged)
+                first = self._leaf(Job(**{k: v for k, v in other.items() if k != "until"}))
+                assert first is not None
+                try:
+                    await asyncio.to_thread(self.chain.open_leaf, first.root, first.index,
+                                            first.leaf, first.proof)
+                    w = await asyncio.to_thread(self.chain.work, wid)
+                except ChainError as e:  # its window closed, say: judged as any file here
+                    log_event(log, "earlier leaf not opened", work_id=wid.hex(), error=str(e))
+                self.state.forget_leaves([wid.hex()], time.time())
             if w.status != WorkStatus.NONE:  # the file has an item already: a copy
                 tx = await asyncio.to_thread(self.clerk.act, wid, VerdictKind.HARD_INVALID,
                                              ref, True)
@@ -240,7 +280,7 @@ class ValidatorNode:
                             leaf.units, job.block, job.block_hash, batch_id=job.batch_id,
                             root=job.root, index=i, step=leaf.step, counter=leaf.counter,
                             count=batch.count, proof=[p.hex() for p in ref.proof]))
-        self.state.expand(job, jobs)
+        self.state.expand(job, jobs, info.judge_until)
         self.unaccused.update(j.work_id for j in jobs)
         log_event(log, "batch queued", batch_id=job.batch_id, files=len(jobs),
                   queue=len(self.state.queue))

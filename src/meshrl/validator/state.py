@@ -54,6 +54,11 @@ class ValidatorState:
     queue: list[Job] = field(default_factory=list)
     judged: dict[str, str] = field(default_factory=dict)  # work id -> verdict kind
     outgoing: list[dict[str, str]] = field(default_factory=list)  # verdicts not yet posted
+    # the leaves of the batches this validator expanded, by the file's work id (hex): a Job
+    # (as `asdict`) with its batch, root, index and proof, plus `until` (unix time its
+    # window closes); a later `submit_work` of the same file, or the same file in another
+    # batch, is opened out of it as a copy (`ValidatorNode._copies`)
+    leaves: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: str | Path, start_block: int) -> ValidatorState:
@@ -62,12 +67,13 @@ class ValidatorState:
             return cls(path, start_block)
         data: dict[str, Any] = json.loads(path.read_text())
         return cls(path, int(data["next_block"]), [Job(**j) for j in data["queue"]],
-                   dict(data["judged"]), list(data.get("outgoing", [])))
+                   dict(data["judged"]), list(data.get("outgoing", [])),
+                   dict(data.get("leaves", {})))
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         data = {"next_block": self.next_block, "queue": [asdict(j) for j in self.queue],
-                "judged": self.judged, "outgoing": self.outgoing}
+                "judged": self.judged, "outgoing": self.outgoing, "leaves": self.leaves}
         atomic_write(self.path, json.dumps(data))
 
     def enqueue(self, jobs: list[Job], next_block: int) -> None:
@@ -90,12 +96,22 @@ class ValidatorState:
             self.outgoing.append(outgoing)
         self.save()
 
-    def expand(self, batch: Job, leaves: list[Job]) -> None:
-        """A batch's job becomes the jobs of its leaves, ahead of the queue, at once."""
+    def expand(self, batch: Job, leaves: list[Job], until: int = 0) -> None:
+        """A batch's job becomes the jobs of its leaves, ahead of the queue, and they are
+        remembered (`leaves`) until `until`, at once."""
         known = self.judged.keys() | {j.work_id for j in self.queue}
         rest = [j for j in self.queue if j.work_id != batch.work_id]
         self.queue = [j for j in leaves if j.work_id not in known] + rest
+        for j in leaves:
+            self.leaves.setdefault(j.work_id, {**asdict(j), "until": until})
         self.save()
+
+    def forget_leaves(self, work_ids: list[str], now: float) -> None:
+        """Leaves opened (out of their batch now) and those whose window closed by `now`."""
+        gone = set(work_ids) | {w for w, x in self.leaves.items() if x["until"] <= now}
+        if gone & self.leaves.keys():
+            self.leaves = {w: x for w, x in self.leaves.items() if w not in gone}
+            self.save()
 
     def posted(self, verdict: dict[str, str]) -> None:
         self.outgoing = [v for v in self.outgoing if v != verdict]

@@ -31,7 +31,7 @@ __all__ = [
 CheatMode = Literal[
     "none", "other-model", "int8", "scale-layer", "cherry-pick", "forge-rewards",
     "forge-sampling", "truncate", "stale-policy", "copy", "inflate-units", "double-dip",
-    "forge-one-row", "forge-tools",
+    "forge-one-row", "forge-tools", "double-submit",
 ]
 CHEAT_MODES: tuple[str, ...] = CheatMode.__args__  # type: ignore[attr-defined]
 
@@ -78,6 +78,9 @@ class CheatConfig(Config):
     other_seed: int = Field(12345, description="other-model: init seed of the other model")
     forge_task: str = Field("", max_length=64, description="forge-rewards: forge only the "
                             "rows of this task of the mix (its name; empty: every row)")
+    double_order: Literal["batch-first", "file-first"] = Field(
+        "batch-first", description="double-submit: whether each batch's first file is also "
+        "submitted on its own after the batch's root (batch-first) or before it (file-first)")
     forge_row: int = Field(1, ge=0, description="forge-one-row: the row forged (mod the rows; "
                            "the next one if it starts a group)")
 
