@@ -8,7 +8,7 @@ import pytest
 
 from meshrl.protocol import EthTesterBackend, WorkStatus
 from meshrl.validator.disputes import Action, Clerk, next_action
-from meshrl.wire.models import VerdictKind
+from meshrl.wire.models import Verdict, VerdictKind
 from protocol.helpers import BOND, PARAMS, TOKEN
 from protocol.test_disputes import DISPUTE, VB, Court, _court
 from rpc_requests import sent_requests
@@ -107,9 +107,9 @@ def test_an_accepted_unaccused_file_asks_the_chain_nothing_and_an_accusation_is_
         start = w.backend.block_number() + 1
         node.cursor, node.state = court.judge.events(start), ValidatorState.load(
             tmp_path / "state.json", start)
-        posted: list[dict[str, str]] = []
+        posted: list[Verdict] = []
 
-        async def post(v: dict[str, str]) -> bool:  # the orchestrator is not under test here
+        async def post(v: Verdict) -> bool:  # the orchestrator is not under test here
             posted.append(v)
             return True
         node._post = post  # type: ignore[method-assign]
@@ -140,7 +140,7 @@ def test_an_accepted_unaccused_file_asks_the_chain_nothing_and_an_accusation_is_
         early_late = asyncio.run(go())
         fed = w.fed
         assert [fed.dispute(x).overturn for x in early_late] == [1, 1]
-        assert len(posted) == 3 and {v["verdict"] for v in posted} == {"accept"}
+        assert len(posted) == 3 and {v.verdict for v in posted} == {VerdictKind.ACCEPT}
         w.backend.advance_time(DISPUTE)
         assert node.clerk.settle_due() == 2  # both overturned: the files stand
         assert all(fed.work(x).status == WorkStatus.SUBMITTED for x in early_late)

@@ -150,6 +150,24 @@ def test_state_resumes_and_never_requeues_judged(tmp_path):
     assert [j.work_id for j in again.queue] == ["bb"] and again.judged == {"aa": "accept"}
 
 
+def test_a_verdict_not_yet_posted_survives_a_restart_typed(tmp_path):
+    """A verdict the orchestrator has not taken stays in state.json and comes back as the
+    same `Verdict` (its kind an enum), so a restart posts it unchanged; once posted it is gone."""
+    from meshrl.wire.models import Verdict, VerdictKind
+
+    path = tmp_path / "state.json"
+    st = ValidatorState.load(path, start_block=0)
+    job = Job("cc", "c1", A, B, 1, 10, 8)
+    st.enqueue([job], 9)
+    v = Verdict(sha256="c" * 64, work_id="d" * 64, verdict=VerdictKind.HARD_INVALID,
+                reason="rewards: row 3 claims 1.0, recomputed 0.0")
+    st.record(job, v.verdict.value, v)
+    again = ValidatorState.load(path, 0)
+    assert again.outgoing == [v] and again.outgoing[0].verdict is VerdictKind.HARD_INVALID
+    again.posted(v)
+    assert ValidatorState.load(path, 0).outgoing == []
+
+
 def test_an_honest_file_of_one_row_group_a_row_is_judged_not_refused(engine, tok):
     """Issue #41 (low): the same honest file, written one row group per row, was refused by the
     reader (a schema finding, hence a slash); it is read by the pool's limits and accepted."""

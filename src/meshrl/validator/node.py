@@ -1,3 +1,5 @@
+# over 400 lines: the validator's loop from chain event to verdict on chain, its batches' leaves and
+#  their copies included, so a submission's whole path is read in one place
 """The validator process: follow `WorkSubmitted` (and `BatchSubmitted`), judge each file, act
 on the verdict.
 
@@ -71,7 +73,7 @@ from meshrl.wire import (
     SignedClient,
     WireHTTPError,
 )
-from meshrl.wire.models import BatchInfo, Verdict, VerdictKind
+from meshrl.wire.models import MAX_REASON, BatchInfo, Verdict, VerdictKind
 from meshrl.wire.signing import orchestrator_audience
 
 __all__ = ["ValidatorNode"]
@@ -334,10 +336,10 @@ class ValidatorNode:
         chain's invalidation event reaches the orchestrator; then invalidate on chain."""
         # addressed by work id: every submission has its own ledger row (a copy's included);
         # a batch whose leaves never came has none (its verdict is the chain's only)
-        verdict: dict[str, str] | None = None
+        verdict: Verdict | None = None
         if job.sha256:
-            verdict = {"sha256": job.sha256, "work_id": job.work_id, "verdict": d.kind.value,
-                       "reason": d.reason[:500]}
+            verdict = Verdict(sha256=job.sha256, work_id=job.work_id, verdict=d.kind,
+                              reason=d.reason[:MAX_REASON])
         if verdict is not None and await self._post(verdict):
             verdict = None
         tx = ""
@@ -390,10 +392,10 @@ class ValidatorNode:
             if await self._post(v):
                 self.state.posted(v)
 
-    async def _post(self, v: dict[str, str]) -> bool:
+    async def _post(self, v: Verdict) -> bool:
         """True when the orchestrator has the verdict (or never will need it)."""
         try:
-            await self.orch.call("POST", "/verdicts", Verdict(**v))
+            await self.orch.call("POST", "/verdicts", v)
         except NotAwaitingVerdict:
             return True  # the row has moved on (invalidated on chain): nothing left to tell
         except (NoSuchSubmission, NotSubmittedYet):

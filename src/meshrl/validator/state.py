@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from meshrl.durable import atomic_write
+from meshrl.wire.models import Verdict
 
 __all__ = ["Job", "ValidatorState"]
 
@@ -53,7 +54,7 @@ class ValidatorState:
     next_block: int = 0
     queue: list[Job] = field(default_factory=list)
     judged: dict[str, str] = field(default_factory=dict)  # work id -> verdict kind
-    outgoing: list[dict[str, str]] = field(default_factory=list)  # verdicts not yet posted
+    outgoing: list[Verdict] = field(default_factory=list)  # verdicts not yet posted
     # the leaves of the batches this validator expanded, by the file's work id (hex): a Job
     # (as `asdict`) with its batch, root, index and proof, plus `until` (unix time its
     # window closes); a later `submit_work` of the same file, or the same file in another
@@ -67,13 +68,16 @@ class ValidatorState:
             return cls(path, start_block)
         data: dict[str, Any] = json.loads(path.read_text())
         return cls(path, int(data["next_block"]), [Job(**j) for j in data["queue"]],
-                   dict(data["judged"]), list(data.get("outgoing", [])),
+                   dict(data["judged"]),
+                   [Verdict.model_validate(v) for v in data.get("outgoing", [])],
                    dict(data.get("leaves", {})))
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         data = {"next_block": self.next_block, "queue": [asdict(j) for j in self.queue],
-                "judged": self.judged, "outgoing": self.outgoing, "leaves": self.leaves}
+                "judged": self.judged,
+                "outgoing": [v.model_dump(mode="json") for v in self.outgoing],
+                "leaves": self.leaves}
         atomic_write(self.path, json.dumps(data))
 
     def enqueue(self, jobs: list[Job], next_block: int) -> None:
@@ -88,7 +92,7 @@ class ValidatorState:
         self.queue.sort(key=lambda j: j.work_id != work_id)
         self.save()
 
-    def record(self, job: Job, verdict: str, outgoing: dict[str, str] | None = None) -> None:
+    def record(self, job: Job, verdict: str, outgoing: Verdict | None = None) -> None:
         """A judged job leaves the queue; its verdict for the orchestrator is queued with it."""
         self.queue = [j for j in self.queue if j.work_id != job.work_id]
         self.judged[job.work_id] = verdict
@@ -113,6 +117,6 @@ class ValidatorState:
             self.leaves = {w: x for w, x in self.leaves.items() if w not in gone}
             self.save()
 
-    def posted(self, verdict: dict[str, str]) -> None:
+    def posted(self, verdict: Verdict) -> None:
         self.outgoing = [v for v in self.outgoing if v != verdict]
         self.save()
