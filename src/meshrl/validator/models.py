@@ -73,7 +73,20 @@ class ModelCache:
         self.engines[version] = engine
         while len(self.engines) > self.keep:
             self.configs.pop(self.engines.popitem(last=False)[0], None)
+        self._prune()
         return engine
+
+    def _prune(self) -> None:
+        """Delete the fetched versions older than every version held (a long pool fetched
+        one every step or two and kept them all: 2.1 GB of bfloat16 SmolLM2 versions per
+        validator after 13 steps); a file of an older version, rare, fetches it again."""
+        import shutil
+
+        oldest = min(self.engines, default=0)
+        for d in self.root.glob("v*"):
+            n = d.name[1:]
+            if n.isdigit() and int(n) < oldest and int(n) not in self.engines and d.is_dir():
+                shutil.rmtree(d, ignore_errors=True)
 
     async def _locate(self, version: int) -> Path:
         local = self.root / f"v{version}"
