@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-smollm2 demo demo-local demo-lora demo-local-lora demo-tools demo-network-tools demo-smollm2 train-smollm2 test test-fast test-crosshost lint bench clean node
+.PHONY: setup setup-smollm2 demo demo-local demo-lora demo-local-lora demo-tools demo-network-tools demo-smollm2 train-smollm2 demo-network-smollm2 test test-fast test-crosshost lint bench clean node
 
 setup: $(STAMP) node
 
@@ -67,6 +67,10 @@ demo-smollm2: setup-smollm2
 # RL on the real model: sums of two numbers, from 17% held-out (configs/smollm2.toml)
 train-smollm2: setup-smollm2
 	$(BIN)/meshrl train configs/smollm2.toml
+
+# the same model through the whole pool: workers, validators, chain, shardcast (about 20 min)
+demo-network-smollm2: setup-smollm2
+	$(BIN)/meshrl network up configs/network.toml configs/network_smollm2.toml
 
 # two pytest-xdist workers (tests/conftest.py: each module one unit, the longest first, at most
 # one `network up` at a time), then, alone, the few tests that assert on wall-clock time
