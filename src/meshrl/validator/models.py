@@ -45,6 +45,7 @@ class ModelCache:
         self.backend, self.device, self.dtype = backend, device, dtype
         self.engines: OrderedDict[int, Any] = OrderedDict()
         self.configs: dict[int, dict[str, Any]] = {}  # each engine's config.json, parsed
+        self.bases: dict[int, int] = {}  # an adapter version's base version
         self.tokenizer: Any = None
         self.prompt_format = prompt_format
         self.loads = 0
@@ -77,15 +78,17 @@ class ModelCache:
         return engine
 
     def _prune(self) -> None:
-        """Delete the fetched versions older than every version held (a long pool fetched
-        one every step or two and kept them all: 2.1 GB of bfloat16 SmolLM2 versions per
-        validator after 13 steps); a file of an older version, rare, fetches it again."""
+        """Delete the fetched versions older than every version held, but the base of a held
+        adapter version (a long pool fetched one every step or two and kept them all: 2.1 GB
+        of bfloat16 SmolLM2 versions per validator after 13 steps); a file of an older
+        version, rare, fetches it again."""
         import shutil
 
         oldest = min(self.engines, default=0)
+        needed = {*self.engines, *(self.bases[v] for v in self.engines if v in self.bases)}
         for d in self.root.glob("v*"):
             n = d.name[1:]
-            if n.isdigit() and int(n) < oldest and int(n) not in self.engines and d.is_dir():
+            if n.isdigit() and int(n) < oldest and int(n) not in needed and d.is_dir():
                 shutil.rmtree(d, ignore_errors=True)
 
     async def _locate(self, version: int) -> Path:
@@ -104,7 +107,10 @@ class ModelCache:
                                        run=self.run) as sc:
                 # a delta against a version held here is fetched as the delta alone
                 fetch = sc.fetch(local, version, held=self.root)
-                return (await asyncio.wait_for(fetch, self.sync_timeout)).path
+                res = await asyncio.wait_for(fetch, self.sync_timeout)
+                if res.base is not None and res.payload == "adapter":
+                    self.bases[version] = res.base  # kept on disk while `version` is held
+                return res.path
         except TimeoutError:
             raise VersionUnavailable(f"policy version {version}: not fetched within "
                                      f"{self.sync_timeout:g} s") from None
