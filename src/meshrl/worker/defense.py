@@ -10,9 +10,10 @@ bond. A challenged verdict stands only with `quorum` upholds from other validato
 re-judge the file themselves; so a true verdict is upheld and costs the challenge its deposit,
 which is why a cheater (the adversaries' workers) does not challenge.
 
-The accusations are read from the chain's `WorkAccused` events with an incremental cursor
-(each round reads only new blocks); each one is challenged once, a refusal (the stake does not
-cover the deposit, the verdict already challenged or closed) logged and not retried.
+The accusations are read as the chain's `WorkAccused` events of this node alone (a topic
+filter: the node sends nothing else), from the blocks after the last read; each one is
+challenged once, a refusal (the stake does not cover the deposit, the verdict already
+challenged or closed) logged and not retried.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+from eth_utils import event_abi_to_log_topic
+
 from meshrl.log import get_logger, log_event
 from meshrl.protocol import Protocol, TxReverted
+from meshrl.protocol.events import Event
 from meshrl.wire.detached import detached
 from meshrl.worker.retry import retrying
 
@@ -33,6 +37,7 @@ __all__ = ["Challenge", "Defender"]
 log = get_logger("meshrl.worker")
 
 Which = Literal["hard", "all", "off"]
+RANGE = 2000  # blocks one log query asks for (public nodes bound a query's range)
 
 
 @dataclass
@@ -59,19 +64,35 @@ class Defender:
 
     def __post_init__(self) -> None:
         self.node = self.node.lower()
-        self.cursor = self.chain.events()
+        self.next_block = self.chain.deployment.block
+        abi = next(x for x in self.chain.contract.abi
+                   if x.get("type") == "event" and x["name"] == "WorkAccused")
+        # WorkAccused(work_id, provider, node) are its indexed arguments: the node asks for
+        # this node's accusations alone (every event of a busy pool, every round, from each
+        # of its members, crossed a home link for nothing)
+        self.topics = ["0x" + event_abi_to_log_topic(abi).hex(), None, None,
+                       "0x" + "00" * 12 + self.node.removeprefix("0x")]
+
+    def _accusations(self) -> list[Event]:
+        """The `WorkAccused` events of this node since the last read, in ranges of
+        `RANGE` blocks; the cursor moves only once all of them are read."""
+        latest, start, out = self.chain.backend.block_number(), self.next_block, []
+        while start <= latest:
+            end = min(latest, start + RANGE - 1)
+            logs = self.chain.backend.w3.eth.get_logs({
+                "address": self.chain.contract.address, "fromBlock": start, "toBlock": end,
+                "topics": self.topics})  # type: ignore[typeddict-item]
+            out += [e for e in map(self.chain.decoder.decode, logs) if e is not None]
+            start = end + 1
+        self.next_block = start
+        return out
 
     def defend_once(self) -> list[Challenge]:
         """Challenge every new open verdict on this node's work (blocking); the new ones."""
         if self.which == "off":
             return []
-        new, start = [], self.cursor.next_block
-        try:
-            events = self.cursor.poll()
-        except Exception:  # read again from the same block next time
-            self.cursor.next_block = start
-            raise
-        for e in events:
+        new = []
+        for e in self._accusations():
             if e.name != "WorkAccused" or str(e.args["node"]).lower() != self.node:
                 continue
             wid = bytes(e.args["work_id"])
