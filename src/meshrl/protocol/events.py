@@ -114,24 +114,31 @@ class EventCursor:
         addresses: list[str],
         from_block: int = 0,
         max_range: int = 2000,
+        topics: list[str | None] | None = None,
     ):
         self.backend = backend
         self.decoder = decoder
         self.addresses = addresses
         self.next_block = from_block
         self.max_range = max_range
+        self.topics = topics  # a log filter the node applies (e.g. one event of one node)
         self.queries = 0  # get_logs calls made, to check that polls stay incremental
 
     def poll(self) -> list[Event]:
-        """Every event from `next_block` up to the latest block; advances the cursor."""
+        """Every event from `next_block` up to the latest block; advances the cursor once
+        every range is read (a failed read leaves it where it was: nothing read is lost)."""
         latest = self.backend.block_number()
         events: list[Event] = []
-        while self.next_block <= latest:
-            to_block = min(latest, self.next_block + self.max_range - 1)
-            logs = self.backend.w3.eth.get_logs(
-                {"address": self.addresses, "fromBlock": self.next_block, "toBlock": to_block}
-            )
+        start = self.next_block
+        while start <= latest:
+            to_block = min(latest, start + self.max_range - 1)
+            query: dict[str, Any] = {"address": self.addresses, "fromBlock": start,
+                                     "toBlock": to_block}
+            if self.topics is not None:
+                query["topics"] = self.topics
+            logs = self.backend.w3.eth.get_logs(query)  # type: ignore[arg-type]
             self.queries += 1
             events.extend(e for e in map(self.decoder.decode, logs) if e is not None)
-            self.next_block = to_block + 1
+            start = to_block + 1
+        self.next_block = start
         return sorted(events, key=lambda e: (e.block, e.log_index))

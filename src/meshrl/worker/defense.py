@@ -28,7 +28,7 @@ from eth_utils import event_abi_to_log_topic
 
 from meshrl.log import get_logger, log_event
 from meshrl.protocol import Protocol, TxReverted
-from meshrl.protocol.events import Event
+from meshrl.protocol.events import EventCursor
 from meshrl.wire.detached import detached
 from meshrl.worker.retry import retrying
 
@@ -37,7 +37,6 @@ __all__ = ["Challenge", "Defender"]
 log = get_logger("meshrl.worker")
 
 Which = Literal["hard", "all", "off"]
-RANGE = 2000  # blocks one log query asks for (public nodes bound a query's range)
 
 
 @dataclass
@@ -64,35 +63,23 @@ class Defender:
 
     def __post_init__(self) -> None:
         self.node = self.node.lower()
-        self.next_block = self.chain.deployment.block
         abi = next(x for x in self.chain.contract.abi
                    if x.get("type") == "event" and x["name"] == "WorkAccused")
-        # WorkAccused(work_id, provider, node) are its indexed arguments: the node asks for
-        # this node's accusations alone (every event of a busy pool, every round, from each
-        # of its members, crossed a home link for nothing)
-        self.topics = ["0x" + event_abi_to_log_topic(abi).hex(), None, None,
-                       "0x" + "00" * 12 + self.node.removeprefix("0x")]
-
-    def _accusations(self) -> list[Event]:
-        """The `WorkAccused` events of this node since the last read, in ranges of
-        `RANGE` blocks; the cursor moves only once all of them are read."""
-        latest, start, out = self.chain.backend.block_number(), self.next_block, []
-        while start <= latest:
-            end = min(latest, start + RANGE - 1)
-            logs = self.chain.backend.w3.eth.get_logs({
-                "address": self.chain.contract.address, "fromBlock": start, "toBlock": end,
-                "topics": self.topics})  # type: ignore[typeddict-item]
-            out += [e for e in map(self.chain.decoder.decode, logs) if e is not None]
-            start = end + 1
-        self.next_block = start
-        return out
+        # WorkAccused(work_id, provider, node) are its indexed arguments: the node sends this
+        # node's accusations alone (every event of a busy pool, every round, from each of its
+        # members, crossed a home link for nothing)
+        topics = ["0x" + event_abi_to_log_topic(abi).hex(), None, None,
+                  "0x" + "00" * 12 + self.node.removeprefix("0x")]
+        self.cursor = EventCursor(self.chain.backend, self.chain.decoder,
+                                  [self.chain.contract.address], self.chain.deployment.block,
+                                  topics=topics)
 
     def defend_once(self) -> list[Challenge]:
         """Challenge every new open verdict on this node's work (blocking); the new ones."""
         if self.which == "off":
             return []
         new = []
-        for e in self._accusations():
+        for e in self.cursor.poll():
             if e.name != "WorkAccused" or str(e.args["node"]).lower() != self.node:
                 continue
             wid = bytes(e.args["work_id"])
