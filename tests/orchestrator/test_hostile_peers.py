@@ -157,6 +157,14 @@ def test_cut_and_malformed_bodies_are_typed_refusals_not_tracebacks(pool: Pool) 
     upload_head = (f"PUT {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\n"
                    + "".join(f"{k}: {v}\r\n" for k, v in h.items()) + "\r\n").encode()
     answers.append(_cut(port, upload_head, data[:3000]))
+    # a streamed upload whose chunked framing breaks after its first chunk: refused at once,
+    # not after the body's idle deadline (guard.body_idle_s, 30 s)
+    chunked_head = upload_head.replace(f"Content-Length: {len(data)}".encode(),
+                                       b"Transfer-Encoding: chunked")
+    t0 = time.monotonic()
+    answers.append(_cut(port, chunked_head, b"200\r\n" + data[:512] + b"\r\nzz\r\n",
+                        close=False))
+    chunked_s = time.monotonic() - t0
     time.sleep(0.5)  # the server has read every cut (its log lines are written)
     log = pool.orch.log.read_text()[len(log_before):]
     assert "Traceback" not in log, log[log.find("Traceback") - 200:][:3000]
@@ -164,9 +172,10 @@ def test_cut_and_malformed_bodies_are_typed_refusals_not_tracebacks(pool: Pool) 
            if line.startswith("{") and '"request body cut"' in line]
     cut = [line for line in log.splitlines() if line.startswith("{") and (
         '"request body cut"' in line or '"malformed request"' in line)]
-    assert len(cut) == 51, (len(cut), log[-2000:])  # one line each
+    assert len(cut) == 52, (len(cut), log[-2000:])  # one line each
     # a typed refusal to each peer still reading (one that closed has no one to answer)
-    framing = answers[40:50]
+    framing = answers[40:50] + answers[51:]
+    assert chunked_s < 2, chunked_s
     assert all(a.split(b"\r\n")[0].endswith(b"400 Bad Request") and b'"code":"http_refused"'
                in a for a in framing), framing[:2]
 
