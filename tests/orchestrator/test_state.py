@@ -7,7 +7,8 @@ import sqlite3
 
 import pytest
 
-from meshrl.orchestrator.state import Grant, PoolStep, SlotUse, State
+from meshrl.cli import main
+from meshrl.orchestrator.state import Grant, LedgerUnreadable, PoolStep, SlotUse, State
 from meshrl.wire.models import MAX_REASON, FileStatus, VerdictKind
 
 A, B = "0x" + "aa" * 20, "0x" + "bb" * 20
@@ -164,13 +165,22 @@ def test_a_ledger_of_text_verdicts_is_split_into_kind_and_reason(tmp_path) -> No
     again.close()
 
 
-def test_a_verdict_text_no_version_wrote_stops_the_upgrade_unchanged(tmp_path) -> None:
+def test_a_verdict_text_no_version_wrote_stops_the_upgrade_unchanged(tmp_path, capsys) -> None:
     """Text that is no "kind: reason" is not guessed at: the upgrade refuses and rolls back,
     so the old ledger is as it was (nothing half split)."""
     _text_verdict_ledger(tmp_path / "old.db", [("accepted", "accept"),
                                                ("submitted", "fraud: a kind nobody posts")])
-    with pytest.raises(ValueError, match="not 'kind: reason'"):
+    with pytest.raises(LedgerUnreadable, match="not 'kind: reason'"):
         State(tmp_path / "old.db")
+    # `meshrl orchestrator` on that ledger: one line naming the row, exit 1, before the chain
+    # is asked (its deployment file does not exist), no traceback
+    code = main(["orchestrator", "--db", str(tmp_path / "old.db"), "--chain.deployment",
+                 str(tmp_path / "nodeploy.json"), "--chain.rpc_url", "http://127.0.0.1:9"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("{")]
+    assert code == 1 and "Traceback" not in err, err
+    assert lines == ["meshrl orchestrator: ledger row 2: verdict 'fraud: a kind nobody posts' "
+                     "is not 'kind: reason'"], err
     db = sqlite3.connect(tmp_path / "old.db")
     assert "verdict_reason" not in [r[1] for r in db.execute("PRAGMA table_info(files)")]
     assert [r[0] for r in db.execute("SELECT verdict FROM files ORDER BY seq")] == [

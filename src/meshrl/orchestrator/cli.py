@@ -11,12 +11,17 @@ __all__ = ["register"]
 
 def _run(cfg: OrchestratorConfig) -> int:
     from meshrl.orchestrator.service import Orchestrator
+    from meshrl.orchestrator.state import LedgerUnreadable, State
     from meshrl.protocol.errors import ChainError
     from meshrl.protocol.local import open_protocol
     from meshrl.wire.service import serve_forever
 
-    # no deployment, unreachable chain: one line, not a traceback
-    return serve_forever(lambda: Orchestrator(cfg, open_protocol(cfg.chain)), errors=(ChainError,))
+    def make() -> Orchestrator:
+        state = State(cfg.db)  # a ledger it cannot read stops the start before the chain is asked
+        return Orchestrator(cfg, open_protocol(cfg.chain), state=state)
+
+    # no deployment, unreachable chain, an unreadable ledger: one line, not a traceback
+    return serve_forever(make, errors=(ChainError, LedgerUnreadable))
 
 
 def register(subparsers: Any) -> None:

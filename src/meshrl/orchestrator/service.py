@@ -53,10 +53,10 @@ class Orchestrator:
     each of the API and the loops what it uses."""
 
     def __init__(self, cfg: OrchestratorConfig, protocol: Protocol,
-                 store: FileStore | None = None) -> None:
+                 store: FileStore | None = None, state: State | None = None) -> None:
         self.cfg, self.protocol = cfg, protocol
         self.manager = protocol.address
-        self.state = State(cfg.db)
+        self.state = state or State(cfg.db)
         self.store = store or DiskFileStore(cfg.store.root, fsync=cfg.store.fsync)
         self.chain = ChainView(protocol, cfg.pool_id, cfg.validator_cache_s)
         # seen nonces live in the state's database: a restart does not reopen replays

@@ -23,8 +23,8 @@ from typing import Any
 from meshrl.orchestrator.hold import Alarm
 from meshrl.wire.models import MAX_REASON, FileStatus, NodeState, VerdictKind
 
-__all__ = ["POOL_STEP", "BatchRow", "FileRow", "Grant", "InviteRow", "NodeRow", "PoolStep",
-           "SlotRow", "SlotUse", "State"]
+__all__ = ["POOL_STEP", "BatchRow", "FileRow", "Grant", "InviteRow", "LedgerUnreadable", "NodeRow",
+           "PoolStep", "SlotRow", "SlotUse", "State"]
 
 POOL_STEP = "pool_step"  # meta key of the pool's step
 
@@ -151,6 +151,11 @@ def _file_row(r: tuple[Any, ...]) -> FileRow:
                    bool(r[14]), bool(r[15]), *r[16:19])
 
 
+class LedgerUnreadable(ValueError):
+    """A ledger this version cannot open as it is (text no version wrote): the orchestrator
+    refuses to start, in one line, and leaves the file unchanged."""
+
+
 def _split_verdicts(db: sqlite3.Connection) -> None:
     """A ledger from before verdicts were columns held "kind: reason" (an accept: "kind"
     alone) in `verdict`: split into the kind and the reason (cut to MAX_REASON). Text no
@@ -160,7 +165,7 @@ def _split_verdicts(db: sqlite3.Connection) -> None:
     for seq, text in db.execute("SELECT seq, verdict FROM files WHERE verdict != ''"):
         kind, _, reason = text.partition(": ")
         if kind not in kinds:
-            raise ValueError(f"ledger row {seq}: verdict {text[:80]!r} is not 'kind: reason'")
+            raise LedgerUnreadable(f"ledger row {seq}: verdict {text[:80]!r} is not 'kind: reason'")
         split.append((kind, reason[:MAX_REASON], seq))
     db.executemany("UPDATE files SET verdict = ?, verdict_reason = ? WHERE seq = ?", split)
 
