@@ -58,6 +58,15 @@ def test_the_python_tool_is_sandboxed_seeded_clock_pinned_and_bounded():
     assert flood.exit != 0 and len(flood.output) <= 100
 
 
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_the_python_tool_prints_a_set_the_same_on_every_run():
+    """The sandbox's hash seed is fixed: a set of strings prints in one order on every run (an
+    honest worker's output is the validator's re-run), not a per-process random order."""
+    py = build_tool(ToolSpec(name="python", max_output_chars=1000))
+    prog = "print(' '.join({str(i) for i in range(40)}))"
+    assert len({py.run(prog, 0).output for _ in range(3)}) == 1
+
+
 def _corpus(path, rows) -> tuple[str, str]:
     import hashlib
     import json

@@ -8,7 +8,12 @@ from meshrl.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from meshrl.tasks.base import Problem, Task, TaskError
 from meshrl.tasks.code import CodeConfig, CodeTask, extract_program
 from meshrl.tasks.dataset import DatasetConfig, DatasetError, DatasetTask, load_rows
-from meshrl.tasks.environment import EnvironmentConfig, EnvironmentTask, VerifiersEnvError
+from meshrl.tasks.environment import (
+    EnvironmentConfig,
+    EnvironmentTask,
+    VerifiersEnvError,
+    VerifiersEpisodeConfig,
+)
 from meshrl.tasks.gym import GymConfig, GymTask, UnknownGymDataset
 from meshrl.tasks.math import MathConfig, MathTask, load_math_rows
 from meshrl.tasks.reverse import ReverseConfig, ReverseTextTask
@@ -69,6 +74,7 @@ __all__ = [
     "ToolSpec",
     "UnknownGymDataset",
     "VerifiersEnvError",
+    "VerifiersEpisodeConfig",
     "build_tool",
     "check_sandbox",
     "compute_reward",

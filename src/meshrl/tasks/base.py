@@ -12,6 +12,11 @@ from meshrl.config import InputError
 
 __all__ = ["Problem", "RowsTask", "Task", "TaskError", "heldout_rows"]
 
+# True in the scoring child (`meshrl.tasks.scoring_child`), which builds tasks to score rows
+# and never runs their tools: a task may skip there what only running them needs (a tool's
+# sandbox, which the child's own sandbox cannot nest)
+SCORING_ONLY = False
+
 
 class TaskError(InputError):
     """A task that cannot be built from its config (its data, its name, its package): raised

@@ -12,7 +12,9 @@ the program is hostile by assumption. Each run is one `bwrap` process:
   kernel never limits root's processes);
 - `prlimit` inside the sandbox bounds CPU seconds, address space, processes, open files and
   file size (stdout is a file, so the output cap is the file-size limit: a program printing
-  forever is killed by SIGXFSZ); a wall clock outside kills the whole process group.
+  forever is killed by SIGXFSZ); a wall clock outside kills the whole process group;
+- the hash seed is fixed (`PYTHONHASHSEED=0`), so a program prints the same set or frozenset
+  order on every run and every machine: a tool's output is re-run byte for byte.
 
 The grader runs outside: the program reads a test's input on stdin and its stdout is compared
 there, so nothing inside the sandbox can patch the harness. A missing `bwrap` (or `prlimit`,
@@ -100,8 +102,10 @@ def _command(cfg: SandboxConfig, bwrap: str, prlimit: str, program_fd: int) -> l
             # read-only root and /dev (tmpfs both): only the size-capped /tmp takes writes
             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp",
             "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
-            "--setenv", "LANG", "C.UTF-8",
-            "--", prlimit, *limits, "--", cfg.python, "-I", "-B", "/sandbox/main.py"]
+            "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONHASHSEED", "0",
+            # not -I: its -E would ignore the fixed hash seed (set and dict-of-str orders vary
+            # per run otherwise); bwrap cleared the environment, -s drops the user site
+            "--", prlimit, *limits, "--", cfg.python, "-s", "-B", "/sandbox/main.py"]
 
 
 def run_sandboxed(program: str, stdin: str, cfg: SandboxConfig) -> SandboxResult:

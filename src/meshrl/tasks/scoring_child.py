@@ -62,8 +62,10 @@ def _build_task(spec: dict[str, Any], path: list[str]) -> Any:
     is the parent's import path now (an environment package it imports)."""
     from pydantic import TypeAdapter
 
+    from meshrl.tasks import base
     from meshrl.tasks.sampling import TaskSpec
 
+    base.SCORING_ONLY = True  # tasks built here score, never run a tool
     for p in reversed(path):
         if p not in sys.path:
             sys.path.insert(0, p)
