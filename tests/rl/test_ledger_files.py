@@ -43,7 +43,7 @@ def test_groups_follow_the_worker_rows(worker_file) -> None:
     tok, a, rf, data, entry = worker_file
     fg = file_groups(entry, data, tok, RULES, BUILT)
     assert fg.groups == 3 and len(fg.completion_ids) == 12
-    assert [p["prompt"] for p in fg.problems] == [p.prompt for p in a.problems(BUILT)]
+    assert [p.prompt for p in fg.problems] == [p.prompt for p in a.problems(BUILT)]
     assert fg.completion_ids == [r.completion_tokens for r in rf.completions]
     assert fg.rewards == [[r.reward for r in rf.completions[k * 4:(k + 1) * 4]]
                           for k in range(3)]
@@ -57,7 +57,7 @@ def test_held_out_prompts_are_left_out(worker_file) -> None:
     held = frozenset({a.problems(BUILT)[1].prompt})
     fg = file_groups(entry, data, tok, RULES, BUILT, exclude=held)
     assert fg.groups == 2 and fg.excluded == 1 and len(fg.prompt_ids) == 8
-    assert held.isdisjoint(p["prompt"] for p in fg.problems)
+    assert held.isdisjoint(p.prompt for p in fg.problems)
 
 
 def test_unusable_files_are_refused(worker_file) -> None:
@@ -84,7 +84,7 @@ def test_the_header_cannot_steer_the_trainer(worker_file) -> None:
     data = rollout_file_bytes(forged)
     entry = entry.model_copy(update={"sha256": hashlib.sha256(data).hexdigest()})
     fg = file_groups(entry, data, tok, RULES, BUILT)
-    assert [p["prompt"] for p in fg.problems] == [p.prompt for p in a.problems(BUILT)]
+    assert [p.prompt for p in fg.problems] == [p.prompt for p in a.problems(BUILT)]
 
 
 def _with_logprob(rf, entry, value: float):

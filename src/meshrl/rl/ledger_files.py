@@ -33,7 +33,7 @@ from meshrl.pool import (
     logprob_floor,
     read_rules,
 )
-from meshrl.tasks import TaskSet
+from meshrl.tasks import Problem, TaskSet
 from meshrl.wire import SignedClient, StepGoesBack, Transient, WireHTTPError
 from meshrl.wire.errors import RolloutFileError
 from meshrl.wire.isolated import iter_rollout_files_isolated
@@ -56,7 +56,7 @@ class FileGroups:
     """The groups of one accepted file, in the trainer's row layout."""
 
     entry: LedgerEntry
-    problems: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
     prompt_ids: list[list[int]] = field(default_factory=list)  # one per completion
     completion_ids: list[list[int]] = field(default_factory=list)
     logprobs: list[list[float]] = field(default_factory=list)
@@ -149,8 +149,7 @@ def _groups(entry: LedgerEntry, rf: RolloutFile, tokenizer: Any, rules: PoolRule
         if problem.prompt in exclude:
             out.excluded += 1
             continue
-        out.problems.append({"task": problem.task, "prompt": problem.prompt,
-                             "answer": problem.answer, "meta": dict(problem.meta)})
+        out.problems.append(problem)
         out.rewards.append([r.reward for r in group])
         scores = []
         for r in group:

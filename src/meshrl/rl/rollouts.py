@@ -18,7 +18,7 @@ import torch
 from meshrl.inference import InferenceBackend, SamplingParams
 from meshrl.pool import encode_prompt
 from meshrl.rl.config import RolloutConfig
-from meshrl.tasks import TaskSet
+from meshrl.tasks import Problem, TaskSet
 
 __all__ = [
     "RolloutBatch",
@@ -36,11 +36,11 @@ def draw_problems(
     step: int,
     n: int,
     exclude: frozenset[str] = frozenset(),
-) -> list[Any]:
+) -> list[Problem]:
     """`n` problems for `step`, skipping held-out prompts by drawing again with the next counter."""
     from meshrl.tasks import sample_problems
 
-    out: list[Any] = []
+    out: list[Problem] = []
     counter = 0
     while len(out) < n:
         if counter > 64:
@@ -55,7 +55,7 @@ def draw_problems(
 class RolloutBatch:
     index: int
     version: int
-    problems: list[dict[str, Any]]  # one per group (task, prompt, answer, meta)
+    problems: list[Problem]  # one per group
     prompt_ids: list[list[int]]  # one per completion: groups * group_size rows
     completion_ids: list[list[int]]
     inference_logprobs: list[list[float]]
@@ -80,7 +80,9 @@ class RolloutBatch:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RolloutBatch:
-        return cls(**data)
+        """The batch of `to_dict`'s output (a checkpoint's batches in flight)."""
+        problems = [p if isinstance(p, Problem) else Problem(**p) for p in data["problems"]]
+        return cls(**{**data, "problems": problems})
 
 
 def batch_seed(seed: int, index: int) -> int:
@@ -100,7 +102,7 @@ def generate_batch(
 ) -> RolloutBatch:
     """Draw batch `index`'s problems, sample `group_size` completions each with policy `version`
     (the one loaded into `backend`), and score them."""
-    from meshrl.tasks import Problem, compute_reward
+    from meshrl.tasks import compute_reward
 
     t0 = time.perf_counter()
     problems = draw_problems(tasks, seed, cfg.node_id, index, cfg.prompts_per_step, exclude)
@@ -127,7 +129,7 @@ def generate_batch(
     return RolloutBatch(
         index=index,
         version=version,
-        problems=[asdict(p) if isinstance(p, Problem) else dict(p) for p in problems],
+        problems=problems,
         prompt_ids=prompts,
         completion_ids=[s.tokens for s in samples],
         inference_logprobs=[s.logprobs for s in samples],
