@@ -68,12 +68,38 @@ class RolloutBatch:
     loss_masks: list[list[bool]] | None = None
 
     @property
+    def groups(self) -> int:
+        return int(self.rewards.shape[0])
+
+    @property
     def num_completion_tokens(self) -> int:
         return sum(len(c) for c in self.completion_ids)
 
     @property
     def num_tokens(self) -> int:
         return self.num_completion_tokens + sum(len(p) for p in self.prompt_ids)
+
+    @classmethod
+    def concat(cls, parts: list[RolloutBatch], index: int, gen_seconds: float) -> RolloutBatch:
+        """One batch of `parts`' groups in order (a step's accepted files), at `index`, of the
+        oldest part's version. A part without loss masks contributes all-model ones."""
+        masks = None
+        if any(b.loss_masks is not None for b in parts):
+            masks = [m for b in parts
+                     for m in (b.loss_masks or [[True] * len(c) for c in b.completion_ids])]
+        return cls(
+            index=index,
+            version=min(b.version for b in parts),
+            problems=[p for b in parts for p in b.problems],
+            prompt_ids=[r for b in parts for r in b.prompt_ids],
+            completion_ids=[r for b in parts for r in b.completion_ids],
+            inference_logprobs=[r for b in parts for r in b.inference_logprobs],
+            rewards=torch.cat([b.rewards for b in parts]),
+            task_rewards=torch.cat([b.task_rewards for b in parts]),
+            truncated=sum(b.truncated for b in parts),
+            gen_seconds=gen_seconds,
+            loss_masks=masks,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
