@@ -24,7 +24,8 @@ from meshrl.inference.transformer import ModelSpec, rope_inv_freq
 from meshrl.model import UnsupportedModelError, load_model, load_tokenizer
 from meshrl.pool import decide
 from meshrl.toploc import build_proofs
-from meshrl.validator.replay import ReplayConfig, ReplayRow, ReplaySpec, replay_files
+from meshrl.validator.replay import ReplayConfig, ReplaySpec, replay_files
+from meshrl.wire.rollout_file import Completion as Row
 
 FAMILIES = sorted(FAMILY_CONFIGS)
 
@@ -94,8 +95,10 @@ def test_toploc_honest_work_is_accepted(dirs, name) -> None:
     params = SamplingParams(max_new_tokens=40, temperature=1.0, seed=5, return_hidden_states=True)
     prompts = _prompts(tok, 4, seed=2)
     gens = CPUEngine(model, tok).generate(prompts, params)
-    rows = [ReplayRow(c.prompt_ids, c.token_ids, c.logprobs, c.finish_reason, c.seq_id,
-                      build_proofs(c.hidden_states)) for c in gens]
+    rows = [Row(prompt_id="", counter=0, sample_index=0, seq_id=c.seq_id,
+                prompt_tokens=c.prompt_ids, completion_tokens=c.token_ids, logprobs=c.logprobs,
+                reward=0.0, finish_reason=c.finish_reason,
+                toploc_proofs=build_proofs(c.hidden_states)) for c in gens]
     spec = ReplaySpec(seed=5, max_new_tokens=40, temperature=1.0, top_p=1.0,
                       eos_token_ids=tok.eos_token_ids)
     for validator in (ReferenceBackend(model, tok), CPUEngine(model, tok)):

@@ -8,10 +8,13 @@ import threading
 import time
 
 import pytest
+import torch
 
 from meshrl.rl.config import NetworkSourceConfig, RolloutConfig
 from meshrl.rl.ledger_files import FileGroups
 from meshrl.rl.network_source import NetworkSource, default_ahead
+from meshrl.rl.rollouts import RolloutBatch
+from meshrl.tasks import Problem
 from meshrl.wire.models import FileStatus, LedgerEntry, VerdictKind
 
 from .conftest import Pool
@@ -45,6 +48,14 @@ def _entry(step: int) -> LedgerEntry:
                        download="/files/x")
 
 
+def _rows(version: int, groups: int) -> RolloutBatch:
+    """A file's `groups` groups of two one-token rows (rewards 1 and 0)."""
+    rewards = torch.tensor([[1.0, 0.0]] * groups)
+    return RolloutBatch(version, version, [Problem("t", "p", "a")] * groups,
+                        [[1]] * 2 * groups, [[2]] * 2 * groups, [[-1.0]] * 2 * groups,
+                        rewards, rewards.clone(), 0, 0.0, [[True]] * 2 * groups)
+
+
 def test_trainer_says_what_a_step_awaits(pool: Pool, tmp_path, capsys) -> None:
     key = tmp_path / "trainer.key"
     key.write_text(pool.key("trainer"))
@@ -55,7 +66,8 @@ def test_trainer_says_what_a_step_awaits(pool: Pool, tmp_path, capsys) -> None:
     arrived = threading.Event()
     src.take = lambda wait_s=0.0: _entry(3) if arrived.is_set() else None  # none accepted yet
     threading.Timer(0.5, arrived.set).start()
-    (got,) = src._fresh(3, 1, [FileGroups(_entry(3), excluded=2)], [], wait=True)
+    (got,) = src._fresh(3, 1, [FileGroups(_entry(3), _rows(3, 0), excluded=2)], [],
+                        wait=True)
     assert got.step == 3
     said = _lines(capsys.readouterr().err, "step waiting for accepted files")
     assert said and said[0]["step"] == 3 and said[0]["need"] == 64
@@ -132,8 +144,7 @@ def test_a_step_loads_its_files_together_and_the_next_ones_while_it_trains(
 
     def load(es: list[LedgerEntry]) -> list[FileGroups]:
         groups.append([e.sha256 for e in es])
-        return [FileGroups(e, rewards=[[1.0, 0.0]] * ppf, task_rewards=[[1.0, 0.0]] * ppf)
-                for e in es]
+        return [FileGroups(e, _rows(e.policy_version, ppf)) for e in es]
     src._load = load
     first = src.get(3)
     assert first.rewards.shape == (per_step * ppf, 2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+import torch
 
 from meshrl.inference import CPUEngine, EngineConfig
 from meshrl.model import CharTokenizer, build_model
@@ -42,22 +43,46 @@ def worker_file():
 def test_groups_follow_the_worker_rows(worker_file) -> None:
     tok, a, rf, data, entry = worker_file
     fg = file_groups(entry, data, tok, RULES, BUILT)
-    assert fg.groups == 3 and len(fg.completion_ids) == 12
-    assert [p["prompt"] for p in fg.problems] == [p.prompt for p in a.problems(BUILT)]
-    assert fg.completion_ids == [r.completion_tokens for r in rf.completions]
-    assert fg.rewards == [[r.reward for r in rf.completions[k * 4:(k + 1) * 4]]
-                          for k in range(3)]
+    b = fg.rows
+    assert fg.groups == 3 and len(b.completion_ids) == 12
+    assert (b.index, b.version) == (entry.step, entry.policy_version)
+    assert b.problems == a.problems(BUILT)
+    assert b.completion_ids == [r.completion_tokens for r in rf.completions]
+    assert b.rewards.tolist() == torch.tensor(
+        [[r.reward for r in rf.completions[k * 4:(k + 1) * 4]] for k in range(3)]).tolist()
     # no length term in this task mix: the verifier's score is the file's reward
-    assert fg.task_rewards == fg.rewards
-    assert fg.truncated == sum(r.finish_reason == "length" for r in rf.completions)
+    assert torch.equal(b.task_rewards, b.rewards)
+    assert b.truncated == sum(r.finish_reason == "length" for r in rf.completions)
+    assert b.loss_masks == [[True] * len(r.completion_tokens) for r in rf.completions]
 
 
 def test_held_out_prompts_are_left_out(worker_file) -> None:
     tok, a, _, data, entry = worker_file
     held = frozenset({a.problems(BUILT)[1].prompt})
     fg = file_groups(entry, data, tok, RULES, BUILT, exclude=held)
-    assert fg.groups == 2 and fg.excluded == 1 and len(fg.prompt_ids) == 8
-    assert held.isdisjoint(p["prompt"] for p in fg.problems)
+    assert fg.groups == 2 and fg.excluded == 1 and len(fg.rows.prompt_ids) == 8
+    assert held.isdisjoint(p.prompt for p in fg.rows.problems)
+
+
+def test_a_steps_files_join_into_one_batch(worker_file) -> None:
+    """The trainer's batch is its files' groups in the order taken (`RolloutBatch.concat`),
+    of the oldest file's version; a part without loss masks counts every token the model's."""
+    from dataclasses import replace
+
+    from meshrl.rl.rollouts import RolloutBatch
+
+    tok, a, _, data, entry = worker_file
+    whole = file_groups(entry, data, tok, RULES, BUILT).rows
+    part = file_groups(entry, data, tok, RULES, BUILT,
+                       exclude=frozenset({a.problems(BUILT)[0].prompt})).rows
+    newer = replace(part, version=part.version + 1, loss_masks=None)
+    b = RolloutBatch.concat([newer, whole], index=7, gen_seconds=1.5)
+    assert (b.index, b.version, b.groups, b.gen_seconds) == (7, whole.version, 5, 1.5)
+    assert b.problems == part.problems + whole.problems
+    assert b.completion_ids == part.completion_ids + whole.completion_ids
+    assert torch.equal(b.rewards, torch.cat([part.rewards, whole.rewards]))
+    assert b.truncated == part.truncated + whole.truncated
+    assert b.loss_masks == [[True] * len(c) for c in part.completion_ids] + whole.loss_masks
 
 
 def test_unusable_files_are_refused(worker_file) -> None:
@@ -84,7 +109,7 @@ def test_the_header_cannot_steer_the_trainer(worker_file) -> None:
     data = rollout_file_bytes(forged)
     entry = entry.model_copy(update={"sha256": hashlib.sha256(data).hexdigest()})
     fg = file_groups(entry, data, tok, RULES, BUILT)
-    assert [p["prompt"] for p in fg.problems] == [p.prompt for p in a.problems(BUILT)]
+    assert [p.prompt for p in fg.rows.problems] == [p.prompt for p in a.problems(BUILT)]
 
 
 def _with_logprob(rf, entry, value: float):
@@ -111,7 +136,8 @@ def test_a_logprob_below_the_honest_floor_is_refused(worker_file) -> None:
         with pytest.raises(UnusableFile, match="no honest sampler"):
             file_groups(e, data, tok, RULES, BUILT)
     data, e = _with_logprob(rf, entry, floor + 0.01)  # the least an honest sampler reports
-    assert file_groups(e, data, tok, RULES, BUILT).logprobs[5][0] == pytest.approx(floor + 0.01)
+    got = file_groups(e, data, tok, RULES, BUILT).rows.inference_logprobs[5][0]
+    assert got == pytest.approx(floor + 0.01)
     # the policy's logits may be wider than the tokenizer's vocabulary: its floor is lower
     data, e = _with_logprob(rf, entry, floor - 0.01)
     assert file_groups(e, data, tok, RULES, BUILT, vocab_size=tok.vocab_size * 2).groups == 3
@@ -156,4 +182,4 @@ def test_an_answer_that_hangs_its_scorer_costs_the_trainer_nothing() -> None:
     t0 = time.monotonic()
     fg = file_groups(entry(data), data, tok, rules, built)
     took = time.monotonic() - t0
-    assert fg.task_rewards[0][1] == 0.0 and took < deadline / 2, took
+    assert fg.rows.task_rewards[0][1] == 0.0 and took < deadline / 2, took

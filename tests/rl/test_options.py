@@ -282,13 +282,13 @@ def test_rollout_options():
     for g in range(3):
         assert len({tuple(c) for c in narrow.completion_ids[4 * g: 4 * g + 4]}) == 1
     assert len({tuple(c) for c in base.completion_ids[:4]}) > 1
-    assert ([p["prompt"] for p in _batch(base_tasks, node_id="other").problems]
-            != [p["prompt"] for p in base.problems])
+    assert ([p.prompt for p in _batch(base_tasks, node_id="other").problems]
+            != [p.prompt for p in base.problems])
     reverse = TasksConfig(mix=[{"type": "reverse"}])
-    assert {p["task"] for p in _batch(reverse).problems} == {"reverse"}
+    assert {p.task for p in _batch(reverse).problems} == {"reverse"}
     custom = TasksConfig(length_target={"enabled": True, "targets": [4],
                                         "template": " <= {target} chars"})
-    assert all(p["prompt"].endswith(" <= 4 chars") for p in _batch(custom).problems)
+    assert all(p.prompt.endswith(" <= 4 chars") for p in _batch(custom).problems)
 
 
 def test_sft_options():

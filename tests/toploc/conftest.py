@@ -6,7 +6,7 @@ from toploc_scenario import MAX_NEW, PRESET, Scenario, make_prompts, one_thread,
 
 from meshrl.inference import SamplingParams
 from meshrl.model import CharTokenizer, build_model
-from meshrl.validator.replay import ReplayRow
+from meshrl.wire.rollout_file import Completion as Row
 
 
 @pytest.fixture(scope="session")
@@ -19,7 +19,7 @@ def scenario() -> Scenario:
 
 
 @pytest.fixture(scope="session")
-def honest_rows(scenario) -> list[ReplayRow]:
+def honest_rows(scenario) -> list[Row]:
     with one_thread():
         return run_worker(scenario.model, scenario, scenario.prompts)
 

@@ -26,7 +26,7 @@ from meshrl.toploc import Thresholds, build_proofs, calibrate_thresholds, verify
 from meshrl.toploc.modes import HONEST_MODES
 from meshrl.toploc.perturb import quantize_weights, scale_layer_mlp
 from meshrl.toploc.recompute import mode_backend
-from meshrl.validator.replay import ReplayRow
+from meshrl.wire.rollout_file import Completion as Row
 
 pytestmark = pytest.mark.slow
 N_CALIB = 16  # prompts [0, 16) calibrate, [16, 48) evaluate
@@ -42,7 +42,7 @@ def calibrated(scenario, honest_rows) -> Thresholds:
             rec = recompute(scenario.model, rows, mode)
             for group in groups(list(zip(rows, rec, strict=True))):
                 rollouts.append([x for r, s in group
-                                 for x in verify_proofs(s.hidden_states, r.proofs)])
+                                 for x in verify_proofs(s.hidden_states, r.toploc_proofs)])
     # this suite's cheat rollouts are short (4 x 64 tokens): pool from 4 chunks on
     return calibrate_thresholds(rollouts, fpr=1e-3, min_pooled_chunks=4)
 
@@ -57,7 +57,7 @@ def test_calibrated_thresholds_are_tighter(calibrated):
 @pytest.mark.parametrize("mode", HONEST_MODES)
 def test_honest_recomputation_is_accepted(scenario, honest_rows, calibrated, mode):
     rows = honest_rows[N_CALIB:]
-    n_chunks = sum(len(r.proofs) for r in rows)
+    n_chunks = sum(len(r.toploc_proofs) for r in rows)
     assert n_chunks * len(HONEST_MODES) >= 1000  # over all modes
     backend = mode_backend(scenario.model, mode)
     spec = spec_of(scenario.params, scenario.tok.eos_token_id)
@@ -80,7 +80,7 @@ def _judge_cheat(scenario, rows, thresholds, max_new=CHEAT_NEW):
     return decisions
 
 
-def _cheat_rows(scenario, kind: str) -> list[ReplayRow]:
+def _cheat_rows(scenario, kind: str) -> list[Row]:
     prompts = scenario.prompts[CHEAT_PROMPTS]
     seq_ids = list(range(CHEAT_PROMPTS.start, CHEAT_PROMPTS.stop))
     model = scenario.model
@@ -99,7 +99,7 @@ def _cheat_rows(scenario, kind: str) -> list[ReplayRow]:
         altered = [[*p[:-2], (p[-2] + 1 - 4) % 90 + 4, p[-1]] for p in prompts]
         rows = run_worker(model, scenario, altered, CHEAT_NEW, seq_ids)
         for r, p in zip(rows, prompts, strict=True):
-            r.prompt_ids = p  # claims the original prompt
+            r.prompt_tokens = p  # claims the original prompt
         return rows
     raise ValueError(kind)
 
@@ -124,11 +124,12 @@ def test_tokens_the_sampler_did_not_pick_are_rejected(scenario, honest_rows, cal
     rows = [dataclasses.replace(r) for r in honest_rows[16:24]]
     for i, r in enumerate(rows):
         j = 5 + 7 * i
-        r.token_ids = [*r.token_ids[:j], (r.token_ids[j] + 17 - 4) % 90 + 4, *r.token_ids[j + 1 :]]
+        t = r.completion_tokens
+        r.completion_tokens = [*t[:j], (t[j] + 17 - 4) % 90 + 4, *t[j + 1 :]]
     rec = recompute(scenario.model, rows, "bf16-batch8")
     for r, s in zip(rows, rec, strict=True):
-        r.proofs = build_proofs(s.hidden_states)
-        lp = torch.log_softmax(s.logits, -1).gather(-1, torch.tensor(r.token_ids)[:, None])
+        r.toploc_proofs = build_proofs(s.hidden_states)
+        lp = torch.log_softmax(s.logits, -1).gather(-1, torch.tensor(r.completion_tokens)[:, None])
         r.logprobs = lp.squeeze(-1).tolist()
     for d in _judge_cheat(scenario, rows, calibrated, MAX_NEW):
         assert d.kind is VerdictKind.HARD_INVALID and d.checks == (Check.SAMPLING,), d.reason
@@ -137,11 +138,13 @@ def test_tokens_the_sampler_did_not_pick_are_rejected(scenario, honest_rows, cal
 
 def test_truncated_completion_claimed_finished_is_rejected(scenario, honest_rows, calibrated):
     n = 70
-    rows = [ReplayRow(r.prompt_ids, r.token_ids[:n], r.logprobs[:n], "length", r.seq_id, [])
-            for r in honest_rows[16:24]]
+    rows = [dataclasses.replace(r, completion_tokens=r.completion_tokens[:n],
+                                logprobs=r.logprobs[:n], finish_reason="length",
+                                toploc_proofs=[]) for r in honest_rows[16:24]]
     rec = recompute(scenario.model, rows, "bf16-batch8")
     for r, s in zip(rows, rec, strict=True):
-        r.proofs = build_proofs(s.hidden_states)  # consistent proofs for the truncated completion
+        # consistent proofs for the truncated completion
+        r.toploc_proofs = build_proofs(s.hidden_states)
     for d in _judge_cheat(scenario, rows, calibrated, MAX_NEW):
         assert d.kind is VerdictKind.HARD_INVALID and d.checks == (Check.TERMINATION,), d.reason
         assert "claimed the length limit with 70 of 128 tokens" in d.reason

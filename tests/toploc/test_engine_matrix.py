@@ -18,7 +18,7 @@ from meshrl.pool import Check, VerdictKind
 from meshrl.toploc import Thresholds, calibrate_thresholds, verify_proofs
 from meshrl.toploc.perturb import quantize_weights, scale_layer_mlp
 from meshrl.toploc.recompute import mode_backend
-from meshrl.validator.replay import ReplayRow
+from meshrl.wire.rollout_file import Completion as Row
 
 pytestmark = pytest.mark.slow
 MAX_NEW, SEED, N_CALIB = 96, 77, 8
@@ -35,7 +35,7 @@ def setup(scenario):
     return model, tok, prompts
 
 
-def _engine_rows(model, tok, prompts, seq_ids) -> list[ReplayRow]:
+def _engine_rows(model, tok, prompts, seq_ids) -> list[Row]:
     engine = CPUEngine(model, tok, EngineConfig())
     return to_rows(engine.generate(prompts, PARAMS, seq_ids=seq_ids))
 
@@ -50,7 +50,7 @@ def _backend(model, tok, mode) -> InferenceBackend:
 
 
 @pytest.fixture(scope="module")
-def honest(setup) -> list[ReplayRow]:
+def honest(setup) -> list[Row]:
     model, tok, prompts = setup
     return _engine_rows(model, tok, prompts, list(range(len(prompts))))
 
@@ -60,10 +60,11 @@ def _calibrate(setup, rows, modes) -> Thresholds:
     rows = rows[:N_CALIB]
     rollouts = []
     for m in modes:
-        rec = _backend(model, tok, m).score([r.prompt_ids for r in rows],
-                                            [r.token_ids for r in rows])
+        rec = _backend(model, tok, m).score([r.prompt_tokens for r in rows],
+                                            [r.completion_tokens for r in rows])
         for g in groups(list(zip(rows, rec, strict=True))):
-            rollouts.append([x for r, s in g for x in verify_proofs(s.hidden_states, r.proofs)])
+            rollouts.append([x for r, s in g
+                             for x in verify_proofs(s.hidden_states, r.toploc_proofs)])
     return calibrate_thresholds(rollouts, fpr=1e-3)
 
 
@@ -78,7 +79,7 @@ def _judge(model, tok, rows, mode, th):
 
 def test_engine_completions_end_correctly(honest):
     assert {r.finish_reason for r in honest} <= {"eos", "length"}
-    assert sum(len(r.proofs) for r in honest) >= 32
+    assert sum(len(r.toploc_proofs) for r in honest) >= 32
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -99,7 +100,7 @@ def test_engine_cheats_rejected(setup, calibrated, kind):
         altered = [[*p[:-1], (p[-1] + 1 - 4) % 90 + 4] for p in ps]
         rows = _engine_rows(model, tok, altered, seq_ids)
         for r, p in zip(rows, ps, strict=True):
-            r.prompt_ids = p
+            r.prompt_tokens = p
     else:
         bad = {"int4": lambda m: quantize_weights(m, 4), "int8": lambda m: quantize_weights(m, 8),
                "layer-x1.1": lambda m: scale_layer_mlp(m, 1.1)}[kind](model)

@@ -5,13 +5,14 @@ decode matches a prefill, its hidden states are post-norm, and the validator's r
 import dataclasses
 
 import torch
+from toploc_scenario import to_rows
 
 from meshrl.inference import ReferenceBackend, ReferenceConfig, SamplingParams
 from meshrl.model import CharTokenizer, build_model
 from meshrl.pool import Check
-from meshrl.toploc import build_proofs
 from meshrl.toploc.perturb import noise_weights, quantize_tensor, quantize_weights, scale_layer_mlp
-from meshrl.validator.replay import ReplayConfig, ReplayRow, ReplaySpec, replay_file
+from meshrl.validator.replay import ReplayConfig, ReplaySpec, replay_file
+from meshrl.wire.rollout_file import Completion as Row
 
 
 def test_quantize_tensor_hand_checked():
@@ -66,8 +67,7 @@ def test_replay_accepts_the_reference_worker_and_names_each_forgery():
     params = SamplingParams(max_new_tokens=20, seed=7, temperature=0.8, ignore_eos=True,
                             return_hidden_states=True)
     gens = backend.generate([[5, 6, 7, 8], [9, 10, 11]], params, seq_ids=[3, 4])
-    rows = [ReplayRow(g.prompt_ids, g.token_ids, g.logprobs, g.finish_reason, g.seq_id,
-                      build_proofs(g.hidden_states)) for g in gens]
+    rows = to_rows(gens)  # the file rows a worker writes of them
     spec = ReplaySpec(seed=7, max_new_tokens=20, temperature=0.8, top_p=1.0, eos_token_ids=())
     cfg = ReplayConfig()
     findings, stats = replay_file(backend, rows, spec, cfg)
@@ -77,17 +77,18 @@ def test_replay_accepts_the_reference_worker_and_names_each_forgery():
     def checks(rows=rows, spec=spec) -> list[Check]:
         return [f.check for f in replay_file(backend, rows, spec, cfg)[0]]
 
-    def first(**change) -> list[ReplayRow]:
+    def first(**change) -> list[Row]:
         return [dataclasses.replace(rows[0], **change), rows[1]]
 
     assert checks(spec=dataclasses.replace(spec, seed=8)) == [Check.SAMPLING]  # another seed
     assert checks(first(seq_id=5)) == [Check.SAMPLING]  # another sequence's noise
-    swapped = list(rows[0].token_ids)
+    swapped = list(rows[0].completion_tokens)
     swapped[11] = (swapped[11] + 1) % tok.vocab_size
-    [f] = replay_file(backend, first(token_ids=swapped), spec, cfg)[0][:1]
+    [f] = replay_file(backend, first(completion_tokens=swapped), spec, cfg)[0][:1]
     assert f.check is Check.SAMPLING and "row 0 at position 11" in f.reason
     assert checks(first(logprobs=[x + 0.2 for x in rows[0].logprobs])) == [Check.LOGPROBS]
     assert checks(first(logprobs=[float("nan")] * 20)) == [Check.LOGPROBS]
     assert checks(first(logprobs=rows[0].logprobs[:-1])) == [Check.LOGPROBS]
     assert checks(first(finish_reason="eos")) == [Check.TERMINATION]
-    assert checks(first(proofs=rows[1].proofs)) == [Check.TOPLOC]  # another row's proofs
+    # another row's proofs
+    assert checks(first(toploc_proofs=rows[1].toploc_proofs)) == [Check.TOPLOC]

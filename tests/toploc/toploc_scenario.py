@@ -15,7 +15,8 @@ from meshrl.model import CharTokenizer
 from meshrl.pool import Decision, decide
 from meshrl.toploc import Thresholds, build_proofs
 from meshrl.toploc.recompute import recompute_mode
-from meshrl.validator.replay import ReplayConfig, ReplayRow, ReplaySpec, replay_files
+from meshrl.validator.replay import ReplayConfig, ReplaySpec, replay_files
+from meshrl.wire.rollout_file import Completion as Row
 
 PRESET = "qwen2-tiny"
 MAX_NEW = 128
@@ -36,15 +37,23 @@ def make_prompts(n: int, seed: int, vocab: int) -> list[list[int]]:
     return [torch.randint(4, vocab, (m,), generator=g).tolist() for m in lens]
 
 
-def to_rows(gens: list[Completion]) -> list[ReplayRow]:
+def as_row(g: Completion, proofs: list[bytes]) -> Row:
+    """The file row a worker writes of generation `g` (the fields the replay reads; the
+    assignment's own ids and the reward are the model-free checks')."""
+    return Row(prompt_id="", counter=0, sample_index=0, seq_id=g.seq_id,
+               prompt_tokens=list(g.prompt_ids), completion_tokens=list(g.token_ids),
+               logprobs=list(g.logprobs), reward=0.0, finish_reason=g.finish_reason,
+               toploc_proofs=proofs)
+
+
+def to_rows(gens: list[Completion]) -> list[Row]:
     """What a worker submits of each completion: its tokens, log-probs, finish reason, seq id
     and the TOPLOC proofs of its hidden states (which stay with the worker)."""
-    return [ReplayRow(g.prompt_ids, g.token_ids, g.logprobs, g.finish_reason, g.seq_id,
-                      build_proofs(g.hidden_states)) for g in gens]
+    return [as_row(g, build_proofs(g.hidden_states)) for g in gens]
 
 
 def run_worker(model, scenario: Scenario, prompts, max_new=MAX_NEW,
-               seq_ids=None) -> list[ReplayRow]:
+               seq_ids=None) -> list[Row]:
     params = scenario.params.model_copy(update={"max_new_tokens": max_new,
                                                 "return_hidden_states": True})
     return to_rows(ReferenceBackend(model, scenario.tok).generate(prompts, params, seq_ids))
@@ -52,7 +61,8 @@ def run_worker(model, scenario: Scenario, prompts, max_new=MAX_NEW,
 
 def recompute(model, rows, mode: str):
     """Honest validator recomputation of `rows` in one of the HONEST_MODES."""
-    return recompute_mode(model, [r.prompt_ids for r in rows], [r.token_ids for r in rows], mode)
+    return recompute_mode(model, [r.prompt_tokens for r in rows],
+                          [r.completion_tokens for r in rows], mode)
 
 
 def groups(items: list, size: int = GROUP) -> list[list]:
@@ -68,7 +78,7 @@ def spec_of(params: SamplingParams, eos_token_id: int | None,
                       stop_token_ids=tuple(params.stop_token_ids))
 
 
-def judge(backend: InferenceBackend, rows: Sequence[ReplayRow], spec: ReplaySpec,
+def judge(backend: InferenceBackend, rows: Sequence[Row], spec: ReplaySpec,
           thresholds: Thresholds) -> list[Decision]:
     """The validator's decision on each rollout of GROUP rows, replayed by `backend`."""
     files = [(g, spec) for g in groups(list(rows))]

@@ -17,10 +17,11 @@ import hashlib
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
+import torch
 
 from meshrl.log import get_logger, log_event
 from meshrl.pool import (
@@ -33,6 +34,7 @@ from meshrl.pool import (
     logprob_floor,
     read_rules,
 )
+from meshrl.rl.rollouts import RolloutBatch
 from meshrl.tasks import TaskSet
 from meshrl.wire import SignedClient, StepGoesBack, Transient, WireHTTPError
 from meshrl.wire.errors import RolloutFileError
@@ -53,22 +55,17 @@ class UnusableFile(ValueError):
 
 @dataclass
 class FileGroups:
-    """The groups of one accepted file, in the trainer's row layout."""
+    """The groups of one accepted file: its ledger entry and its usable groups as a batch
+    (`RolloutBatch`, indexed by the file's step and version; `RolloutBatch.concat` joins a
+    step's files into the trainer's batch)."""
 
     entry: LedgerEntry
-    problems: list[dict[str, Any]] = field(default_factory=list)
-    prompt_ids: list[list[int]] = field(default_factory=list)  # one per completion
-    completion_ids: list[list[int]] = field(default_factory=list)
-    logprobs: list[list[float]] = field(default_factory=list)
-    loss_masks: list[list[bool]] = field(default_factory=list)  # the model's tokens
-    rewards: list[list[float]] = field(default_factory=list)  # [group][sample]
-    task_rewards: list[list[float]] = field(default_factory=list)
-    truncated: int = 0
+    rows: RolloutBatch
     excluded: int = 0  # groups dropped because their prompt is held out
 
     @property
     def groups(self) -> int:
-        return len(self.rewards)
+        return self.rows.groups
 
 
 def trainable(e: LedgerEntry) -> bool:
@@ -143,27 +140,26 @@ def _groups(entry: LedgerEntry, rf: RolloutFile, tokenizer: Any, rules: PoolRule
         raise UnusableFile(f"{entry.sha256[:12]}: rows hold prompts other than the assignment "
                            f"of (node, step {h.step}, counter {counter}, version "
                            f"{h.policy_version}) by the pool's rules")
-    out = FileGroups(entry)
-    for k, problem in enumerate(problems):
-        group = rows[k * g:(k + 1) * g]
-        if problem.prompt in exclude:
-            out.excluded += 1
-            continue
-        out.problems.append({"task": problem.task, "prompt": problem.prompt,
-                             "answer": problem.answer, "meta": dict(problem.meta)})
-        out.rewards.append([r.reward for r in group])
-        scores = []
-        for r in group:
-            out.prompt_ids.append(list(r.prompt_tokens))
-            out.completion_ids.append(list(r.completion_tokens))
-            out.logprobs.append(list(r.logprobs))
-            out.loss_masks.append(loss_mask(r))
-            out.truncated += r.finish_reason == "length"
-            # the validator recomputed every row's reward: its task part is the accuracy (no
-            # third run of the scorer, a sandboxed program per row for code tasks)
-            scores.append(task_score_of(problem, r.reward, len(r.completion_tokens), tasks))
-        out.task_rewards.append(scores)
-    return out
+    kept = [(k, p) for k, p in enumerate(problems) if p.prompt not in exclude]
+    used = [r for k, _ in kept for r in rows[k * g:(k + 1) * g]]
+    # the validator recomputed every row's reward: its task part is the accuracy (no third
+    # run of the scorer, a sandboxed program per row for code tasks)
+    scores = [task_score_of(p, r.reward, len(r.completion_tokens), tasks)
+              for k, p in kept for r in rows[k * g:(k + 1) * g]]
+    batch = RolloutBatch(
+        index=h.step,
+        version=h.policy_version,
+        problems=[p for _, p in kept],
+        prompt_ids=[list(r.prompt_tokens) for r in used],
+        completion_ids=[list(r.completion_tokens) for r in used],
+        inference_logprobs=[list(r.logprobs) for r in used],
+        rewards=torch.tensor([r.reward for r in used], dtype=torch.float32).view(-1, g),
+        task_rewards=torch.tensor(scores, dtype=torch.float32).view(-1, g),
+        truncated=sum(r.finish_reason == "length" for r in used),
+        gen_seconds=0.0,
+        loss_masks=[loss_mask(r) for r in used],
+    )
+    return FileGroups(entry, batch, excluded=len(problems) - len(kept))
 
 
 def _unusable_rows(rf: Any, entry: LedgerEntry, counter: int, tokenizer: Any,

@@ -329,7 +329,7 @@ class NetworkSource(RolloutSource):
         self._next_step, self._next_dropped = step + 1, []
         self._next = self._start(self._fresh(step + 1, self.per_batch, [],
                                              self._next_dropped, wait=False))
-        return _batch(step, taken, self.rollout.group_size, time.perf_counter() - t0)
+        return RolloutBatch.concat([f.rows for f in taken], step, time.perf_counter() - t0)
 
     def flow(self) -> dict[str, float]:
         return dict(self._flow)
@@ -481,21 +481,3 @@ class NetworkSource(RolloutSource):
 def _ref(e: LedgerEntry, reason: str | None = None) -> dict[str, Any]:
     out = {"sha256": e.sha256, "node": e.node, "step": e.step, "version": e.policy_version}
     return out if reason is None else {**out, "reason": reason}
-
-
-def _batch(step: int, files: list[FileGroups], g: int, seconds: float) -> RolloutBatch:
-    rewards = [row for f in files for row in f.rewards]
-    return RolloutBatch(
-        index=step,
-        version=min(f.entry.policy_version for f in files),
-        problems=[p for f in files for p in f.problems],
-        prompt_ids=[r for f in files for r in f.prompt_ids],
-        completion_ids=[r for f in files for r in f.completion_ids],
-        inference_logprobs=[r for f in files for r in f.logprobs],
-        rewards=torch.tensor(rewards, dtype=torch.float32).view(-1, g),
-        task_rewards=torch.tensor([r for f in files for r in f.task_rewards],
-                                  dtype=torch.float32).view(-1, g),
-        truncated=sum(f.truncated for f in files),
-        gen_seconds=seconds,
-        loss_masks=[m for f in files for m in f.loss_masks],
-    )

@@ -18,7 +18,7 @@ import torch
 from meshrl.inference import InferenceBackend, SamplingParams
 from meshrl.pool import encode_prompt
 from meshrl.rl.config import RolloutConfig
-from meshrl.tasks import TaskSet
+from meshrl.tasks import Problem, TaskSet
 
 __all__ = [
     "RolloutBatch",
@@ -36,11 +36,11 @@ def draw_problems(
     step: int,
     n: int,
     exclude: frozenset[str] = frozenset(),
-) -> list[Any]:
+) -> list[Problem]:
     """`n` problems for `step`, skipping held-out prompts by drawing again with the next counter."""
     from meshrl.tasks import sample_problems
 
-    out: list[Any] = []
+    out: list[Problem] = []
     counter = 0
     while len(out) < n:
         if counter > 64:
@@ -55,7 +55,7 @@ def draw_problems(
 class RolloutBatch:
     index: int
     version: int
-    problems: list[dict[str, Any]]  # one per group (task, prompt, answer, meta)
+    problems: list[Problem]  # one per group
     prompt_ids: list[list[int]]  # one per completion: groups * group_size rows
     completion_ids: list[list[int]]
     inference_logprobs: list[list[float]]
@@ -68,6 +68,10 @@ class RolloutBatch:
     loss_masks: list[list[bool]] | None = None
 
     @property
+    def groups(self) -> int:
+        return int(self.rewards.shape[0])
+
+    @property
     def num_completion_tokens(self) -> int:
         return sum(len(c) for c in self.completion_ids)
 
@@ -75,12 +79,36 @@ class RolloutBatch:
     def num_tokens(self) -> int:
         return self.num_completion_tokens + sum(len(p) for p in self.prompt_ids)
 
+    @classmethod
+    def concat(cls, parts: list[RolloutBatch], index: int, gen_seconds: float) -> RolloutBatch:
+        """One batch of `parts`' groups in order (a step's accepted files), at `index`, of the
+        oldest part's version. A part without loss masks contributes all-model ones."""
+        masks = None
+        if any(b.loss_masks is not None for b in parts):
+            masks = [m for b in parts
+                     for m in (b.loss_masks or [[True] * len(c) for c in b.completion_ids])]
+        return cls(
+            index=index,
+            version=min(b.version for b in parts),
+            problems=[p for b in parts for p in b.problems],
+            prompt_ids=[r for b in parts for r in b.prompt_ids],
+            completion_ids=[r for b in parts for r in b.completion_ids],
+            inference_logprobs=[r for b in parts for r in b.inference_logprobs],
+            rewards=torch.cat([b.rewards for b in parts]),
+            task_rewards=torch.cat([b.task_rewards for b in parts]),
+            truncated=sum(b.truncated for b in parts),
+            gen_seconds=gen_seconds,
+            loss_masks=masks,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RolloutBatch:
-        return cls(**data)
+        """The batch of `to_dict`'s output (a checkpoint's batches in flight)."""
+        problems = [p if isinstance(p, Problem) else Problem(**p) for p in data["problems"]]
+        return cls(**{**data, "problems": problems})
 
 
 def batch_seed(seed: int, index: int) -> int:
@@ -100,7 +128,7 @@ def generate_batch(
 ) -> RolloutBatch:
     """Draw batch `index`'s problems, sample `group_size` completions each with policy `version`
     (the one loaded into `backend`), and score them."""
-    from meshrl.tasks import Problem, compute_reward
+    from meshrl.tasks import compute_reward
 
     t0 = time.perf_counter()
     problems = draw_problems(tasks, seed, cfg.node_id, index, cfg.prompts_per_step, exclude)
@@ -127,7 +155,7 @@ def generate_batch(
     return RolloutBatch(
         index=index,
         version=version,
-        problems=[asdict(p) if isinstance(p, Problem) else dict(p) for p in problems],
+        problems=problems,
         prompt_ids=prompts,
         completion_ids=[s.tokens for s in samples],
         inference_logprobs=[s.logprobs for s in samples],

@@ -5,13 +5,16 @@ hidden state and the logits at the position that predicted it. From them: the se
 replayed for every token (`meshrl.inference.sampling`), termination is checked against the
 tokens, the claimed log-probs are compared, and the TOPLOC proofs are verified with the pooled
 verdict over all chunks of the file. Several files share one prefill batch (`replay_files`).
+
+The rows judged are the file's own (`meshrl.wire.rollout_file.Completion`): an episode's model
+turns are its model segments, each judged as a row of its own.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -24,10 +27,11 @@ from meshrl.pool import Check, Finding, Severity, profile
 from meshrl.toploc import Thresholds, pooled_limits, verdict, verify_proofs_many
 from meshrl.toploc.proofs import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK
 from meshrl.validator.checks import check_termination
+from meshrl.wire.rollout_file import Completion, segments
 
 HARD = Severity.HARD
 
-__all__ = ["EXACT_SCORE", "ReplayConfig", "ReplayRow", "ReplaySpec", "ReplayStats",
+__all__ = ["EXACT_SCORE", "ReplayConfig", "ReplaySpec", "ReplayStats",
            "inexact_token_limit", "profile_thresholds", "replay_file", "replay_files"]
 
 
@@ -80,19 +84,9 @@ class ReplaySpec:
     eos_token_ids: tuple[int, ...]
     stop_token_ids: tuple[int, ...] = ()
     max_seq_len: int | None = None  # context limit: a row may end on "length" earlier
-
-
-@dataclass
-class ReplayRow:
-    prompt_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-    seq_id: int
-    proofs: list[bytes]
-    # an episode's model turns (start, end, turn) in token_ids, the rest being tool outputs
-    # (`meshrl.pool.episode`); None: every token is the model's, one turn
-    turns: list[tuple[int, int, int]] | None = None
+    # positions, in the rows replayed, of an episode's rows (`meshrl.pool.episode`): their
+    # model segments are judged as rows, their termination the episode check judged
+    episodes: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -118,12 +112,13 @@ class ReplayStats:
     pooled_limits: dict[str, float] = field(default_factory=dict)  # at this many chunks
 
 
-def replay_file(engine: InferenceBackend, rows: Sequence[ReplayRow], spec: ReplaySpec,
+def replay_file(engine: InferenceBackend, rows: Sequence[Completion], spec: ReplaySpec,
                 cfg: ReplayConfig) -> tuple[list[Finding], ReplayStats]:
     return replay_files(engine, [(rows, spec)], cfg)[0]
 
 
-def replay_files(engine: InferenceBackend, files: Sequence[tuple[Sequence[ReplayRow], ReplaySpec]],
+def replay_files(engine: InferenceBackend,
+                 files: Sequence[tuple[Sequence[Completion], ReplaySpec]],
                  cfg: ReplayConfig) -> list[tuple[list[Finding], ReplayStats]]:
     """Replay several files whose rows share a policy version and temperature, batched."""
     temps = {spec.temperature for _, spec in files}
@@ -134,7 +129,8 @@ def replay_files(engine: InferenceBackend, files: Sequence[tuple[Sequence[Replay
     scored = []
     for lo in range(0, len(flat), cfg.max_batch_rows):
         part = flat[lo : lo + cfg.max_batch_rows]
-        scored += engine.score([r.prompt_ids for r in part], [r.token_ids for r in part],
+        scored += engine.score([r.prompt_tokens for r in part],
+                               [r.completion_tokens for r in part],
                                temperature=temperature, return_hidden_states=True,
                                return_logits=True)
     out, at = [], 0
@@ -144,27 +140,30 @@ def replay_files(engine: InferenceBackend, files: Sequence[tuple[Sequence[Replay
     return out
 
 
-def _model_turns(rows: Sequence[ReplayRow], scored: Sequence[Any],
-                 chunk_size: int) -> tuple[list[ReplayRow], list[Any]]:
-    """Each episode split into its model turns, each judged as a row of its own: its tokens,
-    log-probs and proofs, the prefill's numbers at its positions (taken from the whole
-    conversation's one prefill), and the sampler's key of its turn; tool outputs are left
-    out (the episode check re-ran them)."""
+def _model_turns(rows: Sequence[Completion], scored: Sequence[Any], episodes: frozenset[int],
+                 chunk_size: int) -> tuple[list[Completion], list[Any]]:
+    """Each episode (a row of `episodes`) split into its model turns, each judged as a row of
+    its own: its tokens, log-probs and proofs, the prefill's numbers at its positions (taken
+    from the whole conversation's one prefill), and the sampler's key of its turn; tool
+    outputs are left out (the episode check re-ran them)."""
     from meshrl.inference import ScoreResult
     from meshrl.pool.episode import turn_seq_id
 
     out_rows, out_scored = [], []
-    for r, s in zip(rows, scored, strict=True):
-        if r.turns is None:
+    for i, (r, s) in enumerate(zip(rows, scored, strict=True)):
+        if i not in episodes:
             out_rows.append(r)
             out_scored.append(s)
             continue
         at = 0
-        for start, end, turn in r.turns:
+        for turn, seg in enumerate(x for x in segments(r) if x.model):
+            start, end = seg.start, seg.end
             n = -(-(end - start) // chunk_size)
-            out_rows.append(ReplayRow(r.prompt_ids, r.token_ids[start:end],
-                                      r.logprobs[start:end], "stop",
-                                      turn_seq_id(r.seq_id, turn), r.proofs[at:at + n]))
+            out_rows.append(replace(
+                r, completion_tokens=r.completion_tokens[start:end],
+                logprobs=r.logprobs[start:end], finish_reason="stop",
+                seq_id=turn_seq_id(r.seq_id, turn), toploc_proofs=r.toploc_proofs[at:at + n],
+                segment_kinds=[], segment_lengths=[], segment_tools=[], segment_exits=[]))
             at += n
             out_scored.append(ScoreResult(
                 s.logprobs[start:end],
@@ -173,14 +172,15 @@ def _model_turns(rows: Sequence[ReplayRow], scored: Sequence[Any],
     return out_rows, out_scored
 
 
-def _judge(rows: Sequence[ReplayRow], scored: Sequence[Any], spec: ReplaySpec,
+def _judge(rows: Sequence[Completion], scored: Sequence[Any], spec: ReplaySpec,
            cfg: ReplayConfig) -> tuple[list[Finding], ReplayStats]:
     findings: list[Finding] = []
-    _termination([r for r in rows if r.turns is None], spec, findings)  # episodes: checked
-    rows, scored = _model_turns(rows, scored, cfg.chunk_size)
-    stats = ReplayStats(rows=len(rows), tokens=sum(len(r.token_ids) for r in rows))
+    _termination([r for i, r in enumerate(rows) if i not in spec.episodes], spec,
+                 findings)  # episodes: checked
+    rows, scored = _model_turns(rows, scored, spec.episodes, cfg.chunk_size)
+    stats = ReplayStats(rows=len(rows), tokens=sum(len(r.completion_tokens) for r in rows))
     nonempty = [(i, r, s) for i, (r, s) in enumerate(zip(rows, scored, strict=True))
-                if r.token_ids]
+                if r.completion_tokens]
     if nonempty:
         _sampling(nonempty, spec, cfg, findings, stats)
         _logprobs(nonempty, cfg, findings, stats)
@@ -188,13 +188,14 @@ def _judge(rows: Sequence[ReplayRow], scored: Sequence[Any], spec: ReplaySpec,
     return findings, stats
 
 
-def _termination(rows: Sequence[ReplayRow], spec: ReplaySpec, findings: list[Finding]) -> None:
-    def limit(r: ReplayRow) -> int:  # a row may end on "length" where the context ends
+def _termination(rows: Sequence[Completion], spec: ReplaySpec,
+                 findings: list[Finding]) -> None:
+    def limit(r: Completion) -> int:  # a row may end on "length" where the context ends
         if spec.max_seq_len is None:
             return spec.max_new_tokens
-        return min(spec.max_new_tokens, spec.max_seq_len - len(r.prompt_ids))
+        return min(spec.max_new_tokens, spec.max_seq_len - len(r.prompt_tokens))
 
-    bad = check_termination([(r.token_ids, r.finish_reason, limit(r)) for r in rows],
+    bad = check_termination([(r.completion_tokens, r.finish_reason, limit(r)) for r in rows],
                             spec.eos_token_ids, spec.stop_token_ids)
     if bad is not None:
         findings.append(bad)
@@ -230,9 +231,9 @@ def _sampling(rows, spec: ReplaySpec, cfg: ReplayConfig, findings: list[Finding]
     in it (narrowed by the slack). The same test as `inference.sampling.check_sampled_tokens`,
     keeping the per-token numbers the honest margin is measured by."""
     logits = torch.cat([s.logits for _, _, s in rows])
-    tokens = torch.tensor([t for _, r, _ in rows for t in r.token_ids])
-    seq = [r.seq_id for _, r, _ in rows for _ in r.token_ids]
-    pos = [j for _, r, _ in rows for j in range(len(r.token_ids))]
+    tokens = torch.tensor([t for _, r, _ in rows for t in r.completion_tokens])
+    seq = [r.seq_id for _, r, _ in rows for _ in r.completion_tokens]
+    pos = [j for _, r, _ in rows for j in range(len(r.completion_tokens))]
     tol, slack = cfg.sampling_tolerance, cfg.thresholds.top_p_slack
     if spec.top_p >= 1.0 or spec.temperature == 0:
         margins = token_margins(logits, tokens, spec.seed, seq, pos, spec.temperature)
@@ -272,7 +273,7 @@ def _sampling(rows, spec: ReplaySpec, cfg: ReplayConfig, findings: list[Finding]
                 {"inexact_tokens": stats.inexact_tokens, "limit": stats.inexact_limit,
                  "tokens": len(ok)}))
         return
-    owner = [i for i, r, _ in rows for _ in r.token_ids]
+    owner = [i for i, r, _ in rows for _ in r.completion_tokens]
     first_bad = int((~ok).nonzero()[0, 0])
     where = f"first in row {owner[first_bad]} at position {pos[first_bad]}"
     why = (f"score margin {float(margins[first_bad]):.3g} > tolerance {tol}"
@@ -328,8 +329,8 @@ def _logprobs(rows, cfg: ReplayConfig, findings: list[Finding], stats: ReplaySta
 
 def _toploc(rows, scored, cfg: ReplayConfig, findings: list[Finding],
             stats: ReplayStats) -> None:
-    checked = [(s.hidden_states, list(r.proofs)) for r, s in zip(rows, scored, strict=True)
-               if r.token_ids]
+    checked = [(s.hidden_states, list(r.toploc_proofs)) for r, s in zip(rows, scored, strict=True)
+               if r.completion_tokens]
     chunks = [c for per_row in verify_proofs_many(checked, cfg.chunk_size, cfg.topk)
               for c in per_row]  # every replayed row's chunks evaluated together
     good = [c for c in chunks if c.reason is None]

@@ -12,7 +12,7 @@ sha256); every check that needs no model covers every row.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from meshrl.inference import InferenceBackend, InvalidRequestError
@@ -44,8 +44,8 @@ from meshrl.validator.checks import (
     check_work_units,
 )
 from meshrl.validator.episodes import episode_findings, is_episode
-from meshrl.validator.replay import ReplayConfig, ReplayRow, ReplaySpec, replay_files
-from meshrl.wire.rollout_file import RolloutFile, segments
+from meshrl.validator.replay import ReplayConfig, ReplaySpec, replay_files
+from meshrl.wire.rollout_file import Completion, RolloutFile
 
 __all__ = ["ChainClaim", "compute_dtype", "model_free_findings", "replay_subset", "unscorable",
            "verify_file", "verify_files"]
@@ -167,20 +167,12 @@ def _spec(rf: RolloutFile, rules: PoolRules, tokenizer: Any,
                       stop_token_ids=tuple(s.stop_token_ids), max_seq_len=max_seq_len)
 
 
-def _rows(rf: RolloutFile, which: Sequence[int], episodes: set[int]) -> list[ReplayRow]:
-    """The replayed rows; an episode's with its model turns (start, end, turn), whose
-    termination the episode check judged."""
-    rows = rf.completions
-
-    def turns(i: int) -> list[tuple[int, int, int]] | None:
-        if i not in episodes:
-            return None
-        model = [s for s in segments(rows[i]) if s.model]
-        return [(s.start, s.end, t) for t, s in enumerate(model)]
-
-    return [ReplayRow(rows[i].prompt_tokens, rows[i].completion_tokens, rows[i].logprobs,
-                      rows[i].finish_reason, rows[i].seq_id, rows[i].toploc_proofs,
-                      turns(i)) for i in which]
+def _replayed(rf: RolloutFile, which: Sequence[int], spec: ReplaySpec,
+              episodes: set[int]) -> tuple[list[Completion], ReplaySpec]:
+    """The replayed rows (the file's own) and their spec naming which of them are episodes
+    (judged turn by turn; their termination the episode check judged)."""
+    return ([rf.completions[i] for i in which],
+            replace(spec, episodes=frozenset(j for j, i in enumerate(which) if i in episodes)))
 
 
 def _episode_rows(rf: RolloutFile, rules: PoolRules, tasks: TaskSet) -> set[int]:
@@ -258,7 +250,7 @@ def verify_files(backend: InferenceBackend, tokenizer: Any,
     for i in todo:
         bad_end = _termination_of_others(items[i][0], subsets[i], specs[i], episodes[i])
         found[i] += [bad_end] if bad_end is not None else []
-    batch = [(_rows(items[i][0], subsets[i], episodes[i]), specs[i]) for i in todo]
+    batch = [_replayed(items[i][0], subsets[i], specs[i], episodes[i]) for i in todo]
     stats: dict[int, dict[str, Any]] = {}
     for i, (more, st) in zip(todo, replay_files(backend, batch, cfg), strict=True):
         found[i] += more
