@@ -178,3 +178,34 @@ def test_a_file_in_a_batch_and_on_its_own_is_paid_once_either_order(net: Net):
 def _accepted_batch(net: Net, b) -> bool:
     bid = bytes(b.args["batch_id"]).hex()
     return sum(r.status.value == "accepted" for r in _rows(net) if r.batch_id == bid) == 2
+
+
+def test_a_leaf_submitted_again_after_its_batch_window_closed_is_the_copy(net: Net):
+    """The same double pay, later: the file submitted on its own once its batch's window has
+    closed, when the chain refuses `open_leaf`. The validator still remembers the leaf
+    (`LeafMemory`, past the window) and hard-invalidates the later submission, whose own
+    window is open: the file is paid once (in its batch), the provider slashed for the copy."""
+    dp, dn, _ = fund_provider(net, "d0")
+    v = validator(net)
+    v.start()
+    w = worker(net, "d0", max_files=2)
+    w.start()
+    assert w.wait(300) == 0, w.log.read_text()[-3000:]
+    [db] = _events(net, "BatchSubmitted", dn.address)
+    wait_until(lambda: _accepted_batch(net, db), 300)
+    stake = max(PARAMS.min_stake, PARAMS.stake_per_unit)
+    net.fed.backend.advance_time(PARAMS.invalidation_window + 1)  # the batch's window closes
+    first = _orch(net, f"/batches/{bytes(db.args['batch_id']).hex()}", BatchInfo).leaves[0]
+    once = net.fed.as_(dp).submit_work(net.pool, dn.address, bytes.fromhex(first.sha256),
+                                       first.work_units).event("WorkSubmitted").args
+    copy = bytes(once["work_id"])
+    with contextlib.suppress(TimeoutError):
+        wait_until(lambda: net.fed.work(copy).status == WorkStatus.HARD_INVALIDATED, 60)
+    net.fed.backend.advance_time(PARAMS.lock_period + 1)
+    got = _claimable(net, dp.address)
+    assert got == db.args["reward"], (got, "paid twice", once["reward"])
+    assert net.fed.work(copy).status == WorkStatus.HARD_INVALIDATED
+    assert net.fed.provider(dp.address).stake == stake - PARAMS.slash_penalty
+    # the batch itself stands (its window closed before the verdict) and is claimed whole
+    assert net.fed.standing(bytes(db.args["batch_id"])) == Standing.CLEAR
+    assert not _events(net, "LeafOpened", dn.address)
