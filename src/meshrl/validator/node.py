@@ -359,9 +359,14 @@ class ValidatorNode:
                             job.counter), [bytes.fromhex(p) for p in job.proof])
 
     async def _judge(self, jobs: list[Job]) -> None:
-        for batch in [j for j in jobs if j.batch_id and not j.sha256]:
+        batches = [j for j in jobs if j.batch_id and not j.sha256]
+        for batch in batches:
             await self._expand(batch)
         jobs = [j for j in jobs if j.sha256]
+        if batches:  # the leaves head the queue now: judged in this turn, not after a poll
+            now, have = time.time(), {j.work_id for j in jobs}
+            jobs += [j for j in self.state.queue if j.sha256 and j.not_before <= now and
+                     j.work_id not in have][: max(0, self.cfg.batch_files - len(jobs))]
         if not jobs:
             return
         # judging (downloads, replays) ends with a stop: the jobs stay queued for the next
