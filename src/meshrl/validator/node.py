@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -77,12 +78,13 @@ from meshrl.wire import (
     SignedClient,
     WireHTTPError,
 )
-from meshrl.wire.models import MAX_REASON, BatchInfo, Verdict, VerdictKind
+from meshrl.wire.models import MAX_REASON, BatchInfo, LedgerPage, Verdict, VerdictKind
 from meshrl.wire.signing import orchestrator_audience
 
 __all__ = ["ValidatorNode"]
 
 log = get_logger("meshrl.validator")
+_HEX32 = re.compile(r"[0-9a-f]{64}")
 
 
 class ValidatorNode:
@@ -233,6 +235,8 @@ class ValidatorNode:
     async def _duplicate(self, job: Job, seen: dict[str, Any]) -> bool:
         """Hard-invalidate `job`, a later submission (on its own, or a leaf of a later batch)
         of a file that an earlier batch of its node pays, its window closed; True when done."""
+        if self.state.judged.get(job.work_id) == VerdictKind.HARD_INVALID.value:
+            return True  # acted on already (its accusation and its submission, one poll)
         why = await asyncio.to_thread(self._paid_leaf, seen)
         if why is None:
             return False
@@ -424,7 +428,11 @@ class ValidatorNode:
         """Another validator accused work: vote by this validator's own judgment. Judged
         already: at once. Queued: judged next. Another validator's share (never queued
         here): its submission is read from the chain and judged next, ahead of the queue, so
-        the vote comes within the dispute period."""
+        the vote comes within the dispute period. A file submitted on its own that an earlier
+        batch of its node holds is the duplicate, whatever its content: upheld
+        (`_duplicate_accused`), never voted by the leaf's own verdict (same work id)."""
+        if await self._duplicate_accused(wid):
+            return
         kind = self.state.judged.get(wid.hex())
         if kind is not None:
             await asyncio.to_thread(self.clerk.act, wid, VerdictKind(kind))
@@ -442,6 +450,54 @@ class ValidatorNode:
             self.state.enqueue(jobs, self.state.next_block)
         self.state.first(wid.hex())
         log_event(log, "re-judging an accused file", work_id=wid.hex())
+
+    async def _duplicate_accused(self, wid: bytes) -> bool:
+        """An accused submission of a file this validator remembers as a leaf of an earlier
+        batch of its node, or that the orchestrator's ledger places in one (checked against
+        the chain, `_ledger_leaf`: a co-validator of another share never expanded it): voted
+        on as a duplicate (`_duplicate`); True when it was."""
+        if self.rules.batch.files <= 1:
+            return False  # a pool without batches
+        sub = await asyncio.to_thread(submission, self.chain, wid)
+        if sub is None or int(sub.args["pool"]) != self.cfg.pool_id:
+            return False  # a file opened out of its batch, or another pool's
+        seen = self.memory.get(wid.hex())
+        if seen is None or int(seen.get("block", 0)) > sub.block:
+            seen = await self._ledger_leaf(sub)
+        if seen is None:
+            return False
+        jobs = await asyncio.to_thread(self._jobs, [sub])
+        return await self._duplicate(jobs[0], seen)
+
+    async def _ledger_leaf(self, sub: Event) -> dict[str, Any] | None:
+        """The earlier batch leaf of the file of `sub` (a `WorkSubmitted`) as the orchestrator's
+        ledger names it, believed only when checked: the batch's leaves hash to that batch
+        id with the same node (so to its root on chain), hold the file, and the chain's batch
+        item was submitted before the file's (a second earlier: the same second is not
+        enough to tell which came first)."""
+        wid, sha = bytes(sub.args["work_id"]).hex(), bytes(sub.args["file_sha256"])
+        try:
+            page = await self.orch.call("GET", "/ledger", response=LedgerPage,
+                                        query={"work_id": wid, "limit": 8})
+        except (WireHTTPError, OSError):
+            return None
+        for bid in {e.batch_id for e in page.entries if _HEX32.fullmatch(e.batch_id)}:
+            try:
+                info = await self.orch.call("GET", f"/batches/{bid}", response=BatchInfo)
+                if not 1 <= len(info.leaves) <= MAX_BATCH:
+                    continue
+                batch = Batch.of([Leaf(sub.args["node"], bytes.fromhex(x.sha256), x.work_units,
+                                       x.step, x.counter) for x in info.leaves])
+                index = batch.index_of(sha)
+            except (WireHTTPError, OSError, ValueError, KeyError):
+                continue
+            if batch.id.hex() != bid:
+                continue  # not that node's batch, or not these leaves
+            b, f = await asyncio.to_thread(self.chain.works, [batch.id, bytes.fromhex(wid)])
+            if b.status == WorkStatus.NONE or b.submitted_at >= f.submitted_at:
+                continue
+            return {"batch_id": bid, "index": index, "block": 0, "until": b.judge_until}
+        return None
 
     def _leaf_jobs(self, wid: bytes) -> list[Job]:
         """The job of judging a file opened out of a batch of this pool (blocking): its leaf
