@@ -7,6 +7,7 @@ and on a local anvil node. Prints one JSON object per line:
 Each measured operation starts from the same chain state (snapshot / revert), so its gas is
 exact and repeatable; latency is wall time from building the transaction to its receipt
 (sign, estimate gas, send, mine, receipt). Usage: python benchmarks/bench_protocol.py [--n 5]
+[--batches_only] [--backend eth-tester|anvil|both]
 """
 
 from __future__ import annotations
@@ -315,18 +316,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=5, help="repetitions per operation")
     ap.add_argument("--batches_only", action="store_true",
-                    help="only the batched-work gas (eth-tester)")
+                    help="only the batched-work gas")
+    ap.add_argument("--backend", choices=("eth-tester", "anvil", "both"), default="both",
+                    help="the chain(s) measured (anvil: node_modules/.bin/anvil, then PATH)")
     args = ap.parse_args()
-    if not args.batches_only:
-        run(EthTesterBackend(), "eth-tester", args.n)
-    run_batches(EthTesterBackend(), "eth-tester", args.n)
-    if args.batches_only:
+    if args.backend in ("eth-tester", "both"):
+        if not args.batches_only:
+            run(EthTesterBackend(), "eth-tester", args.n)
+        run_batches(EthTesterBackend(), "eth-tester", args.n)
+    if args.backend == "eth-tester":
         return
     if find_anvil() is None:
         emit("anvil", {"skipped": "anvil not installed (make setup)"})
         return
     with AnvilNode() as backend:
-        run(backend, "anvil", args.n)
+        if not args.batches_only:
+            run(backend, "anvil", args.n)
+        run_batches(backend, "anvil", args.n)
 
 
 if __name__ == "__main__":

@@ -178,3 +178,79 @@ def test_a_file_in_a_batch_and_on_its_own_is_paid_once_either_order(net: Net):
 def _accepted_batch(net: Net, b) -> bool:
     bid = bytes(b.args["batch_id"]).hex()
     return sum(r.status.value == "accepted" for r in _rows(net) if r.batch_id == bid) == 2
+
+
+def test_a_leaf_submitted_again_after_its_batch_window_closed_is_the_copy(net: Net):
+    """The same double pay, later: the file submitted on its own once its batch's window has
+    closed, when the chain refuses `open_leaf`. The validator still remembers the leaf
+    (`LeafMemory`, past the window) and hard-invalidates the later submission, whose own
+    window is open: the file is paid once (in its batch), the provider slashed for the copy."""
+    dp, dn, _ = fund_provider(net, "d0")
+    v = validator(net)
+    v.start()
+    w = worker(net, "d0", max_files=2)
+    w.start()
+    assert w.wait(300) == 0, w.log.read_text()[-3000:]
+    [db] = _events(net, "BatchSubmitted", dn.address)
+    wait_until(lambda: _accepted_batch(net, db), 300)
+    stake = max(PARAMS.min_stake, PARAMS.stake_per_unit)
+    net.fed.backend.advance_time(PARAMS.invalidation_window + 1)  # the batch's window closes
+    first = _orch(net, f"/batches/{bytes(db.args['batch_id']).hex()}", BatchInfo).leaves[0]
+    once = net.fed.as_(dp).submit_work(net.pool, dn.address, bytes.fromhex(first.sha256),
+                                       first.work_units).event("WorkSubmitted").args
+    copy = bytes(once["work_id"])
+    with contextlib.suppress(TimeoutError):
+        wait_until(lambda: net.fed.work(copy).status == WorkStatus.HARD_INVALIDATED, 60)
+    net.fed.backend.advance_time(PARAMS.lock_period + 1)
+    got = _claimable(net, dp.address)
+    assert got == db.args["reward"], (got, "paid twice", once["reward"])
+    assert net.fed.work(copy).status == WorkStatus.HARD_INVALIDATED
+    assert net.fed.provider(dp.address).stake == stake - PARAMS.slash_penalty
+    # the batch itself stands (its window closed before the verdict) and is claimed whole
+    assert net.fed.standing(bytes(db.args["batch_id"])) == Standing.CLEAR
+    assert not _events(net, "LeafOpened", dn.address)
+
+
+def test_a_co_validator_that_never_expanded_the_batch_upholds_the_duplicate_verdict(tmp_path):
+    """The duplicate verdict is disputable: another validator votes on it. One that never
+    expanded the earlier batch (another share) has no memory of the leaf; it reads the ledger's
+    batch of that work id and the batch's leaves, checks them against the chain (the batch id
+    of that node and root, submitted before the file) and upholds. Judging the file as a file
+    it voted to overturn (the file itself is honest) and the duplicate was paid after all."""
+    params = PARAMS.model_copy(update={"dispute_period": 60, "vote_period": 30, "quorum": 1})
+    net = start_net(tmp_path, orch={"rules": BATCHED}, params=params)
+    try:
+        dp, dn, _ = fund_provider(net, "d0")
+        w = worker(net, "d0", max_files=2)
+        w.start()
+        assert w.wait(300) == 0, w.log.read_text()[-3000:]
+        [db] = _events(net, "BatchSubmitted", dn.address)
+        bid = bytes(db.args["batch_id"])
+        # the voter's share leaves the batch to the other validator: it never reads its leaves
+        other = 1 - int.from_bytes(bid, "big") % 2
+        v = validator(net, share={"index": other, "of": 2})
+        v.start()
+        net.fed.backend.advance_time(PARAMS.invalidation_window + 1)
+        first = _orch(net, f"/batches/{bid.hex()}", BatchInfo).leaves[0]
+        copy = bytes(net.fed.as_(dp).submit_work(net.pool, dn.address,
+                                                 bytes.fromhex(first.sha256),
+                                                 first.work_units).event("WorkSubmitted")
+                     .args["work_id"])
+        # the validator of the batch's share accuses the copy (here: a key of its own)
+        judge = key("val2")
+        net.fed.backend.fund(judge.address, 10**21)
+        net.fed.set_validator(judge.address)
+        net.fed.as_(judge).hard_invalidate(copy)
+        voter = key("val").address.lower()
+
+        def voted() -> list:
+            return [e.args["uphold"] for e in net.fed.events(net.fed.deployment.block).poll()
+                    if e.name == "VerdictVoted" and bytes(e.args["work_id"]) == copy
+                    and e.args["validator"].lower() == voter]
+        assert wait_until(voted, 120) == [True]
+        assert not _events(net, "LeafOpened", dn.address)  # its leaves never read by it
+        net.fed.backend.advance_time(params.dispute_period + 1)
+        net.fed.settle(copy)
+        assert net.fed.work(copy).status == WorkStatus.HARD_INVALIDATED
+    finally:
+        net.close()

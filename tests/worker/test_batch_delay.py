@@ -24,16 +24,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.anvil]
 DELAY = 1.0
 
 
-def test_a_partial_batch_goes_out_at_its_delay_while_the_worker_waits_for_work(tmp_path):
-    rules = {**RULES, "batch": {"files": 4, "max_delay_s": DELAY}}
+def _first_batch_after_written(tmp_path: Path, delay: float, ahead: int | None) -> float:
+    """Seconds from a worker's first file written to its first `BatchSubmitted`, in a pool
+    batching 4 files with `delay`; `ahead`: the trainer's demand (None: no pacing)."""
+    rules = {**RULES, "batch": {"files": 4, "max_delay_s": delay}}
     work = {"step": 0, "max_units_per_file": 100_000, "slot_ttl_s": 20.0, "max_hold_s": 30.0}
     net = start_net(tmp_path, orch={"rules": rules, "work": work})
     try:
-        # the trainer wants one file ahead: the worker makes one, then its order is held
-        async def pace() -> None:
-            async with SignedClient(net.orch.url, "0x" + bytes(key("mgr").key).hex()) as c:
-                await c.call("POST", "/step", StepUpdate(step=0, ahead=1))
-        asyncio.run(pace())
+        if ahead is not None:
+            async def pace() -> None:
+                async with SignedClient(net.orch.url, "0x" + bytes(key("mgr").key).hex()) as c:
+                    await c.call("POST", "/step", StepUpdate(step=0, ahead=ahead))
+            asyncio.run(pace())
         _, node, _ = fund_provider(net, "slow")
         w = worker(net, "slow", max_files=4, work_wait_s=30.0)
         w.start()
@@ -48,9 +50,23 @@ def test_a_partial_batch_goes_out_at_its_delay_while_the_worker_waits_for_work(t
         def sent() -> bool:
             return any(e.name == "BatchSubmitted" and e.args["node"] == node.address
                        for e in net.fed.events(net.fed.deployment.block).poll())
-        # without the timer it went out when the held order came back (10 s in, measured)
-        wait_until(sent, 25)
-        took = time.time() - at
-        assert took < DELAY + 4, took
+        wait_until(sent, delay + 25)
+        return time.time() - at
     finally:
         net.close()
+
+
+def test_a_partial_batch_goes_out_at_its_delay_while_the_worker_waits_for_work(tmp_path):
+    # the trainer wants one file ahead: the worker makes one, then its order is held; without
+    # the timer the batch went out when the held order came back (10 s in, measured)
+    took = _first_batch_after_written(tmp_path, DELAY, ahead=1)
+    assert took < DELAY + 4, took
+
+
+def test_a_partial_batch_goes_at_once_when_the_pool_wants_no_other_file_now(tmp_path):
+    """The pool paces (one file ahead) and has this node's file: no other file can join the
+    batch before the pool wants one, so waiting out the delay only delays the trainer. The
+    worker's quick look at its next order (not held) sends the partial batch at once; it
+    waited the whole delay before (measured: 20.1 s for a 20 s delay; 0.19 s now)."""
+    took = _first_batch_after_written(tmp_path, 20.0, ahead=1)
+    assert took < 8, took

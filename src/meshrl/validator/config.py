@@ -96,6 +96,9 @@ class ValidatorConfig(Config):
     poll_interval: float = Field(1.0, gt=0, description="seconds between chain polls")
     batch_files: int = Field(8, ge=1, description="files of one version judged together")
     max_files: int = Field(0, ge=0, description="stop after judging this many files (0: run)")
+    leaf_memory: int = Field(100_000, ge=0, description="files of expanded batches remembered "
+                             "past their batch's window (oldest evicted): a copy of one "
+                             "submitted later is invalidated as a duplicate; 0: none")
     bond_verdicts: int = Field(8, ge=0, description="keep a bond posted for this many open "
                                "verdicts (the chain's verdict_bond each; 0: post none)")
     shardcast_servers: list[str] = Field(default_factory=list, description="where policy "

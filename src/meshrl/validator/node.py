@@ -28,7 +28,10 @@ verdict, which voids it and accuses its batch. The chain cannot see a copy the o
 (the file submitted on its own, or in another batch, after its batch): the leaves of every batch
 expanded here are remembered until the batch's window closes (`ValidatorState.leaves`), and a
 `WorkSubmitted` of one of them (whoever's share it is in), or the same file in a later batch,
-opens the remembered leaf as that copy at once (`_copy_of_leaf`). A batch whose leaves the
+opens the remembered leaf as that copy at once (`_copy_of_leaf`). After that window (the chain
+refuses `open_leaf`) the leaves are still remembered (`LeafMemory`, bounded, oldest evicted),
+and the later submission is the copy: hard-invalidated while its own window is open
+(`_duplicate`), the file paid once, in its batch. A batch whose leaves the
 orchestrator never serves (its node never posted them, or they are not files it uploaded; the
 orchestrator refuses a file in a second batch, or one submitted on its own already) ends, after
 the retries, soft-invalidated as a whole. Failures of the validator itself
@@ -40,9 +43,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import signal
 import time
 from collections.abc import Callable
+from typing import Any
 
 from eth_account.signers.local import LocalAccount
 
@@ -57,7 +62,7 @@ from meshrl.pool import (
     require_same_rules,
     unmet_profile,
 )
-from meshrl.protocol import ChainError, Deployment, Event, Protocol, WorkStatus
+from meshrl.protocol import ChainError, Deployment, Event, Protocol, Standing, WorkStatus
 from meshrl.protocol.batches import MAX_BATCH, Batch, Leaf
 from meshrl.protocol.history import leaf_submission, submission
 from meshrl.protocol.local import connect
@@ -65,7 +70,7 @@ from meshrl.validator.config import ValidatorConfig
 from meshrl.validator.disputes import Clerk, LeafRef
 from meshrl.validator.judge import Judge, Unjudged
 from meshrl.validator.policy import backoff_delay
-from meshrl.validator.state import Job, ValidatorState
+from meshrl.validator.state import Job, LeafMemory, ValidatorState
 from meshrl.wire import (
     NoSuchSubmission,
     NotAwaitingVerdict,
@@ -73,12 +78,13 @@ from meshrl.wire import (
     SignedClient,
     WireHTTPError,
 )
-from meshrl.wire.models import MAX_REASON, BatchInfo, Verdict, VerdictKind
+from meshrl.wire.models import MAX_REASON, BatchInfo, LedgerPage, Verdict, VerdictKind
 from meshrl.wire.signing import orchestrator_audience
 
 __all__ = ["ValidatorNode"]
 
 log = get_logger("meshrl.validator")
+_HEX32 = re.compile(r"[0-9a-f]{64}")
 
 
 class ValidatorNode:
@@ -110,6 +116,7 @@ class ValidatorNode:
         except ChainError as e:  # no tokens, say: its verdicts will be refused, and logged
             log_event(log, "bond not posted", error=str(e))
         self.state = ValidatorState.load(f"{self.cfg.work_dir}/state.json", dep.block)
+        self.memory = LeafMemory(f"{self.cfg.work_dir}/leaf_memory.jsonl", self.cfg.leaf_memory)
         self.cursor = self.chain.events(self.state.next_block)
         audience = orchestrator_audience(dep.chain_id, self.cfg.pool_id)  # never learnt from it
         async with SignedClient(self.cfg.orchestrator_url, self.account.key,
@@ -168,9 +175,10 @@ class ValidatorNode:
         events = await asyncio.to_thread(self.cursor.poll)
         mine, accused, copies = [], set(), []
         for e in events:
-            if e.name == "WorkSubmitted" and int(e.args["pool"]) == self.cfg.pool_id and \
-                    bytes(e.args["work_id"]).hex() in self.state.leaves:
-                copies.append(bytes(e.args["work_id"]).hex())  # a leaf of a batch, again
+            if e.name == "WorkSubmitted" and int(e.args["pool"]) == self.cfg.pool_id and (
+                    bytes(e.args["work_id"]).hex() in self.state.leaves or
+                    bytes(e.args["work_id"]).hex() in self.memory):
+                copies.append(e)  # a leaf of a batch, again
             if e.name == "WorkAccused":
                 wid = bytes(e.args["work_id"]).hex()
                 accused.add(wid)
@@ -191,9 +199,55 @@ class ValidatorNode:
             self.state.enqueue([], self.cursor.next_block)
         if jobs:
             log_event(log, "submissions queued", files=len(jobs), queue=len(self.state.queue))
-        for wid in copies:
-            await self._copy_of_leaf(wid, "submitted on its own")
+        for e in copies:
+            await self._submitted_again(e)
         self.state.forget_leaves([], time.time())
+
+    async def _submitted_again(self, e: Event) -> None:
+        """A file remembered as a leaf of a batch expanded here has a `WorkSubmitted` of its
+        own now. The batch's window open: its leaf is opened as the copy (`_copy_of_leaf`).
+        Closed (the chain refuses `open_leaf` then): the later submission is the copy, and is
+        hard-invalidated as a duplicate (`_duplicate`) while its own window is open, so the
+        file is paid once, in its batch."""
+        wid = bytes(e.args["work_id"]).hex()
+        seen = self.memory.get(wid) or self.state.leaves.get(wid)
+        if seen is None or int(seen.get("block", 0)) > e.block:
+            return  # submitted before its batch: the batch's expansion voids the leaf
+        now = await asyncio.to_thread(self.chain.backend.now)
+        if wid in self.state.leaves and now < int(self.state.leaves[wid]["until"]):
+            await self._copy_of_leaf(wid, "submitted on its own")
+            return
+        self.state.forget_leaves([wid], time.time())
+        jobs = await asyncio.to_thread(self._jobs, [e])
+        await self._duplicate(jobs[0], seen)
+
+    def _paid_leaf(self, seen: dict[str, Any]) -> str | None:
+        """Why the remembered leaf `seen` pays its file (blocking), or None when its batch does
+        not (invalidated whole, or wiped): then a later submission of the file is no copy."""
+        bid = bytes.fromhex(seen["batch_id"])
+        info = self.chain.work(bid)
+        if info.status in (WorkStatus.NONE, WorkStatus.SOFT_INVALIDATED,
+                           WorkStatus.HARD_INVALIDATED) or \
+                self.chain.standing(bid) == Standing.WIPED:
+            return None
+        return f"duplicate: the file is leaf {seen['index']} of batch 0x{seen['batch_id']}"
+
+    async def _duplicate(self, job: Job, seen: dict[str, Any]) -> bool:
+        """Hard-invalidate `job`, a later submission (on its own, or a leaf of a later batch)
+        of a file that an earlier batch of its node pays, its window closed; True when done."""
+        if self.state.judged.get(job.work_id) == VerdictKind.HARD_INVALID.value:
+            return True  # acted on already (its accusation and its submission, one poll)
+        why = await asyncio.to_thread(self._paid_leaf, seen)
+        if why is None:
+            return False
+        # on chain only: the ledger's row under this work id is the earlier leaf's (accepted)
+        tx = await asyncio.to_thread(self.clerk.act, bytes.fromhex(job.work_id),
+                                     VerdictKind.HARD_INVALID, self._leaf(job))
+        self.unaccused.discard(job.work_id)
+        self.state.record(job, VerdictKind.HARD_INVALID.value)
+        log_event(log, "duplicate of a leaf", work_id=job.work_id, batch_id=seen["batch_id"],
+                  index=seen["index"], later_batch=job.batch_id, reason=why, tx=tx)
+        return True
 
     async def _copy_of_leaf(self, wid: str, why: str) -> str:
         """A remembered leaf whose file has an item of its own now (submitted on its own, or
@@ -255,9 +309,22 @@ class ValidatorNode:
         ids = [x.work_id for x in batch.leaves]
         *have, info = await asyncio.to_thread(self.chain.works, [*ids, bytes.fromhex(
             job.batch_id)])
-        jobs = []
+        jobs, now = [], await asyncio.to_thread(self.chain.backend.now)
         for i, (leaf, wid, w) in enumerate(zip(batch.leaves, ids, have, strict=True)):
             ref = LeafRef(batch.root, i, leaf, batch.proof(i))
+            mine = Job(wid.hex(), leaf.file_sha256.hex(), job.node, job.provider, job.pool,
+                       leaf.units, job.block, job.block_hash, batch_id=job.batch_id,
+                       root=job.root, index=i, step=leaf.step, counter=leaf.counter,
+                       count=batch.count, proof=[p.hex() for p in ref.proof])
+            other = self.state.leaves.get(wid.hex())
+            seen = self.memory.get(wid.hex())
+            if w.status == WorkStatus.NONE and seen is not None and \
+                    seen["batch_id"] != job.batch_id and \
+                    (other is None or now >= int(other["until"])):
+                # the same file in an earlier batch whose window closed: this leaf is the copy
+                self.state.forget_leaves([wid.hex()], time.time())
+                if await self._duplicate(mine, seen):
+                    continue
             other = self.state.leaves.get(wid.hex())
             if w.status == WorkStatus.NONE and other is not None and \
                     other["batch_id"] != job.batch_id:
@@ -278,11 +345,11 @@ class ValidatorNode:
                 log_event(log, "copy in a batch", batch_id=job.batch_id, index=i,
                           work_id=wid.hex(), tx=tx)
                 continue
-            jobs.append(Job(wid.hex(), leaf.file_sha256.hex(), job.node, job.provider, job.pool,
-                            leaf.units, job.block, job.block_hash, batch_id=job.batch_id,
-                            root=job.root, index=i, step=leaf.step, counter=leaf.counter,
-                            count=batch.count, proof=[p.hex() for p in ref.proof]))
+            jobs.append(mine)
         self.state.expand(job, jobs, info.judge_until)
+        self.memory.add({j.work_id: {"batch_id": job.batch_id, "index": j.index,
+                                     "block": job.block, "until": info.judge_until}
+                         for j in jobs})
         self.unaccused.update(j.work_id for j in jobs)
         log_event(log, "batch queued", batch_id=job.batch_id, files=len(jobs),
                   queue=len(self.state.queue))
@@ -296,9 +363,14 @@ class ValidatorNode:
                             job.counter), [bytes.fromhex(p) for p in job.proof])
 
     async def _judge(self, jobs: list[Job]) -> None:
-        for batch in [j for j in jobs if j.batch_id and not j.sha256]:
+        batches = [j for j in jobs if j.batch_id and not j.sha256]
+        for batch in batches:
             await self._expand(batch)
         jobs = [j for j in jobs if j.sha256]
+        if batches:  # the leaves head the queue now: judged in this turn, not after a poll
+            now, have = time.time(), {j.work_id for j in jobs}
+            jobs += [j for j in self.state.queue if j.sha256 and j.not_before <= now and
+                     j.work_id not in have][: max(0, self.cfg.batch_files - len(jobs))]
         if not jobs:
             return
         # judging (downloads, replays) ends with a stop: the jobs stay queued for the next
@@ -356,7 +428,11 @@ class ValidatorNode:
         """Another validator accused work: vote by this validator's own judgment. Judged
         already: at once. Queued: judged next. Another validator's share (never queued
         here): its submission is read from the chain and judged next, ahead of the queue, so
-        the vote comes within the dispute period."""
+        the vote comes within the dispute period. A file submitted on its own that an earlier
+        batch of its node holds is the duplicate, whatever its content: upheld
+        (`_duplicate_accused`), never voted by the leaf's own verdict (same work id)."""
+        if await self._duplicate_accused(wid):
+            return
         kind = self.state.judged.get(wid.hex())
         if kind is not None:
             await asyncio.to_thread(self.clerk.act, wid, VerdictKind(kind))
@@ -374,6 +450,54 @@ class ValidatorNode:
             self.state.enqueue(jobs, self.state.next_block)
         self.state.first(wid.hex())
         log_event(log, "re-judging an accused file", work_id=wid.hex())
+
+    async def _duplicate_accused(self, wid: bytes) -> bool:
+        """An accused submission of a file this validator remembers as a leaf of an earlier
+        batch of its node, or that the orchestrator's ledger places in one (checked against
+        the chain, `_ledger_leaf`: a co-validator of another share never expanded it): voted
+        on as a duplicate (`_duplicate`); True when it was."""
+        if self.rules.batch.files <= 1:
+            return False  # a pool without batches
+        sub = await asyncio.to_thread(submission, self.chain, wid)
+        if sub is None or int(sub.args["pool"]) != self.cfg.pool_id:
+            return False  # a file opened out of its batch, or another pool's
+        seen = self.memory.get(wid.hex())
+        if seen is None or int(seen.get("block", 0)) > sub.block:
+            seen = await self._ledger_leaf(sub)
+        if seen is None:
+            return False
+        jobs = await asyncio.to_thread(self._jobs, [sub])
+        return await self._duplicate(jobs[0], seen)
+
+    async def _ledger_leaf(self, sub: Event) -> dict[str, Any] | None:
+        """The earlier batch leaf of the file of `sub` (a `WorkSubmitted`) as the orchestrator's
+        ledger names it, believed only when checked: the batch's leaves hash to that batch
+        id with the same node (so to its root on chain), hold the file, and the chain's batch
+        item was submitted before the file's (a second earlier: the same second is not
+        enough to tell which came first)."""
+        wid, sha = bytes(sub.args["work_id"]).hex(), bytes(sub.args["file_sha256"])
+        try:
+            page = await self.orch.call("GET", "/ledger", response=LedgerPage,
+                                        query={"work_id": wid, "limit": 8})
+        except (WireHTTPError, OSError):
+            return None
+        for bid in {e.batch_id for e in page.entries if _HEX32.fullmatch(e.batch_id)}:
+            try:
+                info = await self.orch.call("GET", f"/batches/{bid}", response=BatchInfo)
+                if not 1 <= len(info.leaves) <= MAX_BATCH:
+                    continue
+                batch = Batch.of([Leaf(sub.args["node"], bytes.fromhex(x.sha256), x.work_units,
+                                       x.step, x.counter) for x in info.leaves])
+                index = batch.index_of(sha)
+            except (WireHTTPError, OSError, ValueError, KeyError):
+                continue
+            if batch.id.hex() != bid:
+                continue  # not that node's batch, or not these leaves
+            b, f = await asyncio.to_thread(self.chain.works, [batch.id, bytes.fromhex(wid)])
+            if b.status == WorkStatus.NONE or b.submitted_at >= f.submitted_at:
+                continue
+            return {"batch_id": bid, "index": index, "block": 0, "until": b.judge_until}
+        return None
 
     def _leaf_jobs(self, wid: bytes) -> list[Job]:
         """The job of judging a file opened out of a batch of this pool (blocking): its leaf

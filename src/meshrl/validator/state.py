@@ -11,6 +11,8 @@ by reading the work item's on-chain status before acting.
 from __future__ import annotations
 
 import json
+import os
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from typing import Any
 from meshrl.durable import atomic_write
 from meshrl.wire.models import Verdict
 
-__all__ = ["Job", "ValidatorState"]
+__all__ = ["Job", "LeafMemory", "ValidatorState"]
 
 
 @dataclass
@@ -120,3 +122,74 @@ class ValidatorState:
     def posted(self, verdict: Verdict) -> None:
         self.outgoing = [v for v in self.outgoing if v != verdict]
         self.save()
+
+
+class LeafMemory:
+    """Where each file of a batch expanded here was a leaf, kept past its batch's window: file
+    work id (hex) -> {"batch_id", "index", "block" (of `BatchSubmitted`), "until" (the batch's
+    `judge_until`)}. A copy of such a file submitted after that window closed (`open_leaf` is
+    refused then) is found here and invalidated as the duplicate it is
+    (`ValidatorNode._duplicate`).
+
+    Bounded against a flood: at most `cap` entries, the oldest evicted first (a copy made
+    after `cap` newer leaves were seen is judged as any file). Entries come only from leaf
+    lists the orchestrator served and that hash to a root on chain, i.e. files it granted and
+    took uploads of, so a flood costs the pool's own work. Persisted as JSON lines
+    (`leaf_memory.jsonl` beside state.json), appended once per expanded batch and rewritten
+    whole when twice `cap` lines long; a torn last line (a crash mid-append) is skipped."""
+
+    def __init__(self, path: str | Path, cap: int) -> None:
+        self.path, self.cap = Path(path), cap
+        self.entries: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.lines = 0
+        torn = False
+        if self.path.is_file():
+            with open(self.path, encoding="utf-8") as f:
+                for line in f:
+                    self.lines += 1
+                    try:
+                        wid, entry = json.loads(line)
+                        self._put(str(wid), dict(entry))
+                    except (ValueError, TypeError):
+                        torn = True
+        if torn:  # rewritten whole, so the next append does not join the torn line
+            self._rewrite()
+
+    def _rewrite(self) -> None:
+        atomic_write(self.path, "".join(json.dumps([w, e]) + "\n"
+                                        for w, e in self.entries.items()))
+        self.lines = len(self.entries)
+
+    def __contains__(self, work_id: object) -> bool:
+        return work_id in self.entries
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def get(self, work_id: str) -> dict[str, Any] | None:
+        return self.entries.get(work_id)
+
+    def _put(self, work_id: str, entry: dict[str, Any]) -> None:
+        if self.cap <= 0:
+            return
+        self.entries.pop(work_id, None)
+        self.entries[work_id] = entry
+        while len(self.entries) > self.cap:
+            self.entries.popitem(last=False)  # the oldest leaf seen
+
+    def add(self, entries: dict[str, dict[str, Any]]) -> None:
+        """Remember leaves (the first batch a file was seen in stays its entry), durably."""
+        new = {w: e for w, e in entries.items() if w not in self.entries}
+        if not new or self.cap <= 0:
+            return
+        for w, e in new.items():
+            self._put(w, e)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.lines + len(new) > 2 * self.cap:
+            self._rewrite()
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write("".join(json.dumps([w, e]) + "\n" for w, e in new.items()))
+            f.flush()
+            os.fsync(f.fileno())
+        self.lines += len(new)
