@@ -84,10 +84,11 @@ def _load_kernels(cfg: EngineConfig) -> NativeKernels | None:
         return None
 
 
-def _left_pad(seqs: list[list[int]]) -> tuple[torch.Tensor, ...]:
-    """ids, positions [B, S], attention permission [B, 1, S, S] and pad lengths [B]."""
+def _left_pad(seqs: list[list[int]], width: int | None = None) -> tuple[torch.Tensor, ...]:
+    """ids, positions [B, S], attention permission [B, 1, S, S] and pad lengths [B], padded to
+    `width` (default: the longest sequence)."""
     lens = torch.tensor([len(s) for s in seqs])
-    width = int(lens.max())
+    width = int(lens.max()) if width is None else width
     pad = width - lens
     ids = torch.zeros(len(seqs), width, dtype=torch.int64)
     for i, s in enumerate(seqs):
@@ -194,10 +195,8 @@ class CPUEngine(InferenceBackend):
         lens = torch.tensor([len(x) for x in prompts])
         budget = (self.max_seq_len - lens).clamp(max=p.max_new_tokens)
         steps, width = int(budget.max()), int(lens.max())
-        ids, positions, allowed, pad = _left_pad(prompts)
         cache = KVCache(self.spec, b, width + steps - 1)  # the last token is never fed back
-        # each row's last prompt token is the last of its run in the flat real-token order
-        h = forward(w, ids, positions, allowed, cache, _real_slots(pad, width))[lens.cumsum(0) - 1]
+        h, pad = self._prefill(w, prompts, cache, width)
         live = _LiveRows(torch.arange(b), lens.clone(), budget.clone(),
                          torch.ones(b, dtype=torch.bool), _pad_bias(pad, self.spec, cache), pad)
         ws = None if self.kernels is None else NativeWorkspace.allocate(w, b)
@@ -248,6 +247,34 @@ class CPUEngine(InferenceBackend):
                                        live.start, ws, packed=packed)
             live.pos += 1
         return out.completions(prompts, seq_ids, version)
+
+    def _prefill(self, w: PackedWeights, prompts: list[list[int]], cache: KVCache,
+                 width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fill cache slots [0, width) of every row; the last prompt token's final hidden state
+        of each row [B, d] and the rows' left padding [B].
+
+        A worker's batch repeats each prompt `group_size` times: each distinct prompt is
+        prefilled once, on the same left-padded grid it has in the full batch (same width, same
+        positions), and its keys / values and hidden state are copied to the rows repeating it.
+        Rows of a prompt are independent in every op of `forward`, so the rows get the values
+        the full batch computes (tested: test_grouped_batch_prefills_each_prompt_once).
+        """
+        first: dict[tuple[int, ...], int] = {}
+        src = [first.setdefault(tuple(p), len(first)) for p in prompts]
+        if not self.cfg.share_prompts or len(first) == len(prompts):
+            src = None
+        distinct = prompts if src is None else [list(p) for p in first]
+        ids, positions, allowed, pad = _left_pad(distinct, width)
+        lens = torch.tensor([len(x) for x in distinct])
+        # each row's last prompt token is the last of its run in the flat real-token order
+        h = forward(w, ids, positions, allowed, cache, _real_slots(pad, width))[lens.cumsum(0) - 1]
+        if src is None:
+            return h, pad
+        index = torch.tensor(src)
+        n = len(prompts)
+        for buf in (cache.k, cache.v):  # the right side is gathered before rows are written
+            buf[:, :n, :, :width] = buf[:, index, :, :width]
+        return h[index], pad[index]
 
     def _stop_string_hits(
         self, tokens: torch.Tensor, live: _LiveRows, j: int, stop_strings: tuple[str, ...]
