@@ -52,6 +52,8 @@ __all__ = ["CPUEngine", "EngineConfig"]
 # hidden size from which oneDNN's prepacked matmuls beat MKL mm in the decode step (measured in
 # benchmarks/README.md, bench_decode_matmul.py)
 ONEDNN_MIN_HIDDEN = 256
+# a prompt prefix this long shared by a whole batch is prefilled once (EngineConfig.share_prompts)
+MIN_SHARED_PREFIX = 4
 
 
 @contextmanager
@@ -101,6 +103,15 @@ def _left_pad(seqs: list[list[int]], width: int | None = None) -> tuple[torch.Te
         width, dtype=torch.bool
     )
     return ids, positions, allowed[:, None], pad
+
+
+def _common_prefix(seqs: list[list[int]]) -> int:
+    """How many leading tokens all of `seqs` share."""
+    n = min(len(s) for s in seqs)
+    for i in range(n):
+        if any(s[i] != seqs[0][i] for s in seqs):
+            return i
+    return n
 
 
 def _real_slots(pad: torch.Tensor, width: int) -> torch.Tensor:
@@ -266,8 +277,21 @@ class CPUEngine(InferenceBackend):
         distinct = prompts if src is None else [list(p) for p in first]
         ids, positions, allowed, pad = _left_pad(distinct, width)
         lens = torch.tensor([len(x) for x in distinct])
+        # the prefix all distinct prompts share (a chat template's system turn), prefilled once;
+        # each row keeps at least its last token to prefill (its hidden state starts decoding)
+        shared = min(_common_prefix(distinct), int(lens.min()) - 1) \
+            if self.cfg.share_prompts and len(distinct) > 1 else 0
+        if shared >= MIN_SHARED_PREFIX:
+            ones = _left_pad([distinct[0][:shared]])
+            head = KVCache(self.spec, 1, shared)
+            forward(w, ones[0], ones[1], ones[2], head)
+            h = forward(w, ids[:, shared:], positions[:, shared:], allowed[:, :, shared:], cache,
+                        _real_slots(pad, width - shared), prefix=(head, pad))
+            lens = lens - shared
+        else:
+            h = forward(w, ids, positions, allowed, cache, _real_slots(pad, width))
         # each row's last prompt token is the last of its run in the flat real-token order
-        h = forward(w, ids, positions, allowed, cache, _real_slots(pad, width))[lens.cumsum(0) - 1]
+        h = h[lens.cumsum(0) - 1]
         if src is None:
             return h, pad
         index = torch.tensor(src)
