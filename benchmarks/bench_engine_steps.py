@@ -1,4 +1,5 @@
-"""Where a CPUEngine run on a HF model goes: prefill, then per decode step the layers, the LM head,
+"""Where a CPUEngine run on a HF model goes: prefill (every row whole, and the engine's, which
+prefills the prompts' shared prefix once), then per decode step the layers, the LM head,
 the sampler (with and without top-p), log-softmax and a greedy argmax. One JSON line.
 
     python benchmarks/bench_engine_steps.py --model-dir /work/smollm2-hf [--batch 32]
@@ -49,6 +50,11 @@ def main() -> None:
         t = time.perf_counter()
         h = forward(w, ids, pos, allowed, cache, _real_slots(pad, width))[lens.cumsum(0) - 1]
         prefill = time.perf_counter() - t
+        # the engine's own prefill: the prompts' shared prefix (chat template) once
+        t = time.perf_counter()
+        h_shared, _ = eng._prefill(w, prompts, KVCache(eng.spec, b, width + steps), width)
+        prefill_shared = time.perf_counter() - t
+        shared_diff = float((h_shared - h).abs().max())
         ws = NativeWorkspace.allocate(w, b)
         plain = BatchSampler(1, list(range(b)), eng.spec.vocab, 1.0, 1.0, native=eng.kernels)
         nucleus = BatchSampler(1, list(range(b)), eng.spec.vocab, 1.0, 0.9, native=eng.kernels)
@@ -74,6 +80,8 @@ def main() -> None:
                 acc[name] += z - a
     out = {"bench": "engine_steps", "model": Path(args.model_dir).name, "batch": b,
            "prompt_tokens": int(lens.sum()), "prefill_s": round(prefill, 3),
+           "prefill_shared_prefix_s": round(prefill_shared, 3),
+           "shared_prefix_max_hidden_diff": shared_diff,
            "threads": torch.get_num_threads()}
     out.update({f"{k}_ms_per_step": round(v / steps * 1000, 1) for k, v in acc.items()})
     print(json.dumps(out), flush=True)
