@@ -222,9 +222,16 @@ class CPUEngine(InferenceBackend):
             p.seed, seq_ids, self.spec.vocab, p.temperature, p.top_p, native=self.kernels)
         for j in range(steps):
             logits = h @ w.lm_head
-            tok = logits.argmax(-1) if sampler is None else sampler.sample(logits, j)
-            scaled = logits if temp == 1.0 else logits / temp
-            out.record(live.index, j, tok, scaled.log_softmax(-1).gather(1, tok[:, None])[:, 0], h)
+            tok = None if sampler is None else sampler.sample(logits, j)
+            picked = None if self.kernels is None else self.kernels.token_logprob(logits, tok,
+                                                                                 temp)
+            if picked is None:
+                tok = logits.argmax(-1) if tok is None else tok
+                scaled = logits if temp == 1.0 else logits / temp
+                lp = scaled.log_softmax(-1).gather(1, tok[:, None])[:, 0]
+            else:
+                tok, lp = picked
+            out.record(live.index, j, tok, lp, h)
             ended = (tok == stop_ids[0] if len(stop_ids) == 1 else torch.isin(tok, stop_ids))
             if j + 1 in budget_ends:  # a row reaches its length limit (the context) here
                 ended |= live.budget <= j + 1
