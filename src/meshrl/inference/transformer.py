@@ -1,3 +1,5 @@
+# over 400 lines: the weight packing, prefill (`forward`) and torch decode step share one weight
+#  and KV-cache layout and are read together
 """meshrl's own forward pass over Hugging Face Qwen2 / Qwen3 / Llama weights.
 
 Why not call the HF modules: at rollout sizes (hidden 128-512, batch 32-128) one decode step is a
