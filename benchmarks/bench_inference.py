@@ -5,14 +5,20 @@ random prompts, alternating runs (with `--model-dir`: that Hugging Face model, e
 chat-template prompts asking for a sum, difference or product of random numbers, instead of the
 presets); the best of `--repeats` runs of each counts. Throughput counts
 generated tokens up to and including EOS (HF keeps computing finished rows; the engine drops
-them). Prints one JSON object per line with `speedup` = engine tokens/s / generate tokens/s,
-the peak RSS growth during each run, and the fraction of this CPU's measured fp32 matmul
-throughput that the engine reaches (model FLOPs of prefill + decode / wall time).
+them). `--group G` repeats each of batch / G prompts G times, as a worker's rows
+(`group_size`) do. Prints one JSON object per line with `speedup` = engine tokens/s / generate
+tokens/s end to end, then prefill and decode apart: each side also runs with one new token
+(prefill + the first token, alternating with the others), `*_prefill_s` is the best of those,
+and decode tokens/s = the tokens after each row's first / (best full run - best prefill run),
+`decode_speedup` their ratio. The `cpu_*` figures are the same ratios over process CPU seconds
+(steadier than wall time on a shared machine). Also the peak RSS growth during each run, the
+fraction of this CPU's measured fp32 matmul throughput that the engine reaches (model FLOPs /
+wall time), and the load averages before and after.
 
     python benchmarks/bench_inference.py [--presets qwen2-tiny,qwen2-25m] [--batches 32,128]
         [--new-tokens 128] [--modes greedy,sample] [--repeats 2] [--threads 0]
         [--decode-kernels auto|native|torch] [--onednn-weights auto|on|off]
-        [--model-dir /work/smollm2-hf] [--top-p 1.0]
+        [--model-dir /work/smollm2-hf] [--top-p 1.0] [--group 1] [--share-prompts on|off]
 """
 
 from __future__ import annotations
@@ -110,7 +116,9 @@ def useful_tokens(rows: list[list[int]], eos: int) -> int:
 def run_hf(model, tok, prompts, params: SamplingParams) -> list[list[int]]:
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
-    mask = (ids != tok.pad_token_id).long()
+    # from the lengths, not `ids != pad`: SmolLM2's pad is its EOS, <|im_end|>, which every
+    # chat-template prompt contains (masking those made generate answer other prompts)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     kw = {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p} \
         if params.temperature > 0 else {"do_sample": False}
     with torch.inference_mode():
@@ -135,46 +143,72 @@ def bench(preset: str, batch: int, mode: str, args, peak: float, loaded=None) ->
         model, tok = loaded
     engine = CPUEngine(model, tok, EngineConfig(max_batch_size=batch,
                                                 decode_kernels=args.decode_kernels,
-                                                onednn_weights=args.onednn_weights))
+                                                onednn_weights=args.onednn_weights,
+                                                share_prompts=args.share_prompts == "on"))
     g = torch.Generator().manual_seed(batch)
     if loaded is None:
-        lens = torch.randint(args.prompt_min, args.prompt_max + 1, (batch,), generator=g).tolist()
-        prompts = [torch.randint(4, tok.vocab_size, (n,), generator=g).tolist() for n in lens]
+        lens = torch.randint(args.prompt_min, args.prompt_max + 1, (batch // args.group,),
+                             generator=g).tolist()
+        prompts = [q for n in lens for q in
+                   [torch.randint(4, tok.vocab_size, (n,), generator=g).tolist()] * args.group]
+        lens = [len(q) for q in prompts]
     else:
-        prompts = chat_prompts(tok, batch, g)
+        prompts = chat_prompts(tok, batch // args.group, g)
+        prompts = [q for q in prompts for _ in range(args.group)]  # a worker's rows (group_size)
         lens = [len(p) for p in prompts]
     params = SamplingParams(max_new_tokens=args.new_tokens, seed=1,
                             temperature=0.0 if mode == "greedy" else 1.0,
                             top_p=1.0 if mode == "greedy" else args.top_p)
+    load_before = [round(x, 2) for x in os.getloadavg()]
     warm = params.model_copy(update={"max_new_tokens": 4})
+    first = params.model_copy(update={"max_new_tokens": 1})  # prefill + the first token
     engine.generate(prompts, warm)
     run_hf(model, tok, prompts, warm)
-    best = {"engine": (float("inf"), None, None), "hf": (float("inf"), None, None)}
+    inf = (float("inf"), None, None)
+    best = {"engine": inf, "hf": inf, "engine_prefill": inf, "hf_prefill": inf}
+    cpu = dict.fromkeys(best, float("inf"))  # process CPU seconds: they hold under load
     for _ in range(args.repeats):
-        for name in ("engine", "hf"):
+        for name in ("engine_prefill", "hf_prefill", "engine", "hf"):
+            p = first if name.endswith("_prefill") else params
             with PeakRSS() as mem:
-                t0 = time.perf_counter()
-                if name == "engine":
-                    rows = [c.token_ids for c in engine.generate(prompts, params)]
+                t0, c0 = time.perf_counter(), time.process_time()
+                if name.startswith("engine"):
+                    rows = [c.token_ids for c in engine.generate(prompts, p)]
                 else:
-                    rows = run_hf(model, tok, prompts, params)
-                dt = time.perf_counter() - t0
+                    rows = run_hf(model, tok, prompts, p)
+                dt, dc = time.perf_counter() - t0, time.process_time() - c0
+            cpu[name] = min(cpu[name], dc)
             if dt < best[name][0]:
                 best[name] = (dt, rows, mem.delta_mb)
     (t_e, rows_e, mem_e), (t_h, rows_h, mem_h) = best["engine"], best["hf"]
+    pre_e, pre_h = best["engine_prefill"][0], best["hf_prefill"][0]
     n_e, n_h = useful_tokens(rows_e, tok.eos_token_id), useful_tokens(rows_h, tok.eos_token_id)
+    # decode: the tokens after each row's first (the prefill run makes that one) over the time
+    # past the prefill run, each side against its own prefill-only run
+    dec_e, dec_h = (n_e - batch) / max(t_e - pre_e, 1e-9), (n_h - batch) / max(t_h - pre_h, 1e-9)
     gen_lens = [len(r) for r in rows_e]
     flops = model_flops(engine.spec, lens, gen_lens)
+    dec_flops = flops - model_flops(engine.spec, lens, [1] * batch)
     return {
         "bench": "inference", "preset": preset, "params": sum(p.numel() for p in
                                                               model.parameters()),
-        "batch": batch, "mode": mode, "new_tokens": args.new_tokens,
+        "batch": batch, "group": args.group, "mode": mode, "new_tokens": args.new_tokens,
         "decode_kernels": "torch" if engine.kernels is None else "native",
-        "onednn_weights": engine.packed is not None,
+        "onednn_weights": engine.packed is not None, "share_prompts": args.share_prompts,
         "top_p": params.top_p, "prompt_len": [min(lens), max(lens)],
         "threads": torch.get_num_threads(),
         "engine_tokens_per_s": round(n_e / t_e, 1), "hf_generate_tokens_per_s": round(n_h / t_h, 1),
         "speedup": round((n_e / t_e) / (n_h / t_h), 3),
+        "engine_prefill_s": round(pre_e, 3), "hf_prefill_s": round(pre_h, 3),
+        "prefill_speedup": round(pre_h / pre_e, 3),
+        "engine_decode_tokens_per_s": round(dec_e, 1), "hf_decode_tokens_per_s": round(dec_h, 1),
+        "decode_speedup": round(dec_e / dec_h, 3),
+        "cpu_s": {k: round(v, 3) for k, v in cpu.items()},
+        "cpu_speedup": round((n_e / cpu["engine"]) / (n_h / cpu["hf"]), 3),
+        "cpu_prefill_speedup": round(cpu["hf_prefill"] / cpu["engine_prefill"], 3),
+        "cpu_decode_speedup": round((n_e - batch) / max(cpu["engine"] - cpu["engine_prefill"], 1e-9)
+                                    / ((n_h - batch) / max(cpu["hf"] - cpu["hf_prefill"], 1e-9)),
+                                    3),
         "engine_tokens": n_e, "hf_tokens": n_h,
         "same_tokens": [r[: len(e)] for r, e in zip(rows_h, rows_e, strict=True)] == rows_e
         if mode == "greedy" else None,
@@ -182,7 +216,10 @@ def bench(preset: str, batch: int, mode: str, args, peak: float, loaded=None) ->
         "engine_kv_cache_mb": round(kv_cache_bytes(engine.spec, lens, args.new_tokens) / 2**20, 1),
         "engine_gflops": round(flops / t_e / 1e9, 2), "matmul_peak_gflops": round(peak, 2),
         "fraction_of_matmul_peak": round(flops / t_e / 1e9 / peak, 4),
-        "load_average_1m": round(os.getloadavg()[0], 2),
+        "decode_fraction_of_matmul_peak": round(dec_flops / max(t_e - pre_e, 1e-9) / 1e9 / peak,
+                                                4),
+        "load_average_before": load_before,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -204,6 +241,10 @@ def main() -> None:
                     help="a HF model directory (e.g. SmolLM2) with chat-template prompts, "
                          "instead of the presets")
     ap.add_argument("--top-p", type=float, default=1.0, help="top_p of the sampled mode")
+    ap.add_argument("--share-prompts", default="on", choices=["on", "off"],
+                    help="prefill repeated prompts and a shared prefix once (EngineConfig)")
+    ap.add_argument("--group", type=int, default=1,
+                    help="rows per distinct prompt (a worker's group_size); divides each batch")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -198,3 +198,73 @@ def test_prefill_on_real_tokens_equals_the_padded_grid(qwen, random_prompts) -> 
                               atol=1e-5)
         assert torch.allclose(real_cache.v[:, r, :, first:], grid_cache.v[:, r, :, first:],
                               atol=1e-5)
+
+
+def test_grouped_batch_prefills_each_prompt_once(qwen, tok, random_prompts, monkeypatch) -> None:
+    """A worker's batch (each prompt group_size times, here also out of order) prefills each
+    distinct prompt once and gives the tokens, log-probs and hidden states of prefilling every
+    row."""
+    import meshrl.inference.engine as eng
+
+    distinct = random_prompts(4, 3, 18, seed=9)
+    prompts = [distinct[i] for i in (0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 1, 0)]
+    prefilled: list[int] = []
+    real_forward = eng.forward
+
+    def counting_forward(w, ids, *args, **kwargs):
+        prefilled.append(ids.shape[0])
+        return real_forward(w, ids, *args, **kwargs)
+
+    monkeypatch.setattr(eng, "forward", counting_forward)
+    shared = CPUEngine(qwen, tok, EngineConfig())
+    every = CPUEngine(qwen, tok, EngineConfig(share_prompts=False))
+    for params in (SamplingParams(max_new_tokens=12, temperature=0, return_hidden_states=True),
+                   SamplingParams(max_new_tokens=12, temperature=0.9, top_p=0.8, seed=3,
+                                  return_hidden_states=True)):
+        prefilled.clear()
+        got = shared.generate(prompts, params)
+        assert prefilled == [4]
+        want = every.generate(prompts, params)
+        assert prefilled == [4, len(prompts)]
+        for a, b in zip(got, want, strict=True):
+            assert a.prompt_ids == b.prompt_ids and a.token_ids == b.token_ids
+            assert a.logprobs == b.logprobs
+            assert torch.equal(a.hidden_states, b.hidden_states)
+        if params.temperature > 0:  # a group's rows are different samples of one prompt
+            assert len({tuple(got[i].token_ids) for i in range(3)}) > 1
+
+
+def test_shared_prompt_prefix_is_prefilled_once(qwen, tok, random_prompts, monkeypatch) -> None:
+    """Prompts that start alike (a chat template's system turn) prefill that prefix once, in one
+    row, and the rest per row over it: the same completions as prefilling every row whole
+    (log-probs and hidden states to float32 rounding: the attention sums run over other
+    widths), grouped rows too."""
+    import meshrl.inference.engine as eng
+
+    head = random_prompts(1, 11, 11, seed=4)[0]
+    tails = random_prompts(5, 1, 9, seed=8)
+    prompts = [head + tails[i] for i in (0, 1, 1, 2, 3, 4, 4, 0)]
+    sizes: list[tuple[int, int]] = []
+    real_forward = eng.forward
+
+    def counting_forward(w, ids, *args, **kwargs):
+        sizes.append(tuple(ids.shape))
+        return real_forward(w, ids, *args, **kwargs)
+
+    monkeypatch.setattr(eng, "forward", counting_forward)
+    shared = CPUEngine(qwen, tok, EngineConfig())
+    every = CPUEngine(qwen, tok, EngineConfig(share_prompts=False))
+    width = max(len(p) for p in prompts)
+    for params in (SamplingParams(max_new_tokens=10, temperature=0, return_hidden_states=True),
+                   SamplingParams(max_new_tokens=10, temperature=0.9, seed=5,
+                                  return_hidden_states=True)):
+        sizes.clear()
+        got = shared.generate(prompts, params)
+        assert sizes == [(1, len(head)), (5, width - len(head))]  # 5 distinct prompts
+        want = every.generate(prompts, params)
+        assert sizes[2:] == [(len(prompts), width)]
+        for a, b in zip(got, want, strict=True):
+            assert a.token_ids == b.token_ids
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+            assert torch.allclose(a.hidden_states.float(), b.hidden_states.float(), atol=0.02,
+                                  rtol=0.02)

@@ -163,3 +163,30 @@ def test_native_step_refuses_inputs_it_cannot_index_safely(tok, kernels) -> None
         with pytest.raises(ValueError, match="prepacked layers"):
             nat.decode_step_native(kernels, w, ids, pos, cache, 3, start, ws,
                                    packed=nat.prepack(w, 2)[:-1])
+
+
+@pytest.mark.parametrize("vocab", [13, 1000, 49152])
+def test_token_logprob_equals_argmax_and_log_softmax(kernels, vocab) -> None:
+    """The engine's per-step pick: torch's first argmax (ties included) and log_softmax(x / T) at
+    the token, to float32 rounding; a row with NaN or inf sends the caller to torch's ops."""
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(6, vocab, generator=g) * 4
+    x[0, 3] = x[0, 5] = x[0].max() + 1  # a tie: the first maximum wins, as with torch
+    for t in (1.0, 0.7, 2.5):
+        tok, lp = kernels.token_logprob(x, None, t)
+        assert torch.equal(tok, x.argmax(-1))
+        ref = (x / t).log_softmax(-1).gather(1, tok[:, None])[:, 0]
+        assert torch.allclose(lp, ref, rtol=0, atol=2e-5)
+        given = torch.randint(0, vocab, (6,), generator=g)
+        tok, lp = kernels.token_logprob(x, given, t)
+        assert torch.equal(tok, given)
+        assert torch.allclose(lp, (x / t).log_softmax(-1).gather(1, given[:, None])[:, 0],
+                              rtol=0, atol=2e-5)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        y = x.clone()
+        y[4, 2] = bad
+        assert kernels.token_logprob(y, None, 1.0) is None
+    with pytest.raises(ValueError, match="vocabulary"):
+        kernels.token_logprob(x, torch.tensor([0, 0, 0, 0, 0, vocab]), 1.0)
+    with pytest.raises(ValueError, match="float32"):
+        kernels.token_logprob(x.double(), None, 1.0)

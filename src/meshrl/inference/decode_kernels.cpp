@@ -54,6 +54,20 @@ static float exp_shift_sum(float* v, int n, float shift) {
   return sum;
 }
 
+// sum of exp(v[i] / t - shift) for i < n (v unchanged)
+static float exp_div_sum(const float* v, int n, float t, float shift) {
+  __m256 s8 = _mm256_set1_ps(shift), t8 = _mm256_set1_ps(t), acc = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    acc = _mm256_add_ps(acc, exp8(_mm256_sub_ps(_mm256_div_ps(_mm256_loadu_ps(v + i), t8), s8)));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, acc);
+  float sum = 0.f;
+  for (float l : lanes) sum += l;
+  for (; i < n; ++i) sum += std::exp(v[i] / t - shift);
+  return sum;
+}
+
 static void silu_mul_row(const float* gate, const float* up, float* out, int n) {
   int i = 0;
   const __m256 one = _mm256_set1_ps(1.f);
@@ -65,6 +79,12 @@ static void silu_mul_row(const float* gate, const float* up, float* out, int n) 
   for (; i < n; ++i) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
 }
 #else
+static float exp_div_sum(const float* v, int n, float t, float shift) {
+  float sum = 0.f;
+  for (int i = 0; i < n; ++i) sum += std::exp(v[i] / t - shift);
+  return sum;
+}
+
 static float exp_shift_sum(float* v, int n, float shift) {
   float sum = 0.f;
   for (int i = 0; i < n; ++i) sum += (v[i] = std::exp(v[i] - shift));
@@ -278,6 +298,38 @@ void meshrl_attend(const float* qkv, const float* rope, const int64_t* pos, cons
       }
     }
   });
+}
+
+// Each row's token and its log-probability under softmax(x / t): tok[r] = the first maximum of
+// row r when pick (greedy; torch's argmax), else the given one; lp[r] = x[tok] / t - max / t -
+// log(sum(exp(x / t - max / t))), log_softmax's formula, in two passes over the row instead of
+// torch's argmax, log_softmax (which writes the whole [rows, vocab] output) and gather. Returns
+// 1 when a row holds NaN or +-inf (nothing is to be trusted then: the caller takes torch's ops).
+int meshrl_token_logprob(const float* x, int64_t* tok, float* lp, int rows, int vocab, float t,
+                         int pick) {
+  int bad = 0;
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + (int64_t)r * vocab;
+    float m = xr[0], total = 0.f;
+#pragma omp simd reduction(max : m) reduction(+ : total)
+    for (int i = 0; i < vocab; ++i) {
+      m = xr[i] > m ? xr[i] : m;
+      total += xr[i] * 0.f;  // 0 for finite values, NaN for NaN or +-inf
+    }
+    if (total != 0.f) {
+      bad = 1;
+      continue;
+    }
+    int64_t a = tok[r];
+    if (pick) {
+      a = 0;
+      while (xr[a] != m) ++a;
+      tok[r] = a;
+    }
+    const float ms = m / t;
+    lp[r] = xr[a] / t - ms - std::log(exp_div_sum(xr, vocab, t, ms));
+  }
+  return bad;
 }
 
 // The replayable sampler's u for one decode step (sampling.py, docs/sampling.md): for row r and

@@ -52,6 +52,8 @@ __all__ = ["CPUEngine", "EngineConfig"]
 # hidden size from which oneDNN's prepacked matmuls beat MKL mm in the decode step (measured in
 # benchmarks/README.md, bench_decode_matmul.py)
 ONEDNN_MIN_HIDDEN = 256
+# a prompt prefix this long shared by a whole batch is prefilled once (EngineConfig.share_prompts)
+MIN_SHARED_PREFIX = 4
 
 
 @contextmanager
@@ -84,10 +86,11 @@ def _load_kernels(cfg: EngineConfig) -> NativeKernels | None:
         return None
 
 
-def _left_pad(seqs: list[list[int]]) -> tuple[torch.Tensor, ...]:
-    """ids, positions [B, S], attention permission [B, 1, S, S] and pad lengths [B]."""
+def _left_pad(seqs: list[list[int]], width: int | None = None) -> tuple[torch.Tensor, ...]:
+    """ids, positions [B, S], attention permission [B, 1, S, S] and pad lengths [B], padded to
+    `width` (default: the longest sequence)."""
     lens = torch.tensor([len(s) for s in seqs])
-    width = int(lens.max())
+    width = int(lens.max()) if width is None else width
     pad = width - lens
     ids = torch.zeros(len(seqs), width, dtype=torch.int64)
     for i, s in enumerate(seqs):
@@ -100,6 +103,15 @@ def _left_pad(seqs: list[list[int]]) -> tuple[torch.Tensor, ...]:
         width, dtype=torch.bool
     )
     return ids, positions, allowed[:, None], pad
+
+
+def _common_prefix(seqs: list[list[int]]) -> int:
+    """How many leading tokens all of `seqs` share."""
+    n = min(len(s) for s in seqs)
+    for i in range(n):
+        if any(s[i] != seqs[0][i] for s in seqs):
+            return i
+    return n
 
 
 def _real_slots(pad: torch.Tensor, width: int) -> torch.Tensor:
@@ -194,10 +206,8 @@ class CPUEngine(InferenceBackend):
         lens = torch.tensor([len(x) for x in prompts])
         budget = (self.max_seq_len - lens).clamp(max=p.max_new_tokens)
         steps, width = int(budget.max()), int(lens.max())
-        ids, positions, allowed, pad = _left_pad(prompts)
         cache = KVCache(self.spec, b, width + steps - 1)  # the last token is never fed back
-        # each row's last prompt token is the last of its run in the flat real-token order
-        h = forward(w, ids, positions, allowed, cache, _real_slots(pad, width))[lens.cumsum(0) - 1]
+        h, pad = self._prefill(w, prompts, cache, width)
         live = _LiveRows(torch.arange(b), lens.clone(), budget.clone(),
                          torch.ones(b, dtype=torch.bool), _pad_bias(pad, self.spec, cache), pad)
         ws = None if self.kernels is None else NativeWorkspace.allocate(w, b)
@@ -212,9 +222,16 @@ class CPUEngine(InferenceBackend):
             p.seed, seq_ids, self.spec.vocab, p.temperature, p.top_p, native=self.kernels)
         for j in range(steps):
             logits = h @ w.lm_head
-            tok = logits.argmax(-1) if sampler is None else sampler.sample(logits, j)
-            scaled = logits if temp == 1.0 else logits / temp
-            out.record(live.index, j, tok, scaled.log_softmax(-1).gather(1, tok[:, None])[:, 0], h)
+            tok = None if sampler is None else sampler.sample(logits, j)
+            picked = None if self.kernels is None else self.kernels.token_logprob(logits, tok,
+                                                                                 temp)
+            if picked is None:
+                tok = logits.argmax(-1) if tok is None else tok
+                scaled = logits if temp == 1.0 else logits / temp
+                lp = scaled.log_softmax(-1).gather(1, tok[:, None])[:, 0]
+            else:
+                tok, lp = picked
+            out.record(live.index, j, tok, lp, h)
             ended = (tok == stop_ids[0] if len(stop_ids) == 1 else torch.isin(tok, stop_ids))
             if j + 1 in budget_ends:  # a row reaches its length limit (the context) here
                 ended |= live.budget <= j + 1
@@ -248,6 +265,47 @@ class CPUEngine(InferenceBackend):
                                        live.start, ws, packed=packed)
             live.pos += 1
         return out.completions(prompts, seq_ids, version)
+
+    def _prefill(self, w: PackedWeights, prompts: list[list[int]], cache: KVCache,
+                 width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fill cache slots [0, width) of every row; the last prompt token's final hidden state
+        of each row [B, d] and the rows' left padding [B].
+
+        A worker's batch repeats each prompt `group_size` times: each distinct prompt is
+        prefilled once, on the same left-padded grid it has in the full batch (same width, same
+        positions), and its keys / values and hidden state are copied to the rows repeating it.
+        Rows of a prompt are independent in every op of `forward`, so the rows get the values
+        the full batch computes (tested: test_grouped_batch_prefills_each_prompt_once).
+        """
+        first: dict[tuple[int, ...], int] = {}
+        src = [first.setdefault(tuple(p), len(first)) for p in prompts]
+        if not self.cfg.share_prompts or len(first) == len(prompts):
+            src = None
+        distinct = prompts if src is None else [list(p) for p in first]
+        ids, positions, allowed, pad = _left_pad(distinct, width)
+        lens = torch.tensor([len(x) for x in distinct])
+        # the prefix all distinct prompts share (a chat template's system turn), prefilled once;
+        # each row keeps at least its last token to prefill (its hidden state starts decoding)
+        shared = min(_common_prefix(distinct), int(lens.min()) - 1) \
+            if self.cfg.share_prompts and len(distinct) > 1 else 0
+        if shared >= MIN_SHARED_PREFIX:
+            ones = _left_pad([distinct[0][:shared]])
+            head = KVCache(self.spec, 1, shared)
+            forward(w, ones[0], ones[1], ones[2], head)
+            h = forward(w, ids[:, shared:], positions[:, shared:], allowed[:, :, shared:], cache,
+                        _real_slots(pad, width - shared), prefix=(head, pad))
+            lens = lens - shared
+        else:
+            h = forward(w, ids, positions, allowed, cache, _real_slots(pad, width))
+        # each row's last prompt token is the last of its run in the flat real-token order
+        h = h[lens.cumsum(0) - 1]
+        if src is None:
+            return h, pad
+        index = torch.tensor(src)
+        n = len(prompts)
+        for buf in (cache.k, cache.v):  # the right side is gathered before rows are written
+            buf[:, :n, :, :width] = buf[:, index, :, :width]
+        return h[index], pad[index]
 
     def _stop_string_hits(
         self, tokens: torch.Tensor, live: _LiveRows, j: int, stop_strings: tuple[str, ...]

@@ -120,6 +120,32 @@ class NativeKernels:
         self._gumbel_u.argtypes = [_P, ctypes.c_int64, _P, _P, _I, _I]
         for fn in (self.rms, self.silu_mul, self.attend, self._gumbel_u):
             fn.restype = None
+        self._token_logprob = lib.meshrl_token_logprob
+        self._token_logprob.argtypes = [_P, _P, _P, _I, _I, _F, _I]
+        self._token_logprob.restype = _I
+
+    def token_logprob(self, logits: torch.Tensor, tok: torch.Tensor | None,
+                      temperature: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(tok, log_softmax(logits / temperature)[tok]) per row, tok = the greedy argmax when
+        None: the engine's per-step pick in two passes over each row instead of argmax +
+        log_softmax + gather (log-probs equal torch's to float32 rounding). None when a row is
+        not finite (the caller then uses torch's ops)."""
+        if (logits.dtype != torch.float32 or logits.dim() != 2 or not logits.is_contiguous()
+                or logits.is_cuda or not temperature > 0):
+            raise ValueError("logits must be a contiguous 2-d float32 CPU tensor, temperature > 0")
+        rows, vocab = logits.shape
+        if tok is None:
+            out = torch.empty(rows, dtype=torch.int64)
+        else:
+            if tok.shape != (rows,) or tok.dtype != torch.int64:
+                raise ValueError(f"tok must be int64 of shape ({rows},)")
+            if rows and not (int(tok.min()) >= 0 and int(tok.max()) < vocab):
+                raise ValueError("tok outside the vocabulary")
+            out = tok.contiguous().clone()
+        lp = torch.empty(rows)
+        bad = self._token_logprob(logits.data_ptr(), out.data_ptr(), lp.data_ptr(), rows, vocab,
+                                  temperature, int(tok is None))
+        return None if bad else (out, lp)
 
     def gumbel_u(self, base: torch.Tensor, position: int, vocab_hash: torch.Tensor) -> torch.Tensor:
         """The sampler's u [rows, vocab] (float64) at `position`: `sampling.BatchSampler.noise`

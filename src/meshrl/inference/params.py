@@ -76,6 +76,10 @@ class EngineConfig(Config):
     kernel_cache_dir: str | None = Field(
         None, description="cache of the built native kernels; default ~/.cache/meshrl/kernels"
     )
+    share_prompts: bool = Field(
+        True, description="prefill each distinct prompt of a batch once and copy its KV cache to "
+        "the rows that repeat it (a worker's group_size samples per prompt); off: every row"
+    )
     compact_below: float = Field(
         0.75, ge=0.0, le=1.0, description="drop finished rows when the alive fraction falls below"
     )

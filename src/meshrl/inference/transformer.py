@@ -1,3 +1,5 @@
+# over 400 lines: the weight packing, prefill (`forward`) and torch decode step share one weight
+#  and KV-cache layout and are read together
 """meshrl's own forward pass over Hugging Face Qwen2 / Qwen3 / Llama weights.
 
 Why not call the HF modules: at rollout sizes (hidden 128-512, batch 32-128) one decode step is a
@@ -315,6 +317,7 @@ def forward(
     allowed: torch.Tensor,
     cache: KVCache | None = None,
     real: torch.Tensor | None = None,
+    prefix: tuple[KVCache, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Full-sequence pass (prefill / scoring). ids, positions [B, S]; allowed [B, 1, S, S] bool.
 
@@ -323,11 +326,27 @@ def forward(
     norms and matmuls run on those T tokens only, padding is zeros in attention, and the result
     is the hidden states of those tokens [T, d]: left padding of prompts 8-24 tokens long is a
     third of the grid, and of prompt + completion pairs of different lengths often more.
+
+    With `prefix` = (a one-row cache of P tokens every row starts with, pad [B]): ids are the
+    last S slots of a left-padded grid of width P + S whose row r holds those P tokens at slots
+    [pad_r, pad_r + P) (so its real suffix tokens are the columns >= pad_r here); allowed is
+    [B, 1, S, P + S] over that grid, and `cache` (required) gets slots [0, P + S) of every row.
     """
     s = w.spec
     b, n = ids.shape
     h, kv, hd = s.heads, s.kv_heads, s.head_dim
     groups = h // kv
+    past, gather = 0, None
+    if prefix is not None:
+        if cache is None:
+            raise ValueError("a prefix needs a cache to write the rows' keys and values into")
+        past, pad = prefix[0].k.shape[3], prefix[1]
+        # full-grid slot c of row r: prefix token c - pad_r where pad_r <= c < pad_r + P, else
+        # column c - P of this grid, i.e. index c of cat([prefix, grid]) (padding: any, masked)
+        col = torch.arange(past + n)[None, :]
+        inside = (col >= pad[:, None]) & (col < pad[:, None] + past)
+        gather = torch.where(inside, col - pad[:, None], col)[:, None, :, None].expand(
+            b, kv, past + n, hd)
     rot = w.rope[positions][:, :, None, None, :]  # [B, S, 1, 1, hd/2]
     flat_ids = ids.reshape(-1)
     x = F.embedding(flat_ids if real is None else flat_ids[real], w.embed)
@@ -341,9 +360,13 @@ def forward(
         q = kq[:, :, :, 1:].reshape(b, n, h, hd).transpose(1, 2)
         k = kq[:, :, :, 0].transpose(1, 2)
         v = qkv[:, :, :, 0].transpose(1, 2)
+        if gather is not None:
+            pk, pv = prefix[0].k[i, :1], prefix[0].v[i, :1]
+            k = torch.cat([pk.expand(b, -1, -1, -1), k], 2).gather(2, gather)
+            v = torch.cat([pv.expand(b, -1, -1, -1), v], 2).gather(2, gather)
         if cache is not None:
-            cache.k[i, :b, :, :n] = k
-            cache.v[i, :b, :, :n] = v
+            cache.k[i, :b, :, : past + n] = k
+            cache.v[i, :b, :, : past + n] = v
         att = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=kv != h)
         att = att.transpose(1, 2).reshape(b * n, h * hd)
         x = x + (att if real is None else att.index_select(0, real)) @ layer.w_o
