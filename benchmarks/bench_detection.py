@@ -79,7 +79,7 @@ class Pool:
         backend = parts.backend(engine, self.model, tok, 0)
         out = []
         for counter in range(first, first + n):
-            a = Assignment(self.rules, NODE, 0, counter, 0)
+            a = Assignment(self.rules, NODE, counter, 0)
             out.append(rollout_file_bytes(parts.rollouts(backend, tok, a, self.tasks, PROVIDER)))
         return out
 

@@ -79,7 +79,7 @@ def make_rules(max_new: int, prompts: int, group: int, top_p: float = 1.0,
 def make_file(engine: InferenceBackend, tok: Any, rules: PoolRules, counter: int) -> RolloutFile:
     """A worker's file of (NODE, step 0, counter) at policy version 0 (a file's step is its
     version; the engines hold version 0), as a validator downloads and reads it."""
-    rf = generate_rollouts(engine, tok, Assignment(rules, NODE, 0, counter, 0),
+    rf = generate_rollouts(engine, tok, Assignment(rules, NODE, counter, 0),
                            rules.task.build(), PROVIDER)
     return read_rollout_file(rollout_file_bytes(rf))
 

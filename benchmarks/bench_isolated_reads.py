@@ -30,7 +30,7 @@ from meshrl.wire.rollout_file import Completion, RolloutFile, RolloutHeader, rol
 
 def demo_file(seed: int, prompts: int = 16, group: int = 8, tokens: int = 8) -> bytes:
     rng = random.Random(seed)
-    header = RolloutHeader(node="0x" + "12" * 20, provider="0x" + "34" * 20, pool_id=1, step=5,
+    header = RolloutHeader(node="0x" + "12" * 20, provider="0x" + "34" * 20, pool_id=1,
                            policy_version=4, rules_sha256="ab" * 32, sampling_seed=seed,
                            toploc_chunk_size=4, toploc_topk=4, work_units=prompts * group)
     rows = [Completion(prompt_id=f"arithmetic/{p}", counter=0, sample_index=g,

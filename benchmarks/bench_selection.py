@@ -36,7 +36,7 @@ NODE = "0x" + "ab" * 20
 def _file_reward(rules: PoolRules, tasks, version: int, counter: int, rng: random.Random,
                  node: str) -> float:
     """The mean reward of one file of (node, version, counter) under the stated policy."""
-    a = Assignment(rules, node, version, counter, version)
+    a = Assignment(rules, node, counter, version)
     total, n = 0.0, 0
     for p in a.problems(tasks):
         right = 0.9 if len(p.answer.lstrip("-")) == 1 else 0.45

@@ -209,7 +209,7 @@ async def _uploads(url: str, jobs: list[list[tuple[str, str, str]]], starts_rel:
             size = Path(path).stat().st_size
             try:
                 slot = await c.call("POST", "/uploads", SlotRequest(
-                    sha256=sha, size=size, step=0, policy_version=0, work_units=1,
+                    sha256=sha, size=size, policy_version=0, work_units=1,
                     counter=counter),
                     response=UploadSlot)
                 await c.upload("PUT", slot.url, path, sha)

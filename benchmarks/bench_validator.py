@@ -57,7 +57,7 @@ def run(preset: str, tokens: int, prompts: int, group: int, files: int, threads:
     built = rules.task.build()
 
     def make(counter: int) -> bytes:
-        a = Assignment(rules, NODE, 0, counter, 0)  # a file's step is its version
+        a = Assignment(rules, NODE, counter, 0)
         return rollout_file_bytes(generate_rollouts(worker, tok, a, built, PROVIDER))
 
     def judge(blobs: list[bytes], sampled: bool) -> list:

@@ -77,7 +77,7 @@ def _node(address: str, version: int, stake: int = 100) -> PoolNode:
 
 def _entry(seq: int, node: str, status: FileStatus, work_id: int) -> LedgerEntry:
     return LedgerEntry(seq=seq, sha256=f"{seq:064x}", node=node, provider="0x" + "99" * 20,
-                       step=seq // 4, policy_version=seq // 4, work_units=100, size=1000,
+                       policy_version=seq // 4, work_units=100, size=1000,
                        counter=seq % 4, status=status, work_id=f"{work_id:064x}",
                        uploaded=True, accepted_seq=seq if status is FileStatus.ACCEPTED else 0)
 

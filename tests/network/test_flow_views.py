@@ -20,7 +20,7 @@ def _step(step: int, seconds: float, wait: float, lag: int | None, load: float =
 
 
 def _ref(i: int) -> dict[str, Any]:
-    return {"sha256": f"{i:064x}", "node": "0xaa", "step": 0, "version": 0}
+    return {"sha256": f"{i:064x}", "node": "0xaa", "version": 0}
 
 
 def test_flow_counts_idle_lag_and_stale_drops() -> None:

@@ -110,7 +110,7 @@ def test_cheater_slashed_ejected_within_two_steps_never_trained_on(net) -> None:
     bad = info["workers"]["cheater-0"]
     node, provider = bad["node"].lower(), bad["provider"]
     mine = [e for e in ledger.values() if e.node.lower() == node]
-    dishonest = [e for e in mine if e.step > AFTER_STEP]
+    dishonest = [e for e in mine if e.policy_version > AFTER_STEP]
     assert dishonest, "the cheater never reached its dishonest steps"
     assert {e.status.value for e in dishonest} <= {"hard_invalidated", "granted", "expired",
                                                   "uploaded"}
@@ -132,7 +132,7 @@ def test_cheater_slashed_ejected_within_two_steps_never_trained_on(net) -> None:
     # within two steps: when the first hard accusation was mined (it locks the file's reward
     # and ejects the node; upheld, it slashed once its dispute period was over), the trainer
     # had not yet taken the batch of step (first dishonest step + 2)
-    first_bad = min(e.step for e in dishonest)
+    first_bad = min(e.policy_version for e in dishonest)
     accused = [e for e in evs if e.name == "WorkAccused" and e.args["hard"]
                and e.args["node"].lower() == node]
     t_inv = chain.backend.w3.eth.get_block(accused[0].block)["timestamp"]
@@ -146,7 +146,7 @@ def test_cheater_slashed_ejected_within_two_steps_never_trained_on(net) -> None:
             wid = chain.work_id(f["node"], bytes.fromhex(f["sha256"]))
             assert chain.work(wid).status in (WorkStatus.SUBMITTED, WorkStatus.CLAIMED)
             if f["node"].lower() == node:
-                assert f["step"] <= AFTER_STEP, f
+                assert f["version"] <= AFTER_STEP, f
 
 
 def test_trainer_records_against_the_ledger(net) -> None:
@@ -162,7 +162,7 @@ def test_trainer_records_against_the_ledger(net) -> None:
         for f in r["used"]:
             e = ledger[f["sha256"]]
             assert 0 <= r["step"] - e.policy_version <= 2  # the async rule
-            assert (e.node.lower(), e.step) == (f["node"].lower(), f["step"])
+            assert (e.node.lower(), e.policy_version) == (f["node"].lower(), f["version"])
     metrics = [json.loads(x) for x in (root / "trainer" / "metrics.jsonl").read_text()
                .splitlines()]
     assert [m["step"] for m in metrics if m["kind"] == "step"] == list(range(1, STEPS + 1))

@@ -11,10 +11,10 @@ H, C = "0x" + "aa" * 20, "0x" + "cc" * 20  # an honest node, the cheater
 TOKEN = 10**18
 
 
-def _row(seq: int, node: str, step: int, status: str = "accepted", *, acc: int = 0,
-         granted: bool = True, version: int | None = None, counter: int = 0) -> dict[str, Any]:
-    return {"seq": seq, "sha256": f"{seq:064x}", "node": node, "step": step, "counter": counter,
-            "policy_version": step if version is None else version, "work_units": 10,
+def _row(seq: int, node: str, version: int, status: str = "accepted", *, acc: int = 0,
+         granted: bool = True, counter: int = 0) -> dict[str, Any]:
+    return {"seq": seq, "sha256": f"{seq:064x}", "node": node, "counter": counter,
+            "policy_version": version, "work_units": 10,
             "status": status, "verdict": "accept" if status == "accepted" else None,
             "verdict_reason": "",
             "granted": granted, "uploaded": granted, "accepted_seq": acc,
@@ -22,8 +22,7 @@ def _row(seq: int, node: str, step: int, status: str = "accepted", *, acc: int =
 
 
 def _ref(e: dict[str, Any]) -> dict[str, Any]:
-    return {"sha256": e["sha256"], "node": e["node"], "step": e["step"],
-            "version": e["policy_version"]}
+    return {"sha256": e["sha256"], "node": e["node"], "version": e["policy_version"]}
 
 
 def _facts() -> RunFacts:

@@ -30,7 +30,7 @@ _COUNTERS = itertools.count()
 
 def next_counter() -> int:
     """A counter no other file of this test process used (the orchestrator grants each
-    (node, step, counter) one file)."""
+    (node, version, counter) one file)."""
     return next(_COUNTERS)
 
 

@@ -27,11 +27,11 @@ def test_ledger_and_health_from_the_parts(tmp_path: Path) -> None:
         async with api_from_parts(tmp_path, cfg, readers=(address("trainer"),)) as s:
             n1, p1 = address("n1"), address("p1")
             s.state.upsert_node(n1, p1, NodeState.HEALTHY, time.time())
-            assert s.state.grant_slot("cd" * 16, n1, p1, SHA, 300, 4, 3, 12, 0,
+            assert s.state.grant_slot("cd" * 16, n1, p1, SHA, 300, 4, 12, 0,
                                       time.time() + 60) is Grant.GRANTED
             s.state.finish_upload("cd" * 16, SHA)
             async with SignedClient(s.url, key("trainer")) as trainer:
-                page = await trainer.call("GET", "/ledger", query={"step": 4},
+                page = await trainer.call("GET", "/ledger", query={"policy_version": 4},
                                           response=LedgerPage)
             async with aiohttp.ClientSession() as http, http.get(s.url + "/health") as r:
                 health = Health.model_validate(await r.json())

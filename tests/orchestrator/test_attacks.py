@@ -127,7 +127,7 @@ def test_oversized_body(pool: Pool) -> None:
 
 async def grant(pool: Pool, node: str, data: bytes) -> UploadSlot:
     async with SignedClient(pool.orch.url, pool.key(node)) as c:
-        req = SlotRequest(sha256=hashlib.sha256(data).hexdigest(), size=len(data), step=3,
+        req = SlotRequest(sha256=hashlib.sha256(data).hexdigest(), size=len(data),
                           policy_version=3, work_units=10, counter=next_counter())
         return await c.call("POST", "/uploads", req, response=UploadSlot)
 
@@ -256,7 +256,7 @@ def test_slot_beyond_the_unit_and_size_limits(pool: Pool) -> None:
         async def go() -> Any:
             async with SignedClient(pool.orch.url, pool.key("n1")) as c:
                 return await c.call("POST", "/uploads", SlotRequest(
-                    sha256="ee" * 32, size=size, step=3, policy_version=version,
+                    sha256="ee" * 32, size=size, policy_version=version,
                     work_units=units, counter=0))
         return go
     refused(pool, ask(10_001), ErrorCode.TOO_MANY_WORK_UNITS)

@@ -86,7 +86,7 @@ def test_an_upload_cut_by_a_kill_is_delivered_once(pool: Pool) -> None:
     sha = hashlib.sha256(data).hexdigest()
     path = pool.tmp / "cut.parquet"
     path.write_bytes(data)
-    req = SlotRequest(sha256=sha, size=len(data), step=3, policy_version=3, work_units=1,
+    req = SlotRequest(sha256=sha, size=len(data), policy_version=3, work_units=1,
                       counter=0)
 
     async def cut() -> UploadSlot:
@@ -154,7 +154,7 @@ def test_kill9_under_load_loses_nothing_acknowledged(pool: Pool) -> None:
                 sha = hashlib.sha256(data).hexdigest()
                 try:
                     slot = await c.call("POST", "/uploads", SlotRequest(
-                        sha256=sha, size=len(data), step=3, policy_version=3, work_units=1,
+                        sha256=sha, size=len(data), policy_version=3, work_units=1,
                         counter=next_counter()),
                         response=UploadSlot)
                     await c.upload("PUT", slot.url, path, sha)

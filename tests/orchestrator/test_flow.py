@@ -52,9 +52,9 @@ def make_file(pool: Pool, name: str, seed: int) -> tuple:
     return path, sha, rf
 
 
-async def upload(o: SignedClient, path, sha: str, step: int = 3, version: int = 3,
+async def upload(o: SignedClient, path, sha: str, version: int = 3,
                  units: int = 54) -> UploadSlot:
-    req = SlotRequest(sha256=sha, size=path.stat().st_size, step=step, policy_version=version,
+    req = SlotRequest(sha256=sha, size=path.stat().st_size, policy_version=version,
                       work_units=units, counter=next_counter())
     slot = await o.call("POST", "/uploads", req, response=UploadSlot)
     await o.upload(slot.method, slot.url, path, sha)
@@ -90,7 +90,8 @@ def test_file_life_to_the_trainer(pool: Pool) -> None:
                 SignedClient(pool.orch.url, pool.key("val")) as val, \
                 SignedClient(pool.orch.url, pool.key("trainer")) as trainer:
             await upload(node, path, sha)
-            page = await trainer.call("GET", "/ledger", query={"step": 3}, response=LedgerPage)
+            page = await trainer.call("GET", "/ledger", query={"policy_version": 3},
+                                      response=LedgerPage)
             [entry] = [e for e in page.entries if e.sha256 == sha]
             assert (entry.status, entry.size, entry.work_units) == (FileStatus.UPLOADED,
                                                                     path.stat().st_size, 54)
@@ -104,7 +105,7 @@ def test_file_life_to_the_trainer(pool: Pool) -> None:
                                     pool.chain.accounts["n1"].address, bytes.fromhex(sha), 54)
 
             async def submitted() -> bool:
-                page = await trainer.call("GET", "/ledger", query={"step": 3},
+                page = await trainer.call("GET", "/ledger", query={"policy_version": 3},
                                           response=LedgerPage)
                 return any(e.sha256 == sha and e.status == FileStatus.SUBMITTED
                            for e in page.entries)
@@ -112,7 +113,8 @@ def test_file_life_to_the_trainer(pool: Pool) -> None:
             ack = await val.call("POST", "/verdicts", Verdict(sha256=sha, verdict="accept"),
                                  response=VerdictAck)
             assert ack.status == FileStatus.ACCEPTED
-            page = await trainer.call("GET", "/ledger", query={"step": 3, "status": "accepted"},
+            page = await trainer.call("GET", "/ledger",
+                                      query={"policy_version": 3, "status": "accepted"},
                                       response=LedgerPage)
             [entry] = [e for e in page.entries if e.sha256 == sha]  # other tests' files too
             one = await val.call("GET", "/ledger", query={"sha256": sha}, response=LedgerPage)
@@ -230,9 +232,9 @@ def test_health_metrics_and_openapi(pool: Pool) -> None:
     assert set(doc["paths"]) >= {"/heartbeat", "/work", "/uploads", "/uploads/{slot_id}",
                                  "/verdicts", "/ledger", "/files/{sha256}", "/invite", "/step"}
     ledger = doc["paths"]["/ledger"]["get"]
-    assert {p["name"] for p in ledger["parameters"]} == {"step", "status", "sha256", "work_id",
-                                                         "after", "accepted_after", "limit",
-                                                         "wait"}
+    assert {p["name"] for p in ledger["parameters"]} == {"policy_version", "status", "sha256",
+                                                         "work_id", "after", "accepted_after",
+                                                         "limit", "wait"}
     work = doc["paths"]["/work"]["get"]
     assert {p["name"] for p in work["parameters"]} == {"version", "wait"}
     assert "LedgerEntry" in doc["components"]["schemas"]

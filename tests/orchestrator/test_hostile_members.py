@@ -104,7 +104,7 @@ def test_uploads_never_submitted_stop_counting_and_cost_their_node(
                 path = p.tmp / f"junk-{sha}"
                 path.write_bytes(data)
                 slot = await c.call("POST", "/uploads", SlotRequest(
-                    sha256=sha, size=len(data), step=3, policy_version=3, work_units=10,
+                    sha256=sha, size=len(data), policy_version=3, work_units=10,
                     counter=counter), response=UploadSlot)
                 await c.upload(slot.method, slot.url, path, sha)
         uploaded = time.monotonic()
@@ -121,7 +121,7 @@ def test_uploads_never_submitted_stop_counting_and_cost_their_node(
             data = parquet_framed(os.urandom(64))
             with pytest.raises(UnsubmittedUploads) as e:
                 await c.call("POST", "/uploads", SlotRequest(
-                    sha256=hashlib.sha256(data).hexdigest(), size=len(data), step=3,
+                    sha256=hashlib.sha256(data).hexdigest(), size=len(data),
                     policy_version=3, work_units=10, counter=9), response=UploadSlot)
             assert "did not submit on chain" in e.value.detail
         owes = await want(url, p.key("n2"))

@@ -148,7 +148,7 @@ def test_cut_and_malformed_bodies_are_typed_refusals_not_tracebacks(pool: Pool) 
     async def grant() -> UploadSlot:
         async with SignedClient(url, pool.key("n2")) as c:
             return await c.call("POST", "/uploads", SlotRequest(
-                sha256=sha, size=len(data), step=3, policy_version=3, work_units=10,
+                sha256=sha, size=len(data), policy_version=3, work_units=10,
                 counter=next_counter()), response=UploadSlot)
     slot = run(grant())
     path = "/uploads/" + slot.slot_id

@@ -82,8 +82,8 @@ def test_copied_file_gets_its_own_row_and_is_never_trained_on(pool: Pool, tmp_pa
         assert (orig.granted, orig.uploaded, copy.granted, copy.uploaded) == (True, True, False,
                                                                               False)
         assert copy.work_id == c.fed.work_id(n5, bytes.fromhex(x)).hex() != orig.work_id
-        assert (copy.step, copy.policy_version, copy.work_units, copy.provider.lower()) == (
-            orig.step, orig.policy_version, 54, c.accounts["p2"].address.lower())
+        assert (copy.policy_version, copy.work_units, copy.provider.lower()) == (
+            orig.policy_version, 54, c.accounts["p2"].address.lower())
         # verdicts address a submission by work id; the copy of y is (wrongly) accepted first
         for key, kind in (((y, n5), "accept"), ((y, n1), "accept"), ((x, n5), "hard_invalid")):
             r = rows[key]
@@ -120,7 +120,7 @@ def test_copied_file_gets_its_own_row_and_is_never_trained_on(pool: Pool, tmp_pa
     assert len({e.sha256 for e in taken}) == len(taken)
     # a trainer resumed after step 0 took them does not take them again; one resumed from
     # step 0 (its record cut) takes them again, once
-    used = [{"sha256": e.sha256, "node": e.node, "step": e.step, "version": e.policy_version}
+    used = [{"sha256": e.sha256, "node": e.node, "version": e.policy_version}
             for e in taken]
     (tmp_path / "rollouts.jsonl").write_text(json.dumps(
         {"step": 0, "t": 0.0, "used": used, "dropped": [], "wait_s": 0}) + "\n")

@@ -72,7 +72,7 @@ async def _grant(url: str, node: str, version: int, counter: int) -> str:
     sha = hashlib.sha256(data).hexdigest()
     async with SignedClient(url, key(node)) as c:
         await c.call("POST", "/uploads", SlotRequest(
-            sha256=sha, size=len(data), step=version, policy_version=version, work_units=10,
+            sha256=sha, size=len(data), policy_version=version, work_units=10,
             counter=counter), response=UploadSlot)
     return sha
 
@@ -411,7 +411,7 @@ def test_a_waiting_trainer_takes_a_file_at_its_acceptance_not_its_next_poll(
         path.write_bytes(data)
         async with SignedClient(url, key(node)) as c:
             slot = await c.call("POST", "/uploads", SlotRequest(
-                sha256=sha, size=len(data), step=3, policy_version=3, work_units=10,
+                sha256=sha, size=len(data), policy_version=3, work_units=10,
                 counter=counter), response=UploadSlot)
             await c.upload("PUT", slot.url, path, sha)
         return sha

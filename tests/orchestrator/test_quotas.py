@@ -30,7 +30,7 @@ FILES_PER_STEP, ASYNC = 3, 1  # at step 3: versions 2 and 3, counters 0..2
 
 
 def _req(data: bytes, version: int, counter: int) -> SlotRequest:
-    return SlotRequest(sha256=hashlib.sha256(data).hexdigest(), size=len(data), step=version,
+    return SlotRequest(sha256=hashlib.sha256(data).hexdigest(), size=len(data),
                        policy_version=version, work_units=10, counter=counter)
 
 
@@ -72,7 +72,7 @@ def test_a_flood_of_slot_requests_is_bounded_by_the_counters(tmp_path: Path) -> 
                 assert db.execute("SELECT COUNT(*) FROM slots").fetchone()[0] == len(granted) + 1
                 # asking again for a granted file replaces its slot: still one slot per file
                 first = granted[0]
-                req0 = SlotRequest(sha256=first.sha256, size=first.size, step=2,
+                req0 = SlotRequest(sha256=first.sha256, size=first.size,
                                    policy_version=2, work_units=10, counter=0)
                 for _ in range(20):
                     await c.call("POST", "/uploads", req0, response=UploadSlot)

@@ -57,9 +57,9 @@ def blob(tmp: Path, name: str, size: int = 300) -> tuple[Path, str]:
     return path, hashlib.sha256(data).hexdigest()
 
 
-def slot_request(sha: str, size: int = 300, step: int = 3, version: int = 3,
+def slot_request(sha: str, size: int = 300, version: int = 3,
                  units: int = 10, counter: int | None = None) -> SlotRequest:
-    return SlotRequest(sha256=sha, size=size, step=step, policy_version=version,
+    return SlotRequest(sha256=sha, size=size, policy_version=version,
                        work_units=units,
                        counter=next_counter() if counter is None else counter)
 
@@ -107,7 +107,7 @@ async def _counter_out_of_range(s: Served, tmp: Path, client: Any) -> Any:
 
 
 async def _counter_used(s: Served, tmp: Path, client: Any) -> Any:
-    # the same (node, step, counter) for another file: one generation per counter
+    # the same (node, version, counter) for another file: one generation per counter
     await client("n1").call("POST", "/uploads", slot_request("bb" * 32, counter=5))
     return await client("n1").call("POST", "/uploads", slot_request("cc" * 32, counter=5))
 
@@ -161,7 +161,7 @@ async def _slot_already_used(s: Served, tmp: Path, client: Any) -> Any:
 async def _slot_expired(s: Served, tmp: Path, client: Any) -> Any:
     path, sha = blob(tmp, "f")
     # a slot past its expiry that the expiry loop (not running here) has not removed yet
-    s.state.grant_slot("cd" * 16, address("n1"), address("p1"), sha, 300, 3, 3, 10, 0,
+    s.state.grant_slot("cd" * 16, address("n1"), address("p1"), sha, 300, 3, 10, 0,
                        expires_at=time.time() - 1)
     return await client("n1").upload("PUT", "/uploads/" + "cd" * 16, path, sha)
 
@@ -223,7 +223,8 @@ async def _uploaded(c: SignedClient, tmp: Path, name: str) -> BatchLeaf:
     req = slot_request(sha)
     slot = await c.call("POST", "/uploads", req, response=UploadSlot)
     await c.upload("PUT", slot.url, path, sha)
-    return BatchLeaf(sha256=sha, work_units=req.work_units, step=req.step, counter=req.counter)
+    return BatchLeaf(sha256=sha, work_units=req.work_units, step=req.policy_version,
+                     counter=req.counter)
 
 
 async def _batch_too_large(s: Served, tmp: Path, client: Any) -> Any:

@@ -43,7 +43,7 @@ def test_orchestrator_says_why_the_step_waits(pool: Pool) -> None:
 
 def _entry(step: int) -> LedgerEntry:
     return LedgerEntry(seq=1, sha256="ab" * 32, node="0x" + "11" * 20, provider="0x" + "22" * 20,
-                       step=step, policy_version=step, work_units=1, size=1,
+                       policy_version=step, work_units=1, size=1,
                        status=FileStatus.ACCEPTED, verdict=VerdictKind.ACCEPT,
                        download="/files/x")
 
@@ -68,7 +68,7 @@ def test_trainer_says_what_a_step_awaits(pool: Pool, tmp_path, capsys) -> None:
     threading.Timer(0.5, arrived.set).start()
     (got,) = src._fresh(3, 1, [FileGroups(_entry(3), _rows(3, 0), excluded=2)], [],
                         wait=True)
-    assert got.step == 3
+    assert got.policy_version == 3
     said = _lines(capsys.readouterr().err, "step waiting for accepted files")
     assert said and said[0]["step"] == 3 and said[0]["need"] == 64
     assert said[0]["excluded_groups"] == 2 and "held-out" in said[0]["why"]

@@ -18,7 +18,7 @@ X, Y = "11" * 32, "22" * 32
 def _grant(s: State, sha: str, node: str = A, slot: str = "s1", expires: float = 1e12,
            counter: int | None = None) -> bool:
     counter = int(sha[:2], 16) % 8 if counter is None else counter  # one per file by default
-    return s.grant_slot(slot, node, "0xprov", sha, 100, 3, 2, 50, counter,
+    return s.grant_slot(slot, node, "0xprov", sha, 100, 2, 50, counter,
                         expires) is Grant.GRANTED
 
 
@@ -27,11 +27,11 @@ def test_claims_are_rows_of_their_own_and_acceptance_orders_the_feed(tmp_path) -
     assert _grant(s, X) and _grant(s, Y, slot="s2")
     s.finish_upload("s1", X)
     s.finish_upload("s2", Y)
-    copy = s.add_claim(X, B, "0xother", 50, "cc" * 32, fallback_step=9)
-    unknown = s.add_claim("33" * 32, B, "0xother", 7, "dd" * 32, fallback_step=9)
-    assert (copy.granted, copy.uploaded, copy.step, copy.policy_version, copy.size) == (
-        False, False, 3, 2, 100)  # the granted file's, same bytes
-    assert (unknown.step, unknown.policy_version, unknown.status) == (9, -1,
+    copy = s.add_claim(X, B, "0xother", 50, "cc" * 32)
+    unknown = s.add_claim("33" * 32, B, "0xother", 7, "dd" * 32)
+    assert (copy.granted, copy.uploaded, copy.policy_version, copy.size) == (
+        False, False, 2, 100)  # the granted file's, same bytes
+    assert (unknown.policy_version, unknown.size, unknown.status) == (-1, 0,
                                                                        FileStatus.SUBMITTED)
     assert s.file(X).node == A  # the granted row  # type: ignore[union-attr]
     assert [r.node for r in s.files(None, None, 0, 10, sha256=X)] == [A, B]
@@ -88,7 +88,7 @@ def test_a_one_row_per_file_ledger_is_upgraded(tmp_path) -> None:
     assert [(r.verdict, r.verdict_reason) for r in got] == [
         (VerdictKind.ACCEPT, ""), (None, ""),
         (VerdictKind.SOFT_INVALID, "rewards: 1 of 8 rows differ")]
-    s.add_claim(X, B, "p", 5, "w4", 0)  # the new layout's rows work
+    s.add_claim(X, B, "p", 5, "w4")  # the new layout's rows work
     assert len(s.files(None, None, 0, 10, sha256=X)) == 2
     s.close()
     assert len(State(tmp_path / "old.db").files(None, None, 0, 10)) == 4  # reopened as is
@@ -185,6 +185,87 @@ def test_a_verdict_text_no_version_wrote_stops_the_upgrade_unchanged(tmp_path, c
     assert "verdict_reason" not in [r[1] for r in db.execute("PRAGMA table_info(files)")]
     assert [r[0] for r in db.execute("SELECT verdict FROM files ORDER BY seq")] == [
         "accept", "fraud: a kind nobody posts"]
+    db.close()
+
+
+# the files table of the ledger before issue #44: a `step` beside `policy_version` (equal on
+# every granted row; a submission without grant held the pool's step and version -1), the
+# counters unique per (node, step)
+_STEPPED = """
+    CREATE TABLE files (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, sha256 TEXT NOT NULL, node TEXT NOT NULL,
+        provider TEXT NOT NULL, step INTEGER NOT NULL, policy_version INTEGER NOT NULL,
+        work_units INTEGER NOT NULL, size INTEGER NOT NULL, status TEXT NOT NULL,
+        verdict TEXT NOT NULL DEFAULT '', verdict_reason TEXT NOT NULL DEFAULT '',
+        validator TEXT NOT NULL DEFAULT '',
+        updated_at REAL NOT NULL, work_id TEXT NOT NULL DEFAULT '',
+        granted INTEGER NOT NULL DEFAULT 1, uploaded INTEGER NOT NULL DEFAULT 0,
+        accepted_seq INTEGER NOT NULL DEFAULT 0, counter INTEGER NOT NULL DEFAULT -1,
+        batch_id TEXT NOT NULL DEFAULT '');
+    CREATE UNIQUE INDEX files_granted ON files (sha256) WHERE granted = 1;
+    CREATE UNIQUE INDEX files_claimed ON files (sha256, node) WHERE granted = 0;
+    CREATE INDEX files_step ON files (step, status);
+    CREATE INDEX files_work ON files (work_id);
+    CREATE INDEX files_accepted ON files (accepted_seq);
+    CREATE INDEX files_status ON files (status, node);
+    CREATE UNIQUE INDEX files_counter ON files (node, step, counter)
+        WHERE granted = 1 AND counter >= 0;
+    CREATE INDEX files_batch ON files (batch_id);"""
+
+
+def _stepped_ledger(path, rows: list[tuple[str, str, int, int, int, int]]) -> None:
+    """(sha256, node, step, version, counter, granted) rows, accepted ones in order."""
+    db = sqlite3.connect(path)
+    db.executescript(_STEPPED)
+    for i, (sha, node, step, version, counter, granted) in enumerate(rows):
+        db.execute("INSERT INTO files (sha256, node, provider, step, policy_version, work_units, "
+                   "size, status, verdict, updated_at, work_id, granted, uploaded, accepted_seq, "
+                   "counter) VALUES (?, ?, 'p', ?, ?, 5, 9, 'accepted', 'accept', 0, ?, ?, 1, ?, "
+                   "?)", (sha, node, step, version, f"{i + 100:064x}", granted, i + 1, counter))
+    db.commit()
+    db.close()
+
+
+def test_a_ledger_with_a_step_beside_the_version_is_upgraded(tmp_path) -> None:
+    """A ledger whose rows kept `step` beside `policy_version` opens (issue #44): each row
+    keeps its version, counter and order; the counters are then one file per (node,
+    version), a fresh grant works, and a reopen changes nothing."""
+    _stepped_ledger(tmp_path / "old.db", [(X, A, 2, 2, 0, 1), (Y, A, 3, 3, 0, 1),
+                                          ("33" * 32, B, 4, -1, -1, 0)])
+    s = State(tmp_path / "old.db")
+    cols = [r[1] for r in s.db.execute("PRAGMA table_info(files)")]
+    assert "step" not in cols and "policy_version" in cols
+    got = s.files(None, None, 0, 10)
+    assert [(r.seq, r.sha256, r.node, r.policy_version, r.counter, r.granted, r.accepted_seq,
+             r.verdict) for r in got] == [
+        (1, X, A, 2, 0, True, 1, VerdictKind.ACCEPT), (2, Y, A, 3, 0, True, 2,
+                                                       VerdictKind.ACCEPT),
+        (3, "33" * 32, B, -1, -1, False, 3, VerdictKind.ACCEPT)]
+    assert [r.sha256 for r in s.files(3, None, 0, 10)] == [Y]  # by version
+    assert s.granted_count(A, 2) == 1 and s.granted_count(A, 4) == 0
+    # version 2's counter 0 is used; counter 1 of it and counter 0 of version 4 are free
+    assert s.grant_slot("s1", A, "p", "44" * 32, 10, 2, 5, 0, 1e12) is Grant.COUNTER_USED
+    assert s.grant_slot("s1", A, "p", "44" * 32, 10, 2, 5, 1, 1e12) is Grant.GRANTED
+    assert s.grant_slot("s2", A, "p", "55" * 32, 10, 4, 5, 0, 1e12) is Grant.GRANTED
+    with pytest.raises(sqlite3.IntegrityError):  # the index is per (node, version, counter)
+        s.db.execute("INSERT INTO files (sha256, node, provider, policy_version, work_units, "
+                     "size, status, updated_at, counter) VALUES (?, ?, 'p', 2, 1, 1, "
+                     "'granted', 0, 1)", ("66" * 32, A))
+    s.close()
+    again = State(tmp_path / "old.db")
+    assert len(again.files(None, None, 0, 10)) == 5
+    again.close()
+
+
+def test_a_stepped_ledger_whose_counters_clash_by_version_is_refused_unchanged(tmp_path):
+    """Two granted files of one (node, version, counter) under different steps (a ledger from
+    before a file's step was its version): refused, the old table left as it was."""
+    _stepped_ledger(tmp_path / "old.db", [(X, A, 2, 2, 0, 1), (Y, A, 3, 2, 0, 1)])
+    with pytest.raises(LedgerUnreadable, match="two granted files"):
+        State(tmp_path / "old.db")
+    db = sqlite3.connect(tmp_path / "old.db")
+    assert "step" in [r[1] for r in db.execute("PRAGMA table_info(files)")]
+    assert db.execute("SELECT COUNT(*) FROM files").fetchone()[0] == 2
     db.close()
 
 

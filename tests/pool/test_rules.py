@@ -115,20 +115,22 @@ def test_rules_changed_while_running():
 def test_assignment_by_hand():
     tok = CharTokenizer()
     node = "0x" + "ab" * 20
-    a = Assignment(RULES, node, step=5, counter=1, policy_version=4)
+    a = Assignment(RULES, node, counter=1, policy_version=4)
     tasks = RULES.task.build()
     problems = a.problems(tasks)
-    assert problems == sample_problems(tasks, 7, node, 5, 1, 2, version=4)
-    assert a.sampler_seed() == sampling_seed(7, node, 5, 1, version=4)
-    # the version is part of the work: the same (node, step, counter) at another version is
-    # other problems and other noise, so one generation can serve one claim only
-    other = Assignment(RULES, node, step=5, counter=1, policy_version=3)
+    # the version stands in the sampler's step place too: the problems and seed a file of
+    # step = version always had
+    assert problems == sample_problems(tasks, 7, node, 4, 1, 2, version=4)
+    assert a.sampler_seed() == sampling_seed(7, node, 4, 1, version=4)
+    # the version is part of the work: the same (node, counter) at another version is other
+    # problems and other noise, so one generation can serve one claim only
+    other = Assignment(RULES, node, counter=1, policy_version=3)
     assert other.problems(tasks) != problems and other.sampler_seed() != a.sampler_seed()
     rows = a.prompt_rows(tok, problems)
     assert len(rows) == 8 and rows[0] == rows[3] != rows[4] == rows[7]
     assert rows[0] == encode_prompt(tok, problems[0].prompt)
     assert [prompt_of_row(r, 4) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert a.prompt_id(5) == "5/1/1"
+    assert a.prompt_id(5) == "4/1/1"  # version/counter/prompt
     # the header names the rules by a digest of their canonical JSON: any change changes it
     assert len(RULES.digest()) == 64 and RULES.digest() == PoolRules.model_validate_json(
         RULES.model_dump_json()).digest()

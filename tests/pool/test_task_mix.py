@@ -29,8 +29,8 @@ def rules(tmp_path) -> PoolRules:
 def test_the_mix_is_published_pinned_and_regenerated(rules) -> None:
     published = PoolRules.model_validate_json(rules.model_dump_json())  # what GET /rules gives
     assert published == rules and published.digest() == rules.digest()
-    a = Assignment(rules, "0xAa", 2, 1, 2)
-    b = Assignment(published, "0xaa", 2, 1, 2)
+    a = Assignment(rules, "0xAa", 1, 2)
+    b = Assignment(published, "0xaa", 1, 2)
     worker, validator = rules.task.build(), published.task.build()
     problems = a.problems(worker)
     assert problems == b.problems(validator)

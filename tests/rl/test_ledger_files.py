@@ -30,11 +30,11 @@ def worker_file():
     tok = CharTokenizer()
     engine = CPUEngine(build_model("qwen2-tiny", tok.vocab_size, seed=3), tok,
                        EngineConfig(num_threads=1))
-    a = Assignment(RULES, NODE, step=0, counter=2, policy_version=0)
+    a = Assignment(RULES, NODE, counter=2, policy_version=0)
     rf = generate_rollouts(engine, tok, a, BUILT, PROVIDER)
     data = rollout_file_bytes(rf)
     entry = LedgerEntry(seq=1, sha256=hashlib.sha256(data).hexdigest(), node=NODE,
-                        provider=PROVIDER, step=0, policy_version=rf.header.policy_version,
+                        provider=PROVIDER, policy_version=rf.header.policy_version,
                         work_units=rf.header.work_units, size=len(data),
                         status=FileStatus.ACCEPTED, download="/files/x")
     return tok, a, rf, data, entry
@@ -164,7 +164,7 @@ def test_an_answer_that_hangs_its_scorer_costs_the_trainer_nothing() -> None:
     engine = CPUEngine(build_model("qwen2-tiny", tok.vocab_size, seed=3,
                                    max_position_embeddings=512), tok,
                        EngineConfig(num_threads=1))
-    rf = generate_rollouts(engine, tok, Assignment(rules, NODE, 0, 0, 0), built, PROVIDER)
+    rf = generate_rollouts(engine, tok, Assignment(rules, NODE, 0, 0), built, PROVIDER)
     forged = read_rollout_file(rollout_file_bytes(rf))
     row = forged.completions[1]  # the last row: no fresh child is timed after it
     row.completion_tokens = tok.encode(hang.rjust(len(row.completion_tokens), "x"))
@@ -174,7 +174,7 @@ def test_an_answer_that_hangs_its_scorer_costs_the_trainer_nothing() -> None:
 
     def entry(data: bytes) -> LedgerEntry:
         return LedgerEntry(seq=1, sha256=hashlib.sha256(data).hexdigest(), node=NODE,
-                           provider=PROVIDER, step=0, policy_version=0,
+                           provider=PROVIDER, policy_version=0,
                            work_units=forged.header.work_units, size=len(data),
                            status=FileStatus.ACCEPTED, download="/files/x")
     honest = rollout_file_bytes(rf)

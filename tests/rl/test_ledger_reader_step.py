@@ -59,7 +59,7 @@ def test_set_step_restates_the_trainers_demand(tmp_path: Path) -> None:
     with served(tmp_path) as s:
         for i in range(3):  # three accepted files: the demand may name acceptance 3, no more
             sha = f"{i:064x}"
-            s.state.grant_slot(f"slot{i}", address("n1"), address("p1"), sha, 10, 5, 5, 1, i,
+            s.state.grant_slot(f"slot{i}", address("n1"), address("p1"), sha, 10, 5, 1, i,
                                time.time() + 60)
             row = s.state.file(sha)
             assert row is not None

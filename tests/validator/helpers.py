@@ -35,13 +35,10 @@ def rules(max_new: int = 8, prompts: int = 2, group: int = 4, async_level: int =
                                "top_p": 1.0})
 
 
-def assignment(r: PoolRules, step: int | None = None, counter: int = 0, node: str = NODE,
-               version: int | None = None) -> Assignment:
-    """The work of (node, step, counter) at policy version `version`; a file's step is its
-    version, so either one given sets both (default 0)."""
-    step = version if step is None else step
-    version = step if version is None else version
-    return Assignment(r, node, step or 0, counter, version or 0)
+def assignment(r: PoolRules, counter: int = 0, node: str = NODE,
+               version: int = 0) -> Assignment:
+    """The work of (node, counter) at policy version `version`."""
+    return Assignment(r, node, counter, version)
 
 
 def roundtrip(rf: RolloutFile) -> tuple[RolloutFile, str]:

@@ -196,14 +196,14 @@ def _topk_bomb(rf: RolloutFile) -> bytes:
 
 
 def _double_dip(rf: RolloutFile, rules: PoolRules) -> bytes:
-    """The version-0 generation claimed as version (and step) 1, with the seed and prompt ids
+    """The version-0 generation claimed as version 1, with the seed and prompt ids
     that claim would have (a careful cheater, as `adversary.DoubleDip`): the claimed version's
     problems are other problems."""
     h = rf.header
-    a = Assignment(rules, h.node, 1, 0, 1)
+    a = Assignment(rules, h.node, 0, 1)
     rows = [dataclasses.replace(r, prompt_id=a.prompt_id(i)) for i, r in enumerate(rf.completions)]
     return rollout_file_bytes(RolloutFile(h.model_copy(update={
-        "policy_version": 1, "step": 1, "sampling_seed": a.sampler_seed()}), rows))
+        "policy_version": 1, "sampling_seed": a.sampler_seed()}), rows))
 
 
 def _vocab_size() -> int:
@@ -245,7 +245,7 @@ KINDS: dict[str, Hostile] = {
     "header-other-pool": Hostile(_header_changed(pool_id=999), "rules", reader="ignored"),
     "header-other-rules-digest": Hostile(_header_changed(rules_sha256="0" * 64), "rules",
                                          reader="ignored"),
-    "double-dip-version": Hostile(_double_dip, "prompts", {"step": 1, "policy_version": 1}),
+    "double-dip-version": Hostile(_double_dip, "prompts", {"policy_version": 1}),
     "counter-outside-range-slot-for-0": Hostile(_rows_changed(_counter(8)), "slot_claim",
                                                 {"counter": 0}),
 }
@@ -254,7 +254,7 @@ UNGRANTED = Hostile(_rows_changed(_counter(8)), "validator_error", {"counter": 8
 
 
 def _claims(rf: RolloutFile, h: Hostile) -> dict[str, int]:
-    c = {"step": rf.header.step, "policy_version": rf.header.policy_version,
+    c = {"policy_version": rf.header.policy_version,
          "work_units": rf.header.work_units, "counter": 0}
     return {**c, **(h.slot or {})}
 
@@ -266,7 +266,7 @@ def _engine(model_dir: Path) -> tuple[CPUEngine, Any]:
 
 def _honest(engine: CPUEngine, tok: Any, rules: PoolRules, node: str, provider: str) -> RolloutFile:
     """The file an honest worker would make with version 0 (its step), counter 0."""
-    return generate_rollouts(engine, tok, Assignment(rules, node, 0, 0, 0),
+    return generate_rollouts(engine, tok, Assignment(rules, node, 0, 0),
                              rules.task.build(), provider)
 
 

@@ -70,7 +70,7 @@ def test_an_answer_that_hangs_its_scorer_scores_0_and_the_validator_goes_on(tmp_
         rf = _honest(engine, tok, rules, c.node.address, c.provider.address)
         c.data = _hanging(rf, rules, tok)
         c.sha256 = hashlib.sha256(c.data).hexdigest()
-        claims = {"step": rf.header.step, "policy_version": rf.header.policy_version,
+        claims = {"policy_version": rf.header.policy_version,
                   "work_units": rf.header.work_units, "counter": 0}
         asyncio.run(_send(net, c, claims, tmp_path))
         t_sent = time.monotonic()

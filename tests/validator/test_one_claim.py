@@ -31,7 +31,7 @@ def _at_version(model, tok, version: int) -> CPUEngine:
 
 
 def _relabeled(rf: RolloutFile, version: int, reseed: bool) -> RolloutFile:
-    h = rf.header.model_copy(update={"policy_version": version, "step": version})
+    h = rf.header.model_copy(update={"policy_version": version})
     if reseed:  # a careful cheater also writes the seed the claimed version would have
         a = assignment(rules(max_new=16), version=version)
         h = h.model_copy(update={"sampling_seed": a.sampler_seed()})

@@ -192,7 +192,7 @@ def _cheap_decode_honest_prefill(bad_model, model, tok, rules, counter=0):
     prefill for the log-probs and the proofs: only the tokens betray the cheap decode."""
     bad = CPUEngine(bad_model, tok, EngineConfig(num_threads=1))
     honest = CPUEngine(model, tok, EngineConfig(num_threads=1))
-    a = Assignment(rules, NODE, 0, counter, 0)
+    a = Assignment(rules, NODE, counter, 0)
     rf = generate_rollouts(bad, tok, a, rules.task.build(), PROVIDER)
     rows = rf.completions
     scored = honest.score([r.prompt_tokens for r in rows], [r.completion_tokens for r in rows])

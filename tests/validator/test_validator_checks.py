@@ -20,7 +20,6 @@ from meshrl.pool import (
 from meshrl.validator.checks import (
     check_header_rules,
     check_node,
-    check_policy_version,
     check_prompts,
     check_rewards,
     check_sampling_seed,
@@ -74,14 +73,6 @@ def test_header_rules_are_the_published_ones():
     digits = PoolRules(pool_id=2, seed=7, task={"type": "arithmetic", "digits": 3})
     assert check_header_rules(2, digits.digest(), rules).reason.startswith(
         "the header's rules_sha256 differ")
-
-
-def test_a_files_step_is_its_policy_version():
-    assert check_policy_version(5, 5) is None
-    # an older version claimed at a later step (or the reverse) would be another piece of work
-    # for the same generation to choose among
-    assert check_policy_version(3, 5).numbers == {"version": 3, "step": 5}
-    assert check_policy_version(6, 5) is not None
 
 
 def test_sampling_seed_and_rewards():

@@ -119,7 +119,7 @@ def test_forging_one_tasks_rows_of_a_mix_is_caught_on_that_task(engine, model, t
         changed = sum(h.reward != c.reward
                       for h, c in zip(honest.completions, b.completions, strict=True))
         said = [rec.fields for rec in caplog.records if rec.getMessage() == "rewards forged"]
-        assert changed > 0 and said == [{"t": said[0]["t"], "step": b.header.step,
+        assert changed > 0 and said == [{"t": said[0]["t"], "version": b.header.policy_version,
                                          "counter": 0, "rows": changed}], said
         d = verify_file(engine, tok, b, claim(b), r, r.task.build(), ENGINE)
         assert d.kind is VerdictKind.HARD_INVALID and Check.REWARDS in d.checks, d.reason

@@ -14,7 +14,7 @@ def sample_rollout(n_prompts: int = 2, group: int = 3, seed: int = 0, topk: int 
                    tokens: int = 9) -> RolloutFile:
     rng = random.Random(seed)
     header = RolloutHeader(
-        node=NODE, provider=PROVIDER, pool_id=1, step=5, policy_version=4,
+        node=NODE, provider=PROVIDER, pool_id=1, policy_version=4,
         rules_sha256="ab" * 32, sampling_seed=77, toploc_chunk_size=4, toploc_topk=topk,
         work_units=n_prompts * group * tokens,
     )

@@ -10,12 +10,15 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pydantic import ValidationError
 
 from meshrl.wire.errors import RolloutFileError
+from meshrl.wire.models import LedgerEntry, SlotRequest
 from meshrl.wire.rollout_file import (
     COLUMNS,
     METADATA_KEY,
     SCHEMA_VERSION,
+    RolloutHeader,
     read_rollout_file,
     rollout_file_bytes,
     write_rollout_file,
@@ -72,6 +75,28 @@ def test_wrong_schema_version_and_missing_header() -> None:
     meta["work_units"] = "many"
     with pytest.raises(RolloutFileError, match=r"bad header.*work_units"):
         read_rollout_file(_table_bytes(t.replace_schema_metadata({METADATA_KEY: json.dumps(meta)})))
+
+
+def test_a_file_carries_its_policy_version_and_no_step_beside_it() -> None:
+    """Issue #44: a file's step was always its policy version, so the header holds the version
+    alone. A file of the schema that carried both is refused by its version; one that says it
+    is of this schema and still carries a step is a bad header; a slot request or a ledger
+    entry with a step is refused the same way (no field to disagree with the version)."""
+    t = _good_table()
+    meta = json.loads(t.schema.metadata[METADATA_KEY])
+    assert "step" not in meta and meta["policy_version"] == 4
+    old = {**meta, "schema_version": 3, "step": 4}
+    with pytest.raises(RolloutFileError, match="schema version 3"):
+        read_rollout_file(_table_bytes(t.replace_schema_metadata({METADATA_KEY: json.dumps(old)})))
+    stepped = {**meta, "step": 4}
+    with pytest.raises(RolloutFileError, match=r"bad header.*step"):
+        read_rollout_file(_table_bytes(t.replace_schema_metadata(
+            {METADATA_KEY: json.dumps(stepped)})))
+    slot = {"sha256": "ab" * 32, "size": 10, "policy_version": 4, "work_units": 3, "counter": 0}
+    SlotRequest.model_validate(slot)
+    with pytest.raises(ValidationError, match="step"):
+        SlotRequest.model_validate({**slot, "step": 4})
+    assert "step" not in LedgerEntry.model_fields and "step" not in RolloutHeader.model_fields
 
 
 def test_wrong_types_and_missing_columns() -> None:

@@ -41,7 +41,7 @@ def _pool():
 
 
 def _entry(box: Outbox, data: bytes, version: int) -> OutboxEntry:
-    e = OutboxEntry(hashlib.sha256(data).hexdigest(), len(data), step=4, counter=0,
+    e = OutboxEntry(hashlib.sha256(data).hexdigest(), len(data), counter=0,
                     policy_version=version, work_units=10)
     return box.put(data, e)
 

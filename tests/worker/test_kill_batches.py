@@ -61,8 +61,8 @@ def test_kill9_at_every_batch_phase_loses_nothing_and_submits_once(net):
         by_batch.setdefault(r["batch_id"], []).append(r)
     roots = {}
     for bid, rows in by_batch.items():
-        b = Batch.of([Leaf(node.address, bytes.fromhex(r["sha256"]), r["work_units"], r["step"],
-                           r["counter"]) for r in rows])
+        b = Batch.of([Leaf(node.address, bytes.fromhex(r["sha256"]), r["work_units"],
+                           r["policy_version"], r["counter"]) for r in rows])
         assert b.id.hex() == bid
         roots[bid] = b.root
     assert sorted(roots.values()) == sorted(bytes(b.args["root"])

@@ -7,7 +7,7 @@ from meshrl.worker.outbox import Outbox, OutboxEntry, OutboxError, is_stale
 
 
 def _entry(data: bytes, version: int = 3, created: float = 0.0) -> OutboxEntry:
-    return OutboxEntry(hashlib.sha256(data).hexdigest(), len(data), step=3, counter=0,
+    return OutboxEntry(hashlib.sha256(data).hexdigest(), len(data), counter=0,
                        policy_version=version, work_units=10, created=created)
 
 
@@ -21,6 +21,17 @@ def test_phases_survive_a_reopen(tmp_path):
     assert [(e.sha256, e.phase, e.tx_hash) for e in again] == [
         (a.sha256, "uploaded", ""), (b.sha256, "submitted", "0xabc")]
     assert box.data_path(a.sha256).read_bytes() == b"first"
+
+
+def test_a_record_written_with_a_step_reads_back(tmp_path):
+    """An outbox record from before issue #44 names a `step` beside its version (always equal):
+    a restarted worker reads it (the step dropped) and goes on with the file."""
+    box = Outbox(tmp_path)
+    a = box.put(b"old", _entry(b"old", version=5))
+    rec = tmp_path / f"{a.sha256}.json"
+    rec.write_text(json.dumps({**json.loads(rec.read_text()), "step": 5}))
+    [e] = Outbox(tmp_path).pending()
+    assert (e.sha256, e.policy_version, e.counter, e.phase) == (a.sha256, 5, 0, "written")
 
 
 def test_finish_and_drop_keep_a_record(tmp_path):

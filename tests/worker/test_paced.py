@@ -42,7 +42,7 @@ def test_a_paced_worker_makes_only_what_the_pool_wants(tmp_path: Path) -> None:
     made = asyncio.run(node._make_file(_order(1)))
     assert made is not None and node.state == "working"
     entry, data = made
-    assert (entry.step, entry.counter, entry.policy_version) == (2, 0, 2) and data
+    assert (entry.counter, entry.policy_version) == (0, 2) and data
     assert json.loads((tmp_path / "work" / "counters.json").read_text()) == {"2": 1}
     assert asyncio.run(node._make_file(_order(None))) is not None  # not paced: its counters
 

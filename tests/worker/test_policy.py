@@ -54,7 +54,7 @@ def test_follow_hot_loads_new_versions_and_validator_fetches_them(tmp_path):
             assert holder.version == 1
             stop = asyncio.Event()
             follow = asyncio.create_task(holder.follow([url], stop))
-            a = Assignment(RULES, "0x" + "ab" * 20, 2, 0, 1)
+            a = Assignment(RULES, "0x" + "ab" * 20, 0, 1)
             gen = asyncio.create_task(asyncio.to_thread(holder.generate, a, RULES.task.build(),
                                                         "0x" + "cd" * 20))
             await origin.publish(dirs[1], 2, shard_size=1 << 20)

@@ -113,13 +113,17 @@ def test_reference_backend_worker_keeps_its_honest_weights_through_a_weight_chea
     tasks = r.task.build()
 
     probe = [[1, 20, 30]], [[40, 41, 42]]
-    honest = holder.generate(assignment(r, step=0), tasks, PROVIDER)
+    honest = holder.generate(assignment(r), tasks, PROVIDER)
     honest_lp = holder.engine.score(*probe)[0].logprobs
-    # scale-layer weights in the model at step 1 (the holder keeps version 0)
-    holder.generate(assignment(r, step=1, version=0), tasks, PROVIDER)
+    # scale-layer weights in the model for a file of version 0 once the cheat is on for it
+    # (the holder keeps version 0), then off again
+    cheat = holder.engine.cheat
+    cheat.cfg = CheatConfig(mode="scale-layer", after_step=-1)
+    holder.generate(assignment(r), tasks, PROVIDER)
     assert holder.engine.swapped
     assert not torch.allclose(holder.engine.score(*probe)[0].logprobs, honest_lp)
-    again = holder.generate(assignment(r, step=0), tasks, PROVIDER)
+    cheat.cfg = CheatConfig(mode="scale-layer", after_step=0)
+    again = holder.generate(assignment(r), tasks, PROVIDER)
     assert not holder.engine.swapped
     assert [r.completion_tokens for r in again.completions] == \
         [r.completion_tokens for r in honest.completions]

@@ -86,7 +86,8 @@ class Adversary(Parts):
 # ---- the inference backend -------------------------------------------------------------------
 class BackendCheat(Adversary):
     """A cheat inside the inference backend: it wraps the engine in a `CheatingBackend`, which
-    is told each file's step before the file is generated and asks the hooks below."""
+    is told each file's step (its policy version) before the file is generated and asks the
+    hooks below."""
 
     changes_weights = False
 
@@ -97,7 +98,7 @@ class BackendCheat(Adversary):
     def rollouts(self, engine: InferenceBackend, tokenizer: Any, a: Assignment, tasks: TaskSet,
                  provider: str) -> RolloutFile:
         assert isinstance(engine, CheatingBackend), "a backend cheat generates with its backend"
-        engine.at_step(a.step)
+        engine.at_step(a.policy_version)
         return super().rollouts(engine, tokenizer, a, tasks, provider)
 
     def weights(self, honest: dict[str, torch.Tensor], model_config: Any) -> dict[str, Any]:
@@ -247,8 +248,8 @@ class StalePolicy(BackendCheat):
             if made is None:
                 return None
             entry, data = made
-            newest = max(order.policy_versions)  # a file's step is its version
-            return replace(entry, step=newest, policy_version=newest), data
+            newest = max(order.policy_versions)
+            return replace(entry, policy_version=newest), data
 
         return stale
 
@@ -260,7 +261,7 @@ class _CherryPicked(Assignment):
 
     def problems(self, tasks: TaskSet) -> list[Problem]:
         pool = [p for c in range(1, 9) for p in Assignment(
-            self.rules, self.node, self.step, self.counter + 1000 * c,
+            self.rules, self.node, self.counter + 1000 * c,
             self.policy_version).problems(tasks)]
         pool.sort(key=lambda p: (len(p.answer), p.prompt))
         return pool[: self.rules.prompts_per_file]
@@ -269,8 +270,8 @@ class _CherryPicked(Assignment):
 class CherryPick(Adversary):
     def rollouts(self, engine: InferenceBackend, tokenizer: Any, a: Assignment, tasks: TaskSet,
                  provider: str) -> RolloutFile:
-        if self.active(a.step):
-            a = _CherryPicked(a.rules, a.node, a.step, a.counter, a.policy_version)
+        if self.active(a.policy_version):
+            a = _CherryPicked(a.rules, a.node, a.counter, a.policy_version)
         return super().rollouts(engine, tokenizer, a, tasks, provider)
 
 
@@ -278,7 +279,7 @@ class ForgeRewards(Adversary):
     def rollouts(self, engine: InferenceBackend, tokenizer: Any, a: Assignment, tasks: TaskSet,
                  provider: str) -> RolloutFile:
         rf = super().rollouts(engine, tokenizer, a, tasks, provider)
-        if self.active(a.step):
+        if self.active(a.policy_version):
             names = [p.task for p in a.problems(tasks)] if self.cfg.forge_task else []
             forged = 0
             for i, r in enumerate(rf.completions):
@@ -287,7 +288,8 @@ class ForgeRewards(Adversary):
                     r.reward, forged = 1.0, forged + 1
             # the run's report tells this cheater's dishonest files from its honest ones by
             # this line: with forge_task (or all rows right), a file may forge nothing
-            log_event(log, "rewards forged", step=a.step, counter=a.counter, rows=forged)
+            log_event(log, "rewards forged", version=a.policy_version, counter=a.counter,
+                      rows=forged)
         return rf
 
 
@@ -295,7 +297,7 @@ class InflateUnits(Adversary):
     def rollouts(self, engine: InferenceBackend, tokenizer: Any, a: Assignment, tasks: TaskSet,
                  provider: str) -> RolloutFile:
         rf = super().rollouts(engine, tokenizer, a, tasks, provider)
-        if self.active(a.step):
+        if self.active(a.policy_version):
             rf.header = rf.header.model_copy(update={"work_units": 2 * rf.header.work_units})
         return rf
 
@@ -311,7 +313,7 @@ class ForgeOneRow(Adversary):
         rf = super().rollouts(engine, tokenizer, a, tasks, provider)
         g, rows = a.rules.group_size, rf.completions
         i = self.cfg.forge_row % len(rows)
-        if not self.active(a.step) or g < 2:
+        if not self.active(a.policy_version) or g < 2:
             return rf
         i = i if i % g else i + 1  # a row with a neighbour before it in its group
         src = rows[i - 1]
@@ -351,7 +353,7 @@ class ForgeTools(Adversary):
 
     def rollouts(self, engine: InferenceBackend, tokenizer: Any, a: Assignment, tasks: TaskSet,
                  provider: str) -> RolloutFile:
-        if not self.active(a.step):
+        if not self.active(a.policy_version):
             return super().rollouts(engine, tokenizer, a, tasks, provider)
         forged, liars = copy.copy(tasks), []
         forged.tasks = dict(tasks.tasks)
@@ -373,7 +375,7 @@ class ForgeTools(Adversary):
         rf = super().rollouts(engine, tokenizer, a, forged, provider)
         # the run's report tells this cheater's dishonest files by this line (a file whose
         # episodes made no call forges nothing)
-        log_event(log, "tools forged", step=a.step, counter=a.counter,
+        log_event(log, "tools forged", version=a.policy_version, counter=a.counter,
                   outputs=sum(t.lies for t in liars))
         return rf
 
@@ -404,8 +406,7 @@ def _copy(source: Path, outbox: Outbox) -> MadeFile | None:
             continue
         data = path.read_bytes()
         h = read_rollout_file(data).header
-        return OutboxEntry(path.stem, len(data), h.step, COPIED, h.policy_version,
-                           h.work_units), data
+        return OutboxEntry(path.stem, len(data), COPIED, h.policy_version, h.work_units), data
     return None
 
 
@@ -436,15 +437,15 @@ class DoubleDip(Adversary):
 
 
 def _redeemed(data: bytes, counter: int, version: int, order: WorkOrder) -> MadeFile:
-    """The file `data` claimed as policy version (and step) `version` at `counter`."""
+    """The file `data` claimed as policy version `version` at `counter`."""
     rf = read_rollout_file(data)
-    a = Assignment(order.rules, rf.header.node, version, counter, version)
+    a = Assignment(order.rules, rf.header.node, counter, version)
     rows = [replace(r, counter=a.counter, prompt_id=a.prompt_id(i))
             for i, r in enumerate(rf.completions)]
-    header = rf.header.model_copy(update={"policy_version": version, "step": a.step,
+    header = rf.header.model_copy(update={"policy_version": version,
                                           "sampling_seed": a.sampler_seed()})
     out = rollout_file_bytes(RolloutFile(header, rows))
-    return OutboxEntry(hashlib.sha256(out).hexdigest(), len(out), a.step, a.counter, version,
+    return OutboxEntry(hashlib.sha256(out).hexdigest(), len(out), a.counter, version,
                        header.work_units), out
 
 

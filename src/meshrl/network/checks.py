@@ -55,8 +55,8 @@ class RunFacts:
     # sha256 of the weights that role merged} (report.py, from the role logs)
     weights: dict[int, dict[str, str]] = field(default_factory=dict)
     # per dishonest worker whose log says which files it forged ("rewards forged" lines), the
-    # (step, counter) of those files; a cheater absent here cheats in every file after
-    # cheat_after
+    # (policy version, counter) of those files; a cheater absent here cheats in every file of a
+    # version after cheat_after
     forged: dict[str, set[tuple[int, int]]] = field(default_factory=dict)
     # the trainer got past its warm start (report.rl_started); before that nothing is published
     rl_started: bool = True
@@ -180,7 +180,7 @@ def no_work_judged_twice(f: RunFacts) -> Check:
 
 
 def cheater_caught(f: RunFacts, name: str) -> Check:
-    """The dishonest worker `name`: its files of pool steps after `cheat_after` are its
+    """The dishonest worker `name`: its files of versions after `cheat_after` are its
     dishonest ones; the first hard invalidation of its work must be mined before the trainer
     took the batch of (its first dishonest step + 2), it must be slashed and ejected, and none
     of its dishonest files may be trained on. A cheater whose log names the files it forged
@@ -189,14 +189,14 @@ def cheater_caught(f: RunFacts, name: str) -> Check:
     node = f.workers[name]["node"].lower()
     forged = f.forged.get(name)
     if forged is None:
-        bad = [e for e in f.node_rows(node) if e["step"] > f.cheat_after]
+        bad = [e for e in f.node_rows(node) if e["policy_version"] > f.cheat_after]
     else:
-        bad = [e for e in f.node_rows(node) if (e["step"], e["counter"]) in forged]
+        bad = [e for e in f.node_rows(node) if (e["policy_version"], e["counter"]) in forged]
     if not bad:
         return Check(check, "fail", f"{name} made no dishonest file after step {f.cheat_after}")
     if f.chain is None:
         return Check(check, "fail", "the chain did not answer")
-    first = min(e["step"] for e in bad)
+    first = min(e["policy_version"] for e in bad)
     hard = sorted((i for i in f.chain["invalidations"]
                    if i["hard"] and i["node"].lower() == node), key=lambda i: i["block"])
     # caught when first accused (that locks its reward and ejects it; the slash follows once

@@ -165,7 +165,7 @@ def _adapter_weights(root: Path) -> dict[int, dict[str, str]]:
 
 
 def _forged(root: Path, workers: dict[str, dict[str, Any]]) -> dict[str, set[tuple[int, int]]]:
-    """Per dishonest worker whose log states what it forged, the (step, counter) of each of
+    """Per dishonest worker whose log states what it forged, the (version, counter) of each of
     its files with a forged row ("rewards forged") or a forged tool output ("tools forged")."""
     out: dict[str, set[tuple[int, int]]] = {}
     for name, w in workers.items():
@@ -174,7 +174,7 @@ def _forged(root: Path, workers: dict[str, dict[str, Any]]) -> dict[str, set[tup
         lines = _lines(root / "logs" / f"{name}.log")
         said = [r for r in lines if r.get("msg") in ("rewards forged", "tools forged")]
         if said:
-            out[name] = {(int(r["step"]), int(r["counter"])) for r in said
+            out[name] = {(int(r["version"]), int(r["counter"])) for r in said
                          if r.get("rows", r.get("outputs", 0)) > 0}
     return out
 

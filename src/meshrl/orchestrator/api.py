@@ -213,9 +213,8 @@ class OrchestratorApi:
             raise WireError(ErrorCode.FILE_TOO_LARGE, f"at most {w.max_file_bytes} bytes")
         if req.work_units > self.terms.max_units:
             raise WireError(ErrorCode.TOO_MANY_WORK_UNITS, f"at most {self.terms.max_units}")
-        if req.policy_version not in versions or req.step != req.policy_version:
-            raise WireError(ErrorCode.STALE_WORK, f"step {step}, versions {versions} (a file's "
-                            "step is its policy version)")
+        if req.policy_version not in versions:
+            raise WireError(ErrorCode.STALE_WORK, f"step {step}, versions {versions}")
         bad_counter = counter_refusal(self.published, req.counter)
         if bad_counter is not None:
             raise WireError(ErrorCode.COUNTER_OUT_OF_RANGE, bad_counter)
@@ -225,10 +224,11 @@ class OrchestratorApi:
         slot_id = secrets.token_hex(16)
         expires = time.time() + self.cfg.work.slot_ttl_s
         provider = self.state.node(node).provider  # type: ignore[union-attr]
-        grant = self.state.grant_slot(slot_id, node, provider, req.sha256, req.size, req.step,
+        grant = self.state.grant_slot(slot_id, node, provider, req.sha256, req.size,
                                       req.policy_version, req.work_units, req.counter, expires)
         if grant is not Grant.GRANTED:
-            raise WireError(_GRANT_REFUSALS[grant], f"step {req.step}, counter {req.counter}")
+            raise WireError(_GRANT_REFUSALS[grant],
+                            f"policy version {req.policy_version}, counter {req.counter}")
         self.pacer.granted(node, req.sha256)
         target = self.store.upload_target(slot_id, req.sha256, req.size, "")
         return UploadSlot(slot_id=slot_id, method=target.method, url=target.url,
@@ -292,9 +292,11 @@ class OrchestratorApi:
             row = self.state.file(x.sha256)
             if row is None or row.node.lower() != node.lower() or not row.uploaded:
                 raise WireError(ErrorCode.BAD_LEAF, f"leaf {i}: not a file this node uploaded")
-            if (row.work_units, row.step, row.counter) != (x.work_units, x.step, x.counter):
+            # the leaf's step slot holds the file's policy version
+            if (row.work_units, row.policy_version, row.counter) != (x.work_units, x.step,
+                                                                     x.counter):
                 raise WireError(ErrorCode.BAD_LEAF, f"leaf {i}: granted units {row.work_units},"
-                                f" step {row.step}, counter {row.counter}")
+                                f" version {row.policy_version}, counter {row.counter}")
             if row.batch_id not in ("", bid) or (row.status not in _BEFORE_SUBMISSION
                                                   and row.batch_id != bid):
                 raise WireError(ErrorCode.FILE_IN_ANOTHER_BATCH, f"leaf {i}")
@@ -373,7 +375,7 @@ class OrchestratorApi:
         await self.reader(call)
         q: LedgerQuery = call.query
 
-        key = (q.accepted_after, q.step, q.status, q.after, q.limit, q.sha256, q.work_id)
+        key = (q.accepted_after, q.policy_version, q.status, q.after, q.limit, q.sha256, q.work_id)
 
         def look() -> list[FileRow]:
             # one SQL read per query and ledger change, whoever waits for it
@@ -386,8 +388,8 @@ class OrchestratorApi:
                 if q.accepted_after is not None:
                     rows = self.state.accepted(q.accepted_after, q.limit)
                 else:
-                    rows = self.state.files(q.step, q.status, q.after, q.limit, q.sha256,
-                                            q.work_id)
+                    rows = self.state.files(q.policy_version, q.status, q.after, q.limit,
+                                            q.sha256, q.work_id)
                 self._ledger_rows[key] = rows
             return rows
 
@@ -519,7 +521,7 @@ def _late_reason(row: FileRow, v: Verdict, validator: str) -> bool:
 
 def _entry(r: FileRow) -> LedgerEntry:
     return LedgerEntry(
-        seq=r.seq, sha256=r.sha256, node=r.node, provider=r.provider, step=r.step,
+        seq=r.seq, sha256=r.sha256, node=r.node, provider=r.provider,
         policy_version=r.policy_version, work_units=r.work_units, size=r.size, status=r.status,
         verdict=r.verdict, verdict_reason=r.verdict_reason,
         download=f"/files/{r.sha256}" if r.uploaded else "", work_id=r.work_id, granted=r.granted,

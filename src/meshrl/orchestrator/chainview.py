@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from meshrl.log import get_logger, log_event
 from meshrl.orchestrator.books import CLAIMED_CODE, Books
-from meshrl.orchestrator.state import POOL_STEP, State
+from meshrl.orchestrator.state import State
 from meshrl.protocol.chain import Protocol
 from meshrl.protocol.events import Event, EventCursor
 from meshrl.protocol.signing import work_id
@@ -280,8 +280,7 @@ class ChainView:
                 state.set_work_id(row.seq, wid)
             return
         member = state.node(node)
-        claim = state.add_claim(sha, node, member.provider if member else "", a["units"], wid,
-                                int(state.get_meta(POOL_STEP, "0")))
+        claim = state.add_claim(sha, node, member.provider if member else "", a["units"], wid)
         log_event(log, "submission of a file this pool did not grant", sha256=sha, node=node,
                   seq=claim.seq, granted_to=row.node if row else None)
 

@@ -175,7 +175,7 @@ class Orchestrator:
         if now - said < every:
             return min(every, 5.0)
         self._step_since = (step, since, now)
-        rows = self.state.files(step, None, 0, 1_000_000)
+        rows = self.state.files(step, None, 0, 1_000_000)  # files of version = the step
         by_status: dict[str, int] = {}
         per_node: dict[str, int] = {}
         for r in rows:

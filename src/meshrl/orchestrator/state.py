@@ -45,8 +45,8 @@ CREATE TABLE IF NOT EXISTS slots (
 );
 CREATE TABLE IF NOT EXISTS files (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, sha256 TEXT NOT NULL, node TEXT NOT NULL,
-    provider TEXT NOT NULL, step INTEGER NOT NULL, policy_version INTEGER NOT NULL,
-    work_units INTEGER NOT NULL, size INTEGER NOT NULL, status TEXT NOT NULL,
+    provider TEXT NOT NULL, policy_version INTEGER NOT NULL, work_units INTEGER NOT NULL,
+    size INTEGER NOT NULL, status TEXT NOT NULL,
     verdict TEXT NOT NULL DEFAULT '', verdict_reason TEXT NOT NULL DEFAULT '',
     validator TEXT NOT NULL DEFAULT '',
     updated_at REAL NOT NULL, work_id TEXT NOT NULL DEFAULT '',
@@ -56,12 +56,12 @@ CREATE TABLE IF NOT EXISTS files (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS files_granted ON files (sha256) WHERE granted = 1;
 CREATE UNIQUE INDEX IF NOT EXISTS files_claimed ON files (sha256, node) WHERE granted = 0;
-CREATE INDEX IF NOT EXISTS files_step ON files (step, status);
+CREATE INDEX IF NOT EXISTS files_version ON files (policy_version, status);
 CREATE INDEX IF NOT EXISTS files_work ON files (work_id);
 CREATE INDEX IF NOT EXISTS files_accepted ON files (accepted_seq);
 CREATE INDEX IF NOT EXISTS files_status ON files (status, node);  -- nodes with fraud, each poll
--- one granted file per (node, step, counter): nothing to grind
-CREATE UNIQUE INDEX IF NOT EXISTS files_counter ON files (node, step, counter)
+-- one granted file per (node, policy version, counter): nothing to grind
+CREATE UNIQUE INDEX IF NOT EXISTS files_counter ON files (node, policy_version, counter)
     WHERE granted = 1 AND counter >= 0;
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 -- a node's batches (issue 46): leaves (JSON, in leaf order) once posted by the node, count and
@@ -123,8 +123,7 @@ class FileRow:
     sha256: str
     node: str
     provider: str
-    step: int
-    policy_version: int
+    policy_version: int  # -1: a submission of a file the pool never stored
     work_units: int
     size: int
     status: FileStatus
@@ -136,19 +135,19 @@ class FileRow:
     granted: bool  # False: a submission on chain of a file this pool did not grant the node
     uploaded: bool  # the node uploaded the file through its slot
     accepted_seq: int  # acceptance order, 0 if never accepted
-    counter: int  # the granted counter at its step, -1 for a submission without a grant
+    counter: int  # the granted counter at its version, -1 for a submission without a grant
     batch_id: str = ""  # the batch its node put it in (hex), "" for a file submitted alone
 
 
 # by name: a ledger upgraded by ALTER TABLE has its later columns in another order
-_FILE_COLUMNS = ("seq, sha256, node, provider, step, policy_version, work_units, size, status, "
+_FILE_COLUMNS = ("seq, sha256, node, provider, policy_version, work_units, size, status, "
                 "verdict, verdict_reason, validator, updated_at, work_id, granted, uploaded, "
                 "accepted_seq, counter, batch_id")
 
 
 def _file_row(r: tuple[Any, ...]) -> FileRow:
-    return FileRow(*r[:8], FileStatus(r[8]), VerdictKind(r[9]) if r[9] else None, *r[10:14],
-                   bool(r[14]), bool(r[15]), *r[16:19])
+    return FileRow(*r[:7], FileStatus(r[7]), VerdictKind(r[8]) if r[8] else None, *r[9:13],
+                   bool(r[13]), bool(r[14]), *r[15:18])
 
 
 class LedgerUnreadable(ValueError):
@@ -187,7 +186,7 @@ class Grant(Enum):
     GRANTED = "granted"  # a fresh slot (for a new file, or again for this node's unstored one)
     UPLOADED = "uploaded"  # this node's file is stored already: nothing to upload
     KNOWN = "known"  # another node's live file, or one this node submitted without a grant
-    COUNTER_USED = "counter_used"  # this node was granted another file at (step, counter)
+    COUNTER_USED = "counter_used"  # this node was granted another file at (version, counter)
 
 
 class State:
@@ -217,6 +216,8 @@ class State:
                 db.execute("ALTER TABLE files ADD COLUMN verdict_reason TEXT NOT NULL "
                            "DEFAULT ''")
                 _split_verdicts(db)
+        if old and "step" in self._columns("files"):  # a file's step beside its version
+            self._drop_file_step()
         self.db.executescript(SCHEMA)
 
     def _columns(self, table: str) -> list[str]:
@@ -225,7 +226,7 @@ class State:
     def _migrate_files(self) -> None:
         """A ledger of the one-row-per-sha256 layout: every row was a grant; accepted rows keep
         their ledger order as acceptance order."""
-        cols = ", ".join(self._columns("files"))
+        cols = ", ".join(c for c in self._columns("files") if c != "step")  # = policy_version
         with self.tx() as db:
             db.execute("ALTER TABLE files RENAME TO files_v1")
             for index in ("files_step", "files_work"):
@@ -240,6 +241,30 @@ class State:
             db.execute("UPDATE files SET accepted_seq = seq WHERE status = ?",
                        (FileStatus.ACCEPTED.value,))
             db.execute("DROP TABLE files_v1")
+
+    def _drop_file_step(self) -> None:
+        """A ledger whose rows kept a `step` beside `policy_version` (issue #44): the table is
+        rebuilt without it, the counters' uniqueness now per (node, version). A granted row's
+        step was its version (the grant refused any other); a submission without grant held
+        the pool's step with version -1, and keeps its -1. Two granted rows of one (node,
+        version, counter) (only a ledger from before a file's step was its version can hold
+        them) make the ledger unreadable, unchanged."""
+        cols = ", ".join(c for c in self._columns("files") if c != "step")
+        with self.tx() as db:
+            db.execute("ALTER TABLE files RENAME TO files_stepped")
+            for (index,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index' "
+                                       "AND tbl_name = 'files_stepped' AND sql IS NOT NULL"
+                                       ).fetchall():
+                db.execute(f"DROP INDEX {index}")  # names are global: the new table's own
+            for stmt in SCHEMA.split(";"):
+                if stmt.strip():
+                    db.execute(stmt)
+            try:
+                db.execute(f"INSERT INTO files ({cols}) SELECT {cols} FROM files_stepped")
+            except sqlite3.IntegrityError:
+                raise LedgerUnreadable("ledger has two granted files of one (node, policy "
+                                       "version, counter)") from None
+            db.execute("DROP TABLE files_stepped")
 
     def close(self) -> None:
         self.db.close()
@@ -340,10 +365,11 @@ class State:
                               (work_id,)).fetchone()
         return None if row is None else _file_row(row)
 
-    def files(self, step: int | None, status: FileStatus | None, after: int, limit: int,
+    def files(self, version: int | None, status: FileStatus | None, after: int, limit: int,
               sha256: str | None = None, work_id: str | None = None) -> list[FileRow]:
         sql, args = f"SELECT {_FILE_COLUMNS} FROM files WHERE seq > ?", [after]
-        for column, value in (("sha256", sha256), ("work_id", work_id), ("step", step),
+        for column, value in (("sha256", sha256), ("work_id", work_id),
+                              ("policy_version", version),
                               ("status", None if status is None else status.value)):
             if value is not None:
                 sql, args = sql + f" AND {column} = ?", [*args, value]
@@ -389,7 +415,7 @@ class State:
             self.files_alarm.ring()
 
     def grant_slot(self, slot_id: str, node: str, provider: str, sha256: str, size: int,
-                   step: int, policy_version: int, work_units: int, counter: int,
+                   policy_version: int, work_units: int, counter: int,
                    expires_at: float) -> Grant:
         """A slot for the file and its granted row. The same node asking again for a file it
         has not stored gets a fresh slot (its old ones are dropped), so an upload cut by a crash
@@ -407,23 +433,23 @@ class State:
                     return Grant.UPLOADED
                 if not mine and FileStatus(old[1]) is not FileStatus.EXPIRED:
                     return Grant.KNOWN
-            other = db.execute("SELECT 1 FROM files WHERE granted = 1 AND node = ? AND step = ? "
-                               "AND counter = ? AND sha256 != ?",
-                               (node, step, counter, sha256)).fetchone()
+            other = db.execute("SELECT 1 FROM files WHERE granted = 1 AND node = ? AND "
+                               "policy_version = ? AND counter = ? AND sha256 != ?",
+                               (node, policy_version, counter, sha256)).fetchone()
             if other:
                 return Grant.COUNTER_USED
             db.execute("DELETE FROM slots WHERE sha256 = ? AND node = ? AND used = ?",
                        (sha256, node, SlotUse.FREE))
             db.execute("INSERT INTO slots VALUES (?, ?, ?, ?, ?, ?)",
                        (slot_id, node, sha256, size, expires_at, SlotUse.FREE))
-            values = (node, provider, step, policy_version, work_units, size, counter,
+            values = (node, provider, policy_version, work_units, size, counter,
                       FileStatus.GRANTED.value, time.time())
             if old is None:
-                db.execute("INSERT INTO files (node, provider, step, policy_version, work_units, "
+                db.execute("INSERT INTO files (node, provider, policy_version, work_units, "
                            "size, counter, status, updated_at, sha256) "
-                           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (*values, sha256))
+                           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", (*values, sha256))
             else:  # granted afresh: an expired grant, or this node's unstored file again
-                db.execute("UPDATE files SET node = ?, provider = ?, step = ?, "
+                db.execute("UPDATE files SET node = ?, provider = ?, "
                            "policy_version = ?, work_units = ?, size = ?, counter = ?, "
                            "status = ?, updated_at = ?, verdict = '', verdict_reason = '', "
                            "validator = '', "
@@ -438,17 +464,16 @@ class State:
         return cur.rowcount
 
     def add_claim(self, sha256: str, node: str, provider: str, work_units: int,
-                  work_id: str, fallback_step: int) -> FileRow:
+                  work_id: str) -> FileRow:
         """The row of a submission on chain of a file this pool did not grant `node`: judged
-        like any other, never trained on. Step, version and size are the granted file's when
-        the pool knows the file (same bytes), else the pool's step and -1."""
+        like any other, never trained on. Version and size are the granted file's when the
+        pool knows the file (same bytes), else -1 and 0."""
         known = self.file(sha256)
-        step, version, size = ((known.step, known.policy_version, known.size) if known
-                               else (fallback_step, -1, 0))
+        version, size = (known.policy_version, known.size) if known else (-1, 0)
         self.db.execute(
-            "INSERT INTO files (sha256, node, provider, step, policy_version, work_units, size, "
-            "status, updated_at, work_id, granted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
-            (sha256, node, provider, step, version, work_units, size,
+            "INSERT INTO files (sha256, node, provider, policy_version, work_units, size, "
+            "status, updated_at, work_id, granted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+            (sha256, node, provider, version, work_units, size,
              FileStatus.SUBMITTED.value, time.time(), work_id))
         self.files_alarm.ring()  # (in a transaction its commit rings too)
         row = self.file_by_work_id(work_id)
@@ -553,16 +578,16 @@ class State:
         row = self.db.execute(
             f"SELECT COUNT(*) FROM nodes n WHERE n.address IN ({marks}) AND n.state = ? AND "
             "n.policy_version BETWEEN ? AND ? AND (SELECT COUNT(*) FROM files f WHERE "
-            "f.granted = 1 AND f.node = n.address AND f.step = n.policy_version AND "
+            "f.granted = 1 AND f.node = n.address AND f.policy_version = n.policy_version AND "
             "f.counter >= 0) < ?",
             (*among, NodeState.HEALTHY.value, min(versions), max(versions),
              files_per_step)).fetchone()
         return int(row[0])
 
-    def granted_count(self, node: str, step: int) -> int:
-        """Counters `node` has used at `step` (its granted files of that step)."""
+    def granted_count(self, node: str, version: int) -> int:
+        """Counters `node` has used at policy version `version` (its granted files of it)."""
         row = self.db.execute("SELECT COUNT(*) FROM files WHERE granted = 1 AND node = ? AND "
-                              "step = ? AND counter >= 0", (node, step)).fetchone()
+                              "policy_version = ? AND counter >= 0", (node, version)).fetchone()
         return int(row[0])
 
     def count_files(self) -> dict[FileStatus, int]:

@@ -1,15 +1,21 @@
-"""The assignment rules: which problems a (node, step, counter, policy version) gets, how a
-prompt is encoded, which prompt row r belongs to, and what a file's header must say. A worker
+"""The assignment rules: which problems a (node, policy version, counter) gets, how a prompt
+is encoded, which prompt row r belongs to, and what a file's header must say. A worker
 generates by them and a validator recomputes them, so each exists once, here.
 
-- the counters of a node at a step are 0 .. files_per_step - 1 (`counter_refusal`), each granted
-  one file by the orchestrator: nothing to grind, nothing to skip to;
-- problems  = `meshrl.tasks.sample_problems(tasks, seed, node, step, counter, prompts_per_file,
-  version)`: the policy version is part of the work, so one generation serves one claim only;
+A file has no step of its own: it is generated with one policy version, and that version's
+counters are the only work it offers (issue #44: a `step` beside the version was always equal
+to it). The version takes the step's place in the task sampler's inputs, so the problems and
+seeds are those a file of step = version always had.
+
+- the counters of a node at a version are 0 .. files_per_step - 1 (`counter_refusal`), each
+  granted one file by the orchestrator: nothing to grind, nothing to skip to;
+- problems  = `meshrl.tasks.sample_problems(tasks, seed, node, version, counter,
+  prompts_per_file, version)`: the policy version is part of the work, so one generation
+  serves one claim only;
 - each prompt is `[bos] + tokenizer.encode(problem.prompt)`, or the chat template's user turn
   when the rules' `prompt_format` says so (`encode_prompt`), and gets
   `group_size` rows: row r belongs to prompt r // group_size, is sample r % group_size, and is
-  sampled with seq_id r and the seed `meshrl.tasks.sampling_seed(seed, node, step, counter,
+  sampled with seq_id r and the seed `meshrl.tasks.sampling_seed(seed, node, version, counter,
   version)`;
 - reward = `compute_reward(problem, tokenizer.decode(completion), len(completion), tasks)`;
 - work units = the tokens processed: sum over rows of len(prompt) + len(completion);
@@ -65,7 +71,7 @@ def work_units(prompt_lens: Sequence[int], completion_lens: Sequence[int]) -> in
 
 
 def counter_refusal(rules: PoolRules, counter: int) -> str | None:
-    """Why `counter` is not one a node may use at a step (None: it may)."""
+    """Why `counter` is not one a node may use at a policy version (None: it may)."""
     if not 0 <= counter < rules.files_per_step:
         return (f"counter {counter} is outside 0..{rules.files_per_step - 1} "
                 f"(files_per_step {rules.files_per_step})")
@@ -74,23 +80,23 @@ def counter_refusal(rules: PoolRules, counter: int) -> str | None:
 
 @dataclass(frozen=True)
 class Assignment:
-    """One unit of work: the rules, and the (node, step, counter, policy version) they are
-    applied to."""
+    """One unit of work: the rules, and the (node, counter, policy version) they are applied
+    to."""
 
     rules: PoolRules
     node: str
-    step: int
     counter: int
     policy_version: int
 
     def problems(self, tasks: TaskSet) -> list[Problem]:
         """The problems assigned (`tasks` is `rules.task.build()`, built once by the role)."""
-        return sample_problems(tasks, self.rules.seed, self.node, self.step, self.counter,
-                               self.rules.prompts_per_file, self.policy_version)
+        v = self.policy_version  # in the sampler's step place too (module docstring)
+        return sample_problems(tasks, self.rules.seed, self.node, v, self.counter,
+                               self.rules.prompts_per_file, v)
 
     def sampler_seed(self) -> int:
-        return sampling_seed(self.rules.seed, self.node, self.step, self.counter,
-                             self.policy_version)
+        v = self.policy_version
+        return sampling_seed(self.rules.seed, self.node, v, self.counter, v)
 
     def prompt_rows(self, tokenizer: Any, problems: Sequence[Problem]) -> list[list[int]]:
         """The prompt of every row: each problem's encoded prompt, `group_size` times."""
@@ -99,4 +105,5 @@ class Assignment:
         return [encode_prompt(tokenizer, p.prompt, fmt) for p in problems for _ in range(g)]
 
     def prompt_id(self, row: int) -> str:
-        return f"{self.step}/{self.counter}/{prompt_of_row(row, self.rules.group_size)}"
+        """`version/counter/prompt` (the version where a file's step stood: the same text)."""
+        return f"{self.policy_version}/{self.counter}/{prompt_of_row(row, self.rules.group_size)}"

@@ -34,7 +34,6 @@ class Check(StrEnum):
     NODE = "node"
     SLOT_CLAIM = "slot_claim"
     WORK_UNITS = "work_units"
-    POLICY_VERSION = "policy_version"
     RULES = "rules"
     SAMPLING_SEED = "sampling_seed"
     COUNTER = "counter"

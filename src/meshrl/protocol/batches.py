@@ -46,12 +46,13 @@ _U256 = 2**256
 
 @dataclass(frozen=True)
 class Leaf:
-    """One file of a batch: its node, sha256, work units, trainer step and file counter."""
+    """One file of a batch: its node, sha256, work units, step and file counter. The step slot
+    holds the file's policy version (a file's step is its version: issue #44)."""
 
     node: str
     file_sha256: bytes
     units: int
-    step: int = 0
+    step: int = 0  # the file's policy version
     counter: int = 0
 
     def __post_init__(self) -> None:

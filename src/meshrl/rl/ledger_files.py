@@ -4,7 +4,7 @@ downloaded, checked and turned into groups of completions.
 A file's rows are `prompts_per_file x group_size` completions, row r belonging to prompt
 r // group_size (`meshrl.pool.assignment`, docs/roles.md). The trainer re-derives each prompt's
 problem by the pool's published rules exactly as the validator does (`Assignment(rules, node,
-step, counter).problems(tasks)`), never from the file's header (a worker wrote it), to drop
+counter, version).problems(tasks)`), never from the file's header (a worker wrote it), to drop
 prompts of the held-out set; rewards it trains on are the file's own, which the validator
 recomputed for every row, and its accuracy metric is their task part (`task_score_of`: the
 length term taken back out), never a third run of the scorer.
@@ -134,12 +134,12 @@ def _groups(entry: LedgerEntry, rf: RolloutFile, tokenizer: Any, rules: PoolRule
     bad = _unusable_rows(rf, entry, counter, tokenizer, rules, vocab_size)
     if bad:
         raise UnusableFile(f"{entry.sha256[:12]}: {bad}")
-    a = Assignment(rules, h.node, h.step, counter, h.policy_version)
+    a = Assignment(rules, h.node, counter, h.policy_version)
     problems = a.problems(tasks)
     if [list(r.prompt_tokens) for r in rows] != a.prompt_rows(tokenizer, problems):
         raise UnusableFile(f"{entry.sha256[:12]}: rows hold prompts other than the assignment "
-                           f"of (node, step {h.step}, counter {counter}, version "
-                           f"{h.policy_version}) by the pool's rules")
+                           f"of (node, counter {counter}, version {h.policy_version}) by "
+                           "the pool's rules")
     kept = [(k, p) for k, p in enumerate(problems) if p.prompt not in exclude]
     used = [r for k, _ in kept for r in rows[k * g:(k + 1) * g]]
     # the validator recomputed every row's reward: its task part is the accuracy (no third
@@ -147,7 +147,7 @@ def _groups(entry: LedgerEntry, rf: RolloutFile, tokenizer: Any, rules: PoolRule
     scores = [task_score_of(p, r.reward, len(r.completion_tokens), tasks)
               for k, p in kept for r in rows[k * g:(k + 1) * g]]
     batch = RolloutBatch(
-        index=h.step,
+        index=h.policy_version,
         version=h.policy_version,
         problems=[p for _, p in kept],
         prompt_ids=[list(r.prompt_tokens) for r in used],

@@ -445,15 +445,15 @@ class NetworkSource(RolloutSource):
         return None
 
     def _wait_judged(self, upto: int) -> None:
-        """Until no file of steps <= `upto` awaits its verdict: the trainer never runs more than
-        `judge_lag` steps ahead of the validators, so a cheat is slashed and ejected within
-        that many steps however fast honest files arrive. Submissions of a file the pool never
-        stored (version -1) are not waited for: nothing of them can be trained on, and the
-        validator settles them only after its retries."""
+        """Until no file of policy versions <= `upto` awaits its verdict: the trainer never
+        runs more than `judge_lag` steps ahead of the validators, so a cheat is slashed and
+        ejected within that many steps however fast honest files arrive. Submissions of a file
+        the pool never stored (version -1) are not waited for: nothing of them can be trained
+        on, and the validator settles them only after its retries."""
         t0 = last = time.monotonic()
         while upto >= 0:
             waiting = [e for e in self.reader.awaiting_verdict()
-                       if e.step <= upto and e.policy_version >= 0]
+                       if 0 <= e.policy_version <= upto]
             if not waiting:
                 return
             if time.monotonic() - last >= self.cfg.stall_log_s:
@@ -479,5 +479,5 @@ class NetworkSource(RolloutSource):
 
 
 def _ref(e: LedgerEntry, reason: str | None = None) -> dict[str, Any]:
-    out = {"sha256": e.sha256, "node": e.node, "step": e.step, "version": e.policy_version}
+    out = {"sha256": e.sha256, "node": e.node, "version": e.policy_version}
     return out if reason is None else {**out, "reason": reason}

@@ -21,7 +21,6 @@ from meshrl.pool.verdicts import Check, Finding, Severity
 __all__ = [
     "check_header_rules",
     "check_node",
-    "check_policy_version",
     "check_prompts",
     "check_rewards",
     "check_sampling_seed",
@@ -85,16 +84,6 @@ def check_prompts(claimed: Sequence[Sequence[int]],
                                                                  "first": bad[0]})
 
 
-def check_policy_version(version: int, step: int) -> Finding | None:
-    """A file's step is the policy version it was generated with: the version's counters are
-    the only work it offers (`meshrl.pool.assignment`), so no choice of step can pick among
-    generations of one piece of work. (How old a version the trainer takes is its own rule.)"""
-    if version == step:
-        return None
-    return Finding(Check.POLICY_VERSION, HARD, f"version {version} for step {step}: a file's "
-                   "step is its policy version", {"version": version, "step": step})
-
-
 def check_sampling_seed(seed: int, expected: int) -> Finding | None:
     """The file's sampler seed is the one its assignment derives (`Assignment.sampler_seed`)."""
     if seed == expected:
@@ -120,8 +109,8 @@ def check_rewards(claimed: Sequence[float], recomputed: Sequence[float],
 
 
 def check_slot_claim(file_claim: dict[str, int], slot_claim: dict[str, int]) -> Finding | None:
-    """The file says what its node declared in the signed upload-slot request (step, policy
-    version, work units): the orchestrator granted the slot only for a version inside the
+    """The file says what its node declared in the signed upload-slot request (policy
+    version, work units, counter): the orchestrator granted the slot only for a version inside the
     window, so a file of another version lied to it."""
     diffs = {k: (file_claim.get(k), v) for k, v in slot_claim.items() if file_claim.get(k) != v}
     if not diffs:

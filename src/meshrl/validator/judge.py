@@ -154,10 +154,10 @@ class Judge:
         if entry is not None and entry.granted and entry.node.lower() == job.node.lower():
             counters = {r.counter for r in rf.completions}
             slot = check_slot_claim(
-                {"step": h.step, "policy_version": h.policy_version, "work_units": h.work_units,
+                {"policy_version": h.policy_version, "work_units": h.work_units,
                  "counter": counters.pop() if len(counters) == 1 else -1},
-                {"step": entry.step, "policy_version": entry.policy_version,
-                 "work_units": entry.work_units, "counter": entry.counter})
+                {"policy_version": entry.policy_version, "work_units": entry.work_units,
+                 "counter": entry.counter})
             findings += [slot] if slot is not None else []
         return rf, findings
 

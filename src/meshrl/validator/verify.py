@@ -36,7 +36,6 @@ from meshrl.tasks import TaskSet, compute_reward
 from meshrl.validator.checks import (
     check_header_rules,
     check_node,
-    check_policy_version,
     check_prompts,
     check_rewards,
     check_sampling_seed,
@@ -111,7 +110,7 @@ def _counter(rf: RolloutFile) -> int | Finding:
 
 def model_free_findings(rf: RolloutFile, claim: ChainClaim, rules: PoolRules, tasks: TaskSet,
                         tokenizer: Any, vocab_size: int | None = None) -> list[Finding]:
-    """Every check that needs no model: node, units, rules, assignment, version window,
+    """Every check that needs no model: node, units, rules, assignment,
     rewards, the log-probs' honest range (`tokenizer` None: those that need no tokenizer
     either). `vocab_size`: the policy's logits width (default the tokenizer's vocabulary)."""
     h, rows = rf.header, rf.completions
@@ -121,12 +120,11 @@ def model_free_findings(rf: RolloutFile, claim: ChainClaim, rules: PoolRules, ta
     bad_counter = counter_refusal(rules, counter)
     if bad_counter is not None:  # a counter outside the granted range: problems ground for
         return [Finding(Check.COUNTER, Severity.HARD, bad_counter, {"counter": counter})]
-    a = Assignment(rules, h.node, h.step, counter, h.policy_version)
+    a = Assignment(rules, h.node, counter, h.policy_version)
     out = [check_node(h.node, h.provider, claim.node, claim.provider),
            check_work_units(h.work_units, claim.units, [len(r.prompt_tokens) for r in rows],
                             [len(r.completion_tokens) for r in rows]),
            check_header_rules(h.pool_id, h.rules_sha256, rules),
-           check_policy_version(h.policy_version, h.step),
            check_sampling_seed(h.sampling_seed, a.sampler_seed())]
     if tokenizer is None:  # no policy loaded yet: only the checks above can be made
         return [x for x in out if x is not None]
@@ -154,7 +152,7 @@ def model_free_findings(rf: RolloutFile, claim: ChainClaim, rules: PoolRules, ta
     if bad_seq:
         out.append(Finding(Check.SEQ_IDS, Severity.HARD, f"{len(bad_seq)} rows do not use "
                            "seq_id = row index, sample_index = row % group_size and "
-                           f"prompt_id = step/counter/prompt, first row {bad_seq[0]}"))
+                           f"prompt_id = version/counter/prompt, first row {bad_seq[0]}"))
     return [x for x in out if x is not None]
 
 
@@ -177,8 +175,7 @@ def _replayed(rf: RolloutFile, which: Sequence[int], spec: ReplaySpec,
 
 def _episode_rows(rf: RolloutFile, rules: PoolRules, tasks: TaskSet) -> set[int]:
     """The rows of `rf` whose task runs episodes with tools."""
-    a = Assignment(rules, rf.header.node, rf.header.step, rf.completions[0].counter,
-                   rf.header.policy_version)
+    a = Assignment(rules, rf.header.node, rf.completions[0].counter, rf.header.policy_version)
     g = rules.group_size
     problems = a.problems(tasks)
     return {i for i in range(len(rf.completions)) if is_episode(tasks, problems[i // g])}
@@ -187,8 +184,7 @@ def _episode_rows(rf: RolloutFile, rules: PoolRules, tasks: TaskSet) -> set[int]
 def _episodes(rf: RolloutFile, rules: PoolRules, tasks: TaskSet, tokenizer: Any,
               spec: ReplaySpec) -> list[Finding]:
     """Every row's episode check (turns, calls, limits, tool outputs re-run)."""
-    a = Assignment(rules, rf.header.node, rf.header.step, rf.completions[0].counter,
-                   rf.header.policy_version)
+    a = Assignment(rules, rf.header.node, rf.completions[0].counter, rf.header.policy_version)
 
     def limit(row: Any) -> int:
         if spec.max_seq_len is None:

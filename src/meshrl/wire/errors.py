@@ -402,7 +402,7 @@ class TooManyWorkUnits(Refused, code=ErrorCode.TOO_MANY_WORK_UNITS):
 
 
 class StaleWork(Refused, code=ErrorCode.STALE_WORK):
-    """The file's step or policy version is outside what the pool accepts now."""
+    """The file's policy version is outside what the pool accepts now."""
 
 
 class FileAlreadyKnown(Refused, code=ErrorCode.FILE_ALREADY_KNOWN):
@@ -430,11 +430,12 @@ class SlotExpired(NotFound, code=ErrorCode.SLOT_EXPIRED):
 
 
 class CounterOutOfRange(Refused, code=ErrorCode.COUNTER_OUT_OF_RANGE):
-    """A node's counters at a step are 0 .. files_per_step - 1."""
+    """A node's counters at a policy version are 0 .. files_per_step - 1."""
 
 
 class CounterUsed(Refused, code=ErrorCode.COUNTER_USED):
-    """The node was granted another file for this (step, counter): one file per counter."""
+    """The node was granted another file for this (policy version, counter): one file per
+    counter."""
 
 
 class FileAlreadyUploaded(Refused, code=ErrorCode.FILE_ALREADY_UPLOADED):

@@ -158,10 +158,10 @@ class HeartbeatAck(Model):
 class SlotRequest(Model):
     sha256: str = Field(pattern=SHA256)
     size: int = Field(ge=1, le=I64)
-    step: int = Field(ge=0, le=I64)
-    policy_version: int = Field(ge=0, le=I64)
+    policy_version: int = Field(ge=0, le=I64, description="the version that generated the file "
+                                "(one of the work order's `policy_versions`)")
     work_units: int = Field(ge=1, le=I64)
-    counter: int = Field(ge=0, lt=1 << 16, description="the file's counter at its step "
+    counter: int = Field(ge=0, lt=1 << 16, description="the file's counter at its version "
                          "(0 .. files_per_step - 1); the orchestrator grants one file each")
 
 
@@ -215,7 +215,8 @@ class BatchLeaf(Model):
 
     sha256: str = Field(pattern=SHA256)
     work_units: int = Field(ge=1, le=I64)
-    step: int = Field(ge=0, le=I64)
+    step: int = Field(ge=0, le=I64, description="the file's policy version (the leaf's "
+                      "uint256 `step` slot, docs/protocol.md)")
     counter: int = Field(ge=0, lt=1 << 16)
 
 
@@ -255,11 +256,12 @@ class LedgerEntry(Model):
     sha256: str
     node: str
     provider: str
-    step: int
-    policy_version: int
+    policy_version: int = Field(description="the version that generated the file (-1: a "
+                                "submission of a file the pool never stored)")
     work_units: int
     size: int
-    counter: int = Field(-1, description="the granted counter (-1: a submission without grant)")
+    counter: int = Field(-1, description="the granted counter at its version (-1: a "
+                         "submission without grant)")
     status: FileStatus
     verdict: VerdictKind | None = Field(None, description="the verdict posted on it (None: "
                                         "no validator has judged it)")
@@ -313,7 +315,8 @@ class PoolNodes(Model):
 
 
 class LedgerQuery(Model):
-    step: int | None = Field(None, ge=0, le=I64, description="only files of this step")
+    policy_version: int | None = Field(None, ge=0, le=I64, description="only files of this "
+                                       "policy version")
     status: FileStatus | None = Field(None, description="only files in this state")
     sha256: str | None = Field(None, pattern=SHA256, description="only this file")
     work_id: str | None = Field(None, pattern=SHA256,

@@ -1,9 +1,9 @@
 # over 400 lines: the rollout file format: schema, writer and the bounded, validating reader, which
 #  must agree byte for byte
-"""The rollout file: one Parquet file per batch a node generated for one step.
+"""The rollout file: one Parquet file per batch a node generated with one policy version.
 
 File-level fields live in the Parquet key-value metadata under `meshrl.rollout` as JSON
-(`RolloutHeader`: schema version, node, provider, pool, step, policy version, the digest of
+(`RolloutHeader`: schema version, node, provider, pool, policy version, the digest of
 the pool rules it was generated under, the sampling seed, TOPLOC parameters, declared work
 units). One row per episode (`COLUMNS`): its completion is a sequence of segments, each a
 model segment (sampled tokens with their log-probs and TOPLOC proofs) or an environment
@@ -63,8 +63,9 @@ __all__ = [
 ]
 
 # 2: the header names its rules by digest, not as free-form dicts; 3: rows are episodes of
-# model and environment segments (issue #45)
-SCHEMA_VERSION = 3
+# model and environment segments (issue #45); 4: no `step` beside `policy_version` (a file's
+# step was always its version, issue #44)
+SCHEMA_VERSION = 4
 METADATA_KEY = b"meshrl.rollout"
 # the TOPLOC parameters every worker writes and every validator verifies with
 # (`meshrl.toploc.proofs.DEFAULT_CHUNK_SIZE` / `DEFAULT_TOPK`)
@@ -101,8 +102,9 @@ class RolloutHeader(BaseModel):
     node: str = Field(pattern=r"^0x[0-9a-fA-F]{40}$")
     provider: str = Field(pattern=r"^0x[0-9a-fA-F]{40}$")
     pool_id: int = Field(ge=0)
-    step: int = Field(ge=0)
-    policy_version: int = Field(ge=0)
+    policy_version: int = Field(ge=0, description="the version of the weights that generated "
+                                "the file: its counters are that version's (`meshrl.pool."
+                                "assignment`)")
     rules_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the pool's "
                               "published rules the file was generated under "
                               "(`meshrl.pool.PoolRules.digest`)")

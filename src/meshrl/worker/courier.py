@@ -60,7 +60,7 @@ class ChainCourier:
                 raise RetryLater("an upload through this slot is still running") from None
             except (NoSuchSlot, SlotExpired):
                 pass  # ask for a new slot
-        req = SlotRequest(sha256=entry.sha256, size=entry.size, step=entry.step,
+        req = SlotRequest(sha256=entry.sha256, size=entry.size,
                           policy_version=entry.policy_version, work_units=entry.work_units,
                           counter=entry.counter)
         try:

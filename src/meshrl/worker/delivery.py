@@ -116,7 +116,8 @@ def _batch_of(outbox: Outbox, node: str, b: BatchRecord) -> tuple[Batch, list[Ou
     mine = [entries[sha] for sha in b.files if sha in entries]
     if len(mine) != len(b.files):  # a crash inside finish_batch: the rest are sent already
         return Batch(tuple(), bytes.fromhex(b.root), tuple()), mine
-    return Batch.of([Leaf(node, bytes.fromhex(e.sha256), e.work_units, e.step, e.counter)
+    return Batch.of([Leaf(node, bytes.fromhex(e.sha256), e.work_units, e.policy_version,
+                          e.counter)
                      for e in mine]), mine
 
 
@@ -185,7 +186,8 @@ async def deliver_all(outbox: Outbox, courier: Courier, pool_step: int,
         if len(waiting) < batch.files and not due:
             break
         part, waiting = waiting[:batch.files], waiting[batch.files:]
-        made = Batch.of([Leaf(bc.node, bytes.fromhex(e.sha256), e.work_units, e.step, e.counter)
+        made = Batch.of([Leaf(bc.node, bytes.fromhex(e.sha256), e.work_units, e.policy_version,
+                              e.counter)
                          for e in part])
         b = outbox.form_batch(made.id.hex(), made.root.hex(), [e.sha256 for e in part])
         await pause("batch-formed", part[0])

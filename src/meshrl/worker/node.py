@@ -241,13 +241,13 @@ class WorkerNode:
         self._paced_s = 0.0
         entry, data = made
         self.outbox.put(data, entry)
-        log_event(log, "file written", sha256=entry.sha256, step=entry.step,
+        log_event(log, "file written", sha256=entry.sha256,
                   counter=entry.counter, version=entry.policy_version, units=entry.work_units)
         await self._pause("written", entry)
         await self._deliver(courier)
 
     async def _make_file(self, order: WorkOrder) -> MadeFile | None:
-        """The next file of this step; None when there is none to make now."""
+        """The next file of the version held; None when there is none to make now."""
         version = self.policy.version
         if version not in order.policy_versions:
             if time.monotonic() - getattr(self, "_said_policy", -1e9) > 30.0:  # not silent
@@ -263,13 +263,13 @@ class WorkerNode:
             self.state = "paced"
             return None
         self.state = "working"
-        # a file's step is the version it is generated with: each version's counters
-        # 0 .. files_per_step - 1 are the only work it offers, so no choice of version or step
-        # can pick among generations of one piece of work
+        # a file is of the version it is generated with: each version's counters
+        # 0 .. files_per_step - 1 are the only work it offers, so no choice of version can
+        # pick among generations of one piece of work
         if self._made(version) >= order.rules.files_per_step:
             return None  # this version's counters are used: wait for the next one
         counter = self._next_counter(version)
-        a = Assignment(self.rules, self.keys.node.address, version, counter, version)
+        a = Assignment(self.rules, self.keys.node.address, counter, version)
         t0 = time.perf_counter()
         try:
             rf = await detached(self.policy.generate, a, self.tasks,
@@ -281,7 +281,7 @@ class WorkerNode:
         data = rollout_file_bytes(rf)
         await self._pause("generated", None)  # in memory only: a crash here loses the work
         h = rf.header
-        return OutboxEntry(hashlib.sha256(data).hexdigest(), len(data), h.step, counter,
+        return OutboxEntry(hashlib.sha256(data).hexdigest(), len(data), counter,
                            h.policy_version, h.work_units), data
 
     def _idle_wait(self, order: WorkOrder) -> float:
@@ -354,20 +354,20 @@ class WorkerNode:
             log_event(log, "delivered", **counts, total=self.files_done)
 
     # ---- state ---------------------------------------------------------------------------
-    def _made(self, step: int) -> int:
-        """Files generated at `step` (their policy version) so far (the counters taken)."""
+    def _made(self, version: int) -> int:
+        """Files generated with policy version `version` so far (the counters taken)."""
         path = self.work_dir / "counters.json"
         counters: dict[str, int] = json.loads(path.read_text()) if path.is_file() else {}
-        return counters.get(str(step), 0)
+        return counters.get(str(version), 0)
 
-    def _next_counter(self, step: int) -> int:
-        """A counter never used before at this step (persisted before generation starts)."""
+    def _next_counter(self, version: int) -> int:
+        """A counter never used before at this version (persisted before generation starts)."""
         path = self.work_dir / "counters.json"
         counters: dict[str, int] = json.loads(path.read_text()) if path.is_file() else {}
-        used = [e.counter for e in self.outbox.pending() if e.step == step]
-        used += [r["counter"] for r in self.outbox.sent() if r["step"] == step]
-        counter = max([counters.get(str(step), 0), *(c + 1 for c in used)])
-        counters[str(step)] = counter + 1
+        used = [e.counter for e in self.outbox.pending() if e.policy_version == version]
+        used += [r["counter"] for r in self.outbox.sent() if r["policy_version"] == version]
+        counter = max([counters.get(str(version), 0), *(c + 1 for c in used)])
+        counters[str(version)] = counter + 1
         atomic_write(path, json.dumps(counters).encode())
         return counter
 

@@ -58,8 +58,7 @@ class OutboxError(RuntimeError):
 class OutboxEntry:
     sha256: str
     size: int
-    step: int
-    counter: int
+    counter: int  # at its policy version
     policy_version: int
     work_units: int
     phase: Phase = "written"
@@ -125,7 +124,9 @@ class Outbox:
         out = []
         for rec in self.root.glob("*.json"):
             try:
-                entry = OutboxEntry(**json.loads(rec.read_text()))
+                fields = json.loads(rec.read_text())
+                fields.pop("step", None)  # written before issue #44: its policy version
+                entry = OutboxEntry(**fields)
             except (OSError, ValueError, TypeError) as e:
                 raise OutboxError(f"outbox record {rec} is unreadable: {e}") from None
             if entry.phase not in _PHASES:

@@ -1,4 +1,4 @@
-"""One unit of work: the assigned prompts of (node, step, counter, version), generated, scored
+"""One unit of work: the assigned prompts of (node, counter, policy version), generated, scored
 and proven.
 
 The rules a validator replays are `meshrl.pool.assignment` (which problems, prompt encoding,
@@ -70,7 +70,7 @@ def generate_rollouts(engine: InferenceBackend, tokenizer: Any, a: Assignment, t
                         logprobs=e.logprobs, reward=reward.total,
                         finish_reason=e.finish_reason, toploc_proofs=proofs, **segs))
     header = RolloutHeader(
-        node=a.node, provider=provider, pool_id=a.rules.pool_id, step=a.step,
+        node=a.node, provider=provider, pool_id=a.rules.pool_id,
         policy_version=a.policy_version, rules_sha256=a.rules.digest(),
         sampling_seed=a.sampler_seed(), toploc_chunk_size=DEFAULT_CHUNK_SIZE,
         toploc_topk=DEFAULT_TOPK, work_units=work_units(rows))
