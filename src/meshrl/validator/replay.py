@@ -28,7 +28,8 @@ from meshrl.validator.checks import check_termination
 HARD = Severity.HARD
 
 __all__ = ["EXACT_SCORE", "ReplayConfig", "ReplayRow", "ReplaySpec", "ReplayStats",
-           "inexact_token_limit", "profile_thresholds", "replay_file", "replay_files"]
+           "inexact_token_limit", "model_layers", "profile_thresholds", "replay_file",
+           "replay_files"]
 
 
 def profile_thresholds(name: str) -> Thresholds:
@@ -55,6 +56,8 @@ class ReplayConfig(Config):
     logprob_atol: float = Field(0.5, gt=0, description="largest log-prob difference (nats; "
                                 "default: thresholds.max_logprob_diff)")
     max_batch_rows: int = Field(256, ge=1, description="rows per prefill (several files share)")
+    model_layers: int | None = Field(None, description="set by the replay: the depth its "
+                                     "thresholds were widened for (`Thresholds.for_depth`)")
 
     @model_validator(mode="before")
     @classmethod
@@ -101,6 +104,7 @@ class ReplayStats:
 
     rows: int = 0
     tokens: int = 0
+    depth_factor: float = 1.0  # the noise-driven bounds' widening for the model's depth
     chunks: int = 0
     max_sampling_margin: float = 0.0  # largest (best score in the nucleus - claimed's score)
     max_top_p_excess: float = 0.0  # largest nucleus slack a claimed token needed
@@ -126,6 +130,10 @@ def replay_file(engine: InferenceBackend, rows: Sequence[ReplayRow], spec: Repla
 def replay_files(engine: InferenceBackend, files: Sequence[tuple[Sequence[ReplayRow], ReplaySpec]],
                  cfg: ReplayConfig) -> list[tuple[list[Finding], ReplayStats]]:
     """Replay several files whose rows share a policy version and temperature, batched."""
+    layers = model_layers(engine)
+    if cfg.model_layers is None:  # once: a recursive call gets the widened thresholds
+        cfg = cfg.model_copy(update={"thresholds": cfg.thresholds.for_depth(layers),
+                                     "model_layers": layers or 0})
     temps = {spec.temperature for _, spec in files}
     if len(temps) > 1:  # one prefill computes log-probs at one temperature
         return [r for f in files for r in replay_files(engine, [f], cfg)]
@@ -142,6 +150,16 @@ def replay_files(engine: InferenceBackend, files: Sequence[tuple[Sequence[Replay
         out.append(_judge(rows, scored[at : at + len(rows)], spec, cfg))
         at += len(rows)
     return out
+
+
+def model_layers(engine: InferenceBackend) -> int | None:
+    """The number of decoder layers of the model `engine` runs (the CPU engine's spec, the
+    reference backend's HF config), None when unknown: the profile's noise-driven bounds widen
+    with depth (`Thresholds.for_depth`, issue #40)."""
+    spec = getattr(engine, "spec", None)
+    config = getattr(getattr(engine, "model", None), "config", None)
+    n = getattr(spec, "layers", None) or getattr(config, "num_hidden_layers", None)
+    return n if isinstance(n, int) and n > 0 else None
 
 
 def _model_turns(rows: Sequence[ReplayRow], scored: Sequence[Any],
@@ -178,7 +196,8 @@ def _judge(rows: Sequence[ReplayRow], scored: Sequence[Any], spec: ReplaySpec,
     findings: list[Finding] = []
     _termination([r for r in rows if r.turns is None], spec, findings)  # episodes: checked
     rows, scored = _model_turns(rows, scored, cfg.chunk_size)
-    stats = ReplayStats(rows=len(rows), tokens=sum(len(r.token_ids) for r in rows))
+    stats = ReplayStats(rows=len(rows), tokens=sum(len(r.token_ids) for r in rows),
+                        depth_factor=cfg.thresholds.depth_factor(cfg.model_layers))
     nonempty = [(i, r, s) for i, (r, s) in enumerate(zip(rows, scored, strict=True))
                 if r.token_ids]
     if nonempty:
