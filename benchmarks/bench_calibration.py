@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections import defaultdict
@@ -182,8 +183,9 @@ def _read_raw(paths: list[str]) -> list[dict[str, Any]]:
 def rejudge(paths: list[str], layers: int, file_rows: int, profile: str = "any-hardware") -> int:
     """Judge stored chunks (`--raw` files) under proof profile `profile` widened for `layers`
     (as the validator's replay does): per honest pairing the profile is honest for, the worst
-    share of every statistic; per cheat file the verdict and its separation (its share of a
-    bound over the honest files' largest share of the same bound, the largest such ratio)."""
+    share of every statistic; per cheat file the verdict, its strongest test (largest share of
+    its bound) and the separation: that share over the honest files' largest share of the
+    same test."""
     from meshrl.pool import profile as proof_profile
     from meshrl.validator.replay import profile_thresholds
 
@@ -227,11 +229,12 @@ def rejudge(paths: list[str], layers: int, file_rows: int, profile: str = "any-h
         vd = verdict(f, th)
         missed += vd.accepted
         ratios = threshold_ratios([f], th)
-        sep = {k: round(x / worst[k], 2) for k, x in ratios.items() if worst.get(k, 0) > 0}
-        best = max(sep, key=lambda k: sep[k]) if sep else ""
+        best = max(ratios, key=lambda k: ratios[k])  # the cheat's strongest test
+        sep = ratios[best] / worst[best] if worst.get(best, 0) > 0 else math.inf
         _emit({"cheat": cheat, "worker": w, "validator": v, "chunks": len(f),
-               "rejected": not vd.accepted, "largest_share": round(max(ratios.values()), 3),
-               "separation": sep.get(best), "by": best, "first": vd.reasons[:1]})
+               "rejected": not vd.accepted, "largest_share": round(ratios[best], 3),
+               "by": best, "honest_worst_share": round(worst.get(best, 0.0), 3),
+               "separation": round(sep, 2), "first": vd.reasons[:1]})
     ok = rejected == 0 and honest_worst <= HEADROOM and missed == 0
     _emit({"ok": ok, "honest_files_rejected": rejected, "worst_ratio": round(honest_worst, 3),
            "cheat_files_missed": missed})

@@ -42,7 +42,7 @@ from meshrl.model import CharTokenizer, build_model, load_model, load_tokenizer
 from meshrl.pool import Assignment, PoolRules
 from meshrl.tasks import ArithmeticConfig, TasksConfig
 from meshrl.toploc.perturb import quantize_weights, scale_layer_mlp
-from meshrl.validator.replay import ReplayConfig, profile_thresholds
+from meshrl.validator.replay import ReplayConfig, model_layers, profile_thresholds
 from meshrl.validator.verify import ChainClaim, verify_files
 from meshrl.wire.rollout_file import RolloutFile, read_rollout_file, rollout_file_bytes
 from meshrl.worker.rollouts import generate_rollouts
@@ -98,9 +98,11 @@ def claim_of(rf: RolloutFile) -> ChainClaim:
     return ChainClaim("00" * 32, rf.header.node, rf.header.provider, rf.header.work_units)
 
 
-def file_ratios(stats: dict[str, Any], cfg: ReplayConfig, top_p: float) -> dict[str, float]:
-    """Every thresholded statistic of one judged file over its threshold (1.0 = at it)."""
-    th = cfg.thresholds
+def file_ratios(stats: dict[str, Any], cfg: ReplayConfig, top_p: float,
+                layers: int | None = None) -> dict[str, float]:
+    """Every thresholded statistic of one judged file over its threshold (1.0 = at it), the
+    thresholds widened for a model of `layers` layers as the replay widens them."""
+    th = cfg.thresholds.for_depth(layers)
     out = {"sampling_margin": stats["max_sampling_margin"] / cfg.sampling_tolerance,
            "logprob_diff": stats["max_logprob_diff"] / cfg.logprob_atol,
            "logprob_bias": abs(stats["logprob_bias"]) / stats["logprob_bias_limit"],
@@ -124,7 +126,8 @@ def judge(validator: InferenceBackend, tok: Any, files: list[tuple[RolloutFile, 
     out = []
     for rf, rules in files:
         d = verify_files(validator, tok, [(rf, claim_of(rf))], rules, rules.task.build(), cfg)[0]
-        ratios = file_ratios(d.stats, cfg, rules.sampling.top_p) if d.stats else {}
+        ratios = (file_ratios(d.stats, cfg, rules.sampling.top_p, model_layers(validator))
+                  if d.stats else {})
         out.append((d.accepted, d.reason, ratios))
     return out
 
@@ -158,9 +161,13 @@ def honest_configs(model: Any, tok: Any, counters: int, workers: list[str],
                 margin[k] = round(values[-1], 4)
                 p99[k] = round(values[min(len(values) - 1, math.ceil(0.99 * len(values)) - 1)], 4)
             rejected = [reason for ok, reason, _ in judged if not ok]
+            worst_inexact = max((r.get("inexact_tokens", 0.0), i) for i, (_, _, r)
+                                in enumerate(judged))
             line = {"worker": name, "dtype": dtype, "top_p": top_p, "profile": profile,
                     "files": len(judged), "accepted": len(judged) - len(rejected),
                     "margin": margin, "p99": p99, "rejected": rejected[:3],
+                    "worst_inexact_file_tokens": sum(
+                        len(r.completion_tokens) for r in files[worst_inexact[1]][0].completions),
                     "tokens": sum(len(r.completion_tokens) for rf, _ in files
                                   for r in rf.completions)}
             if len(validators) > 1:

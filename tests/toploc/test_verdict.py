@@ -168,18 +168,18 @@ def _smollm2_bf16_file(chunks: int = 32) -> list[ChunkResult]:
 
 def test_deep_models_widen_the_noise_driven_bounds():
     """Issue #40: bounds calibrated on 2-4 layer models slashed honest bfloat16 work on a
-    30-layer model; `for_depth` widens the noise-driven ones by (layers / 4) ** 0.85."""
+    30-layer model; `for_depth` widens the noise-driven ones by (layers / 4)."""
     th = Thresholds()
     honest = _smollm2_bf16_file()
     assert not verdict(honest, th).accepted  # the tiny models' bounds: slashed
     deep = th.for_depth(30)
-    assert th.depth_factor(30) == pytest.approx(7.5 ** 0.85)
+    assert th.depth_factor(30) == pytest.approx(7.5)
     assert verdict(honest, deep).accepted
     assert max(threshold_ratios([honest], deep).values()) <= HEADROOM
-    assert deep.max_pooled_mant_err_mean == pytest.approx(0.78 * 7.5 ** 0.85)
+    assert deep.max_pooled_mant_err_mean == pytest.approx(0.78 * 7.5)
     assert deep.max_mant_err_mean == 10.0  # capped at the paper's
-    assert deep.max_pooled_mant_inexact_rate is None  # x5.5 > 1: honest bf16 reaches 0.81
-    assert deep.max_inexact_token_rate == pytest.approx(0.005 * 7.5 ** 0.85)
+    assert deep.max_pooled_mant_inexact_rate is None  # x7.5 > 1: honest bf16 reaches 0.81
+    assert deep.max_inexact_token_rate == pytest.approx(0.005 * 7.5)
     # the exponent tests and the per-token tolerances are not widened
     assert (deep.max_exp_mismatches, deep.max_pooled_exp_mismatch_rate,
             deep.max_sampling_margin, deep.max_logprob_diff) == (38, 0.048, 0.5, 0.5)

@@ -11,7 +11,7 @@ torch-free and the calibration stays in `toploc`.
   log-probs 0.5 per token, mean log-prob bias 0.002 + 0.2 / sqrt(tokens); a near-tie choice is
   capped by the inexact-token rate), pooled TOPLOC tests from 1 chunk on,
   widened by sqrt(16 / n) below 16 chunks; for a model deeper than 4 layers the noise-driven
-  bounds x (layers / 4) ** 0.85 (`Thresholds.for_depth`, issue #40: x5.5 for SmolLM2-135M).
+  bounds x (layers / 4) (`Thresholds.for_depth`, issue #40: x7.5 for SmolLM2-135M).
 - "meshrl-cpu-engine": the same per-chunk tests, much tighter pooled tests from 1 chunk on (not
   widened with depth) and replay tolerances of 1e-4 (log-probs 1e-3). fp32 compute rounded
   to bf16 hidden states is nearly bit-exact across engines, decode kernels, batch sizes and
