@@ -180,9 +180,11 @@ def test_deep_models_widen_the_noise_driven_bounds():
     assert deep.max_mant_err_mean == 10.0  # capped at the paper's
     assert deep.max_pooled_mant_inexact_rate is None  # x7.5 > 1: honest bf16 reaches 0.81
     assert deep.max_inexact_token_rate == pytest.approx(0.005 * 7.5)
-    # the exponent tests and the per-token tolerances are not widened
+    assert deep.max_logprob_abs_mean == pytest.approx(0.05 * 7.5 ** 0.5)
+    assert deep.max_logprob_diff == pytest.approx(0.5 * 7.5 ** 0.5)
+    # the exponent tests, the sampling margin and the top_p slack are not widened
     assert (deep.max_exp_mismatches, deep.max_pooled_exp_mismatch_rate,
-            deep.max_sampling_margin, deep.max_logprob_diff) == (38, 0.048, 0.5, 0.5)
+            deep.max_sampling_margin, deep.top_p_slack) == (38, 0.048, 0.5, 0.04)
     # the models the bounds were calibrated on, and an unknown depth, keep them as they are
     assert th.for_depth(4) == th and th.for_depth(2) == th and th.for_depth(None) == th
     assert Thresholds(depth_exponent=0.0).for_depth(30) == Thresholds(depth_exponent=0.0)

@@ -132,8 +132,11 @@ def replay_files(engine: InferenceBackend, files: Sequence[tuple[Sequence[Replay
     """Replay several files whose rows share a policy version and temperature, batched."""
     layers = model_layers(engine)
     if cfg.model_layers is None:  # once: a recursive call gets the widened thresholds
-        cfg = cfg.model_copy(update={"thresholds": cfg.thresholds.for_depth(layers),
-                                     "model_layers": layers or 0})
+        th = cfg.thresholds.for_depth(layers)
+        update: dict[str, Any] = {"thresholds": th, "model_layers": layers or 0}
+        if cfg.logprob_atol == cfg.thresholds.max_logprob_diff:  # the profile's, not an expert's
+            update["logprob_atol"] = th.max_logprob_diff
+        cfg = cfg.model_copy(update=update)
     temps = {spec.temperature for _, spec in files}
     if len(temps) > 1:  # one prefill computes log-probs at one temperature
         return [r for f in files for r in replay_files(engine, [f], cfg)]
