@@ -178,9 +178,10 @@ class Thresholds(Config):
     def for_depth(self, layers: int | None) -> Thresholds:
         """These thresholds for a model of `layers` decoder layers: the mantissa error means
         (per chunk capped at the paper's 10), the pooled inexact-mantissa rate (no test once
-        it reaches 1) and the inexact-token rate times `depth_factor(layers)`, the log-prob
-        bounds times its square root. The exponent tests, the sampling margin and the top_p
-        slack stay: honest deep-model noise stays within them (benchmarks/README.md)."""
+        it reaches 1) times `depth_factor(layers)`, the inexact-token rate times its 1.1th
+        power, the log-prob bounds times its square root. The exponent tests, the sampling
+        margin and the top_p slack stay: honest deep-model noise stays within them
+        (benchmarks/README.md)."""
         f = self.depth_factor(layers)
         if f == 1.0:
             return self
@@ -189,7 +190,10 @@ class Thresholds(Config):
                                      self.max_mant_err_mean * f),
             "max_small_mant_err_mean": min(max(self.max_small_mant_err_mean, 10.0),
                                            self.max_small_mant_err_mean * f),
-            "max_inexact_token_rate": self.max_inexact_token_rate * f,
+            # f ** 1.1 (x9.2 on SmolLM2): honest flips cluster in rows of flat distributions, so
+            # their count is overdispersed; at x7.5 one honest bf16 file (22 inexact tokens of
+            # 476) reached 0.71 of its cap
+            "max_inexact_token_rate": self.max_inexact_token_rate * f ** 1.1,
             # the log-prob bounds: honest bf16 on SmolLM2 reached 0.72 of the per-token one
             # (0.36 nats) and 0.74-0.83 of the file's mean size, so sqrt(f) (x2.7) suffices and
             # keeps what a shift may hide smaller (mean size 0.14 + 0.55 / sqrt(n), not 0.38 +
