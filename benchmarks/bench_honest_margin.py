@@ -42,7 +42,7 @@ from meshrl.model import CharTokenizer, build_model, load_model, load_tokenizer
 from meshrl.pool import Assignment, PoolRules
 from meshrl.tasks import ArithmeticConfig, TasksConfig
 from meshrl.toploc.perturb import quantize_weights, scale_layer_mlp
-from meshrl.validator.replay import ReplayConfig, profile_thresholds
+from meshrl.validator.replay import ReplayConfig, model_layers, profile_thresholds
 from meshrl.validator.verify import ChainClaim, verify_files
 from meshrl.wire.rollout_file import RolloutFile, read_rollout_file, rollout_file_bytes
 from meshrl.worker.rollouts import generate_rollouts
@@ -63,15 +63,25 @@ WORKERS: dict[str, tuple[str, Factory]] = {
         copy.deepcopy(m).to(torch.bfloat16), t, ReferenceConfig(max_batch_size=8))),
 }
 VALIDATORS = (EngineConfig(num_threads=1), EngineConfig(num_threads=2, max_batch_size=7))
+# validators in another dtype (`--validator-dtypes`, issue #40): the reference backend, as a
+# GPU validator runs it, in two batch sizes (alternating)
+OTHER_VALIDATORS: dict[str, tuple[Factory, Factory]] = {
+    dt: (lambda m, t, dt=dt: ReferenceBackend(copy.deepcopy(m).to(getattr(torch, dt)), t,
+                                             ReferenceConfig(max_batch_size=16)),
+         lambda m, t, dt=dt: ReferenceBackend(copy.deepcopy(m).to(getattr(torch, dt)), t,
+                                             ReferenceConfig(max_batch_size=5,
+                                                             score_padding="left")))
+    for dt in ("bfloat16", "float16")
+}
 # (max_new_tokens, prompts per file, group size): 2 to 32 chunks of 32 tokens per file
 SHAPES = ((8, 2, 4), (16, 1, 2), (32, 4, 4), (64, 2, 4), (100, 1, 2))
 TOP_PS = (1.0, 0.9)
 
 
 def make_rules(max_new: int, prompts: int, group: int, top_p: float = 1.0,
-               ignore_eos: bool = False) -> PoolRules:
+               ignore_eos: bool = False, prompt_format: str = "raw") -> PoolRules:
     return PoolRules(pool_id=1, seed=7, async_level=2, prompts_per_file=prompts,
-                     group_size=group, task=TASKS,
+                     group_size=group, task=TASKS, prompt_format=prompt_format,
                      sampling={"max_new_tokens": max_new, "temperature": 1.0, "top_p": top_p,
                                "ignore_eos": ignore_eos})
 
@@ -88,9 +98,11 @@ def claim_of(rf: RolloutFile) -> ChainClaim:
     return ChainClaim("00" * 32, rf.header.node, rf.header.provider, rf.header.work_units)
 
 
-def file_ratios(stats: dict[str, Any], cfg: ReplayConfig, top_p: float) -> dict[str, float]:
-    """Every thresholded statistic of one judged file over its threshold (1.0 = at it)."""
-    th = cfg.thresholds
+def file_ratios(stats: dict[str, Any], cfg: ReplayConfig, top_p: float,
+                layers: int | None = None) -> dict[str, float]:
+    """Every thresholded statistic of one judged file over its threshold (1.0 = at it), the
+    thresholds widened for a model of `layers` layers as the replay widens them."""
+    th = cfg.thresholds.for_depth(layers)
     out = {"sampling_margin": stats["max_sampling_margin"] / cfg.sampling_tolerance,
            "logprob_diff": stats["max_logprob_diff"] / cfg.logprob_atol,
            "logprob_bias": abs(stats["logprob_bias"]) / stats["logprob_bias_limit"],
@@ -114,28 +126,34 @@ def judge(validator: InferenceBackend, tok: Any, files: list[tuple[RolloutFile, 
     out = []
     for rf, rules in files:
         d = verify_files(validator, tok, [(rf, claim_of(rf))], rules, rules.task.build(), cfg)[0]
-        ratios = file_ratios(d.stats, cfg, rules.sampling.top_p) if d.stats else {}
+        ratios = (file_ratios(d.stats, cfg, rules.sampling.top_p, model_layers(validator))
+                  if d.stats else {})
         out.append((d.accepted, d.reason, ratios))
     return out
 
 
 def honest_configs(model: Any, tok: Any, counters: int, workers: list[str],
-                   log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """One record per (worker, top_p, profile): files, accepted, margin and p99 per statistic."""
-    validators = [CPUEngine(model, tok, c) for c in VALIDATORS]
+                   log: Callable[[str], None], prompt_format: str = "raw",
+                   validator_dtypes: tuple[str, ...] = ("float32",)) -> list[dict[str, Any]]:
+    """One record per (worker, top_p, validator dtype, profile): files, accepted, margin and
+    p99 per statistic. Float32 validators are the CPU engine (`VALIDATORS`), others the
+    reference backend in that dtype (`OTHER_VALIDATORS`)."""
+    validators = {dt: [CPUEngine(model, tok, c) for c in VALIDATORS] if dt == "float32"
+                  else [f(model, tok) for f in OTHER_VALIDATORS[dt]] for dt in validator_dtypes}
     lines = []
     for name, top_p in itertools.product(workers, TOP_PS):
         dtype, factory = WORKERS[name]
         worker = factory(model, tok)
         t0 = time.perf_counter()
         files = [(make_file(worker, tok, r, c), r) for r in
-                 (make_rules(*shape, top_p=top_p) for shape in SHAPES) for c in range(counters)]
-        for profile in PROFILES:
-            if profile == "meshrl-cpu-engine" and dtype != "float32":
-                continue  # not honest for it: the worker refuses such a pool (pool.unmet_profile)
+                 (make_rules(*shape, top_p=top_p, prompt_format=prompt_format)
+                  for shape in SHAPES) for c in range(counters)]
+        for (vdt, vs), profile in itertools.product(validators.items(), PROFILES):
+            if profile == "meshrl-cpu-engine" and (dtype, vdt) != ("float32", "float32"):
+                continue  # not honest for it: worker and validator refuse it (pool.unmet_profile)
             judged = []
             for i, f in enumerate(files):  # alternate the validator setups
-                judged += judge(validators[i % len(validators)], tok, [f], profile)
+                judged += judge(vs[i % len(vs)], tok, [f], profile)
             keys = sorted({k for _, _, r in judged for k in r})
             margin, p99 = {}, {}
             for k in keys:
@@ -143,9 +161,18 @@ def honest_configs(model: Any, tok: Any, counters: int, workers: list[str],
                 margin[k] = round(values[-1], 4)
                 p99[k] = round(values[min(len(values) - 1, math.ceil(0.99 * len(values)) - 1)], 4)
             rejected = [reason for ok, reason, _ in judged if not ok]
-            lines.append({"worker": name, "dtype": dtype, "top_p": top_p, "profile": profile,
-                          "files": len(judged), "accepted": len(judged) - len(rejected),
-                          "margin": margin, "p99": p99, "rejected": rejected[:3]})
+            worst_inexact = max((r.get("inexact_tokens", 0.0), i) for i, (_, _, r)
+                                in enumerate(judged))
+            line = {"worker": name, "dtype": dtype, "top_p": top_p, "profile": profile,
+                    "files": len(judged), "accepted": len(judged) - len(rejected),
+                    "margin": margin, "p99": p99, "rejected": rejected[:3],
+                    "worst_inexact_file_tokens": sum(
+                        len(r.completion_tokens) for r in files[worst_inexact[1]][0].completions),
+                    "tokens": sum(len(r.completion_tokens) for rf, _ in files
+                                  for r in rf.completions)}
+            if len(validators) > 1:
+                line["validator_dtype"] = vdt
+            lines.append(line)
             log(json.dumps(lines[-1]))
         print(f"{name} top_p {top_p}: {len(files)} files, {time.perf_counter() - t0:.1f} s",
               file=sys.stderr)
@@ -205,6 +232,11 @@ def main() -> int:
     ap.add_argument("--workers", nargs="*", default=list(WORKERS))
     ap.add_argument("--cheat-files", type=int, default=8, help="files per cheat and size")
     ap.add_argument("--no-exploits", action="store_true")
+    ap.add_argument("--prompt-format", default="raw", choices=("raw", "chat"),
+                    help="chat: an instruct model's prompts through its chat template")
+    ap.add_argument("--validator-dtypes", nargs="+", default=["float32"],
+                    choices=("float32", "bfloat16", "float16"),
+                    help="validators in other dtypes: the reference backend (issue #40)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.checkpoint:
@@ -213,7 +245,8 @@ def main() -> int:
         tok = CharTokenizer()
         model = build_model(args.preset, tok.vocab_size, seed=args.model_seed)
     t0 = time.perf_counter()
-    lines = honest_configs(model, tok, args.counters, args.workers, print)
+    lines = honest_configs(model, tok, args.counters, args.workers, print, args.prompt_format,
+                           tuple(args.validator_dtypes))
     files = sum(x["files"] for x in lines if x["profile"] == "any-hardware")
     bad = sum(x["files"] - x["accepted"] for x in lines)
     worst = {p: max(((v, k, x["worker"]) for x in lines if x["profile"] == p

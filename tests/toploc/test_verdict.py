@@ -157,3 +157,38 @@ def test_calibration_never_loosens_the_papers_chunk_thresholds():
     noisy = [[_chunk(30 + i % 9, 6.0 + i % 5, 5.0 + i % 4, 128, 10) for i in range(16)]] * 10
     th = calibrate_thresholds(noisy, fpr=1e-3)
     assert (th.max_exp_mismatches, th.max_mant_err_mean, th.max_mant_err_median) == (38, 10, 8)
+
+
+def _smollm2_bf16_file(chunks: int = 32) -> list[ChunkResult]:
+    """Chunks shaped like honest GPU bfloat16 work on SmolLM2-135M (30 layers) checked in
+    float32 (issue #40): pooled mantissa error mean 2.2, one chunk 4.1, 81% inexact."""
+    rest = [_chunk(3, 2.15, 1.0, 128, 24) for _ in range(chunks - 1)]
+    return [_chunk(3, 4.08, 3.0, 128, 24), *rest]
+
+
+def test_deep_models_widen_the_noise_driven_bounds():
+    """Issue #40: bounds calibrated on 2-4 layer models slashed honest bfloat16 work on a
+    30-layer model; `for_depth` widens the noise-driven ones by (layers / 4)."""
+    th = Thresholds()
+    honest = _smollm2_bf16_file()
+    assert not verdict(honest, th).accepted  # the tiny models' bounds: slashed
+    deep = th.for_depth(30)
+    assert th.depth_factor(30) == pytest.approx(7.5)
+    assert verdict(honest, deep).accepted
+    assert max(threshold_ratios([honest], deep).values()) <= HEADROOM
+    assert deep.max_pooled_mant_err_mean == pytest.approx(0.78 * 7.5)
+    assert deep.max_mant_err_mean == 10.0  # capped at the paper's
+    assert deep.max_pooled_mant_inexact_rate is None  # x7.5 > 1: honest bf16 reaches 0.81
+    assert deep.max_inexact_token_rate == pytest.approx(0.005 * 7.5 ** 1.1)
+    assert deep.max_logprob_abs_mean == pytest.approx(0.05 * 7.5 ** 0.5)
+    assert deep.max_logprob_diff == pytest.approx(0.5 * 7.5 ** 0.5)
+    # the exponent tests, the sampling margin and the top_p slack are not widened
+    assert (deep.max_exp_mismatches, deep.max_pooled_exp_mismatch_rate,
+            deep.max_sampling_margin, deep.top_p_slack) == (38, 0.048, 0.5, 0.04)
+    # the models the bounds were calibrated on, and an unknown depth, keep them as they are
+    assert th.for_depth(4) == th and th.for_depth(2) == th and th.for_depth(None) == th
+    assert Thresholds(depth_exponent=0.0).for_depth(30) == Thresholds(depth_exponent=0.0)
+    # int4 weights on that model (measured: pooled mantissa error mean 21.9, 45 exponent
+    # mismatches in a chunk) stay far outside
+    int4 = [_chunk(45, 31.4, 23.0, 83, 2)] + [_chunk(20, 21.9, 16.0, 108, 3)] * 31
+    assert not verdict(int4, deep).accepted

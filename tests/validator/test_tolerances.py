@@ -56,6 +56,34 @@ def test_profile_tolerances_reach_the_replay():
     assert inexact_token_limit(10_000, 0.0) == 1
 
 
+def test_the_replay_widens_noise_bounds_for_a_deep_model(tok):
+    """Issue #40: the replay judges by the profile's thresholds widened for the depth of the
+    model it runs (`Thresholds.for_depth`): on a 30-layer model every noise-driven bound of
+    any-hardware is x(30 / 4), and meshrl-cpu-engine's bounds stay as they are."""
+    from meshrl.model import build_model
+    from meshrl.validator.replay import model_layers
+
+    deep = build_model("qwen2-tiny", tok.vocab_size, seed=5, num_hidden_layers=30,
+                       hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                       num_key_value_heads=2)
+    engine = CPUEngine(deep, tok, EngineConfig(num_threads=1))
+    ref = ReferenceBackend(deep, tok, ReferenceConfig())
+    assert model_layers(engine) == model_layers(ref) == 30
+    rules = bench.make_rules(32, 8, 1, ignore_eos=True)  # 8 chunks: pooled x sqrt(16 / 8)
+    rf = bench.make_file(engine, tok, rules, 0)
+    factor = 7.5
+    loose, tight = _judge(engine, tok, rf, rules, LOOSE), _judge(ref, tok, rf, rules, TIGHT)
+    assert loose.accepted and tight.accepted, (loose.reason, tight.reason)
+    assert loose.stats["depth_factor"] == pytest.approx(factor)
+    assert loose.stats["pooled_limits"]["mant_err_mean"] == pytest.approx(0.78 * factor * 2 ** .5)
+    assert "mant_inexact_rate" not in loose.stats["pooled_limits"]  # x7.5: no test left
+    assert loose.stats["inexact_limit"] == inexact_token_limit(256, 0.005 * factor ** 1.1)
+    assert loose.stats["logprob_abs_limit"] == pytest.approx(
+        (0.05 + 0.2 / 256 ** 0.5) * factor ** 0.5)
+    assert tight.stats["depth_factor"] == 1.0
+    assert tight.stats["pooled_limits"]["mant_err_mean"] == 0.05
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_honest_margin_subset(model, tok):

@@ -10,14 +10,16 @@ torch-free and the calibration stays in `toploc`.
   enough for bfloat16 workers on trained policies (sampling margin 0.5, top_p slack 0.04,
   log-probs 0.5 per token, mean log-prob bias 0.002 + 0.2 / sqrt(tokens); a near-tie choice is
   capped by the inexact-token rate), pooled TOPLOC tests from 1 chunk on,
-  widened by sqrt(16 / n) below 16 chunks.
-- "meshrl-cpu-engine": the same per-chunk tests, much tighter pooled tests from 1 chunk on and
-  replay tolerances of 1e-4 (log-probs 1e-3). fp32 compute rounded to bf16 hidden states is
-  nearly bit-exact across engines, decode kernels, batch sizes and thread counts (honest:
-  sampling margin 0, log-probs within 4e-6), so honest CPU-engine files sit 25-250x inside them
-  while int8 weights or one layer scaled by 1.1 do not, even in 1-chunk files, and neither does
-  a single token chosen among near-ties (docs/roles.md, "Tolerances";
-  benchmarks/bench_honest_margin.py). Honest bfloat16 files fail it, so it is honest only when
+  widened by sqrt(16 / n) below 16 chunks; for a model deeper than 4 layers the noise-driven
+  bounds x (layers / 4) (`Thresholds.for_depth`, issue #40: x7.5 for SmolLM2-135M).
+- "meshrl-cpu-engine": the same per-chunk tests, much tighter pooled tests from 1 chunk on (not
+  widened with depth) and replay tolerances of 1e-4 (log-probs 1e-3). fp32 compute rounded
+  to bf16 hidden states is nearly bit-exact across engines, decode kernels, batch sizes and
+  thread counts (honest: sampling margin 0, log-probs within 4e-6), so honest CPU-engine files
+  sit 25-250x inside them while int8 weights or one layer scaled by 1.1 do not, even in 1-chunk
+  files, and neither does a single token chosen among near-ties (docs/roles.md, "Tolerances";
+  benchmarks/bench_honest_margin.py); on SmolLM2 one layer x1.01 neither (issue #40). Honest
+  bfloat16 files fail it, so it is honest only when
   every worker computes in float32.
 """
 
@@ -50,8 +52,11 @@ PROFILES: dict[str, ProfileSpec] = {
         # float32 recomputation is nearly bit-exact (docs/roles.md, "Tolerances"): every test
         # from one chunk / one token on, at 25-250x the largest honest value measured (log-probs
         # 1e-3: a policy with 8x sharper logits already differs by 3.8e-6)
-        {"max_pooled_exp_mismatch_rate": 0.005, "max_pooled_mant_err_mean": 0.25,
-         "max_pooled_mant_inexact_rate": 0.25, "min_pooled_chunks": 1, "pooled_full_chunks": 1,
+        # pooled mantissa mean and inexact rate 0.05 (0.25 before issue #40): on SmolLM2 one
+        # layer's MLP x1.01 gives 0.175 / 0.171 in a 48-chunk file, honest float32 <= 0.0003
+        # (tiny models: 0.001, one chunk at most 0.008)
+        {"max_pooled_exp_mismatch_rate": 0.005, "max_pooled_mant_err_mean": 0.05,
+         "max_pooled_mant_inexact_rate": 0.05, "min_pooled_chunks": 1, "pooled_full_chunks": 1,
          "max_sampling_margin": 1e-4, "top_p_slack": 1e-4, "max_inexact_token_rate": 0.0,
          "max_logprob_diff": 1e-3, "max_logprob_bias": 1e-5, "logprob_bias_noise": 1e-3,
          "max_logprob_abs_mean": 1e-5,
@@ -59,7 +64,10 @@ PROFILES: dict[str, ProfileSpec] = {
          # exact as a full one's, and pooling every chunk keeps the pooled tests' strength (a
          # tiny pool's short completions are mostly small chunks; pooled over the one full
          # chunk left, a single exponent flip failed the 0.005 bound)
-         "small_chunk_ratio": 0.0},
+         "small_chunk_ratio": 0.0,
+         # float32 noise does not grow with depth the way bf16 rounding does (SmolLM2's 30
+         # layers: 0.003 of the chunk bound, issue #40): the bounds stay as measured
+         "depth_exponent": 0.0},
         dtypes=("float32",)),
 }
 

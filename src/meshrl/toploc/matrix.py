@@ -130,14 +130,27 @@ class Cheat:
     change: Callable[[Any], Any]
 
 
-def cheats(hidden: int) -> list[Cheat]:
-    """The weight cheats a validator must reject at file level."""
-    return [
+def cheats(hidden: int, real: bool = False) -> list[Cheat]:
+    """The weight cheats a validator must reject at file level. `real`: those of a pretrained
+    model (issue #40): also one layer x1.01, two layers swapped, and another model of the same
+    architecture re-initialised (the tiny models' "other model" is another random seed)."""
+    other = _reinit if real else (lambda m: tiny_model(hidden, seed=12345,
+                                                       vocab=m.config.vocab_size,
+                                                       layers=m.config.num_hidden_layers))
+    out = [
         Cheat("int8", lambda m: perturb.quantize_weights(m, 8)),
         Cheat("int4", lambda m: perturb.quantize_weights(m, 4)),
         Cheat("layer_mlp_x1.1", lambda m: perturb.scale_layer_mlp(m, 1.1)),
         Cheat("noise_0.01", lambda m: perturb.noise_weights(m, 0.01)),
-        Cheat("other_model", lambda m: tiny_model(hidden, seed=12345,
-                                                  vocab=m.config.vocab_size,
-                                                  layers=m.config.num_hidden_layers)),
+        Cheat("other_model", other),
     ]
+    if real:
+        out[3:3] = [Cheat("layer_mlp_x1.01", lambda m: perturb.scale_layer_mlp(m, 1.01))]
+        out.append(Cheat("layers_swapped", perturb.swap_layers))
+    return out
+
+
+def _reinit(model: Any, seed: int = 12345) -> Any:
+    """A model of `model`'s architecture and config with freshly initialised weights."""
+    torch.manual_seed(seed)
+    return type(model)(model.config).to(torch.float32).eval()

@@ -3,6 +3,7 @@
 Each function returns a perturbed deep copy and leaves the input model untouched.
 - `scale_layer_mlp`: multiply one decoder layer's MLP output projection by a factor.
 - `noise_weights`: add Gaussian noise of `rel` times each tensor's RMS to every parameter.
+- `swap_layers`: exchange two decoder layers (another model of the same shape and weights).
 - `quantize_weights`: round every decoder Linear weight to `bits`-bit symmetric integers per
   output row (round to nearest, scale = max|w| / (2^(bits-1) - 1)), then back to float.
 """
@@ -13,7 +14,8 @@ import copy
 
 import torch
 
-__all__ = ["noise_weights", "quantize_tensor", "quantize_weights", "scale_layer_mlp"]
+__all__ = ["noise_weights", "quantize_tensor", "quantize_weights", "scale_layer_mlp",
+           "swap_layers"]
 
 
 def _layers(model: torch.nn.Module) -> torch.nn.ModuleList:
@@ -61,4 +63,20 @@ def quantize_weights(model: torch.nn.Module, bits: int):
         for mod in layer.modules():
             if isinstance(mod, torch.nn.Linear):
                 mod.weight.copy_(quantize_tensor(mod.weight, bits))
+    return out
+
+
+@torch.no_grad()
+def swap_layers(model: torch.nn.Module, i: int | None = None, j: int | None = None):
+    """Copy of `model` with decoder layers i and j (default: the middle one and the next)
+    exchanged: the same weights, the same shape, another function."""
+    out = copy.deepcopy(model)
+    layers = _layers(out)
+    i = len(layers) // 2 if i is None else i
+    j = i + 1 if j is None else j
+    a, b = layers[i], layers[j]
+    layers[i], layers[j] = b, a
+    for idx, layer in enumerate(layers):  # the KV cache is indexed by each layer's own index
+        if hasattr(layer, "self_attn") and hasattr(layer.self_attn, "layer_idx"):
+            layer.self_attn.layer_idx = idx
     return out

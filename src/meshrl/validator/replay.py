@@ -32,7 +32,8 @@ from meshrl.wire.rollout_file import Completion, segments
 HARD = Severity.HARD
 
 __all__ = ["EXACT_SCORE", "ReplayConfig", "ReplaySpec", "ReplayStats",
-           "inexact_token_limit", "profile_thresholds", "replay_file", "replay_files"]
+           "inexact_token_limit", "model_layers", "profile_thresholds", "replay_file",
+           "replay_files"]
 
 
 def profile_thresholds(name: str) -> Thresholds:
@@ -59,6 +60,8 @@ class ReplayConfig(Config):
     logprob_atol: float = Field(0.5, gt=0, description="largest log-prob difference (nats; "
                                 "default: thresholds.max_logprob_diff)")
     max_batch_rows: int = Field(256, ge=1, description="rows per prefill (several files share)")
+    model_layers: int | None = Field(None, description="set by the replay: the depth its "
+                                     "thresholds were widened for (`Thresholds.for_depth`)")
 
     @model_validator(mode="before")
     @classmethod
@@ -95,6 +98,7 @@ class ReplayStats:
 
     rows: int = 0
     tokens: int = 0
+    depth_factor: float = 1.0  # the noise-driven bounds' widening for the model's depth
     chunks: int = 0
     max_sampling_margin: float = 0.0  # largest (best score in the nucleus - claimed's score)
     max_top_p_excess: float = 0.0  # largest nucleus slack a claimed token needed
@@ -121,6 +125,13 @@ def replay_files(engine: InferenceBackend,
                  files: Sequence[tuple[Sequence[Completion], ReplaySpec]],
                  cfg: ReplayConfig) -> list[tuple[list[Finding], ReplayStats]]:
     """Replay several files whose rows share a policy version and temperature, batched."""
+    layers = model_layers(engine)
+    if cfg.model_layers is None:  # once: a recursive call gets the widened thresholds
+        th = cfg.thresholds.for_depth(layers)
+        update: dict[str, Any] = {"thresholds": th, "model_layers": layers or 0}
+        if cfg.logprob_atol == cfg.thresholds.max_logprob_diff:  # the profile's, not an expert's
+            update["logprob_atol"] = th.max_logprob_diff
+        cfg = cfg.model_copy(update=update)
     temps = {spec.temperature for _, spec in files}
     if len(temps) > 1:  # one prefill computes log-probs at one temperature
         return [r for f in files for r in replay_files(engine, [f], cfg)]
@@ -138,6 +149,16 @@ def replay_files(engine: InferenceBackend,
         out.append(_judge(rows, scored[at : at + len(rows)], spec, cfg))
         at += len(rows)
     return out
+
+
+def model_layers(engine: InferenceBackend) -> int | None:
+    """The number of decoder layers of the model `engine` runs (the CPU engine's spec, the
+    reference backend's HF config), None when unknown: the profile's noise-driven bounds widen
+    with depth (`Thresholds.for_depth`, issue #40)."""
+    spec = getattr(engine, "spec", None)
+    config = getattr(getattr(engine, "model", None), "config", None)
+    n = getattr(spec, "layers", None) or getattr(config, "num_hidden_layers", None)
+    return n if isinstance(n, int) and n > 0 else None
 
 
 def _model_turns(rows: Sequence[Completion], scored: Sequence[Any], episodes: frozenset[int],
@@ -178,7 +199,8 @@ def _judge(rows: Sequence[Completion], scored: Sequence[Any], spec: ReplaySpec,
     _termination([r for i, r in enumerate(rows) if i not in spec.episodes], spec,
                  findings)  # episodes: checked
     rows, scored = _model_turns(rows, scored, spec.episodes, cfg.chunk_size)
-    stats = ReplayStats(rows=len(rows), tokens=sum(len(r.completion_tokens) for r in rows))
+    stats = ReplayStats(rows=len(rows), tokens=sum(len(r.completion_tokens) for r in rows),
+                        depth_factor=cfg.thresholds.depth_factor(cfg.model_layers))
     nonempty = [(i, r, s) for i, (r, s) in enumerate(zip(rows, scored, strict=True))
                 if r.completion_tokens]
     if nonempty:
