@@ -45,7 +45,7 @@ def test_groups_follow_the_worker_rows(worker_file) -> None:
     fg = file_groups(entry, data, tok, RULES, BUILT)
     b = fg.rows
     assert fg.groups == 3 and len(b.completion_ids) == 12
-    assert (b.index, b.version) == (entry.step, entry.policy_version)
+    assert (b.index, b.version) == (entry.policy_version, entry.policy_version)
     assert b.problems == a.problems(BUILT)
     assert b.completion_ids == [r.completion_tokens for r in rf.completions]
     assert b.rewards.tolist() == torch.tensor(

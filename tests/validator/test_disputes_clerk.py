@@ -93,10 +93,10 @@ def test_an_accepted_unaccused_file_asks_the_chain_nothing_and_an_accusation_is_
     before); a file accused before its verdict, or after it, still gets the overturn vote."""
     import asyncio
 
-    from meshrl.pool import Decision
+    from meshrl.pool import Decision, PoolRules
     from meshrl.validator.config import ValidatorConfig
     from meshrl.validator.node import ValidatorNode
-    from meshrl.validator.state import ValidatorState
+    from meshrl.validator.state import LeafMemory, ValidatorState
 
     w = court.w
     snap = w.backend.snapshot()
@@ -107,6 +107,8 @@ def test_an_accepted_unaccused_file_asks_the_chain_nothing_and_an_accusation_is_
         start = w.backend.block_number() + 1
         node.cursor, node.state = court.judge.events(start), ValidatorState.load(
             tmp_path / "state.json", start)
+        node.memory = LeafMemory(str(tmp_path / "leaf_memory.jsonl"), 100)
+        node.rules = PoolRules(pool_id=w.pool)  # files submitted one by one
         posted: list[Verdict] = []
 
         async def post(v: Verdict) -> bool:  # the orchestrator is not under test here
