@@ -81,11 +81,12 @@ test: setup
 		-m "not crosshost and not timing" --durations=25 tests
 	$(BIN)/pytest -q -m "not crosshost and timing" tests
 
-# the edit loop: unit tests only (no anvil, no network end to end, nothing marked slow)
+# the edit loop: unit tests only (no anvil, no network end to end, nothing marked slow or
+# timing: what sleeps to measure time or starts a process per case waits for `make test`)
 test-fast: setup
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadscope \
-		-m "not crosshost and not slow and not anvil" tests
+		-m "not crosshost and not slow and not anvil and not timing" tests
 
 # a pool and a joining worker in two network namespaces over a shaped link (root only; minutes)
 test-crosshost: setup

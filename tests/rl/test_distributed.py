@@ -126,6 +126,7 @@ def _flat(weights: dict[str, torch.Tensor], keys) -> torch.Tensor:
     return torch.cat([weights[k].flatten() for k in keys])
 
 
+@pytest.mark.slow  # torchrun: two processes per scenario
 @pytest.mark.parametrize(
     "name", ["even", "uneven", "idle_rank", "activation_checkpointing", "zero2"])
 def test_fsdp_steps_match_single_process(fsdp_results, name):
@@ -154,6 +155,7 @@ def test_fsdp_steps_match_single_process(fsdp_results, name):
             assert not torch.equal(value, before[key]), key
 
 
+@pytest.mark.slow
 def test_fsdp_bf16_mixed_precision_runs_close_to_fp32(fsdp_results):
     dist = torch.load(fsdp_results / "bf16.pt")
     stats, weights = _single_process("bf16")

@@ -77,6 +77,7 @@ def stopped(tmp: Path) -> dict[str, tuple[int, str, float]]:
         return dict(zip(PHASES, pool.map(lambda p: _interrupt(tmp, p), PHASES), strict=True))
 
 
+@pytest.mark.slow  # a `meshrl train` process per phase
 @pytest.mark.parametrize("phase", list(PHASES))
 def test_ctrl_c_of_train_is_one_line_and_exit_130(phase: str, stopped) -> None:
     rc, err, seconds = stopped[phase]
@@ -93,6 +94,7 @@ def test_ctrl_c_of_train_is_one_line_and_exit_130(phase: str, stopped) -> None:
     assert seconds < 20  # the child is not waited for through a whole batch
 
 
+@pytest.mark.slow
 def test_a_stopped_warm_start_is_continued_by_the_next_run(stopped, tmp: Path) -> None:
     _, err, _ = stopped["warm start"]
     saved = int(err.split("its progress is saved at step ")[1].split()[0])
