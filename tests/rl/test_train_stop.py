@@ -16,6 +16,10 @@ from pathlib import Path
 
 import pytest
 
+# `timing`: the stop is asserted to take under 20 s, so the module runs in `make test`'s serial
+# part, alone (and not in `make test-fast`)
+pytestmark = [pytest.mark.timing]
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 TINY = ["--run.progress", "false", "--run.plot", "false", "--eval.num_problems", "4",
         "--rollout.prompts_per_step", "2", "--rollout.group_size", "2",
@@ -77,7 +81,6 @@ def stopped(tmp: Path) -> dict[str, tuple[int, str, float]]:
         return dict(zip(PHASES, pool.map(lambda p: _interrupt(tmp, p), PHASES), strict=True))
 
 
-@pytest.mark.slow  # a `meshrl train` process per phase
 @pytest.mark.parametrize("phase", list(PHASES))
 def test_ctrl_c_of_train_is_one_line_and_exit_130(phase: str, stopped) -> None:
     rc, err, seconds = stopped[phase]
@@ -94,7 +97,6 @@ def test_ctrl_c_of_train_is_one_line_and_exit_130(phase: str, stopped) -> None:
     assert seconds < 20  # the child is not waited for through a whole batch
 
 
-@pytest.mark.slow
 def test_a_stopped_warm_start_is_continued_by_the_next_run(stopped, tmp: Path) -> None:
     _, err, _ = stopped["warm start"]
     saved = int(err.split("its progress is saved at step ")[1].split()[0])
