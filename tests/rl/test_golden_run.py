@@ -3,9 +3,12 @@ whose `metrics.jsonl` is checked against a committed copy, so a refactor that ch
 trainer learns fails here (as torchtitan compares loss curves).
 
 Every record and every key must match: integers, versions, token counts and sampled rewards
-exactly; floats to 1e-4 relative (1e-6 absolute, for losses near zero). On the machine that wrote
+exactly; floats to 1e-4 relative (1e-6 absolute, for values near zero). On the machine that wrote
 the file two runs agree bit for bit; the tolerance is for another CPU's kernels (CI's), whose
-float32 sums differ in the last bits. Wall-clock fields are not compared.
+float32 sums differ in the last bits. The loss is a mean of advantage-weighted terms of order 1
+that cancel to ~1e-3 or less, so its tolerance is absolute, at the scale of those terms: on an
+AMD EPYC without AVX-512 step 6's loss was 3.8e-6 from the file's (1.4e-3 relative) while
+every other float stayed within 2e-5 relative. Wall-clock fields are not compared.
 
 After a change that is meant to change learning, rewrite the file and say why in the commit:
     MESHRL_WRITE_GOLDEN=1 pytest tests/rl/test_golden_run.py
@@ -24,6 +27,7 @@ from meshrl.rl.config import RLConfig
 from meshrl.rl.loop import train
 
 GOLDEN = Path(__file__).parent / "golden" / "metrics.jsonl"
+NEAR_CANCELLING = {"loss", "policy_loss"}  # means of terms of order 1 that sum to ~0
 WALL_CLOCK = {"elapsed", "train_seconds", "tokens_per_s", "step_seconds", "wait_seconds",
               "gen_seconds", "idle_share"}
 ARGS = {
@@ -63,6 +67,7 @@ def test_golden_run_matches_the_committed_metrics(tmp_path: Path) -> None:
         for key, value in w.items():
             where = (w["kind"], w.get("step"), key)
             if isinstance(value, float):
-                assert g[key] == pytest.approx(value, rel=1e-4, abs=1e-6), where
+                atol = 5e-5 if key in NEAR_CANCELLING else 1e-6
+                assert g[key] == pytest.approx(value, rel=1e-4, abs=atol), where
             else:
                 assert g[key] == value, where
