@@ -9,8 +9,9 @@ below make that safe and balanced:
   whose node ids it can no longer suffix);
 - the longest units are handed out first (the networks, then `slow`, then `anvil` modules),
   so that no long module starts last while the other worker sits idle;
-- each worker runs torch on one thread: two workers with two threads each on 2 cores spin
-  against each other;
+- each worker runs torch on one thread, and so do the processes its tests start (their
+  `OMP_NUM_THREADS` is 1 unless a test sets it): two workers with two threads each on 2 cores
+  spin against each other;
 - tests marked `timing` (they assert on wall-clock time) are left to a second, serial run
   (the Makefile's `test`), so they never share the cores with a running network.
 """
@@ -42,6 +43,10 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch
 
         torch.set_num_threads(1)
+        # and so does every process a test starts (roles, torchrun ranks, CLI cases), unless
+        # the test says otherwise: `network up` already gives each role one thread
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(name, "1")
 
 
 def _rank(item: pytest.Item) -> int:
