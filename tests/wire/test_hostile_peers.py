@@ -455,7 +455,8 @@ def _flood(url: str, n: int, out: Any) -> None:
     out.put({**counts, "seconds": round(time.monotonic() - t0, 2)})
 
 
-@pytest.mark.slow  # a flood of 10,016 requests
+# a flood of 10,016 requests that asserts an honest key's latency during it: run alone
+@pytest.mark.timing
 @guarded(new_signer_burst=50, new_signers_per_minute=60, state_ttl_s=3.0, ip_burst=2000,
          ip_rate_per_minute=120_000, max_skew_s=5, rate_per_minute=100_000, rate_burst=10_000)
 def test_fresh_keys_leave_bounded_state(service: HostileService) -> None:
