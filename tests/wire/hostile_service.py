@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sqlite3
 import sys
 from pathlib import Path
@@ -89,11 +90,17 @@ def main(path: str) -> None:
                             response=body or query, max_body=16 << 10))
 
     async def serve() -> None:
+        # SIGINT and SIGTERM stop it through the loop, as `serve_forever` stops a role: a
+        # process started from a background job inherits SIGINT ignored, and Python's own
+        # Ctrl-C handler is then never installed (each test waited 10 s for its kill)
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         app = build_app("hostile", routes, guard)
         runner, url = await listen(app, "127.0.0.1", int(cfg.get("port", 0)))
         write_ready_file(cfg["ready_file"], url)
         try:
-            await asyncio.Event().wait()
+            await stop.wait()
         finally:
             await runner.cleanup()
 
