@@ -10,9 +10,7 @@ every stored body back through its model: anything stored that cannot be served 
 
 from __future__ import annotations
 
-import asyncio
 import json
-import signal
 import sqlite3
 import sys
 from pathlib import Path
@@ -31,7 +29,14 @@ from meshrl.wire.models import (
     Verdict,
 )
 from meshrl.wire.nonces import SqliteNonceStore
-from meshrl.wire.service import Call, Route, build_app, listen, write_ready_file
+from meshrl.wire.service import (
+    Call,
+    Route,
+    build_app,
+    listen,
+    serve_forever,
+    write_ready_file,
+)
 
 # path -> (method, body model, query model): every model a peer sends to a service
 MODELS: dict[str, tuple[str, type[BaseModel] | None, type[BaseModel] | None]] = {
@@ -89,23 +94,19 @@ def main(path: str) -> None:
         routes.append(Route(method, route, store(route), body=body, query=query,
                             response=body or query, max_body=16 << 10))
 
-    async def serve() -> None:
-        # SIGINT and SIGTERM stop it through the loop, as `serve_forever` stops a role: a
-        # process started from a background job inherits SIGINT ignored, and Python's own
-        # Ctrl-C handler is then never installed (each test waited 10 s for its kill)
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        app = build_app("hostile", routes, guard)
-        runner, url = await listen(app, "127.0.0.1", int(cfg.get("port", 0)))
-        write_ready_file(cfg["ready_file"], url)
-        try:
-            await stop.wait()
-        finally:
-            await runner.cleanup()
+    class Hostile:
+        """Served by `serve_forever`, as a role is: it stops on SIGINT and SIGTERM through the
+        loop, even when started from a background job (SIGINT ignored, inherited)."""
 
-    asyncio.run(serve())
+        async def start(self) -> None:
+            self.runner, url = await listen(build_app("hostile", routes, guard), "127.0.0.1",
+                                            int(cfg.get("port", 0)))
+            write_ready_file(cfg["ready_file"], url)
 
+        async def stop(self) -> None:
+            await self.runner.cleanup()
+
+    serve_forever(Hostile)
 
 if __name__ == "__main__":
     main(sys.argv[1])
