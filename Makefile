@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-smollm2 demo demo-local demo-lora demo-local-lora demo-tools demo-network-tools demo-smollm2 train-smollm2 demo-network-smollm2 test test-fast test-crosshost lint bench clean node
+.PHONY: setup bytecode setup-smollm2 demo demo-local demo-lora demo-local-lora demo-tools demo-network-tools demo-smollm2 train-smollm2 demo-network-smollm2 test test-fast test-crosshost lint bench clean node
 
 setup: $(STAMP) node
 
@@ -75,21 +75,22 @@ demo-network-smollm2: setup-smollm2
 # two pytest-xdist workers (tests/conftest.py: each module one unit, the longest first, at most
 # one `network up` at a time), then, alone, the few tests that assert on wall-clock time
 TEST_WORKERS ?= 2
-# src compiled once first: where PYTHONDONTWRITEBYTECODE is set (as on this project's
-# machines) every role process a test starts would otherwise compile the modules it imports
-# again (tests/test_cli_errors.py: 29.4 against 27.2 user CPU-s)
-test: setup
-	$(BIN)/ruff check src tests benchmarks
+# src compiled once before the tests: where PYTHONDONTWRITEBYTECODE is set (as on this
+# project's machines) every role process a test starts would otherwise compile the modules it
+# imports again (tests/test_cli_errors.py: 29.4 against 27.2 user CPU-s)
+bytecode: setup
 	$(BIN)/python -m compileall -q src > /dev/null
+
+test: setup bytecode
+	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
 		-m "not crosshost and not timing" --durations=25 tests
 	$(BIN)/pytest -q -m "not crosshost and timing" tests
 
 # the edit loop: unit tests only (no anvil, no network end to end, nothing marked slow or
 # timing: what sleeps to measure time or starts a process per case waits for `make test`)
-test-fast: setup
+test-fast: setup bytecode
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m compileall -q src > /dev/null
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadscope \
 		-m "not crosshost and not slow and not anvil and not timing" tests
 
