@@ -39,6 +39,16 @@ def _wait(ok: Callable[[], Any], seconds: float, what: str) -> Any:
         time.sleep(0.2)
 
 
+def _rows_become(rows: Callable[[], list[list[str]]], want: list[list[str]]) -> None:
+    """Wait up to 30 s for a table's rows to read `want`, then assert them. The dashboard reads
+    the orchestrator's `/nodes` and `/ledger` in two requests, so one refresh can straddle the
+    recorded run's change: under load a refresh showed a validator's counts with its lag
+    still 0, and a node's new file counts beside its old "none yet" policy."""
+    with contextlib.suppress(AssertionError):  # timed out: the assert shows what is there
+        _wait(lambda: rows() == want, 30, "rows not updated")
+    assert rows() == want, rows()
+
+
 def _up(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/health", timeout=2) as r:
@@ -136,16 +146,12 @@ def test_page_at_warm_start_and_in_rl(tmp_path: Path) -> None:
         assert reward["lines"] == 1 and reward["empty"] == [], reward
         assert reward["xtick"] == ["0", "2", "4", "6", "8", "10", "12"], reward
         assert reward["last"] == ["0.78"] and reward["ytick"][0] == "0", reward
-        # judged, accepted, accused, upheld, overturned, lag: under load a refresh showed the
-        # counts with the lag still 0 (`make test` at load 12), so wait for the whole rows
-        want = [["4", "3", "1", "1", "0", "2"], ["2", "0", "1", "0", "1", "1"]]
-        shown = lambda: [r[1:7] for r in driver.execute_script(ROWS, "validators")]  # noqa: E731
-        with contextlib.suppress(AssertionError):  # timed out: the assert shows what is there
-            _wait(lambda: shown() == want, 30, "validators not updated")
-        assert shown() == want, shown()
-        nodes = driver.execute_script(ROWS, "nodes")
-        stranger = next(r for r in nodes if r[0] == "0x5742…00d1")
-        assert stranger[1:7] == ["healthy", "11", "55.5", "3", "0", "2"], stranger
+        # judged, accepted, accused, upheld, overturned, lag
+        validators = lambda: [r[1:7] for r in driver.execute_script(ROWS, "validators")]  # noqa: E731
+        _rows_become(validators, [["4", "3", "1", "1", "0", "2"], ["2", "0", "1", "0", "1", "1"]])
+        stranger = lambda: [r[1:7] for r in driver.execute_script(ROWS, "nodes")  # noqa: E731
+                            if r[0] == "0x5742…00d1"]
+        _rows_become(stranger, [["healthy", "11", "55.5", "3", "0", "2"]])
         assert "members are generating" in driver.find_element("id", "waiting").text
         invalid = driver.find_element("id", "invalid").text
         assert "validator-1: 0x5742…00d1 hard_invalid: rogue" in invalid, invalid
