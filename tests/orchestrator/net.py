@@ -24,6 +24,7 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from eth_utils import keccak
 
+from meshrl.network.launcher import RoleLauncher, RoleProcess
 from meshrl.protocol import Protocol, ProtocolParams, deploy
 from meshrl.protocol.anvil import AnvilNode
 from meshrl.wire import SignedClient, WireHTTPError
@@ -31,6 +32,9 @@ from meshrl.wire.models import Hardware, Heartbeat, Invite, NodeAnnouncement
 
 TOKEN = 10**18
 SRC = Path(__file__).resolve().parents[2] / "src"
+# roles forked from this test process's preloaded server, as `network up` starts them: each is
+# still its own process (pid, session, signals, exit code), without ~2.5 CPU-s of imports
+LAUNCHER = RoleLauncher()
 PARAMS = ProtocolParams(min_stake=100 * TOKEN, stake_per_unit=10 * TOKEN,
                         invalidation_window=3600, lock_period=7200, slash_penalty=50 * TOKEN,
                         verdict_bond=0, dispute_period=0)  # verdicts final at once
@@ -109,7 +113,7 @@ def write_toml(path: Path, cfg: dict[str, Any]) -> Path:
     return path
 
 
-def stop_process(proc: subprocess.Popen | None) -> None:
+def stop_process(proc: RoleProcess | subprocess.Popen | None) -> None:
     """SIGINT (a clean shutdown), then SIGKILL after 10 s."""
     if proc is not None and proc.poll() is None:
         proc.send_signal(signal.SIGINT)
@@ -129,16 +133,14 @@ class Service:
         cfg = {**cfg, "ready_file": str(self.ready)}
         self.config = write_toml(tmp / f"{role}.toml", cfg)
         self.log = tmp / f"{role}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: RoleProcess | None = None
         self.url = ""
 
     def start(self, timeout: float = 90.0) -> str:  # imports alone took >30 s at load 20
         self.ready.unlink(missing_ok=True)
         env = {**os.environ, "PYTHONPATH": str(SRC)}
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "meshrl.cli", self.role, str(self.config)],
-                stdout=log, stderr=log, env=env)
+        self.proc = LAUNCHER.start([sys.executable, "-m", "meshrl.cli", self.role,
+                                    str(self.config)], self.log, env)
         deadline = time.monotonic() + timeout
         while not self.ready.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -24,7 +24,7 @@ from meshrl.protocol.anvil import AnvilNode
 from meshrl.wire import SignedClient
 from meshrl.wire.models import LedgerPage, StepUpdate
 from meshrl.worker.keys import write_keystore
-from orchestrator.net import SRC, Service, write_toml
+from orchestrator.net import LAUNCHER, SRC, Service, write_toml
 
 TOKEN = 10**18
 PARAMS = ProtocolParams(min_stake=100 * TOKEN, stake_per_unit=10 * TOKEN, unbonding_delay=7200,
@@ -132,10 +132,8 @@ class Role(Service):
 
     def start(self, timeout: float = 0.0) -> str:
         env = {**os.environ, "PYTHONPATH": str(SRC), "MESHRL_KEYSTORE_PASSWORD": PASSWORD}
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "meshrl.cli", *self.role.split(), str(self.config)],
-                stdout=log, stderr=log, env=env)
+        self.proc = LAUNCHER.start([sys.executable, "-m", "meshrl.cli", *self.role.split(),
+                                    str(self.config)], self.log, env)
         return ""
 
     def wait(self, timeout: float) -> int:

@@ -206,6 +206,9 @@ class NetworkConfig(Config):
     max_fast_deaths: int = Field(5, ge=1, description="give up on a role that dies this many "
                                  "times in a row within 10 s of its start")
     anvil: str = Field("", description="anvil binary (default: node_modules/.bin, then PATH)")
+    fork_roles: bool = Field(True, description="start each meshrl role by forking a server "
+                             "that imported the roles once (meshrl/network/launcher.py: about "
+                             "2 CPU-s less per start); false: a fresh interpreter per role")
     chain: ProtocolParams = Field(default_factory=lambda: NETWORK_CHAIN, description="the "
                                   "chain's parameters; a [chain] table changes only the keys "
                                   "it names")

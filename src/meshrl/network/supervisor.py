@@ -27,6 +27,7 @@ from typing import IO, Any
 
 from meshrl.config import EXIT_REFUSED
 from meshrl.log import get_logger, log_event
+from meshrl.network.launcher import RoleLauncher, RoleProcess
 from meshrl.network.roles import RoleSpec
 
 __all__ = ["Proc", "RoleFailed", "StopRequested", "Supervisor", "healthy",
@@ -48,7 +49,7 @@ class StopRequested(Exception):
 @dataclass
 class Proc:
     spec: RoleSpec
-    popen: subprocess.Popen[bytes] | None = None
+    popen: RoleProcess | None = None
     started: float = 0.0
     restarts: int = 0
     fast_deaths: int = 0
@@ -57,8 +58,10 @@ class Proc:
 
 
 class Supervisor:
-    def __init__(self, root: Path, backoff_s: float = 1.0, max_fast_deaths: int = 5) -> None:
+    def __init__(self, root: Path, backoff_s: float = 1.0, max_fast_deaths: int = 5,
+                 launcher: RoleLauncher | None = None) -> None:
         self.root = root
+        self.launcher = launcher or RoleLauncher()
         self.logs = root / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.backoff_s, self.max_fast_deaths = backoff_s, max_fast_deaths
@@ -82,9 +85,7 @@ class Supervisor:
         threads = str(s.threads)
         env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
                "PYTHONUNBUFFERED": "1", **s.env}
-        with (self.logs / f"{s.name}.log").open("ab") as out:
-            p.popen = subprocess.Popen(s.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True)
+        p.popen = self.launcher.start(s.argv, self.logs / f"{s.name}.log", env)
         p.started, p.due = time.monotonic(), 0.0
         self.event("start", s.name, pid=p.popen.pid, restarts=p.restarts)
 
@@ -172,12 +173,16 @@ class Supervisor:
 
     def write_cpu(self, path: Path) -> None:
         """`cpu.json`: CPU seconds per role and of this supervisor, over the wall seconds since
-        it started, on this machine's cores (the report's "where the CPU went")."""
+        it started, on this machine's cores (the report's "where the CPU went"); the role
+        launcher's fork server is its own row (the roles' imports, done once for them all)."""
+        roles = {**self.cpu_seconds(), "supervisor": round(_own_cpu_seconds() - self.cpu0, 2)}
+        server = self.launcher.server_pid()
+        imports = process_cpu_seconds(server, children=False) if server else None
+        if imports is not None:  # its reaped children are the roles, counted above
+            roles["role launcher"] = round(imports, 2)
         path.write_text(json.dumps({
             "wall_s": round(time.monotonic() - self.t0, 1), "cores": os.cpu_count() or 1,
-            "roles": {**self.cpu_seconds(),
-                      "supervisor": round(_own_cpu_seconds() - self.cpu0, 2)},
-        }, indent=1))
+            "roles": roles}, indent=1))
 
     def _schedule_restart(self, p: Proc, rc: int | None, now: float) -> None:
         alive = now - p.started
@@ -262,14 +267,15 @@ def _own_cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime
 
 
-def process_cpu_seconds(pid: int) -> float | None:
-    """utime + stime + cutime + cstime of `pid` from /proc (None: gone, or no /proc)."""
+def process_cpu_seconds(pid: int, children: bool = True) -> float | None:
+    """utime + stime (+ cutime + cstime with `children`) of `pid` from /proc (None: gone, or no
+    /proc)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; comm may hold spaces
-    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return sum(int(x) for x in fields[11:15 if children else 13]) / os.sysconf("SC_CLK_TCK")
 
 
 def healthy(spec: RoleSpec) -> bool:

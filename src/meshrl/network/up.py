@@ -35,6 +35,7 @@ from meshrl.network.closing import drain, mine
 from meshrl.network.config import NetworkConfig
 from meshrl.network.faults import Faults
 from meshrl.network.keys import PoolKeys
+from meshrl.network.launcher import RoleLauncher
 from meshrl.network.report import write_report
 from meshrl.network.roles import Layout, anvil_role, build_roles, devnet_argv, validator_name
 from meshrl.network.status import UpStatus
@@ -56,7 +57,9 @@ def network_up(cfg: NetworkConfig) -> int:
     lay.root.mkdir(parents=True, exist_ok=True)
     # before anything starts: a pool opened to other hosts refuses well-known keys
     keys = lay.keys()
-    sup = Supervisor(lay.root, cfg.restart_backoff_s, cfg.max_fast_deaths)
+    launcher = RoleLauncher(fork=cfg.fork_roles)
+    launcher.warm()  # its imports overlap anvil's start and the chain's set-up
+    sup = Supervisor(lay.root, cfg.restart_backoff_s, cfg.max_fast_deaths, launcher)
     interrupted: list[tuple[int, float]] = []  # (signal, when): written to events.jsonl later
 
     def on_signal(signum: int, _frame: Any) -> None:
