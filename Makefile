@@ -72,20 +72,26 @@ train-smollm2: setup-smollm2
 demo-network-smollm2: setup-smollm2
 	$(BIN)/meshrl network up configs/network.toml configs/network_smollm2.toml
 
-# two pytest-xdist workers (tests/conftest.py: each module one unit, the longest first, at most
-# one `network up` at a time), then, alone, the few tests that assert on wall-clock time
-TEST_WORKERS ?= 2
+# three pytest-xdist workers on 2 cores (tests/conftest.py: each module one unit, the longest
+# first, at most one `network up` at a time), then, alone, the few tests that assert on
+# wall-clock time. Three, not two: with roles forked from a preloaded server
+# (network/launcher.py) what is left of the suite waits on roles a fifth of the time, and a
+# third worker fills it (parallel part 749 -> 587 s on this project's 2-core machine)
+TEST_WORKERS ?= 3
 # src compiled once before the tests: where PYTHONDONTWRITEBYTECODE is set (as on this
 # project's machines) every role process a test starts would otherwise compile the modules it
 # imports again (tests/test_cli_errors.py: 29.4 against 27.2 user CPU-s)
 bytecode: setup
 	$(BIN)/python -m compileall -q src > /dev/null
 
+# the serial part collects only the modules that mark tests `timing` (tests/conftest.py fails
+# the run if a test is marked so in a module whose text never says `mark.timing`)
+TIMING_MODULES = $(shell grep -rlF --include='test_*.py' 'mark.timing' tests)
 test: setup bytecode
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
 		-m "not crosshost and not timing" --durations=25 tests
-	$(BIN)/pytest -q -m "not crosshost and timing" tests
+	$(BIN)/pytest -q -m "not crosshost and timing" $(TIMING_MODULES)
 
 # the edit loop: unit tests only (no anvil, no network end to end, nothing marked slow or
 # timing: what sleeps to measure time or starts a process per case waits for `make test`)

@@ -1,6 +1,6 @@
 """Fixtures and rules shared by every test package.
 
-`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadscope`); the hooks
+`make test` runs the suite on three pytest-xdist workers (`-n 3 --dist loadscope`); the hooks
 below make that safe and balanced:
 - each module is one unit of work (a module-scoped fixture, a chain or a network, is built
   once, on one worker), and the modules that boot a whole `meshrl network up` (anvil and a
@@ -8,7 +8,7 @@ below make that safe and balanced:
   share CI's 2 cores (`Scheduler`; xdist's own `loadgroup` cannot do this under pytest 9,
   whose node ids it can no longer suffix);
 - the longest units are handed out first (the networks, then `slow`, then `anvil` modules),
-  so that no long module starts last while the other worker sits idle;
+  so that no long module starts last while the other workers sit idle;
 - each worker runs torch on one thread, and so do the processes its tests start (their
   `OMP_NUM_THREADS` is 1 unless a test sets it): two workers with two threads each on 2 cores
   spin against each other;
@@ -55,9 +55,24 @@ def _rank(item: pytest.Item) -> int:
     return 1 if item.get_closest_marker("slow") else 2 if item.get_closest_marker("anvil") else 3
 
 
+def _timing_tests_found_by_their_text(items: list[pytest.Item]) -> None:
+    """The Makefile's serial part collects only the modules whose text holds `mark.timing` (not
+    the whole tree again): a test marked `timing` any other way would run in neither part."""
+    texts: dict[str, str] = {}
+    for item in items:
+        if item.get_closest_marker("timing") is None:
+            continue
+        path = str(item.path)
+        if "mark.timing" not in texts.setdefault(path, item.path.read_text()):
+            raise pytest.UsageError(f"{item.nodeid} is marked timing, but its module's text "
+                                    "never says `mark.timing`: `make test` would not run it")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On an xdist worker: the longest units first (the order the scheduler hands them out),
-    each unit's tests in their collection order."""
+    """Every `timing` test where the serial part looks for it; on an xdist worker: the longest
+    units first (the order the scheduler hands them out), each unit's tests in their
+    collection order."""
+    _timing_tests_found_by_their_text(items)
     if not hasattr(config, "workerinput"):
         return  # a plain run: collection order
     rank: dict[str, int] = {}
