@@ -13,6 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import netutil as nu
 import pytest
 
 from meshrl.network.launcher import ForkedRole, RoleLauncher, meshrl_command
@@ -33,14 +34,6 @@ def _filter(tmp: Path, name: str) -> tuple[list[str], Path]:
     ready = tmp / f"{name}.ready"
     return _meshrl("chain", "rpc-filter", "--upstream", "http://127.0.0.1:9", "--port",
                    str(_free_port()), "--ready_file", str(ready)), ready
-
-
-def _until(check, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while not (out := check()):
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
-    return out
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -67,7 +60,7 @@ def test_a_forked_role_is_its_own_process(tmp_path: Path) -> None:
     argv, ready = _filter(tmp_path, "forked")
     role = LAUNCHER.start(argv, tmp_path / "forked.log", _env())
     assert isinstance(role, ForkedRole)
-    _until(ready.is_file)
+    nu.wait(ready.is_file, 60, "the role never said it was up", every=0.05)
     assert os.getsid(role.pid) == role.pid  # a session of its own: no terminal's Ctrl-C
     assert _ppid(role.pid) == LAUNCHER.server_pid() != os.getpid()
     assert role.poll() is None and role.returncode is None
@@ -116,7 +109,7 @@ def test_signals_end_a_forked_role_as_they_end_an_executed_one(tmp_path: Path, s
     for launcher in (LAUNCHER, EXEC):
         argv, ready = _filter(tmp_path, f"{launcher.fork}")
         role = launcher.start(argv, tmp_path / f"{launcher.fork}.log", _env())
-        _until(ready.is_file)
+        nu.wait(ready.is_file, 60, "the role never said it was up", every=0.05)
         role.send_signal(sig)
         codes.append(role.wait(30))
         role.send_signal(signal.SIGKILL)  # an ended role is never signalled (nor its pid)
@@ -154,8 +147,9 @@ def test_roles_left_running_end_with_their_caller(tmp_path: Path) -> None:
                          env=_env(), timeout=120)
     assert out.returncode == 0, out.stderr
     pid = int(out.stdout.split()[-1])
-    _until(lambda: not Path(f"/proc/{pid}").exists() or
-           Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z", timeout=10)
+    nu.wait(lambda: not Path(f"/proc/{pid}").exists() or
+            Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z", 10,
+            "the role outlived its caller", every=0.05)
     assert time.monotonic() - t0 < 110
 
 
