@@ -40,12 +40,13 @@ def events(root: Path) -> list[dict[str, Any]]:
 
 def short_network(name: str, *, steps: int, checkpoint_every: int, workers: str,
                   top: str = "", pool: str = "", train: str = "", sft_steps: int = 30,
-                  eval_problems: int = 32) -> str:
+                  eval_problems: int = 32, prompts_per_step: int = 8,
+                  prompts_per_file: int = 4) -> str:
     """The shortened network of the end-to-end tests (TOML over configs/network.toml):
-    `sft_steps` SFT steps, then `steps` RL steps of 8 prompts in files of 4, serving on after
-    training. `top` adds top-level keys (and tables before [workers]), `workers` is the body of
-    [workers], `pool` and `train` add keys to [pool] and [train]; `{port}` is left to
-    `run_network`."""
+    `sft_steps` SFT steps, then `steps` RL steps of `prompts_per_step` prompts (8) in files of
+    `prompts_per_file` (4), serving on after training. `top` adds top-level keys (and tables
+    before [workers]), `workers` is the body of [workers], `pool` and `train` add keys to
+    [pool] and [train]; `{port}` is left to `run_network`."""
     return f"""
 name = "{name}"
 base_port = {{port}}
@@ -54,7 +55,7 @@ after_training = "serve"
 [workers]
 {workers}
 [pool]
-prompts_per_file = 4
+prompts_per_file = {prompts_per_file}
 dead_after = 60
 {pool}
 [train]
@@ -64,7 +65,7 @@ stop_at_accuracy = 2.0
 [train.sft]
 max_steps = {sft_steps}
 [train.rollout]
-prompts_per_step = 8
+prompts_per_step = {prompts_per_step}
 [train.eval]
 num_problems = {eval_problems}
 every = 100
