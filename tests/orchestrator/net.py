@@ -113,7 +113,7 @@ def write_toml(path: Path, cfg: dict[str, Any]) -> Path:
     return path
 
 
-def stop_process(proc: RoleProcess | subprocess.Popen | None) -> None:
+def stop_process(proc: RoleProcess | None) -> None:
     """SIGINT (a clean shutdown), then SIGKILL after 10 s."""
     if proc is not None and proc.poll() is None:
         proc.send_signal(signal.SIGINT)
